@@ -1,0 +1,130 @@
+//! Time sources.
+//!
+//! Balancing code never reads the system clock directly: it takes
+//! `now_nanos` from a [`Clock`], so tests drive it with a [`ManualClock`] and
+//! production uses [`SystemClock`]. Nanoseconds in a `u64` cover 584 years,
+//! which is why a plain integer is used instead of `Instant` (an `Instant`
+//! cannot be constructed in a test, serialized, or subtracted without a
+//! panic when the order is wrong).
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::duration_nanos;
+
+/// A monotonic time source in nanoseconds from an arbitrary fixed origin.
+pub trait Clock: Send + Sync + fmt::Debug {
+    /// Nanoseconds since this clock's origin. A real clock never goes
+    /// backwards; consumers nevertheless clamp if it does.
+    fn now_nanos(&self) -> u64;
+}
+
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now_nanos(&self) -> u64 {
+        (**self).now_nanos()
+    }
+}
+
+/// The process's monotonic clock (`Instant`), counted from a process-wide
+/// origin fixed the first time any `SystemClock` is read.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl SystemClock {
+    /// A handle on the process-wide monotonic clock.
+    pub fn new() -> Self {
+        SystemClock
+    }
+}
+
+/// The process-wide origin: shared so that every `SystemClock` agrees.
+fn process_origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+impl Clock for SystemClock {
+    fn now_nanos(&self) -> u64 {
+        duration_nanos(process_origin().elapsed())
+    }
+}
+
+/// A clock that only moves when told to: for tests and simulations.
+///
+/// It may be shared between threads (`Arc<ManualClock>` is a `Clock` too).
+/// [`ManualClock::set_nanos`] may move it backwards, on purpose, so tests can
+/// check that consumers clamp.
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    nanos: AtomicU64,
+}
+
+impl ManualClock {
+    /// A clock reading `start_nanos`.
+    pub fn new(start_nanos: u64) -> Self {
+        ManualClock {
+            nanos: AtomicU64::new(start_nanos),
+        }
+    }
+
+    /// Moves the clock forward by `by`, saturating at `u64::MAX`.
+    pub fn advance(&self, by: Duration) {
+        let by = duration_nanos(by);
+        // SeqCst: a test clock should behave like a sequentially consistent
+        // global variable; the cost does not matter here.
+        let _ = self
+            .nanos
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                Some(n.saturating_add(by))
+            });
+    }
+
+    /// Sets the clock to `nanos`, which may be earlier than the current
+    /// reading.
+    pub fn set_nanos(&self, nanos: u64) {
+        self.nanos.store(nanos, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_nanos(&self) -> u64 {
+        self.nanos.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_clock_advances_and_saturates() {
+        let clock = ManualClock::new(5);
+        assert_eq!(clock.now_nanos(), 5);
+        clock.advance(Duration::from_millis(2));
+        assert_eq!(clock.now_nanos(), 2_000_005);
+        clock.advance(Duration::MAX);
+        assert_eq!(clock.now_nanos(), u64::MAX);
+        clock.set_nanos(7);
+        assert_eq!(clock.now_nanos(), 7, "set_nanos may go backwards");
+    }
+
+    #[test]
+    fn manual_clock_through_arc_dyn() {
+        let clock = Arc::new(ManualClock::default());
+        let shared: Arc<dyn Clock> = clock.clone();
+        clock.advance(Duration::from_nanos(42));
+        assert_eq!(shared.now_nanos(), 42);
+    }
+
+    #[test]
+    fn system_clock_is_monotonic_and_shared() {
+        let a = SystemClock::new();
+        let b = SystemClock;
+        let t0 = a.now_nanos();
+        let t1 = b.now_nanos();
+        let t2 = a.now_nanos();
+        assert!(t0 <= t1 && t1 <= t2);
+    }
+}

@@ -1,0 +1,541 @@
+//! When to split, merge, or report a hot key: a pure decision function.
+//!
+//! [`decide`] looks at the active partitions of one topic and proposes
+//! topology changes. It is deliberately stateless: everything it needs
+//! (rates, ages, split points, hot keys, whether a hot key was already
+//! reported) comes in through [`PartitionLoad`], so the same inputs always
+//! give the same decisions and the function can be driven in simulated
+//! time. The caller must re-check each decision when it commits (the
+//! topology may have changed in between; Pravega #4445). Why the loop is
+//! stable (hysteresis, cooldown, no splitting of `[h, h]`) is explained on
+//! [`BalancePolicy`].
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use super::{duration_nanos, BalancePolicy, HotKey, WindowRate};
+
+/// What [`decide`] knows about one active partition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartitionLoad {
+    /// Partition id.
+    pub id: u32,
+    /// First hash of its inclusive range.
+    pub start: u64,
+    /// Last hash of its inclusive range.
+    pub end: u64,
+    /// Its rates (any order; shortest and longest windows are looked up).
+    pub rates: Vec<WindowRate>,
+    /// Creation or last topology change, on the same clock as `now_nanos`.
+    /// After a restart, use the reopen time: a value in the future counts
+    /// as age zero.
+    pub last_change_nanos: u64,
+    /// [`super::LoadMap::split_point`] of the partition.
+    pub split_point: Option<u64>,
+    /// [`super::LoadMap::hot_key`] of the partition.
+    pub hot_key: Option<HotKey>,
+    /// Whether this single-value partition was already reported hot.
+    pub hot_key_reported: bool,
+}
+
+/// Where to split a partition `[start, end]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SplitAt {
+    /// Children `[start, p]` and `[p + 1, end]`; `start <= p < end`.
+    Point(u64),
+    /// Children `[start, h - 1]` (if `h > start`), `[h, h]` and
+    /// `[h + 1, end]` (if `h < end`).
+    IsolateKey(u64),
+}
+
+/// A proposed topology change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Decision {
+    /// Split `partition`.
+    Split {
+        /// The partition to split.
+        partition: u32,
+        /// Where.
+        at: SplitAt,
+    },
+    /// Merge two adjacent partitions: `right.start == left.end + 1`.
+    Merge {
+        /// The partition with the lower range.
+        left: u32,
+        /// The partition with the higher range.
+        right: u32,
+    },
+    /// A single-value partition is hot and cannot split: tell the operator
+    /// (once; the caller records it and sets `hot_key_reported`).
+    HotKey {
+        /// The partition `[hash, hash]`.
+        partition: u32,
+        /// Its only key hash.
+        hash: u64,
+    },
+}
+
+/// The topology changes to make now for one topic whose active partitions
+/// are `partitions` (any order). At most one decision per partition; none
+/// if the policy is disabled, invalid, or has no target.
+pub fn decide(
+    policy: &BalancePolicy,
+    now_nanos: u64,
+    partitions: &[PartitionLoad],
+) -> Vec<Decision> {
+    if !policy.enabled || policy.validate().is_err() || policy.targets().is_empty() {
+        return Vec::new();
+    }
+    let mut sorted: Vec<&PartitionLoad> = partitions.iter().collect();
+    sorted.sort_by_key(|p| (p.start, p.id));
+    let mut plan = Plan {
+        policy,
+        now_nanos,
+        count: sorted.len() as u64,
+        decided: HashSet::new(),
+        out: Vec::new(),
+    };
+    plan.splits(&sorted);
+    plan.merges(&sorted);
+    plan.out
+}
+
+/// The decisions of one [`decide`] call under construction.
+struct Plan<'a> {
+    policy: &'a BalancePolicy,
+    now_nanos: u64,
+    /// Active partitions before any decision.
+    count: u64,
+    decided: HashSet<u32>,
+    out: Vec<Decision>,
+}
+
+impl Plan<'_> {
+    fn old_enough(&self, p: &PartitionLoad) -> bool {
+        self.now_nanos.saturating_sub(p.last_change_nanos) >= duration_nanos(self.policy.min_age)
+    }
+
+    /// Hot partitions, hottest first, each split as the budget allows.
+    /// The budget ignores merges made in the same call (conservative).
+    fn splits(&mut self, sorted: &[&PartitionLoad]) {
+        let mut hot: Vec<(f64, &PartitionLoad)> = sorted
+            .iter()
+            .filter(|p| p.start <= p.end && self.old_enough(p))
+            .filter_map(|p| heat(self.policy, p).map(|h| (h, *p)))
+            .collect();
+        hot.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.id.cmp(&b.1.id)));
+        let mut budget = u64::from(self.policy.max_partitions).saturating_sub(self.count);
+        for (_, p) in hot {
+            if self.decided.contains(&p.id) {
+                continue;
+            }
+            if let Some((decision, added)) = split_for(self.policy, p, budget) {
+                budget = budget.saturating_sub(added);
+                self.decided.insert(p.id);
+                self.out.push(decision);
+            }
+        }
+    }
+
+    /// Adjacent cold pairs, left to right, down to `min_partitions`.
+    fn merges(&mut self, sorted: &[&PartitionLoad]) {
+        let mut remaining = self.count;
+        let floor = u64::from(self.policy.min_partitions.max(1));
+        let mut i = 0;
+        while i + 1 < sorted.len() && remaining > floor {
+            let (left, right) = (sorted[i], sorted[i + 1]);
+            if self.mergeable(left, right) {
+                self.decided.insert(left.id);
+                self.decided.insert(right.id);
+                self.out.push(Decision::Merge {
+                    left: left.id,
+                    right: right.id,
+                });
+                remaining -= 1;
+                i += 2;
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn mergeable(&self, left: &PartitionLoad, right: &PartitionLoad) -> bool {
+        let adjacent = left.start <= left.end
+            && right.start <= right.end
+            && left.end.checked_add(1) == Some(right.start);
+        adjacent
+            && left.id != right.id
+            && !self.decided.contains(&left.id)
+            && !self.decided.contains(&right.id)
+            && self.old_enough(left)
+            && self.old_enough(right)
+            && is_cold(self.policy, left)
+            && is_cold(self.policy, right)
+            && combined_below(self.policy, left, right)
+    }
+}
+
+/// A rate usable in a comparison: finite and non-negative.
+fn known(rate: f64) -> Option<f64> {
+    (rate.is_finite() && rate >= 0.0).then_some(rate)
+}
+
+/// The rates of the shortest and longest windows.
+fn short_and_long(rates: &[WindowRate]) -> Option<(&WindowRate, &WindowRate)> {
+    let short = rates.iter().min_by_key(|r| r.window)?;
+    let long = rates.iter().max_by_key(|r| r.window)?;
+    Some((short, long))
+}
+
+/// How far over its hot thresholds a partition is (`> 1` for either set
+/// target), or `None` if it is not hot. Unknown rates are never hot.
+fn heat(policy: &BalancePolicy, p: &PartitionLoad) -> Option<f64> {
+    let (short, long) = short_and_long(&p.rates)?;
+    let mut hottest: Option<f64> = None;
+    let mut consider = |score: f64| hottest = Some(hottest.map_or(score, |h| h.max(score)));
+    for (rate_of, target) in policy.targets() {
+        let short_limit = policy.hot_factor * target;
+        if let Some(r) = known(rate_of(short)).filter(|&r| r > short_limit) {
+            consider(r / short_limit);
+        }
+        if let Some(r) = known(rate_of(long)).filter(|&r| r > target) {
+            consider(r / target);
+        }
+    }
+    hottest
+}
+
+/// Every window of every set target known and below `cold_fraction`.
+fn is_cold(policy: &BalancePolicy, p: &PartitionLoad) -> bool {
+    !p.rates.is_empty()
+        && policy.targets().into_iter().all(|(rate_of, target)| {
+            p.rates
+                .iter()
+                .all(|r| known(rate_of(r)).is_some_and(|v| v < policy.cold_fraction * target))
+        })
+}
+
+/// Every window of `left`, summed with the same window of `right`, stays
+/// below `merge_fraction` of every set target. A window `right` lacks makes
+/// the pair unmergeable (the combined rate would be unknown).
+fn combined_below(policy: &BalancePolicy, left: &PartitionLoad, right: &PartitionLoad) -> bool {
+    policy.targets().into_iter().all(|(rate_of, target)| {
+        left.rates.iter().all(|l| {
+            right
+                .rates
+                .iter()
+                .find(|r| r.window == l.window)
+                .is_some_and(|r| {
+                    let sum = rate_of(l) + rate_of(r);
+                    known(sum).is_some_and(|s| s < policy.merge_fraction * target)
+                })
+        })
+    })
+}
+
+/// The split of hot partition `p` given room for `budget` more partitions,
+/// with how many partitions it adds.
+fn split_for(policy: &BalancePolicy, p: &PartitionLoad, budget: u64) -> Option<(Decision, u64)> {
+    let (start, end) = (p.start, p.end);
+    if start == end {
+        // Cannot split; report once, never again (no scale storm).
+        let report = Decision::HotKey {
+            partition: p.id,
+            hash: start,
+        };
+        return (!p.hot_key_reported).then_some((report, 0));
+    }
+    let split = |at| Decision::Split {
+        partition: p.id,
+        at,
+    };
+    let hot_key = p.hot_key.filter(|k| {
+        k.share.is_finite() && k.share > policy.hot_key_share && (start..=end).contains(&k.hash)
+    });
+    if let Some(HotKey { hash, .. }) = hot_key {
+        let needed = u64::from(hash > start) + u64::from(hash < end);
+        if needed <= budget {
+            return Some((split(SplitAt::IsolateKey(hash)), needed));
+        }
+        if budget == 0 {
+            return None;
+        }
+        // Room for one more only, and the key is strictly inside (needed is
+        // 2, so hash > start): cut just before it, so the next round
+        // isolates it with one more partition.
+        return Some((split(SplitAt::Point(hash - 1)), 1));
+    }
+    if budget == 0 {
+        return None;
+    }
+    let middle = start + (end - start) / 2;
+    let point = p
+        .split_point
+        .filter(|&m| start <= m && m < end)
+        .unwrap_or(middle);
+    Some((split(SplitAt::Point(point)), 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const SEC: u64 = 1_000_000_000;
+    const NOW: u64 = 3_600 * SEC;
+    const TARGET: f64 = 1_000_000.0;
+
+    fn policy() -> BalancePolicy {
+        BalancePolicy {
+            target_bytes_per_sec: Some(TARGET),
+            ..BalancePolicy::default()
+        }
+    }
+
+    /// Rates for the default windows: `short` in 1 s, `long` in 10 s and 60 s.
+    fn rates(short: f64, long: f64) -> Vec<WindowRate> {
+        [(1, short), (10, long), (60, long)]
+            .into_iter()
+            .map(|(secs, bytes_per_sec)| WindowRate {
+                window: Duration::from_secs(secs),
+                bytes_per_sec,
+                records_per_sec: 0.0,
+            })
+            .collect()
+    }
+
+    fn part(id: u32, start: u64, end: u64, short: f64, long: f64) -> PartitionLoad {
+        PartitionLoad {
+            id,
+            start,
+            end,
+            rates: rates(short, long),
+            last_change_nanos: 0,
+            split_point: None,
+            hot_key: None,
+            hot_key_reported: false,
+        }
+    }
+
+    fn split(partition: u32, at: SplitAt) -> Decision {
+        Decision::Split { partition, at }
+    }
+
+    #[test]
+    fn hot_by_short_or_long_window_splits_at_the_split_point() {
+        let mut by_short = part(1, 0, 999, 2.5 * TARGET, 0.0);
+        by_short.split_point = Some(300);
+        assert_eq!(
+            decide(&policy(), NOW, &[by_short]),
+            vec![split(1, SplitAt::Point(300))]
+        );
+        let by_long = part(2, 0, 999, 0.0, 1.1 * TARGET);
+        assert_eq!(
+            decide(&policy(), NOW, &[by_long]),
+            vec![split(2, SplitAt::Point(499))]
+        );
+        // Not hot: short under hot_factor x target, long under target.
+        assert!(decide(
+            &policy(),
+            NOW,
+            &[part(3, 0, 999, 1.9 * TARGET, 0.9 * TARGET)]
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn invalid_split_point_falls_back_to_the_middle() {
+        for bad in [Some(999), Some(5_000), None] {
+            let mut p = part(1, 0, 999, 0.0, 2.0 * TARGET);
+            p.split_point = bad;
+            assert_eq!(
+                decide(&policy(), NOW, &[p]),
+                vec![split(1, SplitAt::Point(499))]
+            );
+        }
+    }
+
+    #[test]
+    fn records_target_alone_can_make_hot() {
+        let policy = BalancePolicy {
+            target_records_per_sec: Some(100.0),
+            ..BalancePolicy::default()
+        };
+        let mut p = part(1, 0, 9, 0.0, 0.0);
+        p.rates[2].records_per_sec = 150.0;
+        assert_eq!(decide(&policy, NOW, &[p]).len(), 1);
+        assert!(decide(&BalancePolicy::default(), NOW, &[part(1, 0, 9, 9e9, 9e9)]).is_empty());
+    }
+
+    #[test]
+    fn dominant_key_is_isolated_and_single_value_is_reported_once() {
+        let mut p = part(1, 0, 999, 0.0, 3.0 * TARGET);
+        p.hot_key = Some(HotKey {
+            hash: 400,
+            share: 0.7,
+        });
+        assert_eq!(
+            decide(&policy(), NOW, &[p.clone()]),
+            vec![split(1, SplitAt::IsolateKey(400))]
+        );
+        p.hot_key = Some(HotKey {
+            hash: 400,
+            share: 0.4,
+        });
+        p.split_point = Some(400);
+        assert_eq!(
+            decide(&policy(), NOW, &[p]),
+            vec![split(1, SplitAt::Point(400))]
+        );
+
+        let mut single = part(2, 400, 400, 9e9, 9e9);
+        single.hot_key = Some(HotKey {
+            hash: 400,
+            share: 1.0,
+        });
+        single.split_point = Some(400);
+        let report = Decision::HotKey {
+            partition: 2,
+            hash: 400,
+        };
+        assert_eq!(decide(&policy(), NOW, &[single.clone()]), vec![report]);
+        single.hot_key_reported = true;
+        assert!(
+            decide(&policy(), NOW, &[single]).is_empty(),
+            "never split [h, h]"
+        );
+    }
+
+    #[test]
+    fn min_age_and_clock_going_backwards_block_decisions() {
+        let mut young = part(1, 0, 999, 9e9, 9e9);
+        young.last_change_nanos = NOW - 9 * SEC;
+        assert!(decide(&policy(), NOW, &[young.clone()]).is_empty());
+        young.last_change_nanos = NOW + SEC; // from the future: age 0
+        assert!(decide(&policy(), NOW, &[young.clone()]).is_empty());
+        young.last_change_nanos = NOW - 10 * SEC;
+        assert_eq!(decide(&policy(), NOW, &[young]).len(), 1);
+    }
+
+    #[test]
+    fn max_partitions_budget_counts_isolation_children() {
+        let policy = BalancePolicy {
+            max_partitions: 4,
+            ..policy()
+        };
+        let mut a = part(1, 0, 999, 0.0, 5.0 * TARGET);
+        a.hot_key = Some(HotKey {
+            hash: 500,
+            share: 0.9,
+        });
+        let b = part(2, 1_000, 1_999, 0.0, 4.0 * TARGET);
+        let c = part(3, 2_000, u64::MAX, 0.0, 3.0 * TARGET);
+        // 3 active, room for 1: the hottest (a) gets a cut before its key.
+        let out = decide(&policy, NOW, &[c.clone(), b.clone(), a.clone()]);
+        assert_eq!(out, vec![split(1, SplitAt::Point(499))]);
+        // 2 active, room for 2: a isolates (+2), nothing left for b.
+        let out = decide(&policy, NOW, &[b.clone(), a.clone()]);
+        assert_eq!(out, vec![split(1, SplitAt::IsolateKey(500))]);
+        // At the cap: nothing, but a single-value report needs no room.
+        let single = part(4, 2_000, 2_000, 9e9, 9e9);
+        let out = decide(&policy, NOW, &[a, b, c, single]);
+        assert_eq!(
+            out,
+            vec![Decision::HotKey {
+                partition: 4,
+                hash: 2_000
+            }]
+        );
+    }
+
+    #[test]
+    fn merges_only_adjacent_cold_pairs_and_stops_at_min_partitions() {
+        let cold = 0.1 * TARGET;
+        let parts = [
+            part(1, 0, 99, cold, cold),
+            part(2, 100, 199, cold, cold),
+            part(3, 200, 299, cold, cold),
+            part(4, 300, u64::MAX, cold, cold),
+        ];
+        let all = decide(&policy(), NOW, &parts);
+        let merges = vec![
+            Decision::Merge { left: 1, right: 2 },
+            Decision::Merge { left: 3, right: 4 },
+        ];
+        assert_eq!(all, merges);
+        let three = BalancePolicy {
+            min_partitions: 3,
+            ..policy()
+        };
+        assert_eq!(decide(&three, NOW, &parts), merges[..1].to_vec());
+        // A gap, a warm neighbour, or a combined rate too high: no merge.
+        let gap = [part(1, 0, 99, cold, cold), part(2, 101, 199, cold, cold)];
+        assert!(decide(&policy(), NOW, &gap).is_empty());
+        let warm = [
+            part(1, 0, 99, cold, cold),
+            part(2, 100, 199, 0.4 * TARGET, cold),
+        ];
+        assert!(decide(&policy(), NOW, &warm).is_empty());
+        let sum = 0.29 * TARGET;
+        let heavy = [part(1, 0, 99, sum, sum), part(2, 100, 199, sum, sum)];
+        assert!(decide(&policy(), NOW, &heavy).is_empty());
+    }
+
+    #[test]
+    fn split_and_merge_never_touch_the_same_partition() {
+        let cold = 0.1 * TARGET;
+        let parts = [
+            part(1, 0, 99, 0.0, 2.0 * TARGET),
+            part(2, 100, 199, cold, cold),
+            part(3, 200, 299, cold, cold),
+            part(4, 300, 399, cold, cold),
+        ];
+        let out = decide(&policy(), NOW, &parts);
+        assert_eq!(
+            out,
+            vec![
+                split(1, SplitAt::Point(49)),
+                Decision::Merge { left: 2, right: 3 }
+            ]
+        );
+        // Duplicate ids get one decision at most.
+        let dup = [
+            part(5, 0, 99, 0.0, 2.0 * TARGET),
+            part(5, 100, 199, 0.0, 2.0 * TARGET),
+        ];
+        assert_eq!(decide(&policy(), NOW, &dup).len(), 1);
+    }
+
+    #[test]
+    fn invalid_or_disabled_policy_decides_nothing() {
+        let hot = [part(0, 0, u64::MAX, 9e9, 9e9)];
+        let invalid = BalancePolicy {
+            cold_fraction: 0.9,
+            ..policy()
+        };
+        assert!(decide(&invalid, NOW, &hot).is_empty());
+        let disabled = BalancePolicy {
+            enabled: false,
+            ..policy()
+        };
+        assert!(decide(&disabled, NOW, &hot).is_empty());
+        assert_eq!(decide(&policy(), NOW, &hot).len(), 1);
+    }
+
+    #[test]
+    fn garbage_rates_are_neither_hot_nor_cold() {
+        let weird = [
+            part(1, 0, 99, f64::NAN, f64::NAN),
+            part(2, 100, 199, -1.0, -1.0),
+            part(3, 200, 299, f64::INFINITY, f64::NAN),
+            PartitionLoad {
+                rates: Vec::new(),
+                ..part(4, 300, 399, 0.0, 0.0)
+            },
+            part(5, 400, 300, 9e9, 9e9), // reversed range
+        ];
+        assert!(decide(&policy(), NOW, &weird).is_empty());
+        assert!(decide(&policy(), 0, &[]).is_empty());
+    }
+}

@@ -1,0 +1,381 @@
+//! Test-only: a tiny simulated topic that feeds [`decide`]'s decisions back
+//! into its topology, in simulated time, to check that the whole loop
+//! (rates, load maps, policy) converges instead of oscillating.
+//!
+//! Each partition has a real [`RateTracker`] and [`LoadMap`]; the load is a
+//! stationary function over hash space (uniform pieces and single keys).
+//! New partitions start with empty trackers, the harder case for stability
+//! (a fresh child looks cold in its long windows).
+
+use std::time::Duration;
+
+use super::{
+    decide, duration_nanos, BalancePolicy, Decision, LoadMap, LoadMapConfig, PartitionLoad,
+    RateTracker, SplitAt, DEFAULT_WINDOWS,
+};
+
+const STEP: Duration = Duration::from_millis(250);
+const RECORD_BYTES: f64 = 1_000.0;
+/// Load-map samples per uniform piece, per partition, per step.
+const SAMPLES: u64 = 8;
+const MB: f64 = 1_000_000.0;
+
+/// `bytes_per_sec` spread uniformly over the hashes `[lo, hi]`.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    lo: u64,
+    hi: u64,
+    bytes_per_sec: f64,
+}
+
+/// The part of `l` on `[start, end]`: its hashes and bytes/s.
+fn overlap(l: &Load, start: u64, end: u64) -> Option<(u64, u64, f64)> {
+    let (lo, hi) = (l.lo.max(start), l.hi.min(end));
+    if lo > hi {
+        return None;
+    }
+    let share = (u128::from(hi - lo) + 1) as f64 / (u128::from(l.hi - l.lo) + 1) as f64;
+    Some((lo, hi, l.bytes_per_sec * share))
+}
+
+fn uniform(lo: u64, hi: u64, bytes_per_sec: f64) -> Load {
+    Load {
+        lo,
+        hi,
+        bytes_per_sec,
+    }
+}
+
+struct Part {
+    id: u32,
+    start: u64,
+    end: u64,
+    rates: RateTracker,
+    map: LoadMap,
+    last_change_nanos: u64,
+    hot_key_reported: bool,
+}
+
+struct Sim {
+    seed: u64,
+    now: u64,
+    parts: Vec<Part>,
+    next_id: u32,
+    policy: BalancePolicy,
+    load: Vec<Load>,
+    rng: u64,
+    /// Every decision applied, with its time.
+    log: Vec<(u64, Decision)>,
+    max_active: usize,
+}
+
+impl Sim {
+    /// `initial` partitions tiling the hash space evenly.
+    fn new(seed: u64, policy: BalancePolicy, load: Vec<Load>, initial: u32) -> Sim {
+        let mut sim = Sim {
+            seed,
+            now: 0,
+            parts: Vec::new(),
+            next_id: 0,
+            policy,
+            load,
+            rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            log: Vec::new(),
+            max_active: 0,
+        };
+        let n = u128::from(initial);
+        for i in 0..n {
+            let start = (i << 64) / n;
+            let end = ((i + 1) << 64) / n - 1;
+            sim.add(start as u64, end as u64);
+        }
+        sim.max_active = sim.parts.len();
+        sim
+    }
+
+    fn add(&mut self, start: u64, end: u64) {
+        let config = LoadMapConfig {
+            sample_every: 1,
+            ..LoadMapConfig::default()
+        };
+        self.parts.push(Part {
+            id: self.next_id,
+            start,
+            end,
+            rates: RateTracker::new(&DEFAULT_WINDOWS, self.now),
+            map: LoadMap::with_config(start, end, &config, self.now),
+            last_change_nanos: self.now,
+            hot_key_reported: false,
+        });
+        self.next_id += 1;
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // xorshift64
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    /// The exact bytes/s landing on `[start, end]`.
+    fn true_load(&self, start: u64, end: u64) -> f64 {
+        self.load
+            .iter()
+            .filter_map(|l| overlap(l, start, end))
+            .map(|o| o.2)
+            .sum()
+    }
+
+    /// One step of appends into partition `i`.
+    fn feed(&mut self, i: usize) {
+        let secs = STEP.as_secs_f64();
+        let (start, end) = (self.parts[i].start, self.parts[i].end);
+        let mut samples = Vec::new();
+        for l in self.load.clone() {
+            let Some((lo, hi, bytes_per_sec)) = overlap(&l, start, end) else {
+                continue;
+            };
+            let n = if lo == hi { 1 } else { SAMPLES };
+            for _ in 0..n {
+                let width = u128::from(hi - lo) + 1;
+                let hash = lo + ((u128::from(self.next_random()) * width) >> 64) as u64;
+                samples.push((hash, bytes_per_sec * secs / n as f64));
+            }
+        }
+        let now = self.now;
+        let part = &mut self.parts[i];
+        let bytes: f64 = samples.iter().map(|s| s.1).sum();
+        for (hash, weight) in samples {
+            part.map.record(now, hash, weight as u64);
+        }
+        part.rates
+            .record(now, (bytes / RECORD_BYTES) as u64, bytes as u64);
+    }
+
+    fn step(&mut self) {
+        self.now += duration_nanos(STEP);
+        for i in 0..self.parts.len() {
+            self.feed(i);
+        }
+        let loads: Vec<PartitionLoad> = self
+            .parts
+            .iter()
+            .map(|p| PartitionLoad {
+                id: p.id,
+                start: p.start,
+                end: p.end,
+                rates: p.rates.rates(self.now),
+                last_change_nanos: p.last_change_nanos,
+                split_point: p.map.split_point(),
+                hot_key: p.map.hot_key(self.policy.hot_key_share),
+                hot_key_reported: p.hot_key_reported,
+            })
+            .collect();
+        for decision in decide(&self.policy, self.now, &loads) {
+            self.apply(decision);
+            self.log.push((self.now, decision));
+        }
+        self.check_tiling();
+        self.max_active = self.max_active.max(self.parts.len());
+    }
+
+    fn take(&mut self, id: u32) -> Part {
+        let seed = self.seed;
+        let i = self.parts.iter().position(|p| p.id == id);
+        let i = i.unwrap_or_else(|| panic!("seed {seed}: decision on unknown partition {id}"));
+        self.parts.remove(i)
+    }
+
+    fn apply(&mut self, decision: Decision) {
+        let seed = self.seed;
+        match decision {
+            Decision::Split { partition, at } => {
+                let p = self.take(partition);
+                match at {
+                    SplitAt::Point(m) => {
+                        assert!(p.start <= m && m < p.end, "seed {seed}: bad point {m}");
+                        self.add(p.start, m);
+                        self.add(m + 1, p.end);
+                    }
+                    SplitAt::IsolateKey(h) => {
+                        assert!(p.start <= h && h <= p.end && p.start < p.end, "seed {seed}");
+                        if h > p.start {
+                            self.add(p.start, h - 1);
+                        }
+                        self.add(h, h);
+                        if h < p.end {
+                            self.add(h + 1, p.end);
+                        }
+                    }
+                }
+            }
+            Decision::Merge { left, right } => {
+                let (l, r) = (self.take(left), self.take(right));
+                assert_eq!(
+                    l.end.checked_add(1),
+                    Some(r.start),
+                    "seed {seed}: not adjacent"
+                );
+                self.add(l.start, r.end);
+            }
+            Decision::HotKey { partition, hash } => {
+                let seed = self.seed;
+                let p = self.parts.iter_mut().find(|p| p.id == partition);
+                let p = p.unwrap_or_else(|| panic!("seed {seed}: unknown {partition}"));
+                assert!(p.start == hash && p.end == hash, "seed {seed}: not [h, h]");
+                assert!(!p.hot_key_reported, "seed {seed}: reported twice");
+                p.hot_key_reported = true;
+            }
+        }
+    }
+
+    /// The active partitions tile `[0, u64::MAX]` exactly.
+    fn check_tiling(&mut self) {
+        self.parts.sort_by_key(|p| p.start);
+        let mut next = Some(0u64);
+        for p in &self.parts {
+            assert_eq!(Some(p.start), next, "seed {}: gap or overlap", self.seed);
+            next = p.end.checked_add(1);
+        }
+        assert_eq!(next, None, "seed {}: hash space not covered", self.seed);
+    }
+
+    /// Runs for `duration` and returns the decisions made meanwhile.
+    fn run(&mut self, duration: Duration) -> Vec<(u64, Decision)> {
+        let from = self.log.len();
+        for _ in 0..duration_nanos(duration) / duration_nanos(STEP) {
+            self.step();
+        }
+        self.log[from..].to_vec()
+    }
+
+    fn loads(&self) -> Vec<f64> {
+        self.parts
+            .iter()
+            .map(|p| self.true_load(p.start, p.end))
+            .collect()
+    }
+}
+
+fn policy() -> BalancePolicy {
+    BalancePolicy {
+        target_bytes_per_sec: Some(MB),
+        ..BalancePolicy::default()
+    }
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+#[test]
+fn skewed_load_converges_then_stays_quiet() {
+    for seed in [1, 2, 3] {
+        // 5 MB/s: 3.75 on the first quarter of hash space, 1.25 on the rest.
+        let quarter = (1u64 << 62) - 1;
+        let load = vec![
+            uniform(0, quarter, 3.75 * MB),
+            uniform(quarter + 1, u64::MAX, 1.25 * MB),
+        ];
+        let mut sim = Sim::new(seed, policy(), load, 1);
+        let converging = sim.run(20 * MINUTE);
+        assert!(!converging.is_empty(), "seed {seed}: never split");
+        let quiet = sim.run(10 * MINUTE);
+        assert!(quiet.is_empty(), "seed {seed}: still deciding {quiet:?}");
+        let loads = sim.loads();
+        assert!((6..=12).contains(&loads.len()), "seed {seed}: {loads:?}");
+        for l in &loads {
+            assert!(
+                (0.3 * MB..=MB).contains(l),
+                "seed {seed}: unbalanced {loads:?}"
+            );
+        }
+        // The hot quarter holds most partitions: splits followed the load.
+        let in_hot_quarter = sim.parts.iter().filter(|p| p.end <= quarter).count();
+        assert!(in_hot_quarter * 2 >= loads.len(), "seed {seed}: {loads:?}");
+    }
+}
+
+#[test]
+fn hot_key_is_isolated_once_then_only_reported() {
+    for seed in [4, 5] {
+        let h = 0x9E37_79B9_7F4A_7C15_u64;
+        let load = vec![uniform(h, h, 3.0 * MB), uniform(0, u64::MAX, 0.4 * MB)];
+        let mut sim = Sim::new(seed, policy(), load, 1);
+        let log = sim.run(10 * MINUTE);
+        let decisions: Vec<Decision> = log.iter().map(|d| d.1).collect();
+        let isolate = Decision::Split {
+            partition: 0,
+            at: SplitAt::IsolateKey(h),
+        };
+        assert_eq!(decisions.len(), 2, "seed {seed}: {decisions:?}");
+        assert_eq!(decisions[0], isolate, "seed {seed}");
+        assert!(
+            matches!(decisions[1], Decision::HotKey { hash, .. } if hash == h),
+            "seed {seed}: {decisions:?}"
+        );
+        // The cold neighbours of [h, h] are not adjacent: no merge either.
+        assert_eq!(sim.parts.len(), 3, "seed {seed}");
+        assert!(sim.run(10 * MINUTE).is_empty(), "seed {seed}: scale storm");
+    }
+}
+
+#[test]
+fn load_drop_merges_down_to_min_partitions() {
+    for (seed, min_partitions) in [(6, 2), (7, 1)] {
+        let policy = BalancePolicy {
+            min_partitions,
+            ..policy()
+        };
+        let busy = vec![uniform(0, u64::MAX, 6.0 * MB)];
+        let mut sim = Sim::new(seed, policy, busy, 8);
+        assert!(
+            sim.run(2 * MINUTE).is_empty(),
+            "seed {seed}: 0.75 MB/s each is stable"
+        );
+        sim.load = vec![uniform(0, u64::MAX, 0.4 * MB)];
+        let log = sim.run(10 * MINUTE);
+        assert!(
+            log.iter().all(|d| matches!(d.1, Decision::Merge { .. })),
+            "seed {seed}"
+        );
+        assert_eq!(
+            sim.parts.len(),
+            min_partitions as usize,
+            "seed {seed}: {log:?}"
+        );
+        assert!(sim.run(10 * MINUTE).is_empty(), "seed {seed}");
+    }
+}
+
+#[test]
+fn max_partitions_is_respected() {
+    for (seed, max_partitions) in [(8, 5), (9, 2)] {
+        let policy = BalancePolicy {
+            max_partitions,
+            ..policy()
+        };
+        let load = vec![uniform(0, u64::MAX, 100.0 * MB)];
+        let mut sim = Sim::new(seed, policy, load, 1);
+        sim.run(10 * MINUTE);
+        assert_eq!(sim.max_active, max_partitions as usize, "seed {seed}");
+        assert_eq!(sim.parts.len(), max_partitions as usize, "seed {seed}");
+        assert!(sim.run(MINUTE).is_empty(), "seed {seed}: at the cap");
+    }
+}
+
+#[test]
+fn hot_key_below_isolation_share_is_isolated_after_a_median_split() {
+    // A key with 40 % of the load: first a median split puts it into a
+    // child where it dominates, then that child isolates it.
+    let h = 3u64 << 62;
+    let load = vec![uniform(h, h, 1.6 * MB), uniform(0, u64::MAX, 2.4 * MB)];
+    let mut sim = Sim::new(10, policy(), load, 1);
+    let log = sim.run(20 * MINUTE);
+    let isolations = log
+        .iter()
+        .filter(|d| matches!(d.1, Decision::Split { at: SplitAt::IsolateKey(k), .. } if k == h))
+        .count();
+    assert_eq!(isolations, 1, "{log:?}");
+    assert!(sim.parts.iter().any(|p| p.start == h && p.end == h));
+    assert!(sim.run(10 * MINUTE).is_empty());
+}

@@ -1,0 +1,154 @@
+//! Configuration of a log and of its topics.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::balance::BalancePolicy;
+use crate::error::{Error, Result};
+use crate::format::batch::BATCH_HEADER_LEN;
+use crate::format::segment::SEGMENT_HEADER_LEN;
+
+/// When appended data is made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum SyncPolicy {
+    /// Only on `sync()` and on clean close.
+    #[default]
+    Never,
+    /// A background thread syncs at this interval.
+    Interval(Duration),
+    /// Every append returns only once durable (group commit).
+    Always,
+}
+
+/// What `open` does with corruption inside data that was known durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum RecoveryMode {
+    /// Refuse to open, naming file and byte position.
+    #[default]
+    Strict,
+    /// Cut the partition at the first damaged batch.
+    Truncate,
+    /// Keep the valid batches after the damage; the lost offsets become a hole.
+    Salvage,
+}
+
+/// Per-topic configuration, stored in the manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopicConfig {
+    /// Partitions created with the topic.
+    pub partitions: u32,
+    /// Size of each segment file (preallocated and mapped at this size).
+    pub segment_bytes: u64,
+    /// One sparse index entry per this many bytes of data.
+    pub index_interval_bytes: u32,
+    /// Largest encoded record (key + value + 16 bytes of framing); records
+    /// are also bounded by what fits one segment.
+    pub max_record_bytes: u32,
+    /// Durability policy.
+    pub sync: SyncPolicy,
+    /// Delete sealed segments whose newest record is older than this.
+    pub retention_age: Option<Duration>,
+    /// Delete the oldest sealed segments while a partition holds more than this.
+    pub retention_bytes: Option<u64>,
+    /// Automatic splitting and merging.
+    #[serde(default)]
+    pub balance: BalancePolicy,
+}
+
+impl Default for TopicConfig {
+    fn default() -> Self {
+        TopicConfig {
+            partitions: 1,
+            segment_bytes: 128 << 20,
+            index_interval_bytes: 4096,
+            max_record_bytes: 1 << 20,
+            sync: SyncPolicy::Never,
+            retention_age: None,
+            retention_bytes: None,
+            balance: BalancePolicy::default(),
+        }
+    }
+}
+
+/// Smallest segment accepted (room for a header and a few batches).
+pub const MIN_SEGMENT_BYTES: u64 = 4096;
+/// Largest segment accepted: index entries store 32-bit positions.
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 32;
+
+impl TopicConfig {
+    /// Checks every field's range.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidConfig(m));
+        if self.partitions == 0 || self.partitions > 65_536 {
+            return bad(format!(
+                "partitions must be 1..=65536, got {}",
+                self.partitions
+            ));
+        }
+        if !(MIN_SEGMENT_BYTES..=MAX_SEGMENT_BYTES).contains(&self.segment_bytes) {
+            return bad(format!(
+                "segment_bytes must be {MIN_SEGMENT_BYTES}..={MAX_SEGMENT_BYTES}, got {}",
+                self.segment_bytes
+            ));
+        }
+        if self.index_interval_bytes == 0 {
+            return bad("index_interval_bytes must be > 0".into());
+        }
+        if self.max_record_bytes < 16 {
+            return bad(format!(
+                "max_record_bytes must be at least 16, got {}",
+                self.max_record_bytes
+            ));
+        }
+        if let SyncPolicy::Interval(d) = self.sync {
+            if d.is_zero() {
+                return bad("sync interval must be > 0".into());
+            }
+        }
+        self.balance.validate().map_err(Error::InvalidConfig)
+    }
+}
+
+impl TopicConfig {
+    /// The record limit in force: the configured one, or what fits a segment.
+    pub fn effective_max_record_bytes(&self) -> u64 {
+        let room = self
+            .segment_bytes
+            .saturating_sub((SEGMENT_HEADER_LEN + BATCH_HEADER_LEN) as u64);
+        u64::from(self.max_record_bytes).min(room)
+    }
+}
+
+/// Options for [`crate::Log::open`].
+#[derive(Debug, Clone)]
+pub struct LogOptions {
+    /// Create the directory (and an empty log) when missing or empty.
+    pub create: bool,
+    /// How to treat corruption in durable data.
+    pub recovery: RecoveryMode,
+    /// Scan all data, not only what follows the checkpoint (like `verify`).
+    pub full_scan: bool,
+    /// Try io_uring for group commit (falls back to syscalls when unavailable).
+    pub use_io_uring: bool,
+    /// Compact the manifest journal into a snapshot after this many records.
+    pub manifest_compact_records: u32,
+    /// Run the background balancer for topics whose policy enables it.
+    pub balancer: bool,
+    /// Clock for rates and policies (injectable for deterministic tests).
+    pub clock: std::sync::Arc<dyn crate::balance::Clock>,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions {
+            create: true,
+            recovery: RecoveryMode::Strict,
+            full_scan: false,
+            use_io_uring: true,
+            manifest_compact_records: 1000,
+            balancer: true,
+            clock: std::sync::Arc::new(crate::balance::SystemClock::default()),
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The one public error type of fissionlog.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong, with the data a caller needs to act on it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An operating-system call failed.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// File or directory the call was about.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The device is full; the operation was not applied.
+    #[error("no space left on device while writing {path}")]
+    NoSpace {
+        /// File being written.
+        path: PathBuf,
+    },
+    /// Another `Log` (in this or another process) holds the directory.
+    #[error("log directory {path} is locked by another process or handle")]
+    Locked {
+        /// The log directory.
+        path: PathBuf,
+    },
+    /// The directory exists, is not empty and holds no fissionlog manifest.
+    #[error("{path} is not a fissionlog directory (no manifest)")]
+    NotALog {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The directory does not exist and creation was not requested.
+    #[error("log directory {path} does not exist")]
+    NotFound {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// Bytes on disk are not what fissionlog wrote.
+    #[error("corruption in {file} at byte {position}: {reason}")]
+    Corruption {
+        /// File holding the bad bytes.
+        file: PathBuf,
+        /// Byte position of the first bad byte (or of the bad structure).
+        position: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A checksum did not match while reading data that was valid at open.
+    #[error("checksum mismatch in {file} at byte {position}: expected {expected:#010x}, found {actual:#010x}")]
+    ChecksumMismatch {
+        /// File holding the batch.
+        file: PathBuf,
+        /// Byte position of the batch.
+        position: u64,
+        /// CRC stored in the batch header.
+        expected: u32,
+        /// CRC computed over the bytes.
+        actual: u32,
+    },
+    /// A file was written by an unknown (newer) format version.
+    #[error("{file} has format version {found}, this build reads up to {supported}")]
+    UnsupportedVersion {
+        /// The file.
+        file: PathBuf,
+        /// Version found in the file.
+        found: u16,
+        /// Highest version this build understands.
+        supported: u16,
+    },
+    /// A record (or batch) is larger than the topic allows.
+    #[error("record of {size} bytes exceeds the maximum of {max} bytes")]
+    RecordTooLarge {
+        /// Encoded size of the record.
+        size: u64,
+        /// The topic's limit.
+        max: u64,
+    },
+    /// A topic name that fissionlog will not use as a path.
+    #[error("invalid topic name {name:?}: {reason}")]
+    InvalidTopicName {
+        /// The rejected name.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// No topic of that name.
+    #[error("unknown topic {0:?}")]
+    UnknownTopic(String),
+    /// The topic exists already.
+    #[error("topic {0:?} already exists")]
+    TopicExists(String),
+    /// No partition of that id in the topic.
+    #[error("unknown partition {partition} in topic {topic:?}")]
+    UnknownPartition {
+        /// Topic name.
+        topic: String,
+        /// Partition id asked for.
+        partition: u32,
+    },
+    /// The offset is outside what the partition holds.
+    #[error("offset {offset} is out of range for partition {partition} (holds {start}..{end})")]
+    OffsetOutOfRange {
+        /// Partition id.
+        partition: u32,
+        /// Offset asked for.
+        offset: u64,
+        /// First offset still held.
+        start: u64,
+        /// End offset (exclusive).
+        end: u64,
+    },
+    /// Records in this range were lost to corruption and salvaged around.
+    #[error(
+        "offsets {start}..{end} of partition {partition} were lost to corruption (salvage hole)"
+    )]
+    Hole {
+        /// Partition id.
+        partition: u32,
+        /// First lost offset.
+        start: u64,
+        /// End of the lost range (exclusive).
+        end: u64,
+    },
+    /// The partition is sealed (split or merged) and takes no appends.
+    #[error("partition {partition} of topic {topic:?} is sealed")]
+    Sealed {
+        /// Topic name.
+        topic: String,
+        /// Partition id.
+        partition: u32,
+    },
+    /// A previous fsync failed; the partition refuses writes until reopened.
+    #[error(
+        "partition {partition} of topic {topic:?} is poisoned by an earlier failed sync: {reason}"
+    )]
+    Poisoned {
+        /// Topic name.
+        topic: String,
+        /// Partition id.
+        partition: u32,
+        /// The original failure.
+        reason: String,
+    },
+    /// A configuration value is out of its allowed range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// A topology change was refused (ranges not adjacent, limits, state).
+    #[error("topology change refused: {0}")]
+    Refused(String),
+    /// A saved cursor does not belong to this topic or is malformed.
+    #[error("invalid cut: {0}")]
+    InvalidCut(String),
+    /// The log has been closed.
+    #[error("the log is closed")]
+    Closed,
+}
+
+impl Error {
+    /// Wraps an I/O error with the path it concerns, mapping ENOSPC to [`Error::NoSpace`].
+    pub fn io(path: impl Into<PathBuf>, source: io::Error) -> Error {
+        let path = path.into();
+        if source.raw_os_error() == Some(libc::ENOSPC) {
+            Error::NoSpace { path }
+        } else {
+            Error::Io { path, source }
+        }
+    }
+
+    /// Builds a [`Error::Corruption`].
+    pub fn corruption(file: impl Into<PathBuf>, position: u64, reason: impl Into<String>) -> Error {
+        Error::Corruption {
+            file: file.into(),
+            position,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Adds a path to `io::Result`s.
+pub(crate) trait IoContext<T> {
+    /// Attaches `path` to the error.
+    fn at(self, path: &std::path::Path) -> Result<T>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn at(self, path: &std::path::Path) -> Result<T> {
+        self.map_err(|e| Error::io(path, e))
+    }
+}

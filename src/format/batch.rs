@@ -1,0 +1,513 @@
+//! Batch framing: the unit in which records reach a segment.
+//!
+//! ```text
+//! batch header (40 bytes, little-endian)
+//!   0  batch_len      u32   whole batch, header included
+//!   4  crc            u32   CRC-32 (crc32fast, IEEE) of bytes 8..batch_len
+//!   8  magic          u16   0xF1B1: batch format 1
+//!  10  flags          u16   bit 0: hole (written by salvage recovery over
+//!                             damaged bytes; `record_count` offsets were lost
+//!                             and the payload is zero padding)
+//!  12  record_count   u32   >= 1
+//!  16  base_offset    u64   offset of the first record
+//!  24  first_ts       i64   timestamp of the first record (ms since epoch)
+//!  32  max_ts         i64   largest record timestamp in the batch
+//! records, back to back:
+//!   0  record_len     u32   bytes after this field
+//!   4  key_len        u32   u32::MAX = no key
+//!   8  timestamp      i64
+//!  16  key bytes, value bytes
+//! ```
+//!
+//! The CRC covers the base offset, so a stale or misplaced batch does not
+//! validate at the wrong position: recovery compares `base_offset` with the
+//! offset it expects next.
+
+use zerocopy::little_endian::{I64, U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+/// Size of the batch header.
+pub const BATCH_HEADER_LEN: usize = 40;
+/// Size of the per-record header.
+pub const RECORD_HEADER_LEN: usize = 16;
+/// Magic (and format version) of a batch.
+pub const BATCH_MAGIC: u16 = 0xF1B1;
+/// Flag bit of a hole batch.
+pub const FLAG_HOLE: u16 = 1;
+/// `key_len` value meaning "no key".
+pub const NO_KEY: u32 = u32::MAX;
+
+/// The on-disk batch header.
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BatchHeader {
+    /// Whole batch length in bytes.
+    pub batch_len: U32,
+    /// CRC of bytes `8..batch_len`.
+    pub crc: U32,
+    /// [`BATCH_MAGIC`].
+    pub magic: U16,
+    /// Reserved.
+    pub flags: U16,
+    /// Number of records.
+    pub record_count: U32,
+    /// Offset of the first record.
+    pub base_offset: U64,
+    /// First record's timestamp.
+    pub first_ts: I64,
+    /// Largest timestamp in the batch.
+    pub max_ts: I64,
+}
+
+/// The on-disk record header.
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct RecordHeader {
+    record_len: U32,
+    key_len: U32,
+    timestamp: I64,
+}
+
+const _: () = assert!(std::mem::size_of::<BatchHeader>() == BATCH_HEADER_LEN);
+const _: () = assert!(std::mem::size_of::<RecordHeader>() == RECORD_HEADER_LEN);
+
+/// A record to append.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordIn<'a> {
+    /// Routing key, if any.
+    pub key: Option<&'a [u8]>,
+    /// Payload.
+    pub value: &'a [u8],
+    /// Milliseconds since the Unix epoch.
+    pub timestamp: i64,
+}
+
+impl RecordIn<'_> {
+    /// Encoded size of this record inside a batch.
+    pub fn encoded_len(&self) -> usize {
+        RECORD_HEADER_LEN + self.key.map_or(0, <[u8]>::len) + self.value.len()
+    }
+}
+
+/// Encoded size of a batch holding `records`.
+pub fn batch_len(records: &[RecordIn<'_>]) -> usize {
+    BATCH_HEADER_LEN + records.iter().map(RecordIn::encoded_len).sum::<usize>()
+}
+
+/// Writes a batch into `dst`, which must be exactly [`batch_len`] bytes.
+/// Returns the header as written. Panics if `dst` has the wrong size or
+/// `records` is empty (callers size it; both are invariants).
+pub fn encode_batch(dst: &mut [u8], base_offset: u64, records: &[RecordIn<'_>]) -> BatchHeader {
+    assert!(!records.is_empty(), "a batch holds at least one record");
+    assert_eq!(
+        dst.len(),
+        batch_len(records),
+        "destination sized for the batch"
+    );
+    let mut pos = BATCH_HEADER_LEN;
+    let mut max_ts = i64::MIN;
+    for r in records {
+        let key_len = r.key.map_or(0, <[u8]>::len);
+        let hdr = RecordHeader {
+            record_len: U32::new((r.encoded_len() - 4) as u32),
+            key_len: U32::new(r.key.map_or(NO_KEY, |k| k.len() as u32)),
+            timestamp: I64::new(r.timestamp),
+        };
+        dst[pos..pos + RECORD_HEADER_LEN].copy_from_slice(hdr.as_bytes());
+        pos += RECORD_HEADER_LEN;
+        if let Some(k) = r.key {
+            dst[pos..pos + key_len].copy_from_slice(k);
+            pos += key_len;
+        }
+        dst[pos..pos + r.value.len()].copy_from_slice(r.value);
+        pos += r.value.len();
+        max_ts = max_ts.max(r.timestamp);
+    }
+    let mut header = BatchHeader {
+        batch_len: U32::new(dst.len() as u32),
+        crc: U32::new(0),
+        magic: U16::new(BATCH_MAGIC),
+        flags: U16::new(0),
+        record_count: U32::new(records.len() as u32),
+        base_offset: U64::new(base_offset),
+        first_ts: I64::new(records[0].timestamp),
+        max_ts: I64::new(max_ts),
+    };
+    dst[..BATCH_HEADER_LEN].copy_from_slice(header.as_bytes());
+    let crc = crc32fast::hash(&dst[8..]);
+    header.crc = U32::new(crc);
+    dst[4..8].copy_from_slice(&crc.to_le_bytes());
+    header
+}
+
+/// Whether a (validated) batch is a hole left by salvage recovery.
+pub fn is_hole(h: &BatchHeader) -> bool {
+    h.flags.get() & FLAG_HOLE != 0
+}
+
+/// Writes a hole batch over `dst` (at least [`BATCH_HEADER_LEN`] bytes):
+/// `lost` offsets starting at `base_offset` are gone; the payload is zeroed.
+pub fn encode_hole(dst: &mut [u8], base_offset: u64, lost: u32) {
+    assert!(
+        dst.len() >= BATCH_HEADER_LEN && lost > 0,
+        "a hole covers a header and at least one offset"
+    );
+    dst.fill(0);
+    let header = BatchHeader {
+        batch_len: U32::new(dst.len() as u32),
+        crc: U32::new(0),
+        magic: U16::new(BATCH_MAGIC),
+        flags: U16::new(FLAG_HOLE),
+        record_count: U32::new(lost),
+        base_offset: U64::new(base_offset),
+        first_ts: I64::new(0),
+        max_ts: I64::new(i64::MIN),
+    };
+    dst[..BATCH_HEADER_LEN].copy_from_slice(header.as_bytes());
+    let crc = crc32fast::hash(&dst[8..]);
+    dst[4..8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Why bytes at a position are not a valid batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchError {
+    /// Fewer bytes than a header remain.
+    ShortHeader,
+    /// The header is all zeros: never-written space.
+    Zeroed,
+    /// Magic is not [`BATCH_MAGIC`].
+    BadMagic(u16),
+    /// `batch_len` is impossible or runs past the available bytes.
+    BadLength(u32),
+    /// Zero records, or records that do not exactly fill the batch.
+    BadRecords(&'static str),
+    /// CRC mismatch.
+    BadCrc {
+        /// Stored CRC.
+        expected: u32,
+        /// Computed CRC.
+        actual: u32,
+    },
+    /// The batch is valid but not at the offset expected here.
+    OffsetMismatch {
+        /// Offset expected at this position.
+        expected: u64,
+        /// Offset the batch claims.
+        found: u64,
+    },
+}
+
+impl std::fmt::Display for BatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BatchError::ShortHeader => write!(f, "truncated batch header"),
+            BatchError::Zeroed => write!(f, "zeroed bytes where a batch was expected"),
+            BatchError::BadMagic(m) => write!(f, "bad batch magic {m:#06x}"),
+            BatchError::BadLength(l) => write!(f, "impossible batch length {l}"),
+            BatchError::BadRecords(why) => write!(f, "bad record framing: {why}"),
+            BatchError::BadCrc { expected, actual } => {
+                write!(
+                    f,
+                    "batch CRC mismatch (stored {expected:#010x}, computed {actual:#010x})"
+                )
+            }
+            BatchError::OffsetMismatch { expected, found } => {
+                write!(f, "batch has base offset {found}, expected {expected}")
+            }
+        }
+    }
+}
+
+/// Parses and bounds-checks a header at the start of `buf` (no CRC check).
+/// `buf` is everything that may belong to the batch (to the end of data).
+pub fn parse_header(buf: &[u8]) -> Result<BatchHeader, BatchError> {
+    let Ok((header, _)) = BatchHeader::read_from_prefix(buf) else {
+        return Err(BatchError::ShortHeader);
+    };
+    if buf[..BATCH_HEADER_LEN].iter().all(|&b| b == 0) {
+        return Err(BatchError::Zeroed);
+    }
+    if header.magic.get() != BATCH_MAGIC {
+        return Err(BatchError::BadMagic(header.magic.get()));
+    }
+    let len = header.batch_len.get();
+    let count = header.record_count.get() as u64;
+    if count == 0 {
+        return Err(BatchError::BadRecords("zero records"));
+    }
+    let flags = header.flags.get();
+    if flags & !FLAG_HOLE != 0 {
+        return Err(BatchError::BadRecords("unknown flags"));
+    }
+    let per_record = if flags & FLAG_HOLE != 0 {
+        0
+    } else {
+        RECORD_HEADER_LEN as u64
+    };
+    let min = BATCH_HEADER_LEN as u64 + count * per_record;
+    if (len as u64) < min || len as usize > buf.len() {
+        return Err(BatchError::BadLength(len));
+    }
+    Ok(header)
+}
+
+/// Validates the batch at the start of `buf`: header bounds, CRC, record
+/// framing and (when given) the expected base offset. Returns the header.
+pub fn validate(buf: &[u8], expected_offset: Option<u64>) -> Result<BatchHeader, BatchError> {
+    let header = parse_header(buf)?;
+    let len = header.batch_len.get() as usize;
+    let stored = header.crc.get();
+    let actual = crc32fast::hash(&buf[8..len]);
+    if stored != actual {
+        return Err(BatchError::BadCrc {
+            expected: stored,
+            actual,
+        });
+    }
+    if !is_hole(&header) {
+        check_records(&buf[BATCH_HEADER_LEN..len], header.record_count.get())?;
+    }
+    if let Some(expected) = expected_offset {
+        let found = header.base_offset.get();
+        if found != expected {
+            return Err(BatchError::OffsetMismatch { expected, found });
+        }
+    }
+    Ok(header)
+}
+
+/// Checks that `count` records exactly fill `payload`.
+fn check_records(payload: &[u8], count: u32) -> Result<(), BatchError> {
+    let mut it = RecordIter {
+        payload,
+        remaining: count,
+        next_offset: 0,
+    };
+    for r in &mut it {
+        r?;
+    }
+    if !it.payload.is_empty() {
+        return Err(BatchError::BadRecords("bytes left after the last record"));
+    }
+    Ok(())
+}
+
+/// A record read back from a batch, borrowing its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordView<'a> {
+    /// Offset in its partition.
+    pub offset: u64,
+    /// Milliseconds since the Unix epoch.
+    pub timestamp: i64,
+    /// Routing key, if the record had one.
+    pub key: Option<&'a [u8]>,
+    /// Payload.
+    pub value: &'a [u8],
+}
+
+/// Iterates the records of a batch payload (the bytes after the header).
+#[derive(Debug, Clone)]
+pub struct RecordIter<'a> {
+    payload: &'a [u8],
+    remaining: u32,
+    next_offset: u64,
+}
+
+impl<'a> RecordIter<'a> {
+    /// Iterates the records of the validated batch `batch` (header included).
+    pub fn new(batch: &'a [u8], header: &BatchHeader) -> RecordIter<'a> {
+        RecordIter {
+            payload: &batch[BATCH_HEADER_LEN..header.batch_len.get() as usize],
+            remaining: header.record_count.get(),
+            next_offset: header.base_offset.get(),
+        }
+    }
+}
+
+impl<'a> Iterator for RecordIter<'a> {
+    type Item = Result<RecordView<'a>, BatchError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.remaining == 0 {
+            return None;
+        }
+        self.remaining -= 1;
+        let Ok((hdr, _)) = RecordHeader::read_from_prefix(self.payload) else {
+            self.remaining = 0;
+            return Some(Err(BatchError::BadRecords("truncated record header")));
+        };
+        let body_len = hdr.record_len.get() as usize;
+        let total = 4 + body_len;
+        let key_len = hdr.key_len.get();
+        let key_bytes = if key_len == NO_KEY {
+            0
+        } else {
+            key_len as usize
+        };
+        if body_len < RECORD_HEADER_LEN - 4
+            || total > self.payload.len()
+            || RECORD_HEADER_LEN + key_bytes > total
+        {
+            self.remaining = 0;
+            return Some(Err(BatchError::BadRecords("record length out of bounds")));
+        }
+        let body = &self.payload[RECORD_HEADER_LEN..total];
+        let (key, value) = body.split_at(key_bytes);
+        let view = RecordView {
+            offset: self.next_offset,
+            timestamp: hdr.timestamp.get(),
+            key: (key_len != NO_KEY).then_some(key),
+            value,
+        };
+        self.payload = &self.payload[total..];
+        self.next_offset += 1;
+        Some(Ok(view))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<u8> {
+        let recs = [
+            RecordIn {
+                key: Some(b"k1"),
+                value: b"hello",
+                timestamp: 10,
+            },
+            RecordIn {
+                key: None,
+                value: b"",
+                timestamp: 30,
+            },
+            RecordIn {
+                key: Some(b""),
+                value: b"x",
+                timestamp: 20,
+            },
+        ];
+        let mut buf = vec![0; batch_len(&recs)];
+        encode_batch(&mut buf, 7, &recs);
+        buf
+    }
+
+    #[test]
+    fn round_trip() {
+        let buf = sample();
+        let h = validate(&buf, Some(7)).unwrap();
+        assert_eq!(h.record_count.get(), 3);
+        assert_eq!(h.first_ts.get(), 10);
+        assert_eq!(h.max_ts.get(), 30);
+        let recs: Vec<_> = RecordIter::new(&buf, &h).map(Result::unwrap).collect();
+        assert_eq!(
+            recs[0],
+            RecordView {
+                offset: 7,
+                timestamp: 10,
+                key: Some(b"k1"),
+                value: b"hello"
+            }
+        );
+        assert_eq!(
+            recs[1],
+            RecordView {
+                offset: 8,
+                timestamp: 30,
+                key: None,
+                value: b""
+            }
+        );
+        assert_eq!(
+            recs[2],
+            RecordView {
+                offset: 9,
+                timestamp: 20,
+                key: Some(b""),
+                value: b"x"
+            }
+        );
+    }
+
+    #[test]
+    fn every_byte_flip_is_detected() {
+        let buf = sample();
+        for i in 0..buf.len() {
+            for bit in 0..8 {
+                let mut b = buf.clone();
+                b[i] ^= 1 << bit;
+                assert!(
+                    validate(&b, Some(7)).is_err(),
+                    "flip of byte {i} bit {bit} went unnoticed"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn hole_round_trip() {
+        let mut buf = vec![0xAA; 100];
+        encode_hole(&mut buf, 50, 1000);
+        let h = validate(&buf, Some(50)).unwrap();
+        assert!(is_hole(&h));
+        assert_eq!(h.record_count.get(), 1000);
+        let mut b = buf.clone();
+        b[99] = 1;
+        assert!(validate(&b, Some(50)).is_err());
+    }
+
+    #[test]
+    fn offset_mismatch_is_reported() {
+        let buf = sample();
+        assert_eq!(
+            validate(&buf, Some(8)).unwrap_err(),
+            BatchError::OffsetMismatch {
+                expected: 8,
+                found: 7
+            }
+        );
+    }
+
+    #[test]
+    fn bounds() {
+        assert_eq!(
+            parse_header(&[0u8; 10]).unwrap_err(),
+            BatchError::ShortHeader
+        );
+        assert_eq!(parse_header(&[0u8; 64]).unwrap_err(), BatchError::Zeroed);
+        let buf = sample();
+        // Batch runs past the available bytes.
+        assert!(matches!(
+            parse_header(&buf[..buf.len() - 1]),
+            Err(BatchError::BadLength(_))
+        ));
+        // Zero records.
+        let mut b = buf.clone();
+        b[12..16].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(
+            parse_header(&b).unwrap_err(),
+            BatchError::BadRecords("zero records")
+        );
+        // Length smaller than the header of its records.
+        let mut b = buf.clone();
+        b[0..4].copy_from_slice(&41u32.to_le_bytes());
+        assert!(matches!(parse_header(&b), Err(BatchError::BadLength(41))));
+        // Bad magic.
+        let mut b = buf;
+        b[8] ^= 0xff;
+        assert!(matches!(parse_header(&b), Err(BatchError::BadMagic(_))));
+    }
+
+    #[test]
+    fn record_framing_is_checked_even_with_valid_crc() {
+        let mut buf = sample();
+        // Make the first record claim more bytes than the batch has, fix the CRC.
+        buf[40..44].copy_from_slice(&1000u32.to_le_bytes());
+        let crc = crc32fast::hash(&buf[8..]);
+        buf[4..8].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            validate(&buf, None),
+            Err(BatchError::BadRecords(_))
+        ));
+    }
+}

@@ -1,0 +1,341 @@
+//! Manifest journal and snapshot framing.
+//!
+//! The manifest is the topology: topics, partitions, key ranges, lineage.
+//! It is an append-only journal of CRC-framed records; a topology change is
+//! committed exactly when its record is durable. Now and then the journal is
+//! compacted into a snapshot (tmp + fsync + rename + fsync(dir)).
+//!
+//! ```text
+//! file header (16 bytes): magic (8) | version u16 | reserved (6)
+//!   journal magic b"FSNLMAN\0", snapshot magic b"FSNLSNP\0"
+//! frame: payload_len u32 | crc u32 (of seq and payload) | seq u64 | payload
+//! ```
+//!
+//! Payloads are JSON (serde) of [`ManifestRecord`] or [`ManifestState`]:
+//! topology changes are rare and small, and JSON keeps the manifest readable
+//! with a hex dump and extensible without a format bump.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::TopicConfig;
+
+/// Journal magic.
+pub const JOURNAL_MAGIC: [u8; 8] = *b"FSNLMAN\0";
+/// Snapshot magic.
+pub const SNAPSHOT_MAGIC: [u8; 8] = *b"FSNLSNP\0";
+/// Manifest format version.
+pub const MANIFEST_VERSION: u16 = 1;
+/// File header length.
+pub const MANIFEST_HEADER_LEN: usize = 16;
+/// Frame header length.
+pub const FRAME_HEADER_LEN: usize = 16;
+/// Largest payload accepted (a bound against garbage lengths).
+pub const MAX_PAYLOAD: usize = 64 << 20;
+
+/// State of a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PartitionState {
+    /// Takes appends.
+    Active,
+    /// Sealed by a split or merge: holds offsets `< end_offset`.
+    Sealed {
+        /// End offset (exclusive).
+        end_offset: u64,
+    },
+}
+
+/// A partition as the manifest records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionRecord {
+    /// Id, unique in its topic, never reused.
+    pub id: u32,
+    /// First hash value owned (inclusive).
+    pub start: u64,
+    /// Last hash value owned (inclusive).
+    pub end: u64,
+    /// Parents: none for initial partitions, one after a split, two after a merge.
+    pub parents: Vec<u32>,
+    /// Active or sealed.
+    pub state: PartitionState,
+    /// Creation time, ms since the epoch.
+    pub created_ms: i64,
+}
+
+/// A topic as the manifest records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopicRecord {
+    /// Topic id, unique in the log, never reused.
+    pub id: u32,
+    /// Topic name.
+    pub name: String,
+    /// Configuration.
+    pub config: TopicConfig,
+    /// SipHash-1-3 key for routing.
+    pub hash_key: [u64; 2],
+    /// Next partition id to hand out.
+    pub next_partition_id: u32,
+    /// Every partition that still holds data or is active.
+    pub partitions: Vec<PartitionRecord>,
+}
+
+/// One committed topology change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ManifestRecord {
+    /// A topic was created with its initial partitions.
+    CreateTopic(TopicRecord),
+    /// A topic was deleted.
+    DeleteTopic {
+        /// Its id.
+        topic_id: u32,
+    },
+    /// A partition was sealed at `seal_offset` and replaced by `children`.
+    Split {
+        /// Topic id.
+        topic_id: u32,
+        /// The split partition.
+        parent: u32,
+        /// Its end offset from now on.
+        seal_offset: u64,
+        /// Children, tiling the parent's range.
+        children: Vec<PartitionRecord>,
+    },
+    /// Two adjacent partitions were sealed and replaced by one child.
+    Merge {
+        /// Topic id.
+        topic_id: u32,
+        /// The two parents and their end offsets.
+        parents: Vec<(u32, u64)>,
+        /// The child.
+        child: PartitionRecord,
+    },
+    /// A sealed partition whose data all expired left the topology.
+    RemovePartition {
+        /// Topic id.
+        topic_id: u32,
+        /// Partition id.
+        partition: u32,
+    },
+    /// A topic's configuration changed.
+    UpdateConfig {
+        /// Topic id.
+        topic_id: u32,
+        /// New configuration.
+        config: TopicConfig,
+    },
+}
+
+/// The whole topology (snapshot payload).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ManifestState {
+    /// Next topic id to hand out.
+    pub next_topic_id: u32,
+    /// Live topics.
+    pub topics: Vec<TopicRecord>,
+}
+
+/// Encodes a file header.
+pub fn encode_file_header(magic: [u8; 8]) -> [u8; MANIFEST_HEADER_LEN] {
+    let mut out = [0u8; MANIFEST_HEADER_LEN];
+    out[..8].copy_from_slice(&magic);
+    out[8..10].copy_from_slice(&MANIFEST_VERSION.to_le_bytes());
+    out
+}
+
+/// Checks a file header; returns a reason when it is wrong.
+pub fn check_file_header(buf: &[u8], magic: [u8; 8]) -> Result<(), String> {
+    if buf.len() < MANIFEST_HEADER_LEN {
+        return Err("file shorter than its header".into());
+    }
+    if buf[..8] != magic {
+        return Err("bad magic".into());
+    }
+    let version = u16::from_le_bytes([buf[8], buf[9]]);
+    if version != MANIFEST_VERSION {
+        return Err(format!("unsupported manifest version {version}"));
+    }
+    Ok(())
+}
+
+/// Encodes one frame.
+pub fn encode_frame(seq: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(FRAME_HEADER_LEN + payload.len());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    let mut h = crc32fast::Hasher::new();
+    h.update(&seq.to_le_bytes());
+    h.update(payload);
+    out.extend_from_slice(&h.finalize().to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A frame read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// Sequence number.
+    pub seq: u64,
+    /// Payload bytes.
+    pub payload: &'a [u8],
+    /// Total frame length.
+    pub len: usize,
+}
+
+/// Decodes the frame at the start of `buf`, or says why it is not one.
+pub fn decode_frame(buf: &[u8]) -> Result<Frame<'_>, &'static str> {
+    if buf.len() < FRAME_HEADER_LEN {
+        return Err("truncated frame header");
+    }
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    let crc = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+    if len == 0 && crc == 0 {
+        return Err("zeroed frame");
+    }
+    if len > MAX_PAYLOAD || FRAME_HEADER_LEN + len > buf.len() {
+        return Err("frame length out of bounds");
+    }
+    let body = &buf[8..FRAME_HEADER_LEN + len];
+    if crc32fast::hash(body) != crc {
+        return Err("frame CRC mismatch");
+    }
+    let mut seq = [0u8; 8];
+    seq.copy_from_slice(&buf[8..16]);
+    Ok(Frame {
+        seq: u64::from_le_bytes(seq),
+        payload: &buf[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len],
+        len: FRAME_HEADER_LEN + len,
+    })
+}
+
+/// How a journal ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JournalTail {
+    /// Every byte after the header belongs to a valid frame (or is zero).
+    Clean,
+    /// An invalid frame with nothing valid after it: a torn last write.
+    Torn {
+        /// Where the valid journal ends.
+        position: u64,
+        /// Why the frame there was rejected.
+        reason: &'static str,
+    },
+    /// An invalid region followed by a valid frame: damage, not a torn write.
+    Corrupt {
+        /// Where the invalid region starts.
+        position: u64,
+        /// Why the frame there was rejected.
+        reason: &'static str,
+        /// Where the next valid frame starts.
+        resumes_at: u64,
+    },
+}
+
+/// A decoded journal: frames in order (with their positions) and how it ends.
+#[derive(Debug)]
+pub struct DecodedJournal<'a> {
+    /// Valid frames before the first invalid one.
+    pub frames: Vec<(u64, Frame<'a>)>,
+    /// End of the valid prefix, in bytes.
+    pub valid_end: u64,
+    /// What follows the valid prefix.
+    pub tail: JournalTail,
+}
+
+/// Decodes a journal file (header included). Seq numbers must increase.
+pub fn decode_journal(buf: &[u8]) -> Result<DecodedJournal<'_>, String> {
+    check_file_header(buf, JOURNAL_MAGIC)?;
+    let mut pos = MANIFEST_HEADER_LEN;
+    let mut frames = Vec::new();
+    let mut last_seq = 0u64;
+    loop {
+        if pos >= buf.len() || buf[pos..].iter().all(|&b| b == 0) {
+            return Ok(DecodedJournal {
+                frames,
+                valid_end: pos as u64,
+                tail: JournalTail::Clean,
+            });
+        }
+        let reason = match decode_frame(&buf[pos..]) {
+            Ok(f) if f.seq > last_seq => {
+                last_seq = f.seq;
+                let len = f.len;
+                frames.push((pos as u64, f));
+                pos += len;
+                continue;
+            }
+            Ok(_) => "sequence number does not increase",
+            Err(reason) => reason,
+        };
+        let resumes = (pos + 1..buf.len())
+            .find(|&p| matches!(decode_frame(&buf[p..]), Ok(f) if f.seq > last_seq));
+        let tail = match resumes {
+            Some(r) => JournalTail::Corrupt {
+                position: pos as u64,
+                reason,
+                resumes_at: r as u64,
+            },
+            None => JournalTail::Torn {
+                position: pos as u64,
+                reason,
+            },
+        };
+        return Ok(DecodedJournal {
+            frames,
+            valid_end: pos as u64,
+            tail,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn journal(payloads: &[&[u8]]) -> Vec<u8> {
+        let mut v = encode_file_header(JOURNAL_MAGIC).to_vec();
+        for (i, p) in payloads.iter().enumerate() {
+            v.extend(encode_frame(i as u64 + 1, p));
+        }
+        v
+    }
+
+    #[test]
+    fn round_trip_and_zero_tail() {
+        let mut j = journal(&[b"a", b"bb"]);
+        j.extend_from_slice(&[0; 100]);
+        let d = decode_journal(&j).unwrap();
+        assert_eq!(d.frames.len(), 2);
+        assert_eq!(d.frames[1].1.payload, b"bb");
+        assert_eq!(d.tail, JournalTail::Clean);
+    }
+
+    #[test]
+    fn torn_tail_vs_corruption() {
+        let j = journal(&[b"aaaa", b"bbbb", b"cccc"]);
+        let third = j.len() - (FRAME_HEADER_LEN + 4);
+        let mut torn = j.clone();
+        torn[third + 17] ^= 1;
+        let d = decode_journal(&torn).unwrap();
+        assert_eq!(d.frames.len(), 2);
+        assert!(matches!(d.tail, JournalTail::Torn { position, .. } if position as usize == third));
+        let second = third - (FRAME_HEADER_LEN + 4);
+        let mut bad = j;
+        bad[second + 17] ^= 1;
+        let d = decode_journal(&bad).unwrap();
+        assert_eq!(d.frames.len(), 1);
+        assert!(
+            matches!(d.tail, JournalTail::Corrupt { resumes_at, .. } if resumes_at as usize == third)
+        );
+    }
+
+    #[test]
+    fn headers_are_checked() {
+        assert!(decode_journal(b"short").is_err());
+        let mut j = journal(&[]);
+        j[0] = b'X';
+        assert!(decode_journal(&j).is_err());
+        let mut j = journal(&[]);
+        j[8] = 9;
+        assert!(decode_journal(&j).is_err());
+        assert!(decode_frame(&[0xff; 16]).is_err());
+    }
+}

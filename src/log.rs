@@ -1,0 +1,811 @@
+//! `Log`: a directory of topics. Opening it is recovery.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::{LogOptions, SyncPolicy, TopicConfig};
+use crate::core::{Core, Topology};
+use crate::error::{Error, IoContext, Result};
+use crate::events::{EventHub, TopologyEvent};
+use crate::format::checkpoint::{Checkpoint, PartitionCheckpoint};
+use crate::format::manifest::{ManifestRecord, PartitionRecord, PartitionState, TopicRecord};
+use crate::recovery::partition::{recover_chain, ChainParams, Problem, RecoverMode};
+use crate::recovery::{FileAction, RecoveryReport};
+use crate::storage::durability::{CheckpointFiles, GroupCommit, SyncBackend, Syncer};
+use crate::storage::fault::{IoHook, NoFaults};
+use crate::storage::sync_dir;
+use crate::topic::{even_ranges, partition_dir, Node, Topic, TopicInner, TopicState};
+use crate::topology::manifest::Manifest;
+
+/// Name of the lock file.
+pub const LOCK_FILE: &str = "fissionlog.lock";
+/// Folder holding one folder per topic.
+pub const TOPICS_DIR: &str = "topics";
+
+/// An open log directory. Dropping it closes it cleanly.
+#[derive(Debug)]
+pub struct Log {
+    core: Arc<Core>,
+    report: RecoveryReport,
+    _lock: File,
+    background: Option<std::thread::JoinHandle<()>>,
+    abandoned: bool,
+}
+
+fn topic_dir(dir: &Path, id: u32) -> PathBuf {
+    dir.join(TOPICS_DIR).join(format!("t{id}"))
+}
+
+/// Takes the exclusive lock of a log directory.
+fn lock_dir(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .at(&path)?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked {
+            path: dir.to_path_buf(),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::io(&path, e)),
+    }
+}
+
+/// Checks that `dir` is usable: creates it (when allowed) or recognises a log.
+/// Returns whether a manifest exists.
+fn prepare_dir(dir: &Path, create: bool) -> Result<bool> {
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => {
+            return Err(Error::NotALog {
+                path: dir.to_path_buf(),
+            })
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if !create {
+                return Err(Error::NotFound {
+                    path: dir.to_path_buf(),
+                });
+            }
+            std::fs::create_dir_all(dir).at(dir)?;
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                sync_dir(parent)?;
+            }
+        }
+        Err(e) => return Err(Error::io(dir, e)),
+    }
+    if Manifest::exists(dir) {
+        return Ok(true);
+    }
+    let foreign = std::fs::read_dir(dir)
+        .at(dir)?
+        .filter_map(|e| e.ok())
+        .any(|e| e.file_name() != LOCK_FILE);
+    if foreign || !create {
+        return Err(Error::NotALog {
+            path: dir.to_path_buf(),
+        });
+    }
+    Ok(false)
+}
+
+impl Log {
+    /// Opens (or creates) the log in `dir`, recovering from any crash.
+    pub fn open(dir: impl AsRef<Path>, options: LogOptions) -> Result<Log> {
+        Log::open_with_hook(dir, options, Arc::new(NoFaults))
+    }
+
+    /// [`Log::open`] with a fault-injection hook on the rare I/O paths.
+    pub fn open_with_hook(
+        dir: impl AsRef<Path>,
+        options: LogOptions,
+        hook: Arc<dyn IoHook>,
+    ) -> Result<Log> {
+        let started = Instant::now();
+        let dir = dir.as_ref().to_path_buf();
+        let exists = prepare_dir(&dir, options.create)?;
+        let lock = lock_dir(&dir)?;
+        let mut report = RecoveryReport::default();
+        let (manifest, state) = if exists {
+            let (m, s, r) = Manifest::open(&dir, options.recovery, false)?;
+            report.manifest = r;
+            (m, s)
+        } else {
+            std::fs::create_dir_all(dir.join(TOPICS_DIR)).at(&dir)?;
+            sync_dir(&dir)?;
+            (Manifest::create(&dir)?, Default::default())
+        };
+        let (ck_files, checkpoint, bad) = CheckpointFiles::open(&dir)?;
+        if !exists {
+            sync_dir(&dir)?;
+        }
+        for (file, reason) in bad {
+            report.add(file, FileAction::InvalidCheckpoint { reason });
+        }
+        report.checkpoint_found = checkpoint.is_some();
+        let checkpoint = checkpoint.unwrap_or_default();
+        report.clean_shutdown = checkpoint.clean;
+        let syncer = Syncer::new(options.use_io_uring, hook.clone());
+        let core = Arc::new(Core {
+            dir: dir.clone(),
+            hook,
+            clock: options.clock.clone(),
+            syncer,
+            group: GroupCommit::default(),
+            checkpoint: Mutex::new(ck_files),
+            topology: Mutex::new(Topology {
+                manifest,
+                state: state.clone(),
+            }),
+            topics: RwLock::new(BTreeMap::new()),
+            closed: AtomicBool::new(false),
+            sync_failure: Mutex::new(None),
+            compact_every: options.manifest_compact_records.max(1),
+            events: EventHub::default(),
+        });
+        let mode = RecoverMode {
+            write: true,
+            full_scan: options.full_scan,
+            recovery: options.recovery,
+        };
+        let cps: HashMap<(u32, u32), &PartitionCheckpoint> = checkpoint
+            .partitions
+            .iter()
+            .map(|p| ((p.topic_id, p.partition_id), p))
+            .collect();
+        for rec in &state.topics {
+            let topic = load_topic(&core, rec, &cps, &checkpoint, mode, &mut report)?;
+            core.topics.write().insert(rec.name.clone(), topic);
+        }
+        remove_orphans(&dir, &state.topics, &mut report)?;
+        // Make what recovery kept durable and clear the clean-shutdown mark
+        // before anything new is appended.
+        core.sync_round(false)?;
+        core.sync_round(false)?;
+        report.duration = started.elapsed();
+        let background = spawn_background(Arc::downgrade(&core), options.balancer);
+        Ok(Log {
+            core,
+            report,
+            _lock: lock,
+            background: Some(background),
+            abandoned: false,
+        })
+    }
+
+    /// What recovery found and did.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.report
+    }
+
+    /// Which mechanism syncs files (chosen at open).
+    pub fn sync_backend(&self) -> SyncBackend {
+        self.core.syncer.backend()
+    }
+
+    /// The log directory.
+    pub fn dir(&self) -> &Path {
+        &self.core.dir
+    }
+
+    /// Creates a topic with its initial partitions.
+    pub fn create_topic(&self, name: &str, config: TopicConfig) -> Result<Topic> {
+        crate::topic_name::validate(name)?;
+        config.validate()?;
+        self.core.check_open()?;
+        let mut topo = self.core.topology.lock();
+        if topo.state.topics.iter().any(|t| t.name == name) {
+            return Err(Error::TopicExists(name.to_string()));
+        }
+        let id = topo.state.next_topic_id;
+        let tdir = topic_dir(&self.core.dir, id);
+        let mut key = [0u8; 16];
+        getrandom::fill(&mut key)
+            .map_err(|e| Error::io(&tdir, std::io::Error::other(e.to_string())))?;
+        let hash_key = [
+            u64::from_le_bytes(key[..8].try_into().expect("8 bytes")),
+            u64::from_le_bytes(key[8..].try_into().expect("8 bytes")),
+        ];
+        let now = crate::partition::now_ms();
+        let partitions: Vec<PartitionRecord> = even_ranges(config.partitions)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (s, e))| PartitionRecord {
+                id: i as u32,
+                start: s,
+                end: e,
+                parents: vec![],
+                state: PartitionState::Active,
+                created_ms: now,
+            })
+            .collect();
+        let rec = TopicRecord {
+            id,
+            name: name.to_string(),
+            config,
+            hash_key,
+            next_partition_id: partitions.len() as u32,
+            partitions,
+        };
+        // Files first; the manifest record commits the topic.
+        let build = || -> Result<Topic> {
+            std::fs::create_dir_all(&tdir).at(&tdir)?;
+            let topic = new_topic(&self.core, &rec);
+            let mut st = TopicState::default();
+            for p in &rec.partitions {
+                let pdir = partition_dir(&tdir, p.id);
+                std::fs::create_dir_all(&pdir).at(&pdir)?;
+                let seg = crate::storage::segment::Segment::create(
+                    &pdir,
+                    (id, p.id),
+                    0,
+                    rec.config.segment_bytes,
+                    now,
+                    &*self.core.hook,
+                )?;
+                seg.sync_data(&*self.core.hook)?;
+                sync_dir(&pdir)?;
+                let part = topic.make_partition(p.id, vec![Arc::new(seg)], p.start, p.end, false);
+                st.routes.insert(p.start, p.id);
+                st.nodes.insert(
+                    p.id,
+                    Node {
+                        rec: p.clone(),
+                        children: vec![],
+                        part,
+                        last_change_nanos: self.core.clock.now_nanos(),
+                        hot_key_reported: false,
+                    },
+                );
+            }
+            sync_dir(&tdir)?;
+            sync_dir(&self.core.dir.join(TOPICS_DIR))?;
+            *topic.inner.state.write() = st;
+            Ok(topic)
+        };
+        let topic = match build().and_then(|t| {
+            self.core
+                .commit(&mut topo, ManifestRecord::CreateTopic(rec.clone()))
+                .map(|()| t)
+        }) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tdir);
+                return Err(e);
+            }
+        };
+        drop(topo);
+        self.core
+            .topics
+            .write()
+            .insert(name.to_string(), topic.clone());
+        self.core.events.emit(TopologyEvent::TopicCreated {
+            topic: name.to_string(),
+        });
+        Ok(topic)
+    }
+
+    /// Opens a topic by name, creating it with `config` when missing.
+    pub fn topic_or_create(&self, name: &str, config: TopicConfig) -> Result<Topic> {
+        match self.topic(name) {
+            Err(Error::UnknownTopic(_)) => self.create_topic(name, config),
+            other => other,
+        }
+    }
+
+    /// A topic by name.
+    pub fn topic(&self, name: &str) -> Result<Topic> {
+        crate::topic_name::validate(name)?;
+        self.core
+            .topics
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::UnknownTopic(name.to_string()))
+    }
+
+    /// Names of all topics.
+    pub fn topics(&self) -> Vec<String> {
+        self.core.topics.read().keys().cloned().collect()
+    }
+
+    /// Deletes a topic and its files. Readers holding its data keep reading
+    /// it safely (the mappings stay valid until dropped).
+    pub fn delete_topic(&self, name: &str) -> Result<()> {
+        let topic = self.topic(name)?;
+        let mut topo = self.core.topology.lock();
+        self.core.commit(
+            &mut topo,
+            ManifestRecord::DeleteTopic {
+                topic_id: topic.id(),
+            },
+        )?;
+        drop(topo);
+        self.core.topics.write().remove(name);
+        let tdir = topic_dir(&self.core.dir, topic.id());
+        std::fs::remove_dir_all(&tdir).at(&tdir)?;
+        sync_dir(&self.core.dir.join(TOPICS_DIR))
+    }
+
+    /// Makes everything appended so far durable.
+    pub fn sync(&self) -> Result<()> {
+        self.core.check_open()?;
+        self.core.sync()
+    }
+
+    /// Subscribes to topology events (splits, merges, hot keys).
+    pub fn subscribe(&self) -> std::sync::mpsc::Receiver<TopologyEvent> {
+        self.core.events.subscribe()
+    }
+
+    /// Applies retention to every topic now (the background thread also
+    /// does this every second). Returns the number of segments deleted.
+    pub fn enforce_retention(&self) -> Result<usize> {
+        enforce_retention(&self.core)
+    }
+
+    /// Runs one balancer pass over every topic now (the background thread
+    /// does this at each topic's `check_interval`).
+    pub fn balance_now(&self) -> Result<Vec<crate::balance::Decision>> {
+        let topics: Vec<Topic> = self.core.topics.read().values().cloned().collect();
+        let mut out = Vec::new();
+        for t in topics {
+            out.extend(t.balance_step()?);
+        }
+        Ok(out)
+    }
+
+    /// Closes cleanly: syncs everything and writes a clean checkpoint, so the
+    /// next open reads metadata only.
+    pub fn close(mut self) -> Result<()> {
+        self.shutdown(true)
+    }
+
+    /// Stops without syncing or checkpointing, as a killed process would
+    /// (the page cache keeps what was written). For crash tests.
+    #[doc(hidden)]
+    pub fn abandon(mut self) {
+        self.abandoned = true;
+        let _ = self.shutdown(false);
+    }
+
+    fn shutdown(&mut self, clean: bool) -> Result<()> {
+        if self.core.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        if let Some(h) = self.background.take() {
+            let _ = h.join();
+        }
+        let result = if clean {
+            let parts = self.core.all_partitions();
+            parts
+                .iter()
+                .try_for_each(|p| p.flush_index())
+                .and_then(|()| self.core.group.sync(|| self.core.sync_round(true)))
+        } else {
+            Ok(())
+        };
+        self.core.topics.write().clear();
+        result
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        if !self.abandoned {
+            let _ = self.shutdown(true);
+        }
+    }
+}
+
+fn new_topic(core: &Arc<Core>, rec: &TopicRecord) -> Topic {
+    Topic {
+        inner: Arc::new(TopicInner {
+            core: core.clone(),
+            id: rec.id,
+            name: Arc::from(rec.name.as_str()),
+            config: RwLock::new(rec.config.clone()),
+            hash_key: rec.hash_key,
+            state: RwLock::new(TopicState::default()),
+            change: Mutex::new(()),
+            round_robin: AtomicU64::new(0),
+            dir: topic_dir(&core.dir, rec.id),
+        }),
+    }
+}
+
+fn load_topic(
+    core: &Arc<Core>,
+    rec: &TopicRecord,
+    cps: &HashMap<(u32, u32), &PartitionCheckpoint>,
+    checkpoint: &Checkpoint,
+    mode: RecoverMode,
+    report: &mut RecoveryReport,
+) -> Result<Topic> {
+    let topic = new_topic(core, rec);
+    let tdir = topic_dir(&core.dir, rec.id);
+    let mut st = TopicState::default();
+    let now = core.clock.now_nanos();
+    for p in &rec.partitions {
+        let pdir = partition_dir(&tdir, p.id);
+        let params = ChainParams {
+            dir: &pdir,
+            ids: (rec.id, p.id),
+            index_interval: u64::from(rec.config.index_interval_bytes),
+            checkpoint: cps.get(&(rec.id, p.id)).copied(),
+            clean: checkpoint.clean,
+            mode,
+        };
+        let chain = recover_chain(&params, report)?;
+        for &(s, e) in &chain.holes {
+            report.holes.push((rec.name.clone(), p.id, s, e));
+        }
+        let sealed = matches!(p.state, PartitionState::Sealed { .. });
+        let mut segs = crate::recovery::partition::into_arcs(chain.segments);
+        let needs_segment = segs.last().is_none_or(|s| s.is_sealed()) && !sealed;
+        if needs_segment {
+            let base = segs.last().map_or(0, |s| s.end_offset());
+            std::fs::create_dir_all(&pdir).at(&pdir)?;
+            let path = pdir.join(crate::storage::segment::segment_file_name(base));
+            if path.exists() {
+                std::fs::remove_file(&path).at(&path)?;
+            }
+            let seg = crate::storage::segment::Segment::create(
+                &pdir,
+                (rec.id, p.id),
+                base,
+                rec.config.segment_bytes,
+                crate::partition::now_ms(),
+                &*core.hook,
+            )?;
+            sync_dir(&pdir)?;
+            report.add(&path, FileAction::CreatedSegment);
+            segs.push(Arc::new(seg));
+        }
+        if segs.is_empty() {
+            // A sealed partition whose files are all gone keeps an empty
+            // placeholder so its lineage stays readable.
+            std::fs::create_dir_all(&pdir).at(&pdir)?;
+            let base = match p.state {
+                PartitionState::Sealed { end_offset } => end_offset,
+                PartitionState::Active => 0,
+            };
+            let seg = crate::storage::segment::Segment::create(
+                &pdir,
+                (rec.id, p.id),
+                base,
+                4096,
+                crate::partition::now_ms(),
+                &*core.hook,
+            )?;
+            segs.push(Arc::new(seg));
+        }
+        let part = topic.make_partition(p.id, segs, p.start, p.end, sealed);
+        if let Some(c) = cps.get(&(rec.id, p.id)) {
+            let snap = crate::balance::RateSnapshot {
+                windows: c
+                    .rates
+                    .iter()
+                    .map(|w| crate::balance::WindowRateSnapshot {
+                        window_millis: u64::from(w.window_ms),
+                        bytes_per_sec: w.bytes_per_sec,
+                        records_per_sec: w.records_per_sec,
+                    })
+                    .collect(),
+            };
+            if !snap.windows.is_empty() {
+                part.with_writer(|w| w.rates = crate::balance::RateTracker::restore(&snap, now));
+            }
+        }
+        if let PartitionState::Sealed { end_offset } = p.state {
+            if part.end_offset() < end_offset
+                && mode.recovery == crate::config::RecoveryMode::Strict
+                && !chain.problems.is_empty()
+            {
+                return Err(Error::corruption(
+                    &pdir,
+                    0,
+                    format!(
+                        "sealed partition ends at {} but was sealed at {end_offset}",
+                        part.end_offset()
+                    ),
+                ));
+            }
+        }
+        st.routes.extend((!sealed).then_some((p.start, p.id)));
+        st.nodes.insert(
+            p.id,
+            Node {
+                rec: p.clone(),
+                children: vec![],
+                part,
+                last_change_nanos: now,
+                hot_key_reported: p.start == p.end && false,
+            },
+        );
+    }
+    let links: Vec<(u32, u32)> = rec
+        .partitions
+        .iter()
+        .flat_map(|c| c.parents.iter().map(move |&par| (par, c.id)))
+        .collect();
+    for (par, child) in links {
+        if let Some(n) = st.nodes.get_mut(&par) {
+            n.children.push(child);
+        }
+    }
+    *topic.inner.state.write() = st;
+    Ok(topic)
+}
+
+/// Removes directories of topics and partitions the manifest does not know
+/// (uncommitted creations, splits and merges; deleted topics).
+fn remove_orphans(dir: &Path, topics: &[TopicRecord], report: &mut RecoveryReport) -> Result<()> {
+    let tdir = dir.join(TOPICS_DIR);
+    let Ok(rd) = std::fs::read_dir(&tdir) else {
+        return Ok(());
+    };
+    for e in rd.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let id = name.strip_prefix('t').and_then(|s| s.parse::<u32>().ok());
+        match id.and_then(|id| topics.iter().find(|t| t.id == id)) {
+            Some(t) => {
+                let Ok(prd) = std::fs::read_dir(e.path()) else {
+                    continue;
+                };
+                for pe in prd.filter_map(|e| e.ok()) {
+                    let pname = pe.file_name().to_string_lossy().into_owned();
+                    let pid = pname.strip_prefix('p').and_then(|s| s.parse::<u32>().ok());
+                    match pid {
+                        Some(pid) if t.partitions.iter().any(|p| p.id == pid) => {}
+                        Some(_) if pe.path().is_dir() => {
+                            std::fs::remove_dir_all(pe.path()).at(&pe.path())?;
+                            report.add(pe.path(), FileAction::RemovedOrphan);
+                        }
+                        _ => report.add(pe.path(), FileAction::ForeignFile),
+                    }
+                }
+            }
+            None if id.is_some() && e.path().is_dir() => {
+                std::fs::remove_dir_all(e.path()).at(&e.path())?;
+                report.add(e.path(), FileAction::RemovedOrphan);
+            }
+            None => report.add(e.path(), FileAction::ForeignFile),
+        }
+    }
+    Ok(())
+}
+
+fn enforce_retention(core: &Core) -> Result<usize> {
+    let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
+    let now = crate::partition::now_ms();
+    let mut n = 0;
+    for t in topics {
+        let cfg = t.config();
+        if cfg.retention_age.is_none() && cfg.retention_bytes.is_none() {
+            continue;
+        }
+        for p in t.all_partition_handles() {
+            n += p
+                .apply_retention(cfg.retention_age, cfg.retention_bytes, now)?
+                .len();
+        }
+    }
+    Ok(n)
+}
+
+fn spawn_background(core: Weak<Core>, balancer: bool) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("fissionlog-bg".into())
+        .spawn(move || {
+            let mut last_sync = Instant::now();
+            let mut last_retention = Instant::now();
+            let mut last_balance: HashMap<u32, Instant> = HashMap::new();
+            loop {
+                std::thread::sleep(Duration::from_millis(20));
+                let Some(core) = core.upgrade() else { return };
+                if core.closed.load(Ordering::Acquire) {
+                    return;
+                }
+                let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
+                let interval = topics
+                    .iter()
+                    .filter_map(|t| match t.config().sync {
+                        SyncPolicy::Interval(d) => Some(d),
+                        _ => None,
+                    })
+                    .min();
+                if interval.is_some_and(|d| last_sync.elapsed() >= d) {
+                    let _ = core.sync();
+                    last_sync = Instant::now();
+                }
+                if last_retention.elapsed() >= Duration::from_secs(1) {
+                    let _ = enforce_retention(&core);
+                    last_retention = Instant::now();
+                }
+                if balancer {
+                    for t in &topics {
+                        let cfg = t.config().balance;
+                        let due = last_balance
+                            .get(&t.id())
+                            .is_none_or(|l| l.elapsed() >= cfg.check_interval);
+                        if cfg.enabled && due {
+                            let _ = t.balance_step();
+                            last_balance.insert(t.id(), Instant::now());
+                        }
+                    }
+                }
+            }
+        })
+        .expect("spawning the background thread")
+}
+
+/// Checks a log directory without changing a byte: every header, batch CRC,
+/// offset continuity, index and manifest record. Takes a shared lock on the
+/// existing lock file and refuses while a writer holds it.
+pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
+    let dir = dir.as_ref();
+    if !dir.is_dir() {
+        return Err(Error::NotFound {
+            path: dir.to_path_buf(),
+        });
+    }
+    if !Manifest::exists(dir) {
+        return Err(Error::NotALog {
+            path: dir.to_path_buf(),
+        });
+    }
+    let lock_path = dir.join(LOCK_FILE);
+    let _lock = match File::open(&lock_path) {
+        Ok(f) => match f.try_lock_shared() {
+            Ok(()) => Some(f),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::Locked {
+                    path: dir.to_path_buf(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&lock_path, e)),
+        },
+        Err(_) => None,
+    };
+    let mut report = RecoveryReport::default();
+    let mut problems = Vec::new();
+    let (_, state, mreport) = match Manifest::open(dir, crate::config::RecoveryMode::Strict, true) {
+        Ok(x) => x,
+        Err(Error::Corruption {
+            file,
+            position,
+            reason,
+        }) => {
+            problems.push(Problem {
+                file,
+                position,
+                what: reason,
+                repair: "recover --mode truncate drops the damaged manifest records".into(),
+            });
+            return Ok((report, problems));
+        }
+        Err(e) => return Err(e),
+    };
+    if let Some((pos, reason)) = &mreport.torn_tail {
+        problems.push(Problem {
+            file: dir.join(crate::topology::manifest::JOURNAL_FILE),
+            position: *pos,
+            what: format!("torn journal tail: {reason}"),
+            repair: "open cuts the torn tail".into(),
+        });
+    }
+    report.manifest = mreport;
+    let (ck, bad) = read_checkpoint(dir)?;
+    for (file, reason) in bad {
+        problems.push(Problem {
+            file,
+            position: 0,
+            what: reason,
+            repair: "the other checkpoint file is used; the next sync rewrites it".into(),
+        });
+    }
+    let cps: HashMap<(u32, u32), &PartitionCheckpoint> = ck
+        .partitions
+        .iter()
+        .map(|p| ((p.topic_id, p.partition_id), p))
+        .collect();
+    let mode = RecoverMode {
+        write: false,
+        full_scan: true,
+        recovery: crate::config::RecoveryMode::Strict,
+    };
+    for t in &state.topics {
+        for p in &t.partitions {
+            let pdir = partition_dir(&topic_dir(dir, t.id), p.id);
+            let params = ChainParams {
+                dir: &pdir,
+                ids: (t.id, p.id),
+                index_interval: u64::from(t.config.index_interval_bytes),
+                checkpoint: cps.get(&(t.id, p.id)).copied(),
+                clean: ck.clean,
+                mode,
+            };
+            let chain = recover_chain(&params, &mut report)?;
+            problems.extend(chain.problems);
+            if let Some(last) = chain.segments.last() {
+                if let PartitionState::Sealed { end_offset } = p.state {
+                    if last.end_offset() != end_offset {
+                        problems.push(Problem {
+                            file: pdir.clone(),
+                            position: 0,
+                            what: format!("partition {} was sealed at offset {end_offset} but holds data up to {}", p.id, last.end_offset()),
+                            repair: "recover truncates or salvages per mode".into(),
+                        });
+                    }
+                }
+            }
+            for seg in &chain.segments {
+                check_index(seg, &mut problems);
+            }
+        }
+    }
+    for f in &report.files {
+        if let FileAction::TruncatedTornTail {
+            position, reason, ..
+        } = &f.action
+        {
+            problems.push(Problem {
+                file: f.file.clone(),
+                position: *position,
+                what: format!("torn tail (unsynced writes): {reason}"),
+                repair: "open cuts the torn tail".into(),
+            });
+        }
+    }
+    Ok((report, problems))
+}
+
+fn check_index(seg: &crate::storage::segment::Segment, problems: &mut Vec<Problem>) {
+    let Ok(Some(buf)) = crate::storage::segment::read_optional(seg.index_path()) else {
+        return;
+    };
+    let (_, whole) = crate::format::index::decode_index(
+        &buf,
+        seg.base_offset,
+        seg.committed_pos(),
+        seg.end_offset(),
+    );
+    if !whole {
+        problems.push(Problem {
+            file: seg.index_path().to_path_buf(),
+            position: 0,
+            what: "index does not match its segment".into(),
+            repair: "the index is rebuilt from the segment on first use".into(),
+        });
+    }
+}
+
+fn read_checkpoint(dir: &Path) -> Result<(Checkpoint, Vec<(PathBuf, String)>)> {
+    let mut best: Option<Checkpoint> = None;
+    let mut bad = Vec::new();
+    for name in crate::storage::durability::CHECKPOINT_FILES {
+        let path = dir.join(name);
+        if let Some(buf) = crate::storage::segment::read_optional(&path)? {
+            if buf.is_empty() {
+                continue;
+            }
+            match crate::format::checkpoint::decode_checkpoint(&buf) {
+                Ok(c) if best.as_ref().is_none_or(|b| c.seq > b.seq) => best = Some(c),
+                Ok(_) => {}
+                Err(e) => bad.push((path, e)),
+            }
+        }
+    }
+    Ok((best.unwrap_or_default(), bad))
+}

@@ -1,0 +1,485 @@
+//! A partition: a chain of segments with one writer and lock-free readers.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::balance::{LoadMap, RateTracker};
+use crate::error::{Error, Result};
+use crate::format::batch::{self, RecordIn, BATCH_HEADER_LEN};
+use crate::format::checkpoint::PartitionCheckpoint;
+use crate::read::ReadBatch;
+use crate::storage::fault::IoHook;
+use crate::storage::segment::{Segment, SegmentWriter};
+
+/// Static facts a partition needs from its topic.
+#[derive(Debug, Clone)]
+pub(crate) struct PartitionParams {
+    pub topic: Arc<str>,
+    pub topic_id: u32,
+    pub id: u32,
+    pub dir: PathBuf,
+    pub segment_bytes: u64,
+    pub index_interval: u64,
+    pub max_record_bytes: u64,
+}
+
+/// Write-side state, guarded by the writer lock.
+#[derive(Debug)]
+pub(crate) struct WriterState {
+    pub writer: SegmentWriter,
+    pub rates: RateTracker,
+    pub load: LoadMap,
+}
+
+/// Where a partition's data is known durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DurablePos {
+    pub segment_base: u64,
+    pub position: u64,
+    pub end_offset: u64,
+}
+
+/// One partition.
+#[derive(Debug)]
+pub struct Partition {
+    pub(crate) p: PartitionParams,
+    segments: RwLock<Arc<Vec<Arc<Segment>>>>,
+    writer: Mutex<WriterState>,
+    end_offset: AtomicU64,
+    sealed: AtomicBool,
+    poisoned: Mutex<Option<String>>,
+    dir_dirty: AtomicBool,
+    durable: Mutex<DurablePos>,
+    tail_lock: Mutex<()>,
+    tail_cv: Condvar,
+    waiters: AtomicUsize,
+    hook: Arc<dyn IoHook>,
+    clock: Arc<dyn crate::balance::Clock>,
+}
+
+/// Capture of a partition's unsynced state for one sync round.
+#[derive(Debug)]
+pub(crate) struct SyncCapture {
+    pub segments: Vec<(Arc<Segment>, u64)>,
+    pub sync_dir: bool,
+    pub pos: DurablePos,
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Partition {
+    /// Assembles a partition from recovered segments (oldest first, the last
+    /// one takes appends unless `sealed`).
+    pub(crate) fn new(
+        p: PartitionParams,
+        segments: Vec<Arc<Segment>>,
+        sealed: bool,
+        durable: (u64, u64, u64),
+        rates: RateTracker,
+        load: LoadMap,
+        hook: Arc<dyn IoHook>,
+        clock: Arc<dyn crate::balance::Clock>,
+    ) -> Partition {
+        let last = segments
+            .last()
+            .expect("a partition has at least one segment")
+            .clone();
+        let end = last.end_offset();
+        Partition {
+            writer: Mutex::new(WriterState {
+                writer: SegmentWriter::new(last, p.index_interval),
+                rates,
+                load,
+            }),
+            p,
+            segments: RwLock::new(Arc::new(segments)),
+            end_offset: AtomicU64::new(end),
+            sealed: AtomicBool::new(sealed),
+            poisoned: Mutex::new(None),
+            dir_dirty: AtomicBool::new(false),
+            durable: Mutex::new(DurablePos {
+                segment_base: durable.0,
+                position: durable.1,
+                end_offset: durable.2,
+            }),
+            tail_lock: Mutex::new(()),
+            tail_cv: Condvar::new(),
+            waiters: AtomicUsize::new(0),
+            hook,
+            clock,
+        }
+    }
+
+    /// Partition id.
+    pub fn id(&self) -> u32 {
+        self.p.id
+    }
+
+    /// Directory holding the segment files.
+    pub fn dir(&self) -> &Path {
+        &self.p.dir
+    }
+
+    /// Offset the next appended record gets (exclusive end).
+    pub fn end_offset(&self) -> u64 {
+        self.end_offset.load(Ordering::Acquire)
+    }
+
+    /// First offset still held (older segments may have been deleted).
+    pub fn start_offset(&self) -> u64 {
+        self.segments.read().first().map_or(0, |s| s.base_offset)
+    }
+
+    /// Whether the partition is sealed.
+    pub fn is_sealed(&self) -> bool {
+        self.sealed.load(Ordering::Acquire)
+    }
+
+    /// Snapshot of the segment list.
+    pub fn segments(&self) -> Arc<Vec<Arc<Segment>>> {
+        self.segments.read().clone()
+    }
+
+    /// Bytes of record data held.
+    pub fn size_bytes(&self) -> u64 {
+        self.segments()
+            .iter()
+            .map(|s| s.committed_pos() - crate::format::segment::SEGMENT_HEADER_LEN as u64)
+            .sum()
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if let Some(reason) = &*self.poisoned.lock() {
+            return Err(Error::Poisoned {
+                topic: self.p.topic.to_string(),
+                partition: self.p.id,
+                reason: reason.clone(),
+            });
+        }
+        if self.is_sealed() {
+            return Err(Error::Sealed {
+                topic: self.p.topic.to_string(),
+                partition: self.p.id,
+            });
+        }
+        Ok(())
+    }
+
+    /// Marks the partition unusable for writes after a failed sync.
+    pub(crate) fn poison(&self, reason: String) {
+        let mut g = self.poisoned.lock();
+        if g.is_none() {
+            *g = Some(reason);
+        }
+    }
+
+    /// Checks sizes before taking the lock. Returns the batch length.
+    pub(crate) fn check_batch(&self, records: &[RecordIn<'_>]) -> Result<usize> {
+        if records.is_empty() {
+            return Err(Error::InvalidConfig(
+                "a batch needs at least one record".into(),
+            ));
+        }
+        for r in records {
+            let size = r.encoded_len() as u64;
+            if size > self.p.max_record_bytes || r.key.is_some_and(|k| k.len() >= u32::MAX as usize)
+            {
+                return Err(Error::RecordTooLarge {
+                    size,
+                    max: self.p.max_record_bytes,
+                });
+            }
+        }
+        let len = batch::batch_len(records);
+        let room = self.p.segment_bytes - crate::format::segment::SEGMENT_HEADER_LEN as u64;
+        if len as u64 > room || records.len() > u32::MAX as usize {
+            return Err(Error::RecordTooLarge {
+                size: len as u64,
+                max: room,
+            });
+        }
+        Ok(len)
+    }
+
+    /// Appends a batch; returns the offset of its first record.
+    /// `hashes` (one per record, keyed records only) feed the load map.
+    pub(crate) fn append(&self, records: &[RecordIn<'_>], hashes: &[Option<u64>]) -> Result<u64> {
+        let len = self.check_batch(records)?;
+        let base = {
+            let mut w = self.writer.lock();
+            self.check_writable()?;
+            if (len as u64) > w.writer.remaining() {
+                self.roll(&mut w)?;
+            }
+            let header = w.writer.append(records, len);
+            let now = self.clock.now_nanos();
+            w.rates.record(now, records.len() as u64, len as u64);
+            for (r, h) in records.iter().zip(hashes) {
+                if let Some(h) = h {
+                    w.load.observe(now, *h, r.encoded_len() as u64);
+                }
+            }
+            let end = w.writer.next_offset();
+            self.end_offset.store(end, Ordering::Release);
+            header.base_offset.get()
+        };
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            let _g = self.tail_lock.lock();
+            self.tail_cv.notify_all();
+        }
+        Ok(base)
+    }
+
+    /// Seals the active segment and starts a new one.
+    fn roll(&self, w: &mut WriterState) -> Result<()> {
+        let next = w.writer.next_offset();
+        let seg = Segment::create(
+            &self.p.dir,
+            (self.p.topic_id, self.p.id),
+            next,
+            self.p.segment_bytes,
+            now_ms(),
+            &*self.hook,
+        )?;
+        w.writer.seal()?;
+        let seg = Arc::new(seg);
+        {
+            let mut list = self.segments.write();
+            let mut v = (**list).clone();
+            v.push(seg.clone());
+            *list = Arc::new(v);
+        }
+        self.dir_dirty.store(true, Ordering::Release);
+        w.writer = SegmentWriter::new(seg, self.p.index_interval);
+        Ok(())
+    }
+
+    /// Forces a roll (tests and tools).
+    pub fn roll_now(&self) -> Result<()> {
+        let mut w = self.writer.lock();
+        self.check_writable()?;
+        if w.writer.segment().end_offset() == w.writer.segment().base_offset {
+            return Ok(());
+        }
+        self.roll(&mut w)
+    }
+
+    /// Seals the partition at its current end (split/merge commit point).
+    /// Returns the seal offset. Appenders block on the writer lock meanwhile.
+    pub(crate) fn seal_with<T>(&self, commit: impl FnOnce(u64) -> Result<T>) -> Result<T> {
+        let w = self.writer.lock();
+        self.check_writable()?;
+        let end = w.writer.next_offset();
+        let out = commit(end)?;
+        self.sealed.store(true, Ordering::Release);
+        drop(w);
+        let _g = self.tail_lock.lock();
+        self.tail_cv.notify_all();
+        Ok(out)
+    }
+
+    /// Marks sealed without a commit (recovery of a sealed partition).
+    pub(crate) fn mark_sealed(&self) {
+        self.sealed.store(true, Ordering::Release);
+    }
+
+    /// Current write rates and load map, for the balancer.
+    pub(crate) fn with_writer<T>(&self, f: impl FnOnce(&mut WriterState) -> T) -> T {
+        f(&mut self.writer.lock())
+    }
+
+    /// Reads from `offset`: at least one batch, then more while under `max_bytes`.
+    pub fn read(&self, offset: u64, max_bytes: usize) -> Result<ReadBatch> {
+        let segments = self.segments();
+        let end = self.end_offset();
+        let start = segments.first().map_or(0, |s| s.base_offset);
+        if offset < start || offset >= end {
+            return Err(Error::OffsetOutOfRange {
+                partition: self.p.id,
+                offset,
+                start,
+                end,
+            });
+        }
+        let i = segments.partition_point(|s| s.base_offset <= offset) - 1;
+        let seg = &segments[i];
+        if offset >= seg.end_offset() {
+            let next = segments.get(i + 1).map_or(end, |s| s.base_offset);
+            return Err(Error::Hole {
+                partition: self.p.id,
+                start: seg.end_offset(),
+                end: next,
+            });
+        }
+        ReadBatch::new(self.p.id, seg.clone(), offset, max_bytes)
+    }
+
+    /// Blocks until `offset` is readable, the partition is sealed below it,
+    /// or `timeout` passes. Returns whether data is there.
+    pub fn wait_for(&self, offset: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        self.waiters.fetch_add(1, Ordering::AcqRel);
+        let mut g = self.tail_lock.lock();
+        let ready = loop {
+            if self.end_offset() > offset {
+                break true;
+            }
+            if self.is_sealed() || self.tail_cv.wait_until(&mut g, deadline).timed_out() {
+                break self.end_offset() > offset;
+            }
+        };
+        drop(g);
+        self.waiters.fetch_sub(1, Ordering::AcqRel);
+        ready
+    }
+
+    /// First offset whose record timestamp is >= `ts` (None: none yet).
+    pub fn offset_for_time(&self, ts: i64) -> Result<Option<u64>> {
+        let segments = self.segments();
+        let Some(i) = segments.iter().position(|s| s.max_timestamp() >= ts) else {
+            return Ok(None);
+        };
+        let seg = &segments[i];
+        let (pos, off) = seg.time_hint(ts);
+        let data = seg.committed();
+        let end = seg.committed_pos();
+        let (mut pos, mut next) = (pos, off);
+        while pos < end {
+            let h = batch::validate(data.from(pos), Some(next))
+                .map_err(|e| Error::corruption(seg.path(), pos, e.to_string()))?;
+            if !batch::is_hole(&h) && h.max_ts.get() >= ts {
+                let b = &data.from(pos)[..h.batch_len.get() as usize];
+                for r in batch::RecordIter::new(b, &h) {
+                    let r = r.map_err(|e| Error::corruption(seg.path(), pos, e.to_string()))?;
+                    if r.timestamp >= ts {
+                        return Ok(Some(r.offset));
+                    }
+                }
+            }
+            next += u64::from(h.record_count.get());
+            pos += u64::from(h.batch_len.get());
+        }
+        Ok(None)
+    }
+
+    /// Captures what a sync round must make durable.
+    pub(crate) fn capture_unsynced(&self) -> SyncCapture {
+        let w = self.writer.lock();
+        let active = w.writer.segment().clone();
+        let pos = DurablePos {
+            segment_base: active.base_offset,
+            position: active.committed_pos(),
+            end_offset: w.writer.next_offset(),
+        };
+        drop(w);
+        let segments = self.segments();
+        let mut out = Vec::new();
+        for s in segments.iter().rev() {
+            let committed = s.committed_pos();
+            if committed > s.synced_pos() {
+                out.push((s.clone(), committed));
+            } else if s.is_sealed() {
+                break;
+            }
+        }
+        SyncCapture {
+            segments: out,
+            sync_dir: self.dir_dirty.swap(false, Ordering::AcqRel),
+            pos,
+        }
+    }
+
+    /// Records the outcome of a sync round.
+    pub(crate) fn sync_done(&self, cap: &SyncCapture, ok: bool) {
+        if ok {
+            for (s, pos) in &cap.segments {
+                s.set_synced_pos(*pos);
+            }
+            *self.durable.lock() = cap.pos;
+        } else if cap.sync_dir {
+            self.dir_dirty.store(true, Ordering::Release);
+        }
+    }
+
+    /// Checkpoint entry: the durable position and the write rates.
+    pub(crate) fn checkpoint_entry(&self, durable: Option<DurablePos>) -> PartitionCheckpoint {
+        let d = durable.unwrap_or_else(|| *self.durable.lock());
+        let now = self.clock.now_nanos();
+        let rates = self.writer.lock().rates.snapshot(now);
+        PartitionCheckpoint {
+            topic_id: self.p.topic_id,
+            partition_id: self.p.id,
+            segment_base: d.segment_base,
+            position: d.position,
+            end_offset: d.end_offset,
+            rates: rates
+                .windows
+                .iter()
+                .map(|w| crate::format::checkpoint::WindowState {
+                    window_ms: w.window_millis.min(u64::from(u32::MAX)) as u32,
+                    bytes_per_sec: w.bytes_per_sec,
+                    records_per_sec: w.records_per_sec,
+                })
+                .collect(),
+        }
+    }
+
+    /// Deletes sealed segments past retention. Returns the files removed.
+    pub(crate) fn apply_retention(
+        &self,
+        age: Option<Duration>,
+        bytes: Option<u64>,
+        now_ms: i64,
+    ) -> Result<Vec<PathBuf>> {
+        let mut removed = Vec::new();
+        let mut list = self.segments.write();
+        let mut v = (**list).clone();
+        let mut total: u64 = v.iter().map(|s| s.committed_pos()).sum();
+        // The segment being written never goes (an empty sealed partition does).
+        let keep_last = !self.is_sealed();
+        while v.len() > usize::from(keep_last) {
+            let s = &v[0];
+            let expired = age.is_some_and(|a| {
+                s.max_timestamp() != i64::MIN && now_ms - s.max_timestamp() > a.as_millis() as i64
+            });
+            let too_big = bytes.is_some_and(|b| total > b);
+            if !(expired || too_big) || !s.is_sealed() && keep_last {
+                break;
+            }
+            total -= s.committed_pos();
+            let _ = std::fs::remove_file(s.index_path());
+            std::fs::remove_file(s.path()).map_err(|e| Error::io(s.path(), e))?;
+            removed.push(s.path().to_path_buf());
+            v.remove(0);
+        }
+        if !removed.is_empty() {
+            *list = Arc::new(v);
+            self.dir_dirty.store(true, Ordering::Release);
+        }
+        Ok(removed)
+    }
+
+    /// Writes the active segment's index file (clean close).
+    pub(crate) fn flush_index(&self) -> Result<()> {
+        let w = self.writer.lock();
+        w.writer.segment().write_index_file()
+    }
+
+    /// Whether every segment was removed by retention (sealed partitions only).
+    pub fn is_empty_sealed(&self) -> bool {
+        self.is_sealed() && self.segments.read().is_empty()
+    }
+}
+
+/// Largest batch that fits an empty segment of `segment_bytes`.
+pub fn max_batch_bytes(segment_bytes: u64) -> u64 {
+    segment_bytes - crate::format::segment::SEGMENT_HEADER_LEN as u64 - BATCH_HEADER_LEN as u64
+}

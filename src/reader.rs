@@ -1,0 +1,245 @@
+//! The order-keeping reader: drains a parent to its seal offset before it
+//! opens the children, and opens a merge child only when both parents are
+//! drained, so every key's records come out in append order (C4).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::read::OwnedRecord;
+use crate::topic::Topic;
+
+/// Where a reader starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartAt {
+    /// The oldest data: the root partitions from their first offset.
+    Earliest,
+    /// Only records appended from now on.
+    Latest,
+    /// A saved position.
+    Cut(Cut),
+}
+
+/// How far a reader has consumed a topic: per partition, the next offset to
+/// read. Partitions listed at their seal offset are drained. Serializable so
+/// a consumer can checkpoint and resume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cut {
+    /// Topic id the cut belongs to.
+    pub topic_id: u32,
+    /// Next offset per open partition.
+    pub positions: BTreeMap<u32, u64>,
+    /// Partitions fully read whose children may not be open yet.
+    pub drained: BTreeSet<u32>,
+}
+
+impl Cut {
+    /// Encodes the cut as bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a cut always serializes")
+    }
+
+    /// Decodes a cut.
+    pub fn from_bytes(b: &[u8]) -> Result<Cut> {
+        serde_json::from_slice(b).map_err(|e| Error::InvalidCut(e.to_string()))
+    }
+}
+
+/// A lineage-aware reader of one topic.
+#[derive(Debug)]
+pub struct Reader {
+    topic: Topic,
+    positions: BTreeMap<u32, u64>,
+    drained: BTreeSet<u32>,
+    next_rr: usize,
+}
+
+impl Topic {
+    /// A reader from `start`.
+    pub fn reader(&self, start: StartAt) -> Result<Reader> {
+        let infos = self.partitions();
+        let mut positions = BTreeMap::new();
+        let mut drained = BTreeSet::new();
+        match start {
+            StartAt::Earliest => {
+                let ids: BTreeSet<u32> = infos.iter().map(|p| p.id).collect();
+                for p in &infos {
+                    if p.parents.iter().all(|q| !ids.contains(q)) {
+                        positions.insert(p.id, p.start_offset);
+                    }
+                }
+            }
+            StartAt::Latest => {
+                for p in infos.iter().filter(|p| p.sealed_at.is_none()) {
+                    positions.insert(p.id, p.end_offset);
+                }
+            }
+            StartAt::Cut(cut) => {
+                if cut.topic_id != self.id() {
+                    return Err(Error::InvalidCut(format!(
+                        "cut belongs to topic id {}, not {}",
+                        cut.topic_id,
+                        self.id()
+                    )));
+                }
+                for &id in cut.positions.keys().chain(&cut.drained) {
+                    if !infos.iter().any(|p| p.id == id) {
+                        return Err(Error::InvalidCut(format!(
+                            "partition {id} is not in the topic"
+                        )));
+                    }
+                }
+                positions = cut.positions;
+                drained = cut.drained;
+            }
+        }
+        let mut r = Reader {
+            topic: self.clone(),
+            positions,
+            drained,
+            next_rr: 0,
+        };
+        r.advance_lineage();
+        Ok(r)
+    }
+}
+
+impl Reader {
+    /// The current position, to save and resume from.
+    pub fn cut(&self) -> Cut {
+        Cut {
+            topic_id: self.topic.id(),
+            positions: self.positions.clone(),
+            drained: self.drained.clone(),
+        }
+    }
+
+    /// Partitions currently being read.
+    pub fn open_partitions(&self) -> Vec<u32> {
+        self.positions.keys().copied().collect()
+    }
+
+    /// Moves drained partitions out and opens children whose parents are all drained.
+    fn advance_lineage(&mut self) {
+        loop {
+            let infos = self.topic.partitions();
+            let mut changed = false;
+            for p in &infos {
+                if let (Some(&pos), Some(end)) = (self.positions.get(&p.id), p.sealed_at) {
+                    if pos >= end {
+                        self.positions.remove(&p.id);
+                        self.drained.insert(p.id);
+                        changed = true;
+                    }
+                }
+            }
+            for p in &infos {
+                let known = self.positions.contains_key(&p.id) || self.drained.contains(&p.id);
+                if !known
+                    && !p.parents.is_empty()
+                    && p.parents.iter().all(|q| self.drained.contains(q))
+                {
+                    self.positions.insert(p.id, p.start_offset);
+                    changed = true;
+                }
+            }
+            // Forget drained partitions whose children are all open or drained.
+            let children_known = |p: &crate::topic::PartitionInfo| {
+                p.children
+                    .iter()
+                    .all(|c| self.positions.contains_key(c) || self.drained.contains(c))
+            };
+            let forget: Vec<u32> = infos
+                .iter()
+                .filter(|p| {
+                    self.drained.contains(&p.id) && !p.children.is_empty() && children_known(p)
+                })
+                .filter(|p| {
+                    p.children.iter().all(|c| {
+                        infos
+                            .iter()
+                            .find(|x| x.id == *c)
+                            .is_some_and(|x| x.parents.iter().all(|q| self.drained.contains(q)))
+                    })
+                })
+                .map(|p| p.id)
+                .collect();
+            let _ = forget;
+            if !changed {
+                return;
+            }
+        }
+    }
+
+    /// Reads up to `max_records` records that are available now, from one
+    /// open partition at a time (rotating), following the lineage.
+    pub fn poll(&mut self, max_records: usize) -> Result<Vec<OwnedRecord>> {
+        let mut out = Vec::new();
+        let mut idle_rounds = 0;
+        while out.len() < max_records && idle_rounds < 2 {
+            self.advance_lineage();
+            let ids: Vec<u32> = self.positions.keys().copied().collect();
+            if ids.is_empty() {
+                break;
+            }
+            let mut progressed = false;
+            for k in 0..ids.len() {
+                let id = ids[(self.next_rr + k) % ids.len()];
+                let pos = self.positions[&id];
+                let part = self.topic.partition(id)?;
+                if pos >= part.end_offset() {
+                    continue;
+                }
+                let pos = pos.max(part.start_offset());
+                let batch = match part.read(pos, 256 * 1024) {
+                    Ok(b) => b,
+                    Err(Error::Hole { end, .. }) => {
+                        self.positions.insert(id, end);
+                        progressed = true;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                let room = max_records - out.len();
+                let recs = batch.to_owned_records();
+                let take = recs.len().min(room);
+                let next = if take == recs.len() {
+                    batch.next_offset()
+                } else {
+                    recs[take].offset
+                };
+                out.extend(recs.into_iter().take(take));
+                self.positions.insert(id, next);
+                progressed = true;
+                if out.len() >= max_records {
+                    break;
+                }
+            }
+            self.next_rr = self.next_rr.wrapping_add(1);
+            if !progressed {
+                idle_rounds += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Like [`Reader::poll`], but waits up to `timeout` for data.
+    pub fn poll_wait(&mut self, max_records: usize, timeout: Duration) -> Result<Vec<OwnedRecord>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let got = self.poll(max_records)?;
+            let now = Instant::now();
+            if !got.is_empty() || now >= deadline {
+                return Ok(got);
+            }
+            let wait = (deadline - now).min(Duration::from_millis(10));
+            if let Some((&id, &pos)) = self.positions.iter().next() {
+                let _ = self.topic.wait_for(id, pos, wait);
+            } else {
+                std::thread::sleep(wait);
+            }
+        }
+    }
+}

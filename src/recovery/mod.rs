@@ -1,0 +1,115 @@
+//! Recovery: turning whatever a crash left into a consistent log, and
+//! saying exactly what was done.
+
+pub mod partition;
+pub mod scan;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// What recovery did to one file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum FileAction {
+    /// A torn tail (unsynced writes) was cut off.
+    TruncatedTornTail {
+        /// New end of data.
+        position: u64,
+        /// Why the batch there was invalid.
+        reason: String,
+        /// Valid-looking unsynced batches after the tear were discarded.
+        discarded_later_batches: bool,
+    },
+    /// Corruption in synced data was cut off (truncate mode).
+    TruncatedCorruption {
+        /// New end of data.
+        position: u64,
+        /// What was wrong.
+        reason: String,
+        /// Offsets lost from here (exclusive end unknown when None).
+        first_lost_offset: u64,
+    },
+    /// Damaged batches were replaced by a hole (salvage mode).
+    Salvaged {
+        /// Position of the damage.
+        position: u64,
+        /// Lost offsets `[start, end)`.
+        lost_offsets: (u64, u64),
+    },
+    /// A segment after the truncation point was deleted.
+    DeletedSegment {
+        /// Why.
+        reason: String,
+    },
+    /// An index was rebuilt from its segment.
+    RebuiltIndex,
+    /// A file from an uncommitted topology change was removed.
+    RemovedOrphan,
+    /// A file fissionlog does not know; left untouched.
+    ForeignFile,
+    /// A missing active segment was recreated empty.
+    CreatedSegment,
+    /// A checkpoint file was invalid (the other one was used).
+    InvalidCheckpoint {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// One entry of the report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileReport {
+    /// The file.
+    pub file: PathBuf,
+    /// What was done.
+    #[serde(flatten)]
+    pub action: FileAction,
+}
+
+/// Everything `open` found and did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RecoveryReport {
+    /// The log was closed cleanly: no data was scanned.
+    pub clean_shutdown: bool,
+    /// A valid checkpoint was found.
+    pub checkpoint_found: bool,
+    /// Segment files opened.
+    pub segments_opened: u64,
+    /// Bytes of segment data validated.
+    pub bytes_scanned: u64,
+    /// Records found while scanning.
+    pub records_scanned: u64,
+    /// Manifest replay.
+    pub manifest: crate::topology::manifest::ManifestReport,
+    /// Per-file actions.
+    pub files: Vec<FileReport>,
+    /// Salvage holes: (topic, partition, first lost offset, end).
+    pub holes: Vec<(String, u32, u64, u64)>,
+    /// Wall time of open.
+    #[serde(serialize_with = "ser_duration_ms")]
+    pub duration: Duration,
+}
+
+fn ser_duration_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1000.0)
+}
+
+impl RecoveryReport {
+    pub(crate) fn add(&mut self, file: impl Into<PathBuf>, action: FileAction) {
+        self.files.push(FileReport {
+            file: file.into(),
+            action,
+        });
+    }
+
+    /// Whether recovery changed or discarded anything.
+    pub fn changed_anything(&self) -> bool {
+        self.files
+            .iter()
+            .any(|f| !matches!(f.action, FileAction::ForeignFile | FileAction::RebuiltIndex))
+            || self.manifest.torn_tail.is_some()
+            || self.manifest.corruption_truncated.is_some()
+    }
+}

@@ -1,0 +1,380 @@
+//! Recovering one partition's segment chain.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::config::RecoveryMode;
+use crate::error::{Error, IoContext, Result};
+use crate::format::batch;
+use crate::format::checkpoint::PartitionCheckpoint;
+use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::recovery::scan::{scan_segment, CorruptAction, ScanParams, ScanStop};
+use crate::recovery::{FileAction, RecoveryReport};
+use crate::storage::segment::{parse_segment_file_name, rebuild_index, IndexState, Segment};
+
+/// How recovery may act.
+#[derive(Debug, Clone, Copy)]
+pub struct RecoverMode {
+    /// Repair files (false: analyse only, as `verify` and `--dry-run` do).
+    pub write: bool,
+    /// Scan everything, not only what follows the checkpoint.
+    pub full_scan: bool,
+    /// What to do with corruption in synced data.
+    pub recovery: RecoveryMode,
+}
+
+/// A problem found in analyse-only mode (or refused in strict mode).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Problem {
+    /// File.
+    pub file: PathBuf,
+    /// Byte position.
+    pub position: u64,
+    /// What is wrong.
+    pub what: String,
+    /// What `recover` would do about it.
+    pub repair: String,
+}
+
+/// A recovered partition's segments and durable position.
+#[derive(Debug)]
+pub struct RecoveredChain {
+    /// Segments, oldest first (may be empty for a sealed partition).
+    pub segments: Vec<Segment>,
+    /// (segment_base, position, end_offset) known durable.
+    pub durable: (u64, u64, u64),
+    /// Salvage holes.
+    pub holes: Vec<(u64, u64)>,
+    /// Problems found (analyse-only mode).
+    pub problems: Vec<Problem>,
+}
+
+/// Inputs of partition recovery.
+#[derive(Debug)]
+pub struct ChainParams<'a> {
+    /// Partition directory.
+    pub dir: &'a Path,
+    /// (topic id, partition id).
+    pub ids: (u32, u32),
+    /// Index spacing.
+    pub index_interval: u64,
+    /// Checkpoint entry, when the checkpoint has one.
+    pub checkpoint: Option<&'a PartitionCheckpoint>,
+    /// The checkpoint was written by a clean shutdown.
+    pub clean: bool,
+    /// What recovery may do.
+    pub mode: RecoverMode,
+}
+
+fn list_segments(dir: &Path, report: &mut RecoveryReport) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(Error::io(dir, e)),
+    };
+    for entry in rd {
+        let entry = entry.at(dir)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(base) = parse_segment_file_name(&name) {
+            out.push((base, entry.path()));
+        } else if name.ends_with(".idx") && name.len() == 24 || name.ends_with(".idx.tmp") {
+            // Index caches (and interrupted index writes) belong to us.
+        } else {
+            report.add(entry.path(), FileAction::ForeignFile);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn problem(file: &Path, position: u64, what: String, repair: &str) -> Problem {
+    Problem {
+        file: file.to_path_buf(),
+        position,
+        what,
+        repair: repair.to_string(),
+    }
+}
+
+/// Recovers the chain of segments of one partition.
+pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result<RecoveredChain> {
+    let files = list_segments(p.dir, report)?;
+    let cp = p
+        .checkpoint
+        .filter(|c| c.position >= SEGMENT_HEADER_LEN as u64);
+    let mut out = RecoveredChain {
+        segments: Vec::new(),
+        durable: (0, SEGMENT_HEADER_LEN as u64, 0),
+        holes: Vec::new(),
+        problems: Vec::new(),
+    };
+    let mut expected: Option<u64> = None;
+    let mut cut = false;
+    for (base, path) in files {
+        if cut {
+            delete_segment(&path, p.mode.write, "follows a truncation point", report)?;
+            continue;
+        }
+        let durable_segment = cp.is_some_and(|c| base < c.segment_base);
+        let cp_segment = cp.filter(|c| c.segment_base == base);
+        let opened = Segment::open_with(&path, p.mode.write);
+        let (mut seg, info) = match opened {
+            Ok(x) => x,
+            Err(e) if durable_segment || cp_segment.is_some() => {
+                let what = format!("unreadable segment in synced data: {e}");
+                match corrupt(p, &path, 0, what, &mut out)? {
+                    Decision::Continue => continue,
+                    Decision::Cut => {
+                        cut = true;
+                        continue;
+                    }
+                }
+            }
+            Err(_) => {
+                delete_segment(
+                    &path,
+                    p.mode.write,
+                    "segment created after the last sync is unreadable (torn)",
+                    report,
+                )?;
+                cut = true;
+                continue;
+            }
+        };
+        if info.base_offset != base || info.topic_id != p.ids.0 || info.partition_id != p.ids.1 {
+            let what = format!(
+                "segment header names topic {} partition {} base {} but the file is {}",
+                info.topic_id,
+                info.partition_id,
+                info.base_offset,
+                path.display()
+            );
+            match corrupt(p, &path, 0, what, &mut out)? {
+                Decision::Continue => continue,
+                Decision::Cut => {
+                    cut = true;
+                    continue;
+                }
+            }
+        }
+        if let Some(exp) = expected {
+            if base != exp {
+                if base > exp && p.mode.recovery == RecoveryMode::Salvage {
+                    out.holes.push((exp, base));
+                } else {
+                    let what = format!("segment starts at offset {base}, expected {exp}");
+                    match corrupt(p, &path, 0, what, &mut out)? {
+                        Decision::Continue => continue,
+                        Decision::Cut => {
+                            cut = true;
+                            continue;
+                        }
+                    }
+                }
+            }
+        }
+        report.segments_opened += 1;
+        let trusted_seal = info.seal.filter(|_| durable_segment && !p.mode.full_scan);
+        let (end_pos, end_offset, sealed) =
+            if let Some((end_offset, end_pos)) = trusted_seal.filter(|s| s.1 <= seg.capacity()) {
+                (end_pos, end_offset, true)
+            } else {
+                let (from_pos, from_offset, durable_until) = match (durable_segment, cp_segment) {
+                    (true, _) => (SEGMENT_HEADER_LEN as u64, base, seg.capacity()),
+                    (false, Some(c)) if !p.mode.full_scan && c.position <= seg.capacity() => {
+                        (c.position, c.end_offset, c.position)
+                    }
+                    (false, Some(c)) => (
+                        SEGMENT_HEADER_LEN as u64,
+                        base,
+                        c.position.min(seg.capacity()),
+                    ),
+                    (false, None) => (SEGMENT_HEADER_LEN as u64, base, 0),
+                };
+                let params = ScanParams {
+                    base_offset: base,
+                    from_pos,
+                    from_offset,
+                    durable_until,
+                    mode: p.mode.recovery,
+                    index_interval: p.index_interval,
+                };
+                let outcome = scan_segment(seg.raw_for_recovery(), &params);
+                report.bytes_scanned += outcome.end_pos - from_pos;
+                report.records_scanned += outcome.records;
+                for h in &outcome.holes {
+                    report.add(
+                        &path,
+                        FileAction::Salvaged {
+                            position: h.position,
+                            lost_offsets: (h.first_offset, h.first_offset + h.lost),
+                        },
+                    );
+                    out.holes.push((h.first_offset, h.first_offset + h.lost));
+                    if p.mode.write {
+                        seg.write_hole(h.position, h.len, h.first_offset, h.lost)?;
+                    } else {
+                        out.problems.push(problem(
+                            &path,
+                            h.position,
+                            "damaged batches".into(),
+                            "salvage replaces them with a hole",
+                        ));
+                    }
+                }
+                match &outcome.stop {
+                    ScanStop::End => {}
+                    ScanStop::Torn {
+                        position,
+                        reason,
+                        later_valid,
+                    } => {
+                        report.add(
+                            &path,
+                            FileAction::TruncatedTornTail {
+                                position: *position,
+                                reason: reason.clone(),
+                                discarded_later_batches: *later_valid,
+                            },
+                        );
+                        cut = true;
+                    }
+                    ScanStop::Corrupt {
+                        position,
+                        reason,
+                        later_valid,
+                        action,
+                    } => {
+                        let what = format!(
+                            "{reason}{}",
+                            if *later_valid {
+                                " (valid records follow: mid-segment corruption)"
+                            } else {
+                                ""
+                            }
+                        );
+                        if *action == CorruptAction::Refused || !p.mode.write {
+                            corrupt(p, &path, *position, what.clone(), &mut out)?;
+                        }
+                        report.add(
+                            &path,
+                            FileAction::TruncatedCorruption {
+                                position: *position,
+                                reason: what,
+                                first_lost_offset: outcome.end_offset,
+                            },
+                        );
+                        cut = true;
+                    }
+                }
+                if cut && p.mode.write {
+                    seg.clear_tail(outcome.end_pos)?;
+                }
+                if from_pos == SEGMENT_HEADER_LEN as u64 {
+                    *seg.index.lock() = IndexState::Loaded(outcome.index.clone());
+                }
+                (
+                    outcome.end_pos,
+                    outcome.end_offset,
+                    info.seal.is_some() && !cut && outcome.end_pos == info.seal.map_or(0, |s| s.1),
+                )
+            };
+        let synced = if durable_segment {
+            end_pos
+        } else {
+            cp_segment.map_or(SEGMENT_HEADER_LEN as u64, |c| c.position)
+        };
+        seg.set_recovered_end(end_pos, end_offset, synced, sealed);
+        if let Some(c) = cp_segment {
+            if c.position <= end_pos {
+                out.durable = (base, c.position, c.end_offset);
+            }
+        }
+        if matches!(*seg.index.lock(), IndexState::NotLoaded) && !sealed {
+            // The active segment's index is rebuilt by walking headers.
+            let entries = rebuild_index(&seg.committed(), base, end_pos, p.index_interval);
+            *seg.index.lock() = IndexState::Loaded(entries);
+        }
+        expected = Some(end_offset);
+        out.segments.push(seg);
+    }
+    if cp.is_some_and(|c| {
+        out.segments
+            .last()
+            .is_none_or(|s| s.base_offset < c.segment_base)
+    }) && !out.segments.is_empty()
+    {
+        // The checkpoint names a segment that is gone: data it called durable is missing.
+        let c = cp.expect("checked above");
+        let what = format!(
+            "segment {} named by the checkpoint is missing",
+            c.segment_base
+        );
+        corrupt(p, p.dir, 0, what, &mut out)?;
+    }
+    Ok(out)
+}
+
+enum Decision {
+    Continue,
+    Cut,
+}
+
+/// Handles corruption in synced data according to the mode.
+fn corrupt(
+    p: &ChainParams<'_>,
+    file: &Path,
+    position: u64,
+    what: String,
+    out: &mut RecoveredChain,
+) -> Result<Decision> {
+    if !p.mode.write {
+        let repair = match p.mode.recovery {
+            RecoveryMode::Strict => "recover --mode truncate cuts the partition here; --mode salvage keeps the valid records after it",
+            RecoveryMode::Truncate => "truncate cuts the partition here",
+            RecoveryMode::Salvage => "salvage keeps the valid records after the damage and records a hole",
+        };
+        out.problems.push(problem(file, position, what, repair));
+        return Ok(Decision::Cut);
+    }
+    match p.mode.recovery {
+        RecoveryMode::Strict => Err(Error::corruption(
+            file,
+            position,
+            format!("{what}; open with RecoveryMode::Truncate or Salvage (fissionlog recover --mode truncate|salvage) to repair"),
+        )),
+        RecoveryMode::Truncate => Ok(Decision::Cut),
+        RecoveryMode::Salvage => Ok(Decision::Continue),
+    }
+}
+
+fn delete_segment(
+    path: &Path,
+    write: bool,
+    reason: &str,
+    report: &mut RecoveryReport,
+) -> Result<()> {
+    if write {
+        std::fs::remove_file(path).at(path)?;
+        let _ = std::fs::remove_file(path.with_extension("idx"));
+    }
+    report.add(
+        path,
+        FileAction::DeletedSegment {
+            reason: reason.to_string(),
+        },
+    );
+    Ok(())
+}
+
+/// Lost offsets of a hole batch, for readers of the report.
+pub fn hole_span(h: &batch::BatchHeader) -> (u64, u64) {
+    let start = h.base_offset.get();
+    (start, start + u64::from(h.record_count.get()))
+}
+
+/// Shares recovered segments.
+pub fn into_arcs(segments: Vec<Segment>) -> Vec<Arc<Segment>> {
+    segments.into_iter().map(Arc::new).collect()
+}

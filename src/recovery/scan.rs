@@ -1,0 +1,302 @@
+//! Scanning segment bytes: where valid data ends and what lies after it.
+//! Pure: works on a byte slice, so the fuzzer and the tests call it directly.
+
+use crate::config::RecoveryMode;
+use crate::format::batch::{self, BatchError, BATCH_HEADER_LEN};
+use crate::format::index::IndexEntry;
+use crate::format::segment::SEGMENT_HEADER_LEN;
+
+/// Where and why a scan stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScanStop {
+    /// Zeros or the end of the file after the last valid batch.
+    End,
+    /// Invalid bytes past the durable region: a torn write, cut off.
+    Torn {
+        /// Position of the first invalid byte.
+        position: u64,
+        /// Why the batch there was rejected.
+        reason: String,
+        /// Whether valid-looking batches followed (unsynced, discarded).
+        later_valid: bool,
+    },
+    /// Invalid bytes inside the durable region.
+    Corrupt {
+        /// Position of the damage.
+        position: u64,
+        /// Why the batch there was rejected.
+        reason: String,
+        /// Whether a valid batch follows the damage (mid-segment corruption).
+        later_valid: bool,
+        /// What the scan did about it under the requested mode.
+        action: CorruptAction,
+    },
+}
+
+/// What a scan did with corruption.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CorruptAction {
+    /// Strict mode: nothing; the caller refuses to open.
+    Refused,
+    /// Truncate (or salvage with nothing to salvage): data ends here.
+    Truncated,
+}
+
+/// A damaged region that salvage replaces with a hole batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoleFix {
+    /// File position where the damage starts.
+    pub position: u64,
+    /// Bytes up to the next valid batch.
+    pub len: u64,
+    /// First lost offset.
+    pub first_offset: u64,
+    /// Number of lost offsets.
+    pub lost: u64,
+}
+
+/// Result of scanning one segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanOutcome {
+    /// End of valid data (file position).
+    pub end_pos: u64,
+    /// Offset after the last valid record.
+    pub end_offset: u64,
+    /// Newest timestamp seen.
+    pub max_ts: i64,
+    /// Records found.
+    pub records: u64,
+    /// Index entries for the scanned part.
+    pub index: Vec<IndexEntry>,
+    /// Salvaged regions (salvage mode only).
+    pub holes: Vec<HoleFix>,
+    /// How it ended.
+    pub stop: ScanStop,
+}
+
+/// Parameters of a scan.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanParams {
+    /// Segment base offset.
+    pub base_offset: u64,
+    /// File position to start at (a batch boundary).
+    pub from_pos: u64,
+    /// Offset expected at `from_pos`.
+    pub from_offset: u64,
+    /// Bytes below this were synced: damage there is corruption.
+    pub durable_until: u64,
+    /// What to do about corruption.
+    pub mode: RecoveryMode,
+    /// Index spacing in bytes.
+    pub index_interval: u64,
+}
+
+/// Scans `file` (the whole segment, header included) from `p.from_pos`.
+pub fn scan_segment(file: &[u8], p: &ScanParams) -> ScanOutcome {
+    let mut out = ScanOutcome {
+        end_pos: p.from_pos,
+        end_offset: p.from_offset,
+        max_ts: i64::MIN,
+        records: 0,
+        index: Vec::new(),
+        holes: Vec::new(),
+        stop: ScanStop::End,
+    };
+    let mut pos = p.from_pos.max(SEGMENT_HEADER_LEN as u64);
+    let mut last_indexed: Option<u64> = None;
+    loop {
+        let rest = file.get(pos as usize..).unwrap_or(&[]);
+        let err = match batch::validate(rest, Some(out.end_offset)) {
+            Ok(h) => {
+                if last_indexed.is_none_or(|l| pos - l >= p.index_interval) {
+                    out.index.push(IndexEntry {
+                        rel_offset: (out.end_offset - p.base_offset) as u32,
+                        position: pos as u32,
+                        max_ts_before: out.max_ts,
+                    });
+                    last_indexed = Some(pos);
+                }
+                if !batch::is_hole(&h) {
+                    out.records += u64::from(h.record_count.get());
+                    out.max_ts = out.max_ts.max(h.max_ts.get());
+                }
+                out.end_offset += u64::from(h.record_count.get());
+                pos += u64::from(h.batch_len.get());
+                out.end_pos = pos;
+                continue;
+            }
+            Err(e) => e,
+        };
+        let at_end = rest.iter().all(|&b| b == 0);
+        if at_end && pos >= p.durable_until {
+            return out;
+        }
+        if matches!(err, BatchError::ShortHeader | BatchError::Zeroed)
+            && rest.is_empty()
+            && pos >= p.durable_until
+        {
+            return out;
+        }
+        let next = find_next_valid(file, pos + 1, out.end_offset);
+        if pos >= p.durable_until {
+            out.stop = ScanStop::Torn {
+                position: pos,
+                reason: err.to_string(),
+                later_valid: next.is_some(),
+            };
+            return out;
+        }
+        match (p.mode, next) {
+            (RecoveryMode::Salvage, Some((npos, nbase)))
+                if npos - pos >= BATCH_HEADER_LEN as u64 =>
+            {
+                out.holes.push(HoleFix {
+                    position: pos,
+                    len: npos - pos,
+                    first_offset: out.end_offset,
+                    lost: nbase - out.end_offset,
+                });
+                out.end_offset = nbase;
+                pos = npos;
+                out.end_pos = pos;
+            }
+            (mode, next) => {
+                let action = if mode == RecoveryMode::Strict {
+                    CorruptAction::Refused
+                } else {
+                    CorruptAction::Truncated
+                };
+                out.stop = ScanStop::Corrupt {
+                    position: pos,
+                    reason: err.to_string(),
+                    later_valid: next.is_some(),
+                    action,
+                };
+                return out;
+            }
+        }
+    }
+}
+
+/// First position at or after `from` holding a valid batch whose base offset
+/// is at least `min_offset` (a later batch of this partition).
+pub fn find_next_valid(file: &[u8], from: u64, min_offset: u64) -> Option<(u64, u64)> {
+    let magic = batch::BATCH_MAGIC.to_le_bytes();
+    let mut pos = from as usize;
+    while pos + BATCH_HEADER_LEN <= file.len() {
+        if file[pos + 8..pos + 10] == magic {
+            if let Ok(h) = batch::validate(&file[pos..], None) {
+                if h.base_offset.get() >= min_offset
+                    && u32::try_from(h.base_offset.get() - min_offset).is_ok()
+                {
+                    return Some((pos as u64, h.base_offset.get()));
+                }
+            }
+        }
+        pos += 1;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::batch::{batch_len, encode_batch, RecordIn};
+    use crate::format::segment::encode_header;
+
+    fn segment(n: u64) -> (Vec<u8>, Vec<u64>) {
+        let mut f = encode_header(1, 0, 100, 0).to_vec();
+        let mut starts = Vec::new();
+        for i in 0..n {
+            let v = vec![i as u8; 50];
+            let r = [RecordIn {
+                key: Some(b"k"),
+                value: &v,
+                timestamp: i as i64,
+            }];
+            let mut b = vec![0; batch_len(&r)];
+            encode_batch(&mut b, 100 + i, &r);
+            starts.push(f.len() as u64);
+            f.extend(b);
+        }
+        f.resize(f.len() + 500, 0);
+        (f, starts)
+    }
+
+    fn params(durable: u64, mode: RecoveryMode) -> ScanParams {
+        ScanParams {
+            base_offset: 100,
+            from_pos: 64,
+            from_offset: 100,
+            durable_until: durable,
+            mode,
+            index_interval: 4096,
+        }
+    }
+
+    #[test]
+    fn clean_segment() {
+        let (f, starts) = segment(10);
+        let o = scan_segment(&f, &params(0, RecoveryMode::Strict));
+        assert_eq!(o.end_offset, 110);
+        assert_eq!(o.records, 10);
+        assert_eq!(o.stop, ScanStop::End);
+        assert_eq!(o.end_pos, starts[9] + (starts[1] - starts[0]));
+    }
+
+    #[test]
+    fn torn_tail_past_durable_region() {
+        let (mut f, starts) = segment(10);
+        f[starts[7] as usize + 20] ^= 1;
+        let o = scan_segment(&f, &params(starts[5], RecoveryMode::Strict));
+        assert_eq!(o.end_offset, 107);
+        assert!(
+            matches!(o.stop, ScanStop::Torn { position, later_valid: true, .. } if position == starts[7])
+        );
+    }
+
+    #[test]
+    fn corruption_in_durable_region_per_mode() {
+        let (mut f, starts) = segment(10);
+        f[starts[3] as usize + 45] ^= 1;
+        let durable = starts[9];
+        let o = scan_segment(&f, &params(durable, RecoveryMode::Strict));
+        assert!(matches!(
+            o.stop,
+            ScanStop::Corrupt {
+                action: CorruptAction::Refused,
+                later_valid: true,
+                ..
+            }
+        ));
+        let o = scan_segment(&f, &params(durable, RecoveryMode::Truncate));
+        assert_eq!(o.end_offset, 103);
+        assert!(matches!(
+            o.stop,
+            ScanStop::Corrupt {
+                action: CorruptAction::Truncated,
+                ..
+            }
+        ));
+        let o = scan_segment(&f, &params(durable, RecoveryMode::Salvage));
+        assert_eq!(o.end_offset, 110);
+        assert_eq!(o.records, 9);
+        assert_eq!(
+            o.holes,
+            vec![HoleFix {
+                position: starts[3],
+                len: starts[4] - starts[3],
+                first_offset: 103,
+                lost: 1
+            }]
+        );
+        assert_eq!(o.stop, ScanStop::End);
+    }
+
+    #[test]
+    fn zeros_inside_durable_region_are_corruption() {
+        let (f, starts) = segment(3);
+        let o = scan_segment(&f, &params(starts[2] + 1000, RecoveryMode::Strict));
+        assert!(matches!(o.stop, ScanStop::Corrupt { .. }));
+    }
+}

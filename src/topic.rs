@@ -1,0 +1,725 @@
+//! A topic: routing keys to partitions, appends, reads, splits and merges.
+
+use std::collections::BTreeMap;
+use std::hash::Hasher;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+
+use crate::balance::{LoadMap, RateTracker, WindowRate};
+use crate::config::{SyncPolicy, TopicConfig};
+use crate::core::Core;
+use crate::error::{Error, Result};
+use crate::events::TopologyEvent;
+use crate::format::batch::RecordIn;
+use crate::format::manifest::{ManifestRecord, PartitionRecord, PartitionState};
+use crate::partition::{now_ms, Partition, PartitionParams};
+use crate::read::ReadBatch;
+use crate::storage::segment::Segment;
+use crate::storage::sync_dir;
+
+/// A record to append.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NewRecord<'a> {
+    /// Routing key; records without one are spread round-robin.
+    pub key: Option<&'a [u8]>,
+    /// Payload.
+    pub value: &'a [u8],
+    /// Milliseconds since the epoch; now when `None`.
+    pub timestamp: Option<i64>,
+}
+
+/// Where an appended record landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Appended {
+    /// Partition id.
+    pub partition: u32,
+    /// Offset in it.
+    pub offset: u64,
+}
+
+/// A partition as seen from outside: range, lineage, state, offsets, rates.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionInfo {
+    /// Id.
+    pub id: u32,
+    /// First hash value owned.
+    pub start: u64,
+    /// Last hash value owned.
+    pub end: u64,
+    /// Parents.
+    pub parents: Vec<u32>,
+    /// Children.
+    pub children: Vec<u32>,
+    /// Sealed at this end offset, or active (None).
+    pub sealed_at: Option<u64>,
+    /// First offset held.
+    pub start_offset: u64,
+    /// End offset (exclusive).
+    pub end_offset: u64,
+    /// Bytes of data.
+    pub bytes: u64,
+    /// Segment files.
+    pub segments: usize,
+    /// Write rates per window.
+    pub rates: Vec<WindowRate>,
+    /// Reported as carrying one hot key.
+    pub hot_key: bool,
+}
+
+/// One step of a key's lineage: the partition and the offsets where the key
+/// may have records, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ChainLink {
+    /// Partition id.
+    pub partition: u32,
+    /// End offset when sealed; None for the active partition at the end.
+    pub sealed_at: Option<u64>,
+}
+
+/// How to split a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitPlan {
+    /// Children `[start, at]` and `[at + 1, end]`.
+    At(u64),
+    /// At the middle of the range.
+    Even,
+    /// At the load-weighted median of recent appends (falls back to Even).
+    LoadMedian,
+    /// Isolate the hash value of a key into `[h, h]`, remainder on each side.
+    IsolateHash(u64),
+}
+
+#[derive(Debug)]
+pub(crate) struct Node {
+    pub rec: PartitionRecord,
+    pub children: Vec<u32>,
+    pub part: Arc<Partition>,
+    pub last_change_nanos: u64,
+    pub hot_key_reported: bool,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct TopicState {
+    pub nodes: BTreeMap<u32, Node>,
+    /// Active partitions by range start.
+    pub routes: BTreeMap<u64, u32>,
+}
+
+#[derive(Debug)]
+pub(crate) struct TopicInner {
+    pub core: Arc<Core>,
+    pub id: u32,
+    pub name: Arc<str>,
+    pub config: RwLock<TopicConfig>,
+    pub hash_key: [u64; 2],
+    pub state: RwLock<TopicState>,
+    pub change: Mutex<()>,
+    pub round_robin: AtomicU64,
+    pub dir: PathBuf,
+}
+
+/// Handle to a topic (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct Topic {
+    pub(crate) inner: Arc<TopicInner>,
+}
+
+/// Keyed SipHash-1-3 of a key: the routing hash (stable across versions).
+pub fn key_hash(hash_key: [u64; 2], key: &[u8]) -> u64 {
+    let mut h = siphasher::sip::SipHasher13::new_with_keys(hash_key[0], hash_key[1]);
+    h.write(key);
+    h.finish()
+}
+
+/// Splits `[0, u64::MAX]` into `n` near-equal ranges.
+pub(crate) fn even_ranges(n: u32) -> Vec<(u64, u64)> {
+    let total = 1u128 << 64;
+    (0..n)
+        .map(|i| {
+            let s = total * i as u128 / n as u128;
+            let e = total * (i as u128 + 1) / n as u128 - 1;
+            (s as u64, e as u64)
+        })
+        .collect()
+}
+
+pub(crate) fn partition_dir(topic_dir: &std::path::Path, id: u32) -> PathBuf {
+    topic_dir.join(format!("p{id}"))
+}
+
+impl Topic {
+    /// Topic name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Topic id.
+    pub fn id(&self) -> u32 {
+        self.inner.id
+    }
+
+    /// Current configuration.
+    pub fn config(&self) -> TopicConfig {
+        self.inner.config.read().clone()
+    }
+
+    /// The routing hash of `key` in this topic.
+    pub fn hash(&self, key: &[u8]) -> u64 {
+        key_hash(self.inner.hash_key, key)
+    }
+
+    /// The active partition that owns `key` now.
+    pub fn route(&self, key: &[u8]) -> u32 {
+        self.route_hash(self.hash(key))
+    }
+
+    fn route_hash(&self, h: u64) -> u32 {
+        let st = self.inner.state.read();
+        *st.routes
+            .range(..=h)
+            .next_back()
+            .expect("active ranges tile the hash space")
+            .1
+    }
+
+    fn keyless_partition(&self) -> u32 {
+        let st = self.inner.state.read();
+        let n = st.routes.len() as u64;
+        let i = self.inner.round_robin.fetch_add(1, Ordering::Relaxed) % n;
+        *st.routes
+            .values()
+            .nth(i as usize)
+            .expect("index below the count")
+    }
+
+    /// A partition handle.
+    pub fn partition(&self, id: u32) -> Result<Arc<Partition>> {
+        self.inner
+            .state
+            .read()
+            .nodes
+            .get(&id)
+            .map(|n| n.part.clone())
+            .ok_or_else(|| Error::UnknownPartition {
+                topic: self.name().to_string(),
+                partition: id,
+            })
+    }
+
+    pub(crate) fn all_partition_handles(&self) -> Vec<Arc<Partition>> {
+        self.inner
+            .state
+            .read()
+            .nodes
+            .values()
+            .map(|n| n.part.clone())
+            .collect()
+    }
+
+    /// Appends one record; returns where it landed.
+    pub fn append(&self, key: Option<&[u8]>, value: &[u8]) -> Result<Appended> {
+        let r = [NewRecord {
+            key,
+            value,
+            timestamp: None,
+        }];
+        Ok(self.append_batch(&r)?[0])
+    }
+
+    /// Appends records, routed by key (keyless ones round-robin), one batch
+    /// per partition; returns each record's position in input order.
+    pub fn append_batch(&self, records: &[NewRecord<'_>]) -> Result<Vec<Appended>> {
+        self.inner.core.check_open()?;
+        let now = now_ms();
+        let hashes: Vec<Option<u64>> = records
+            .iter()
+            .map(|r| r.key.map(|k| self.hash(k)))
+            .collect();
+        let mut out = vec![
+            Appended {
+                partition: 0,
+                offset: 0
+            };
+            records.len()
+        ];
+        let mut pending: Vec<usize> = (0..records.len()).collect();
+        let mut attempts = 0;
+        while !pending.is_empty() {
+            let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+            let keyless = self.keyless_partition();
+            for &i in &pending {
+                let p = hashes[i].map_or(keyless, |h| self.route_hash(h));
+                groups.entry(p).or_default().push(i);
+            }
+            let mut retry = Vec::new();
+            for (pid, idxs) in groups {
+                let recs: Vec<RecordIn<'_>> = idxs
+                    .iter()
+                    .map(|&i| RecordIn {
+                        key: records[i].key,
+                        value: records[i].value,
+                        timestamp: records[i].timestamp.unwrap_or(now),
+                    })
+                    .collect();
+                let hs: Vec<Option<u64>> = idxs.iter().map(|&i| hashes[i]).collect();
+                match self.partition(pid)?.append(&recs, &hs) {
+                    Ok(base) => {
+                        for (k, &i) in idxs.iter().enumerate() {
+                            out[i] = Appended {
+                                partition: pid,
+                                offset: base + k as u64,
+                            };
+                        }
+                    }
+                    // Sealed between routing and appending: route again.
+                    Err(Error::Sealed { .. }) if attempts < 1000 => retry.extend(idxs),
+                    Err(e) => return Err(e),
+                }
+            }
+            pending = retry;
+            attempts += 1;
+        }
+        self.after_append()?;
+        Ok(out)
+    }
+
+    /// Appends records to one partition, bypassing routing.
+    pub fn append_to(&self, partition: u32, records: &[NewRecord<'_>]) -> Result<u64> {
+        self.inner.core.check_open()?;
+        let now = now_ms();
+        let recs: Vec<RecordIn<'_>> = records
+            .iter()
+            .map(|r| RecordIn {
+                key: r.key,
+                value: r.value,
+                timestamp: r.timestamp.unwrap_or(now),
+            })
+            .collect();
+        let hs: Vec<Option<u64>> = records
+            .iter()
+            .map(|r| r.key.map(|k| self.hash(k)))
+            .collect();
+        let base = self.partition(partition)?.append(&recs, &hs)?;
+        self.after_append()?;
+        Ok(base)
+    }
+
+    fn after_append(&self) -> Result<()> {
+        if self.inner.config.read().sync == SyncPolicy::Always {
+            self.inner.core.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Reads from a partition: whole verified batches from `offset`, at
+    /// least one, more while under `max_bytes`.
+    pub fn read(&self, partition: u32, offset: u64, max_bytes: usize) -> Result<ReadBatch> {
+        self.partition(partition)?.read(offset, max_bytes)
+    }
+
+    /// Makes everything appended so far durable (group-committed with
+    /// concurrent callers; covers every topic of the log).
+    pub fn sync(&self) -> Result<()> {
+        self.inner.core.sync()
+    }
+
+    /// Every partition that still holds data or takes appends.
+    pub fn partitions(&self) -> Vec<PartitionInfo> {
+        let now = self.inner.core.clock.now_nanos();
+        let st = self.inner.state.read();
+        st.nodes
+            .values()
+            .map(|n| {
+                let rates = n.part.with_writer(|w| w.rates.rates(now));
+                PartitionInfo {
+                    id: n.rec.id,
+                    start: n.rec.start,
+                    end: n.rec.end,
+                    parents: n.rec.parents.clone(),
+                    children: n.children.clone(),
+                    sealed_at: match n.rec.state {
+                        PartitionState::Active => None,
+                        PartitionState::Sealed { end_offset } => Some(end_offset),
+                    },
+                    start_offset: n.part.start_offset(),
+                    end_offset: n.part.end_offset(),
+                    bytes: n.part.size_bytes(),
+                    segments: n.part.segments().len(),
+                    rates,
+                    hot_key: n.hot_key_reported,
+                }
+            })
+            .collect()
+    }
+
+    /// Ids of the active partitions, in hash-range order.
+    pub fn active_partitions(&self) -> Vec<u32> {
+        self.inner.state.read().routes.values().copied().collect()
+    }
+
+    /// The partitions that have held `key`, oldest first, each with its seal
+    /// offset: reading them in this order returns the key's records in order.
+    pub fn key_chain(&self, key: &[u8]) -> Vec<ChainLink> {
+        self.hash_chain(self.hash(key))
+    }
+
+    /// [`Topic::key_chain`] for a hash value.
+    pub fn hash_chain(&self, h: u64) -> Vec<ChainLink> {
+        let st = self.inner.state.read();
+        let covers = |id: &u32| {
+            st.nodes
+                .get(id)
+                .is_some_and(|n| n.rec.start <= h && h <= n.rec.end)
+        };
+        let root = st
+            .nodes
+            .values()
+            .find(|n| covers(&n.rec.id) && n.rec.parents.iter().all(|p| !st.nodes.contains_key(p)));
+        let mut out = Vec::new();
+        let mut cur = root.map(|n| n.rec.id);
+        while let Some(id) = cur {
+            let n = &st.nodes[&id];
+            let sealed_at = match n.rec.state {
+                PartitionState::Sealed { end_offset } => Some(end_offset),
+                PartitionState::Active => None,
+            };
+            out.push(ChainLink {
+                partition: id,
+                sealed_at,
+            });
+            cur = n.children.iter().copied().find(|c| covers(c));
+        }
+        out
+    }
+
+    /// First offset at or after timestamp `ts` in a partition.
+    pub fn offset_for_time(&self, partition: u32, ts: i64) -> Result<Option<u64>> {
+        self.partition(partition)?.offset_for_time(ts)
+    }
+
+    /// Waits up to `timeout` for `offset` to become readable.
+    pub fn wait_for(&self, partition: u32, offset: u64, timeout: Duration) -> Result<bool> {
+        Ok(self.partition(partition)?.wait_for(offset, timeout))
+    }
+
+    /// Subscribes to topology events of the whole log.
+    pub fn subscribe(&self) -> std::sync::mpsc::Receiver<TopologyEvent> {
+        self.inner.core.events.subscribe()
+    }
+
+    /// Creates the directories and empty first segments of new partitions.
+    fn create_partition_files(&self, ids: &[u32]) -> Result<Vec<Arc<Segment>>> {
+        let cfg = self.config();
+        let mut out = Vec::new();
+        for &id in ids {
+            let dir = partition_dir(&self.inner.dir, id);
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            let seg = Segment::create(
+                &dir,
+                (self.inner.id, id),
+                0,
+                cfg.segment_bytes,
+                now_ms(),
+                &*self.inner.core.hook,
+            )?;
+            seg.sync_data(&*self.inner.core.hook)?;
+            sync_dir(&dir)?;
+            out.push(Arc::new(seg));
+        }
+        sync_dir(&self.inner.dir)?;
+        Ok(out)
+    }
+
+    fn remove_partition_files(&self, ids: &[u32]) {
+        for &id in ids {
+            let _ = std::fs::remove_dir_all(partition_dir(&self.inner.dir, id));
+        }
+    }
+
+    pub(crate) fn make_partition(
+        &self,
+        id: u32,
+        seg: Vec<Arc<Segment>>,
+        start: u64,
+        end: u64,
+        sealed: bool,
+    ) -> Arc<Partition> {
+        let cfg = self.config();
+        let now = self.inner.core.clock.now_nanos();
+        let durable = seg.last().map_or((0, 64, 0), |s| {
+            (s.base_offset, s.synced_pos(), s.base_offset)
+        });
+        let p = Partition::new(
+            PartitionParams {
+                topic: self.inner.name.clone(),
+                topic_id: self.inner.id,
+                id,
+                dir: partition_dir(&self.inner.dir, id),
+                segment_bytes: cfg.segment_bytes,
+                index_interval: u64::from(cfg.index_interval_bytes),
+                max_record_bytes: cfg.effective_max_record_bytes(),
+            },
+            seg,
+            sealed,
+            durable,
+            RateTracker::new(&crate::balance::DEFAULT_WINDOWS, now),
+            LoadMap::new(start, end, now),
+            self.inner.core.hook.clone(),
+            self.inner.core.clock.clone(),
+        );
+        Arc::new(p)
+    }
+
+    /// Splits an active partition: children are created first, then one
+    /// durable manifest record commits the split while appends to the
+    /// parent wait (only for that commit). Returns the children, in range order.
+    pub fn split(&self, partition: u32, plan: SplitPlan) -> Result<Vec<u32>> {
+        self.inner.core.check_open()?;
+        let _change = self.inner.change.lock();
+        let (start, end, parent) = {
+            let st = self.inner.state.read();
+            let n = st
+                .nodes
+                .get(&partition)
+                .ok_or_else(|| Error::UnknownPartition {
+                    topic: self.name().into(),
+                    partition,
+                })?;
+            if n.rec.state != PartitionState::Active {
+                return Err(Error::Refused(format!("partition {partition} is sealed")));
+            }
+            (n.rec.start, n.rec.end, n.part.clone())
+        };
+        let ranges = split_ranges(start, end, plan, &parent)?;
+        let max = self.config().balance.max_partitions as usize;
+        let active = self.inner.state.read().routes.len();
+        if active - 1 + ranges.len() > max {
+            return Err(Error::Refused(format!(
+                "split would exceed max_partitions ({max})"
+            )));
+        }
+        let first_id = self.next_partition_id();
+        let ids: Vec<u32> = (0..ranges.len() as u32).map(|i| first_id + i).collect();
+        let segs = self.create_partition_files(&ids)?;
+        let created = now_ms();
+        let children: Vec<PartitionRecord> = ids
+            .iter()
+            .zip(&ranges)
+            .map(|(&id, &(s, e))| PartitionRecord {
+                id,
+                start: s,
+                end: e,
+                parents: vec![partition],
+                state: PartitionState::Active,
+                created_ms: created,
+            })
+            .collect();
+        let core = self.inner.core.clone();
+        let result = parent.seal_with(|seal_offset| {
+            let mut topo = core.topology.lock();
+            let rec = ManifestRecord::Split {
+                topic_id: self.inner.id,
+                parent: partition,
+                seal_offset,
+                children: children.clone(),
+            };
+            core.commit(&mut topo, rec)?;
+            drop(topo);
+            self.install_children(&[(partition, seal_offset)], &children, segs.clone());
+            Ok(seal_offset)
+        });
+        match result {
+            Ok(seal_offset) => {
+                core.events.emit(TopologyEvent::Split {
+                    topic: self.name().into(),
+                    parent: partition,
+                    seal_offset,
+                    children: ids.clone(),
+                });
+                Ok(ids)
+            }
+            Err(e) => {
+                drop(segs);
+                self.remove_partition_files(&ids);
+                Err(e)
+            }
+        }
+    }
+
+    /// Merges two active partitions with adjacent ranges into one child.
+    pub fn merge(&self, a: u32, b: u32) -> Result<u32> {
+        self.inner.core.check_open()?;
+        let _change = self.inner.change.lock();
+        let (left, right) = {
+            let st = self.inner.state.read();
+            let get = |id: u32| -> Result<&Node> {
+                let n = st.nodes.get(&id).ok_or_else(|| Error::UnknownPartition {
+                    topic: self.name().into(),
+                    partition: id,
+                })?;
+                if n.rec.state != PartitionState::Active {
+                    return Err(Error::Refused(format!("partition {id} is sealed")));
+                }
+                Ok(n)
+            };
+            let (na, nb) = (get(a)?, get(b)?);
+            let (l, r) = if na.rec.start < nb.rec.start {
+                (na, nb)
+            } else {
+                (nb, na)
+            };
+            if l.rec.end.checked_add(1) != Some(r.rec.start) {
+                return Err(Error::Refused(format!(
+                    "partitions {a} and {b} do not have adjacent ranges"
+                )));
+            }
+            let min = self.config().balance.min_partitions as usize;
+            if st.routes.len() - 1 < min {
+                return Err(Error::Refused(format!(
+                    "merge would go below min_partitions ({min})"
+                )));
+            }
+            (
+                (l.rec.id, l.rec.start, l.part.clone()),
+                (r.rec.id, r.rec.end, r.part.clone()),
+            )
+        };
+        let id = self.next_partition_id();
+        let segs = self.create_partition_files(&[id])?;
+        let child = PartitionRecord {
+            id,
+            start: left.1,
+            end: right.1,
+            parents: vec![left.0, right.0],
+            state: PartitionState::Active,
+            created_ms: now_ms(),
+        };
+        let core = self.inner.core.clone();
+        let result = left.2.seal_with(|lend| {
+            right.2.seal_with(|rend| {
+                let mut topo = core.topology.lock();
+                let parents = vec![(left.0, lend), (right.0, rend)];
+                core.commit(
+                    &mut topo,
+                    ManifestRecord::Merge {
+                        topic_id: self.inner.id,
+                        parents: parents.clone(),
+                        child: child.clone(),
+                    },
+                )?;
+                drop(topo);
+                self.install_children(&parents, std::slice::from_ref(&child), segs.clone());
+                Ok(parents)
+            })
+        });
+        match result {
+            Ok(parents) => {
+                core.events.emit(TopologyEvent::Merge {
+                    topic: self.name().into(),
+                    parents,
+                    child: id,
+                });
+                Ok(id)
+            }
+            Err(e) => {
+                drop(segs);
+                self.remove_partition_files(&[id]);
+                Err(e)
+            }
+        }
+    }
+
+    fn next_partition_id(&self) -> u32 {
+        let topo = self.inner.core.topology.lock();
+        topo.state
+            .topics
+            .iter()
+            .find(|t| t.id == self.inner.id)
+            .map_or(0, |t| t.next_partition_id)
+    }
+
+    /// Updates the in-memory topology after a committed split or merge.
+    fn install_children(
+        &self,
+        parents: &[(u32, u64)],
+        children: &[PartitionRecord],
+        segs: Vec<Arc<Segment>>,
+    ) {
+        let now = self.inner.core.clock.now_nanos();
+        let parts: Vec<Arc<Partition>> = children
+            .iter()
+            .zip(segs)
+            .map(|(c, s)| self.make_partition(c.id, vec![s], c.start, c.end, false))
+            .collect();
+        let mut st = self.inner.state.write();
+        for &(pid, end_offset) in parents {
+            if let Some(n) = st.nodes.get_mut(&pid) {
+                n.rec.state = PartitionState::Sealed { end_offset };
+                n.children.extend(children.iter().map(|c| c.id));
+                n.part.mark_sealed();
+                let start = n.rec.start;
+                st.routes.remove(&start);
+            }
+        }
+        for (c, p) in children.iter().zip(parts) {
+            st.routes.insert(c.start, c.id);
+            st.nodes.insert(
+                c.id,
+                Node {
+                    rec: c.clone(),
+                    children: Vec::new(),
+                    part: p,
+                    last_change_nanos: now,
+                    hot_key_reported: false,
+                },
+            );
+        }
+    }
+}
+
+/// Children ranges for a split plan.
+fn split_ranges(
+    start: u64,
+    end: u64,
+    plan: SplitPlan,
+    parent: &Partition,
+) -> Result<Vec<(u64, u64)>> {
+    if start == end {
+        return Err(Error::Refused(
+            "a partition of a single hash value cannot be split (it carries one hot key)".into(),
+        ));
+    }
+    let mid = start + (end - start) / 2;
+    let at = match plan {
+        SplitPlan::At(at) => at,
+        SplitPlan::Even => mid,
+        SplitPlan::LoadMedian => parent.with_writer(|w| w.load.split_point()).unwrap_or(mid),
+        SplitPlan::IsolateHash(h) => {
+            if h < start || h > end {
+                return Err(Error::Refused(format!(
+                    "hash {h:#x} is outside the partition's range"
+                )));
+            }
+            let mut v = Vec::new();
+            if h > start {
+                v.push((start, h - 1));
+            }
+            v.push((h, h));
+            if h < end {
+                v.push((h + 1, end));
+            }
+            return Ok(v);
+        }
+    };
+    if at < start || at >= end {
+        return Err(Error::Refused(format!(
+            "split point {at:#x} is not inside [{start:#x}, {end:#x})"
+        )));
+    }
+    Ok(vec![(start, at), (at + 1, end)])
+}

@@ -1,0 +1,257 @@
+//! The manifest on disk: journal + snapshot, replay and compaction.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::config::RecoveryMode;
+use crate::error::{Error, IoContext, Result};
+use crate::format::manifest::{self as fmt, JournalTail, ManifestRecord, ManifestState};
+use crate::storage::fault::{IoHook, IoOp};
+use crate::storage::segment::read_optional;
+use crate::storage::sync_dir;
+use crate::topology::model;
+
+/// Journal file name.
+pub const JOURNAL_FILE: &str = "manifest.log";
+/// Snapshot file name.
+pub const SNAPSHOT_FILE: &str = "manifest.snap";
+
+/// What replaying the manifest found.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ManifestReport {
+    /// Records replayed from the journal.
+    pub records_replayed: u64,
+    /// Torn tail cut off the journal (position, reason).
+    pub torn_tail: Option<(u64, String)>,
+    /// Corruption cut off the journal under truncate/salvage (position, reason).
+    pub corruption_truncated: Option<(u64, String)>,
+    /// Whether a snapshot was loaded.
+    pub snapshot_loaded: bool,
+}
+
+/// The open manifest.
+#[derive(Debug)]
+pub struct Manifest {
+    dir: PathBuf,
+    journal: File,
+    seq: u64,
+    since_snapshot: u32,
+}
+
+fn load_snapshot(path: &Path) -> Result<Option<(u64, ManifestState)>> {
+    let Some(buf) = read_optional(path)? else {
+        return Ok(None);
+    };
+    fmt::check_file_header(&buf, fmt::SNAPSHOT_MAGIC).map_err(|e| Error::corruption(path, 0, e))?;
+    let frame = fmt::decode_frame(&buf[fmt::MANIFEST_HEADER_LEN..])
+        .map_err(|e| Error::corruption(path, fmt::MANIFEST_HEADER_LEN as u64, e))?;
+    let state: ManifestState = serde_json::from_slice(frame.payload).map_err(|e| {
+        Error::corruption(
+            path,
+            fmt::MANIFEST_HEADER_LEN as u64,
+            format!("snapshot payload: {e}"),
+        )
+    })?;
+    model::check_state(&state)
+        .map_err(|e| Error::corruption(path, fmt::MANIFEST_HEADER_LEN as u64, e))?;
+    Ok(Some((frame.seq, state)))
+}
+
+/// Replays snapshot + journal bytes into a state (pure; used by open and the fuzzer).
+pub fn replay(
+    snapshot: Option<(u64, ManifestState)>,
+    journal: &[u8],
+    journal_path: &Path,
+    mode: RecoveryMode,
+) -> Result<(ManifestState, u64, u64, ManifestReport)> {
+    let mut report = ManifestReport {
+        snapshot_loaded: snapshot.is_some(),
+        ..Default::default()
+    };
+    let (snap_seq, mut state) = snapshot.unwrap_or_default();
+    let decoded =
+        fmt::decode_journal(journal).map_err(|e| Error::corruption(journal_path, 0, e))?;
+    let mut seq = snap_seq;
+    let mut valid_end = decoded.valid_end;
+    for (pos, frame) in &decoded.frames {
+        if frame.seq <= snap_seq {
+            continue;
+        }
+        let rec: ManifestRecord = serde_json::from_slice(frame.payload)
+            .map_err(|e| Error::corruption(journal_path, *pos, format!("manifest record: {e}")))?;
+        if let Err(e) = model::apply(&mut state, &rec) {
+            // A CRC-valid record that does not apply is damage, not a torn write.
+            if mode == RecoveryMode::Strict {
+                return Err(Error::corruption(
+                    journal_path,
+                    *pos,
+                    format!("manifest record does not apply: {e}"),
+                ));
+            }
+            report.corruption_truncated = Some((*pos, e));
+            valid_end = *pos;
+            break;
+        }
+        seq = frame.seq;
+        report.records_replayed += 1;
+    }
+    match decoded.tail {
+        JournalTail::Clean => {}
+        JournalTail::Torn { position, reason } => {
+            report.torn_tail = Some((position, reason.to_string()))
+        }
+        JournalTail::Corrupt {
+            position, reason, ..
+        } => {
+            if mode == RecoveryMode::Strict {
+                return Err(Error::corruption(
+                    journal_path,
+                    position,
+                    format!("{reason}, and valid records follow"),
+                ));
+            }
+            if report.corruption_truncated.is_none() {
+                report.corruption_truncated = Some((position, reason.to_string()));
+            }
+        }
+    }
+    Ok((state, seq, valid_end, report))
+}
+
+impl Manifest {
+    /// Whether `dir` holds a manifest.
+    pub fn exists(dir: &Path) -> bool {
+        dir.join(JOURNAL_FILE).exists() || dir.join(SNAPSHOT_FILE).exists()
+    }
+
+    /// Creates an empty manifest (new log).
+    pub fn create(dir: &Path) -> Result<Manifest> {
+        let path = dir.join(JOURNAL_FILE);
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .at(&path)?;
+        f.write_all(&fmt::encode_file_header(fmt::JOURNAL_MAGIC))
+            .at(&path)?;
+        f.sync_all().at(&path)?;
+        sync_dir(dir)?;
+        Ok(Manifest {
+            dir: dir.to_path_buf(),
+            journal: f,
+            seq: 0,
+            since_snapshot: 0,
+        })
+    }
+
+    /// Opens and replays. `read_only` leaves a torn tail in place.
+    pub fn open(
+        dir: &Path,
+        mode: RecoveryMode,
+        read_only: bool,
+    ) -> Result<(Manifest, ManifestState, ManifestReport)> {
+        let path = dir.join(JOURNAL_FILE);
+        let snapshot = load_snapshot(&dir.join(SNAPSHOT_FILE))?;
+        let buf = match read_optional(&path)? {
+            Some(b) => b,
+            None if snapshot.is_some() => fmt::encode_file_header(fmt::JOURNAL_MAGIC).to_vec(),
+            None => {
+                return Err(Error::NotALog {
+                    path: dir.to_path_buf(),
+                })
+            }
+        };
+        let (state, seq, valid_end, report) = replay(snapshot, &buf, &path, mode)?;
+        let f = OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .create(!read_only)
+            .truncate(false)
+            .open(&path)
+            .at(&path)?;
+        if !read_only && (valid_end as usize) < buf.len() {
+            // Cut the torn tail (and zero nothing: the file shrinks; the
+            // journal is never mapped).
+            f.set_len(valid_end).at(&path)?;
+            f.sync_all().at(&path)?;
+        }
+        if !read_only && buf.len() < fmt::MANIFEST_HEADER_LEN {
+            (&f).write_all(&fmt::encode_file_header(fmt::JOURNAL_MAGIC))
+                .at(&path)?;
+            f.sync_all().at(&path)?;
+        }
+        let since = report.records_replayed as u32;
+        Ok((
+            Manifest {
+                dir: dir.to_path_buf(),
+                journal: f,
+                seq,
+                since_snapshot: since,
+            },
+            state,
+            report,
+        ))
+    }
+
+    /// Appends one record and makes it durable: the change is committed
+    /// exactly when this returns Ok.
+    pub fn commit(&mut self, rec: &ManifestRecord, hook: &dyn IoHook) -> Result<()> {
+        let path = self.dir.join(JOURNAL_FILE);
+        let payload = serde_json::to_vec(rec).map_err(|e| Error::InvalidConfig(e.to_string()))?;
+        let frame = fmt::encode_frame(self.seq + 1, &payload);
+        hook.before(IoOp::WriteManifest, &path).at(&path)?;
+        let len = self.journal.metadata().at(&path)?.len();
+        use std::os::unix::fs::FileExt;
+        if let Err(e) = self
+            .journal
+            .write_all_at(&frame, len)
+            .and_then(|()| self.journal.sync_data())
+        {
+            // Take the partial record back out so later commits stay contiguous.
+            let _ = self.journal.set_len(len);
+            return Err(Error::io(&path, e));
+        }
+        self.seq += 1;
+        self.since_snapshot += 1;
+        Ok(())
+    }
+
+    /// Whether the journal is long enough to compact.
+    pub fn wants_compaction(&self, every: u32) -> bool {
+        self.since_snapshot >= every
+    }
+
+    /// Writes a snapshot of `state` and empties the journal.
+    pub fn compact(&mut self, state: &ManifestState) -> Result<()> {
+        let snap = self.dir.join(SNAPSHOT_FILE);
+        let tmp = self.dir.join("manifest.snap.tmp");
+        let payload = serde_json::to_vec(state).map_err(|e| Error::InvalidConfig(e.to_string()))?;
+        let mut bytes = fmt::encode_file_header(fmt::SNAPSHOT_MAGIC).to_vec();
+        bytes.extend(fmt::encode_frame(self.seq, &payload));
+        write_durable(&tmp, &bytes)?;
+        std::fs::rename(&tmp, &snap).at(&snap)?;
+        sync_dir(&self.dir)?;
+        // Records up to `seq` are in the snapshot; a crash before the journal
+        // is replaced replays them as already applied (their seq is <= seq).
+        let jtmp = self.dir.join("manifest.log.tmp");
+        write_durable(&jtmp, &fmt::encode_file_header(fmt::JOURNAL_MAGIC))?;
+        let jpath = self.dir.join(JOURNAL_FILE);
+        std::fs::rename(&jtmp, &jpath).at(&jpath)?;
+        sync_dir(&self.dir)?;
+        self.journal = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&jpath)
+            .at(&jpath)?;
+        self.since_snapshot = 0;
+        Ok(())
+    }
+}
+
+fn write_durable(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = File::create(path).at(path)?;
+    f.write_all(bytes).at(path)?;
+    f.sync_all().at(path)
+}

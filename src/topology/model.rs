@@ -1,0 +1,206 @@
+//! The topology as data: applying manifest records to a [`ManifestState`]
+//! with every invariant checked (pure; the fuzzer replays arbitrary
+//! manifests through it).
+
+use crate::format::manifest::{
+    ManifestRecord, ManifestState, PartitionRecord, PartitionState, TopicRecord,
+};
+
+/// Checks a topic's partitions: unique ids below `next_partition_id`,
+/// well-formed ranges, parents known or removed, and active ranges tiling
+/// `[0, u64::MAX]` exactly.
+pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
+    crate::topic_name::validate(&t.name).map_err(|e| e.to_string())?;
+    let mut ids: Vec<u32> = t.partitions.iter().map(|p| p.id).collect();
+    ids.sort_unstable();
+    if ids.windows(2).any(|w| w[0] == w[1]) {
+        return Err(format!("topic {}: duplicate partition id", t.name));
+    }
+    if ids.last().is_some_and(|&m| m >= t.next_partition_id) {
+        return Err(format!(
+            "topic {}: partition id not below next_partition_id",
+            t.name
+        ));
+    }
+    for p in &t.partitions {
+        if p.start > p.end {
+            return Err(format!(
+                "topic {}: partition {} has an empty range",
+                t.name, p.id
+            ));
+        }
+        if p.parents.len() > 2 || p.parents.iter().any(|&q| q >= p.id) {
+            return Err(format!(
+                "topic {}: partition {} has invalid parents",
+                t.name, p.id
+            ));
+        }
+    }
+    let mut active: Vec<&PartitionRecord> = t
+        .partitions
+        .iter()
+        .filter(|p| p.state == PartitionState::Active)
+        .collect();
+    active.sort_by_key(|p| p.start);
+    let mut next: Option<u64> = Some(0);
+    for p in &active {
+        if Some(p.start) != next {
+            return Err(format!(
+                "topic {}: active ranges do not tile the hash space at {}",
+                t.name, p.start
+            ));
+        }
+        next = p.end.checked_add(1);
+    }
+    if next.is_some() {
+        return Err(format!(
+            "topic {}: active ranges do not reach the end of the hash space",
+            t.name
+        ));
+    }
+    Ok(())
+}
+
+fn topic_mut(state: &mut ManifestState, id: u32) -> Result<&mut TopicRecord, String> {
+    state
+        .topics
+        .iter_mut()
+        .find(|t| t.id == id)
+        .ok_or_else(|| format!("unknown topic id {id}"))
+}
+
+fn seal(t: &mut TopicRecord, id: u32, end_offset: u64) -> Result<(u64, u64), String> {
+    let p = t
+        .partitions
+        .iter_mut()
+        .find(|p| p.id == id)
+        .ok_or_else(|| format!("unknown partition {id}"))?;
+    if p.state != PartitionState::Active {
+        return Err(format!("partition {id} is already sealed"));
+    }
+    p.state = PartitionState::Sealed { end_offset };
+    Ok((p.start, p.end))
+}
+
+fn add_children(t: &mut TopicRecord, children: &[PartitionRecord]) -> Result<(), String> {
+    for c in children {
+        if c.id < t.next_partition_id || c.state != PartitionState::Active {
+            return Err(format!("child partition {} is not new and active", c.id));
+        }
+        t.next_partition_id = c.id + 1;
+        t.partitions.push(c.clone());
+    }
+    Ok(())
+}
+
+/// Applies one record; on error `state` is unchanged.
+pub fn apply(state: &mut ManifestState, rec: &ManifestRecord) -> Result<(), String> {
+    let mut next = state.clone();
+    apply_in_place(&mut next, rec)?;
+    *state = next;
+    Ok(())
+}
+
+fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result<(), String> {
+    match rec {
+        ManifestRecord::CreateTopic(t) => {
+            if t.id < state.next_topic_id || state.topics.iter().any(|x| x.name == t.name) {
+                return Err(format!("topic {} reuses an id or a name", t.name));
+            }
+            check_topic(t)?;
+            state.next_topic_id = t.id + 1;
+            state.topics.push(t.clone());
+        }
+        ManifestRecord::DeleteTopic { topic_id } => {
+            let before = state.topics.len();
+            state.topics.retain(|t| t.id != *topic_id);
+            if state.topics.len() == before {
+                return Err(format!("unknown topic id {topic_id}"));
+            }
+        }
+        ManifestRecord::Split {
+            topic_id,
+            parent,
+            seal_offset,
+            children,
+        } => {
+            let t = topic_mut(state, *topic_id)?;
+            let (start, end) = seal(t, *parent, *seal_offset)?;
+            let mut sorted = children.clone();
+            sorted.sort_by_key(|c| c.start);
+            if sorted.len() < 2
+                || sorted.first().map(|c| c.start) != Some(start)
+                || sorted.last().map(|c| c.end) != Some(end)
+                || sorted
+                    .windows(2)
+                    .any(|w| w[0].end.checked_add(1) != Some(w[1].start))
+                || children.iter().any(|c| c.parents != [*parent])
+            {
+                return Err(format!(
+                    "split children of partition {parent} do not tile its range"
+                ));
+            }
+            add_children(t, children)?;
+            check_topic(t)?;
+        }
+        ManifestRecord::Merge {
+            topic_id,
+            parents,
+            child,
+        } => {
+            let t = topic_mut(state, *topic_id)?;
+            if parents.len() != 2 || child.parents != [parents[0].0, parents[1].0] {
+                return Err("a merge has exactly two parents, named by the child".into());
+            }
+            let a = seal(t, parents[0].0, parents[0].1)?;
+            let b = seal(t, parents[1].0, parents[1].1)?;
+            if a.1.checked_add(1) != Some(b.0) || child.start != a.0 || child.end != b.1 {
+                return Err(
+                    "merged partitions are not adjacent or the child range is wrong".into(),
+                );
+            }
+            add_children(t, std::slice::from_ref(child))?;
+            check_topic(t)?;
+        }
+        ManifestRecord::RemovePartition {
+            topic_id,
+            partition,
+        } => {
+            let t = topic_mut(state, *topic_id)?;
+            let i = t
+                .partitions
+                .iter()
+                .position(|p| p.id == *partition)
+                .ok_or_else(|| format!("unknown partition {partition}"))?;
+            if t.partitions[i].state == PartitionState::Active {
+                return Err(format!(
+                    "partition {partition} is active and cannot be removed"
+                ));
+            }
+            t.partitions.remove(i);
+        }
+        ManifestRecord::UpdateConfig { topic_id, config } => {
+            topic_mut(state, *topic_id)?.config = config.clone();
+        }
+    }
+    Ok(())
+}
+
+/// Checks a whole state (a snapshot) for consistency.
+pub fn check_state(state: &ManifestState) -> Result<(), String> {
+    let mut names: Vec<&str> = state.topics.iter().map(|t| t.name.as_str()).collect();
+    names.sort_unstable();
+    if names.windows(2).any(|w| w[0] == w[1]) {
+        return Err("duplicate topic name".into());
+    }
+    for t in &state.topics {
+        if t.id >= state.next_topic_id {
+            return Err(format!(
+                "topic {} has an id not below next_topic_id",
+                t.name
+            ));
+        }
+        check_topic(t)?;
+    }
+    Ok(())
+}

@@ -148,7 +148,7 @@ impl Default for LogOptions {
             use_io_uring: true,
             manifest_compact_records: 1000,
             balancer: true,
-            clock: std::sync::Arc::new(crate::balance::SystemClock::default()),
+            clock: std::sync::Arc::new(crate::balance::SystemClock),
         }
     }
 }

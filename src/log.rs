@@ -255,7 +255,13 @@ impl Log {
                 )?;
                 seg.sync_data(&*self.core.hook)?;
                 sync_dir(&pdir)?;
-                let part = topic.make_partition(p.id, vec![Arc::new(seg)], p.start, p.end, false);
+                let part = topic.make_partition(
+                    p.id,
+                    vec![Arc::new(seg)],
+                    (p.start, p.end),
+                    false,
+                    (0, 64, 0),
+                );
                 st.routes.insert(p.start, p.id);
                 st.nodes.insert(
                     p.id,
@@ -384,6 +390,8 @@ impl Log {
             return Ok(());
         }
         if let Some(h) = self.background.take() {
+            // Wake it from its nap so closing does not wait for it.
+            h.thread().unpark();
             let _ = h.join();
         }
         let result = if clean {
@@ -490,7 +498,7 @@ fn load_topic(
             )?;
             segs.push(Arc::new(seg));
         }
-        let part = topic.make_partition(p.id, segs, p.start, p.end, sealed);
+        let part = topic.make_partition(p.id, segs, (p.start, p.end), sealed, chain.durable);
         if let Some(c) = cps.get(&(rec.id, p.id)) {
             let snap = crate::balance::RateSnapshot {
                 windows: c
@@ -530,7 +538,7 @@ fn load_topic(
                 children: vec![],
                 part,
                 last_change_nanos: now,
-                hot_key_reported: p.start == p.end && false,
+                hot_key_reported: false,
             },
         );
     }
@@ -612,7 +620,8 @@ fn spawn_background(core: Weak<Core>, balancer: bool) -> std::thread::JoinHandle
             let mut last_retention = Instant::now();
             let mut last_balance: HashMap<u32, Instant> = HashMap::new();
             loop {
-                std::thread::sleep(Duration::from_millis(20));
+                // Parked rather than asleep: shutdown unparks it at once.
+                std::thread::park_timeout(Duration::from_millis(20));
                 let Some(core) = core.upgrade() else { return };
                 if core.closed.load(Ordering::Acquire) {
                     return;

@@ -54,6 +54,12 @@ pub struct Partition {
     poisoned: Mutex<Option<String>>,
     dir_dirty: AtomicBool,
     durable: Mutex<DurablePos>,
+    /// Segment bases named by the last two checkpoints written (the newest
+    /// valid checkpoint on disk is one of them). Retention keeps these
+    /// segments and everything after them: deleting a segment a checkpoint
+    /// calls durable would let a crash lose synced offsets that no remaining
+    /// file can account for.
+    checkpointed_bases: Mutex<(u64, u64)>,
     tail_lock: Mutex<()>,
     tail_cv: Condvar,
     waiters: AtomicUsize,
@@ -64,7 +70,8 @@ pub struct Partition {
 /// Capture of a partition's unsynced state for one sync round.
 #[derive(Debug)]
 pub(crate) struct SyncCapture {
-    pub segments: Vec<(Arc<Segment>, u64)>,
+    /// Segments to sync: (segment, committed position, sealed at capture).
+    pub segments: Vec<(Arc<Segment>, u64, bool)>,
     pub sync_dir: bool,
     pub pos: DurablePos,
 }
@@ -78,6 +85,10 @@ pub(crate) fn now_ms() -> i64 {
 impl Partition {
     /// Assembles a partition from recovered segments (oldest first, the last
     /// one takes appends unless `sealed`).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "assembled in one place from recovery's parts"
+    )]
     pub(crate) fn new(
         p: PartitionParams,
         segments: Vec<Arc<Segment>>,
@@ -105,6 +116,7 @@ impl Partition {
             sealed: AtomicBool::new(sealed),
             poisoned: Mutex::new(None),
             dir_dirty: AtomicBool::new(false),
+            checkpointed_bases: Mutex::new((durable.0, durable.0)),
             durable: Mutex::new(DurablePos {
                 segment_base: durable.0,
                 position: durable.1,
@@ -383,9 +395,12 @@ impl Partition {
         let segments = self.segments();
         let mut out = Vec::new();
         for s in segments.iter().rev() {
+            // Sealed is read first: the seal bytes are in the mapping before
+            // the flag is published, so the sync below covers them.
+            let seal = s.needs_seal_sync();
             let committed = s.committed_pos();
-            if committed > s.synced_pos() {
-                out.push((s.clone(), committed));
+            if committed > s.synced_pos() || seal {
+                out.push((s.clone(), committed, seal));
             } else if s.is_sealed() {
                 break;
             }
@@ -400,8 +415,11 @@ impl Partition {
     /// Records the outcome of a sync round.
     pub(crate) fn sync_done(&self, cap: &SyncCapture, ok: bool) {
         if ok {
-            for (s, pos) in &cap.segments {
+            for (s, pos, seal) in &cap.segments {
                 s.set_synced_pos(*pos);
+                if *seal {
+                    s.set_seal_synced();
+                }
             }
             *self.durable.lock() = cap.pos;
         } else if cap.sync_dir {
@@ -412,6 +430,10 @@ impl Partition {
     /// Checkpoint entry: the durable position and the write rates.
     pub(crate) fn checkpoint_entry(&self, durable: Option<DurablePos>) -> PartitionCheckpoint {
         let d = durable.unwrap_or_else(|| *self.durable.lock());
+        {
+            let mut bases = self.checkpointed_bases.lock();
+            *bases = (bases.1, d.segment_base);
+        }
         let now = self.clock.now_nanos();
         let rates = self.writer.lock().rates.snapshot(now);
         PartitionCheckpoint {
@@ -445,13 +467,19 @@ impl Partition {
         let mut total: u64 = v.iter().map(|s| s.committed_pos()).sum();
         // The segment being written never goes (an empty sealed partition does).
         let keep_last = !self.is_sealed();
+        // A sealed partition's end is in the manifest, so only an active one
+        // needs the checkpointed floor.
+        let floor = {
+            let bases = self.checkpointed_bases.lock();
+            bases.0.min(bases.1)
+        };
         while v.len() > usize::from(keep_last) {
             let s = &v[0];
             let expired = age.is_some_and(|a| {
                 s.max_timestamp() != i64::MIN && now_ms - s.max_timestamp() > a.as_millis() as i64
             });
             let too_big = bytes.is_some_and(|b| total > b);
-            if !(expired || too_big) || !s.is_sealed() && keep_last {
+            if !(expired || too_big) || keep_last && (!s.is_sealed() || s.base_offset >= floor) {
                 break;
             }
             total -= s.committed_pos();

@@ -441,19 +441,18 @@ impl Topic {
         }
     }
 
+    /// Builds a partition over `seg`; `durable` is (segment base, byte
+    /// position, end offset) known to be on disk.
     pub(crate) fn make_partition(
         &self,
         id: u32,
         seg: Vec<Arc<Segment>>,
-        start: u64,
-        end: u64,
+        (start, end): (u64, u64),
         sealed: bool,
+        durable: (u64, u64, u64),
     ) -> Arc<Partition> {
         let cfg = self.config();
         let now = self.inner.core.clock.now_nanos();
-        let durable = seg.last().map_or((0, 64, 0), |s| {
-            (s.base_offset, s.synced_pos(), s.base_offset)
-        });
         let p = Partition::new(
             PartitionParams {
                 topic: self.inner.name.clone(),
@@ -654,7 +653,7 @@ impl Topic {
         let parts: Vec<Arc<Partition>> = children
             .iter()
             .zip(segs)
-            .map(|(c, s)| self.make_partition(c.id, vec![s], c.start, c.end, false))
+            .map(|(c, s)| self.make_partition(c.id, vec![s], (c.start, c.end), false, (0, 64, 0)))
             .collect();
         let mut st = self.inner.state.write();
         for &(pid, end_offset) in parents {

@@ -123,7 +123,9 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
             Ok(x) => x,
             Err(e) if durable_segment || cp_segment.is_some() => {
                 let what = format!("unreadable segment in synced data: {e}");
-                match corrupt(p, &path, 0, what, &mut out)? {
+                let decision = corrupt(p, &path, 0, what, &mut out)?;
+                set_aside(&path, p.mode.write, report)?;
+                match decision {
                     Decision::Continue => continue,
                     Decision::Cut => {
                         cut = true;
@@ -150,7 +152,9 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                 info.base_offset,
                 path.display()
             );
-            match corrupt(p, &path, 0, what, &mut out)? {
+            let decision = corrupt(p, &path, 0, what, &mut out)?;
+            set_aside(&path, p.mode.write, report)?;
+            match decision {
                 Decision::Continue => continue,
                 Decision::Cut => {
                     cut = true;
@@ -160,11 +164,36 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
         }
         if let Some(exp) = expected {
             if base != exp {
-                if base > exp && p.mode.recovery == RecoveryMode::Salvage {
+                if !durable_segment && cp_segment.is_none() {
+                    // Written after the last checkpointed sync: the previous
+                    // segment's unsynced tail was lost, so this one is too.
+                    delete_segment(&path, p.mode.write, "follows a torn tail", report)?;
+                    cut = true;
+                    continue;
+                } else if base > exp
+                    && p.mode.recovery != RecoveryMode::Salvage
+                    && out.segments.iter().all(|s| s.is_sealed())
+                {
+                    // Retention deletes the oldest sealed segments first, but
+                    // unlinks are not ordered on disk until the directory is
+                    // synced: a crash may bring back an older segment while a
+                    // newer deleted one stays gone. Everything before the gap
+                    // is such a resurrected retention leftover; drop it.
+                    for old in std::mem::take(&mut out.segments) {
+                        delete_segment(
+                            old.path(),
+                            p.mode.write,
+                            "resurrected by a crash after retention deleted later segments",
+                            report,
+                        )?;
+                    }
+                } else if base > exp && p.mode.recovery == RecoveryMode::Salvage {
                     out.holes.push((exp, base));
                 } else {
                     let what = format!("segment starts at offset {base}, expected {exp}");
-                    match corrupt(p, &path, 0, what, &mut out)? {
+                    let decision = corrupt(p, &path, 0, what, &mut out)?;
+                    set_aside(&path, p.mode.write, report)?;
+                    match decision {
                         Decision::Continue => continue,
                         Decision::Cut => {
                             cut = true;
@@ -181,7 +210,14 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                 (end_pos, end_offset, true)
             } else {
                 let (from_pos, from_offset, durable_until) = match (durable_segment, cp_segment) {
-                    (true, _) => (SEGMENT_HEADER_LEN as u64, base, seg.capacity()),
+                    // A rolled segment's data ends at its seal: the slack
+                    // after it is never written, so zeros there are the end.
+                    (true, _) => (
+                        SEGMENT_HEADER_LEN as u64,
+                        base,
+                        info.seal
+                            .map_or(seg.capacity(), |s| s.1.min(seg.capacity())),
+                    ),
                     (false, Some(c)) if !p.mode.full_scan && c.position <= seg.capacity() => {
                         (c.position, c.end_offset, c.position)
                     }
@@ -268,7 +304,10 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                         cut = true;
                     }
                 }
-                if cut && p.mode.write {
+                // Past the synced region, stale bytes may lie beyond the end
+                // (unsynced batches a crash half kept): clear them so they can
+                // never validate after later appends.
+                if p.mode.write && (cut || !p.clean) {
                     seg.clear_tail(outcome.end_pos)?;
                 }
                 if from_pos == SEGMENT_HEADER_LEN as u64 {
@@ -298,6 +337,14 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
         }
         expected = Some(end_offset);
         out.segments.push(seg);
+    }
+    if p.mode.write {
+        // Every segment but the last was rolled: make sure its header says
+        // so (a crash may have kept the next segment but not the seal).
+        let n = out.segments.len();
+        for seg in out.segments.iter_mut().take(n.saturating_sub(1)) {
+            seg.seal_recovered();
+        }
     }
     if cp.is_some_and(|c| {
         out.segments
@@ -363,6 +410,28 @@ fn delete_segment(
         path,
         FileAction::DeletedSegment {
             reason: reason.to_string(),
+        },
+    );
+    Ok(())
+}
+
+/// Moves a segment that repair leaves out of the chain to
+/// `<name>.seg.damaged` (kept for inspection, as Redpanda's
+/// `.cannotrecover`), so the next open does not trip over it again (C7).
+fn set_aside(path: &Path, write: bool, report: &mut RecoveryReport) -> Result<()> {
+    if !write {
+        return Ok(());
+    }
+    let to = path.with_extension("seg.damaged");
+    std::fs::rename(path, &to).at(path)?;
+    let _ = std::fs::remove_file(path.with_extension("idx"));
+    if let Some(dir) = path.parent() {
+        crate::storage::sync_dir(dir)?;
+    }
+    report.add(
+        path,
+        FileAction::DeletedSegment {
+            reason: format!("damaged; moved to {}", to.display()),
         },
     );
     Ok(())

@@ -2,9 +2,12 @@
 //! Pure: works on a byte slice, so the fuzzer and the tests call it directly.
 
 use crate::config::RecoveryMode;
-use crate::format::batch::{self, BatchError, BATCH_HEADER_LEN};
+use crate::format::batch::{self, BATCH_HEADER_LEN};
 use crate::format::index::IndexEntry;
 use crate::format::segment::SEGMENT_HEADER_LEN;
+
+/// Bytes examined after the end of valid data past the synced region.
+pub const TORN_LOOKAHEAD: usize = 64 * 1024;
 
 /// Where and why a scan stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,28 +130,30 @@ pub fn scan_segment(file: &[u8], p: &ScanParams) -> ScanOutcome {
             }
             Err(e) => e,
         };
-        let at_end = rest.iter().all(|&b| b == 0);
-        if at_end && pos >= p.durable_until {
-            return out;
-        }
-        if matches!(err, BatchError::ShortHeader | BatchError::Zeroed)
-            && rest.is_empty()
-            && pos >= p.durable_until
-        {
-            return out;
-        }
-        let next = find_next_valid(file, pos + 1, out.end_offset);
         if pos >= p.durable_until {
+            // Past the synced region: zeros are the end of data; anything
+            // else is a torn write. Only a bounded window is examined, so a
+            // large preallocated segment costs nothing at open.
+            let window = &rest[..rest.len().min(TORN_LOOKAHEAD)];
+            if window.iter().all(|&b| b == 0) {
+                return out;
+            }
+            let window_end = (pos as usize + TORN_LOOKAHEAD).min(file.len());
+            let later = find_next_valid(&file[..window_end], pos + 1, out.end_offset);
             out.stop = ScanStop::Torn {
                 position: pos,
                 reason: err.to_string(),
-                later_valid: next.is_some(),
+                later_valid: later.is_some(),
             };
             return out;
         }
+        let next = find_next_valid(file, pos + 1, out.end_offset);
         match (p.mode, next) {
+            // A hole batch needs room for its header and at least one lost
+            // offset: junk before a batch at the expected offset (nothing
+            // lost) cannot be expressed as a hole, so it is cut instead.
             (RecoveryMode::Salvage, Some((npos, nbase)))
-                if npos - pos >= BATCH_HEADER_LEN as u64 =>
+                if npos - pos >= BATCH_HEADER_LEN as u64 && nbase > out.end_offset =>
             {
                 out.holes.push(HoleFix {
                     position: pos,

@@ -172,6 +172,9 @@ fn submit_chunk(
     Ok(())
 }
 
+/// Both checkpoint files, the newest valid checkpoint, and the invalid files.
+pub type OpenedCheckpoints = (CheckpointFiles, Option<Checkpoint>, Vec<(PathBuf, String)>);
+
 /// The two alternating checkpoint files.
 #[derive(Debug)]
 pub struct CheckpointFiles {
@@ -186,9 +189,7 @@ pub const CHECKPOINT_FILES: [&str; 2] = ["checkpoint.0", "checkpoint.1"];
 impl CheckpointFiles {
     /// Opens (creating when missing) both files. Returns the newest valid
     /// checkpoint and a description of each invalid file.
-    pub fn open(
-        dir: &Path,
-    ) -> Result<(CheckpointFiles, Option<Checkpoint>, Vec<(PathBuf, String)>)> {
+    pub fn open(dir: &Path) -> Result<OpenedCheckpoints> {
         let mut best: Option<Checkpoint> = None;
         let mut problems = Vec::new();
         let mut files = Vec::new();

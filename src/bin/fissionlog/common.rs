@@ -126,7 +126,11 @@ pub fn check_topic_name(name: &str) -> Result<(), Failure> {
 }
 
 /// Bytes as a JSON field: `name: "text"` when UTF-8, else `name_base64`.
-pub fn put_bytes(obj: &mut serde_json::Map<String, serde_json::Value>, name: &str, b: Option<&[u8]>) {
+pub fn put_bytes(
+    obj: &mut serde_json::Map<String, serde_json::Value>,
+    name: &str,
+    b: Option<&[u8]>,
+) {
     match b {
         None => {
             obj.insert(name.into(), serde_json::Value::Null);
@@ -172,8 +176,7 @@ pub fn hex(h: u64) -> String {
 
 /// Writes one JSON document followed by a newline.
 pub fn write_json(out: &mut impl Write, v: &impl serde::Serialize) -> Result<(), Failure> {
-    serde_json::to_writer(&mut *out, v)
-        .map_err(|e| Failure::output(std::io::Error::other(e)))?;
+    serde_json::to_writer(&mut *out, v).map_err(|e| Failure::output(std::io::Error::other(e)))?;
     writeln!(out).map_err(Failure::output)
 }
 

@@ -1,13 +1,836 @@
-//! `simulate`: placeholder until the simulation command lands.
+//! `fissionlog simulate`: the demo of the main job. Producer threads write a
+//! skewed keyed workload (Zipf over many keys, optionally one hot key) into a
+//! topic whose balancer splits hot partitions while a consumer reads the
+//! topic back with the order-keeping reader and checks per-key order,
+//! duplicates and missing records exactly.
+//!
+//! Targets: unless `--target-*` is given, a one-second calibration run in a
+//! throwaway topic measures what the producers reach on this machine, and
+//! the balancer's per-partition target is set to
+//! `measured records/s / (2 × initial partitions)`: the initial partitions
+//! then run at twice the target on average, so the hottest ones split (a
+//! topic config is fixed at creation, so calibrating inside the real topic
+//! is not possible). The Log's background thread runs the balancer every
+//! `check_interval`.
+//!
+//! Imbalance is max/mean records/s of the active partitions over the last
+//! (up to) 3 seconds of producing, from partition end-offset deltas;
+//! `imbalance_static` is the same ratio for the same records counted per
+//! initial even hash range (the range each key's hash falls in), i.e. what
+//! static partitioning into the initial partitions would have given.
 
+mod check;
+mod live;
+mod report;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use fissionlog::balance::BalancePolicy;
+use fissionlog::{Log, LogOptions, PartitionInfo, SyncPolicy, Topic, TopicConfig, TopologyEvent};
+
+use check::{consume, ConsumerShared};
+use live::{Live, LiveRow};
+use report::{window_load, EventNote, PartitionRow, PhasesReport, Report, Sample};
+use workload::{produce, write_key, Shared, Workload, VALUE_HEADER_BYTES};
+
+/// The topic the simulation writes.
+const TOPIC: &str = "simulate";
+/// The throwaway topic of the calibration run.
+const CALIBRATION_TOPIC: &str = "simulate-calibration";
+/// Length of the calibration run.
+const CALIBRATION: Duration = Duration::from_secs(1);
+/// Segment size of the simulated topic.
+const SEGMENT_BYTES: u64 = 64 << 20;
+/// How often the monitor samples partition offsets.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+/// Window of the final imbalance figures, seconds.
+const IMBALANCE_WINDOW_SECS: f64 = 3.0;
+/// Share of the surge rate the producers keep in the calm phase.
+const CALM_SHARE: f64 = 0.05;
+/// Share of the run spent in the surge with `--phases`.
+const SURGE_SHARE: f64 = 0.4;
 
 /// Arguments of `fissionlog simulate`.
 #[derive(clap::Args, Debug)]
-pub struct SimulateArgs {}
+pub struct SimulateArgs {
+    /// Log directory (default: a fresh temporary directory, removed at the
+    /// end unless --keep; a given directory is always kept).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Keep the temporary directory.
+    #[arg(long)]
+    pub keep: bool,
+    /// Seconds to produce (default 10, or 20 with --phases); ignored with --records.
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Produce exactly this many records instead of running for a time.
+    #[arg(long)]
+    pub records: Option<u64>,
+    /// Number of Zipf-distributed keys.
+    #[arg(long, default_value_t = 100_000)]
+    pub keys: u32,
+    /// Zipf exponent.
+    #[arg(long, default_value_t = 1.1)]
+    pub zipf: f64,
+    /// Share of all records carried by one extra hot key (0..1).
+    #[arg(long)]
+    pub hot_key_share: Option<f64>,
+    /// Partitions the topic is created with.
+    #[arg(long, default_value_t = 4)]
+    pub partitions: u32,
+    /// Producer threads.
+    #[arg(long, default_value_t = 2)]
+    pub producers: u32,
+    /// Bytes per value (at least 16: producer, key and sequence number).
+    #[arg(long, default_value_t = 100)]
+    pub value_bytes: usize,
+    /// Balancer target per partition, bytes/s (skips calibration).
+    #[arg(long)]
+    pub target_bytes_per_sec: Option<f64>,
+    /// Balancer target per partition, records/s (skips calibration).
+    #[arg(long)]
+    pub target_records_per_sec: Option<f64>,
+    /// Most active partitions the balancer may create.
+    #[arg(long, default_value_t = 32)]
+    pub max_partitions: u32,
+    /// A surge, then a calm phase at 5% of the surge rate (shows merges).
+    #[arg(long)]
+    pub phases: bool,
+    /// Turn the automatic balancer off (static partitioning).
+    #[arg(long)]
+    pub no_balance: bool,
+    /// Seed of the key choice (default: from the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print one JSON document instead of the live view and table.
+    #[arg(long)]
+    pub json: bool,
+}
 
-/// Runs the simulation.
-pub fn run(_args: &SimulateArgs) -> ExitCode {
-    eprintln!("simulate: not built");
-    ExitCode::from(1)
+/// Runs the simulation; exit 0 when no order violation, missing or
+/// duplicate record was found, 1 otherwise, 2 on a usage error or an
+/// unusable directory.
+pub fn run(args: &SimulateArgs) -> ExitCode {
+    let plan = match Plan::from_args(args) {
+        Ok(p) => p,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            return ExitCode::from(2);
+        }
+    };
+    let (dir, temporary) = match prepare_dir(args.dir.as_deref()) {
+        Ok(d) => d,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            return ExitCode::from(2);
+        }
+    };
+    let keep = !temporary || args.keep;
+    let result = simulate(&plan, &dir, keep);
+    if !keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    match result {
+        Ok(report) => {
+            if plan.json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => {
+                        eprintln!("error: cannot encode the report: {e}");
+                        return ExitCode::from(1);
+                    }
+                }
+            } else {
+                report.print_text();
+            }
+            if report.clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(Failure::Setup(msg)) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Run(msg)) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Why a simulation could not produce a report.
+enum Failure {
+    /// The directory or log is unusable (exit 2).
+    Setup(String),
+    /// Something failed while running (exit 1).
+    Run(String),
+}
+
+/// When the producers stop.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    After(Duration),
+    Records(u64),
+}
+
+/// Validated parameters of a run.
+#[derive(Debug, Clone)]
+struct Plan {
+    workload: Workload,
+    stop: Stop,
+    partitions: u32,
+    max_partitions: u32,
+    target_bytes_per_sec: Option<f64>,
+    target_records_per_sec: Option<f64>,
+    balance: bool,
+    phases: bool,
+    json: bool,
+}
+
+impl Plan {
+    fn from_args(a: &SimulateArgs) -> Result<Plan, String> {
+        if a.value_bytes < VALUE_HEADER_BYTES {
+            return Err(format!(
+                "--value-bytes must be at least {VALUE_HEADER_BYTES}, not {}",
+                a.value_bytes
+            ));
+        }
+        if a.value_bytes > 1 << 20 {
+            return Err(format!(
+                "--value-bytes must be at most 1 MiB, not {}",
+                a.value_bytes
+            ));
+        }
+        if a.keys == 0 || a.keys == u32::MAX {
+            return Err(format!("--keys must be between 1 and {}", u32::MAX - 1));
+        }
+        if !(a.zipf.is_finite() && a.zipf >= 0.0) {
+            return Err(format!("--zipf must be a number >= 0, not {}", a.zipf));
+        }
+        if let Some(s) = a.hot_key_share {
+            if !(s.is_finite() && (0.0..1.0).contains(&s)) {
+                return Err(format!("--hot-key-share must be in [0, 1), not {s}"));
+            }
+        }
+        if a.partitions == 0 || a.partitions > a.max_partitions.max(1) {
+            return Err(format!(
+                "--partitions must be between 1 and --max-partitions ({}), not {}",
+                a.max_partitions, a.partitions
+            ));
+        }
+        if a.producers == 0 || a.producers > 256 {
+            return Err(format!(
+                "--producers must be between 1 and 256, not {}",
+                a.producers
+            ));
+        }
+        for (name, t) in [
+            ("--target-bytes-per-sec", a.target_bytes_per_sec),
+            ("--target-records-per-sec", a.target_records_per_sec),
+        ] {
+            if let Some(t) = t {
+                if !(t.is_finite() && t > 0.0) {
+                    return Err(format!("{name} must be a positive number, not {t}"));
+                }
+            }
+        }
+        if a.phases && a.records.is_some() {
+            return Err("--phases runs for a time; it cannot be combined with --records".into());
+        }
+        let stop = match (a.records, a.seconds) {
+            (Some(0), _) => return Err("--records must be at least 1".into()),
+            (Some(n), _) => Stop::Records(n),
+            (None, Some(s)) if !(s.is_finite() && s > 0.0 && s <= 86_400.0) => {
+                return Err(format!("--seconds must be in (0, 86400], not {s}"));
+            }
+            (None, Some(s)) => Stop::After(Duration::from_secs_f64(s)),
+            (None, None) => Stop::After(Duration::from_secs(if a.phases { 20 } else { 10 })),
+        };
+        let seed = a.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+        Ok(Plan {
+            workload: Workload {
+                keys: a.keys,
+                zipf_exponent: a.zipf,
+                hot_key_share: a.hot_key_share.filter(|&s| s > 0.0),
+                value_bytes: a.value_bytes,
+                producers: a.producers,
+                seed,
+            },
+            stop,
+            partitions: a.partitions,
+            max_partitions: a.max_partitions,
+            target_bytes_per_sec: a.target_bytes_per_sec,
+            target_records_per_sec: a.target_records_per_sec,
+            balance: !a.no_balance,
+            phases: a.phases,
+            json: a.json,
+        })
+    }
+
+    fn topic_config(&self, balance: BalancePolicy) -> TopicConfig {
+        TopicConfig {
+            partitions: self.partitions,
+            segment_bytes: SEGMENT_BYTES,
+            sync: SyncPolicy::Never,
+            balance,
+            ..TopicConfig::default()
+        }
+    }
+
+    /// Whether to draw the live view.
+    fn live(&self) -> bool {
+        !self.json && std::io::stdout().is_terminal()
+    }
+}
+
+/// The directory to use and whether it is a temporary one.
+fn prepare_dir(dir: Option<&Path>) -> Result<(PathBuf, bool), String> {
+    if let Some(d) = dir {
+        return Ok((d.to_path_buf(), false));
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let d = std::env::temp_dir().join(format!(
+        "fissionlog-simulate-{}-{nanos:09}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&d)
+        .map_err(|e| format!("cannot create the temporary directory {}: {e}", d.display()))?;
+    Ok((d, true))
+}
+
+/// Opens the log, calibrates, runs, checks, closes.
+fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
+    let log = Log::open(dir, LogOptions::default())
+        .map_err(|e| Failure::Setup(format!("cannot open a log in {}: {e}", dir.display())))?;
+    for name in [TOPIC, CALIBRATION_TOPIC] {
+        if log.topics().iter().any(|t| t == name) {
+            return Err(Failure::Setup(format!(
+                "{} already holds a topic named {name}; use an empty directory",
+                dir.display()
+            )));
+        }
+    }
+    let events = log.subscribe();
+    let mut calibrated = None;
+    let (mut target_records, target_bytes) =
+        (plan.target_records_per_sec, plan.target_bytes_per_sec);
+    if plan.balance && target_records.is_none() && target_bytes.is_none() {
+        if !plan.json {
+            println!("calibrating for {} s ...", CALIBRATION.as_secs_f64());
+        }
+        let measured = calibrate(&log, plan)?;
+        calibrated = Some(measured);
+        target_records = Some((measured / (2.0 * f64::from(plan.partitions))).max(1.0));
+    }
+    let policy = BalancePolicy {
+        enabled: plan.balance,
+        target_bytes_per_sec: target_bytes,
+        target_records_per_sec: target_records,
+        min_age: Duration::from_secs(1),
+        check_interval: Duration::from_millis(250),
+        max_partitions: plan.max_partitions,
+        ..BalancePolicy::default()
+    };
+    let topic = log
+        .create_topic(TOPIC, plan.topic_config(policy))
+        .map_err(|e| Failure::Setup(format!("cannot create topic {TOPIC}: {e}")))?;
+    if !plan.json {
+        println!("simulating into {} ...", dir.display());
+    }
+    let outcome = drive(plan, &topic, &events)?;
+    let mut errors = outcome.errors;
+    if let Err(e) = log.close() {
+        errors.push(format!("closing the log failed: {e}"));
+    }
+    let infos = outcome.final_infos;
+    let mut active: Vec<&PartitionInfo> = infos.iter().filter(|p| p.sealed_at.is_none()).collect();
+    active.sort_by_key(|p| p.start);
+    let ids: Vec<u32> = active.iter().map(|p| p.id).collect();
+    let window = IMBALANCE_WINDOW_SECS.min(outcome.seconds);
+    let load = window_load(&outcome.samples, &ids, window);
+    let total_rate: f64 = load.rates.values().sum();
+    let partitions: Vec<PartitionRow> = active
+        .iter()
+        .map(|p| {
+            let rate = load.rates.get(&p.id).copied();
+            PartitionRow {
+                id: p.id,
+                start: format!("{:016x}", p.start),
+                end: format!("{:016x}", p.end),
+                parents: p.parents.clone(),
+                records: p.end_offset - p.start_offset,
+                bytes: p.bytes,
+                records_per_sec: rate,
+                share: rate.filter(|_| total_rate > 0.0).map(|r| r / total_rate),
+                hot_key: p.hot_key,
+            }
+        })
+        .collect();
+    let bytes: u64 = infos.iter().map(|p| p.bytes).sum();
+    let seconds = outcome.seconds.max(1e-9);
+    let cmp = outcome.checker.compare(&outcome.acked);
+    let tally = outcome.tally;
+    Ok(Report {
+        dir: dir.display().to_string(),
+        kept: keep,
+        seed: plan.workload.seed,
+        records: outcome.records,
+        bytes,
+        payload_bytes: outcome.payload_bytes,
+        seconds: outcome.seconds,
+        records_per_sec: outcome.records as f64 / seconds,
+        mb_per_sec: bytes as f64 / seconds / 1e6,
+        producers: plan.workload.producers,
+        keys: plan.workload.keys,
+        zipf: plan.workload.zipf_exponent,
+        hot_key_share: plan.workload.hot_key_share,
+        balance: plan.balance,
+        calibrated_records_per_sec: calibrated,
+        target_records_per_sec: target_records,
+        target_bytes_per_sec: target_bytes,
+        partitions_initial: plan.partitions,
+        partitions_active: active.len(),
+        splits: tally.splits,
+        merges: tally.merges,
+        hot_keys: tally.hot_keys,
+        single_key_partitions: active.iter().filter(|p| p.start == p.end).count(),
+        imbalance: load.imbalance,
+        imbalance_static: load.imbalance_static,
+        imbalance_window_secs: load.window_secs,
+        first_split_after_secs: tally.first_split,
+        order_violations: outcome.checker.order_violations,
+        missing_records: cmp.missing,
+        duplicate_records: outcome.checker.duplicates,
+        unacknowledged_records: cmp.unacknowledged,
+        malformed_records: outcome.checker.malformed,
+        records_read: outcome.checker.received,
+        errors,
+        phases: outcome.phases,
+        events: tally.notes,
+        partitions,
+    })
+}
+
+/// Runs the producers (and a consumer, so the machine is as busy as in the
+/// real run) against a throwaway topic without balancing; returns the
+/// records/s they reached.
+fn calibrate(log: &Log, plan: &Plan) -> Result<f64, Failure> {
+    let policy = BalancePolicy {
+        enabled: false,
+        ..BalancePolicy::default()
+    };
+    let topic = log
+        .create_topic(CALIBRATION_TOPIC, plan.topic_config(policy))
+        .map_err(|e| Failure::Setup(format!("cannot create topic {CALIBRATION_TOPIC}: {e}")))?;
+    let shared = Shared::new(None, 1);
+    let consumer_shared = ConsumerShared::default();
+    let range_of_key = vec![0u32; plan.workload.keys as usize + 1];
+    let started = Instant::now();
+    let elapsed = std::thread::scope(|s| {
+        let consumer = s.spawn(|| {
+            consume(
+                &topic,
+                plan.workload.producers as usize,
+                plan.workload.keys as usize + 1,
+                &consumer_shared,
+            )
+        });
+        let producers: Vec<_> = (0..plan.workload.producers)
+            .map(|p| {
+                let (topic, shared, range_of_key) = (&topic, &shared, &range_of_key);
+                s.spawn(move || produce(topic, &plan.workload, p, shared, range_of_key))
+            })
+            .collect();
+        std::thread::sleep(CALIBRATION);
+        shared.stop.store(true, Ordering::Release);
+        for p in producers {
+            let _ = p.join();
+        }
+        let elapsed = started.elapsed();
+        consumer_shared.stop_now.store(true, Ordering::Release);
+        let _ = consumer.join();
+        elapsed
+    });
+    let acked = shared.acked.load(Ordering::Acquire);
+    if let Some(e) = shared.errors.lock().first() {
+        return Err(Failure::Run(format!("calibration failed: {e}")));
+    }
+    drop(topic);
+    log.delete_topic(CALIBRATION_TOPIC)
+        .map_err(|e| Failure::Run(format!("cannot delete topic {CALIBRATION_TOPIC}: {e}")))?;
+    Ok(acked as f64 / elapsed.as_secs_f64().max(1e-3))
+}
+
+/// Topology events of the run, counted.
+#[derive(Debug, Default)]
+struct Tally {
+    splits: u64,
+    merges: u64,
+    hot_keys: u64,
+    first_split: Option<f64>,
+    notes: Vec<EventNote>,
+}
+
+impl Tally {
+    /// Takes every pending event of the simulated topic; returns the new notes.
+    fn drain(&mut self, events: &Receiver<TopologyEvent>, t: f64) -> Vec<EventNote> {
+        let mut fresh = Vec::new();
+        while let Ok(e) = events.try_recv() {
+            let note = match e {
+                TopologyEvent::Split {
+                    topic,
+                    parent,
+                    seal_offset,
+                    children,
+                } if topic == TOPIC => {
+                    self.splits += 1;
+                    self.first_split.get_or_insert(t);
+                    EventNote {
+                        t,
+                        kind: "split",
+                        what: format!("p{parent} split at offset {seal_offset} into {children:?}"),
+                    }
+                }
+                TopologyEvent::Merge {
+                    topic,
+                    parents,
+                    child,
+                } if topic == TOPIC => {
+                    self.merges += 1;
+                    let ids: Vec<u32> = parents.iter().map(|p| p.0).collect();
+                    EventNote {
+                        t,
+                        kind: "merge",
+                        what: format!("{ids:?} merged into p{child}"),
+                    }
+                }
+                TopologyEvent::HotKey {
+                    topic,
+                    partition,
+                    hash,
+                } if topic == TOPIC => {
+                    self.hot_keys += 1;
+                    EventNote {
+                        t,
+                        kind: "hot_key",
+                        what: format!("p{partition} holds one hot key (hash {hash:016x})"),
+                    }
+                }
+                _ => continue,
+            };
+            fresh.push(note.clone());
+            self.notes.push(note);
+        }
+        fresh
+    }
+
+    fn phase(&mut self, t: f64, what: String) -> EventNote {
+        let note = EventNote {
+            t,
+            kind: "phase",
+            what,
+        };
+        self.notes.push(note.clone());
+        note
+    }
+}
+
+/// What [`drive`] measured.
+struct Outcome {
+    seconds: f64,
+    records: u64,
+    payload_bytes: u64,
+    samples: Vec<Sample>,
+    final_infos: Vec<PartitionInfo>,
+    acked: Vec<Vec<u64>>,
+    checker: check::Checker,
+    tally: Tally,
+    phases: Option<PhasesReport>,
+    errors: Vec<String>,
+}
+
+/// The index of the initial range holding each key's hash.
+fn initial_range_of_keys(topic: &Topic, keys: u32) -> (Vec<u32>, usize) {
+    let mut starts: Vec<u64> = topic.partitions().iter().map(|p| p.start).collect();
+    starts.sort_unstable();
+    let mut key = [0u8; 24];
+    let table = (0..=keys)
+        .map(|k| {
+            let len = write_key(&mut key, k);
+            let h = topic.hash(&key[..len]);
+            (starts.partition_point(|&s| s <= h).max(1) - 1) as u32
+        })
+        .collect();
+    (table, starts.len())
+}
+
+/// Runs producers, consumer and monitor on the simulated topic.
+fn drive(plan: &Plan, topic: &Topic, events: &Receiver<TopologyEvent>) -> Result<Outcome, Failure> {
+    let (range_of_key, ranges) = initial_range_of_keys(topic, plan.workload.keys);
+    let budget = match plan.stop {
+        Stop::Records(n) => Some(n),
+        Stop::After(_) => None,
+    };
+    let shared = Shared::new(budget, ranges);
+    let consumer_shared = ConsumerShared::default();
+    let mut monitor = Monitor::new(plan);
+    monitor.sample(topic, &shared);
+    std::thread::scope(|s| {
+        let consumer = s.spawn(|| {
+            consume(
+                topic,
+                plan.workload.producers as usize,
+                plan.workload.keys as usize + 1,
+                &consumer_shared,
+            )
+        });
+        let producers: Vec<_> = (0..plan.workload.producers)
+            .map(|p| {
+                let (shared, range_of_key) = (&shared, &range_of_key);
+                s.spawn(move || produce(topic, &plan.workload, p, shared, range_of_key))
+            })
+            .collect();
+        while !producers.iter().all(|p| p.is_finished()) {
+            std::thread::sleep(SAMPLE_EVERY);
+            monitor.sample(topic, &shared);
+            monitor.events(events);
+            if monitor.steer(&shared) {
+                shared.stop.store(true, Ordering::Release);
+            }
+            monitor.draw(&consumer_shared, &shared);
+        }
+        shared.stop.store(true, Ordering::Release);
+        let mut acked = Vec::new();
+        let mut errors = Vec::new();
+        for p in producers {
+            match p.join() {
+                Ok(a) => acked.push(a),
+                Err(_) => errors.push("a producer thread panicked".to_string()),
+            }
+        }
+        let final_infos = monitor.sample(topic, &shared);
+        monitor.events(events);
+        let records = shared.acked.load(Ordering::Acquire);
+        consumer_shared
+            .final_acked
+            .store(records, Ordering::Release);
+        consumer_shared
+            .producers_done
+            .store(true, Ordering::Release);
+        if let Some(live) = &monitor.live {
+            live.event(&format!(
+                "producers stopped after {records} records; draining the consumer ..."
+            ));
+        }
+        let checker = match consumer.join() {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(Failure::Run(e)),
+            Err(_) => return Err(Failure::Run("the consumer thread panicked".into())),
+        };
+        let t = monitor.samples.last().map_or(0.0, |s| s.t);
+        monitor.tally.drain(events, t);
+        if let Some(live) = &monitor.live {
+            live.finish();
+        }
+        errors.extend(shared.errors.lock().iter().cloned());
+        let phases = monitor.phases_report(&shared);
+        Ok(Outcome {
+            seconds: t,
+            records,
+            payload_bytes: shared.payload_bytes.load(Ordering::Acquire),
+            samples: monitor.samples,
+            final_infos,
+            acked,
+            checker,
+            tally: monitor.tally,
+            phases,
+            errors,
+        })
+    })
+}
+
+/// The `--phases` schedule and what it measured.
+#[derive(Debug, Clone, Copy)]
+struct PhaseState {
+    surge: Duration,
+    /// Set when the calm phase begins: (t, acked then, active partitions,
+    /// merges so far, surge records/s).
+    calm_from: Option<(f64, u64, usize, u64, f64)>,
+}
+
+/// The thread that samples, steers phases and draws the live view.
+struct Monitor {
+    started: Instant,
+    producers: u32,
+    stop: Stop,
+    samples: Vec<Sample>,
+    active: Vec<(u32, u64, u64)>,
+    tally: Tally,
+    phases: Option<PhaseState>,
+    live: Option<Live>,
+}
+
+impl Monitor {
+    fn new(plan: &Plan) -> Monitor {
+        let phases = match (plan.phases, plan.stop) {
+            (true, Stop::After(d)) => Some(PhaseState {
+                surge: d.mul_f64(SURGE_SHARE),
+                calm_from: None,
+            }),
+            _ => None,
+        };
+        let live = plan.live().then(|| {
+            Live::new(match plan.stop {
+                Stop::After(d) => (d.as_secs_f64() * 10.0) as u64,
+                Stop::Records(n) => n,
+            })
+        });
+        Monitor {
+            started: Instant::now(),
+            producers: plan.workload.producers,
+            stop: plan.stop,
+            samples: Vec::new(),
+            active: Vec::new(),
+            tally: Tally::default(),
+            phases,
+            live,
+        }
+    }
+
+    fn t(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// Records a sample; returns the partitions it read.
+    fn sample(&mut self, topic: &Topic, shared: &Shared) -> Vec<PartitionInfo> {
+        let t = self.t();
+        let infos = topic.partitions();
+        let mut active: Vec<(u32, u64, u64)> = infos
+            .iter()
+            .filter(|p| p.sealed_at.is_none())
+            .map(|p| (p.id, p.start, p.end))
+            .collect();
+        active.sort_by_key(|a| a.1);
+        self.active = active;
+        let end_offsets: BTreeMap<u32, u64> = infos.iter().map(|p| (p.id, p.end_offset)).collect();
+        self.samples.push(Sample {
+            t,
+            end_offsets,
+            initial_ranges: shared.initial_range_counts(),
+            acked: shared.acked.load(Ordering::Acquire),
+        });
+        infos
+    }
+
+    fn events(&mut self, events: &Receiver<TopologyEvent>) {
+        let t = self.t();
+        let fresh = self.tally.drain(events, t);
+        if let Some(live) = &self.live {
+            for n in fresh {
+                live.event(&format!("{:6.2} s  {}", n.t, n.what));
+            }
+        }
+    }
+
+    /// Switches phases; returns true when the producers should stop.
+    fn steer(&mut self, shared: &Shared) -> bool {
+        let t = self.t();
+        if let Some(ph) = &mut self.phases {
+            if ph.calm_from.is_none() && t >= ph.surge.as_secs_f64() {
+                let acked = shared.acked.load(Ordering::Acquire);
+                let surge_rate = acked as f64 / t.max(1e-3);
+                let producers = f64::from(self.producers.max(1));
+                shared.set_limit_per_producer((surge_rate * CALM_SHARE / producers).max(1.0));
+                ph.calm_from = Some((t, acked, self.active.len(), self.tally.merges, surge_rate));
+                let note = self.tally.phase(
+                    t,
+                    format!(
+                        "calm phase: producers throttled to {:.0}% of {} records/s",
+                        CALM_SHARE * 100.0,
+                        report::si(surge_rate)
+                    ),
+                );
+                if let Some(live) = &self.live {
+                    live.event(&format!("{:6.2} s  {}", note.t, note.what));
+                }
+            }
+        }
+        matches!(self.stop, Stop::After(d) if t >= d.as_secs_f64())
+    }
+
+    fn draw(&self, consumer: &ConsumerShared, shared: &Shared) {
+        let Some(live) = &self.live else { return };
+        let ids: Vec<u32> = self.active.iter().map(|a| a.0).collect();
+        let recent = window_load(&self.samples, &ids, 1.0);
+        let rows: Vec<LiveRow> = self
+            .active
+            .iter()
+            .map(|&(id, start, end)| LiveRow {
+                id,
+                start,
+                end,
+                records_per_sec: recent.rates.get(&id).copied().unwrap_or(0.0),
+            })
+            .collect();
+        let acked = shared.acked.load(Ordering::Acquire);
+        let lag = acked.saturating_sub(consumer.read.load(Ordering::Relaxed));
+        let phase = match &self.phases {
+            Some(p) if p.calm_from.is_some() => "calm  ",
+            Some(_) => "surge ",
+            None => "",
+        };
+        let headline = format!(
+            "{phase}{} rec/s  {} active  {} splits  {} merges  {} hot keys  consumer lag {}",
+            report::si(recent.records_per_sec),
+            self.active.len(),
+            self.tally.splits,
+            self.tally.merges,
+            self.tally.hot_keys,
+            report::si(lag as f64)
+        );
+        let position = match self.stop {
+            Stop::After(_) => (self.t() * 10.0) as u64,
+            Stop::Records(_) => acked,
+        };
+        live.update(position, headline, &rows);
+    }
+
+    fn phases_report(&self, shared: &Shared) -> Option<PhasesReport> {
+        let ph = self.phases?;
+        let end = self.samples.last().map_or(0.0, |s| s.t);
+        let acked = shared.acked.load(Ordering::Acquire);
+        Some(match ph.calm_from {
+            Some((t, acked_then, parts, merges_then, surge_rate)) => PhasesReport {
+                surge_secs: t,
+                calm_secs: end - t,
+                surge_records_per_sec: surge_rate,
+                calm_records_per_sec: (acked - acked_then) as f64 / (end - t).max(1e-3),
+                partitions_after_surge: parts,
+                merges_in_calm: self.tally.merges - merges_then,
+            },
+            None => PhasesReport {
+                surge_secs: end,
+                calm_secs: 0.0,
+                surge_records_per_sec: acked as f64 / end.max(1e-3),
+                calm_records_per_sec: 0.0,
+                partitions_after_surge: self.active.len(),
+                merges_in_calm: 0,
+            },
+        })
+    }
 }

@@ -1,0 +1,93 @@
+//! `split`: splits an active partition into children.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use fissionlog::{PartitionInfo, SplitPlan, Topic};
+use serde_json::{json, Value};
+
+use crate::common::{
+    check_topic_name, hex, open_existing, parse_hash, write_json, CmdResult, Failure,
+};
+
+/// Arguments of `fissionlog split`.
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("plan").args(["at", "even", "hot_key"])))]
+pub struct SplitArgs {
+    /// Log directory.
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Topic of the partition.
+    #[arg(long, value_name = "NAME")]
+    pub topic: String,
+    /// Active partition to split.
+    #[arg(long, value_name = "ID")]
+    pub partition: u32,
+    /// Split after this hash value (decimal or 0x hex): children
+    /// [start, HASH] and [HASH+1, end].
+    #[arg(long, value_name = "HASH", value_parser = parse_hash)]
+    pub at: Option<u64>,
+    /// Split at the middle of the partition's hash range.
+    #[arg(long)]
+    pub even: bool,
+    /// Isolate this key's hash value in a one-value partition [h, h], with
+    /// the rest of the range on each side. Default plan without --at,
+    /// --even or --hot-key: the load-weighted median of recent appends
+    /// (the middle when no load was recorded since the log was opened).
+    #[arg(long, value_name = "KEY")]
+    pub hot_key: Option<String>,
+    /// Print exactly one JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The id and key range of some partitions, as JSON and as text.
+pub fn describe_children(topic: &Topic, ids: &[u32]) -> (Vec<Value>, Vec<String>) {
+    let infos: Vec<PartitionInfo> = topic.partitions();
+    let mut json_out = Vec::new();
+    let mut text = Vec::new();
+    for id in ids {
+        if let Some(p) = infos.iter().find(|p| p.id == *id) {
+            json_out.push(json!({"id": p.id, "key_start": hex(p.start), "key_end": hex(p.end), "parents": p.parents}));
+            text.push(format!("p{} [{}..={}]", p.id, hex(p.start), hex(p.end)));
+        }
+    }
+    (json_out, text)
+}
+
+/// Runs `split`.
+pub fn run(args: &SplitArgs) -> CmdResult {
+    check_topic_name(&args.topic)?;
+    let log = open_existing(&args.dir)?;
+    let topic = log.topic(&args.topic)?;
+    let plan = match (&args.at, args.even, &args.hot_key) {
+        (Some(h), _, _) => SplitPlan::At(*h),
+        (_, true, _) => SplitPlan::Even,
+        (_, _, Some(k)) => SplitPlan::IsolateHash(topic.hash(k.as_bytes())),
+        _ => SplitPlan::LoadMedian,
+    };
+    let children = topic.split(args.partition, plan)?;
+    let (cj, ct) = describe_children(&topic, &children);
+    drop(topic);
+    log.close()?;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    if args.json {
+        write_json(
+            &mut out,
+            &json!({"topic": args.topic, "parent": args.partition, "children": cj}),
+        )?;
+    } else {
+        writeln!(
+            out,
+            "split partition {} of topic {:?} into {}",
+            args.partition,
+            args.topic,
+            ct.join(", ")
+        )
+        .map_err(Failure::output)?;
+    }
+    out.flush().map_err(Failure::output)?;
+    Ok(ExitCode::SUCCESS)
+}

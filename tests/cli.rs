@@ -1,0 +1,738 @@
+//! End-to-end tests of the `fissionlog` binary: exit codes, output formats,
+//! corruption handling and acknowledged writes under SIGKILL.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use fissionlog::{Log, LogOptions, SyncPolicy, TopicConfig};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fissionlog"))
+}
+
+fn run(args: &[&str], dir: &Path) -> Output {
+    bin()
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn run_stdin(args: &[&str], dir: &Path, input: &[u8]) -> Output {
+    let mut child = bin()
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The command may exit before reading its input (a refused open).
+    let _ = child.stdin.take().unwrap().write_all(input);
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Exit code, with the output in the message when it is not the expected one.
+fn expect_code(o: &Output, code: i32, what: &str) {
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "{what}: stdout={:?} stderr={:?}",
+        stdout(o),
+        stderr(o)
+    );
+}
+
+/// A failure message: one line, no panic.
+fn assert_one_line_error(o: &Output, what: &str) {
+    let e = stderr(o);
+    assert!(!e.contains("panicked"), "{what}: {e}");
+    assert!(!e.contains("internal error"), "{what}: {e}");
+    assert_eq!(
+        e.trim_end().lines().count(),
+        1,
+        "{what}: not one line: {e:?}"
+    );
+}
+
+fn json_lines(o: &Output) -> Vec<serde_json::Value> {
+    stdout(o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Every file under `dir` with its contents, for before/after comparisons.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.insert(p.clone(), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let t = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &t);
+        } else {
+            std::fs::copy(&p, &t).unwrap();
+        }
+    }
+}
+
+fn find_segments(dir: &Path) -> Vec<PathBuf> {
+    snapshot(dir)
+        .into_keys()
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect()
+}
+
+fn small_topic() -> TopicConfig {
+    TopicConfig {
+        partitions: 1,
+        segment_bytes: 1 << 20,
+        sync: SyncPolicy::Always,
+        ..TopicConfig::default()
+    }
+}
+
+#[test]
+fn produce_then_dump_round_trip() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let input = b"k1\tv1\nk2\tv2\nno key here\nk1\tv3 with spaces\n";
+    let o = run_stdin(
+        &[
+            "produce",
+            "--topic",
+            "t",
+            "--create",
+            "--partitions",
+            "2",
+            "--acks",
+        ],
+        &dir,
+        input,
+    );
+    expect_code(&o, 0, "produce");
+    let acks = json_lines(&o);
+    assert_eq!(acks.len(), 4);
+    assert_eq!(acks[0]["key"], "k1");
+    assert!(acks[2]["key"].is_null());
+    // Same key, same partition, increasing offsets.
+    assert_eq!(acks[0]["partition"], acks[3]["partition"]);
+    assert!(acks[3]["offset"].as_u64() > acks[0]["offset"].as_u64());
+
+    let o = run(&["dump", "--topic", "t", "--json"], &dir);
+    expect_code(&o, 0, "dump --json");
+    let recs = json_lines(&o);
+    assert_eq!(recs.len(), 4);
+    for ack in &acks {
+        let r = recs
+            .iter()
+            .find(|r| r["partition"] == ack["partition"] && r["offset"] == ack["offset"])
+            .expect("acked record dumped");
+        assert_eq!(r["key"], ack["key"]);
+        assert!(r["timestamp"].as_i64().unwrap() > 0);
+    }
+    let k1: Vec<&str> = recs
+        .iter()
+        .filter(|r| r["key"] == "k1")
+        .map(|r| r["value"].as_str().unwrap())
+        .collect();
+    assert_eq!(k1, ["v1", "v3 with spaces"], "per-key order");
+    assert!(recs
+        .iter()
+        .any(|r| r["key"].is_null() && r["value"] == "no key here"));
+
+    let o = run(&["dump", "--topic", "t"], &dir);
+    expect_code(&o, 0, "dump text");
+    let text = stdout(&o);
+    let p = acks[0]["partition"].as_u64().unwrap();
+    let off = acks[0]["offset"].as_u64().unwrap();
+    assert!(text.contains(&format!("{p}\t{off}\tk1\tv1\n")), "{text}");
+    assert!(text.contains("\t\tno key here\n"), "{text}");
+
+    // --partition with --from skips earlier offsets.
+    let o = run(
+        &[
+            "dump",
+            "--topic",
+            "t",
+            "--partition",
+            &p.to_string(),
+            "--from",
+            "1",
+            "--json",
+        ],
+        &dir,
+    );
+    expect_code(&o, 0, "dump --partition --from");
+    let part = json_lines(&o);
+    assert!(part
+        .iter()
+        .all(|r| r["offset"].as_u64().unwrap() >= 1 && r["partition"] == p));
+
+    // Reopening with --create appends to the existing topic.
+    let o = run_stdin(
+        &["produce", "--topic", "t", "--create", "--acks"],
+        &dir,
+        b"k1\tv4\n",
+    );
+    expect_code(&o, 0, "produce again");
+    let o = run(&["dump", "--topic", "t", "--json"], &dir);
+    assert_eq!(json_lines(&o).len(), 5);
+}
+
+#[test]
+fn dump_json_base64_for_non_utf8() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    {
+        let log = Log::open(&dir, LogOptions::default()).unwrap();
+        let t = log.create_topic("bin", small_topic()).unwrap();
+        t.append(Some(&[0xff, 0x00]), &[0xc3, 0x28, 0x01]).unwrap();
+        t.append(Some(b"text"), b"plain").unwrap();
+        log.close().unwrap();
+    }
+    let o = run(&["dump", "--topic", "bin", "--json"], &dir);
+    expect_code(&o, 0, "dump");
+    let recs = json_lines(&o);
+    assert_eq!(recs[0]["key_base64"], "/wA=");
+    assert_eq!(recs[0]["value_base64"], "wygB");
+    assert!(recs[0].get("value").is_none());
+    assert_eq!(recs[1]["key"], "text");
+    assert_eq!(recs[1]["value"], "plain");
+    let o = run(&["dump", "--topic", "bin"], &dir);
+    assert!(
+        stdout(&o).contains("\\xff\\x00\t\\xc3(\\x01"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// A cleanly closed log of ten one-record batches with byte 3 of
+/// `value-003` flipped.
+fn corrupted_log(dir: &Path) -> PathBuf {
+    let log = Log::open(dir, LogOptions::default()).unwrap();
+    let t = log.create_topic("c", small_topic()).unwrap();
+    for i in 0..10 {
+        t.append(
+            Some(format!("k{i}").as_bytes()),
+            format!("value-{i:03}").as_bytes(),
+        )
+        .unwrap();
+    }
+    log.close().unwrap();
+    let segs = find_segments(dir);
+    assert_eq!(segs.len(), 1);
+    let mut bytes = std::fs::read(&segs[0]).unwrap();
+    let at = bytes
+        .windows(9)
+        .position(|w| w == b"value-003")
+        .expect("record in the segment");
+    bytes[at + 3] ^= 0xff;
+    std::fs::write(&segs[0], &bytes).unwrap();
+    segs[0].clone()
+}
+
+fn dumped_offsets(dir: &Path) -> Vec<(u64, String)> {
+    let o = run(&["dump", "--topic", "c", "--json"], dir);
+    expect_code(&o, 0, "dump after recover");
+    json_lines(&o)
+        .iter()
+        .map(|r| {
+            (
+                r["offset"].as_u64().unwrap(),
+                r["value"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn corruption_verify_strict_truncate_salvage() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let seg = corrupted_log(&dir);
+    let seg_name = seg.file_name().unwrap().to_str().unwrap().to_string();
+
+    let o = run(&["verify"], &dir);
+    expect_code(&o, 1, "verify");
+    assert!(stdout(&o).contains(&seg_name), "{}", stdout(&o));
+    let o = run(&["verify", "--json"], &dir);
+    expect_code(&o, 1, "verify --json");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["clean"], false);
+    let problem = &doc["problems"][0];
+    assert!(problem["file"].as_str().unwrap().ends_with(&seg_name));
+    assert!(problem["position"].as_u64().unwrap() > 0);
+    assert!(!problem["repair"].as_str().unwrap().is_empty());
+
+    // Strict open refuses with one clear line.
+    let o = run(&["dump", "--topic", "c"], &dir);
+    assert!(matches!(o.status.code(), Some(1 | 2)), "{}", stderr(&o));
+    assert_one_line_error(&o, "strict dump");
+    assert!(stderr(&o).contains(&seg_name), "{}", stderr(&o));
+    let o = run(&["recover"], &dir);
+    expect_code(&o, 1, "recover strict");
+    assert_one_line_error(&o, "recover strict");
+    assert!(stderr(&o).contains("--mode salvage"), "{}", stderr(&o));
+
+    // A dry run changes no byte.
+    let before = snapshot(&dir);
+    for mode in ["strict", "truncate", "salvage"] {
+        let o = run(&["recover", "--dry-run", "--mode", mode, "--json"], &dir);
+        expect_code(&o, 1, "dry run");
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(doc["dry_run"], true);
+    }
+    assert!(
+        before == snapshot(&dir),
+        "recover --dry-run changed the directory"
+    );
+
+    let salvage = tmp.path().join("salvage");
+    copy_dir(&dir, &salvage);
+
+    let o = run(&["recover", "--mode", "truncate", "--json"], &dir);
+    expect_code(&o, 0, "recover truncate");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["changed"], true);
+    let got = dumped_offsets(&dir);
+    let offsets: Vec<u64> = got.iter().map(|r| r.0).collect();
+    assert_eq!(offsets, [0, 1, 2], "truncate keeps the prefix");
+    expect_code(&run(&["verify"], &dir), 0, "verify after truncate");
+
+    let o = run(&["recover", "--mode", "salvage"], &salvage);
+    expect_code(&o, 0, "recover salvage");
+    assert!(stdout(&o).contains("3..4"), "{}", stdout(&o));
+    let got = dumped_offsets(&salvage);
+    let offsets: Vec<u64> = got.iter().map(|r| r.0).collect();
+    assert_eq!(
+        offsets,
+        [0, 1, 2, 4, 5, 6, 7, 8, 9],
+        "salvage keeps what follows"
+    );
+    assert!(got.iter().all(|(o, v)| *v == format!("value-{o:03}")));
+    expect_code(&run(&["verify"], &salvage), 0, "verify after salvage");
+    // Recovery is idempotent: a second run finds nothing to do.
+    let o = run(&["recover", "--mode", "salvage", "--json"], &salvage);
+    expect_code(&o, 0, "second salvage");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["changed"], false);
+}
+
+const COMMANDS: &[&[&str]] = &[
+    &["inspect"],
+    &["inspect", "--json"],
+    &["verify"],
+    &["verify", "--json"],
+    &["recover"],
+    &["recover", "--mode", "salvage"],
+    &["recover", "--dry-run"],
+    &["dump", "--topic", "t"],
+    &["dump", "--topic", "t", "--json"],
+    &["split", "--topic", "t", "--partition", "0"],
+    &["merge", "--topic", "t", "--partitions", "0,1"],
+    &["produce", "--topic", "t"],
+    &["produce", "--topic", "t", "--create"],
+];
+
+#[test]
+fn garbage_and_missing_directories_exit_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let garbage = tmp.path().join("garbage");
+    std::fs::create_dir_all(garbage.join("topics/t0/p0")).unwrap();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut noise = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    std::fs::write(garbage.join("data.bin"), noise(4096)).unwrap();
+    std::fs::write(garbage.join("checkpoint.0"), noise(100)).unwrap();
+    std::fs::write(
+        garbage.join("topics/t0/p0/00000000000000000000.seg"),
+        noise(8192),
+    )
+    .unwrap();
+    let before = snapshot(&garbage);
+    let missing = tmp.path().join("missing");
+    for args in COMMANDS {
+        for dir in [&garbage, &missing] {
+            let o = run_stdin(args, dir, b"k\tv\n");
+            let what = format!("{args:?} on {}", dir.display());
+            let creates = args.contains(&"--create") && dir == &missing;
+            if creates {
+                expect_code(&o, 0, &what);
+                continue;
+            }
+            expect_code(&o, 2, &what);
+            assert_one_line_error(&o, &what);
+        }
+    }
+    assert!(
+        before == snapshot(&garbage),
+        "a command changed a foreign directory"
+    );
+}
+
+#[test]
+fn garbage_manifest_is_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    {
+        let log = Log::open(&dir, LogOptions::default()).unwrap();
+        log.create_topic("t", small_topic()).unwrap();
+        log.close().unwrap();
+    }
+    let manifest = dir.join("manifest.log");
+    let mut b = std::fs::read(&manifest).unwrap();
+    for (i, byte) in b.iter_mut().enumerate() {
+        *byte = (i as u8).wrapping_mul(31) ^ 0x5a;
+    }
+    std::fs::write(&manifest, &b).unwrap();
+    for args in COMMANDS {
+        let o = run_stdin(args, &dir, b"k\tv\n");
+        let what = format!("{args:?}");
+        assert!(
+            matches!(o.status.code(), Some(1 | 2)),
+            "{what}: {}",
+            stderr(&o)
+        );
+        if o.status.code() == Some(1) && !o.stdout.is_empty() {
+            // verify and recover --dry-run list the problem on stdout.
+            assert!(
+                stdout(&o).contains("manifest.log"),
+                "{what}: {}",
+                stdout(&o)
+            );
+        } else {
+            assert_one_line_error(&o, &what);
+        }
+    }
+}
+
+#[test]
+fn bad_topic_name_creates_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("new");
+    let o = run_stdin(&["produce", "--topic", "../x", "--create"], &dir, b"v\n");
+    assert!(matches!(o.status.code(), Some(1 | 2)));
+    assert_one_line_error(&o, "bad topic");
+    assert!(!dir.exists(), "the log directory was created");
+    assert!(!tmp.path().join("x").exists());
+    let o = run(&["dump", "--topic", "../x"], &dir);
+    expect_code(&o, 2, "dump bad topic");
+    assert_one_line_error(&o, "dump bad topic");
+}
+
+#[test]
+fn split_and_merge_refusals_exit_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let o = run_stdin(
+        &["produce", "--topic", "t", "--create", "--partitions", "3"],
+        &dir,
+        b"a\t1\nb\t2\n",
+    );
+    expect_code(&o, 0, "produce");
+    let o = run(
+        &[
+            "split",
+            "--topic",
+            "t",
+            "--partition",
+            "0",
+            "--even",
+            "--json",
+        ],
+        &dir,
+    );
+    expect_code(&o, 0, "split");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let children: Vec<u64> = doc["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(children.len(), 2);
+
+    let o = run(&["split", "--topic", "t", "--partition", "0"], &dir);
+    expect_code(&o, 1, "split sealed");
+    assert_one_line_error(&o, "split sealed");
+    assert!(stderr(&o).contains("sealed"));
+
+    // Partition 1 lies between partition 2 and the children of 0.
+    let o = run(
+        &[
+            "merge",
+            "--topic",
+            "t",
+            "--partitions",
+            &format!("{},2", children[0]),
+        ],
+        &dir,
+    );
+    expect_code(&o, 1, "merge not adjacent");
+    assert!(stderr(&o).contains("adjacent"), "{}", stderr(&o));
+    let o = run(&["merge", "--topic", "t", "--partitions", "0,1"], &dir);
+    expect_code(&o, 1, "merge sealed");
+
+    // The routing hash is keyed per topic: find a key that lands in partition 1.
+    let hot = {
+        let log = Log::open(&dir, LogOptions::default()).unwrap();
+        let t = log.topic("t").unwrap();
+        let key = (0..1000)
+            .map(|i| format!("key-{i}"))
+            .find(|k| t.route(k.as_bytes()) == 1)
+            .unwrap();
+        drop(t);
+        log.close().unwrap();
+        key
+    };
+    let o = run(
+        &[
+            "split",
+            "--topic",
+            "t",
+            "--partition",
+            "1",
+            "--hot-key",
+            &hot,
+            "--json",
+        ],
+        &dir,
+    );
+    expect_code(&o, 0, "split hot key");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let isolated = doc["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["key_start"] == c["key_end"])
+        .count();
+    assert_eq!(isolated, 1, "{doc}");
+    let o = run(
+        &[
+            "merge",
+            "--topic",
+            "t",
+            "--partitions",
+            &format!("{},{}", children[0], children[1]),
+            "--json",
+        ],
+        &dir,
+    );
+    expect_code(&o, 0, "merge");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(doc["child"]["id"].as_u64().is_some());
+    let o = run(&["split", "--topic", "t", "--partition", "99"], &dir);
+    expect_code(&o, 2, "unknown partition");
+}
+
+#[test]
+fn inspect_json_is_one_document() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let o = run_stdin(
+        &[
+            "produce",
+            "--topic",
+            "orders",
+            "--create",
+            "--partitions",
+            "2",
+        ],
+        &dir,
+        b"a\t1\nb\t2\nc\t3\n",
+    );
+    expect_code(&o, 0, "produce");
+    let o = run(
+        &["split", "--topic", "orders", "--partition", "1", "--even"],
+        &dir,
+    );
+    expect_code(&o, 0, "split");
+    let o = run(&["inspect", "--json"], &dir);
+    expect_code(&o, 0, "inspect");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(matches!(
+        doc["sync_backend"].as_str(),
+        Some("io_uring" | "syscalls")
+    ));
+    let topic = &doc["topics"][0];
+    assert_eq!(topic["name"], "orders");
+    let parts = topic["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 4);
+    let total: u64 = parts
+        .iter()
+        .map(|p| p["end_offset"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, 3);
+    let p1 = parts.iter().find(|p| p["id"] == 1).unwrap();
+    assert_eq!(p1["state"], "sealed");
+    assert_eq!(p1["children"].as_array().unwrap().len(), 2);
+    assert_eq!(p1["key_start"], "0x8000000000000000");
+    let o = run(&["inspect"], &dir);
+    expect_code(&o, 0, "inspect text");
+    let text = stdout(&o);
+    // Children are indented under their parent.
+    let parent_line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("p1 "))
+        .unwrap();
+    let child_line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("p2 "))
+        .unwrap();
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    assert!(indent(child_line) > indent(parent_line), "{text}");
+}
+
+#[test]
+fn verify_refuses_while_a_writer_holds_the_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let log = Log::open(&dir, LogOptions::default()).unwrap();
+    log.create_topic("t", small_topic()).unwrap();
+    let o = run(&["verify"], &dir);
+    expect_code(&o, 2, "verify locked");
+    assert_one_line_error(&o, "verify locked");
+    assert!(stderr(&o).contains("locked"));
+    log.close().unwrap();
+    expect_code(&run(&["verify"], &dir), 0, "verify after close");
+}
+
+#[test]
+fn every_command_has_help() {
+    for cmd in [
+        "produce", "dump", "inspect", "verify", "recover", "split", "merge", "simulate",
+    ] {
+        let o = bin().args([cmd, "--help"]).output().unwrap();
+        expect_code(&o, 0, cmd);
+        assert!(stdout(&o).contains("--dir") || cmd == "simulate", "{cmd}");
+    }
+    let o = bin().args(["dump", "--bogus"]).output().unwrap();
+    expect_code(&o, 2, "unknown flag");
+}
+
+/// Acknowledged records survive SIGKILL of the producer (the page cache
+/// survives a process kill), byte for byte at their offsets.
+#[test]
+fn acked_records_survive_sigkill() {
+    let seed: u64 = std::env::var("FISSIONLOG_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let mut child = bin()
+        .args([
+            "produce",
+            "--topic",
+            "t",
+            "--create",
+            "--partitions",
+            "3",
+            "--sync",
+            "always",
+            "--acks",
+            "--dir",
+        ])
+        .arg(&dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        for i in 0..200_000u64 {
+            let key = format!("key-{}", (i ^ seed) % 17);
+            let line = format!("{key}\tvalue-{i}-{seed}\n");
+            if stdin.write_all(line.as_bytes()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut acks = Vec::new();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while acks.len() < 300 {
+        let line = lines.next().expect("producer ended early").unwrap();
+        acks.push(serde_json::from_str::<serde_json::Value>(&line).unwrap());
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Acks already printed but not yet read also count.
+    for line in lines.map_while(Result::ok) {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+            acks.push(v);
+        }
+    }
+    writer.join().unwrap();
+
+    let o = run(&["dump", "--topic", "t", "--json"], &dir);
+    expect_code(&o, 0, "dump after kill");
+    let recs: HashMap<(u64, u64), serde_json::Value> = json_lines(&o)
+        .into_iter()
+        .map(|r| {
+            (
+                (
+                    r["partition"].as_u64().unwrap(),
+                    r["offset"].as_u64().unwrap(),
+                ),
+                r,
+            )
+        })
+        .collect();
+    // Acks come in input order, so the i-th ack is line i.
+    for (i, ack) in acks.iter().enumerate() {
+        let at = (
+            ack["partition"].as_u64().unwrap(),
+            ack["offset"].as_u64().unwrap(),
+        );
+        let r = recs
+            .get(&at)
+            .unwrap_or_else(|| panic!("seed {seed}: acked record {i} at {at:?} is missing"));
+        let key = format!("key-{}", (i as u64 ^ seed) % 17);
+        assert_eq!(r["key"], key.as_str(), "seed {seed}: record {i}");
+        assert_eq!(
+            r["value"],
+            format!("value-{i}-{seed}").as_str(),
+            "seed {seed}: record {i}"
+        );
+    }
+    expect_code(&run(&["verify"], &dir), 0, "verify after kill and reopen");
+}

@@ -12,32 +12,47 @@ impl Topic {
     pub fn balance_step(&self) -> Result<Vec<Decision>> {
         let policy = self.config().balance;
         let now = self.inner.core.clock.now_nanos();
-        let loads: Vec<PartitionLoad> = {
+        // Snapshot the active nodes first, then read each writer's rates and
+        // load map with the state lock released: a split or merge holds the
+        // parent's writer lock while it waits for the state lock (lock
+        // order: writer, then state).
+        let nodes: Vec<_> = {
             let st = self.inner.state.read();
             st.nodes
                 .values()
                 .filter(|n| n.rec.state == PartitionState::Active)
                 .map(|n| {
-                    let (rates, split_point, hot_key) = n.part.with_writer(|w| {
-                        (
-                            w.rates.rates(now),
-                            w.load.split_point(),
-                            w.load.hot_key(policy.hot_key_share),
-                        )
-                    });
-                    PartitionLoad {
-                        id: n.rec.id,
-                        start: n.rec.start,
-                        end: n.rec.end,
-                        rates,
-                        last_change_nanos: n.last_change_nanos,
-                        split_point,
-                        hot_key,
-                        hot_key_reported: n.hot_key_reported,
-                    }
+                    (
+                        n.rec.clone(),
+                        n.last_change_nanos,
+                        n.hot_key_reported,
+                        n.part.clone(),
+                    )
                 })
                 .collect()
         };
+        let loads: Vec<PartitionLoad> = nodes
+            .into_iter()
+            .map(|(rec, last_change_nanos, hot_key_reported, part)| {
+                let (rates, split_point, hot_key) = part.with_writer(|w| {
+                    (
+                        w.rates.rates(now),
+                        w.load.split_point(),
+                        w.load.hot_key(policy.hot_key_share),
+                    )
+                });
+                PartitionLoad {
+                    id: rec.id,
+                    start: rec.start,
+                    end: rec.end,
+                    rates,
+                    last_change_nanos,
+                    split_point,
+                    hot_key,
+                    hot_key_reported,
+                }
+            })
+            .collect();
         let decisions = decide(&policy, now, &loads);
         let mut applied = Vec::new();
         for d in decisions {

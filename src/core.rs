@@ -91,7 +91,7 @@ impl Core {
         let mut targets = Vec::new();
         let mut owner = Vec::new();
         for (i, cap) in caps.iter().enumerate() {
-            for (seg, _) in &cap.segments {
+            for (seg, ..) in &cap.segments {
                 targets.push(SyncTarget {
                     fd: seg.raw_fd(),
                     path: seg.path().to_path_buf(),

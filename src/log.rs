@@ -163,15 +163,23 @@ impl Log {
             .iter()
             .map(|p| ((p.topic_id, p.partition_id), p))
             .collect();
-        for rec in &state.topics {
-            let topic = load_topic(&core, rec, &cps, &checkpoint, mode, &mut report)?;
-            core.topics.write().insert(rec.name.clone(), topic);
+        let recovered = (|| -> Result<()> {
+            for rec in &state.topics {
+                let topic = load_topic(&core, rec, &cps, &checkpoint, mode, &mut report)?;
+                core.topics.write().insert(rec.name.clone(), topic);
+            }
+            remove_orphans(&dir, &state.topics, &mut report)?;
+            // Make what recovery kept durable and clear the clean-shutdown
+            // mark before anything new is appended.
+            core.sync_round(false)?;
+            core.sync_round(false)
+        })();
+        if let Err(e) = recovered {
+            // Topics hold the core: break the cycle, or a refused open
+            // leaks every mapping and file it opened.
+            core.topics.write().clear();
+            return Err(e);
         }
-        remove_orphans(&dir, &state.topics, &mut report)?;
-        // Make what recovery kept durable and clear the clean-shutdown mark
-        // before anything new is appended.
-        core.sync_round(false)?;
-        core.sync_round(false)?;
         report.duration = started.elapsed();
         let background = spawn_background(Arc::downgrade(&core), options.balancer);
         Ok(Log {
@@ -427,6 +435,7 @@ fn new_topic(core: &Arc<Core>, rec: &TopicRecord) -> Topic {
             state: RwLock::new(TopicState::default()),
             change: Mutex::new(()),
             round_robin: AtomicU64::new(0),
+            sync_always: rec.config.sync == SyncPolicy::Always,
             dir: topic_dir(&core.dir, rec.id),
         }),
     }

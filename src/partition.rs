@@ -52,6 +52,8 @@ pub struct Partition {
     end_offset: AtomicU64,
     sealed: AtomicBool,
     poisoned: Mutex<Option<String>>,
+    /// Set once `poisoned` holds a reason (checked on every append without the mutex).
+    is_poisoned: AtomicBool,
     dir_dirty: AtomicBool,
     durable: Mutex<DurablePos>,
     /// Segment bases named by the last two checkpoints written (the newest
@@ -115,6 +117,7 @@ impl Partition {
             end_offset: AtomicU64::new(end),
             sealed: AtomicBool::new(sealed),
             poisoned: Mutex::new(None),
+            is_poisoned: AtomicBool::new(false),
             dir_dirty: AtomicBool::new(false),
             checkpointed_bases: Mutex::new((durable.0, durable.0)),
             durable: Mutex::new(DurablePos {
@@ -169,6 +172,16 @@ impl Partition {
     }
 
     fn check_writable(&self) -> Result<()> {
+        if !self.is_poisoned.load(Ordering::Acquire) {
+            return if self.is_sealed() {
+                Err(Error::Sealed {
+                    topic: self.p.topic.to_string(),
+                    partition: self.p.id,
+                })
+            } else {
+                Ok(())
+            };
+        }
         if let Some(reason) = &*self.poisoned.lock() {
             return Err(Error::Poisoned {
                 topic: self.p.topic.to_string(),
@@ -191,6 +204,7 @@ impl Partition {
         if g.is_none() {
             *g = Some(reason);
         }
+        self.is_poisoned.store(true, Ordering::Release);
     }
 
     /// Checks sizes before taking the lock. Returns the batch length.

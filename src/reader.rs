@@ -127,8 +127,12 @@ impl Reader {
             let infos = self.topic.partitions();
             let mut changed = false;
             for p in &infos {
-                if let (Some(&pos), Some(end)) = (self.positions.get(&p.id), p.sealed_at) {
-                    if pos >= end {
+                if let (Some(&pos), Some(sealed_at)) = (self.positions.get(&p.id), p.sealed_at) {
+                    // After a power loss a sealed parent may hold less than
+                    // its recorded seal offset (its unsynced tail is gone):
+                    // what it holds is all there will ever be, so it is
+                    // drained at its end, not left blocking its children.
+                    if pos >= sealed_at.min(p.end_offset) {
                         self.positions.remove(&p.id);
                         self.drained.insert(p.id);
                         changed = true;

@@ -11,7 +11,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
 use crate::balance::{LoadMap, RateTracker, WindowRate};
-use crate::config::{SyncPolicy, TopicConfig};
+use crate::config::TopicConfig;
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::events::TopologyEvent;
@@ -120,6 +120,8 @@ pub(crate) struct TopicInner {
     pub state: RwLock<TopicState>,
     pub change: Mutex<()>,
     pub round_robin: AtomicU64,
+    /// `config.sync == SyncPolicy::Always`, read without a lock on every append.
+    pub sync_always: bool,
     pub dir: PathBuf,
 }
 
@@ -223,12 +225,50 @@ impl Topic {
 
     /// Appends one record; returns where it landed.
     pub fn append(&self, key: Option<&[u8]>, value: &[u8]) -> Result<Appended> {
-        let r = [NewRecord {
+        self.inner.core.check_open()?;
+        let hash = key.map(|k| self.hash(k));
+        let record = [RecordIn {
             key,
             value,
-            timestamp: None,
+            timestamp: now_ms(),
         }];
-        Ok(self.append_batch(&r)?[0])
+        let hashes = [hash];
+        // Route and take the partition under one read of the state; an
+        // append that raced a split's seal is routed again (to the child).
+        for _ in 0..1000 {
+            let (partition, part) = {
+                let st = self.inner.state.read();
+                let pid = match hash {
+                    Some(h) => {
+                        *st.routes
+                            .range(..=h)
+                            .next_back()
+                            .expect("active ranges tile the hash space")
+                            .1
+                    }
+                    None => {
+                        let i = self.inner.round_robin.fetch_add(1, Ordering::Relaxed)
+                            % st.routes.len() as u64;
+                        *st.routes
+                            .values()
+                            .nth(i as usize)
+                            .expect("index below the count")
+                    }
+                };
+                (pid, st.nodes[&pid].part.clone())
+            };
+            match part.append(&record, &hashes) {
+                Ok(offset) => {
+                    self.after_append()?;
+                    return Ok(Appended { partition, offset });
+                }
+                Err(Error::Sealed { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Refused(
+            "the partition kept being sealed under this append".into(),
+        ))
     }
 
     /// Appends records, routed by key (keyless ones round-robin), one batch
@@ -310,7 +350,7 @@ impl Topic {
     }
 
     fn after_append(&self) -> Result<()> {
-        if self.inner.config.read().sync == SyncPolicy::Always {
+        if self.inner.sync_always {
             self.inner.core.sync()?;
         }
         Ok(())
@@ -331,30 +371,45 @@ impl Topic {
     /// Every partition that still holds data or takes appends.
     pub fn partitions(&self) -> Vec<PartitionInfo> {
         let now = self.inner.core.clock.now_nanos();
-        let st = self.inner.state.read();
-        st.nodes
-            .values()
-            .map(|n| {
-                let rates = n.part.with_writer(|w| w.rates.rates(now));
-                PartitionInfo {
-                    id: n.rec.id,
-                    start: n.rec.start,
-                    end: n.rec.end,
-                    parents: n.rec.parents.clone(),
-                    children: n.children.clone(),
-                    sealed_at: match n.rec.state {
-                        PartitionState::Active => None,
-                        PartitionState::Sealed { end_offset } => Some(end_offset),
-                    },
-                    start_offset: n.part.start_offset(),
-                    end_offset: n.part.end_offset(),
-                    bytes: n.part.size_bytes(),
-                    segments: n.part.segments().len(),
-                    rates,
-                    hot_key: n.hot_key_reported,
-                }
+        // Rates need each partition's writer lock, which a split or merge
+        // holds while it waits for the state lock to install its children:
+        // take them only after the state lock is released (lock order:
+        // writer, then state; never the other way round).
+        let snapshot: Vec<(PartitionInfo, Arc<Partition>)> = {
+            let st = self.inner.state.read();
+            st.nodes
+                .values()
+                .map(|n| (self.info_of(n), n.part.clone()))
+                .collect()
+        };
+        snapshot
+            .into_iter()
+            .map(|(mut info, part)| {
+                info.rates = part.with_writer(|w| w.rates.rates(now));
+                info
             })
             .collect()
+    }
+
+    /// A node's description, without rates.
+    fn info_of(&self, n: &Node) -> PartitionInfo {
+        PartitionInfo {
+            id: n.rec.id,
+            start: n.rec.start,
+            end: n.rec.end,
+            parents: n.rec.parents.clone(),
+            children: n.children.clone(),
+            sealed_at: match n.rec.state {
+                PartitionState::Active => None,
+                PartitionState::Sealed { end_offset } => Some(end_offset),
+            },
+            start_offset: n.part.start_offset(),
+            end_offset: n.part.end_offset(),
+            bytes: n.part.size_bytes(),
+            segments: n.part.segments().len(),
+            rates: Vec::new(),
+            hot_key: n.hot_key_reported,
+        }
     }
 
     /// Ids of the active partitions, in hash-range order.
@@ -413,7 +468,17 @@ impl Topic {
     }
 
     /// Creates the directories and empty first segments of new partitions.
+    /// On failure, removes whatever it created (ids are reused by the next
+    /// attempt, so no half-built directory may stay behind).
     fn create_partition_files(&self, ids: &[u32]) -> Result<Vec<Arc<Segment>>> {
+        let result = self.try_create_partition_files(ids);
+        if result.is_err() {
+            self.remove_partition_files(ids);
+        }
+        result
+    }
+
+    fn try_create_partition_files(&self, ids: &[u32]) -> Result<Vec<Arc<Segment>>> {
         let cfg = self.config();
         let mut out = Vec::new();
         for &id in ids {

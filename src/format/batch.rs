@@ -235,6 +235,12 @@ pub fn parse_header(buf: &[u8]) -> Result<BatchHeader, BatchError> {
     if count == 0 {
         return Err(BatchError::BadRecords("zero records"));
     }
+    // Offsets are u64: a batch whose offsets would run past u64::MAX cannot
+    // have been written, and accepting it would overflow every end offset
+    // computed from it.
+    if header.base_offset.get().checked_add(count).is_none() {
+        return Err(BatchError::BadRecords("offsets run past u64::MAX"));
+    }
     let flags = header.flags.get();
     if flags & !FLAG_HOLE != 0 {
         return Err(BatchError::BadRecords("unknown flags"));

@@ -83,6 +83,10 @@ pub struct Segment {
     synced_pos: AtomicU64,
     /// Rolled: takes no more appends.
     sealed: AtomicBool,
+    /// The seal in the header has been synced (a sync round must flush the
+    /// header of a segment sealed since the last round, or a power loss can
+    /// leave a durable, fully synced segment without its seal).
+    seal_synced: AtomicBool,
     pub(crate) index: Mutex<IndexState>,
 }
 
@@ -173,7 +177,6 @@ impl Segment {
             memmap2::MmapOptions::new().map_raw_read_only(&file)
         }
         .at(&path)?;
-        let _ = map.advise(memmap2::Advice::Random);
         let index_path = path.with_extension("idx");
         Ok(Segment {
             path,
@@ -187,6 +190,7 @@ impl Segment {
             max_timestamp: AtomicI64::new(i64::MIN),
             synced_pos: AtomicU64::new(SEGMENT_HEADER_LEN as u64),
             sealed: AtomicBool::new(false),
+            seal_synced: AtomicBool::new(false),
             index: Mutex::new(IndexState::NotLoaded),
         })
     }
@@ -254,6 +258,27 @@ impl Segment {
         self.synced_pos.fetch_max(pos, Ordering::AcqRel);
     }
 
+    /// Whether the segment is sealed but its header seal not yet synced.
+    pub(crate) fn needs_seal_sync(&self) -> bool {
+        self.is_sealed() && !self.seal_synced.load(Ordering::Acquire)
+    }
+
+    /// Records that a sync covered the header seal.
+    pub(crate) fn set_seal_synced(&self) {
+        self.seal_synced.store(true, Ordering::Release);
+    }
+
+    /// Seals a segment that recovery found followed by another one but
+    /// without a (valid) seal in its header: a crash kept the next segment
+    /// but lost the header page holding the seal. Without this, a later
+    /// checkpoint naming the next segment would make this one "durable" and
+    /// unsealed, and its trailing zeros would read as corruption.
+    pub(crate) fn seal_recovered(&mut self) {
+        if !self.is_sealed() {
+            self.write_seal(self.end_offset(), self.committed_pos());
+        }
+    }
+
     /// Sets the data end found by recovery (before the segment is shared).
     pub(crate) fn set_recovered_end(&self, pos: u64, end_offset: u64, synced: u64, sealed: bool) {
         debug_assert!(pos <= self.capacity);
@@ -261,6 +286,8 @@ impl Segment {
         self.end_offset.store(end_offset, Ordering::Release);
         self.synced_pos.store(synced.min(pos), Ordering::Release);
         self.sealed.store(sealed, Ordering::Release);
+        // A seal read from disk is taken as already durable.
+        self.seal_synced.store(sealed, Ordering::Release);
     }
 
     /// The whole mapped file, header included, for recovery before the

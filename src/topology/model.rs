@@ -87,7 +87,11 @@ fn add_children(t: &mut TopicRecord, children: &[PartitionRecord]) -> Result<(),
         if c.id < t.next_partition_id || c.state != PartitionState::Active {
             return Err(format!("child partition {} is not new and active", c.id));
         }
-        t.next_partition_id = c.id + 1;
+        // Ids are never reused, so the last u32 can't be handed out: no id
+        // would remain for the next partition.
+        t.next_partition_id =
+            c.id.checked_add(1)
+                .ok_or_else(|| format!("partition id {} leaves no next id", c.id))?;
         t.partitions.push(c.clone());
     }
     Ok(())
@@ -108,7 +112,9 @@ fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result<(),
                 return Err(format!("topic {} reuses an id or a name", t.name));
             }
             check_topic(t)?;
-            state.next_topic_id = t.id + 1;
+            state.next_topic_id =
+                t.id.checked_add(1)
+                    .ok_or_else(|| format!("topic id {} leaves no next id", t.id))?;
             state.topics.push(t.clone());
         }
         ManifestRecord::DeleteTopic { topic_id } => {

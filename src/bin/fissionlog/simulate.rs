@@ -364,6 +364,16 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
     let window = IMBALANCE_WINDOW_SECS.min(outcome.seconds);
     let load = window_load(&outcome.samples, &ids, window);
     let total_rate: f64 = load.rates.values().sum();
+    let multi_key: Vec<u32> = active
+        .iter()
+        .filter(|p| p.start < p.end)
+        .map(|p| p.id)
+        .collect();
+    let imbalance_without_hot_keys = if multi_key.len() == ids.len() {
+        load.imbalance
+    } else {
+        window_load(&outcome.samples, &multi_key, window).imbalance
+    };
     let partitions: Vec<PartitionRow> = active
         .iter()
         .map(|p| {
@@ -411,6 +421,9 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
         single_key_partitions: active.iter().filter(|p| p.start == p.end).count(),
         imbalance: load.imbalance,
         imbalance_static: load.imbalance_static,
+        imbalance_without_hot_keys,
+        max_partition_records_per_sec: load.rates.values().copied().reduce(f64::max),
+        max_partition_records_per_sec_static: load.static_max_records_per_sec,
         imbalance_window_secs: load.window_secs,
         first_split_after_secs: tally.first_split,
         order_violations: outcome.checker.order_violations,

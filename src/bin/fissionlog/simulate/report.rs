@@ -36,6 +36,8 @@ pub struct WindowLoad {
     pub imbalance_static: Option<f64>,
     /// Records/s over the window, all partitions.
     pub records_per_sec: f64,
+    /// Records/s of the busiest initial hash range over the window.
+    pub static_max_records_per_sec: Option<f64>,
 }
 
 fn max_over_mean(values: impl Iterator<Item = f64> + Clone) -> Option<f64> {
@@ -84,6 +86,8 @@ pub fn window_load(samples: &[Sample], active: &[u32], window: f64) -> WindowLoa
         .map(|(a, b)| a.saturating_sub(*b) as f64)
         .collect();
     let imbalance_static = max_over_mean(static_deltas.iter().copied());
+    let static_max_records_per_sec = (window_secs > 0.0)
+        .then(|| static_deltas.iter().copied().fold(0.0f64, f64::max) / window_secs);
     let records_per_sec = if window_secs > 0.0 {
         last.acked.saturating_sub(first.acked) as f64 / window_secs
     } else {
@@ -95,6 +99,7 @@ pub fn window_load(samples: &[Sample], active: &[u32], window: f64) -> WindowLoa
         imbalance,
         imbalance_static,
         records_per_sec,
+        static_max_records_per_sec,
     }
 }
 
@@ -202,6 +207,14 @@ pub struct Report {
     pub imbalance: Option<f64>,
     /// The same for static partitioning into the initial even ranges.
     pub imbalance_static: Option<f64>,
+    /// `imbalance` leaving out single-key partitions `[h, h]` (a key's load
+    /// cannot be divided without breaking its order).
+    pub imbalance_without_hot_keys: Option<f64>,
+    /// Records/s of the busiest active partition over the window.
+    pub max_partition_records_per_sec: Option<f64>,
+    /// Records/s the busiest initial range would have taken under static
+    /// partitioning over the same window.
+    pub max_partition_records_per_sec_static: Option<f64>,
     /// Length of the window both imbalances were measured over, seconds.
     pub imbalance_window_secs: f64,
     /// Seconds from the start of the run to the first split.
@@ -316,6 +329,21 @@ impl Report {
             opt2(self.imbalance),
             opt2(self.imbalance_static),
             self.partitions_initial
+        );
+        if self.single_key_partitions > 0 {
+            println!(
+                "imbalance without single-key partitions: {}",
+                opt2(self.imbalance_without_hot_keys)
+            );
+        }
+        println!(
+            "busiest partition: {} records/s with splitting, {} records/s static",
+            self.max_partition_records_per_sec
+                .map(si)
+                .unwrap_or_else(|| "-".into()),
+            self.max_partition_records_per_sec_static
+                .map(si)
+                .unwrap_or_else(|| "-".into())
         );
         println!(
             "check: {} records read, {} order violations, {} missing, {} duplicates{}",

@@ -1,0 +1,354 @@
+//! C6: bad input is a typed error, never a panic, and loses nothing.
+
+mod common;
+
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use common::crash::{flip_byte, zero_range};
+use fissionlog::recovery::FileAction;
+use fissionlog::storage::fault::{IoHook, IoOp};
+use fissionlog::{Error, Log, LogOptions, RecoveryMode, TopicConfig};
+
+fn opts() -> LogOptions {
+    LogOptions {
+        balancer: false,
+        ..LogOptions::default()
+    }
+}
+
+fn config() -> TopicConfig {
+    TopicConfig {
+        partitions: 1,
+        segment_bytes: 4096,
+        ..TopicConfig::default()
+    }
+}
+
+fn check_all(log: &Log, n: u64) {
+    let t = log.topic("t").unwrap();
+    let p = t.partition(0).unwrap();
+    assert_eq!(p.end_offset(), n);
+    for i in 0..n {
+        let b = t.read(0, i, 1).unwrap();
+        let r = b.iter().next().unwrap();
+        assert_eq!((r.offset, r.value), (i, format!("v{i}").as_bytes()));
+    }
+}
+
+fn fill(log: &Log, from: u64, to: u64) {
+    let t = log.topic("t").unwrap();
+    for i in from..to {
+        assert_eq!(
+            t.append(None, format!("v{i}").as_bytes()).unwrap().offset,
+            i
+        );
+    }
+}
+
+#[test]
+fn api_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let t = log.create_topic("t", config()).unwrap();
+    fill(&log, 0, 3);
+    let big = vec![0u8; 5000];
+    assert!(matches!(
+        t.append(None, &big),
+        Err(Error::RecordTooLarge { .. })
+    ));
+    assert!(matches!(log.topic("nope"), Err(Error::UnknownTopic(_))));
+    assert!(matches!(
+        t.read(9, 0, 10),
+        Err(Error::UnknownPartition { .. })
+    ));
+    assert!(matches!(
+        t.read(0, 3, 10),
+        Err(Error::OffsetOutOfRange {
+            offset: 3,
+            end: 3,
+            ..
+        })
+    ));
+    for name in ["../x", "a/b", "", &"x".repeat(250), "..", "."] {
+        assert!(
+            matches!(
+                log.create_topic(name, config()),
+                Err(Error::InvalidTopicName { .. })
+            ),
+            "{name:?}"
+        );
+        assert!(matches!(
+            log.topic(name),
+            Err(Error::InvalidTopicName { .. })
+        ));
+    }
+    // Nothing outside the log directory, and only the one topic inside.
+    assert!(!dir.path().parent().unwrap().join("x").exists());
+    let topics: Vec<_> = std::fs::read_dir(dir.path().join("topics"))
+        .unwrap()
+        .collect();
+    assert_eq!(topics.len(), 1);
+    check_all(&log, 3);
+    log.close().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    check_all(&log, 3);
+}
+
+#[test]
+fn not_a_log_foreign_file_and_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), b"hello").unwrap();
+    assert!(matches!(
+        Log::open(dir.path(), opts()),
+        Err(Error::NotALog { .. })
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    log.create_topic("t", config()).unwrap();
+    fill(&log, 0, 2);
+    assert!(matches!(
+        Log::open(dir.path(), opts()),
+        Err(Error::Locked { .. })
+    ));
+    log.close().unwrap();
+    let foreign = dir.path().join("topics/t0/p0/README");
+    std::fs::write(&foreign, b"mine").unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    assert!(log
+        .recovery_report()
+        .files
+        .iter()
+        .any(|f| f.file == foreign && f.action == FileAction::ForeignFile));
+    assert_eq!(std::fs::read(&foreign).unwrap(), b"mine");
+    check_all(&log, 2);
+}
+
+/// A log with `n` records, closed cleanly; returns the directory.
+fn closed_log(n: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    log.create_topic("t", config()).unwrap();
+    fill(&log, 0, n);
+    log.close().unwrap();
+    dir
+}
+
+const SEG0: &str = "topics/t0/p0/00000000000000000000.seg";
+const IDX0: &str = "topics/t0/p0/00000000000000000000.idx";
+
+#[test]
+fn corrupt_index_is_rebuilt() {
+    let dir = closed_log(300);
+    let idx = dir.path().join(IDX0);
+    assert!(idx.exists());
+    let len = std::fs::metadata(&idx).unwrap().len();
+    for pos in [0, len / 2, len - 1] {
+        flip_byte(dir.path(), Path::new(IDX0), pos);
+    }
+    let log = Log::open(dir.path(), opts()).unwrap();
+    check_all(&log, 300);
+    log.close().unwrap();
+    std::fs::write(&idx, b"").unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    check_all(&log, 300);
+}
+
+#[test]
+fn corrupt_segment_header_is_an_error_naming_the_file() {
+    let dir = closed_log(300);
+    flip_byte(dir.path(), Path::new(SEG0), 20);
+    match Log::open(dir.path(), opts()) {
+        Err(Error::Corruption { file, .. }) => assert!(file.ends_with(SEG0)),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    // Truncating a segment to nothing is also reported, never a panic.
+    let dir = closed_log(300);
+    std::fs::write(dir.path().join(SEG0), b"").unwrap();
+    assert!(matches!(
+        Log::open(dir.path(), opts()),
+        Err(Error::Corruption { .. })
+    ));
+    let o = LogOptions {
+        recovery: RecoveryMode::Truncate,
+        ..opts()
+    };
+    let log = Log::open(dir.path(), o).unwrap();
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    assert!(p.start_offset() <= p.end_offset());
+}
+
+#[test]
+fn checkpoint_files() {
+    // One bad checkpoint: the other is used.
+    let dir = closed_log(50);
+    for name in ["checkpoint.0", "checkpoint.1"] {
+        let path = dir.path().join(name);
+        if std::fs::metadata(&path).unwrap().len() > 20 {
+            flip_byte(dir.path(), Path::new(name), 20);
+            break;
+        }
+    }
+    let log = Log::open(dir.path(), opts()).unwrap();
+    assert!(log
+        .recovery_report()
+        .files
+        .iter()
+        .any(|f| matches!(f.action, FileAction::InvalidCheckpoint { .. })));
+    check_all(&log, 50);
+    log.close().unwrap();
+    // Both bad: a full scan still recovers everything.
+    for name in ["checkpoint.0", "checkpoint.1"] {
+        std::fs::write(dir.path().join(name), b"garbage garbage garbage garbage!!").unwrap();
+    }
+    let log = Log::open(dir.path(), opts()).unwrap();
+    assert!(!log.recovery_report().checkpoint_found);
+    check_all(&log, 50);
+}
+
+#[test]
+fn manifest_torn_tail_vs_mid_journal_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    log.create_topic("t", config()).unwrap();
+    log.create_topic("u", config()).unwrap();
+    fill(&log, 0, 3);
+    log.close().unwrap();
+    let journal = dir.path().join("manifest.log");
+    let bytes = std::fs::read(&journal).unwrap();
+    // A torn tail: the last record half written. Cut and reported; the
+    // first topic survives.
+    let torn = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), torn.path());
+    let len = bytes.len() as u64;
+    zero_range(torn.path(), Path::new("manifest.log"), len - 10, 10);
+    let log = Log::open(torn.path(), opts()).unwrap();
+    assert!(log.recovery_report().manifest.torn_tail.is_some());
+    check_all(&log, 3);
+    drop(log);
+    // Damage in the first record with a valid one after it: corruption.
+    let mid = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), mid.path());
+    flip_byte(mid.path(), Path::new("manifest.log"), 40);
+    assert!(matches!(
+        Log::open(mid.path(), opts()),
+        Err(Error::Corruption { .. })
+    ));
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    let img = common::crash::DirImage::capture(from).unwrap();
+    std::fs::remove_dir(to).unwrap();
+    img.write_to(to).unwrap();
+}
+
+/// Fails one kind of operation while armed.
+#[derive(Debug)]
+struct FailOp {
+    op: IoOp,
+    errno: i32,
+    armed: AtomicBool,
+}
+
+impl IoHook for FailOp {
+    fn before(&self, op: IoOp, _path: &Path) -> io::Result<()> {
+        if op == self.op && self.armed.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(self.errno));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn enospc_on_roll_is_no_space_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = Arc::new(FailOp {
+        op: IoOp::CreateSegment,
+        errno: libc::ENOSPC,
+        armed: AtomicBool::new(false),
+    });
+    let log = Log::open_with_hook(dir.path(), opts(), hook.clone()).unwrap();
+    let t = log.create_topic("t", config()).unwrap();
+    hook.armed.store(true, Ordering::SeqCst);
+    let mut n = 0u64;
+    let err = loop {
+        match t.append(None, format!("v{n}").as_bytes()) {
+            Ok(a) => {
+                assert_eq!(a.offset, n);
+                n += 1;
+            }
+            Err(e) => break e,
+        }
+        assert!(n < 10_000);
+    };
+    assert!(matches!(err, Error::NoSpace { .. }), "{err}");
+    assert!(matches!(
+        t.partition(0).unwrap().roll_now(),
+        Err(Error::NoSpace { .. })
+    ));
+    check_all(&log, n);
+    log.sync().unwrap();
+    hook.armed.store(false, Ordering::SeqCst);
+    fill(&log, n, n + 5);
+    log.close().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    check_all(&log, n + 5);
+}
+
+#[test]
+fn fsync_failure_poisons_and_keeps_synced_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = Arc::new(FailOp {
+        op: IoOp::SyncSegment,
+        errno: libc::EIO,
+        armed: AtomicBool::new(false),
+    });
+    let log = Log::open_with_hook(dir.path(), opts(), hook.clone()).unwrap();
+    log.create_topic("t", config()).unwrap();
+    fill(&log, 0, 5);
+    log.sync().unwrap();
+    fill(&log, 5, 7);
+    hook.armed.store(true, Ordering::SeqCst);
+    assert!(log.sync().is_err());
+    let t = log.topic("t").unwrap();
+    assert!(matches!(t.append(None, b"x"), Err(Error::Poisoned { .. })));
+    hook.armed.store(false, Ordering::SeqCst);
+    assert!(matches!(t.append(None, b"x"), Err(Error::Poisoned { .. })));
+    log.abandon();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    assert!(p.end_offset() >= 5);
+    check_all(&log, p.end_offset());
+}
+
+#[test]
+fn second_process_is_locked_out() {
+    if std::env::var_os("FISSIONLOG_LOCK_CHILD").is_some() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "lock_child", "--nocapture", "--include-ignored"])
+        .env("FISSIONLOG_LOCK_CHILD", dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("LOCKED"), "{stdout}");
+    drop(log);
+}
+
+#[test]
+#[ignore = "child process of second_process_is_locked_out"]
+fn lock_child() {
+    let Some(dir) = std::env::var_os("FISSIONLOG_LOCK_CHILD") else {
+        return;
+    };
+    match Log::open(Path::new(&dir), opts()) {
+        Err(Error::Locked { .. }) => println!("LOCKED"),
+        other => println!("UNEXPECTED {:?}", other.map(|_| ())),
+    }
+}

@@ -55,7 +55,7 @@ const IMBALANCE_WINDOW_SECS: f64 = 3.0;
 /// Share of the surge rate the producers keep in the calm phase.
 const CALM_SHARE: f64 = 0.05;
 /// Share of the run spent in the surge with `--phases`.
-const SURGE_SHARE: f64 = 0.4;
+const SURGE_SHARE: f64 = 1.0 / 3.0;
 
 /// Arguments of `fissionlog simulate`.
 #[derive(clap::Args, Debug)]
@@ -67,7 +67,9 @@ pub struct SimulateArgs {
     /// Keep the temporary directory.
     #[arg(long)]
     pub keep: bool,
-    /// Seconds to produce (default 10, or 20 with --phases); ignored with --records.
+    /// Seconds to produce (default 10, or 30 with --phases: the 10 s and 60 s
+    /// rate windows need a long calm before partitions count as cold);
+    /// ignored with --records.
     #[arg(long)]
     pub seconds: Option<f64>,
     /// Produce exactly this many records instead of running for a time.
@@ -253,7 +255,7 @@ impl Plan {
                 return Err(format!("--seconds must be in (0, 86400], not {s}"));
             }
             (None, Some(s)) => Stop::After(Duration::from_secs_f64(s)),
-            (None, None) => Stop::After(Duration::from_secs(if a.phases { 20 } else { 10 })),
+            (None, None) => Stop::After(Duration::from_secs(if a.phases { 30 } else { 10 })),
         };
         let seed = a.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()

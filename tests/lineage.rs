@@ -445,16 +445,28 @@ fn split_append_pause() {
                 lat
             })
         };
+        let mut changes = Vec::new();
         for _ in 0..40 {
             std::thread::sleep(Duration::from_millis(25));
             if with_splits {
                 let active = topic.active_partitions();
+                let t = Instant::now();
                 if active.len() >= 2 {
                     topic.merge(active[0], active[1]).unwrap();
                 } else {
                     topic.split(active[0], SplitPlan::Even).unwrap();
                 }
+                changes.push(t.elapsed());
             }
+        }
+        if with_splits {
+            changes.sort();
+            println!(
+                "split/merge calls: {} , p50 {:?}, max {:?}",
+                changes.len(),
+                percentile(&changes, 0.5),
+                changes.last().unwrap()
+            );
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let mut lat = appender.join().unwrap();

@@ -2,6 +2,7 @@
 
 pub mod durability;
 pub mod fault;
+pub mod prefault;
 pub mod segment;
 
 /// fsync of a directory, so that creations, renames and deletions in it

@@ -35,6 +35,7 @@ use crate::format::batch::{self, BatchHeader, RecordIn};
 use crate::format::index::{self, IndexEntry};
 use crate::format::segment::{self, SegmentInfo, SEGMENT_HEADER_LEN};
 use crate::storage::fault::{IoHook, IoOp};
+use crate::storage::prefault;
 
 /// File name of the segment starting at `base_offset`.
 pub fn segment_file_name(base_offset: u64) -> String {
@@ -362,6 +363,27 @@ impl Segment {
         Ok(())
     }
 
+    /// Populates `[start, start + len)` of the mapping into the page cache
+    /// (clean, read-only) so the writer's first store there is cheap. Best
+    /// effort: errors (old kernels) are ignored.
+    pub(crate) fn populate(&self, start: u64, len: u64) {
+        let end = (start + len).min(self.capacity);
+        if start >= end {
+            return;
+        }
+        // SAFETY: the range lies inside the mapping (clamped to capacity)
+        // and the mapping lives as long as `self`; MADV_POPULATE_READ only
+        // faults pages in and never changes their contents, so it cannot
+        // race with the writer or readers.
+        unsafe {
+            libc::madvise(
+                self.map.as_mut_ptr().add(start as usize).cast(),
+                (end - start) as usize,
+                libc::MADV_POPULATE_READ,
+            );
+        }
+    }
+
     /// Replaces damaged bytes with a hole batch (salvage).
     pub(crate) fn write_hole(
         &mut self,
@@ -603,6 +625,8 @@ pub struct SegmentWriter {
     last_indexed_pos: Option<u64>,
     max_ts: i64,
     index_interval: u64,
+    /// Pages below this were handed to the prefault thread.
+    prefault_until: u64,
 }
 
 impl SegmentWriter {
@@ -616,9 +640,20 @@ impl SegmentWriter {
             write_pos: segment.committed_pos(),
             next_offset: segment.end_offset(),
             max_ts: segment.max_timestamp(),
+            prefault_until: segment.committed_pos() & !4095,
             segment,
             last_indexed_pos,
             index_interval,
+        }
+    }
+
+    /// Keeps pages populated a few MiB ahead of the write position.
+    fn prefault_ahead(&mut self) {
+        let capacity = self.segment.capacity;
+        while self.prefault_until < capacity && self.write_pos + prefault::PREFAULT_AHEAD > self.prefault_until {
+            let len = prefault::PREFAULT_CHUNK.min(capacity - self.prefault_until);
+            prefault::request(self.segment.clone(), self.prefault_until, len);
+            self.prefault_until += len;
         }
     }
 
@@ -681,6 +716,9 @@ impl SegmentWriter {
         self.segment
             .end_offset
             .store(self.next_offset, Ordering::Release);
+        if self.write_pos + prefault::PREFAULT_AHEAD > self.prefault_until {
+            self.prefault_ahead();
+        }
         header
     }
 

@@ -9,13 +9,26 @@ use fissionlog::{Log, LogOptions, TopicConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let n: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(2_000_000);
+    let n: u64 = args
+        .next()
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(2_000_000);
     let dir = args.next().map_or_else(
         || std::env::temp_dir().join(format!("fissionlog-append-{}", std::process::id())),
         Into::into,
     );
-    let log = Log::open(&dir, LogOptions { balancer: false, ..LogOptions::default() })?;
-    let config = TopicConfig { segment_bytes: 512 << 20, ..TopicConfig::default() };
+    let log = Log::open(
+        &dir,
+        LogOptions {
+            balancer: false,
+            ..LogOptions::default()
+        },
+    )?;
+    let config = TopicConfig {
+        segment_bytes: 512 << 20,
+        ..TopicConfig::default()
+    };
     let topic = log.create_topic("bench", config)?;
     let value = [7u8; 100];
     let started = Instant::now();

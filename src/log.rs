@@ -271,6 +271,7 @@ impl Log {
                     (0, 64, 0),
                 );
                 st.routes.insert(p.start, p.id);
+                st.roots.insert(p.start, p.id);
                 st.nodes.insert(
                     p.id,
                     Node {
@@ -524,26 +525,21 @@ fn load_topic(
                 part.with_writer(|w| w.rates = crate::balance::RateTracker::restore(&snap, now));
             }
         }
+        // A split or merge commits the seal offset without syncing the
+        // parent first, so a power loss may cut the parent's unsynced tail
+        // below it (C3 allows that). Everything above the recovered end is
+        // gone: readers and key chains use the recovered end.
+        let mut rec_now = p.clone();
         if let PartitionState::Sealed { end_offset } = p.state {
-            if part.end_offset() < end_offset
-                && mode.recovery == crate::config::RecoveryMode::Strict
-                && !chain.problems.is_empty()
-            {
-                return Err(Error::corruption(
-                    &pdir,
-                    0,
-                    format!(
-                        "sealed partition ends at {} but was sealed at {end_offset}",
-                        part.end_offset()
-                    ),
-                ));
-            }
+            rec_now.state = PartitionState::Sealed {
+                end_offset: end_offset.min(part.end_offset()),
+            };
         }
         st.routes.extend((!sealed).then_some((p.start, p.id)));
         st.nodes.insert(
             p.id,
             Node {
-                rec: p.clone(),
+                rec: rec_now,
                 children: vec![],
                 part,
                 last_change_nanos: now,
@@ -561,6 +557,13 @@ fn load_topic(
             n.children.push(child);
         }
     }
+    let roots: Vec<(u64, u32)> = st
+        .nodes
+        .values()
+        .filter(|n| n.rec.parents.iter().all(|p| !st.nodes.contains_key(p)))
+        .map(|n| (n.rec.start, n.rec.id))
+        .collect();
+    st.roots.extend(roots);
     *topic.inner.state.write() = st;
     Ok(topic)
 }
@@ -758,7 +761,9 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
             problems.extend(chain.problems);
             if let Some(last) = chain.segments.last() {
                 if let PartitionState::Sealed { end_offset } = p.state {
-                    if last.end_offset() != end_offset {
+                    // Ending below the seal is a cut unsynced tail (allowed);
+                    // data past the seal would break per-key order.
+                    if last.end_offset() > end_offset {
                         problems.push(Problem {
                             file: pdir.clone(),
                             position: 0,

@@ -207,14 +207,18 @@ impl Reader {
                     Err(e) => return Err(e),
                 };
                 let room = max_records - out.len();
-                let recs = batch.to_owned_records();
-                let take = recs.len().min(room);
-                let next = if take == recs.len() {
-                    batch.next_offset()
-                } else {
-                    recs[take].offset
-                };
-                out.extend(recs.into_iter().take(take));
+                // Copy only what fits; the rest is read again next time.
+                let before = out.len();
+                let mut rest = batch.iter().skip(room).map(|r| r.offset);
+                out.extend(batch.iter().take(room).map(|r| OwnedRecord {
+                    partition: id,
+                    offset: r.offset,
+                    timestamp: r.timestamp,
+                    key: r.key.map(<[u8]>::to_vec),
+                    value: r.value.to_vec(),
+                }));
+                debug_assert!(out.len() - before <= room);
+                let next = rest.next().unwrap_or_else(|| batch.next_offset());
                 self.positions.insert(id, next);
                 progressed = true;
                 if out.len() >= max_records {

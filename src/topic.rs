@@ -108,6 +108,9 @@ pub(crate) struct TopicState {
     pub nodes: BTreeMap<u32, Node>,
     /// Active partitions by range start.
     pub routes: BTreeMap<u64, u32>,
+    /// Partitions without a (surviving) parent, by range start: where every
+    /// key's lineage begins.
+    pub roots: BTreeMap<u64, u32>,
 }
 
 #[derive(Debug)]
@@ -431,12 +434,16 @@ impl Topic {
                 .get(id)
                 .is_some_and(|n| n.rec.start <= h && h <= n.rec.end)
         };
+        // The roots tile the hash space: an O(log n) lookup, then one step
+        // per generation (a node has at most three children).
         let root = st
-            .nodes
-            .values()
-            .find(|n| covers(&n.rec.id) && n.rec.parents.iter().all(|p| !st.nodes.contains_key(p)));
+            .roots
+            .range(..=h)
+            .next_back()
+            .map(|(_, &id)| id)
+            .filter(covers);
         let mut out = Vec::new();
-        let mut cur = root.map(|n| n.rec.id);
+        let mut cur = root;
         while let Some(id) = cur {
             let n = &st.nodes[&id];
             let sealed_at = match n.rec.state {

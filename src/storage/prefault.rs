@@ -55,7 +55,11 @@ pub(crate) fn request(segment: Arc<Segment>, start: u64, len: u64) {
     }
     TX.with(|tx| {
         if let Some(tx) = tx {
-            let _ = tx.send(Request { segment, start, len });
+            let _ = tx.send(Request {
+                segment,
+                start,
+                len,
+            });
         }
     });
 }

@@ -650,7 +650,9 @@ impl SegmentWriter {
     /// Keeps pages populated a few MiB ahead of the write position.
     fn prefault_ahead(&mut self) {
         let capacity = self.segment.capacity;
-        while self.prefault_until < capacity && self.write_pos + prefault::PREFAULT_AHEAD > self.prefault_until {
+        while self.prefault_until < capacity
+            && self.write_pos + prefault::PREFAULT_AHEAD > self.prefault_until
+        {
             let len = prefault::PREFAULT_CHUNK.min(capacity - self.prefault_until);
             prefault::request(self.segment.clone(), self.prefault_until, len);
             self.prefault_until += len;

@@ -192,16 +192,6 @@ impl Topic {
             .1
     }
 
-    fn keyless_partition(&self) -> u32 {
-        let st = self.inner.state.read();
-        let n = st.routes.len() as u64;
-        let i = self.inner.round_robin.fetch_add(1, Ordering::Relaxed) % n;
-        *st.routes
-            .values()
-            .nth(i as usize)
-            .expect("index below the count")
-    }
-
     /// A partition handle.
     pub fn partition(&self, id: u32) -> Result<Arc<Partition>> {
         self.inner
@@ -293,14 +283,41 @@ impl Topic {
         let mut pending: Vec<usize> = (0..records.len()).collect();
         let mut attempts = 0;
         while !pending.is_empty() {
-            let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-            let keyless = self.keyless_partition();
-            for &i in &pending {
-                let p = hashes[i].map_or(keyless, |h| self.route_hash(h));
-                groups.entry(p).or_default().push(i);
+            // Route every pending record against one snapshot of the routing
+            // table: routed one by one, a split landing mid-batch could send
+            // a key's first record to the parent and its second to a child,
+            // and the parent's group (refused as sealed, then retried) would
+            // land after the child's: per-key order broken.
+            let mut groups: BTreeMap<u32, (Arc<Partition>, Vec<usize>)> = BTreeMap::new();
+            {
+                let st = self.inner.state.read();
+                let n = st.routes.len() as u64;
+                let rr = self.inner.round_robin.fetch_add(1, Ordering::Relaxed) % n;
+                let keyless = *st
+                    .routes
+                    .values()
+                    .nth(rr as usize)
+                    .expect("index below the count");
+                for &i in &pending {
+                    let pid = match hashes[i] {
+                        Some(h) => {
+                            *st.routes
+                                .range(..=h)
+                                .next_back()
+                                .expect("active ranges tile the hash space")
+                                .1
+                        }
+                        None => keyless,
+                    };
+                    groups
+                        .entry(pid)
+                        .or_insert_with(|| (st.nodes[&pid].part.clone(), Vec::new()))
+                        .1
+                        .push(i);
+                }
             }
             let mut retry = Vec::new();
-            for (pid, idxs) in groups {
+            for (pid, (part, idxs)) in groups {
                 let recs: Vec<RecordIn<'_>> = idxs
                     .iter()
                     .map(|&i| RecordIn {
@@ -310,7 +327,7 @@ impl Topic {
                     })
                     .collect();
                 let hs: Vec<Option<u64>> = idxs.iter().map(|&i| hashes[i]).collect();
-                match self.partition(pid)?.append(&recs, &hs) {
+                match part.append(&recs, &hs) {
                     Ok(base) => {
                         for (k, &i) in idxs.iter().enumerate() {
                             out[i] = Appended {
@@ -324,6 +341,7 @@ impl Topic {
                     Err(e) => return Err(e),
                 }
             }
+            retry.sort_unstable();
             pending = retry;
             attempts += 1;
         }

@@ -5,8 +5,9 @@
 //! and its second to a child; the parent's group was refused as sealed and
 //! retried after the child's group had been appended: order broken. The
 //! window is the instant a split installs its children, so this is a
-//! stress test: it caught the bug only rarely (once in a CI run of
-//! `simulate`), but it fails whenever the interleaving happens.
+//! stress test that fails only when that interleaving happens; the bug was
+//! seen once as an order violation in a CI run of `simulate` and this test
+//! did not reproduce it locally.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

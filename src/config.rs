@@ -135,6 +135,9 @@ pub struct LogOptions {
     pub manifest_compact_records: u32,
     /// Run the background balancer for topics whose policy enables it.
     pub balancer: bool,
+    /// Apply retention from the background thread every second (off: only
+    /// [`crate::Log::enforce_retention`] applies it).
+    pub background_retention: bool,
     /// Clock for rates and policies (injectable for deterministic tests).
     pub clock: std::sync::Arc<dyn crate::balance::Clock>,
 }
@@ -148,6 +151,7 @@ impl Default for LogOptions {
             use_io_uring: true,
             manifest_compact_records: 1000,
             balancer: true,
+            background_retention: true,
             clock: std::sync::Arc::new(crate::balance::SystemClock),
         }
     }

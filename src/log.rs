@@ -181,7 +181,11 @@ impl Log {
             return Err(e);
         }
         report.duration = started.elapsed();
-        let background = spawn_background(Arc::downgrade(&core), options.balancer);
+        let background = spawn_background(
+            Arc::downgrade(&core),
+            options.balancer,
+            options.background_retention,
+        );
         Ok(Log {
             core,
             report,
@@ -508,7 +512,9 @@ fn load_topic(
             )?;
             segs.push(Arc::new(seg));
         }
+        let retired_below = cps.get(&(rec.id, p.id)).map_or(0, |c| c.start_offset);
         let part = topic.make_partition(p.id, segs, (p.start, p.end), sealed, chain.durable);
+        part.set_retired_below(retired_below);
         if let Some(c) = cps.get(&(rec.id, p.id)) {
             let snap = crate::balance::RateSnapshot {
                 windows: c
@@ -609,22 +615,35 @@ fn remove_orphans(dir: &Path, topics: &[TopicRecord], report: &mut RecoveryRepor
 fn enforce_retention(core: &Core) -> Result<usize> {
     let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
     let now = crate::partition::now_ms();
-    let mut n = 0;
+    let mut parts = Vec::new();
     for t in topics {
         let cfg = t.config();
         if cfg.retention_age.is_none() && cfg.retention_bytes.is_none() {
             continue;
         }
         for p in t.all_partition_handles() {
-            n += p
-                .apply_retention(cfg.retention_age, cfg.retention_bytes, now)?
-                .len();
+            if p.plan_retention(cfg.retention_age, cfg.retention_bytes, now) {
+                parts.push(p);
+            }
         }
+    }
+    if parts.is_empty() {
+        return Ok(0);
+    }
+    // The new floors reach the checkpoint (durably) before any file goes.
+    core.sync()?;
+    let mut n = 0;
+    for p in parts {
+        n += p.delete_retired()?.len();
     }
     Ok(n)
 }
 
-fn spawn_background(core: Weak<Core>, balancer: bool) -> std::thread::JoinHandle<()> {
+fn spawn_background(
+    core: Weak<Core>,
+    balancer: bool,
+    retention: bool,
+) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("fissionlog-bg".into())
         .spawn(move || {
@@ -650,7 +669,7 @@ fn spawn_background(core: Weak<Core>, balancer: bool) -> std::thread::JoinHandle
                     let _ = core.sync();
                     last_sync = Instant::now();
                 }
-                if last_retention.elapsed() >= Duration::from_secs(1) {
+                if retention && last_retention.elapsed() >= Duration::from_secs(1) {
                     let _ = enforce_retention(&core);
                     last_retention = Instant::now();
                 }

@@ -62,6 +62,9 @@ pub struct Partition {
     /// calls durable would let a crash lose synced offsets that no remaining
     /// file can account for.
     checkpointed_bases: Mutex<(u64, u64)>,
+    /// Retention floor: segments starting below it are retired. Recorded
+    /// in the checkpoint before their files are unlinked.
+    retired_below: AtomicU64,
     tail_lock: Mutex<()>,
     tail_cv: Condvar,
     waiters: AtomicUsize,
@@ -120,6 +123,7 @@ impl Partition {
             is_poisoned: AtomicBool::new(false),
             dir_dirty: AtomicBool::new(false),
             checkpointed_bases: Mutex::new((durable.0, durable.0)),
+            retired_below: AtomicU64::new(0),
             durable: Mutex::new(DurablePos {
                 segment_base: durable.0,
                 position: durable.1,
@@ -456,6 +460,7 @@ impl Partition {
             segment_base: d.segment_base,
             position: d.position,
             end_offset: d.end_offset,
+            start_offset: self.retired_below.load(Ordering::Acquire),
             rates: rates
                 .windows
                 .iter()
@@ -468,27 +473,36 @@ impl Partition {
         }
     }
 
-    /// Deletes sealed segments past retention. Returns the files removed.
-    pub(crate) fn apply_retention(
+    /// Sets the retention floor found by recovery.
+    pub(crate) fn set_retired_below(&self, offset: u64) {
+        self.retired_below.fetch_max(offset, Ordering::AcqRel);
+    }
+
+    /// Decides which sealed segments retention retires and raises the floor
+    /// to the first segment kept. Deletes nothing: the caller makes the new
+    /// floor durable (a sync round writes it into the checkpoint) and then
+    /// calls [`Partition::delete_retired`], so a crash can never bring back
+    /// a retired file that recovery would mistake for live data. Returns
+    /// whether the floor moved.
+    pub(crate) fn plan_retention(
         &self,
         age: Option<Duration>,
         bytes: Option<u64>,
         now_ms: i64,
-    ) -> Result<Vec<PathBuf>> {
-        let mut removed = Vec::new();
-        let mut list = self.segments.write();
-        let mut v = (**list).clone();
+    ) -> bool {
+        let v = self.segments();
         let mut total: u64 = v.iter().map(|s| s.committed_pos()).sum();
         // The segment being written never goes (an empty sealed partition does).
         let keep_last = !self.is_sealed();
-        // A sealed partition's end is in the manifest, so only an active one
-        // needs the checkpointed floor.
+        // Nor do the segments the last two checkpoints name (recovery
+        // starts from them).
         let floor = {
             let bases = self.checkpointed_bases.lock();
             bases.0.min(bases.1)
         };
-        while v.len() > usize::from(keep_last) {
-            let s = &v[0];
+        let mut i = 0;
+        while v.len() - i > usize::from(keep_last) {
+            let s = &v[i];
             let expired = age.is_some_and(|a| {
                 s.max_timestamp() != i64::MIN && now_ms - s.max_timestamp() > a.as_millis() as i64
             });
@@ -497,10 +511,31 @@ impl Partition {
                 break;
             }
             total -= s.committed_pos();
+            i += 1;
+        }
+        let new_floor = match v.get(i) {
+            Some(s) if i > 0 => s.base_offset,
+            None if i > 0 => v[i - 1].end_offset(),
+            _ => return false,
+        };
+        self.retired_below.fetch_max(new_floor, Ordering::AcqRel) < new_floor
+    }
+
+    /// Unlinks the segments below the retention floor. Readers holding
+    /// them keep reading (the mappings stay valid until dropped).
+    pub(crate) fn delete_retired(&self) -> Result<Vec<PathBuf>> {
+        let floor = self.retired_below.load(Ordering::Acquire);
+        let mut removed = Vec::new();
+        let mut list = self.segments.write();
+        let mut v = (**list).clone();
+        while v
+            .first()
+            .is_some_and(|s| s.base_offset < floor && (v.len() > 1 || self.is_sealed()))
+        {
+            let s = v.remove(0);
             let _ = std::fs::remove_file(s.index_path());
             std::fs::remove_file(s.path()).map_err(|e| Error::io(s.path(), e))?;
             removed.push(s.path().to_path_buf());
-            v.remove(0);
         }
         if !removed.is_empty() {
             *list = Arc::new(v);

@@ -233,6 +233,7 @@ fn checkpoint_seeds() -> Vec<Vec<u8>> {
         segment_base: 10,
         position: 4096,
         end_offset: 99,
+        start_offset: 0,
         rates: (0..rates)
             .map(|i| WindowState {
                 window_ms: 1000 * (i as u32 + 1),

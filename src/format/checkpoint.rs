@@ -14,7 +14,8 @@
 //! 24  seq          u64
 //! 32  payload: entry count u32, then per partition:
 //!       topic_id u32, partition_id u32, segment_base u64, position u64,
-//!       end_offset u64, window count u32, per window:
+//!       end_offset u64, start_offset u64 (retention floor),
+//!       window count u32, per window:
 //!       window_ms u32, bytes_per_sec f64, records_per_sec f64
 //! ```
 //!
@@ -55,6 +56,9 @@ pub struct PartitionCheckpoint {
     pub position: u64,
     /// Offset matching `position` (exclusive end).
     pub end_offset: u64,
+    /// Retention floor: segments starting below it were retired (a crash
+    /// may bring their files back; recovery deletes them again).
+    pub start_offset: u64,
     /// Write rates, so a restart resumes with what it knew.
     pub rates: Vec<WindowState>,
 }
@@ -80,6 +84,7 @@ pub fn encode_checkpoint(c: &Checkpoint) -> Vec<u8> {
         payload.extend_from_slice(&p.segment_base.to_le_bytes());
         payload.extend_from_slice(&p.position.to_le_bytes());
         payload.extend_from_slice(&p.end_offset.to_le_bytes());
+        payload.extend_from_slice(&p.start_offset.to_le_bytes());
         payload.extend_from_slice(&(p.rates.len() as u32).to_le_bytes());
         for w in &p.rates {
             payload.extend_from_slice(&w.window_ms.to_le_bytes());
@@ -165,6 +170,7 @@ pub fn decode_checkpoint(buf: &[u8]) -> Result<Checkpoint, String> {
             segment_base: cur.u64()?,
             position: cur.u64()?,
             end_offset: cur.u64()?,
+            start_offset: cur.u64()?,
             rates: Vec::new(),
         };
         let windows = cur.u32()?;
@@ -204,6 +210,7 @@ mod tests {
                 segment_base: 300,
                 position: 4096,
                 end_offset: 350,
+                start_offset: 100,
                 rates: vec![WindowState {
                     window_ms: 1000,
                     bytes_per_sec: 1.5,

@@ -116,6 +116,17 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
             delete_segment(&path, p.mode.write, "follows a truncation point", report)?;
             continue;
         }
+        if p.checkpoint.is_some_and(|c| base < c.start_offset) {
+            // Retention recorded this segment as retired before unlinking
+            // it; a crash brought the file back.
+            delete_segment(
+                &path,
+                p.mode.write,
+                "retired by retention, back after a crash",
+                report,
+            )?;
+            continue;
+        }
         let durable_segment = cp.is_some_and(|c| base < c.segment_base);
         let cp_segment = cp.filter(|c| c.segment_base == base);
         let opened = Segment::open_with(&path, p.mode.write);
@@ -170,25 +181,23 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                     delete_segment(&path, p.mode.write, "follows a torn tail", report)?;
                     cut = true;
                     continue;
-                } else if base > exp
-                    && p.mode.recovery != RecoveryMode::Salvage
-                    && out.segments.iter().all(|s| s.is_sealed())
-                {
-                    // Retention deletes the oldest sealed segments first, but
-                    // unlinks are not ordered on disk until the directory is
-                    // synced: a crash may bring back an older segment while a
-                    // newer deleted one stays gone. Everything before the gap
-                    // is such a resurrected retention leftover; drop it.
-                    for old in std::mem::take(&mut out.segments) {
-                        delete_segment(
-                            old.path(),
-                            p.mode.write,
-                            "resurrected by a crash after retention deleted later segments",
-                            report,
-                        )?;
-                    }
                 } else if base > exp && p.mode.recovery == RecoveryMode::Salvage {
                     out.holes.push((exp, base));
+                    if p.mode.write {
+                        // Persist the gap as a segment holding one hole batch,
+                        // so the next open (in any mode) finds a continuous
+                        // chain and reads of the range keep reporting the hole.
+                        let hook = crate::storage::fault::NoFaults;
+                        let filler = Segment::create_hole(p.dir, p.ids, exp, base, &hook)?;
+                        report.add(
+                            filler.path(),
+                            FileAction::Salvaged {
+                                position: SEGMENT_HEADER_LEN as u64,
+                                lost_offsets: (exp, base),
+                            },
+                        );
+                        out.segments.push(filler);
+                    }
                 } else {
                     let what = format!("segment starts at offset {base}, expected {exp}");
                     let decision = corrupt(p, &path, 0, what, &mut out)?;

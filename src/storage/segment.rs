@@ -133,6 +133,34 @@ impl Segment {
         Ok(seg)
     }
 
+    /// Creates a small sealed segment holding one hole batch for the lost
+    /// offsets `[first, end)` (salvage across a missing segment).
+    pub(crate) fn create_hole(
+        dir: &Path,
+        ids: (u32, u32),
+        first: u64,
+        end: u64,
+        hook: &dyn IoHook,
+    ) -> Result<Segment> {
+        let path = dir.join(segment_file_name(first));
+        let lost = u32::try_from(end - first).map_err(|_| {
+            Error::corruption(&path, 0, "a salvage hole spans more than 2^32 offsets")
+        })?;
+        let mut seg = Segment::create(dir, ids, first, crate::config::MIN_SEGMENT_BYTES, 0, hook)?;
+        let hole_end = (SEGMENT_HEADER_LEN + batch::BATCH_HEADER_LEN) as u64;
+        seg.write_hole(
+            SEGMENT_HEADER_LEN as u64,
+            hole_end - SEGMENT_HEADER_LEN as u64,
+            first,
+            u64::from(lost),
+        )?;
+        seg.write_seal(end, hole_end);
+        seg.sync_data(hook)?;
+        crate::storage::sync_dir(dir)?;
+        seg.set_recovered_end(hole_end, end, hole_end, true);
+        Ok(seg)
+    }
+
     /// Opens and maps an existing segment file, validating its header. The
     /// returned segment has no data until [`Segment::set_recovered_end`].
     pub fn open(path: &Path) -> Result<(Segment, SegmentInfo)> {

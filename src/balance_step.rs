@@ -60,6 +60,7 @@ impl Topic {
                 Decision::Split { partition, at } => {
                     let plan = match at {
                         SplitAt::Point(p) => SplitPlan::At(p),
+                        SplitAt::Quantiles(k) => SplitPlan::LoadQuantiles(k),
                         SplitAt::IsolateKey(h) => SplitPlan::IsolateHash(h),
                     };
                     self.split(partition, plan).is_ok()

@@ -90,6 +90,9 @@ pub enum SplitPlan {
     Even,
     /// At the load-weighted median of recent appends (falls back to Even).
     LoadMedian,
+    /// Into this many children (2–16) of about equal recent load (falls
+    /// back to LoadMedian when the load is too concentrated).
+    LoadQuantiles(u8),
     /// Isolate the hash value of a key into `[h, h]`, remainder on each side.
     IsolateHash(u64),
 }
@@ -788,6 +791,26 @@ fn split_ranges(
         SplitPlan::At(at) => at,
         SplitPlan::Even => mid,
         SplitPlan::LoadMedian => parent.with_writer(|w| w.load.split_point()).unwrap_or(mid),
+        SplitPlan::LoadQuantiles(k) => {
+            if !(2..=16).contains(&k) {
+                return Err(Error::Refused(format!(
+                    "a split makes 2 to 16 children, not {k}"
+                )));
+            }
+            let points = parent.with_writer(|w| w.load.quantile_points(usize::from(k)));
+            if points.len() < 2 {
+                parent.with_writer(|w| w.load.split_point()).unwrap_or(mid)
+            } else {
+                let mut out = Vec::with_capacity(points.len() + 1);
+                let mut lo = start;
+                for m in points {
+                    out.push((lo, m));
+                    lo = m + 1;
+                }
+                out.push((lo, end));
+                return Ok(out);
+            }
+        }
         SplitPlan::IsolateHash(h) => {
             if h < start || h > end {
                 return Err(Error::Refused(format!(

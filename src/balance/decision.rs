@@ -44,6 +44,10 @@ pub struct PartitionLoad {
 pub enum SplitAt {
     /// Children `[start, p]` and `[p + 1, end]`; `start <= p < end`.
     Point(u64),
+    /// Into this many children at the load quantiles of the partition's
+    /// load map: a partition carrying several targets' worth of load is cut
+    /// once into as many pieces as it needs, not halved repeatedly.
+    Quantiles(u8),
     /// Children `[start, h - 1]` (if `h > start`), `[h, h]` and
     /// `[h + 1, end]` (if `h < end`).
     IsolateKey(u64),
@@ -207,6 +211,22 @@ fn heat(policy: &BalancePolicy, p: &PartitionLoad) -> Option<f64> {
 }
 
 /// Every window of every set target known and below `cold_fraction`.
+/// Most children one split creates.
+const MAX_PIECES: u64 = 4;
+
+/// How many partitions of at most the target the short-window load needs.
+fn pieces_needed(policy: &BalancePolicy, p: &PartitionLoad) -> u64 {
+    let Some((short, _)) = short_and_long(&p.rates) else {
+        return 2;
+    };
+    policy
+        .targets()
+        .into_iter()
+        .filter_map(|(rate_of, target)| known(rate_of(short)).map(|r| (r / target).ceil()))
+        .fold(2.0_f64, f64::max)
+        .min(MAX_PIECES as f64) as u64
+}
+
 fn is_cold(policy: &BalancePolicy, p: &PartitionLoad) -> bool {
     !p.rates.is_empty()
         && policy.targets().into_iter().all(|(rate_of, target)| {
@@ -269,6 +289,12 @@ fn split_for(policy: &BalancePolicy, p: &PartitionLoad, budget: u64) -> Option<(
     if budget == 0 {
         return None;
     }
+    let pieces = pieces_needed(policy, p)
+        .min(budget.saturating_add(1))
+        .min(MAX_PIECES);
+    if pieces > 2 && end - start >= pieces {
+        return Some((split(SplitAt::Quantiles(pieces as u8)), pieces - 1));
+    }
     let middle = start + (end - start) / 2;
     let point = p
         .split_point
@@ -324,10 +350,25 @@ mod tests {
 
     #[test]
     fn hot_by_short_or_long_window_splits_at_the_split_point() {
+        // 2.5 targets of load: cut once into the 3 pieces it needs.
         let mut by_short = part(1, 0, 999, 2.5 * TARGET, 0.0);
         by_short.split_point = Some(300);
         assert_eq!(
-            decide(&policy(), NOW, &[by_short]),
+            decide(&policy(), NOW, &[by_short.clone()]),
+            vec![split(1, SplitAt::Quantiles(3))]
+        );
+        // Never more than 4 children at once, and never past max_partitions.
+        by_short.rates = rates(10.0 * TARGET, 0.0);
+        assert_eq!(
+            decide(&policy(), NOW, &[by_short.clone()]),
+            vec![split(1, SplitAt::Quantiles(4))]
+        );
+        let capped = BalancePolicy {
+            max_partitions: 2,
+            ..policy()
+        };
+        assert_eq!(
+            decide(&capped, NOW, &[by_short]),
             vec![split(1, SplitAt::Point(300))]
         );
         let by_long = part(2, 0, 999, 0.0, 1.1 * TARGET);

@@ -218,6 +218,37 @@ impl LoadMap {
         Some(self.point_in_bucket(last, 1.0))
     }
 
+    /// Cut points dividing the load into `pieces` parts of about equal load:
+    /// up to `pieces - 1` strictly increasing points `m` with
+    /// `start <= m < end`, each the last hash of a part. Fewer (possibly
+    /// none) when the load is too concentrated to cut that finely.
+    pub fn quantile_points(&self, pieces: usize) -> Vec<u64> {
+        let mut out: Vec<u64> = Vec::new();
+        if self.start == self.end || pieces < 2 {
+            return out;
+        }
+        let sum: f64 = self.buckets.iter().sum();
+        if !(sum.is_finite() && sum > 0.0) {
+            return out;
+        }
+        for j in 1..pieces {
+            let goal = sum * j as f64 / pieces as f64;
+            let mut before = 0.0;
+            for (i, &w) in self.buckets.iter().enumerate() {
+                if w > 0.0 && before + w >= goal {
+                    let fraction = ((goal - before) / w).clamp(0.0, 1.0);
+                    let m = self.point_in_bucket(i, fraction);
+                    if out.last().is_none_or(|&l| m > l) && m < self.end {
+                        out.push(m);
+                    }
+                    break;
+                }
+                before += w;
+            }
+        }
+        out
+    }
+
     /// The key with the largest guaranteed share of the load, if that share
     /// exceeds `min_share`. The guaranteed weight of a Space-Saving counter
     /// is `weight - error`: a key that merely inherited an evicted
@@ -395,6 +426,45 @@ mod tests {
         let m = map.split_point().expect("loaded");
         assert!(rel_err(m, 1 << 63) < 0.03, "split at {m:#x}");
         assert!((map.load_share(0, m) - 0.5).abs() < 0.01);
+    }
+
+    #[test]
+    fn quantile_points_cut_equal_loads() {
+        let mut map = LoadMap::with_config(0, u64::MAX, &unsampled(), 0);
+        let mut rng = Rng(3);
+        for _ in 0..40_000 {
+            // Three quarters of the load on the lowest eighth of the space.
+            let hash = if rng.next().is_multiple_of(4) {
+                rng.next()
+            } else {
+                rng.in_range(0, (1 << 61) - 1)
+            };
+            map.record(0, hash, 100);
+        }
+        let points = map.quantile_points(4);
+        assert_eq!(points.len(), 3, "{points:?}");
+        let mut lo = 0;
+        for &m in points.iter().chain(std::iter::once(&u64::MAX)) {
+            let share = map.load_share(lo, m);
+            assert!(
+                (share - 0.25).abs() < 0.03,
+                "piece [{lo:#x}, {m:#x}] carries {share}"
+            );
+            lo = m.saturating_add(1);
+        }
+        assert!(points.windows(2).all(|w| w[0] < w[1]));
+        // Load inside one bucket is taken as uniform over it (a single hot
+        // key is the heavy-hitter sketch's job): points stay in range.
+        let mut one = LoadMap::with_config(10, 20, &unsampled(), 0);
+        one.record(0, 12, 100);
+        let p = one.quantile_points(8);
+        assert!(
+            p.iter().all(|&m| (10..20).contains(&m)) && p.windows(2).all(|w| w[0] < w[1]),
+            "{p:?}"
+        );
+        assert!(LoadMap::with_config(7, 7, &unsampled(), 0)
+            .quantile_points(4)
+            .is_empty());
     }
 
     #[test]

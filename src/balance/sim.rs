@@ -198,6 +198,15 @@ impl Sim {
                         self.add(p.start, m);
                         self.add(m + 1, p.end);
                     }
+                    SplitAt::Quantiles(k) => {
+                        let mut lo = p.start;
+                        for m in p.map.quantile_points(usize::from(k)) {
+                            assert!(lo <= m && m < p.end, "seed {seed}: bad quantile {m}");
+                            self.add(lo, m);
+                            lo = m + 1;
+                        }
+                        self.add(lo, p.end);
+                    }
                     SplitAt::IsolateKey(h) => {
                         assert!(p.start <= h && h <= p.end && p.start < p.end, "seed {seed}");
                         if h > p.start {

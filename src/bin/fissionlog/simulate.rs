@@ -102,6 +102,11 @@ pub struct SimulateArgs {
     /// Most active partitions the balancer may create.
     #[arg(long, default_value_t = 32)]
     pub max_partitions: u32,
+    /// A partition splits when its 1 s rate exceeds this many times the
+    /// target (the balancer's `hot_factor`; the library default is 2.0, the
+    /// demo reacts sooner).
+    #[arg(long, default_value_t = 1.3)]
+    pub hot_factor: f64,
     /// A surge, then a calm phase at 5% of the surge rate (shows merges).
     #[arg(long)]
     pub phases: bool,
@@ -191,6 +196,7 @@ struct Plan {
     stop: Stop,
     partitions: u32,
     max_partitions: u32,
+    hot_factor: f64,
     target_bytes_per_sec: Option<f64>,
     target_records_per_sec: Option<f64>,
     balance: bool,
@@ -274,6 +280,7 @@ impl Plan {
             stop,
             partitions: a.partitions,
             max_partitions: a.max_partitions,
+            hot_factor: a.hot_factor,
             target_bytes_per_sec: a.target_bytes_per_sec,
             target_records_per_sec: a.target_records_per_sec,
             balance: !a.no_balance,
@@ -346,6 +353,7 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
         min_age: Duration::from_secs(1),
         check_interval: Duration::from_millis(250),
         max_partitions: plan.max_partitions,
+        hot_factor: plan.hot_factor,
         ..BalancePolicy::default()
     };
     let topic = log

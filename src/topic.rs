@@ -106,6 +106,18 @@ pub(crate) struct Node {
     pub hot_key_reported: bool,
 }
 
+impl TopicState {
+    /// The active partition owning hash `h`.
+    fn owner(&self, h: u64) -> u32 {
+        *self
+            .routes
+            .range(..=h)
+            .next_back()
+            .expect("active ranges tile the hash space")
+            .1
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct TopicState {
     pub nodes: BTreeMap<u32, Node>,
@@ -187,12 +199,16 @@ impl Topic {
     }
 
     fn route_hash(&self, h: u64) -> u32 {
-        let st = self.inner.state.read();
+        self.inner.state.read().owner(h)
+    }
+
+    /// The next partition for keyless records (round-robin over the active ones).
+    fn next_keyless(&self, st: &TopicState) -> u32 {
+        let i = self.inner.round_robin.fetch_add(1, Ordering::Relaxed) % st.routes.len() as u64;
         *st.routes
-            .range(..=h)
-            .next_back()
-            .expect("active ranges tile the hash space")
-            .1
+            .values()
+            .nth(i as usize)
+            .expect("index below the count")
     }
 
     /// A partition handle.
@@ -234,23 +250,7 @@ impl Topic {
         for _ in 0..1000 {
             let (partition, part) = {
                 let st = self.inner.state.read();
-                let pid = match hash {
-                    Some(h) => {
-                        *st.routes
-                            .range(..=h)
-                            .next_back()
-                            .expect("active ranges tile the hash space")
-                            .1
-                    }
-                    None => {
-                        let i = self.inner.round_robin.fetch_add(1, Ordering::Relaxed)
-                            % st.routes.len() as u64;
-                        *st.routes
-                            .values()
-                            .nth(i as usize)
-                            .expect("index below the count")
-                    }
-                };
+                let pid = hash.map_or_else(|| self.next_keyless(&st), |h| st.owner(h));
                 (pid, st.nodes[&pid].part.clone())
             };
             match part.append(&record, &hashes) {
@@ -294,24 +294,9 @@ impl Topic {
             let mut groups: BTreeMap<u32, (Arc<Partition>, Vec<usize>)> = BTreeMap::new();
             {
                 let st = self.inner.state.read();
-                let n = st.routes.len() as u64;
-                let rr = self.inner.round_robin.fetch_add(1, Ordering::Relaxed) % n;
-                let keyless = *st
-                    .routes
-                    .values()
-                    .nth(rr as usize)
-                    .expect("index below the count");
+                let keyless = self.next_keyless(&st);
                 for &i in &pending {
-                    let pid = match hashes[i] {
-                        Some(h) => {
-                            *st.routes
-                                .range(..=h)
-                                .next_back()
-                                .expect("active ranges tile the hash space")
-                                .1
-                        }
-                        None => keyless,
-                    };
+                    let pid = hashes[i].map_or(keyless, |h| st.owner(h));
                     groups
                         .entry(pid)
                         .or_insert_with(|| (st.nodes[&pid].part.clone(), Vec::new()))

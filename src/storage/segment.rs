@@ -399,10 +399,8 @@ impl Segment {
         if start >= end {
             return;
         }
-        // SAFETY: the range lies inside the mapping (clamped to capacity)
-        // and the mapping lives as long as `self`; MADV_POPULATE_READ only
-        // faults pages in and never changes their contents, so it cannot
-        // race with the writer or readers.
+        // SAFETY: the range is inside the mapping (clamped), which lives as long
+        // as `self`; MADV_POPULATE_READ only faults pages in, never changing bytes.
         unsafe {
             libc::madvise(
                 self.map.as_mut_ptr().add(start as usize).cast(),

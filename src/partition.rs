@@ -9,7 +9,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::balance::{LoadMap, RateTracker};
 use crate::error::{Error, Result};
-use crate::format::batch::{self, RecordIn, BATCH_HEADER_LEN};
+use crate::format::batch::{self, RecordIn};
 use crate::format::checkpoint::PartitionCheckpoint;
 use crate::read::ReadBatch;
 use crate::storage::fault::IoHook;
@@ -554,9 +554,4 @@ impl Partition {
     pub fn is_empty_sealed(&self) -> bool {
         self.is_sealed() && self.segments.read().is_empty()
     }
-}
-
-/// Largest batch that fits an empty segment of `segment_bytes`.
-pub fn max_batch_bytes(segment_bytes: u64) -> u64 {
-    segment_bytes - crate::format::segment::SEGMENT_HEADER_LEN as u64 - BATCH_HEADER_LEN as u64
 }

@@ -59,7 +59,6 @@ impl ReadBatch {
         max_bytes: usize,
     ) -> Result<ReadBatch> {
         let start = segment.locate(offset)?;
-        let data = segment.committed();
         let end_pos = segment.committed_pos();
         let mut pos = start;
         let mut next: Option<u64> = None;
@@ -83,7 +82,6 @@ impl ReadBatch {
                 break;
             }
         }
-        let _ = data;
         Ok(ReadBatch {
             partition,
             start,

@@ -149,28 +149,6 @@ impl Reader {
                     changed = true;
                 }
             }
-            // Forget drained partitions whose children are all open or drained.
-            let children_known = |p: &crate::topic::PartitionInfo| {
-                p.children
-                    .iter()
-                    .all(|c| self.positions.contains_key(c) || self.drained.contains(c))
-            };
-            let forget: Vec<u32> = infos
-                .iter()
-                .filter(|p| {
-                    self.drained.contains(&p.id) && !p.children.is_empty() && children_known(p)
-                })
-                .filter(|p| {
-                    p.children.iter().all(|c| {
-                        infos
-                            .iter()
-                            .find(|x| x.id == *c)
-                            .is_some_and(|x| x.parents.iter().all(|q| self.drained.contains(q)))
-                    })
-                })
-                .map(|p| p.id)
-                .collect();
-            let _ = forget;
             if !changed {
                 return;
             }

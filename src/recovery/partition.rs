@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use crate::config::RecoveryMode;
 use crate::error::{Error, IoContext, Result};
-use crate::format::batch;
 use crate::format::checkpoint::PartitionCheckpoint;
 use crate::format::segment::SEGMENT_HEADER_LEN;
 use crate::recovery::scan::{scan_segment, CorruptAction, ScanParams, ScanStop};
@@ -444,12 +443,6 @@ fn set_aside(path: &Path, write: bool, report: &mut RecoveryReport) -> Result<()
         },
     );
     Ok(())
-}
-
-/// Lost offsets of a hole batch, for readers of the report.
-pub fn hole_span(h: &batch::BatchHeader) -> (u64, u64) {
-    let start = h.base_offset.get();
-    (start, start + u64::from(h.record_count.get()))
 }
 
 /// Shares recovered segments.

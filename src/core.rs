@@ -63,7 +63,7 @@ impl Core {
     pub fn commit(&self, topo: &mut Topology, rec: ManifestRecord) -> Result<()> {
         let mut next = topo.state.clone();
         model::apply(&mut next, &rec).map_err(Error::Refused)?;
-        topo.manifest.commit(&rec, &*self.hook)?;
+        topo.manifest.commit(&rec)?;
         topo.state = next;
         if topo.manifest.wants_compaction(self.compact_every) {
             // Compaction failing leaves the (durable) journal in charge.

@@ -18,7 +18,7 @@ use crate::format::manifest::{ManifestRecord, PartitionRecord, PartitionState, T
 use crate::recovery::partition::{recover_chain, ChainParams, Problem, RecoverMode};
 use crate::recovery::{FileAction, RecoveryReport};
 use crate::storage::durability::{CheckpointFiles, GroupCommit, SyncBackend, Syncer};
-use crate::storage::fault::{IoHook, NoFaults};
+use crate::storage::fault::{IoHook, IoOp, NoFaults};
 use crate::storage::sync_dir;
 use crate::topic::{even_ranges, partition_dir, Node, Topic, TopicInner, TopicState};
 use crate::topology::manifest::Manifest;
@@ -63,7 +63,7 @@ fn lock_dir(dir: &Path) -> Result<File> {
 
 /// Checks that `dir` is usable: creates it (when allowed) or recognises a log.
 /// Returns whether a manifest exists.
-fn prepare_dir(dir: &Path, create: bool) -> Result<bool> {
+fn prepare_dir(dir: &Path, create: bool, hook: &dyn IoHook) -> Result<bool> {
     match std::fs::metadata(dir) {
         Ok(m) if !m.is_dir() => {
             return Err(Error::NotALog {
@@ -79,7 +79,7 @@ fn prepare_dir(dir: &Path, create: bool) -> Result<bool> {
             }
             std::fs::create_dir_all(dir).at(dir)?;
             if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                sync_dir(parent)?;
+                sync_dir(hook, IoOp::SyncNewDir, parent)?;
             }
         }
         Err(e) => return Err(Error::io(dir, e)),
@@ -113,21 +113,21 @@ impl Log {
     ) -> Result<Log> {
         let started = Instant::now();
         let dir = dir.as_ref().to_path_buf();
-        let exists = prepare_dir(&dir, options.create)?;
+        let exists = prepare_dir(&dir, options.create, &*hook)?;
         let lock = lock_dir(&dir)?;
         let mut report = RecoveryReport::default();
         let (manifest, state) = if exists {
-            let (m, s, r) = Manifest::open(&dir, options.recovery, false)?;
+            let (m, s, r) = Manifest::open(&dir, options.recovery, false, hook.clone())?;
             report.manifest = r;
             (m, s)
         } else {
             std::fs::create_dir_all(dir.join(TOPICS_DIR)).at(&dir)?;
-            sync_dir(&dir)?;
-            (Manifest::create(&dir)?, Default::default())
+            sync_dir(&*hook, IoOp::SyncNewDir, &dir)?;
+            (Manifest::create(&dir, hook.clone())?, Default::default())
         };
         let (ck_files, checkpoint, bad) = CheckpointFiles::open(&dir)?;
         if !exists {
-            sync_dir(&dir)?;
+            sync_dir(&*hook, IoOp::SyncNewDir, &dir)?;
         }
         for (file, reason) in bad {
             report.add(file, FileAction::InvalidCheckpoint { reason });
@@ -266,7 +266,7 @@ impl Log {
                     &*self.core.hook,
                 )?;
                 seg.sync_data(&*self.core.hook)?;
-                sync_dir(&pdir)?;
+                sync_dir(&*self.core.hook, IoOp::SyncNewDir, &pdir)?;
                 let part = topic.make_partition(
                     p.id,
                     vec![Arc::new(seg)],
@@ -287,8 +287,12 @@ impl Log {
                     },
                 );
             }
-            sync_dir(&tdir)?;
-            sync_dir(&self.core.dir.join(TOPICS_DIR))?;
+            sync_dir(&*self.core.hook, IoOp::SyncNewDir, &tdir)?;
+            sync_dir(
+                &*self.core.hook,
+                IoOp::SyncNewDir,
+                &self.core.dir.join(TOPICS_DIR),
+            )?;
             *topic.inner.state.write() = st;
             Ok(topic)
         };
@@ -353,7 +357,11 @@ impl Log {
         self.core.topics.write().remove(name);
         let tdir = topic_dir(&self.core.dir, topic.id());
         std::fs::remove_dir_all(&tdir).at(&tdir)?;
-        sync_dir(&self.core.dir.join(TOPICS_DIR))
+        sync_dir(
+            &*self.core.hook,
+            IoOp::SyncNewDir,
+            &self.core.dir.join(TOPICS_DIR),
+        )
     }
 
     /// Makes everything appended so far durable.
@@ -467,6 +475,7 @@ fn load_topic(
             checkpoint: cps.get(&(rec.id, p.id)).copied(),
             clean: checkpoint.clean,
             mode,
+            hook: &*core.hook,
         };
         let chain = recover_chain(&params, report)?;
         for &(s, e) in &chain.holes {
@@ -490,7 +499,7 @@ fn load_topic(
                 crate::partition::now_ms(),
                 &*core.hook,
             )?;
-            sync_dir(&pdir)?;
+            sync_dir(&*core.hook, IoOp::SyncRecoveryDir, &pdir)?;
             report.add(&path, FileAction::CreatedSegment);
             segs.push(Arc::new(seg));
         }
@@ -720,7 +729,12 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
     };
     let mut report = RecoveryReport::default();
     let mut problems = Vec::new();
-    let (_, state, mreport) = match Manifest::open(dir, crate::config::RecoveryMode::Strict, true) {
+    let (_, state, mreport) = match Manifest::open(
+        dir,
+        crate::config::RecoveryMode::Strict,
+        true,
+        Arc::new(NoFaults),
+    ) {
         Ok(x) => x,
         Err(Error::Corruption {
             file,
@@ -775,6 +789,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
                 checkpoint: cps.get(&(t.id, p.id)).copied(),
                 clean: ck.clean,
                 mode,
+                hook: &NoFaults,
             };
             let chain = recover_chain(&params, &mut report)?;
             problems.extend(chain.problems);

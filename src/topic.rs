@@ -19,6 +19,7 @@ use crate::format::batch::RecordIn;
 use crate::format::manifest::{ManifestRecord, PartitionRecord, PartitionState};
 use crate::partition::{now_ms, Partition, PartitionParams};
 use crate::read::ReadBatch;
+use crate::storage::fault::IoOp;
 use crate::storage::segment::Segment;
 use crate::storage::sync_dir;
 
@@ -506,10 +507,10 @@ impl Topic {
                 &*self.inner.core.hook,
             )?;
             seg.sync_data(&*self.inner.core.hook)?;
-            sync_dir(&dir)?;
+            sync_dir(&*self.inner.core.hook, IoOp::SyncNewDir, &dir)?;
             out.push(Arc::new(seg));
         }
-        sync_dir(&self.inner.dir)?;
+        sync_dir(&*self.inner.core.hook, IoOp::SyncNewDir, &self.inner.dir)?;
         Ok(out)
     }
 

@@ -63,6 +63,8 @@ pub struct ChainParams<'a> {
     pub clean: bool,
     /// What recovery may do.
     pub mode: RecoverMode,
+    /// Sees the fsyncs recovery makes after a repair.
+    pub hook: &'a dyn crate::storage::fault::IoHook,
 }
 
 fn list_segments(dir: &Path, report: &mut RecoveryReport) -> Result<Vec<(u64, PathBuf)>> {
@@ -134,7 +136,7 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
             Err(e) if durable_segment || cp_segment.is_some() => {
                 let what = format!("unreadable segment in synced data: {e}");
                 let decision = corrupt(p, &path, 0, what, &mut out)?;
-                set_aside(&path, p.mode.write, report)?;
+                set_aside(p, &path, report)?;
                 match decision {
                     Decision::Continue => continue,
                     Decision::Cut => {
@@ -163,7 +165,7 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                 path.display()
             );
             let decision = corrupt(p, &path, 0, what, &mut out)?;
-            set_aside(&path, p.mode.write, report)?;
+            set_aside(p, &path, report)?;
             match decision {
                 Decision::Continue => continue,
                 Decision::Cut => {
@@ -186,8 +188,7 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                         // Persist the gap as a segment holding one hole batch,
                         // so the next open (in any mode) finds a continuous
                         // chain and reads of the range keep reporting the hole.
-                        let hook = crate::storage::fault::NoFaults;
-                        let filler = Segment::create_hole(p.dir, p.ids, exp, base, &hook)?;
+                        let filler = Segment::create_hole(p.dir, p.ids, exp, base, p.hook)?;
                         report.add(
                             filler.path(),
                             FileAction::Salvaged {
@@ -200,7 +201,7 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                 } else {
                     let what = format!("segment starts at offset {base}, expected {exp}");
                     let decision = corrupt(p, &path, 0, what, &mut out)?;
-                    set_aside(&path, p.mode.write, report)?;
+                    set_aside(p, &path, report)?;
                     match decision {
                         Decision::Continue => continue,
                         Decision::Cut => {
@@ -426,15 +427,15 @@ fn delete_segment(
 /// Moves a segment that repair leaves out of the chain to
 /// `<name>.seg.damaged` (kept for inspection, as Redpanda's
 /// `.cannotrecover`), so the next open does not trip over it again (C7).
-fn set_aside(path: &Path, write: bool, report: &mut RecoveryReport) -> Result<()> {
-    if !write {
+fn set_aside(p: &ChainParams<'_>, path: &Path, report: &mut RecoveryReport) -> Result<()> {
+    if !p.mode.write {
         return Ok(());
     }
     let to = path.with_extension("seg.damaged");
     std::fs::rename(path, &to).at(path)?;
     let _ = std::fs::remove_file(path.with_extension("idx"));
     if let Some(dir) = path.parent() {
-        crate::storage::sync_dir(dir)?;
+        crate::storage::sync_dir(p.hook, crate::storage::fault::IoOp::SyncRecoveryDir, dir)?;
     }
     report.add(
         path,

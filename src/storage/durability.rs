@@ -108,6 +108,10 @@ impl Syncer {
                 }
             }
         }
+        for &i in &todo {
+            let r = std::mem::replace(&mut results[i], Ok(()));
+            results[i] = self.hook.after(targets[i].op, &targets[i].path, r);
+        }
         results
     }
 }
@@ -245,7 +249,7 @@ impl CheckpointFiles {
             fd: self.files[slot].as_raw_fd(),
             path: path.clone(),
             datasync: true,
-            op: IoOp::WriteCheckpoint,
+            op: IoOp::SyncCheckpoint,
             _keep: None,
         })
     }

@@ -1,31 +1,65 @@
-//! Fault injection on the rare I/O paths (file creation, preallocation,
-//! sync), so tests drive ENOSPC and fsync failures through the same code
-//! that runs in production. The append path itself stores into a
-//! preallocated mapping and cannot fail with ENOSPC.
+//! Fault injection and observation on the I/O paths that decide durability
+//! (file creation, preallocation, every fsync), so tests drive ENOSPC, EIO
+//! and fsync failures through the same code that runs in production, and a
+//! crash model can see which file was made durable when.
+//!
+//! Every fsync/fdatasync the engine issues goes through [`IoHook::before`]
+//! and [`IoHook::after`] with an [`IoOp`] naming its call site. A hook that
+//! ignores the success of one op models "that fsync was never called": the
+//! crash-model tests use this to prove they notice each missing fsync.
 
 use std::io;
 use std::path::Path;
 
-/// A rare I/O operation that a hook may fail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// An I/O operation a hook may observe or fail. The `Sync*` ops name each
+/// fsync/fdatasync call site of the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IoOp {
     /// Creating and preallocating a segment file.
     CreateSegment,
-    /// fdatasync of a segment file.
+    /// fdatasync of a segment file in a sync round.
     SyncSegment,
-    /// fsync of a directory.
+    /// fsync of a partition directory in a sync round (after a roll or a
+    /// retention delete).
     SyncDir,
     /// Writing the checkpoint.
     WriteCheckpoint,
+    /// fdatasync of the checkpoint file in a sync round.
+    SyncCheckpoint,
     /// Appending to the manifest journal.
     WriteManifest,
+    /// fdatasync of the manifest journal after a record (the commit point
+    /// of a topology change).
+    SyncManifest,
+    /// fsync of a manifest file written whole (new journal, snapshot,
+    /// torn-tail cut).
+    SyncManifestFile,
+    /// fsync of the log directory after a manifest file was created or
+    /// renamed.
+    SyncManifestDir,
+    /// fdatasync of a segment created outside a sync round (a new topic's
+    /// or child partition's first segment, a salvage hole segment).
+    SyncNewSegment,
+    /// fsync of a directory after files or directories were created or
+    /// removed in it outside a sync round (new log, topic, partition, topic
+    /// deletion).
+    SyncNewDir,
+    /// fsync of a directory after recovery moved or removed files in it.
+    SyncRecoveryDir,
 }
 
-/// Called before each [`IoOp`]; an `Err` is returned to the caller as if the
-/// OS had failed the call.
+/// Sees each [`IoOp`] before and after the OS call.
 pub trait IoHook: Send + Sync + std::fmt::Debug {
-    /// Decides the fate of one operation on `path`.
+    /// Decides the fate of one operation on `path` before it runs; an `Err`
+    /// is returned to the caller as if the OS had failed the call.
     fn before(&self, op: IoOp, path: &Path) -> io::Result<()>;
+
+    /// Sees the OS's result of an fsync-type operation and returns what the
+    /// engine gets. A hook may turn success into failure (EIO after the
+    /// write reached the page cache: the fsyncgate case).
+    fn after(&self, _op: IoOp, _path: &Path, result: io::Result<()>) -> io::Result<()> {
+        result
+    }
 }
 
 /// A hook that never fails.

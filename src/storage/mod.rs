@@ -5,11 +5,33 @@ pub mod fault;
 pub mod prefault;
 pub mod segment;
 
+use std::fs::File;
+use std::path::Path;
+
+use crate::error::{IoContext, Result};
+use fault::{IoHook, IoOp};
+
 /// fsync of a directory, so that creations, renames and deletions in it
-/// survive a power loss.
-pub fn sync_dir(path: &std::path::Path) -> crate::error::Result<()> {
-    use crate::error::IoContext;
-    std::fs::File::open(path)
-        .and_then(|d| d.sync_all())
-        .at(path)
+/// survive a power loss. Goes through the hook as `op`.
+pub fn sync_dir(hook: &dyn IoHook, op: IoOp, path: &Path) -> Result<()> {
+    hook.before(op, path).at(path)?;
+    let result = File::open(path).and_then(|d| d.sync_all());
+    hook.after(op, path, result).at(path)
+}
+
+/// fsync (`datasync`: fdatasync) of an open file, through the hook as `op`.
+pub fn sync_file(
+    hook: &dyn IoHook,
+    op: IoOp,
+    file: &File,
+    path: &Path,
+    datasync: bool,
+) -> Result<()> {
+    hook.before(op, path).at(path)?;
+    let result = if datasync {
+        file.sync_data()
+    } else {
+        file.sync_all()
+    };
+    hook.after(op, path, result).at(path)
 }

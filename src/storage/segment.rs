@@ -156,7 +156,7 @@ impl Segment {
         )?;
         seg.write_seal(end, hole_end);
         seg.sync_data(hook)?;
-        crate::storage::sync_dir(dir)?;
+        crate::storage::sync_dir(hook, IoOp::SyncRecoveryDir, dir)?;
         seg.set_recovered_end(hole_end, end, hole_end, true);
         Ok(seg)
     }
@@ -344,10 +344,9 @@ impl Segment {
         Committed { data }
     }
 
-    /// fdatasync of the file.
+    /// fdatasync of a segment created outside a sync round.
     pub fn sync_data(&self, hook: &dyn IoHook) -> Result<()> {
-        hook.before(IoOp::SyncSegment, &self.path).at(&self.path)?;
-        self.file.sync_data().at(&self.path)
+        crate::storage::sync_file(hook, IoOp::SyncNewSegment, &self.file, &self.path, true)
     }
 
     /// Raw fd for batched syncs.

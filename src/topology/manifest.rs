@@ -3,13 +3,14 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::config::RecoveryMode;
 use crate::error::{Error, IoContext, Result};
 use crate::format::manifest::{self as fmt, JournalTail, ManifestRecord, ManifestState};
 use crate::storage::fault::{IoHook, IoOp};
 use crate::storage::segment::read_optional;
-use crate::storage::sync_dir;
+use crate::storage::{sync_dir, sync_file};
 use crate::topology::model;
 
 /// Journal file name.
@@ -37,6 +38,7 @@ pub struct Manifest {
     journal: File,
     seq: u64,
     since_snapshot: u32,
+    hook: Arc<dyn IoHook>,
 }
 
 fn load_snapshot(path: &Path) -> Result<Option<(u64, ManifestState)>> {
@@ -126,7 +128,7 @@ impl Manifest {
     }
 
     /// Creates an empty manifest (new log).
-    pub fn create(dir: &Path) -> Result<Manifest> {
+    pub fn create(dir: &Path, hook: Arc<dyn IoHook>) -> Result<Manifest> {
         let path = dir.join(JOURNAL_FILE);
         let mut f = OpenOptions::new()
             .read(true)
@@ -136,13 +138,14 @@ impl Manifest {
             .at(&path)?;
         f.write_all(&fmt::encode_file_header(fmt::JOURNAL_MAGIC))
             .at(&path)?;
-        f.sync_all().at(&path)?;
-        sync_dir(dir)?;
+        sync_file(&*hook, IoOp::SyncManifestFile, &f, &path, false)?;
+        sync_dir(&*hook, IoOp::SyncManifestDir, dir)?;
         Ok(Manifest {
             dir: dir.to_path_buf(),
             journal: f,
             seq: 0,
             since_snapshot: 0,
+            hook,
         })
     }
 
@@ -151,6 +154,7 @@ impl Manifest {
         dir: &Path,
         mode: RecoveryMode,
         read_only: bool,
+        hook: Arc<dyn IoHook>,
     ) -> Result<(Manifest, ManifestState, ManifestReport)> {
         let path = dir.join(JOURNAL_FILE);
         let snapshot = load_snapshot(&dir.join(SNAPSHOT_FILE))?;
@@ -175,12 +179,12 @@ impl Manifest {
             // Cut the torn tail (and zero nothing: the file shrinks; the
             // journal is never mapped).
             f.set_len(valid_end).at(&path)?;
-            f.sync_all().at(&path)?;
+            sync_file(&*hook, IoOp::SyncManifestFile, &f, &path, false)?;
         }
         if !read_only && buf.len() < fmt::MANIFEST_HEADER_LEN {
             (&f).write_all(&fmt::encode_file_header(fmt::JOURNAL_MAGIC))
                 .at(&path)?;
-            f.sync_all().at(&path)?;
+            sync_file(&*hook, IoOp::SyncManifestFile, &f, &path, false)?;
         }
         let since = report.records_replayed as u32;
         Ok((
@@ -189,6 +193,7 @@ impl Manifest {
                 journal: f,
                 seq,
                 since_snapshot: since,
+                hook,
             },
             state,
             report,
@@ -197,18 +202,20 @@ impl Manifest {
 
     /// Appends one record and makes it durable: the change is committed
     /// exactly when this returns Ok.
-    pub fn commit(&mut self, rec: &ManifestRecord, hook: &dyn IoHook) -> Result<()> {
+    pub fn commit(&mut self, rec: &ManifestRecord) -> Result<()> {
+        let hook = &*self.hook;
         let path = self.dir.join(JOURNAL_FILE);
         let payload = serde_json::to_vec(rec).map_err(|e| Error::InvalidConfig(e.to_string()))?;
         let frame = fmt::encode_frame(self.seq + 1, &payload);
         hook.before(IoOp::WriteManifest, &path).at(&path)?;
         let len = self.journal.metadata().at(&path)?.len();
         use std::os::unix::fs::FileExt;
-        if let Err(e) = self
-            .journal
-            .write_all_at(&frame, len)
-            .and_then(|()| self.journal.sync_data())
-        {
+        let written = self.journal.write_all_at(&frame, len).and_then(|()| {
+            hook.before(IoOp::SyncManifest, &path)?;
+            let r = self.journal.sync_data();
+            hook.after(IoOp::SyncManifest, &path, r)
+        });
+        if let Err(e) = written {
             // Take the partial record back out so later commits stay contiguous.
             let _ = self.journal.set_len(len);
             return Err(Error::io(&path, e));
@@ -230,16 +237,20 @@ impl Manifest {
         let payload = serde_json::to_vec(state).map_err(|e| Error::InvalidConfig(e.to_string()))?;
         let mut bytes = fmt::encode_file_header(fmt::SNAPSHOT_MAGIC).to_vec();
         bytes.extend(fmt::encode_frame(self.seq, &payload));
-        write_durable(&tmp, &bytes)?;
+        write_durable(&*self.hook, &tmp, &bytes)?;
         std::fs::rename(&tmp, &snap).at(&snap)?;
-        sync_dir(&self.dir)?;
+        sync_dir(&*self.hook, IoOp::SyncManifestDir, &self.dir)?;
         // Records up to `seq` are in the snapshot; a crash before the journal
         // is replaced replays them as already applied (their seq is <= seq).
         let jtmp = self.dir.join("manifest.log.tmp");
-        write_durable(&jtmp, &fmt::encode_file_header(fmt::JOURNAL_MAGIC))?;
+        write_durable(
+            &*self.hook,
+            &jtmp,
+            &fmt::encode_file_header(fmt::JOURNAL_MAGIC),
+        )?;
         let jpath = self.dir.join(JOURNAL_FILE);
         std::fs::rename(&jtmp, &jpath).at(&jpath)?;
-        sync_dir(&self.dir)?;
+        sync_dir(&*self.hook, IoOp::SyncManifestDir, &self.dir)?;
         self.journal = OpenOptions::new()
             .read(true)
             .write(true)
@@ -250,8 +261,8 @@ impl Manifest {
     }
 }
 
-fn write_durable(path: &Path, bytes: &[u8]) -> Result<()> {
+fn write_durable(hook: &dyn IoHook, path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = File::create(path).at(path)?;
     f.write_all(bytes).at(path)?;
-    f.sync_all().at(path)
+    sync_file(hook, IoOp::SyncManifestFile, &f, path, false)
 }

@@ -24,6 +24,13 @@
 
 #![warn(missing_docs)]
 
+// The engine relies on Linux: fallocate and hole punching, MADV_POPULATE_READ,
+// io_uring (with a syscall fallback), flock semantics and the page-cache
+// coherence of MAP_SHARED mappings with write(2). Other systems are refused at
+// build time rather than left to fail at run time.
+#[cfg(not(target_os = "linux"))]
+compile_error!("fissionlog supports Linux only (see docs/ARCHITECTURE.md, \"Platform\")");
+
 pub mod balance;
 mod balance_step;
 pub mod config;

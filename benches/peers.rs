@@ -1,6 +1,8 @@
 //! Peers in the same run: fissionlog beside raw OS baselines and two peer
 //! crates, `okaywal` 0.3 and `commitlog` 0.2, on the same workloads, in one
-//! process, the four systems interleaved within every run.
+//! process. Within every run the systems take turns workload by workload
+//! (which goes first rotates from run to run); in W3 they take turns batch
+//! by batch, so that the shared disk's latency swings land on all alike.
 //!
 //! Every workload uses one topic with one partition, 1 GiB segments and the
 //! balancer off; values come from a deterministic generator whose first 8
@@ -314,24 +316,6 @@ fn fl_read(topic: &Topic, n: usize) -> Run {
     run
 }
 
-/// W3: `append_to` of each batch with `SyncPolicy::Always`.
-fn fl_durable(dir: &Path, vals: &Values) -> Run {
-    let (log, topic) = fl_open(dir, SyncPolicy::Always);
-    let recs = vals.records();
-    let mut lat = Vec::with_capacity(recs.len() / W3_PER_BATCH + 1);
-    let t0 = Instant::now();
-    for (b, c) in recs.chunks(W3_PER_BATCH).enumerate() {
-        let s = Instant::now();
-        let base = topic.append_to(0, c).expect("append_to");
-        lat.push(s.elapsed());
-        assert_eq!(base, (b * W3_PER_BATCH) as u64, "fissionlog: batch offset");
-    }
-    let mut run = Run::timed(recs.len(), t0);
-    run.lat = lat;
-    fl_close(log, topic, dir);
-    run
-}
-
 /// W5: 8 threads `append_to` the same partition with `SyncPolicy::Always`.
 fn fl_concurrent(dir: &Path, vals: &Values) -> Run {
     let (log, topic) = fl_open(dir, SyncPolicy::Always);
@@ -391,24 +375,6 @@ fn raw_read(path: &Path, n: usize) -> Run {
     }
     let run = Run::timed(n, t0);
     assert_eq!(pos, map.len(), "raw: file length");
-    run
-}
-
-/// W3: per batch, one write(2) of the framed records, then fdatasync.
-fn raw_durable(dir: &Path, vals: &Values) -> Run {
-    let mut f = File::create(dir.join("raw-durable.dat")).expect("create raw file");
-    let mut buf = vec![0u8; W3_PER_BATCH * (RAW_HEADER + vals.len)];
-    let mut lat = Vec::with_capacity(vals.count() / W3_PER_BATCH + 1);
-    let t0 = Instant::now();
-    for (b, chunk) in vals.data.chunks(W3_PER_BATCH * vals.len).enumerate() {
-        let s = Instant::now();
-        let used = frame_chunk(&mut buf, b * W3_PER_BATCH, chunk, vals.len);
-        f.write_all(&buf[..used]).expect("write");
-        f.sync_data().expect("fdatasync");
-        lat.push(s.elapsed());
-    }
-    let mut run = Run::timed(vals.count(), t0);
-    run.lat = lat;
     run
 }
 
@@ -538,23 +504,6 @@ fn okw_batch(wal: &WriteAheadLog, vals: &Values, b: usize) {
     entry.commit().expect("commit");
 }
 
-/// W3: one committed entry of 64 chunks per batch.
-fn okw_durable(dir: &Path, vals: &Values) -> Run {
-    let wal = okw_open(dir);
-    let batches = vals.count().div_ceil(W3_PER_BATCH);
-    let mut lat = Vec::with_capacity(batches);
-    let t0 = Instant::now();
-    for b in 0..batches {
-        let s = Instant::now();
-        okw_batch(&wal, vals, b);
-        lat.push(s.elapsed());
-    }
-    let mut run = Run::timed(vals.count(), t0);
-    run.lat = lat;
-    okw_close(wal, dir);
-    run
-}
-
 /// W5: the same from 8 threads (okaywal group-commits their fdatasyncs).
 fn okw_concurrent(dir: &Path, vals: &Values) -> Run {
     let wal = okw_open(dir);
@@ -644,27 +593,111 @@ fn cl_read(log: &CommitLog, n: usize) -> Run {
     Run::timed(n, t0)
 }
 
-/// W3: one `MessageBuf` of 64 per batch, `append`, flush + fdatasync.
-fn cl_durable(dir: &Path, vals: &Values) -> Run {
-    let (mut log, seg) = cl_open(dir);
-    let mut lat = Vec::with_capacity(vals.count() / W3_PER_BATCH + 1);
-    let t0 = Instant::now();
-    for chunk in vals.data.chunks(W3_PER_BATCH * vals.len) {
-        let s = Instant::now();
-        let mut buf = MessageBuf::default();
-        for v in chunk.chunks_exact(vals.len) {
-            buf.push(v).expect("push");
+// ---------------------------------------------------------------- W3
+
+/// One system's open log for W3.
+enum Durable<'v> {
+    /// `append_to` with `SyncPolicy::Always`.
+    Fission(Log, Topic, Vec<NewRecord<'v>>),
+    /// One write(2) of the framed batch, then fdatasync.
+    Raw(File, Vec<u8>),
+    /// One entry of 64 chunks, committed.
+    OkayWal(WriteAheadLog),
+    /// One `MessageBuf` of 64, `append`, `flush()` + fdatasync.
+    CommitLog(CommitLog, File),
+}
+
+impl<'v> Durable<'v> {
+    fn open(sys: Sys, dir: &Path, vals: &'v Values) -> Durable<'v> {
+        match sys {
+            Sys::Fission => {
+                let (log, topic) = fl_open(dir, SyncPolicy::Always);
+                Durable::Fission(log, topic, vals.records())
+            }
+            Sys::Raw => Durable::Raw(
+                File::create(dir.join("raw-durable.dat")).expect("create raw file"),
+                vec![0u8; W3_PER_BATCH * (RAW_HEADER + vals.len)],
+            ),
+            Sys::OkayWal => Durable::OkayWal(okw_open(dir)),
+            Sys::CommitLog => {
+                let (log, seg) = cl_open(dir);
+                Durable::CommitLog(log, seg)
+            }
         }
-        log.append(&mut buf).expect("append");
-        cl_sync(&mut log, &seg);
-        lat.push(s.elapsed());
     }
-    let mut run = Run::timed(vals.count(), t0);
-    run.lat = lat;
-    cl_check_one_segment(dir);
-    drop(log);
-    remove_dir(dir);
-    run
+
+    /// Writes batch `b`; returns once it is durable.
+    fn batch(&mut self, vals: &Values, b: usize) {
+        let first = b * W3_PER_BATCH;
+        let end = (first + W3_PER_BATCH).min(vals.count());
+        match self {
+            Durable::Fission(_, topic, recs) => {
+                let base = topic.append_to(0, &recs[first..end]).expect("append_to");
+                assert_eq!(base, first as u64, "fissionlog: batch offset");
+            }
+            Durable::Raw(f, buf) => {
+                let chunk = &vals.data[first * vals.len..end * vals.len];
+                let used = frame_chunk(buf, first, chunk, vals.len);
+                f.write_all(&buf[..used]).expect("write");
+                f.sync_data().expect("fdatasync");
+            }
+            Durable::OkayWal(wal) => okw_batch(wal, vals, b),
+            Durable::CommitLog(log, seg) => {
+                let mut buf = MessageBuf::default();
+                for i in first..end {
+                    buf.push(vals.get(i)).expect("push");
+                }
+                log.append(&mut buf).expect("append");
+                cl_sync(log, seg);
+            }
+        }
+    }
+
+    fn close(self, dir: &Path) {
+        match self {
+            Durable::Fission(log, topic, _) => fl_close(log, topic, dir),
+            Durable::Raw(..) => remove_dir(dir),
+            Durable::OkayWal(wal) => okw_close(wal, dir),
+            Durable::CommitLog(log, seg) => {
+                drop((log, seg));
+                cl_check_one_segment(dir);
+                remove_dir(dir);
+            }
+        }
+    }
+}
+
+/// W3: the four systems' batches interleaved one by one (which system goes
+/// first rotates every batch), so disk contention from elsewhere on the
+/// machine lands on all of them alike. Throughput is records over the sum
+/// of a system's batch latencies.
+fn w3_interleaved(vals: &Values) -> Vec<Run> {
+    let dirs: Vec<PathBuf> = SYSTEMS.iter().map(|s| s.dir("w3")).collect();
+    let mut logs: Vec<Durable<'_>> = SYSTEMS
+        .iter()
+        .zip(&dirs)
+        .map(|(&sys, dir)| Durable::open(sys, dir, vals))
+        .collect();
+    let batches = vals.count().div_ceil(W3_PER_BATCH);
+    let mut lat = vec![Vec::with_capacity(batches); SYSTEMS.len()];
+    for b in 0..batches {
+        for k in 0..SYSTEMS.len() {
+            let s = (b + k) % SYSTEMS.len();
+            let t = Instant::now();
+            logs[s].batch(vals, b);
+            lat[s].push(t.elapsed());
+        }
+    }
+    for (log, dir) in logs.into_iter().zip(&dirs) {
+        log.close(dir);
+    }
+    lat.into_iter()
+        .map(|lat| Run {
+            records: vals.count(),
+            secs: lat.iter().sum::<Duration>().as_secs_f64(),
+            lat,
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------- shared
@@ -767,6 +800,18 @@ fn print_table(rows: &[Row], runs: usize, scale: f64) {
                 "| {:<46} | {:>14} | {:>14} | {:>14} | {:>14} | {:>8} |",
                 "  batch latency p50 / p99", lats[0], lats[1], lats[2], lats[3], ratio
             );
+        }
+    }
+    println!();
+    println!("Per run (records/s):");
+    for row in rows {
+        for (sys, cell) in SYSTEMS.iter().zip(&row.cells) {
+            if cell.rates.is_empty() {
+                continue;
+            }
+            let rates: Vec<String> = cell.rates.iter().map(|&r| fmt_rate(r, "rec")).collect();
+            let label = row.label.split_whitespace().next().unwrap_or("");
+            println!("  {label:<8} {:<10} {}", sys.name(), rates.join(", "));
         }
     }
     println!();
@@ -877,15 +922,7 @@ fn main() {
             rows[2].add(sys, w);
             rows[4].add(sys, r);
         }
-        for &sys in &order {
-            let dir = sys.dir("w3");
-            let r = match sys {
-                Sys::Fission => fl_durable(&dir, &v3),
-                Sys::Raw => raw_durable(&dir, &v3),
-                Sys::OkayWal => okw_durable(&dir, &v3),
-                Sys::CommitLog => cl_durable(&dir, &v3),
-            };
-            remove_dir(&dir);
+        for (&sys, r) in SYSTEMS.iter().zip(w3_interleaved(&v3)) {
             rows[3].add(sys, r);
         }
         for &sys in &order {

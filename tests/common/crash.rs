@@ -244,7 +244,7 @@ impl SplitMix64 {
 
 /// A sub-generator for one named decision, independent of iteration order, so
 /// adding or removing one file does not change the choices made for the others.
-fn rng_for(seed: u64, salt: u64, rel: &Path) -> SplitMix64 {
+pub fn rng_for(seed: u64, salt: u64, rel: &Path) -> SplitMix64 {
     // FNV-1a over the path bytes, then mixed with the seed and a salt.
     let mut h: u64 = 0xCBF2_9CE4_8422_2325;
     for &b in rel.as_os_str().as_encoded_bytes() {
@@ -256,9 +256,11 @@ fn rng_for(seed: u64, salt: u64, rel: &Path) -> SplitMix64 {
     SplitMix64::new(a ^ h)
 }
 
-const SALT_GLOBAL: u64 = 1;
-const SALT_DIR: u64 = 2;
-const SALT_FILE: u64 = 3;
+pub const SALT_GLOBAL: u64 = 1;
+pub const SALT_DIR: u64 = 2;
+pub const SALT_FILE: u64 = 3;
+/// Salt of the per-file model's directory-entry decisions (`durable.rs`).
+pub const SALT_ENTRY: u64 = 4;
 
 /// The state a power loss may leave. `durable` is the snapshot taken when the
 /// last sync returned (everything in it survives, except files deleted since);
@@ -438,7 +440,10 @@ enum PageChoice {
     Torn(usize),
 }
 
-fn mix_file(
+/// One file after a power loss: `old` (durable) plus an arbitrary subset of
+/// the 4 KiB pages that differ in `new`, each new, old or torn; the length is
+/// the old or the new one. Logs its choices.
+pub fn mix_file(
     rel: &Path,
     old: &[u8],
     new: &[u8],

@@ -1,5 +1,12 @@
 //! Power-loss simulation for directory trees (see DESIGN.md, "Testing strategy").
 //!
+//! This file holds the page rules ([`mix_file`]) and the whole-tree model
+//! ([`power_loss_image`]: one durable snapshot for the whole tree). The crash
+//! tests use the per-file model of `durable.rs`, which builds on the same
+//! page rules but makes each file and directory durable only at its own
+//! fsync; the whole-tree model stays for its self-tests and for tools that
+//! only have two snapshots.
+//!
 //! The engine writes through the page cache (mmap). A power loss keeps all data
 //! covered by a completed sync and an arbitrary subset of the 4 KiB pages written
 //! after it, each page either new, old (zeros for fresh space) or torn (a prefix

@@ -8,7 +8,7 @@
 //! are persisted in `tests/model.proptest-regressions` and replayed first on
 //! every later run.
 //!
-//! Cases: 128 by default; `FISSIONLOG_MODEL_CASES` or `PROPTEST_CASES` set more.
+//! Cases: 256 by default; `FISSIONLOG_MODEL_CASES` or `PROPTEST_CASES` set more.
 
 mod common;
 #[path = "model/harness.rs"]
@@ -22,7 +22,7 @@ fn cases() -> u32 {
     ["FISSIONLOG_MODEL_CASES", "PROPTEST_CASES"]
         .iter()
         .find_map(|v| std::env::var(v).ok()?.parse().ok())
-        .unwrap_or(128)
+        .unwrap_or(256)
 }
 
 /// From the environment, else from the clock; printed either way.

@@ -587,3 +587,302 @@ fn large_zero_range() {
     assert_eq!(after[199_999], 0xFF);
     assert!(after[1..199_999].iter().all(|&b| b == 0));
 }
+
+// ---- Per-file durability (tests/common/durable.rs) ----
+
+mod per_file {
+    use super::common::crash::{CrashOptions, PAGE_SIZE};
+    use super::common::durable::*;
+    use super::{filled, noise};
+    use std::ffi::OsString;
+    use std::path::Path;
+
+    const SEEDS: u64 = 1000;
+    const ROOT: u64 = 1;
+
+    fn id(n: u64) -> NodeId {
+        NodeId::synthetic(n)
+    }
+
+    fn entries(list: &[(&str, Entry)]) -> Entries {
+        list.iter().map(|(n, e)| (OsString::from(n), *e)).collect()
+    }
+
+    fn durable(dirs: &[(u64, Entries)], files: &[(u64, Vec<u8>)]) -> Durable {
+        Durable {
+            root: id(ROOT),
+            nodes: nodes(dirs, files),
+        }
+    }
+
+    fn nodes(dirs: &[(u64, Entries)], files: &[(u64, Vec<u8>)]) -> Nodes {
+        Nodes {
+            dirs: dirs.iter().map(|(d, e)| (id(*d), e.clone())).collect(),
+            files: files.iter().map(|(f, b)| (id(*f), b.clone())).collect(),
+        }
+    }
+
+    fn images(d: &Durable, live: &Nodes) -> Vec<super::common::crash::DirImage> {
+        (0..SEEDS)
+            .map(|s| crash_image(d, live, s, &CrashOptions::default()))
+            .collect()
+    }
+
+    /// fdatasync of a new file does not make its name durable: the file may
+    /// be missing; when present it holds its synced content.
+    #[test]
+    fn synced_file_in_unsynced_directory_may_vanish() {
+        let content = noise(1, 2 * PAGE_SIZE + 5);
+        let d = durable(&[(ROOT, Entries::new())], &[(2, content.clone())]);
+        let live = nodes(
+            &[(ROOT, entries(&[("f", Entry::File(id(2)))]))],
+            &[(2, content.clone())],
+        );
+        let (mut present, mut missing) = (0, 0);
+        for img in images(&d, &live) {
+            match img.file("f") {
+                Some(b) => {
+                    assert_eq!(b, &content[..]);
+                    present += 1;
+                }
+                None => missing += 1,
+            }
+        }
+        assert!(
+            present > 0 && missing > 0,
+            "{present} present, {missing} missing"
+        );
+    }
+
+    /// A durable name whose file was never synced: always there, holding
+    /// nothing, the new content or a page mix of the two (never anything
+    /// else).
+    #[test]
+    fn unsynced_file_in_synced_directory_keeps_its_name() {
+        let content = filled(2 * PAGE_SIZE, 0xAB);
+        let e = entries(&[("f", Entry::File(id(2)))]);
+        let d = durable(&[(ROOT, e.clone())], &[]);
+        let live = nodes(&[(ROOT, e)], &[(2, content.clone())]);
+        let (mut empty, mut full) = (false, false);
+        for img in images(&d, &live) {
+            let b = img.file("f").expect("durable name");
+            assert!(b.is_empty() || b.len() == content.len());
+            assert!(b.iter().all(|&x| x == 0 || x == 0xAB));
+            empty |= b.is_empty();
+            full |= b == &content[..];
+        }
+        assert!(empty && full);
+    }
+
+    /// The synced prefix of a file survives; only pages changed since its
+    /// own last fsync vary.
+    #[test]
+    fn synced_content_survives_and_later_pages_vary() {
+        let synced = noise(3, 3 * PAGE_SIZE);
+        let mut now = synced.clone();
+        now[2 * PAGE_SIZE + 7] ^= 0xFF;
+        let e = entries(&[("f", Entry::File(id(2)))]);
+        let d = durable(&[(ROOT, e.clone())], &[(2, synced.clone())]);
+        let live = nodes(&[(ROOT, e)], &[(2, now.clone())]);
+        let (mut old, mut new) = (false, false);
+        for img in images(&d, &live) {
+            let b = img.file("f").expect("durable name");
+            assert_eq!(&b[..2 * PAGE_SIZE], &synced[..2 * PAGE_SIZE]);
+            old |= b == &synced[..];
+            new |= b == &now[..];
+        }
+        assert!(old && new);
+    }
+
+    /// A rename inside a directory happens entirely or not at all, and the
+    /// file keeps its durable content under either name.
+    #[test]
+    fn rename_is_atomic_and_carries_content() {
+        let content = noise(4, 100);
+        let d = durable(
+            &[(ROOT, entries(&[("tmp", Entry::File(id(2)))]))],
+            &[(2, content.clone())],
+        );
+        let live = nodes(
+            &[(ROOT, entries(&[("final", Entry::File(id(2)))]))],
+            &[(2, content.clone())],
+        );
+        let (mut done, mut not_done) = (false, false);
+        for img in images(&d, &live) {
+            match (img.file("tmp"), img.file("final")) {
+                (Some(b), None) => {
+                    assert_eq!(b, &content[..]);
+                    not_done = true;
+                }
+                (None, Some(b)) => {
+                    assert_eq!(b, &content[..]);
+                    done = true;
+                }
+                other => panic!("rename half done: {other:?}"),
+            }
+        }
+        assert!(done && not_done);
+    }
+
+    /// A rename over an existing name: the name holds the old file or the
+    /// new one, and the source name exists exactly when it was not renamed.
+    #[test]
+    fn rename_over_a_name_replaces_it_whole() {
+        let (old, new) = (noise(5, 50), noise(6, 60));
+        let d = durable(
+            &[(
+                ROOT,
+                entries(&[("snap", Entry::File(id(2))), ("tmp", Entry::File(id(3)))]),
+            )],
+            &[(2, old.clone()), (3, new.clone())],
+        );
+        let live = nodes(
+            &[(ROOT, entries(&[("snap", Entry::File(id(3)))]))],
+            &[(3, new.clone())],
+        );
+        let (mut a, mut b) = (false, false);
+        for img in images(&d, &live) {
+            let snap = img.file("snap").expect("snap always named");
+            if snap == &old[..] {
+                assert_eq!(img.file("tmp"), Some(&new[..]));
+                a = true;
+            } else {
+                assert_eq!(snap, &new[..]);
+                assert_eq!(img.file("tmp"), None);
+                b = true;
+            }
+        }
+        assert!(a && b);
+    }
+
+    /// A file deleted since its directory's fsync may come back, with its
+    /// durable content only.
+    #[test]
+    fn deleted_file_returns_with_durable_content() {
+        let synced = noise(7, PAGE_SIZE);
+        let d = durable(
+            &[(ROOT, entries(&[("f", Entry::File(id(2)))]))],
+            &[(2, synced.clone())],
+        );
+        let live = nodes(&[(ROOT, Entries::new())], &[]);
+        let mut back = 0;
+        for img in images(&d, &live) {
+            if let Some(b) = img.file("f") {
+                assert_eq!(b, &synced[..]);
+                back += 1;
+            }
+        }
+        assert!(back > SEEDS / 4 && back < 3 * SEEDS / 4, "{back}");
+    }
+
+    /// A directory whose name is not durable takes everything below it,
+    /// even files and directories synced themselves.
+    #[test]
+    fn missing_directory_takes_everything_below() {
+        let content = noise(8, 10);
+        let sub = entries(&[("f", Entry::File(id(3)))]);
+        let d = durable(
+            &[(ROOT, Entries::new()), (2, sub.clone())],
+            &[(3, content.clone())],
+        );
+        let live = nodes(
+            &[(ROOT, entries(&[("d", Entry::Dir(id(2)))])), (2, sub)],
+            &[(3, content.clone())],
+        );
+        let (mut with, mut without) = (false, false);
+        for img in images(&d, &live) {
+            if img.dirs.contains(Path::new("d")) {
+                assert_eq!(img.file("d/f"), Some(&content[..]));
+                with = true;
+            } else {
+                assert!(img.files.is_empty());
+                without = true;
+            }
+        }
+        assert!(with && without);
+    }
+
+    /// Same seed, same image; the trace describes the same image.
+    #[test]
+    fn per_file_images_are_reproducible() {
+        let d = durable(&[(ROOT, Entries::new())], &[]);
+        let live = nodes(
+            &[(
+                ROOT,
+                entries(&[("a", Entry::File(id(2))), ("b", Entry::File(id(3)))]),
+            )],
+            &[(2, noise(9, 3 * PAGE_SIZE)), (3, noise(10, 10))],
+        );
+        let mut distinct = std::collections::BTreeSet::new();
+        for s in 0..64 {
+            let o = CrashOptions::default();
+            let a = crash_image(&d, &live, s, &o);
+            let (b, trace) = crash_image_traced(&d, &live, s, &o);
+            assert_eq!(a, b);
+            assert!(!trace.is_empty());
+            distinct.insert(format!("{:?}", a.files));
+        }
+        assert!(distinct.len() > 4);
+    }
+
+    /// On a real directory: identities survive a rename, and a capture
+    /// sees what the model needs (entries by identity, file bytes).
+    #[test]
+    fn capture_tracks_files_across_renames() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tmp"), b"abc").unwrap();
+        let (root, before) = Nodes::capture(dir.path()).unwrap();
+        std::fs::rename(dir.path().join("tmp"), dir.path().join("final")).unwrap();
+        let (root2, after) = Nodes::capture(dir.path()).unwrap();
+        assert_eq!(root, root2);
+        let id_before = before.dirs[&root][&OsString::from("tmp")];
+        let id_after = after.dirs[&root][&OsString::from("final")];
+        assert_eq!(id_before, id_after);
+        assert_eq!(after.files[&id_after.id()], b"abc");
+    }
+}
+
+/// The hook makes a file durable only when its fsync succeeds and its op
+/// is not the one removed (tests/common/model_hook.rs).
+#[test]
+fn model_hook_counts_only_successful_kept_fsyncs() {
+    use common::durable::Synced;
+    use common::model_hook::ModelHook;
+    use fissionlog::storage::fault::{IoHook, IoOp};
+    let image_of = |drop: Option<IoOp>, ok: bool| {
+        let dir = tempfile::tempdir().unwrap();
+        let hook = ModelHook::new(dir.path(), drop);
+        let f = dir.path().join("f");
+        std::fs::write(&f, b"data").unwrap();
+        hook.before(IoOp::SyncNewDir, dir.path()).unwrap();
+        let _ = hook.after(IoOp::SyncNewDir, dir.path(), Ok(()));
+        hook.before(IoOp::SyncNewSegment, &f).unwrap();
+        let r = if ok {
+            Ok(())
+        } else {
+            Err(std::io::Error::from_raw_os_error(libc::EIO))
+        };
+        let _ = hook.after(IoOp::SyncNewSegment, &f, r);
+        assert!(matches!(Synced::take(&f).unwrap(), Synced::File(..)));
+        // With the name durable, the content is durable iff the fsync counted.
+        (0..64)
+            .map(|s| hook.crash_image(s, &CrashOptions::default()).0)
+            .all(|img| img.file("f") == Some(&b"data"[..]))
+    };
+    assert!(
+        image_of(None, true),
+        "a successful fsync makes the content durable"
+    );
+    assert!(
+        !image_of(None, false),
+        "a failed fsync makes nothing durable"
+    );
+    assert!(
+        !image_of(Some(IoOp::SyncNewSegment), true),
+        "a removed op makes nothing durable"
+    );
+    assert!(
+        image_of(Some(IoOp::SyncSegment), true),
+        "other ops still count"
+    );
+}

@@ -9,14 +9,15 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::crash::{power_loss_image, CrashOptions, DirImage};
+use common::crash::{CrashOptions, DirImage};
+use common::model_hook::{CrashPoint, ModelHook};
 use fissionlog::recovery::FileAction;
-use fissionlog::storage::fault::{IoHook, IoOp};
+use fissionlog::storage::fault::IoOp;
 use fissionlog::{
     Error, Log, LogOptions, NewRecord, OwnedRecord, SplitPlan, StartAt, SyncPolicy, Topic,
     TopicConfig,
@@ -43,28 +44,26 @@ fn config(partitions: u32) -> TopicConfig {
     }
 }
 
-/// Fails manifest writes while armed and, while capturing, takes a
-/// kill-crash image of the log directory before every rare I/O operation.
-#[derive(Debug, Default)]
-struct Hook {
-    state: Mutex<HookState>,
+/// The per-file crash model's hook (tests/common/model_hook.rs) with the
+/// faults these tests inject: manifest writes fail while `fail_manifest`
+/// is set, and the segment creation after `fail_create_segment_after` more
+/// gets ENOSPC.
+fn model_hook(dir: &Path) -> Arc<ModelHook> {
+    let hook = ModelHook::new(dir, None);
+    // The engine gap the model tests grant (tests/model/harness.rs).
+    hook.grant_segment_headers(true);
+    hook
 }
 
 #[derive(Debug, Default)]
-struct HookState {
+struct Faults {
     fail_manifest: bool,
     fail_create_segment_after: Option<u32>,
-    capture: Option<PathBuf>,
-    images: Vec<(IoOp, DirImage)>,
 }
 
-impl IoHook for Hook {
-    fn before(&self, op: IoOp, _path: &Path) -> std::io::Result<()> {
-        let mut s = self.state.lock();
-        if let Some(dir) = s.capture.clone() {
-            let image = DirImage::capture(&dir)?;
-            s.images.push((op, image));
-        }
+fn install_faults(hook: &ModelHook, faults: Arc<Mutex<Faults>>) {
+    hook.set_fault(Some(Box::new(move |op, _path| {
+        let mut s = faults.lock();
         if s.fail_manifest && op == IoOp::WriteManifest {
             return Err(std::io::Error::other("injected manifest write failure"));
         }
@@ -76,7 +75,7 @@ impl IoHook for Hook {
             }
         }
         Ok(())
-    }
+    })));
 }
 
 /// Per-key sequence numbers appended so far.
@@ -197,21 +196,23 @@ fn removed_orphans(log: &Log) -> usize {
 fn failed_commit_leaves_topology_and_files_unchanged() {
     let mut rng = StdRng::seed_from_u64(5);
     let dir = tempfile::tempdir().unwrap();
-    let hook = Arc::new(Hook::default());
+    let hook = model_hook(dir.path());
+    let faults = Arc::new(Mutex::new(Faults::default()));
+    install_faults(&hook, faults.clone());
     let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
     let topic = log.create_topic(TOPIC, config(2)).unwrap();
     let mut model = Model::new();
     append_keyed(&topic, &mut model, &mut rng, 500);
     let before = topic.partitions();
 
-    hook.state.lock().fail_manifest = true;
+    faults.lock().fail_manifest = true;
     assert!(topic.split(0, SplitPlan::Even).is_err());
     assert!(topic.merge(0, 1).is_err());
-    hook.state.lock().fail_manifest = false;
+    faults.lock().fail_manifest = false;
     // ENOSPC while creating the second child of a split.
-    hook.state.lock().fail_create_segment_after = Some(1);
+    faults.lock().fail_create_segment_after = Some(1);
     assert!(topic.split(1, SplitPlan::Even).is_err());
-    hook.state.lock().fail_create_segment_after = None;
+    faults.lock().fail_create_segment_after = None;
 
     assert_eq!(topic.active_partitions(), vec![0, 1]);
     let after = topic.partitions();
@@ -262,56 +263,83 @@ fn sorted(mut v: Vec<u32>) -> Vec<u32> {
     v
 }
 
+/// A kill (the page cache survives) keeps the tree as it is: the live
+/// files of a crash point.
+fn kill_image(point: &CrashPoint) -> DirImage {
+    let kill = CrashOptions {
+        keep_all_new_probability: 1.0,
+        ..CrashOptions::default()
+    };
+    point.image(0, &kill).0
+}
+
+/// The crash points of every I/O step of a split and of a merge, plus the
+/// point after each returned, with the topology before and after and the
+/// records appended before each.
+struct TopologyChanges {
+    split: (Vec<CrashPoint>, Vec<u32>, Vec<u32>, Model),
+    merge: (Vec<CrashPoint>, Vec<u32>, Vec<u32>, Model),
+    /// Records covered by a completed sync before each change.
+    synced: Model,
+}
+
+fn record_split_and_merge(seed: u64) -> TopologyChanges {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let hook = model_hook(dir.path());
+    let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
+    let topic = log.create_topic(TOPIC, config(2)).unwrap();
+    let mut model = Model::new();
+    append_keyed(&topic, &mut model, &mut rng, 300);
+    log.sync().unwrap();
+    let synced = model.clone();
+    // Unsynced appends to the parents, then the split commits.
+    append_keyed(&topic, &mut model, &mut rng, 100);
+
+    let model_at_split = model.clone();
+    let old = sorted(topic.active_partitions());
+    hook.record_steps(true);
+    let children = topic.split(0, SplitPlan::LoadMedian).unwrap();
+    hook.record_steps(false);
+    let new = sorted(topic.active_partitions());
+    let mut split_points = hook.take_steps();
+    split_points.push(hook.now(IoOp::SyncDir));
+
+    append_keyed(&topic, &mut model, &mut rng, 400);
+    let model_at_merge = model.clone();
+    hook.record_steps(true);
+    topic.merge(children[1], 1).unwrap();
+    hook.record_steps(false);
+    let merged = sorted(topic.active_partitions());
+    let mut merge_points = hook.take_steps();
+    merge_points.push(hook.now(IoOp::SyncDir));
+    assert!(split_points.len() >= 4 && merge_points.len() >= 3);
+    log.abandon();
+    TopologyChanges {
+        split: (split_points, old, new.clone(), model_at_split),
+        merge: (merge_points, new, merged, model_at_merge),
+        synced,
+    }
+}
+
 /// Kill-crash images taken before every I/O operation of a split and of a
 /// merge (the page cache survives a kill): each reopens as the old or the
 /// new topology with every record; uncommitted child directories are
 /// removed and reported.
 #[test]
 fn kill_at_every_io_point_of_split_and_merge() {
-    let mut rng = StdRng::seed_from_u64(6);
-    let dir = tempfile::tempdir().unwrap();
-    let hook = Arc::new(Hook::default());
-    let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
-    let topic = log.create_topic(TOPIC, config(2)).unwrap();
-    let mut model = Model::new();
-    append_keyed(&topic, &mut model, &mut rng, 400);
-
-    let mut cases: Vec<(&str, Vec<u32>, Vec<u32>)> = Vec::new();
-    // Records appended after the split are not in the split images.
-    let model_at_split = model.clone();
-    let old = sorted(topic.active_partitions());
-    hook.state.lock().capture = Some(dir.path().to_path_buf());
-    let children = topic.split(0, SplitPlan::LoadMedian).unwrap();
-    hook.state.lock().capture = None;
-    let new = sorted(topic.active_partitions());
-    cases.push(("split", old, new.clone()));
-    let mut split_images = std::mem::take(&mut hook.state.lock().images);
-    split_images.push((IoOp::SyncDir, DirImage::capture(dir.path()).unwrap()));
-
-    append_keyed(&topic, &mut model, &mut rng, 400);
-    hook.state.lock().capture = Some(dir.path().to_path_buf());
-    topic.merge(children[1], 1).unwrap();
-    hook.state.lock().capture = None;
-    let merged = sorted(topic.active_partitions());
-    cases.push(("merge", new, merged));
-    let mut merge_images = std::mem::take(&mut hook.state.lock().images);
-    merge_images.push((IoOp::SyncDir, DirImage::capture(dir.path()).unwrap()));
-    assert!(split_images.len() >= 4 && merge_images.len() >= 3);
-
-    for ((name, old, new), (images, at)) in cases
-        .into_iter()
-        .zip([(split_images, &model_at_split), (merge_images, &model)])
-    {
+    let changes = record_split_and_merge(6);
+    for (name, (points, old, new, at)) in [("split", &changes.split), ("merge", &changes.merge)] {
         let mut saw = (false, false, 0usize);
-        let n = images.len();
-        for (i, (op, image)) in images.into_iter().enumerate() {
-            let ctx = format!("{name} image {i} (before {op:?})");
-            let (_d, log) = open_image(&image);
+        let n = points.len();
+        for (i, point) in points.iter().enumerate() {
+            let ctx = format!("{name} image {i} (before {:?})", point.op);
+            let (_d, log) = open_image(&kill_image(point));
             let topic = log.topic(TOPIC).unwrap();
             let active = sorted(topic.active_partitions());
-            if active == old {
+            if active == *old {
                 saw.0 = true;
-            } else if active == new {
+            } else if active == *new {
                 saw.1 = true;
             } else {
                 panic!("{ctx}: mixed topology {active:?} (old {old:?}, new {new:?})");
@@ -319,7 +347,7 @@ fn kill_at_every_io_point_of_split_and_merge() {
             saw.2 += removed_orphans(&log);
             assert_exactly(&read_all(&topic, &ctx), at, &ctx);
             if i + 1 == n {
-                assert_eq!(active, new, "{ctx}: after the call returned");
+                assert_eq!(active, *new, "{ctx}: after the call returned");
             }
         }
         assert!(saw.0 && saw.1, "{name}: both outcomes covered");
@@ -327,6 +355,46 @@ fn kill_at_every_io_point_of_split_and_merge() {
             saw.2 > 0,
             "{name}: an orphan child was removed and reported"
         );
+    }
+}
+
+/// A power loss before every I/O step of a split and of a merge, under the
+/// per-file crash model (each file and directory durable as of its own
+/// last fsync): the topology is the old or the new one, never a mix (C5),
+/// the new one once the call returned, and every synced record is there,
+/// in order, with no duplicate.
+#[test]
+fn power_loss_at_every_io_point_of_split_and_merge() {
+    let opts = CrashOptions::default();
+    for seed in 0..3u64 {
+        let changes = record_split_and_merge(seed);
+        for (name, (points, old, new, _)) in [("split", &changes.split), ("merge", &changes.merge)]
+        {
+            let n = points.len();
+            for (i, point) in points.iter().enumerate() {
+                for s in 0..4u64 {
+                    let image_seed = seed * 1000 + i as u64 * 10 + s;
+                    let (image, trace) = point.image(image_seed, &opts);
+                    let ctx = format!(
+                        "seed {seed}, {name} step {i} (before {:?}), image seed {image_seed}: {}",
+                        point.op,
+                        trace.join("; ")
+                    );
+                    let (_d, log) = open_image(&image);
+                    let topic = log.topic(TOPIC).unwrap();
+                    let active = sorted(topic.active_partitions());
+                    if i + 1 == n {
+                        assert_eq!(active, *new, "C5: {ctx}: after the call returned");
+                    } else {
+                        assert!(
+                            active == *old || active == *new,
+                            "C5: {ctx}: mixed topology {active:?}"
+                        );
+                    }
+                    assert_contains_prefix(&read_all(&topic, &ctx), &changes.synced, &ctx);
+                }
+            }
+        }
     }
 }
 
@@ -356,94 +424,6 @@ fn abandon_after_split_and_merge_keeps_new_topology() {
     let topic = log.topic(TOPIC).unwrap();
     assert_eq!(topic.active_partitions(), vec![child]);
     assert_exactly(&read_all(&topic, "after merge"), &model, "after merge");
-}
-
-/// `durable` with the files a split or merge made durable itself (the
-/// manifest and the new partitions' directories) taken from `after`.
-fn with_committed_change(durable: &DirImage, after: &DirImage, new_parts: &[u32]) -> DirImage {
-    let mut out = durable.clone();
-    let prefixes: Vec<PathBuf> = new_parts
-        .iter()
-        .map(|p| Path::new("topics").join("t0").join(format!("p{p}")))
-        .collect();
-    for (rel, bytes) in &after.files {
-        let manifest = rel.to_string_lossy().starts_with("manifest");
-        if manifest || prefixes.iter().any(|p| rel.starts_with(p)) {
-            out.insert_file(rel.clone(), bytes.clone());
-        }
-    }
-    for d in &after.dirs {
-        if prefixes.iter().any(|p| d.starts_with(p)) {
-            out.insert_dir(d.clone());
-        }
-    }
-    out
-}
-
-/// Power-loss images around splits and merges: the topology is the old or
-/// the new one, never a mix, and every synced record is there (in order).
-#[test]
-fn power_loss_around_splits_and_merges() {
-    let opts = CrashOptions::default();
-    for seed in 0..6u64 {
-        let mut rng = StdRng::seed_from_u64(seed);
-        let dir = tempfile::tempdir().unwrap();
-        let log = Log::open(dir.path(), options()).unwrap();
-        let topic = log.create_topic(TOPIC, config(2)).unwrap();
-        let mut model = Model::new();
-        append_keyed(&topic, &mut model, &mut rng, 300);
-        log.sync().unwrap();
-        let synced = model.clone();
-        let durable = DirImage::capture(dir.path()).unwrap();
-        // Unsynced appends to the parent, then the split commits.
-        append_keyed(&topic, &mut model, &mut rng, 200);
-        let old = sorted(topic.active_partitions());
-        let (new_ids, after_change) = if seed % 2 == 0 {
-            let kids = topic.split(0, SplitPlan::Even).unwrap();
-            (kids, DirImage::capture(dir.path()).unwrap())
-        } else {
-            let child = topic.merge(0, 1).unwrap();
-            (vec![child], DirImage::capture(dir.path()).unwrap())
-        };
-        let new = sorted(topic.active_partitions());
-        append_keyed(&topic, &mut model, &mut rng, 200);
-        let current = DirImage::capture(dir.path()).unwrap();
-
-        // The change may or may not have reached the disk.
-        for i in 0..8u64 {
-            let s = seed * 1000 + i;
-            let ctx = format!("seed {s} (uncommitted or committed)");
-            let image = power_loss_image(&durable, &current, s, &opts);
-            let (_d, l) = open_image(&image);
-            let t = l.topic(TOPIC).unwrap();
-            let active = sorted(t.active_partitions());
-            assert!(active == old || active == new, "{ctx}: {active:?}");
-            assert_contains_prefix(&read_all(&t, &ctx), &synced, &ctx);
-        }
-        // The change's own commit was durable: always the new topology,
-        // even when the parent lost its unsynced tail.
-        let committed = with_committed_change(&durable, &after_change, &new_ids);
-        for i in 0..8u64 {
-            let s = seed * 1000 + 100 + i;
-            let ctx = format!("seed {s} (committed)");
-            let image = power_loss_image(&committed, &current, s, &opts);
-            let (_d, l) = open_image(&image);
-            let t = l.topic(TOPIC).unwrap();
-            assert_eq!(sorted(t.active_partitions()), new, "{ctx}");
-            assert_contains_prefix(&read_all(&t, &ctx), &synced, &ctx);
-        }
-        // A sync after the change: everything is durable.
-        log.sync().unwrap();
-        let durable2 = DirImage::capture(dir.path()).unwrap();
-        append_keyed(&topic, &mut model.clone(), &mut rng, 100);
-        let current2 = DirImage::capture(dir.path()).unwrap();
-        let image = power_loss_image(&durable2, &current2, seed, &opts);
-        let (_d, l) = open_image(&image);
-        let t = l.topic(TOPIC).unwrap();
-        assert_eq!(sorted(t.active_partitions()), new, "seed {seed}");
-        assert_contains_prefix(&read_all(&t, "synced after"), &model, "synced after");
-        drop(log);
-    }
 }
 
 const CHILD_ENV: &str = "FISSIONLOG_SPLIT_CRASH_CHILD_DIR";

@@ -1,5 +1,12 @@
 //! Power-loss simulation for directory trees (see DESIGN.md, "Testing strategy").
 //!
+//! This file holds the page rules ([`mix_file`]) and the whole-tree model
+//! ([`power_loss_image`]: one durable snapshot for the whole tree). The crash
+//! tests use the per-file model of `durable.rs`, which builds on the same
+//! page rules but makes each file and directory durable only at its own
+//! fsync; the whole-tree model stays for its self-tests and for tools that
+//! only have two snapshots.
+//!
 //! The engine writes through the page cache (mmap). A power loss keeps all data
 //! covered by a completed sync and an arbitrary subset of the 4 KiB pages written
 //! after it, each page either new, old (zeros for fresh space) or torn (a prefix
@@ -244,7 +251,7 @@ impl SplitMix64 {
 
 /// A sub-generator for one named decision, independent of iteration order, so
 /// adding or removing one file does not change the choices made for the others.
-fn rng_for(seed: u64, salt: u64, rel: &Path) -> SplitMix64 {
+pub fn rng_for(seed: u64, salt: u64, rel: &Path) -> SplitMix64 {
     // FNV-1a over the path bytes, then mixed with the seed and a salt.
     let mut h: u64 = 0xCBF2_9CE4_8422_2325;
     for &b in rel.as_os_str().as_encoded_bytes() {
@@ -256,9 +263,11 @@ fn rng_for(seed: u64, salt: u64, rel: &Path) -> SplitMix64 {
     SplitMix64::new(a ^ h)
 }
 
-const SALT_GLOBAL: u64 = 1;
-const SALT_DIR: u64 = 2;
-const SALT_FILE: u64 = 3;
+pub const SALT_GLOBAL: u64 = 1;
+pub const SALT_DIR: u64 = 2;
+pub const SALT_FILE: u64 = 3;
+/// Salt of the per-file model's directory-entry decisions (`durable.rs`).
+pub const SALT_ENTRY: u64 = 4;
 
 /// The state a power loss may leave. `durable` is the snapshot taken when the
 /// last sync returned (everything in it survives, except files deleted since);
@@ -438,7 +447,10 @@ enum PageChoice {
     Torn(usize),
 }
 
-fn mix_file(
+/// One file after a power loss: `old` (durable) plus an arbitrary subset of
+/// the 4 KiB pages that differ in `new`, each new, old or torn; the length is
+/// the old or the new one. Logs its choices.
+pub fn mix_file(
     rel: &Path,
     old: &[u8],
     new: &[u8],

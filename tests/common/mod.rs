@@ -1,2 +1,4 @@
 #![allow(dead_code)]
 pub mod crash;
+pub mod durable;
+pub mod model_hook;

@@ -104,7 +104,10 @@ pub(crate) enum IndexState {
 pub struct Segment {
     path: PathBuf,
     index_path: PathBuf,
-    file: File,
+    /// The open file; `None` once the segment is sealed and fully synced
+    /// (a mapping stays valid after its descriptor is closed), so
+    /// descriptors do not grow with the number of segments.
+    file: Mutex<Option<Arc<File>>>,
     map: MmapRaw,
     /// Mapped length in bytes: the most data the segment can hold.
     capacity: u64,
@@ -266,6 +269,7 @@ impl Segment {
             ));
         }
         let map = map_file(&file, capacity, writable).at(&path)?;
+        let file = Mutex::new(Some(Arc::new(file)));
         let index_path = path.with_extension("idx");
         Ok(Segment {
             path,
@@ -331,7 +335,7 @@ impl Segment {
         self.hook()
             .before(IoOp::AllocateSegment, &self.path)
             .at(&self.path)?;
-        allocate_range(&self.file, from, target - from).at(&self.path)?;
+        allocate_range(&*self.file().at(&self.path)?, from, target - from).at(&self.path)?;
         self.allocated.store(target, Ordering::Release);
         Ok(())
     }
@@ -349,7 +353,7 @@ impl Segment {
         self.hook()
             .before(IoOp::TrimSegment, &self.path)
             .at(&self.path)?;
-        self.file.set_len(end).at(&self.path)?;
+        self.file().and_then(|f| f.set_len(end)).at(&self.path)?;
         self.allocated.store(end, Ordering::Release);
         Ok(())
     }
@@ -367,7 +371,7 @@ impl Segment {
             .max(self.allocated())
             .min(crate::config::MAX_SEGMENT_BYTES);
         if capacity > self.capacity {
-            self.map = map_file(&self.file, capacity, true).at(&self.path)?;
+            self.map = map_file(&*self.file().at(&self.path)?, capacity, true).at(&self.path)?;
             self.capacity = capacity;
         }
         let from = page_up(self.committed_pos()).min(self.allocated());
@@ -376,10 +380,10 @@ impl Segment {
             let ok = self
                 .hook()
                 .before(IoOp::AllocateSegment, &self.path)
-                .and_then(|()| allocate_tail(&self.file, from, len))
+                .and_then(|()| allocate_tail(&*self.file()?, from, len))
                 .is_ok();
             if !ok {
-                self.file.set_len(from).at(&self.path)?;
+                self.file().and_then(|f| f.set_len(from)).at(&self.path)?;
                 self.allocated.store(from, Ordering::Release);
             }
         }
@@ -432,6 +436,7 @@ impl Segment {
 
     pub(crate) fn set_synced_pos(&self, pos: u64) {
         self.synced_pos.fetch_max(pos, Ordering::AcqRel);
+        self.release_fd_if_settled();
     }
 
     /// Whether the segment is sealed but its header seal not yet synced.
@@ -442,6 +447,7 @@ impl Segment {
     /// Records that a sync covered the header seal.
     pub(crate) fn set_seal_synced(&self) {
         self.seal_synced.store(true, Ordering::Release);
+        self.release_fd_if_settled();
     }
 
     /// Seals a segment that recovery found followed by another one but
@@ -464,6 +470,7 @@ impl Segment {
         self.sealed.store(sealed, Ordering::Release);
         // A seal read from disk is taken as already durable.
         self.seal_synced.store(sealed, Ordering::Release);
+        self.release_fd_if_settled();
     }
 
     /// The whole mapped file, header included, for recovery before the
@@ -496,12 +503,39 @@ impl Segment {
 
     /// fdatasync of a segment created outside a sync round.
     pub fn sync_data(&self, hook: &dyn IoHook) -> Result<()> {
-        crate::storage::sync_file(hook, IoOp::SyncNewSegment, &self.file, &self.path, true)
+        let file = self.file().at(&self.path)?;
+        crate::storage::sync_file(hook, IoOp::SyncNewSegment, &file, &self.path, true)
     }
 
-    /// Raw fd for batched syncs.
-    pub fn raw_fd(&self) -> i32 {
-        self.file.as_raw_fd()
+    /// The open file, for a sync round; `None` once the descriptor was
+    /// released, which happens only after everything was synced.
+    pub(crate) fn sync_handle(&self) -> Option<Arc<File>> {
+        self.file.lock().clone()
+    }
+
+    /// The open file, or the file opened again for one call when its
+    /// descriptor was released (a trim of a sealed segment at open).
+    fn file(&self) -> std::io::Result<Arc<File>> {
+        if let Some(f) = &*self.file.lock() {
+            return Ok(f.clone());
+        }
+        OpenOptions::new()
+            .read(true)
+            .write(self.writable)
+            .open(&self.path)
+            .map(Arc::new)
+    }
+
+    /// Closes the descriptor of a segment that is sealed, whose seal is
+    /// synced and whose data is synced: nothing writes or syncs it again,
+    /// and its mapping stays valid without it.
+    fn release_fd_if_settled(&self) {
+        if self.is_sealed()
+            && self.seal_synced.load(Ordering::Acquire)
+            && self.synced_pos() >= self.committed_pos()
+        {
+            self.file.lock().take();
+        }
     }
 
     /// Zeroes `[from, allocated)` so stale bytes past a recovered end can
@@ -519,15 +553,16 @@ impl Segment {
         }
         let aligned = page_up(from).min(end);
         if aligned > from {
-            self.file
-                .write_all_at(&vec![0u8; (aligned - from) as usize], from)
+            self.file()
+                .and_then(|f| f.write_all_at(&vec![0u8; (aligned - from) as usize], from))
                 .at(&self.path)?;
         }
         if aligned == end {
             return Ok(());
         }
         let len = end - aligned;
-        let fd = self.file.as_raw_fd();
+        let file = self.file().at(&self.path)?;
+        let fd = file.as_raw_fd();
         let fallocate = |mode: libc::c_int| {
             // SAFETY: plain syscall on an fd we own; no memory is passed.
             let rc =
@@ -546,11 +581,11 @@ impl Segment {
                 return Ok(());
             }
         } else if len <= crate::config::ACTIVE_HEADROOM_MAX_BYTES {
-            return write_zeros(&self.file, aligned, len).at(&self.path);
+            return write_zeros(&file, aligned, len).at(&self.path);
         }
         // The tail is gone or unallocated: cut it off; the writer grows the
         // file again before storing there.
-        self.file.set_len(aligned).at(&self.path)?;
+        file.set_len(aligned).at(&self.path)?;
         self.allocated.store(aligned, Ordering::Release);
         Ok(())
     }
@@ -590,7 +625,9 @@ impl Segment {
             .map_err(|_| Error::corruption(&self.path, pos, "hole spans too many offsets"))?;
         let mut buf = vec![0u8; len as usize];
         batch::encode_hole(&mut buf, first_offset, lost);
-        self.file.write_all_at(&buf, pos).at(&self.path)
+        self.file()
+            .and_then(|f| f.write_all_at(&buf, pos))
+            .at(&self.path)
     }
 
     /// Writes the seal (end offset and position) into the header.

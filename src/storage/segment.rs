@@ -723,8 +723,9 @@ impl Segment {
             // walk from the start.
             None => {
                 if self.is_sealed() {
-                    let entries = self.rebuild_stale_index(end);
-                    *self.index.lock() = IndexState::Loaded(entries);
+                    // Under the index lock: one reader rebuilds and writes it.
+                    let mut guard = self.index.lock();
+                    *guard = IndexState::Loaded(self.rebuild_stale_index(end));
                 }
                 walk_to(
                     &data,

@@ -76,6 +76,16 @@ pub const MIN_SEGMENT_BYTES: u64 = 4096;
 /// Largest segment accepted: index entries store 32-bit positions.
 pub const MAX_SEGMENT_BYTES: u64 = 1 << 32;
 
+/// Smallest step by which an active segment's file grows: a new segment
+/// holds its header and this much allocated space.
+pub const ALLOC_CHUNK_MIN_BYTES: u64 = 64 << 10;
+/// Largest step by which an active segment's file grows. The step doubles
+/// with the data in the segment, from [`ALLOC_CHUNK_MIN_BYTES`] up to this.
+pub const ALLOC_CHUNK_MAX_BYTES: u64 = 2 << 20;
+/// Most allocated but unwritten bytes an active segment holds ahead of its
+/// writer (two steps plus page rounding). Sealed segments hold none.
+pub const ACTIVE_HEADROOM_MAX_BYTES: u64 = 2 * ALLOC_CHUNK_MAX_BYTES + 4096;
+
 impl TopicConfig {
     /// Checks every field's range.
     pub fn validate(&self) -> Result<()> {

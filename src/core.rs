@@ -92,12 +92,16 @@ impl Core {
         let mut owner = Vec::new();
         for (i, cap) in caps.iter().enumerate() {
             for (seg, ..) in &cap.segments {
+                // No descriptor: a round that ended meanwhile synced it all.
+                let Some(file) = seg.sync_handle() else {
+                    continue;
+                };
                 targets.push(SyncTarget {
-                    fd: seg.raw_fd(),
+                    fd: std::os::unix::io::AsRawFd::as_raw_fd(&*file),
                     path: seg.path().to_path_buf(),
                     datasync: true,
                     op: IoOp::SyncSegment,
-                    _keep: Some(seg.clone()),
+                    _keep: Some(file),
                 });
                 owner.push(Some(i));
             }

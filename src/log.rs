@@ -477,11 +477,17 @@ fn load_topic(
             mode,
             hook: &*core.hook,
         };
-        let chain = recover_chain(&params, report)?;
+        let mut chain = recover_chain(&params, report)?;
         for &(s, e) in &chain.holes {
             report.holes.push((rec.name.clone(), p.id, s, e));
         }
         let sealed = matches!(p.state, PartitionState::Sealed { .. });
+        crate::storage::segment::prepare_recovered_chain(
+            &mut chain.segments,
+            sealed,
+            rec.config.segment_bytes,
+            &core.hook,
+        )?;
         let mut segs = crate::recovery::partition::into_arcs(chain.segments);
         let needs_segment = segs.last().is_none_or(|s| s.is_sealed()) && !sealed;
         if needs_segment {

@@ -109,6 +109,9 @@ impl Partition {
             .expect("a partition has at least one segment")
             .clone();
         let end = last.end_offset();
+        for s in &segments {
+            s.attach_hook(&hook);
+        }
         Partition {
             writer: Mutex::new(WriterState {
                 writer: SegmentWriter::new(last, p.index_interval),
@@ -249,6 +252,7 @@ impl Partition {
             if (len as u64) > w.writer.remaining() {
                 self.roll(&mut w)?;
             }
+            w.writer.reserve(len as u64)?;
             let header = w.writer.append(records, len);
             let now = self.clock.now_nanos();
             w.rates.record(now, records.len() as u64, len as u64);
@@ -268,7 +272,11 @@ impl Partition {
         Ok(base)
     }
 
-    /// Seals the active segment and starts a new one.
+    /// Seals the active segment and starts a new one. Creating the new
+    /// file is the only step that can fail, and it comes first: on failure
+    /// it is removed again and the old segment, still unsealed, keeps
+    /// taking appends, so a later roll starts from the same state. Sealing
+    /// cannot fail (its index write is a cache).
     fn roll(&self, w: &mut WriterState) -> Result<()> {
         let next = w.writer.next_offset();
         let seg = Segment::create(
@@ -279,7 +287,8 @@ impl Partition {
             now_ms(),
             &*self.hook,
         )?;
-        w.writer.seal()?;
+        seg.attach_hook(&self.hook);
+        w.writer.seal();
         let seg = Arc::new(seg);
         {
             let mut list = self.segments.write();
@@ -310,6 +319,9 @@ impl Partition {
         let end = w.writer.next_offset();
         let out = commit(end)?;
         self.sealed.store(true, Ordering::Release);
+        // The partition takes no more appends: give back the preallocated
+        // space of its last segment (a failure only keeps that space).
+        let _ = w.writer.segment().trim();
         drop(w);
         let _g = self.tail_lock.lock();
         self.tail_cv.notify_all();
@@ -544,10 +556,11 @@ impl Partition {
         Ok(removed)
     }
 
-    /// Writes the active segment's index file (clean close).
+    /// Writes the active segment's index file durably (clean close), so a
+    /// power loss after a clean close never leaves it stale.
     pub(crate) fn flush_index(&self) -> Result<()> {
         let w = self.writer.lock();
-        w.writer.segment().write_index_file()
+        w.writer.segment().write_index_file(true)
     }
 
     /// Whether every segment was removed by retention (sealed partitions only).

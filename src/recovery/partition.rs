@@ -321,6 +321,15 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                 }
                 if from_pos == SEGMENT_HEADER_LEN as u64 {
                     *seg.index.lock() = IndexState::Loaded(outcome.index.clone());
+                    // A full scan (`recover`) also rewrites an index file
+                    // that does not match (a power loss at a roll can leave
+                    // it stale); it is a cache, so failing to is no error.
+                    if p.mode.write
+                        && p.mode.full_scan
+                        && matches!(seg.repair_index_file(p.hook), Ok(true))
+                    {
+                        report.add(seg.index_path(), FileAction::RebuiltIndex);
+                    }
                 }
                 (
                     outcome.end_pos,

@@ -15,8 +15,22 @@ use std::path::Path;
 /// fsync/fdatasync call site of the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IoOp {
-    /// Creating and preallocating a segment file.
+    /// Creating a segment file.
     CreateSegment,
+    /// Allocating space in a segment file (its first chunk at creation, the
+    /// writer growing it ahead of itself, the free tail at open).
+    AllocateSegment,
+    /// Mapping a new segment file.
+    MapSegment,
+    /// Truncating a segment that takes no more appends to its data.
+    TrimSegment,
+    /// Writing an index file (a cache of the segment).
+    WriteIndex,
+    /// fdatasync of a rebuilt index file before it is renamed into place.
+    SyncIndex,
+    /// fsync of a partition directory after a rebuilt index was renamed
+    /// into place.
+    SyncIndexDir,
     /// fdatasync of a segment file in a sync round.
     SyncSegment,
     /// fsync of a partition directory in a sync round (after a roll or a

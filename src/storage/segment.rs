@@ -2,9 +2,12 @@
 //!
 //! # Why the mapping is sound
 //!
-//! A segment is mapped once, shared and at its full preallocated size, and
-//! the mapping lives as long as the `Arc<Segment>` that owns it. Three rules
-//! keep every access in bounds and race-free:
+//! A segment is mapped once, shared, and the mapping lives as long as the
+//! `Arc<Segment>` that owns it. The active segment is mapped at the full
+//! segment size while its file grows in bounded chunks ahead of the writer
+//! (see "Allocation" below), so the mapping may extend past the end of the
+//! file; touching a page wholly past EOF raises SIGBUS. These rules keep
+//! every access in bounds, below EOF and race-free:
 //!
 //! 1. Exclusivity: the log directory is held with an exclusive `flock` for
 //!    the life of the `Log`, so no other fissionlog process writes or
@@ -15,26 +18,59 @@
 //!    `&mut SegmentWriter` borrow) only stores above it, then publishes the
 //!    new end with a Release store; readers Acquire it and only form slices
 //!    below it. The header (bytes below 64) is never exposed to readers.
-//! 3. No shrinking: the file is never truncated below its mapped length
-//!    while mapped. Torn tails are cleared with `FALLOC_FL_PUNCH_HOLE`
-//!    (which keeps the size; holes read as zeros), and retention unlinks
-//!    files, which keeps the inode (and the mapping) alive until the last
-//!    `Arc` drops.
+//! 3. Stores stay below `allocated`: `allocated` is the file length, and
+//!    every byte below it was allocated (`fallocate`, or written zeros where
+//!    the filesystem has no `fallocate`) before the length was published.
+//!    [`SegmentWriter::reserve`] grows the file before the writer stores
+//!    past it, and [`SegmentWriter::append`] asserts it. `committed_pos <=
+//!    allocated` always holds, so readers stay below EOF too.
+//! 4. The file shrinks only in two places. [`Segment::trim`] truncates a
+//!    segment that takes no more appends (rolled, or its partition sealed)
+//!    to exactly `committed_pos`. That is sound because no reader ever forms
+//!    a slice past `committed_pos`, `committed_pos` of a shared segment
+//!    never decreases, no store happens there any more, and the page that
+//!    holds the new EOF stays accessible as a whole (its bytes past EOF read
+//!    as zeros). Recovery may truncate before the segment is shared (`&mut
+//!    self`). Torn tails are cleared without shrinking the file, and
+//!    retention unlinks files, which keeps the inode (and the mapping) alive
+//!    until the last `Arc` drops.
+//! 5. The prefault thread asks the kernel to populate pages only below
+//!    `allocated`, which it reads under the read side of `alloc_lock`;
+//!    [`Segment::trim`] lowers `allocated` and truncates under the write
+//!    side, so a populate call never overlaps a truncation and never covers
+//!    a page past EOF.
+//!
+//! # Allocation
+//!
+//! A store into a page of the mapping that has no disk block behind it
+//! allocates inside the page fault, and a full disk then kills the process
+//! with SIGBUS. So the writer never stores into unallocated space: a new
+//! segment's file holds its header and [`ALLOC_CHUNK_MIN_BYTES`]; the writer
+//! grows it ahead of itself in steps that double with the data written (up
+//! to [`ALLOC_CHUNK_MAX_BYTES`]), so at most
+//! [`crate::config::ACTIVE_HEADROOM_MAX_BYTES`] are allocated and unwritten
+//! per active partition, and a full disk is `Error::NoSpace` from the
+//! append that needed the space, with nothing changed. Recovery clears a
+//! torn tail with `FALLOC_FL_ZERO_RANGE` (or punch + re-allocate), keeping
+//! the space allocated, and re-allocates the free tail of the active
+//! segment on open (files from versions that punched holes there).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use memmap2::MmapRaw;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
+use crate::config::{ALLOC_CHUNK_MAX_BYTES, ALLOC_CHUNK_MIN_BYTES};
 use crate::error::{Error, IoContext, Result};
 use crate::format::batch::{self, BatchHeader, RecordIn};
 use crate::format::index::{self, IndexEntry};
 use crate::format::segment::{self, SegmentInfo, SEGMENT_HEADER_LEN};
-use crate::storage::fault::{IoHook, IoOp};
+use crate::storage::fault::{IoHook, IoOp, NoFaults};
 use crate::storage::prefault;
 
 /// File name of the segment starting at `base_offset`.
@@ -68,10 +104,23 @@ pub(crate) enum IndexState {
 pub struct Segment {
     path: PathBuf,
     index_path: PathBuf,
-    file: File,
+    /// The open file; `None` once the segment is sealed and fully synced
+    /// (a mapping stays valid after its descriptor is closed), so
+    /// descriptors do not grow with the number of segments.
+    file: Mutex<Option<Arc<File>>>,
     map: MmapRaw,
-    /// Mapped (and preallocated) length in bytes.
+    /// Mapped length in bytes: the most data the segment can hold.
     capacity: u64,
+    /// File length; every byte below it is allocated on disk (see the
+    /// module comment). Grows ahead of the writer, shrinks only by `trim`.
+    allocated: AtomicU64,
+    /// Read side: a prefault call in flight below `allocated`; write side:
+    /// lowering `allocated` and truncating the file.
+    alloc_lock: RwLock<()>,
+    /// Mapped writable.
+    writable: bool,
+    /// The log's I/O hook, attached when a partition takes the segment.
+    hook: OnceLock<Arc<dyn IoHook>>,
     /// Offset of the first record.
     pub base_offset: u64,
     /// End of valid data in bytes (Release by the writer, Acquire by readers).
@@ -101,7 +150,9 @@ pub(crate) fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
 }
 
 impl Segment {
-    /// Creates, preallocates and maps a new segment file.
+    /// Creates a new segment file with its first chunk allocated and maps it
+    /// at `capacity`. On any failure the file is removed again, so a retry
+    /// (the next roll) starts from the same state.
     pub fn create(
         dir: &Path,
         ids: (u32, u32),
@@ -118,14 +169,22 @@ impl Segment {
             .create_new(true)
             .open(&path)
             .at(&path)?;
-        if let Err(e) = preallocate(&file, capacity) {
-            drop(file);
-            let _ = std::fs::remove_file(&path);
-            return Err(Error::io(&path, e));
-        }
-        let header = segment::encode_header(ids.0, ids.1, base_offset, now_ms);
-        file.write_all_at(&header, 0).at(&path)?;
-        let seg = Segment::map(path, file, capacity, base_offset, true)?;
+        let initial = page_up(SEGMENT_HEADER_LEN as u64 + ALLOC_CHUNK_MIN_BYTES).min(capacity);
+        let built = (|| {
+            hook.before(IoOp::AllocateSegment, &path).at(&path)?;
+            allocate_range(&file, 0, initial).at(&path)?;
+            let header = segment::encode_header(ids.0, ids.1, base_offset, now_ms);
+            file.write_all_at(&header, 0).at(&path)?;
+            hook.before(IoOp::MapSegment, &path).at(&path)?;
+            Segment::map(path.clone(), file, capacity, initial, base_offset, true)
+        })();
+        let seg = match built {
+            Ok(seg) => seg,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+        };
         seg.committed_pos
             .store(SEGMENT_HEADER_LEN as u64, Ordering::Release);
         seg.end_offset.store(base_offset, Ordering::Release);
@@ -179,33 +238,38 @@ impl Segment {
         let got = read_prefix(&file, &mut head).at(path)?;
         let info = segment::decode_header(&head[..got])
             .map_err(|e| Error::corruption(path, 0, e.to_string()))?;
-        let seg = Segment::map(path.to_path_buf(), file, len, info.base_offset, writable)?;
+        let seg = Segment::map(
+            path.to_path_buf(),
+            file,
+            len,
+            len,
+            info.base_offset,
+            writable,
+        )?;
         seg.committed_pos
             .store(SEGMENT_HEADER_LEN as u64, Ordering::Release);
         seg.end_offset.store(info.base_offset, Ordering::Release);
         Ok((seg, info))
     }
 
+    /// Maps `capacity` bytes of `file`, whose length is `allocated`.
     fn map(
         path: PathBuf,
         file: File,
         capacity: u64,
+        allocated: u64,
         base_offset: u64,
         writable: bool,
     ) -> Result<Segment> {
-        if capacity < SEGMENT_HEADER_LEN as u64 || capacity > crate::config::MAX_SEGMENT_BYTES {
+        if allocated < SEGMENT_HEADER_LEN as u64 || allocated > crate::config::MAX_SEGMENT_BYTES {
             return Err(Error::corruption(
                 &path,
                 0,
-                format!("segment file size {capacity} is out of range"),
+                format!("segment file size {allocated} is out of range"),
             ));
         }
-        let map = if writable {
-            MmapRaw::map_raw(&file)
-        } else {
-            memmap2::MmapOptions::new().map_raw_read_only(&file)
-        }
-        .at(&path)?;
+        let map = map_file(&file, capacity, writable).at(&path)?;
+        let file = Mutex::new(Some(Arc::new(file)));
         let index_path = path.with_extension("idx");
         Ok(Segment {
             path,
@@ -213,6 +277,10 @@ impl Segment {
             file,
             map,
             capacity,
+            allocated: AtomicU64::new(allocated),
+            alloc_lock: RwLock::new(()),
+            writable,
+            hook: OnceLock::new(),
             base_offset,
             committed_pos: AtomicU64::new(SEGMENT_HEADER_LEN as u64),
             end_offset: AtomicU64::new(base_offset),
@@ -234,9 +302,92 @@ impl Segment {
         &self.index_path
     }
 
-    /// Mapped length.
+    /// Mapped length: the most data the segment can hold.
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// File length; every byte below it is allocated.
+    pub fn allocated(&self) -> u64 {
+        self.allocated.load(Ordering::Acquire)
+    }
+
+    /// Attaches the log's I/O hook (the partition that takes the segment
+    /// does); ops of a segment without one go unobserved.
+    pub(crate) fn attach_hook(&self, hook: &Arc<dyn IoHook>) {
+        let _ = self.hook.set(hook.clone());
+    }
+
+    fn hook(&self) -> &dyn IoHook {
+        match self.hook.get() {
+            Some(h) => &**h,
+            None => &NoFaults,
+        }
+    }
+
+    /// Grows the file to `target` bytes, all allocated (writer only).
+    fn grow(&self, target: u64) -> Result<()> {
+        let from = self.allocated();
+        debug_assert!(target <= self.capacity);
+        if target <= from {
+            return Ok(());
+        }
+        self.hook()
+            .before(IoOp::AllocateSegment, &self.path)
+            .at(&self.path)?;
+        allocate_range(&*self.file().at(&self.path)?, from, target - from).at(&self.path)?;
+        self.allocated.store(target, Ordering::Release);
+        Ok(())
+    }
+
+    /// Truncates the file to its data once the segment takes no more
+    /// appends (rolled, or its partition sealed): a sealed segment keeps no
+    /// preallocated space. See rule 4 of the module comment for why this is
+    /// sound while readers hold the mapping.
+    pub(crate) fn trim(&self) -> Result<()> {
+        let _g = self.alloc_lock.write();
+        let end = self.committed_pos();
+        if !self.writable || self.allocated() <= end {
+            return Ok(());
+        }
+        self.hook()
+            .before(IoOp::TrimSegment, &self.path)
+            .at(&self.path)?;
+        self.file().and_then(|f| f.set_len(end)).at(&self.path)?;
+        self.allocated.store(end, Ordering::Release);
+        Ok(())
+    }
+
+    /// Readies a recovered segment that will take appends: maps it at the
+    /// full `segment_bytes` (its file may be shorter; it grows in chunks)
+    /// and makes sure its free tail is allocated (an older version punched
+    /// holes there). Where that allocation fails, the free tail is cut off
+    /// instead and the writer allocates again before storing.
+    pub(crate) fn prepare_for_appends(&mut self, segment_bytes: u64) -> Result<()> {
+        if !self.writable {
+            return Ok(());
+        }
+        let capacity = segment_bytes
+            .max(self.allocated())
+            .min(crate::config::MAX_SEGMENT_BYTES);
+        if capacity > self.capacity {
+            self.map = map_file(&*self.file().at(&self.path)?, capacity, true).at(&self.path)?;
+            self.capacity = capacity;
+        }
+        let from = page_up(self.committed_pos()).min(self.allocated());
+        let len = self.allocated() - from;
+        if len > 0 {
+            let ok = self
+                .hook()
+                .before(IoOp::AllocateSegment, &self.path)
+                .and_then(|()| allocate_tail(&*self.file()?, from, len))
+                .is_ok();
+            if !ok {
+                self.file().and_then(|f| f.set_len(from)).at(&self.path)?;
+                self.allocated.store(from, Ordering::Release);
+            }
+        }
+        Ok(())
     }
 
     /// End of valid data in bytes.
@@ -285,6 +436,7 @@ impl Segment {
 
     pub(crate) fn set_synced_pos(&self, pos: u64) {
         self.synced_pos.fetch_max(pos, Ordering::AcqRel);
+        self.release_fd_if_settled();
     }
 
     /// Whether the segment is sealed but its header seal not yet synced.
@@ -295,6 +447,7 @@ impl Segment {
     /// Records that a sync covered the header seal.
     pub(crate) fn set_seal_synced(&self) {
         self.seal_synced.store(true, Ordering::Release);
+        self.release_fd_if_settled();
     }
 
     /// Seals a segment that recovery found followed by another one but
@@ -317,14 +470,18 @@ impl Segment {
         self.sealed.store(sealed, Ordering::Release);
         // A seal read from disk is taken as already durable.
         self.seal_synced.store(sealed, Ordering::Release);
+        self.release_fd_if_settled();
     }
 
     /// The whole mapped file, header included, for recovery before the
     /// segment is shared with readers or the writer.
     pub(crate) fn raw_for_recovery(&mut self) -> &[u8] {
+        let len = self.allocated().min(self.capacity);
         // SAFETY: `&mut self` proves no reader or writer shares the segment
-        // yet; the mapping is `capacity` bytes long and lives as long as self.
-        unsafe { std::slice::from_raw_parts(self.map.as_ptr(), self.capacity as usize) }
+        // yet; the mapping is at least `len` bytes long, the file is `len`
+        // bytes long (no page past EOF is touched), and the mapping lives as
+        // long as self.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr(), len as usize) }
     }
 
     /// Committed data bytes `[SEGMENT_HEADER_LEN, committed_pos)`, indexed
@@ -346,47 +503,90 @@ impl Segment {
 
     /// fdatasync of a segment created outside a sync round.
     pub fn sync_data(&self, hook: &dyn IoHook) -> Result<()> {
-        crate::storage::sync_file(hook, IoOp::SyncNewSegment, &self.file, &self.path, true)
+        let file = self.file().at(&self.path)?;
+        crate::storage::sync_file(hook, IoOp::SyncNewSegment, &file, &self.path, true)
     }
 
-    /// Raw fd for batched syncs.
-    pub fn raw_fd(&self) -> i32 {
-        self.file.as_raw_fd()
+    /// The open file, for a sync round; `None` once the descriptor was
+    /// released, which happens only after everything was synced.
+    pub(crate) fn sync_handle(&self) -> Option<Arc<File>> {
+        self.file.lock().clone()
     }
 
-    /// Zeroes `[from, capacity)` so stale bytes past a recovered end can never
-    /// validate again (a torn tail must not be resurrected), without shrinking.
+    /// The open file, or the file opened again for one call when its
+    /// descriptor was released (a trim of a sealed segment at open).
+    fn file(&self) -> std::io::Result<Arc<File>> {
+        if let Some(f) = &*self.file.lock() {
+            return Ok(f.clone());
+        }
+        OpenOptions::new()
+            .read(true)
+            .write(self.writable)
+            .open(&self.path)
+            .map(Arc::new)
+    }
+
+    /// Closes the descriptor of a segment that is sealed, whose seal is
+    /// synced and whose data is synced: nothing writes or syncs it again,
+    /// and its mapping stays valid without it.
+    fn release_fd_if_settled(&self) {
+        if self.is_sealed()
+            && self.seal_synced.load(Ordering::Acquire)
+            && self.synced_pos() >= self.committed_pos()
+        {
+            self.file.lock().take();
+        }
+    }
+
+    /// Zeroes `[from, allocated)` so stale bytes past a recovered end can
+    /// never validate again (a torn tail must not be resurrected), keeping
+    /// the space allocated so later stores into the mapping never allocate
+    /// inside a page fault: `FALLOC_FL_ZERO_RANGE`, else punch a hole and
+    /// allocate it again. On filesystems with neither, the (bounded) tail is
+    /// overwritten with zeros, or, when longer than the most an active
+    /// segment holds ahead of its writer (files of older versions), cut off;
+    /// the writer allocates again before it stores there.
     pub(crate) fn clear_tail(&mut self, from: u64) -> Result<()> {
-        let page = 4096u64;
-        let aligned = from.div_ceil(page) * page;
-        let partial = aligned.min(self.capacity) - from;
-        if partial > 0 {
-            self.file
-                .write_all_at(&vec![0u8; partial as usize], from)
+        let end = self.allocated();
+        if from >= end {
+            return Ok(());
+        }
+        let aligned = page_up(from).min(end);
+        if aligned > from {
+            self.file()
+                .and_then(|f| f.write_all_at(&vec![0u8; (aligned - from) as usize], from))
                 .at(&self.path)?;
         }
-        if aligned < self.capacity {
-            let len = (self.capacity - aligned) as libc::off_t;
-            // SAFETY: plain syscall on an fd we own; no memory is passed.
-            let rc = unsafe {
-                libc::fallocate(
-                    self.file.as_raw_fd(),
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    aligned as libc::off_t,
-                    len,
-                )
-            };
-            if rc != 0 {
-                // No hole punching on this filesystem: write zeros instead.
-                let zeros = vec![0u8; 1 << 20];
-                let mut pos = aligned;
-                while pos < self.capacity {
-                    let n = (self.capacity - pos).min(zeros.len() as u64) as usize;
-                    self.file.write_all_at(&zeros[..n], pos).at(&self.path)?;
-                    pos += n as u64;
-                }
-            }
+        if aligned == end {
+            return Ok(());
         }
+        let len = end - aligned;
+        let file = self.file().at(&self.path)?;
+        let fd = file.as_raw_fd();
+        let fallocate = |mode: libc::c_int| {
+            // SAFETY: plain syscall on an fd we own; no memory is passed.
+            let rc =
+                unsafe { libc::fallocate(fd, mode, aligned as libc::off_t, len as libc::off_t) };
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        };
+        if fallocate(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE).is_ok() {
+            return Ok(());
+        }
+        if fallocate(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE).is_ok() {
+            if fallocate(0).is_ok() {
+                return Ok(());
+            }
+        } else if len <= crate::config::ACTIVE_HEADROOM_MAX_BYTES {
+            return write_zeros(&file, aligned, len).at(&self.path);
+        }
+        // The tail is gone or unallocated: cut it off; the writer grows the
+        // file again before storing there.
+        file.set_len(aligned).at(&self.path)?;
+        self.allocated.store(aligned, Ordering::Release);
         Ok(())
     }
 
@@ -394,12 +594,16 @@ impl Segment {
     /// (clean, read-only) so the writer's first store there is cheap. Best
     /// effort: errors (old kernels) are ignored.
     pub(crate) fn populate(&self, start: u64, len: u64) {
-        let end = (start + len).min(self.capacity);
+        // Held across the call: the file cannot shrink under it (rule 5).
+        let _g = self.alloc_lock.read();
+        let end = (start + len).min(self.allocated()).min(self.capacity);
         if start >= end {
             return;
         }
-        // SAFETY: the range is inside the mapping (clamped), which lives as long
-        // as `self`; MADV_POPULATE_READ only faults pages in, never changing bytes.
+        // SAFETY: the range is inside the mapping and below EOF (clamped to
+        // `allocated`, which cannot drop while the read lock is held); the
+        // mapping lives as long as `self`; MADV_POPULATE_READ only faults
+        // pages in, never changing bytes.
         unsafe {
             libc::madvise(
                 self.map.as_mut_ptr().add(start as usize).cast(),
@@ -421,7 +625,9 @@ impl Segment {
             .map_err(|_| Error::corruption(&self.path, pos, "hole spans too many offsets"))?;
         let mut buf = vec![0u8; len as usize];
         batch::encode_hole(&mut buf, first_offset, lost);
-        self.file.write_all_at(&buf, pos).at(&self.path)
+        self.file()
+            .and_then(|f| f.write_all_at(&buf, pos))
+            .at(&self.path)
     }
 
     /// Writes the seal (end offset and position) into the header.
@@ -440,22 +646,69 @@ impl Segment {
         self.sealed.store(true, Ordering::Release);
     }
 
-    /// Writes the in-memory index to the index file (not synced: it is a cache).
-    pub(crate) fn write_index_file(&self) -> Result<()> {
+    /// Writes the in-memory index to the index file (tmp + rename). With
+    /// `durable`, the tmp file is fsynced before the rename and the
+    /// directory after it, so a power loss leaves the old or the new index,
+    /// never an empty one. A roll writes it without syncing (it is a cache
+    /// on the append path, and a stale one is noticed and rebuilt); a
+    /// rebuild after a mismatch writes it durably.
+    pub(crate) fn write_index_file(&self, durable: bool) -> Result<()> {
         let guard = self.index.lock();
         let IndexState::Loaded(entries) = &*guard else {
             return Ok(());
         };
-        let mut buf =
-            Vec::with_capacity(index::INDEX_HEADER_LEN + entries.len() * index::INDEX_ENTRY_LEN);
-        buf.extend_from_slice(&index::encode_index_header(self.base_offset));
-        for e in entries {
-            buf.extend_from_slice(&index::encode_entry(e));
-        }
+        let buf = encode_index_file(self.base_offset, entries);
         drop(guard);
+        self.write_index_bytes(&buf, durable, self.hook())
+    }
+
+    fn write_index_bytes(&self, buf: &[u8], durable: bool, hook: &dyn IoHook) -> Result<()> {
         let tmp = self.index_path.with_extension("idx.tmp");
-        std::fs::write(&tmp, &buf).at(&tmp)?;
-        std::fs::rename(&tmp, &self.index_path).at(&self.index_path)
+        hook.before(IoOp::WriteIndex, &self.index_path)
+            .at(&self.index_path)?;
+        let file = File::create(&tmp).at(&tmp)?;
+        file.write_all_at(buf, 0).at(&tmp)?;
+        if durable {
+            crate::storage::sync_file(hook, IoOp::SyncIndex, &file, &tmp, true)?;
+        }
+        drop(file);
+        std::fs::rename(&tmp, &self.index_path).at(&self.index_path)?;
+        if durable {
+            if let Some(dir) = self.index_path.parent() {
+                crate::storage::sync_dir(hook, IoOp::SyncIndexDir, dir)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the index file match the in-memory index (rebuilt by a
+    /// recovery scan), writing it durably when it does not. Returns whether
+    /// it was rewritten. `recover` uses this so that `verify` is clean again
+    /// after a power loss left a stale index.
+    pub(crate) fn repair_index_file(&self, hook: &dyn IoHook) -> Result<bool> {
+        let guard = self.index.lock();
+        let IndexState::Loaded(entries) = &*guard else {
+            return Ok(false);
+        };
+        let want = encode_index_file(self.base_offset, entries);
+        drop(guard);
+        if !self.writable || read_optional(&self.index_path)?.as_deref() == Some(&want[..]) {
+            return Ok(false);
+        }
+        self.write_index_bytes(&want, true, hook)?;
+        Ok(true)
+    }
+
+    /// Replaces an index found not to match the segment with one rebuilt
+    /// from the data, in memory and (durably, best effort: the in-memory
+    /// one is right either way) on disk.
+    fn rebuild_stale_index(&self, end: u64) -> Vec<IndexEntry> {
+        let entries = rebuild_index(&self.committed(), self.base_offset, end, 4096);
+        if self.writable && self.hook.get().is_some() {
+            let buf = encode_index_file(self.base_offset, &entries);
+            let _ = self.write_index_bytes(&buf, true, self.hook());
+        }
+        entries
     }
 
     /// Finds the file position of the batch holding `offset` (which must be
@@ -466,20 +719,28 @@ impl Segment {
         let hint = self.index_hint(offset, end);
         match walk_to(&data, hint, end, offset) {
             Some(pos) => Ok(pos),
-            // The hint was wrong (a damaged cache): walk from the start.
-            None => walk_to(
-                &data,
-                (SEGMENT_HEADER_LEN as u64, self.base_offset),
-                end,
-                offset,
-            )
-            .ok_or_else(|| {
-                Error::corruption(
-                    &self.path,
-                    hint.0,
-                    format!("no batch holds offset {offset}"),
+            // The hint was wrong (a damaged cache): rebuild the index and
+            // walk from the start.
+            None => {
+                if self.is_sealed() {
+                    // Under the index lock: one reader rebuilds and writes it.
+                    let mut guard = self.index.lock();
+                    *guard = IndexState::Loaded(self.rebuild_stale_index(end));
+                }
+                walk_to(
+                    &data,
+                    (SEGMENT_HEADER_LEN as u64, self.base_offset),
+                    end,
+                    offset,
                 )
-            }),
+                .ok_or_else(|| {
+                    Error::corruption(
+                        &self.path,
+                        hint.0,
+                        format!("no batch holds offset {offset}"),
+                    )
+                })
+            }
         }
     }
 
@@ -505,7 +766,8 @@ impl Segment {
         }
     }
 
-    /// Reads the index file, falling back to rebuilding from the data.
+    /// Reads the index file; one that is missing or does not match the
+    /// segment is rebuilt from the data and written again (durably).
     fn load_index(&self, end: u64) -> Vec<IndexEntry> {
         if let Ok(Some(buf)) = read_optional(&self.index_path) {
             let (entries, whole) =
@@ -514,7 +776,7 @@ impl Segment {
                 return entries;
             }
         }
-        rebuild_index(&self.committed(), self.base_offset, end, 4096)
+        self.rebuild_stale_index(end)
     }
 
     /// Index entries for the time lookup: first position whose batch may hold
@@ -552,18 +814,90 @@ fn read_prefix(file: &File, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(got)
 }
 
-fn preallocate(file: &File, len: u64) -> std::io::Result<()> {
+fn page_up(pos: u64) -> u64 {
+    pos.div_ceil(4096) * 4096
+}
+
+fn map_file(file: &File, len: u64, writable: bool) -> std::io::Result<MmapRaw> {
+    let mut opts = memmap2::MmapOptions::new();
+    opts.len(len as usize);
+    if writable {
+        opts.map_raw(file)
+    } else {
+        opts.map_raw_read_only(file)
+    }
+}
+
+/// Allocates `[from, from + len)` of `file`, extending it when that lies
+/// past its end. Filesystems without `fallocate` get zeros written, which
+/// allocates the blocks just the same.
+fn allocate_range(file: &File, from: u64, len: u64) -> std::io::Result<()> {
     // SAFETY: plain syscall on an fd we own; no memory is passed.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
+    let rc =
+        unsafe { libc::fallocate(file.as_raw_fd(), 0, from as libc::off_t, len as libc::off_t) };
     if rc == 0 {
         return Ok(());
     }
     let err = std::io::Error::last_os_error();
     if err.raw_os_error() == Some(libc::EOPNOTSUPP) {
-        // Filesystems without fallocate get a sparse file.
-        return file.set_len(len);
+        return write_zeros(file, from, len);
     }
     Err(err)
+}
+
+/// Allocates the free tail `[from, from + len)` of a recovered segment
+/// (inside the file). Without `fallocate` only a tail of at most the
+/// active headroom is zero-filled: longer ones are refused (and cut off by
+/// the caller) to keep an open's cost bounded.
+fn allocate_tail(file: &File, from: u64, len: u64) -> std::io::Result<()> {
+    // SAFETY: plain syscall on an fd we own; no memory is passed.
+    let rc =
+        unsafe { libc::fallocate(file.as_raw_fd(), 0, from as libc::off_t, len as libc::off_t) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EOPNOTSUPP)
+        && len <= crate::config::ACTIVE_HEADROOM_MAX_BYTES
+    {
+        return write_zeros(file, from, len);
+    }
+    Err(err)
+}
+
+fn write_zeros(file: &File, from: u64, len: u64) -> std::io::Result<()> {
+    let zeros = vec![0u8; len.min(1 << 20) as usize];
+    let mut pos = from;
+    while pos < from + len {
+        let n = (from + len - pos).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..n], pos)?;
+        pos += n as u64;
+    }
+    Ok(())
+}
+
+/// Readies a partition's recovered segments (oldest first) for use: every
+/// segment that takes no more appends is trimmed to its data (this also
+/// gives back the space of files from versions that preallocated whole
+/// segments), and the last one, when the partition is active and the
+/// segment unsealed, is prepared to take appends at `segment_bytes`.
+pub(crate) fn prepare_recovered_chain(
+    segments: &mut [Segment],
+    partition_sealed: bool,
+    segment_bytes: u64,
+    hook: &Arc<dyn IoHook>,
+) -> Result<()> {
+    let n = segments.len();
+    for (i, seg) in segments.iter_mut().enumerate() {
+        seg.attach_hook(hook);
+        if i + 1 == n && !partition_sealed && !seg.is_sealed() {
+            seg.prepare_for_appends(segment_bytes)?;
+        } else {
+            // Only space is at stake: a failed trim keeps it.
+            let _ = seg.trim();
+        }
+    }
+    Ok(())
 }
 
 /// Committed bytes of a segment, addressed by file position.
@@ -587,6 +921,17 @@ impl<'a> Committed<'a> {
         let e = end as usize - SEGMENT_HEADER_LEN;
         &self.data[s..e]
     }
+}
+
+/// The bytes of an index file holding `entries`.
+fn encode_index_file(base_offset: u64, entries: &[IndexEntry]) -> Vec<u8> {
+    let mut buf =
+        Vec::with_capacity(index::INDEX_HEADER_LEN + entries.len() * index::INDEX_ENTRY_LEN);
+    buf.extend_from_slice(&index::encode_index_header(base_offset));
+    for e in entries {
+        buf.extend_from_slice(&index::encode_entry(e));
+    }
+    buf
 }
 
 /// Walks batch headers from `(pos, offset)` to the batch holding `target`.
@@ -672,13 +1017,14 @@ impl SegmentWriter {
         }
     }
 
-    /// Keeps pages populated a few MiB ahead of the write position.
+    /// Keeps pages populated a few MiB ahead of the write position, within
+    /// the allocated part of the file.
     fn prefault_ahead(&mut self) {
-        let capacity = self.segment.capacity;
-        while self.prefault_until < capacity
+        let limit = self.segment.allocated();
+        while self.prefault_until < limit
             && self.write_pos + prefault::PREFAULT_AHEAD > self.prefault_until
         {
-            let len = prefault::PREFAULT_CHUNK.min(capacity - self.prefault_until);
+            let len = prefault::PREFAULT_CHUNK.min(limit - self.prefault_until);
             prefault::request(self.segment.clone(), self.prefault_until, len);
             self.prefault_until += len;
         }
@@ -694,22 +1040,55 @@ impl SegmentWriter {
         self.segment.capacity - self.write_pos
     }
 
+    /// Makes sure the next `len` bytes are allocated in the file before the
+    /// writer stores there, growing the file ahead of the writer in steps
+    /// that double with the data written, from `ALLOC_CHUNK_MIN_BYTES` to
+    /// `ALLOC_CHUNK_MAX_BYTES`. The caller checked `len <= remaining()`.
+    /// An error (`Error::NoSpace` on a full disk) changes nothing: the
+    /// segment takes appends again once space frees.
+    pub fn reserve(&mut self, len: u64) -> Result<()> {
+        let capacity = self.segment.capacity;
+        let need = self.write_pos + len;
+        debug_assert!(
+            need <= capacity,
+            "caller rolls before a batch that does not fit"
+        );
+        let step = (self.write_pos - SEGMENT_HEADER_LEN as u64)
+            .clamp(ALLOC_CHUNK_MIN_BYTES, ALLOC_CHUNK_MAX_BYTES);
+        let allocated = self.segment.allocated();
+        if allocated >= (need + step).min(capacity) {
+            return Ok(());
+        }
+        let ahead = page_up(need + 2 * step).min(capacity);
+        if let Err(e) = self.segment.grow(ahead) {
+            if need > allocated {
+                // Not enough room for two steps: take exactly what this batch needs.
+                self.segment
+                    .grow(page_up(need).min(capacity))
+                    .map_err(|_| e)?;
+            }
+        }
+        self.prefault_ahead();
+        Ok(())
+    }
+
     /// Offset the next record gets.
     pub fn next_offset(&self) -> u64 {
         self.next_offset
     }
 
     /// Encodes `records` at the end and publishes them. The caller checked
-    /// that `len == batch_len(records) <= remaining()`.
+    /// that `len == batch_len(records) <= remaining()` and reserved `len`.
     pub fn append(&mut self, records: &[RecordIn<'_>], len: usize) -> BatchHeader {
         assert!(
-            len as u64 <= self.remaining(),
-            "caller rolls before a batch that does not fit"
+            self.write_pos + len as u64 <= self.segment.allocated(),
+            "caller reserves space before a batch is stored"
         );
         let pos = self.write_pos;
-        // SAFETY: [pos, pos+len) lies inside the mapping (checked above) and
-        // above `committed_pos`, so no reader forms a slice over it; `&mut
-        // self` makes this the only writer of the segment.
+        // SAFETY: [pos, pos+len) lies inside the mapping and below EOF, in
+        // allocated space (`allocated <= capacity`, checked above), and above
+        // `committed_pos`, so no reader forms a slice over it; `&mut self`
+        // makes this the only writer of the segment.
         let dst = unsafe {
             std::slice::from_raw_parts_mut(self.segment.map.as_mut_ptr().add(pos as usize), len)
         };
@@ -749,9 +1128,13 @@ impl SegmentWriter {
         header
     }
 
-    /// Seals the segment (header seal + index file); it takes no more appends.
-    pub fn seal(&self) -> Result<()> {
+    /// Seals the segment: writes the seal into its header (it takes no
+    /// more appends), then writes its index file and gives back the space
+    /// past its data. Cannot fail: the index is a cache (a missing or stale
+    /// one is rebuilt on first use) and a failed trim only keeps space.
+    pub fn seal(&self) {
         self.segment.write_seal(self.next_offset, self.write_pos);
-        self.segment.write_index_file()
+        let _ = self.segment.write_index_file(false);
+        let _ = self.segment.trim();
     }
 }

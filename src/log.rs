@@ -15,7 +15,9 @@ use crate::error::{Error, IoContext, Result};
 use crate::events::{EventHub, TopologyEvent};
 use crate::format::checkpoint::{Checkpoint, PartitionCheckpoint};
 use crate::format::manifest::{ManifestRecord, PartitionRecord, PartitionState, TopicRecord};
-use crate::recovery::partition::{recover_chain, ChainParams, Problem, RecoverMode};
+use crate::recovery::partition::{
+    open_chain, recover_chain, repair_chain, ChainParams, OpenedChain, Problem, RecoverMode,
+};
 use crate::recovery::{FileAction, RecoveryReport};
 use crate::storage::durability::{CheckpointFiles, GroupCommit, SyncBackend, Syncer};
 use crate::storage::fault::{IoHook, IoOp, NoFaults};
@@ -164,8 +166,30 @@ impl Log {
             .map(|p| ((p.topic_id, p.partition_id), p))
             .collect();
         let recovered = (|| -> Result<()> {
+            // Phase one opens and maps every segment of every partition and
+            // changes nothing: a failing OS call (too many open files, no
+            // memory for a mapping, permissions) fails the open here, before
+            // any file is repaired.
+            let mut opened = HashMap::new();
             for rec in &state.topics {
-                let topic = load_topic(&core, rec, &cps, &checkpoint, mode, &mut report)?;
+                for p in &rec.partitions {
+                    let pdir = partition_dir(&topic_dir(&dir, rec.id), p.id);
+                    let params =
+                        chain_params(&pdir, rec, p.id, &cps, &checkpoint, mode, &*core.hook);
+                    opened.insert((rec.id, p.id), open_chain(&params)?);
+                }
+            }
+            // Phase two repairs what the mode allows.
+            for rec in &state.topics {
+                let topic = load_topic(
+                    &core,
+                    rec,
+                    &cps,
+                    &checkpoint,
+                    mode,
+                    &mut opened,
+                    &mut report,
+                )?;
                 core.topics.write().insert(rec.name.clone(), topic);
             }
             remove_orphans(&dir, &state.topics, &mut report)?;
@@ -454,12 +478,33 @@ fn new_topic(core: &Arc<Core>, rec: &TopicRecord) -> Topic {
     }
 }
 
+fn chain_params<'a>(
+    pdir: &'a Path,
+    rec: &TopicRecord,
+    partition: u32,
+    cps: &HashMap<(u32, u32), &'a PartitionCheckpoint>,
+    checkpoint: &Checkpoint,
+    mode: RecoverMode,
+    hook: &'a dyn IoHook,
+) -> ChainParams<'a> {
+    ChainParams {
+        dir: pdir,
+        ids: (rec.id, partition),
+        index_interval: u64::from(rec.config.index_interval_bytes),
+        checkpoint: cps.get(&(rec.id, partition)).copied(),
+        clean: checkpoint.clean,
+        mode,
+        hook,
+    }
+}
+
 fn load_topic(
     core: &Arc<Core>,
     rec: &TopicRecord,
     cps: &HashMap<(u32, u32), &PartitionCheckpoint>,
     checkpoint: &Checkpoint,
     mode: RecoverMode,
+    opened: &mut HashMap<(u32, u32), OpenedChain>,
     report: &mut RecoveryReport,
 ) -> Result<Topic> {
     let topic = new_topic(core, rec);
@@ -468,16 +513,12 @@ fn load_topic(
     let now = core.clock.now_nanos();
     for p in &rec.partitions {
         let pdir = partition_dir(&tdir, p.id);
-        let params = ChainParams {
-            dir: &pdir,
-            ids: (rec.id, p.id),
-            index_interval: u64::from(rec.config.index_interval_bytes),
-            checkpoint: cps.get(&(rec.id, p.id)).copied(),
-            clean: checkpoint.clean,
-            mode,
-            hook: &*core.hook,
+        let params = chain_params(&pdir, rec, p.id, cps, checkpoint, mode, &*core.hook);
+        let files = match opened.remove(&(rec.id, p.id)) {
+            Some(files) => files,
+            None => open_chain(&params)?,
         };
-        let chain = recover_chain(&params, report)?;
+        let chain = repair_chain(&params, files, report)?;
         for &(s, e) in &chain.holes {
             report.holes.push((rec.name.clone(), p.id, s, e));
         }
@@ -856,6 +897,13 @@ fn read_checkpoint(dir: &Path) -> Result<(Checkpoint, Vec<(PathBuf, String)>)> {
         if let Some(buf) = crate::storage::segment::read_optional(&path)? {
             if buf.is_empty() {
                 continue;
+            }
+            if let Some(found) = crate::format::checkpoint::newer_version(&buf) {
+                return Err(Error::UnsupportedVersion {
+                    file: path,
+                    found,
+                    supported: crate::format::checkpoint::CHECKPOINT_VERSION,
+                });
             }
             match crate::format::checkpoint::decode_checkpoint(&buf) {
                 Ok(c) if best.as_ref().is_none_or(|b| c.seq > b.seq) => best = Some(c),

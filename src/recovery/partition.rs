@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::config::RecoveryMode;
 use crate::error::{Error, IoContext, Result};
 use crate::format::checkpoint::PartitionCheckpoint;
-use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::format::segment::{SegmentInfo, SEGMENT_HEADER_LEN};
 use crate::recovery::scan::{scan_segment, CorruptAction, ScanParams, ScanStop};
 use crate::recovery::{FileAction, RecoveryReport};
 use crate::storage::segment::{parse_segment_file_name, rebuild_index, IndexState, Segment};
@@ -67,11 +67,37 @@ pub struct ChainParams<'a> {
     pub hook: &'a dyn crate::storage::fault::IoHook,
 }
 
-fn list_segments(dir: &Path, report: &mut RecoveryReport) -> Result<Vec<(u64, PathBuf)>> {
+/// One segment file of a partition, opened and mapped before recovery
+/// decides anything about it.
+#[derive(Debug)]
+enum SegmentFile {
+    /// Below the retention floor: retired, not opened.
+    Retired,
+    /// Opened and mapped; the header is valid.
+    Opened(Segment, SegmentInfo),
+    /// The bytes prove damage: the header does not decode (torn or
+    /// corrupt) or the file size is impossible.
+    Damaged(Error),
+}
+
+/// A partition's files, each opened (or proven damaged) before any repair.
+#[derive(Debug)]
+pub struct OpenedChain {
+    files: Vec<(u64, PathBuf, SegmentFile)>,
+    foreign: Vec<PathBuf>,
+}
+
+/// Segment files `(base offset, path)` oldest first, and files not ours.
+type Listing = (Vec<(u64, PathBuf)>, Vec<PathBuf>);
+
+/// Lists the segment files of a partition directory, oldest first, and the
+/// files that are not ours.
+fn list_segments(dir: &Path) -> Result<Listing> {
     let mut out = Vec::new();
+    let mut foreign = Vec::new();
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((out, foreign)),
         Err(e) => return Err(Error::io(dir, e)),
     };
     for entry in rd {
@@ -82,11 +108,35 @@ fn list_segments(dir: &Path, report: &mut RecoveryReport) -> Result<Vec<(u64, Pa
         } else if name.ends_with(".idx") && name.len() == 24 || name.ends_with(".idx.tmp") {
             // Index caches (and interrupted index writes) belong to us.
         } else {
-            report.add(entry.path(), FileAction::ForeignFile);
+            foreign.push(entry.path());
         }
     }
     out.sort();
-    Ok(out)
+    Ok((out, foreign))
+}
+
+/// Phase one of partition recovery: lists, opens and maps every segment
+/// file, changing nothing. A failing OS call (EMFILE, ENFILE, ENOMEM from
+/// `mmap`, EACCES, EIO) or a newer format version fails here with its own
+/// typed error, before any file of any partition is repaired: an error
+/// while opening a file is never taken for damage. Only bytes that decode
+/// as invalid are [`SegmentFile::Damaged`].
+pub fn open_chain(p: &ChainParams<'_>) -> Result<OpenedChain> {
+    let (listed, foreign) = list_segments(p.dir).map_err(open_failed)?;
+    let mut files = Vec::with_capacity(listed.len());
+    for (base, path) in listed {
+        let file = if p.checkpoint.is_some_and(|c| base < c.start_offset) {
+            SegmentFile::Retired
+        } else {
+            match Segment::open_with(&path, p.mode.write, p.hook) {
+                Ok((seg, info)) => SegmentFile::Opened(seg, info),
+                Err(e @ Error::Corruption { .. }) => SegmentFile::Damaged(e),
+                Err(e) => return Err(open_failed(e)),
+            }
+        };
+        files.push((base, path, file));
+    }
+    Ok(OpenedChain { files, foreign })
 }
 
 fn problem(file: &Path, position: u64, what: String, repair: &str) -> Problem {
@@ -98,9 +148,31 @@ fn problem(file: &Path, position: u64, what: String, repair: &str) -> Problem {
     }
 }
 
-/// Recovers the chain of segments of one partition.
+/// An OS error while opening or mapping becomes [`Error::OpenFailed`].
+fn open_failed(e: Error) -> Error {
+    match e {
+        Error::Io { path, source } => Error::OpenFailed { path, source },
+        e => e,
+    }
+}
+
+/// Recovers the chain of segments of one partition: [`open_chain`], then
+/// [`repair_chain`].
 pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result<RecoveredChain> {
-    let files = list_segments(p.dir, report)?;
+    let opened = open_chain(p)?;
+    repair_chain(p, opened, report)
+}
+
+/// Phase two of partition recovery: validates the opened files against the
+/// checkpoint and repairs what the mode allows.
+pub fn repair_chain(
+    p: &ChainParams<'_>,
+    opened: OpenedChain,
+    report: &mut RecoveryReport,
+) -> Result<RecoveredChain> {
+    for f in opened.foreign {
+        report.add(f, FileAction::ForeignFile);
+    }
     let cp = p
         .checkpoint
         .filter(|c| c.position >= SEGMENT_HEADER_LEN as u64);
@@ -112,31 +184,35 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
     };
     let mut expected: Option<u64> = None;
     let mut cut = false;
-    for (base, path) in files {
-        if cut {
-            delete_segment(&path, p.mode.write, "follows a truncation point", report)?;
-            continue;
-        }
-        if p.checkpoint.is_some_and(|c| base < c.start_offset) {
-            // Retention recorded this segment as retired before unlinking
-            // it; a crash brought the file back.
-            delete_segment(
-                &path,
-                p.mode.write,
-                "retired by retention, back after a crash",
-                report,
-            )?;
-            continue;
-        }
+    for (base, path, file) in opened.files {
         let durable_segment = cp.is_some_and(|c| base < c.segment_base);
         let cp_segment = cp.filter(|c| c.segment_base == base);
-        let opened = Segment::open_with(&path, p.mode.write);
-        let (mut seg, info) = match opened {
-            Ok(x) => x,
-            Err(e) if durable_segment || cp_segment.is_some() => {
+        if cut {
+            if durable_segment || cp_segment.is_some() {
+                // Synced data after the cut point: kept aside, never deleted.
+                set_aside(p, &path, "follows a truncation point", report)?;
+            } else {
+                delete_segment(&path, p.mode.write, "follows a truncation point", report)?;
+            }
+            continue;
+        }
+        let (mut seg, info) = match file {
+            SegmentFile::Retired => {
+                // Retention recorded this segment as retired before
+                // unlinking it; a crash brought the file back.
+                delete_segment(
+                    &path,
+                    p.mode.write,
+                    "retired by retention, back after a crash",
+                    report,
+                )?;
+                continue;
+            }
+            SegmentFile::Opened(seg, info) => (seg, info),
+            SegmentFile::Damaged(e) if durable_segment || cp_segment.is_some() => {
                 let what = format!("unreadable segment in synced data: {e}");
                 let decision = corrupt(p, &path, 0, what, &mut out)?;
-                set_aside(p, &path, report)?;
+                set_aside(p, &path, "damaged", report)?;
                 match decision {
                     Decision::Continue => continue,
                     Decision::Cut => {
@@ -145,7 +221,9 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                     }
                 }
             }
-            Err(_) => {
+            SegmentFile::Damaged(_) => {
+                // Created after the last checkpointed sync and its header
+                // does not decode: a torn creation.
                 delete_segment(
                     &path,
                     p.mode.write,
@@ -165,7 +243,7 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                 path.display()
             );
             let decision = corrupt(p, &path, 0, what, &mut out)?;
-            set_aside(p, &path, report)?;
+            set_aside(p, &path, "damaged", report)?;
             match decision {
                 Decision::Continue => continue,
                 Decision::Cut => {
@@ -201,7 +279,7 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                 } else {
                     let what = format!("segment starts at offset {base}, expected {exp}");
                     let decision = corrupt(p, &path, 0, what, &mut out)?;
-                    set_aside(p, &path, report)?;
+                    set_aside(p, &path, "damaged", report)?;
                     match decision {
                         Decision::Continue => continue,
                         Decision::Cut => {
@@ -427,7 +505,12 @@ fn delete_segment(
 /// Moves a segment that repair leaves out of the chain to
 /// `<name>.seg.damaged` (kept for inspection, as Redpanda's
 /// `.cannotrecover`), so the next open does not trip over it again (C7).
-fn set_aside(p: &ChainParams<'_>, path: &Path, report: &mut RecoveryReport) -> Result<()> {
+fn set_aside(
+    p: &ChainParams<'_>,
+    path: &Path,
+    why: &str,
+    report: &mut RecoveryReport,
+) -> Result<()> {
     if !p.mode.write {
         return Ok(());
     }
@@ -440,7 +523,7 @@ fn set_aside(p: &ChainParams<'_>, path: &Path, report: &mut RecoveryReport) -> R
     report.add(
         path,
         FileAction::DeletedSegment {
-            reason: format!("damaged; moved to {}", to.display()),
+            reason: format!("{why}; moved to {}", to.display()),
         },
     );
     Ok(())

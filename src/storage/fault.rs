@@ -46,6 +46,13 @@ pub enum IoOp {
     SyncNewDir,
     /// fsync of a directory after recovery moved or removed files in it.
     SyncRecoveryDir,
+    /// Opening an existing segment file and reading its header (recovery,
+    /// `verify`). Fails like `open(2)`/`read(2)` would: EMFILE, ENFILE,
+    /// EACCES, EIO.
+    OpenSegment,
+    /// Mapping an opened segment file (`mmap(2)`): ENOMEM when memory or
+    /// `vm.max_map_count` runs out.
+    MapSegment,
 }
 
 /// Sees each [`IoOp`] before and after the OS call.

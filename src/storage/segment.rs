@@ -164,11 +164,18 @@ impl Segment {
     /// Opens and maps an existing segment file, validating its header. The
     /// returned segment has no data until [`Segment::set_recovered_end`].
     pub fn open(path: &Path) -> Result<(Segment, SegmentInfo)> {
-        Segment::open_with(path, true)
+        Segment::open_with(path, true, &crate::storage::fault::NoFaults)
     }
 
     /// Like [`Segment::open`]; `writable: false` maps read-only (`verify`).
-    pub fn open_with(path: &Path, writable: bool) -> Result<(Segment, SegmentInfo)> {
+    /// The open goes through `hook` as [`IoOp::OpenSegment`], the mapping
+    /// as [`IoOp::MapSegment`].
+    pub fn open_with(
+        path: &Path,
+        writable: bool,
+        hook: &dyn IoHook,
+    ) -> Result<(Segment, SegmentInfo)> {
+        hook.before(IoOp::OpenSegment, path).at(path)?;
         let file = OpenOptions::new()
             .read(true)
             .write(writable)
@@ -177,8 +184,16 @@ impl Segment {
         let len = file.metadata().at(path)?.len();
         let mut head = [0u8; SEGMENT_HEADER_LEN];
         let got = read_prefix(&file, &mut head).at(path)?;
-        let info = segment::decode_header(&head[..got])
-            .map_err(|e| Error::corruption(path, 0, e.to_string()))?;
+        let info = segment::decode_header(&head[..got]).map_err(|e| match e {
+            // A newer format is not damage: refuse it in every mode.
+            segment::HeaderError::Version(found) => Error::UnsupportedVersion {
+                file: path.to_path_buf(),
+                found,
+                supported: segment::SEGMENT_VERSION,
+            },
+            e => Error::corruption(path, 0, e.to_string()),
+        })?;
+        hook.before(IoOp::MapSegment, path).at(path)?;
         let seg = Segment::map(path.to_path_buf(), file, len, info.base_offset, writable)?;
         seg.committed_pos
             .store(SEGMENT_HEADER_LEN as u64, Ordering::Release);

@@ -487,12 +487,17 @@ fn chain_params<'a>(
     mode: RecoverMode,
     hook: &'a dyn IoHook,
 ) -> ChainParams<'a> {
+    let sealed = rec
+        .partitions
+        .iter()
+        .any(|p| p.id == partition && matches!(p.state, PartitionState::Sealed { .. }));
     ChainParams {
         dir: pdir,
         ids: (rec.id, partition),
         index_interval: u64::from(rec.config.index_interval_bytes),
         checkpoint: cps.get(&(rec.id, partition)).copied(),
         clean: checkpoint.clean,
+        sealed,
         mode,
         hook,
     }
@@ -526,7 +531,9 @@ fn load_topic(
         let mut segs = crate::recovery::partition::into_arcs(chain.segments);
         let needs_segment = segs.last().is_none_or(|s| s.is_sealed()) && !sealed;
         if needs_segment {
-            let base = segs.last().map_or(0, |s| s.end_offset());
+            // Never below an offset already handed out (a lost range reads
+            // as a hole, or out of range below the retention floor).
+            let base = segs.last().map_or(chain.next_offset, |s| s.end_offset());
             std::fs::create_dir_all(&pdir).at(&pdir)?;
             let path = pdir.join(crate::storage::segment::segment_file_name(base));
             if path.exists() {
@@ -550,7 +557,7 @@ fn load_topic(
             std::fs::create_dir_all(&pdir).at(&pdir)?;
             let base = match p.state {
                 PartitionState::Sealed { end_offset } => end_offset,
-                PartitionState::Active => 0,
+                PartitionState::Active => chain.next_offset,
             };
             let seg = crate::storage::segment::Segment::create(
                 &pdir,
@@ -829,6 +836,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
                 index_interval: u64::from(t.config.index_interval_bytes),
                 checkpoint: cps.get(&(t.id, p.id)).copied(),
                 clean: ck.clean,
+                sealed: matches!(p.state, PartitionState::Sealed { .. }),
                 mode,
                 hook: &NoFaults,
             };

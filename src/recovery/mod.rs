@@ -51,6 +51,14 @@ pub enum FileAction {
     ForeignFile,
     /// A missing active segment was recreated empty.
     CreatedSegment,
+    /// A segment file or partition directory that held data the checkpoint
+    /// or the manifest knows of is missing (Truncate and Salvage go on
+    /// without it; Strict refuses). The offsets are never handed out again:
+    /// they read as a hole.
+    MissingData {
+        /// Offsets `[start, end)` that were lost with it.
+        lost_offsets: (u64, u64),
+    },
     /// A checkpoint file was invalid (the other one was used).
     InvalidCheckpoint {
         /// Why.

@@ -86,6 +86,9 @@ fn describe(action: &FileAction) -> String {
         FileAction::RemovedOrphan => "removed (left by an uncommitted topology change)".into(),
         FileAction::ForeignFile => "unknown file, left untouched".into(),
         FileAction::CreatedSegment => "missing active segment recreated empty".into(),
+        FileAction::MissingData {
+            lost_offsets: (s, e),
+        } => format!("missing: offsets {s}..{e} lost (they read as a hole)"),
         FileAction::InvalidCheckpoint { reason } => format!("invalid checkpoint ({reason})"),
     }
 }

@@ -274,3 +274,63 @@ fn retention_removed_segments_are_not_missing() {
         .iter()
         .any(|f| matches!(f.action, FileAction::MissingData { .. })));
 }
+
+/// A sealed partition that retention emptied has no segment, and children
+/// created by a split after the last checkpoint have no checkpoint entry:
+/// neither is missing data. Strict reopens both, after a crash and after a
+/// clean close.
+#[test]
+fn emptied_sealed_partition_and_new_children_are_not_missing() {
+    for clean in [false, true] {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("log");
+        let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+        let t = log
+            .create_topic(
+                "t",
+                TopicConfig {
+                    partitions: 1,
+                    segment_bytes: 4096,
+                    retention_bytes: Some(1),
+                    ..TopicConfig::default()
+                },
+            )
+            .unwrap();
+        for i in 0..60 {
+            append(&log, i);
+        }
+        let children = t.split(0, fissionlog::SplitPlan::Even).unwrap();
+        for _ in 0..3 {
+            log.sync().unwrap();
+        }
+        assert!(log.enforce_retention().unwrap() > 0);
+        assert!(t.partition(0).unwrap().is_empty_sealed());
+        log.sync().unwrap();
+        // A second split: its children have no checkpoint entry yet.
+        let grandchildren = t.split(children[0], fissionlog::SplitPlan::Even).unwrap();
+        for i in 0..20 {
+            append(&log, 100 + i);
+        }
+        if clean {
+            log.close().unwrap();
+        } else {
+            log.abandon();
+        }
+        let log = Log::open(&dir, opts(RecoveryMode::Strict))
+            .unwrap_or_else(|e| panic!("clean {clean}: {e}"));
+        let report = log.recovery_report();
+        assert!(
+            !report
+                .files
+                .iter()
+                .any(|f| matches!(f.action, FileAction::MissingData { .. })),
+            "clean {clean}: {:?}",
+            report.files
+        );
+        let t = log.topic("t").unwrap();
+        for id in grandchildren {
+            t.partition(id).unwrap();
+        }
+        log.close().unwrap();
+    }
+}

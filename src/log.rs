@@ -135,6 +135,11 @@ impl Log {
             report.add(file, FileAction::InvalidCheckpoint { reason });
         }
         report.checkpoint_found = checkpoint.is_some();
+        // Every log writes a checkpoint at its first open, before any topic
+        // exists: none while the manifest knows partitions means both files
+        // were damaged or removed.
+        let checkpoint_lost =
+            checkpoint.is_none() && state.topics.iter().any(|t| !t.partitions.is_empty());
         let checkpoint = checkpoint.unwrap_or_default();
         report.clean_shutdown = checkpoint.clean;
         let syncer = Syncer::new(options.use_io_uring, hook.clone());
@@ -174,8 +179,16 @@ impl Log {
             for rec in &state.topics {
                 for p in &rec.partitions {
                     let pdir = partition_dir(&topic_dir(&dir, rec.id), p.id);
-                    let params =
-                        chain_params(&pdir, rec, p.id, &cps, &checkpoint, mode, &*core.hook);
+                    let params = chain_params(
+                        &pdir,
+                        rec,
+                        p.id,
+                        &cps,
+                        &checkpoint,
+                        checkpoint_lost,
+                        mode,
+                        &*core.hook,
+                    );
                     opened.insert((rec.id, p.id), open_chain(&params)?);
                 }
             }
@@ -185,7 +198,7 @@ impl Log {
                     &core,
                     rec,
                     &cps,
-                    &checkpoint,
+                    (&checkpoint, checkpoint_lost),
                     mode,
                     &mut opened,
                     &mut report,
@@ -478,12 +491,14 @@ fn new_topic(core: &Arc<Core>, rec: &TopicRecord) -> Topic {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn chain_params<'a>(
     pdir: &'a Path,
     rec: &TopicRecord,
     partition: u32,
     cps: &HashMap<(u32, u32), &'a PartitionCheckpoint>,
     checkpoint: &Checkpoint,
+    checkpoint_lost: bool,
     mode: RecoverMode,
     hook: &'a dyn IoHook,
 ) -> ChainParams<'a> {
@@ -498,6 +513,7 @@ fn chain_params<'a>(
         checkpoint: cps.get(&(rec.id, partition)).copied(),
         clean: checkpoint.clean,
         sealed,
+        checkpoint_lost,
         mode,
         hook,
     }
@@ -507,7 +523,7 @@ fn load_topic(
     core: &Arc<Core>,
     rec: &TopicRecord,
     cps: &HashMap<(u32, u32), &PartitionCheckpoint>,
-    checkpoint: &Checkpoint,
+    (checkpoint, checkpoint_lost): (&Checkpoint, bool),
     mode: RecoverMode,
     opened: &mut HashMap<(u32, u32), OpenedChain>,
     report: &mut RecoveryReport,
@@ -518,7 +534,16 @@ fn load_topic(
     let now = core.clock.now_nanos();
     for p in &rec.partitions {
         let pdir = partition_dir(&tdir, p.id);
-        let params = chain_params(&pdir, rec, p.id, cps, checkpoint, mode, &*core.hook);
+        let params = chain_params(
+            &pdir,
+            rec,
+            p.id,
+            cps,
+            checkpoint,
+            checkpoint_lost,
+            mode,
+            &*core.hook,
+        );
         let files = match opened.remove(&(rec.id, p.id)) {
             Some(files) => files,
             None => open_chain(&params)?,
@@ -809,6 +834,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
     }
     report.manifest = mreport;
     let (ck, bad) = read_checkpoint(dir)?;
+    let checkpoint_lost = ck.seq == 0 && state.topics.iter().any(|t| !t.partitions.is_empty());
     for (file, reason) in bad {
         problems.push(Problem {
             file,
@@ -837,6 +863,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
                 checkpoint: cps.get(&(t.id, p.id)).copied(),
                 clean: ck.clean,
                 sealed: matches!(p.state, PartitionState::Sealed { .. }),
+                checkpoint_lost,
                 mode,
                 hook: &NoFaults,
             };

@@ -80,6 +80,8 @@ enum Missing {
     Last,
     All,
     Directory,
+    /// The last segment file is cut short, below the checkpointed position.
+    Shortened,
 }
 
 /// Removes what `m` names from the image; returns the offsets it held and
@@ -110,6 +112,15 @@ fn remove(img: &mut DirImage, m: Missing) -> ((u64, u64), String) {
                 drop_seg(img, b);
             }
             ((0, RECORDS), "0..200".into())
+        }
+        Missing::Shortened => {
+            let kept = 5;
+            let bytes = img.files.get_mut(&seg(175)).unwrap();
+            bytes.truncate((64 + kept * 157) as usize);
+            (
+                (175 + kept, RECORDS),
+                format!("{}..{}", 175 + kept, RECORDS),
+            )
         }
         Missing::Directory => {
             img.files.retain(|p, _| !p.starts_with(pdir()));
@@ -235,6 +246,8 @@ missing_tests! {
     first_segment_missing_after_a_crash_is_refused_or_reported: Missing::First, false;
     every_segment_missing_after_a_crash_is_refused_or_reported: Missing::All, false;
     partition_directory_missing_after_a_crash_is_refused_or_reported: Missing::Directory, false;
+    segment_shorter_than_the_checkpoint_is_refused_or_reported: Missing::Shortened, true;
+    segment_shorter_than_the_checkpoint_after_a_crash_is_refused_or_reported: Missing::Shortened, false;
 }
 
 /// Retention legitimately removes the oldest segments (its floor is in a
@@ -333,4 +346,53 @@ fn emptied_sealed_partition_and_new_children_are_not_missing() {
         }
         log.close().unwrap();
     }
+}
+
+/// Without any valid checkpoint (both files damaged), nothing says where
+/// synced data ends: invalid bytes after the data may be damage in synced
+/// data, not a torn tail. Strict refuses instead of cutting them and
+/// changes nothing; Truncate cuts them and reports it; no record is lost.
+#[test]
+fn without_a_checkpoint_strict_never_cuts() {
+    let root = tempfile::tempdir().unwrap();
+    let pristine = root.path().join("pristine");
+    make_log(&pristine, true);
+    let mut img = DirImage::capture(&pristine).unwrap();
+    for name in ["checkpoint.0", "checkpoint.1"] {
+        img.insert_file(name, b"garbage garbage garbage garbage!!".to_vec());
+    }
+    // Junk right after the last record of the active segment.
+    let last = img.files.get_mut(&seg(175)).unwrap();
+    let end = (64 + 25 * 157) as usize;
+    last[end..end + 40].fill(0xA5);
+    let dir = root.path().join("strict");
+    img.write_to(&dir).unwrap();
+    let before = DirImage::capture(&dir).unwrap();
+    match Log::open(&dir, opts(RecoveryMode::Strict)) {
+        Err(e @ Error::Corruption { .. }) => {
+            assert!(
+                e.to_string().contains("no valid recovery checkpoint"),
+                "{e}"
+            )
+        }
+        Err(e) => panic!("{e}"),
+        Ok(log) => panic!("Strict accepted, report {:?}", log.recovery_report().files),
+    }
+    let after = DirImage::capture(&dir).unwrap();
+    assert!(before == after, "{}", before.diff_summary(&after));
+    let (_, problems) = fissionlog::verify(&dir).unwrap();
+    assert!(!problems.is_empty());
+    let dir = root.path().join("truncate");
+    img.write_to(&dir).unwrap();
+    let log = Log::open(&dir, opts(RecoveryMode::Truncate)).unwrap();
+    assert!(log
+        .recovery_report()
+        .files
+        .iter()
+        .any(|f| matches!(f.action, FileAction::TruncatedTornTail { .. })));
+    check_reads(&log, (RECORDS, RECORDS), "truncate without checkpoint");
+    assert_eq!(
+        log.topic("t").unwrap().partition(0).unwrap().end_offset(),
+        RECORDS
+    );
 }

@@ -70,6 +70,10 @@ pub struct ChainParams<'a> {
     /// The manifest says the partition is sealed (retention may have
     /// emptied it).
     pub sealed: bool,
+    /// No valid checkpoint exists although the manifest knows partitions:
+    /// both checkpoint files were damaged or removed (every log writes one
+    /// at its first open, before any topic exists).
+    pub checkpoint_lost: bool,
     /// What recovery may do.
     pub mode: RecoverMode,
     /// Sees the fsyncs recovery makes after a repair.
@@ -315,9 +319,10 @@ pub fn repair_chain(
                     }
                 }
             }
-            SegmentFile::Damaged(_) => {
+            SegmentFile::Damaged(e) => {
                 // Created after the last checkpointed sync and its header
                 // does not decode: a torn creation.
+                unknown_sync(p, &path, 0, &e.to_string(), &mut out)?;
                 delete_segment(
                     &path,
                     p.mode.write,
@@ -352,6 +357,8 @@ pub fn repair_chain(
                 if !durable_segment && cp_segment.is_none() {
                     // Written after the last checkpointed sync: the previous
                     // segment's unsynced tail was lost, so this one is too.
+                    let what = format!("segment starts at offset {base}, expected {exp}");
+                    unknown_sync(p, &path, 0, &what, &mut out)?;
                     delete_segment(&path, p.mode.write, "follows a torn tail", report)?;
                     cut = true;
                     continue;
@@ -359,7 +366,7 @@ pub fn repair_chain(
                     // Synced segments are missing between two that are here.
                     let gap = p.dir.join(segment_file_name(exp));
                     let what = format!(
-                        "segment file {} holding offsets {exp}..{base} is missing",
+                        "offsets {exp}..{base} are missing: the chain ends at {exp} and there is no segment file {}",
                         gap.display()
                     );
                     match missing(p, &gap, (exp, base), what, &mut out, report)? {
@@ -453,6 +460,7 @@ pub fn repair_chain(
                         reason,
                         later_valid,
                     } => {
+                        unknown_sync(p, &path, *position, reason, &mut out)?;
                         report.add(
                             &path,
                             FileAction::TruncatedTornTail {
@@ -550,7 +558,7 @@ pub fn repair_chain(
                     lost.1
                 ),
             )
-        } else {
+        } else if cp_file_missing || no_segment {
             let named = cp.map_or(chain_end, |c| c.segment_base.max(chain_end));
             let path = p.dir.join(segment_file_name(named));
             let what = format!(
@@ -558,6 +566,18 @@ pub fn repair_chain(
                 path.display(),
                 lost.0,
                 lost.1
+            );
+            (path, what)
+        } else {
+            // The files are there but end early (a segment shorter than
+            // the checkpointed position, or lost with the ones after it).
+            let path = out
+                .segments
+                .last()
+                .map_or_else(|| p.dir.to_path_buf(), |s| s.path().to_path_buf());
+            let what = format!(
+                "the partition ends at offset {} but the checkpoint says offsets up to {} are durable: offsets {}..{} are missing",
+                lost.0, lost.1, lost.0, lost.1
             );
             (path, what)
         };
@@ -583,6 +603,27 @@ pub fn repair_chain(
         }
     }
     Ok(out)
+}
+
+/// Invalid bytes past the checkpointed position are a torn tail of
+/// unsynced writes and are cut in every mode. Without any valid checkpoint
+/// (both files damaged or gone while the manifest knows partitions) nothing
+/// says where synced data ends, so they may be synced data: Strict refuses
+/// instead of cutting, Truncate and Salvage cut and report as usual.
+fn unknown_sync(
+    p: &ChainParams<'_>,
+    path: &Path,
+    position: u64,
+    reason: &str,
+    out: &mut RecoveredChain,
+) -> Result<()> {
+    if p.checkpoint_lost {
+        let what = format!(
+            "{reason}; there is no valid recovery checkpoint, so this may be synced data, not a torn tail of unsynced writes"
+        );
+        corrupt(p, path, position, what, out)?;
+    }
+    Ok(())
 }
 
 /// Handles data known to exist whose file (or directory) is missing:

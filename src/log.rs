@@ -205,7 +205,8 @@ impl Log {
                 )?;
                 core.topics.write().insert(rec.name.clone(), topic);
             }
-            remove_orphans(&dir, &state.topics, &mut report)?;
+            let manifest_cut = report.manifest.corruption_truncated.is_some();
+            remove_orphans(&dir, &state.topics, manifest_cut, &*core.hook, &mut report)?;
             // Make what recovery kept durable and clear the clean-shutdown
             // mark before anything new is appended.
             core.sync_round(false)?;
@@ -657,8 +658,16 @@ fn load_topic(
 }
 
 /// Removes directories of topics and partitions the manifest does not know
-/// (uncommitted creations, splits and merges; deleted topics).
-fn remove_orphans(dir: &Path, topics: &[TopicRecord], report: &mut RecoveryReport) -> Result<()> {
+/// (uncommitted creations, splits and merges; deleted topics). When damaged
+/// manifest records were cut (`keep`), a directory may belong to a change
+/// that did commit and hold synced data: it is renamed, not deleted.
+fn remove_orphans(
+    dir: &Path,
+    topics: &[TopicRecord],
+    keep: bool,
+    hook: &dyn IoHook,
+    report: &mut RecoveryReport,
+) -> Result<()> {
     let tdir = dir.join(TOPICS_DIR);
     let Ok(rd) = std::fs::read_dir(&tdir) else {
         return Ok(());
@@ -677,20 +686,50 @@ fn remove_orphans(dir: &Path, topics: &[TopicRecord], report: &mut RecoveryRepor
                     match pid {
                         Some(pid) if t.partitions.iter().any(|p| p.id == pid) => {}
                         Some(_) if pe.path().is_dir() => {
-                            std::fs::remove_dir_all(pe.path()).at(&pe.path())?;
-                            report.add(pe.path(), FileAction::RemovedOrphan);
+                            discard_orphan(&pe.path(), keep, hook, report)?;
                         }
                         _ => report.add(pe.path(), FileAction::ForeignFile),
                     }
                 }
             }
             None if id.is_some() && e.path().is_dir() => {
-                std::fs::remove_dir_all(e.path()).at(&e.path())?;
-                report.add(e.path(), FileAction::RemovedOrphan);
+                discard_orphan(&e.path(), keep, hook, report)?;
             }
             None => report.add(e.path(), FileAction::ForeignFile),
         }
     }
+    Ok(())
+}
+
+/// Deletes an orphan directory, or with `keep` renames it to
+/// `<name>.orphaned[.N]` (which no later open takes for a topic or
+/// partition) and syncs its parent.
+fn discard_orphan(
+    path: &Path,
+    keep: bool,
+    hook: &dyn IoHook,
+    report: &mut RecoveryReport,
+) -> Result<()> {
+    if !keep {
+        std::fs::remove_dir_all(path).at(path)?;
+        report.add(path, FileAction::RemovedOrphan);
+        return Ok(());
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut to = path.with_file_name(format!("{name}.orphaned"));
+    let mut n = 1;
+    while to.exists() {
+        to = path.with_file_name(format!("{name}.orphaned.{n}"));
+        n += 1;
+    }
+    std::fs::rename(path, &to).at(path)?;
+    if let Some(parent) = path.parent() {
+        sync_dir(hook, IoOp::SyncRecoveryDir, parent)?;
+    }
+    report.add(path, FileAction::SetAsideOrphan { moved_to: to });
     Ok(())
 }
 

@@ -396,3 +396,51 @@ fn without_a_checkpoint_strict_never_cuts() {
         RECORDS
     );
 }
+
+/// Truncate cuts damaged manifest records; the topics those records created
+/// then look uncommitted. Their directories hold synced data: they are set
+/// aside (renamed, reported), never deleted.
+#[test]
+fn truncated_manifest_sets_topic_directories_aside() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    make_log(&dir, true);
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    log.create_topic("u", TopicConfig::default()).unwrap();
+    log.close().unwrap();
+    let before = DirImage::capture(&dir).unwrap();
+    let segments: Vec<Vec<u8>> = before
+        .files
+        .iter()
+        .filter(|(p, _)| p.extension().is_some_and(|e| e == "seg") && p.starts_with(pdir()))
+        .map(|(_, b)| b.clone())
+        .collect();
+    assert_eq!(segments.len(), 8);
+    // Damage the first journal record (topic t), with a valid one after it.
+    common::crash::flip_byte(&dir, Path::new("manifest.log"), 40);
+    assert!(matches!(
+        Log::open(&dir, opts(RecoveryMode::Strict)),
+        Err(Error::Corruption { .. })
+    ));
+    let log = Log::open(&dir, opts(RecoveryMode::Truncate)).unwrap();
+    assert!(log.topics().is_empty(), "{:?}", log.topics());
+    let report = log.recovery_report().clone();
+    log.close().unwrap();
+    assert!(
+        report
+            .files
+            .iter()
+            .any(|f| matches!(f.action, FileAction::SetAsideOrphan { .. })),
+        "{:?}",
+        report.files
+    );
+    // Every segment of topic t is still on disk, byte for byte.
+    let after = DirImage::capture(&dir).unwrap();
+    for s in &segments {
+        assert!(
+            after.files.values().any(|b| b == s),
+            "a segment of the cut topic was deleted: {:?}",
+            after.files.keys().collect::<Vec<_>>()
+        );
+    }
+}

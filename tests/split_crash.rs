@@ -361,13 +361,28 @@ fn abandon_after_split_and_merge_keeps_new_topology() {
 /// `durable` with the files a split or merge made durable itself (the
 /// manifest and the new partitions' directories) taken from `after`.
 fn with_committed_change(durable: &DirImage, after: &DirImage, new_parts: &[u32]) -> DirImage {
+    with_change_files(durable, after, new_parts, true)
+}
+
+/// `durable` with the new partitions' directories and files from `after`
+/// (synced before the commit record is written), the manifest as it was.
+fn with_new_partitions(durable: &DirImage, after: &DirImage, new_parts: &[u32]) -> DirImage {
+    with_change_files(durable, after, new_parts, false)
+}
+
+fn with_change_files(
+    durable: &DirImage,
+    after: &DirImage,
+    new_parts: &[u32],
+    with_manifest: bool,
+) -> DirImage {
     let mut out = durable.clone();
     let prefixes: Vec<PathBuf> = new_parts
         .iter()
         .map(|p| Path::new("topics").join("t0").join(format!("p{p}")))
         .collect();
     for (rel, bytes) in &after.files {
-        let manifest = rel.to_string_lossy().starts_with("manifest");
+        let manifest = with_manifest && rel.to_string_lossy().starts_with("manifest");
         if manifest || prefixes.iter().any(|p| rel.starts_with(p)) {
             out.insert_file(rel.clone(), bytes.clone());
         }
@@ -409,11 +424,16 @@ fn power_loss_around_splits_and_merges() {
         append_keyed(&topic, &mut model, &mut rng, 200);
         let current = DirImage::capture(dir.path()).unwrap();
 
-        // The change may or may not have reached the disk.
+        // The change may or may not have reached the disk. Its new
+        // partitions' directories and first segments were synced before its
+        // commit record was written, so they are durable either way (a
+        // partition the manifest knows without its directory is missing
+        // data, refused by recovery).
+        let created = with_new_partitions(&durable, &after_change, &new_ids);
         for i in 0..8u64 {
             let s = seed * 1000 + i;
             let ctx = format!("seed {s} (uncommitted or committed)");
-            let image = power_loss_image(&durable, &current, s, &opts);
+            let image = power_loss_image(&created, &current, s, &opts);
             let (_d, l) = open_image(&image);
             let t = l.topic(TOPIC).unwrap();
             let active = sorted(t.active_partitions());

@@ -47,6 +47,13 @@ pub enum FileAction {
     RebuiltIndex,
     /// A file from an uncommitted topology change was removed.
     RemovedOrphan,
+    /// A topic or partition directory the manifest no longer knows because
+    /// damaged manifest records were cut (truncate/salvage): it may hold
+    /// synced data, so it was renamed, not deleted.
+    SetAsideOrphan {
+        /// Where it was moved.
+        moved_to: PathBuf,
+    },
     /// A file fissionlog does not know; left untouched.
     ForeignFile,
     /// A missing active segment was recreated empty.

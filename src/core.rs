@@ -93,8 +93,17 @@ impl Core {
         for (i, cap) in caps.iter().enumerate() {
             for (seg, ..) in &cap.segments {
                 // No descriptor: a round that ended meanwhile synced it all.
-                let Some(file) = seg.sync_handle() else {
-                    continue;
+                let file = match seg.sync_handle() {
+                    Ok(Some(file)) => file,
+                    Ok(None) => continue,
+                    // Its file can't be opened again: nothing it holds past
+                    // its durable position may be reported durable.
+                    Err(e) => {
+                        let msg =
+                            format!("reopening {} to sync it failed: {e}", seg.path().display());
+                        parts[i].poison(msg);
+                        return Err(Error::io(seg.path(), e));
+                    }
                 };
                 targets.push(SyncTarget {
                     fd: std::os::unix::io::AsRawFd::as_raw_fd(&*file),

@@ -19,6 +19,20 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// Opening the log stopped because a file could not be opened or
+    /// mapped: too many open files (EMFILE, ENFILE), no memory or map count
+    /// left for a mapping (ENOMEM, `vm.max_map_count`), permissions
+    /// (EACCES, EPERM) or an I/O error. This is the environment, not damage:
+    /// recovery opens and maps every segment before it repairs any, so no
+    /// segment was changed. Fix the cause and open again.
+    #[error("cannot open or map {path}: {source}; no segment was changed")]
+    OpenFailed {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
     /// The device is full; the operation was not applied.
     #[error("no space left on device while writing {path}")]
     NoSpace {

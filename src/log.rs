@@ -15,7 +15,9 @@ use crate::error::{Error, IoContext, Result};
 use crate::events::{EventHub, TopologyEvent};
 use crate::format::checkpoint::{Checkpoint, PartitionCheckpoint};
 use crate::format::manifest::{ManifestRecord, PartitionRecord, PartitionState, TopicRecord};
-use crate::recovery::partition::{recover_chain, ChainParams, Problem, RecoverMode};
+use crate::recovery::partition::{
+    open_chain, recover_chain, repair_chain, ChainParams, OpenedChain, Problem, RecoverMode,
+};
 use crate::recovery::{FileAction, RecoveryReport};
 use crate::storage::durability::{CheckpointFiles, GroupCommit, SyncBackend, Syncer};
 use crate::storage::fault::{IoHook, IoOp, NoFaults};
@@ -133,6 +135,11 @@ impl Log {
             report.add(file, FileAction::InvalidCheckpoint { reason });
         }
         report.checkpoint_found = checkpoint.is_some();
+        // Every log writes a checkpoint at its first open, before any topic
+        // exists: none while the manifest knows partitions means both files
+        // were damaged or removed.
+        let checkpoint_lost =
+            checkpoint.is_none() && state.topics.iter().any(|t| !t.partitions.is_empty());
         let checkpoint = checkpoint.unwrap_or_default();
         report.clean_shutdown = checkpoint.clean;
         let syncer = Syncer::new(options.use_io_uring, hook.clone());
@@ -164,11 +171,42 @@ impl Log {
             .map(|p| ((p.topic_id, p.partition_id), p))
             .collect();
         let recovered = (|| -> Result<()> {
+            // Phase one opens and maps every segment of every partition and
+            // changes nothing: a failing OS call (too many open files, no
+            // memory for a mapping, permissions) fails the open here, before
+            // any file is repaired.
+            let mut opened = HashMap::new();
             for rec in &state.topics {
-                let topic = load_topic(&core, rec, &cps, &checkpoint, mode, &mut report)?;
+                for p in &rec.partitions {
+                    let pdir = partition_dir(&topic_dir(&dir, rec.id), p.id);
+                    let params = chain_params(
+                        &pdir,
+                        rec,
+                        p.id,
+                        &cps,
+                        &checkpoint,
+                        checkpoint_lost,
+                        mode,
+                        &*core.hook,
+                    );
+                    opened.insert((rec.id, p.id), open_chain(&params)?);
+                }
+            }
+            // Phase two repairs what the mode allows.
+            for rec in &state.topics {
+                let topic = load_topic(
+                    &core,
+                    rec,
+                    &cps,
+                    (&checkpoint, checkpoint_lost),
+                    mode,
+                    &mut opened,
+                    &mut report,
+                )?;
                 core.topics.write().insert(rec.name.clone(), topic);
             }
-            remove_orphans(&dir, &state.topics, &mut report)?;
+            let manifest_cut = report.manifest.corruption_truncated.is_some();
+            remove_orphans(&dir, &state.topics, manifest_cut, &*core.hook, &mut report)?;
             // Make what recovery kept durable and clear the clean-shutdown
             // mark before anything new is appended.
             core.sync_round(false)?;
@@ -454,12 +492,41 @@ fn new_topic(core: &Arc<Core>, rec: &TopicRecord) -> Topic {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
+fn chain_params<'a>(
+    pdir: &'a Path,
+    rec: &TopicRecord,
+    partition: u32,
+    cps: &HashMap<(u32, u32), &'a PartitionCheckpoint>,
+    checkpoint: &Checkpoint,
+    checkpoint_lost: bool,
+    mode: RecoverMode,
+    hook: &'a dyn IoHook,
+) -> ChainParams<'a> {
+    let sealed = rec
+        .partitions
+        .iter()
+        .any(|p| p.id == partition && matches!(p.state, PartitionState::Sealed { .. }));
+    ChainParams {
+        dir: pdir,
+        ids: (rec.id, partition),
+        index_interval: u64::from(rec.config.index_interval_bytes),
+        checkpoint: cps.get(&(rec.id, partition)).copied(),
+        clean: checkpoint.clean,
+        sealed,
+        checkpoint_lost,
+        mode,
+        hook,
+    }
+}
+
 fn load_topic(
     core: &Arc<Core>,
     rec: &TopicRecord,
     cps: &HashMap<(u32, u32), &PartitionCheckpoint>,
-    checkpoint: &Checkpoint,
+    (checkpoint, checkpoint_lost): (&Checkpoint, bool),
     mode: RecoverMode,
+    opened: &mut HashMap<(u32, u32), OpenedChain>,
     report: &mut RecoveryReport,
 ) -> Result<Topic> {
     let topic = new_topic(core, rec);
@@ -468,16 +535,21 @@ fn load_topic(
     let now = core.clock.now_nanos();
     for p in &rec.partitions {
         let pdir = partition_dir(&tdir, p.id);
-        let params = ChainParams {
-            dir: &pdir,
-            ids: (rec.id, p.id),
-            index_interval: u64::from(rec.config.index_interval_bytes),
-            checkpoint: cps.get(&(rec.id, p.id)).copied(),
-            clean: checkpoint.clean,
+        let params = chain_params(
+            &pdir,
+            rec,
+            p.id,
+            cps,
+            checkpoint,
+            checkpoint_lost,
             mode,
-            hook: &*core.hook,
+            &*core.hook,
+        );
+        let files = match opened.remove(&(rec.id, p.id)) {
+            Some(files) => files,
+            None => open_chain(&params)?,
         };
-        let mut chain = recover_chain(&params, report)?;
+        let mut chain = repair_chain(&params, files, report)?;
         for &(s, e) in &chain.holes {
             report.holes.push((rec.name.clone(), p.id, s, e));
         }
@@ -491,7 +563,9 @@ fn load_topic(
         let mut segs = crate::recovery::partition::into_arcs(chain.segments);
         let needs_segment = segs.last().is_none_or(|s| s.is_sealed()) && !sealed;
         if needs_segment {
-            let base = segs.last().map_or(0, |s| s.end_offset());
+            // Never below an offset already handed out (a lost range reads
+            // as a hole, or out of range below the retention floor).
+            let base = segs.last().map_or(chain.next_offset, |s| s.end_offset());
             std::fs::create_dir_all(&pdir).at(&pdir)?;
             let path = pdir.join(crate::storage::segment::segment_file_name(base));
             if path.exists() {
@@ -515,7 +589,7 @@ fn load_topic(
             std::fs::create_dir_all(&pdir).at(&pdir)?;
             let base = match p.state {
                 PartitionState::Sealed { end_offset } => end_offset,
-                PartitionState::Active => 0,
+                PartitionState::Active => chain.next_offset,
             };
             let seg = crate::storage::segment::Segment::create(
                 &pdir,
@@ -590,8 +664,16 @@ fn load_topic(
 }
 
 /// Removes directories of topics and partitions the manifest does not know
-/// (uncommitted creations, splits and merges; deleted topics).
-fn remove_orphans(dir: &Path, topics: &[TopicRecord], report: &mut RecoveryReport) -> Result<()> {
+/// (uncommitted creations, splits and merges; deleted topics). When damaged
+/// manifest records were cut (`keep`), a directory may belong to a change
+/// that did commit and hold synced data: it is renamed, not deleted.
+fn remove_orphans(
+    dir: &Path,
+    topics: &[TopicRecord],
+    keep: bool,
+    hook: &dyn IoHook,
+    report: &mut RecoveryReport,
+) -> Result<()> {
     let tdir = dir.join(TOPICS_DIR);
     let Ok(rd) = std::fs::read_dir(&tdir) else {
         return Ok(());
@@ -610,20 +692,50 @@ fn remove_orphans(dir: &Path, topics: &[TopicRecord], report: &mut RecoveryRepor
                     match pid {
                         Some(pid) if t.partitions.iter().any(|p| p.id == pid) => {}
                         Some(_) if pe.path().is_dir() => {
-                            std::fs::remove_dir_all(pe.path()).at(&pe.path())?;
-                            report.add(pe.path(), FileAction::RemovedOrphan);
+                            discard_orphan(&pe.path(), keep, hook, report)?;
                         }
                         _ => report.add(pe.path(), FileAction::ForeignFile),
                     }
                 }
             }
             None if id.is_some() && e.path().is_dir() => {
-                std::fs::remove_dir_all(e.path()).at(&e.path())?;
-                report.add(e.path(), FileAction::RemovedOrphan);
+                discard_orphan(&e.path(), keep, hook, report)?;
             }
             None => report.add(e.path(), FileAction::ForeignFile),
         }
     }
+    Ok(())
+}
+
+/// Deletes an orphan directory, or with `keep` renames it to
+/// `<name>.orphaned[.N]` (which no later open takes for a topic or
+/// partition) and syncs its parent.
+fn discard_orphan(
+    path: &Path,
+    keep: bool,
+    hook: &dyn IoHook,
+    report: &mut RecoveryReport,
+) -> Result<()> {
+    if !keep {
+        std::fs::remove_dir_all(path).at(path)?;
+        report.add(path, FileAction::RemovedOrphan);
+        return Ok(());
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut to = path.with_file_name(format!("{name}.orphaned"));
+    let mut n = 1;
+    while to.exists() {
+        to = path.with_file_name(format!("{name}.orphaned.{n}"));
+        n += 1;
+    }
+    std::fs::rename(path, &to).at(path)?;
+    if let Some(parent) = path.parent() {
+        sync_dir(hook, IoOp::SyncRecoveryDir, parent)?;
+    }
+    report.add(path, FileAction::SetAsideOrphan { moved_to: to });
     Ok(())
 }
 
@@ -767,6 +879,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
     }
     report.manifest = mreport;
     let (ck, bad) = read_checkpoint(dir)?;
+    let checkpoint_lost = ck.seq == 0 && state.topics.iter().any(|t| !t.partitions.is_empty());
     for (file, reason) in bad {
         problems.push(Problem {
             file,
@@ -794,6 +907,8 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
                 index_interval: u64::from(t.config.index_interval_bytes),
                 checkpoint: cps.get(&(t.id, p.id)).copied(),
                 clean: ck.clean,
+                sealed: matches!(p.state, PartitionState::Sealed { .. }),
+                checkpoint_lost,
                 mode,
                 hook: &NoFaults,
             };
@@ -862,6 +977,13 @@ fn read_checkpoint(dir: &Path) -> Result<(Checkpoint, Vec<(PathBuf, String)>)> {
         if let Some(buf) = crate::storage::segment::read_optional(&path)? {
             if buf.is_empty() {
                 continue;
+            }
+            if let Some(found) = crate::format::checkpoint::newer_version(&buf) {
+                return Err(Error::UnsupportedVersion {
+                    file: path,
+                    found,
+                    supported: crate::format::checkpoint::CHECKPOINT_VERSION,
+                });
             }
             match crate::format::checkpoint::decode_checkpoint(&buf) {
                 Ok(c) if best.as_ref().is_none_or(|b| c.seq > b.seq) => best = Some(c),

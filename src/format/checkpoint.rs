@@ -136,6 +136,14 @@ impl Cursor<'_> {
     }
 }
 
+/// The version of a checkpoint file written by a newer format than this
+/// build reads; such a file is refused, never skipped as invalid (the next
+/// sync would overwrite it, and recovery without it would trust too little).
+pub fn newer_version(buf: &[u8]) -> Option<u16> {
+    let version = u16::from_le_bytes([*buf.get(8)?, *buf.get(9)?]);
+    (buf[..8] == CHECKPOINT_MAGIC && version > CHECKPOINT_VERSION).then_some(version)
+}
+
 /// Decodes a checkpoint file, or says why it is invalid.
 pub fn decode_checkpoint(buf: &[u8]) -> Result<Checkpoint, String> {
     if buf.len() < CHECKPOINT_HEADER_LEN {

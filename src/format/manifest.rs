@@ -141,6 +141,13 @@ pub fn encode_file_header(magic: [u8; 8]) -> [u8; MANIFEST_HEADER_LEN] {
     out
 }
 
+/// The version of a manifest file (`magic` matches) written by a newer
+/// format than this build reads; such a file is refused, never repaired.
+pub fn newer_version(buf: &[u8], magic: [u8; 8]) -> Option<u16> {
+    let version = u16::from_le_bytes([*buf.get(8)?, *buf.get(9)?]);
+    (buf[..8] == magic && version > MANIFEST_VERSION).then_some(version)
+}
+
 /// Checks a file header; returns a reason when it is wrong.
 pub fn check_file_header(buf: &[u8], magic: [u8; 8]) -> Result<(), String> {
     if buf.len() < MANIFEST_HEADER_LEN {

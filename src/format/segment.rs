@@ -138,6 +138,13 @@ pub fn decode_header(buf: &[u8]) -> Result<SegmentInfo, HeaderError> {
     if h.magic != SEGMENT_MAGIC {
         return Err(HeaderError::BadMagic);
     }
+    // A newer version is checked before the CRC: a later format may lay the
+    // header out differently, and its file must be refused, never taken for
+    // damage and cut. (A torn header write keeps a prefix of the new bytes
+    // and zeros, so it never shows a version above ours.)
+    if h.version.get() > SEGMENT_VERSION {
+        return Err(HeaderError::Version(h.version.get()));
+    }
     if crc32fast::hash(&buf[..40]) != h.header_crc.get() {
         return Err(HeaderError::BadCrc);
     }
@@ -194,5 +201,16 @@ mod tests {
         b[50] ^= 1;
         assert_eq!(decode_header(&b).unwrap().seal, None);
         assert_eq!(decode_header(&h[..63]), Err(HeaderError::Short));
+    }
+
+    #[test]
+    fn newer_version_is_unsupported_not_damage() {
+        let mut h = encode_header(3, 9, 1000, 55);
+        h[8..10].copy_from_slice(&(SEGMENT_VERSION + 1).to_le_bytes());
+        // The CRC no longer matches, and the version still wins.
+        assert_eq!(
+            decode_header(&h),
+            Err(HeaderError::Version(SEGMENT_VERSION + 1))
+        );
     }
 }

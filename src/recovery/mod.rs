@@ -47,10 +47,25 @@ pub enum FileAction {
     RebuiltIndex,
     /// A file from an uncommitted topology change was removed.
     RemovedOrphan,
+    /// A topic or partition directory the manifest no longer knows because
+    /// damaged manifest records were cut (truncate/salvage): it may hold
+    /// synced data, so it was renamed, not deleted.
+    SetAsideOrphan {
+        /// Where it was moved.
+        moved_to: PathBuf,
+    },
     /// A file fissionlog does not know; left untouched.
     ForeignFile,
     /// A missing active segment was recreated empty.
     CreatedSegment,
+    /// A segment file or partition directory that held data the checkpoint
+    /// or the manifest knows of is missing (Truncate and Salvage go on
+    /// without it; Strict refuses). The offsets are never handed out again:
+    /// they read as a hole.
+    MissingData {
+        /// Offsets `[start, end)` that were lost with it.
+        lost_offsets: (u64, u64),
+    },
     /// A checkpoint file was invalid (the other one was used).
     InvalidCheckpoint {
         /// Why.

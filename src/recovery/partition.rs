@@ -6,10 +6,13 @@ use std::sync::Arc;
 use crate::config::RecoveryMode;
 use crate::error::{Error, IoContext, Result};
 use crate::format::checkpoint::PartitionCheckpoint;
-use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::format::segment::{SegmentInfo, SEGMENT_HEADER_LEN};
 use crate::recovery::scan::{scan_segment, CorruptAction, ScanParams, ScanStop};
 use crate::recovery::{FileAction, RecoveryReport};
-use crate::storage::segment::{parse_segment_file_name, rebuild_index, IndexState, Segment};
+use crate::storage::fault::IoOp;
+use crate::storage::segment::{
+    parse_segment_file_name, rebuild_index, segment_file_name, IndexState, Segment,
+};
 
 /// How recovery may act.
 #[derive(Debug, Clone, Copy)]
@@ -46,6 +49,9 @@ pub struct RecoveredChain {
     pub holes: Vec<(u64, u64)>,
     /// Problems found (analyse-only mode).
     pub problems: Vec<Problem>,
+    /// Offset the partition continues at: the end of the chain, never below
+    /// an offset the checkpoint knows was handed out.
+    pub next_offset: u64,
 }
 
 /// Inputs of partition recovery.
@@ -61,32 +67,134 @@ pub struct ChainParams<'a> {
     pub checkpoint: Option<&'a PartitionCheckpoint>,
     /// The checkpoint was written by a clean shutdown.
     pub clean: bool,
+    /// The manifest says the partition is sealed (retention may have
+    /// emptied it).
+    pub sealed: bool,
+    /// No valid checkpoint exists although the manifest knows partitions:
+    /// both checkpoint files were damaged or removed (every log writes one
+    /// at its first open, before any topic exists).
+    pub checkpoint_lost: bool,
     /// What recovery may do.
     pub mode: RecoverMode,
     /// Sees the fsyncs recovery makes after a repair.
     pub hook: &'a dyn crate::storage::fault::IoHook,
 }
 
-fn list_segments(dir: &Path, report: &mut RecoveryReport) -> Result<Vec<(u64, PathBuf)>> {
-    let mut out = Vec::new();
+/// One segment file of a partition, opened and mapped before recovery
+/// decides anything about it.
+#[derive(Debug)]
+enum SegmentFile {
+    /// Below the retention floor: retired, not opened.
+    Retired,
+    /// Opened and mapped; the header is valid.
+    Opened(Segment, SegmentInfo),
+    /// The bytes prove damage: the header does not decode (torn or
+    /// corrupt) or the file size is impossible.
+    Damaged(Error),
+}
+
+/// A partition's files, each opened (or proven damaged) before any repair.
+#[derive(Debug)]
+pub struct OpenedChain {
+    files: Vec<(u64, PathBuf, SegmentFile)>,
+    foreign: Vec<PathBuf>,
+    /// Base offsets of segments an earlier repair set aside (`.seg.damaged`).
+    set_aside: Vec<u64>,
+    /// The partition directory does not exist.
+    dir_missing: bool,
+}
+
+/// What a partition directory holds.
+#[derive(Debug, Default)]
+struct Listing {
+    /// Segment files `(base offset, path)`, oldest first.
+    segments: Vec<(u64, PathBuf)>,
+    /// Files that are not ours (set-aside segments included).
+    foreign: Vec<PathBuf>,
+    /// Base offsets of segments a repair set aside.
+    set_aside: Vec<u64>,
+    /// The directory does not exist.
+    dir_missing: bool,
+}
+
+/// Lists a partition directory.
+fn list_segments(dir: &Path) -> Result<Listing> {
+    let mut out = Listing::default();
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            out.dir_missing = true;
+            return Ok(out);
+        }
         Err(e) => return Err(Error::io(dir, e)),
     };
     for entry in rd {
         let entry = entry.at(dir)?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if let Some(base) = parse_segment_file_name(&name) {
-            out.push((base, entry.path()));
+            out.segments.push((base, entry.path()));
         } else if name.ends_with(".idx") && name.len() == 24 || name.ends_with(".idx.tmp") {
             // Index caches (and interrupted index writes) belong to us.
         } else {
-            report.add(entry.path(), FileAction::ForeignFile);
+            if let Some(base) = name
+                .strip_suffix(".damaged")
+                .and_then(parse_segment_file_name)
+            {
+                out.set_aside.push(base);
+            }
+            out.foreign.push(entry.path());
         }
     }
-    out.sort();
+    out.segments.sort();
     Ok(out)
+}
+
+/// Phase one of partition recovery: lists, opens and maps every segment
+/// file, changing nothing. A failing OS call (EMFILE, ENFILE, ENOMEM from
+/// `mmap`, EACCES, EIO) or a newer format version fails here with its own
+/// typed error, before any file of any partition is repaired: an error
+/// while opening a file is never taken for damage. Only bytes that decode
+/// as invalid are [`SegmentFile::Damaged`].
+pub fn open_chain(p: &ChainParams<'_>) -> Result<OpenedChain> {
+    let listing = list_segments(p.dir).map_err(open_failed)?;
+    let mut files = Vec::with_capacity(listing.segments.len());
+    for (base, path) in listing.segments {
+        let file = if p.checkpoint.is_some_and(|c| base < c.start_offset) {
+            SegmentFile::Retired
+        } else {
+            match Segment::open_with(&path, p.mode.write, p.hook) {
+                Ok((seg, info)) => {
+                    // A durable sealed segment already trimmed to its seal is
+                    // neither scanned nor changed by the repair phase (without
+                    // a full scan), and an analysis (`verify`, dry runs)
+                    // changes nothing: keep the mapping, not the descriptor,
+                    // so an open holds descriptors for what follows the
+                    // checkpoint, not for every segment. Any other segment
+                    // keeps its descriptor, so repairs never need to open a
+                    // file again after this phase.
+                    let settled = !p.mode.write
+                        || info.seal.is_some_and(|(_, end_pos)| {
+                            seg.allocated() == end_pos
+                                && p.checkpoint.is_some_and(|c| base < c.segment_base)
+                                && !p.mode.full_scan
+                        });
+                    if settled {
+                        seg.release_fd();
+                    }
+                    SegmentFile::Opened(seg, info)
+                }
+                Err(e @ Error::Corruption { .. }) => SegmentFile::Damaged(e),
+                Err(e) => return Err(open_failed(e)),
+            }
+        };
+        files.push((base, path, file));
+    }
+    Ok(OpenedChain {
+        files,
+        foreign: listing.foreign,
+        set_aside: listing.set_aside,
+        dir_missing: listing.dir_missing,
+    })
 }
 
 fn problem(file: &Path, position: u64, what: String, repair: &str) -> Problem {
@@ -98,9 +206,31 @@ fn problem(file: &Path, position: u64, what: String, repair: &str) -> Problem {
     }
 }
 
-/// Recovers the chain of segments of one partition.
+/// An OS error while opening or mapping becomes [`Error::OpenFailed`].
+fn open_failed(e: Error) -> Error {
+    match e {
+        Error::Io { path, source } => Error::OpenFailed { path, source },
+        e => e,
+    }
+}
+
+/// Recovers the chain of segments of one partition: [`open_chain`], then
+/// [`repair_chain`].
 pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result<RecoveredChain> {
-    let files = list_segments(p.dir, report)?;
+    let opened = open_chain(p)?;
+    repair_chain(p, opened, report)
+}
+
+/// Phase two of partition recovery: validates the opened files against the
+/// checkpoint and repairs what the mode allows.
+pub fn repair_chain(
+    p: &ChainParams<'_>,
+    mut opened: OpenedChain,
+    report: &mut RecoveryReport,
+) -> Result<RecoveredChain> {
+    for f in &opened.foreign {
+        report.add(f, FileAction::ForeignFile);
+    }
     let cp = p
         .checkpoint
         .filter(|c| c.position >= SEGMENT_HEADER_LEN as u64);
@@ -109,43 +239,109 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
         durable: (0, SEGMENT_HEADER_LEN as u64, 0),
         holes: Vec::new(),
         problems: Vec::new(),
+        next_offset: 0,
     };
+    let floor = p.checkpoint.map_or(0, |c| c.start_offset);
+    // Offsets known to have been handed out: what the checkpoint calls
+    // durable, and what segments set aside by a repair held.
+    let mut known_end = cp.map_or(floor, |c| c.end_offset.max(floor));
     let mut expected: Option<u64> = None;
+    // A cut (torn tail or damage): every later segment leaves the chain.
     let mut cut = false;
-    for (base, path) in files {
-        if cut {
-            delete_segment(&path, p.mode.write, "follows a truncation point", report)?;
-            continue;
+    // The cut is in synced data (Truncate): later segments are set aside.
+    let mut synced_cut = false;
+    let live: Vec<u64> = opened
+        .files
+        .iter()
+        .filter(|f| !matches!(f.2, SegmentFile::Retired))
+        .map(|f| f.0)
+        .collect();
+    // Checked before anything is changed, so Strict refuses untouched.
+    if let Some(&first) = live.first().filter(|&&b| b > floor) {
+        // The first segment file of the chain is gone: the partition's
+        // first segment is durable from its creation on, and retention
+        // only removes files below a floor a durable checkpoint holds.
+        let lost = (floor, first);
+        let path = p.dir.join(segment_file_name(floor));
+        let what = format!(
+            "segment file {} holding offsets {}..{} is missing",
+            path.display(),
+            lost.0,
+            lost.1
+        );
+        match missing(p, &path, lost, what, &mut out, report)? {
+            Decision::Cut => {
+                cut = true;
+                synced_cut = true;
+            }
+            Decision::Continue => {
+                out.segments
+                    .extend(fill_hole(p, lost, report, &mut out.holes)?);
+                expected = Some(first);
+            }
         }
-        if p.checkpoint.is_some_and(|c| base < c.start_offset) {
-            // Retention recorded this segment as retired before unlinking
-            // it; a crash brought the file back.
-            delete_segment(
-                &path,
-                p.mode.write,
-                "retired by retention, back after a crash",
-                report,
-            )?;
-            continue;
-        }
+    }
+    if expected.is_none() && !cut {
+        expected = Some(floor);
+    }
+    for (base, path, file) in std::mem::take(&mut opened.files) {
         let durable_segment = cp.is_some_and(|c| base < c.segment_base);
         let cp_segment = cp.filter(|c| c.segment_base == base);
-        let opened = Segment::open_with(&path, p.mode.write);
-        let (mut seg, info) = match opened {
-            Ok(x) => x,
-            Err(e) if durable_segment || cp_segment.is_some() => {
+        if cut && synced_cut {
+            // A segment a synced cut leaves out held offsets from `base`
+            // on (to its seal when it has one): never hand them out again.
+            known_end = known_end.max(match &file {
+                SegmentFile::Opened(_, info) => info.seal.map_or(base, |s| s.0),
+                SegmentFile::Damaged(_) => base,
+                SegmentFile::Retired => 0,
+            });
+        }
+        if cut {
+            if synced_cut && matches!(file, SegmentFile::Retired) {
+                delete_segment(
+                    &path,
+                    p.mode.write,
+                    "retired by retention, back after a crash",
+                    report,
+                )?;
+            } else if synced_cut || durable_segment || cp_segment.is_some() {
+                // Synced data after the cut point: kept aside, never deleted.
+                set_aside(p, &path, "follows a truncation point", report)?;
+            } else {
+                delete_segment(&path, p.mode.write, "follows a truncation point", report)?;
+            }
+            continue;
+        }
+        let (mut seg, info) = match file {
+            SegmentFile::Retired => {
+                // Retention recorded this segment as retired before
+                // unlinking it; a crash brought the file back.
+                delete_segment(
+                    &path,
+                    p.mode.write,
+                    "retired by retention, back after a crash",
+                    report,
+                )?;
+                continue;
+            }
+            SegmentFile::Opened(seg, info) => (seg, info),
+            SegmentFile::Damaged(e) if durable_segment || cp_segment.is_some() => {
                 let what = format!("unreadable segment in synced data: {e}");
                 let decision = corrupt(p, &path, 0, what, &mut out)?;
-                set_aside(p, &path, report)?;
+                set_aside(p, &path, "damaged", report)?;
                 match decision {
                     Decision::Continue => continue,
                     Decision::Cut => {
                         cut = true;
+                        synced_cut = true;
                         continue;
                     }
                 }
             }
-            Err(_) => {
+            SegmentFile::Damaged(e) => {
+                // Created after the last checkpointed sync and its header
+                // does not decode: a torn creation.
+                unknown_sync(p, &path, 0, &e.to_string(), &mut out)?;
                 delete_segment(
                     &path,
                     p.mode.write,
@@ -165,11 +361,12 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                 path.display()
             );
             let decision = corrupt(p, &path, 0, what, &mut out)?;
-            set_aside(p, &path, report)?;
+            set_aside(p, &path, "damaged", report)?;
             match decision {
                 Decision::Continue => continue,
                 Decision::Cut => {
                     cut = true;
+                    synced_cut = true;
                     continue;
                 }
             }
@@ -179,33 +376,40 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                 if !durable_segment && cp_segment.is_none() {
                     // Written after the last checkpointed sync: the previous
                     // segment's unsynced tail was lost, so this one is too.
+                    let what = format!("segment starts at offset {base}, expected {exp}");
+                    unknown_sync(p, &path, 0, &what, &mut out)?;
                     delete_segment(&path, p.mode.write, "follows a torn tail", report)?;
                     cut = true;
                     continue;
-                } else if base > exp && p.mode.recovery == RecoveryMode::Salvage {
-                    out.holes.push((exp, base));
-                    if p.mode.write {
-                        // Persist the gap as a segment holding one hole batch,
-                        // so the next open (in any mode) finds a continuous
-                        // chain and reads of the range keep reporting the hole.
-                        let filler = Segment::create_hole(p.dir, p.ids, exp, base, p.hook)?;
-                        report.add(
-                            filler.path(),
-                            FileAction::Salvaged {
-                                position: SEGMENT_HEADER_LEN as u64,
-                                lost_offsets: (exp, base),
-                            },
-                        );
-                        out.segments.push(filler);
+                } else if base > exp {
+                    // Synced segments are missing between two that are here.
+                    let gap = p.dir.join(segment_file_name(exp));
+                    let what = format!(
+                        "offsets {exp}..{base} are missing: the chain ends at {exp} and there is no segment file {}",
+                        gap.display()
+                    );
+                    match missing(p, &gap, (exp, base), what, &mut out, report)? {
+                        Decision::Continue => {
+                            out.segments
+                                .extend(fill_hole(p, (exp, base), report, &mut out.holes)?);
+                        }
+                        Decision::Cut => {
+                            known_end = known_end.max(info.seal.map_or(base, |s| s.0));
+                            set_aside(p, &path, "follows missing segments", report)?;
+                            cut = true;
+                            synced_cut = true;
+                            continue;
+                        }
                     }
                 } else {
                     let what = format!("segment starts at offset {base}, expected {exp}");
                     let decision = corrupt(p, &path, 0, what, &mut out)?;
-                    set_aside(p, &path, report)?;
+                    set_aside(p, &path, "damaged", report)?;
                     match decision {
                         Decision::Continue => continue,
                         Decision::Cut => {
                             cut = true;
+                            synced_cut = true;
                             continue;
                         }
                     }
@@ -275,6 +479,7 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                         reason,
                         later_valid,
                     } => {
+                        unknown_sync(p, &path, *position, reason, &mut out)?;
                         report.add(
                             &path,
                             FileAction::TruncatedTornTail {
@@ -311,6 +516,7 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
                             },
                         );
                         cut = true;
+                        synced_cut = true;
                     }
                 }
                 // Past the synced region, stale bytes may lie beyond the end
@@ -356,6 +562,66 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
         expected = Some(end_offset);
         out.segments.push(seg);
     }
+    let chain_end = out.segments.last().map_or(floor, |s| s.end_offset());
+    // The checkpoint's segment is gone (not retired, not set aside by an
+    // earlier repair), or an active partition has no segment at all (its
+    // directory and first segment are durable before the manifest commits
+    // it): the end of the partition is missing.
+    let cp_file_missing = cp.is_some_and(|c| {
+        c.segment_base >= floor
+            && !live.contains(&c.segment_base)
+            && !opened.set_aside.contains(&c.segment_base)
+    });
+    let no_segment =
+        live.is_empty() && opened.set_aside.is_empty() && (!p.sealed || p.checkpoint.is_none());
+    if !synced_cut && (chain_end < known_end || cp_file_missing || no_segment) {
+        let lost = (chain_end, known_end.max(chain_end));
+        let (path, what) = if opened.dir_missing {
+            (
+                p.dir.to_path_buf(),
+                format!(
+                    "partition directory {} is missing (offsets {}..{} lost)",
+                    p.dir.display(),
+                    lost.0,
+                    lost.1
+                ),
+            )
+        } else if cp_file_missing || no_segment {
+            let named = cp.map_or(chain_end, |c| c.segment_base.max(chain_end));
+            let path = p.dir.join(segment_file_name(named));
+            let what = format!(
+                "segment file {} is missing: offsets {}..{} the checkpoint calls durable are gone",
+                path.display(),
+                lost.0,
+                lost.1
+            );
+            (path, what)
+        } else {
+            // The files are there but end early (a segment shorter than
+            // the checkpointed position, or lost with the ones after it).
+            let path = out
+                .segments
+                .last()
+                .map_or_else(|| p.dir.to_path_buf(), |s| s.path().to_path_buf());
+            let what = format!(
+                "the partition ends at offset {} but the checkpoint says offsets up to {} are durable: offsets {}..{} are missing",
+                lost.0, lost.1, lost.0, lost.1
+            );
+            (path, what)
+        };
+        missing(p, &path, lost, what, &mut out, report)?;
+    }
+    if p.mode.write && known_end > chain_end {
+        // Offsets below `known_end` were handed out (and may sit in a saved
+        // Cut): they read as a hole, and appends continue after them.
+        out.segments.extend(fill_hole(
+            p,
+            (chain_end, known_end),
+            report,
+            &mut out.holes,
+        )?);
+    }
+    out.next_offset = out.segments.last().map_or(known_end, |s| s.end_offset());
     if p.mode.write {
         // Every segment but the last was rolled: make sure its header says
         // so (a crash may have kept the next segment but not the seal).
@@ -364,21 +630,80 @@ pub fn recover_chain(p: &ChainParams<'_>, report: &mut RecoveryReport) -> Result
             seg.seal_recovered();
         }
     }
-    if cp.is_some_and(|c| {
-        out.segments
-            .last()
-            .is_none_or(|s| s.base_offset < c.segment_base)
-    }) && !out.segments.is_empty()
-    {
-        // The checkpoint names a segment that is gone: data it called durable is missing.
-        let c = cp.expect("checked above");
-        let what = format!(
-            "segment {} named by the checkpoint is missing",
-            c.segment_base
-        );
-        corrupt(p, p.dir, 0, what, &mut out)?;
-    }
     Ok(out)
+}
+
+/// Invalid bytes past the checkpointed position are a torn tail of
+/// unsynced writes and are cut in every mode. Without any valid checkpoint
+/// (both files damaged or gone while the manifest knows partitions) nothing
+/// says where synced data ends, so they may be synced data: Strict refuses
+/// instead of cutting, Truncate and Salvage cut and report as usual.
+fn unknown_sync(
+    p: &ChainParams<'_>,
+    path: &Path,
+    position: u64,
+    reason: &str,
+    out: &mut RecoveredChain,
+) -> Result<()> {
+    if p.checkpoint_lost {
+        let what = format!(
+            "{reason}; there is no valid recovery checkpoint, so this may be synced data, not a torn tail of unsynced writes"
+        );
+        corrupt(p, path, position, what, out)?;
+    }
+    Ok(())
+}
+
+/// Handles data known to exist whose file (or directory) is missing:
+/// refused in Strict; in Truncate and Salvage the report names the file and
+/// the offsets lost with it.
+fn missing(
+    p: &ChainParams<'_>,
+    path: &Path,
+    lost: (u64, u64),
+    what: String,
+    out: &mut RecoveredChain,
+    report: &mut RecoveryReport,
+) -> Result<Decision> {
+    let decision = corrupt(p, path, 0, what, out)?;
+    if p.mode.write {
+        report.add(path, FileAction::MissingData { lost_offsets: lost });
+    }
+    Ok(decision)
+}
+
+/// Writes a segment holding one hole batch for `[lost.0, lost.1)` (write
+/// mode only), so the chain stays continuous: the next open, in any mode,
+/// finds no gap, reads of the range report the hole, and the offsets are
+/// never handed out again.
+fn fill_hole(
+    p: &ChainParams<'_>,
+    lost: (u64, u64),
+    report: &mut RecoveryReport,
+    holes: &mut Vec<(u64, u64)>,
+) -> Result<Option<Segment>> {
+    if lost.0 >= lost.1 {
+        return Ok(None);
+    }
+    holes.push(lost);
+    if !p.mode.write {
+        return Ok(None);
+    }
+    if !p.dir.exists() {
+        std::fs::create_dir_all(p.dir).at(p.dir)?;
+        if let Some(parent) = p.dir.parent() {
+            crate::storage::sync_dir(p.hook, IoOp::SyncRecoveryDir, parent)?;
+        }
+    }
+    let filler = Segment::create_hole(p.dir, p.ids, lost.0, lost.1, p.hook)?;
+    report.add(
+        filler.path(),
+        FileAction::Salvaged {
+            position: SEGMENT_HEADER_LEN as u64,
+            lost_offsets: lost,
+        },
+    );
+    Ok(Some(filler))
 }
 
 enum Decision {
@@ -436,7 +761,12 @@ fn delete_segment(
 /// Moves a segment that repair leaves out of the chain to
 /// `<name>.seg.damaged` (kept for inspection, as Redpanda's
 /// `.cannotrecover`), so the next open does not trip over it again (C7).
-fn set_aside(p: &ChainParams<'_>, path: &Path, report: &mut RecoveryReport) -> Result<()> {
+fn set_aside(
+    p: &ChainParams<'_>,
+    path: &Path,
+    why: &str,
+    report: &mut RecoveryReport,
+) -> Result<()> {
     if !p.mode.write {
         return Ok(());
     }
@@ -449,7 +779,7 @@ fn set_aside(p: &ChainParams<'_>, path: &Path, report: &mut RecoveryReport) -> R
     report.add(
         path,
         FileAction::DeletedSegment {
-            reason: format!("damaged; moved to {}", to.display()),
+            reason: format!("{why}; moved to {}", to.display()),
         },
     );
     Ok(())

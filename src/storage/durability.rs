@@ -208,6 +208,13 @@ impl CheckpointFiles {
                 .open(&path)
                 .at(&path)?;
             let buf = std::fs::read(&path).at(&path)?;
+            if let Some(found) = checkpoint::newer_version(&buf) {
+                return Err(Error::UnsupportedVersion {
+                    file: path,
+                    found,
+                    supported: checkpoint::CHECKPOINT_VERSION,
+                });
+            }
             if !buf.is_empty() {
                 match checkpoint::decode_checkpoint(&buf) {
                     Ok(c) => {

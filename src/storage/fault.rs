@@ -20,8 +20,6 @@ pub enum IoOp {
     /// Allocating space in a segment file (its first chunk at creation, the
     /// writer growing it ahead of itself, the free tail at open).
     AllocateSegment,
-    /// Mapping a new segment file.
-    MapSegment,
     /// Truncating a segment that takes no more appends to its data.
     TrimSegment,
     /// Writing an index file (a cache of the segment).
@@ -60,6 +58,13 @@ pub enum IoOp {
     SyncNewDir,
     /// fsync of a directory after recovery moved or removed files in it.
     SyncRecoveryDir,
+    /// Opening an existing segment file and reading its header (recovery,
+    /// `verify`). Fails like `open(2)`/`read(2)` would: EMFILE, ENFILE,
+    /// EACCES, EIO.
+    OpenSegment,
+    /// Mapping a segment file (`mmap(2)`), new or opened: ENOMEM when
+    /// memory or `vm.max_map_count` runs out.
+    MapSegment,
 }
 
 /// Sees each [`IoOp`] before and after the OS call.

@@ -223,11 +223,18 @@ impl Segment {
     /// Opens and maps an existing segment file, validating its header. The
     /// returned segment has no data until [`Segment::set_recovered_end`].
     pub fn open(path: &Path) -> Result<(Segment, SegmentInfo)> {
-        Segment::open_with(path, true)
+        Segment::open_with(path, true, &crate::storage::fault::NoFaults)
     }
 
     /// Like [`Segment::open`]; `writable: false` maps read-only (`verify`).
-    pub fn open_with(path: &Path, writable: bool) -> Result<(Segment, SegmentInfo)> {
+    /// The open goes through `hook` as [`IoOp::OpenSegment`], the mapping
+    /// as [`IoOp::MapSegment`].
+    pub fn open_with(
+        path: &Path,
+        writable: bool,
+        hook: &dyn IoHook,
+    ) -> Result<(Segment, SegmentInfo)> {
+        hook.before(IoOp::OpenSegment, path).at(path)?;
         let file = OpenOptions::new()
             .read(true)
             .write(writable)
@@ -236,8 +243,16 @@ impl Segment {
         let len = file.metadata().at(path)?.len();
         let mut head = [0u8; SEGMENT_HEADER_LEN];
         let got = read_prefix(&file, &mut head).at(path)?;
-        let info = segment::decode_header(&head[..got])
-            .map_err(|e| Error::corruption(path, 0, e.to_string()))?;
+        let info = segment::decode_header(&head[..got]).map_err(|e| match e {
+            // A newer format is not damage: refuse it in every mode.
+            segment::HeaderError::Version(found) => Error::UnsupportedVersion {
+                file: path.to_path_buf(),
+                found,
+                supported: segment::SEGMENT_VERSION,
+            },
+            e => Error::corruption(path, 0, e.to_string()),
+        })?;
+        hook.before(IoOp::MapSegment, path).at(path)?;
         let seg = Segment::map(
             path.to_path_buf(),
             file,
@@ -507,10 +522,41 @@ impl Segment {
         crate::storage::sync_file(hook, IoOp::SyncNewSegment, &file, &self.path, true)
     }
 
-    /// The open file, for a sync round; `None` once the descriptor was
-    /// released, which happens only after everything was synced.
-    pub(crate) fn sync_handle(&self) -> Option<Arc<File>> {
-        self.file.lock().clone()
+    /// The open file, for a sync round; `None` once the segment is settled
+    /// (sealed, seal and data synced: nothing to sync). A segment whose
+    /// descriptor was released while it still has unsynced bytes (recovery
+    /// opens sealed segments without keeping their descriptors, then may
+    /// repair them) opens its file again and keeps it until settled.
+    pub(crate) fn sync_handle(&self) -> std::io::Result<Option<Arc<File>>> {
+        let mut g = self.file.lock();
+        if let Some(f) = &*g {
+            return Ok(Some(f.clone()));
+        }
+        if self.is_settled() {
+            return Ok(None);
+        }
+        let f = Arc::new(
+            OpenOptions::new()
+                .read(true)
+                .write(self.writable)
+                .open(&self.path)?,
+        );
+        *g = Some(f.clone());
+        Ok(Some(f))
+    }
+
+    /// Closes the descriptor now; [`Segment::sync_handle`] and the repair
+    /// calls open the file again when they need it. Recovery does this for
+    /// the sealed segments it opens, so an open of a log with many
+    /// segments holds one descriptor per partition, not one per segment.
+    pub(crate) fn release_fd(&self) {
+        self.file.lock().take();
+    }
+
+    fn is_settled(&self) -> bool {
+        self.is_sealed()
+            && self.seal_synced.load(Ordering::Acquire)
+            && self.synced_pos() >= self.committed_pos()
     }
 
     /// The open file, or the file opened again for one call when its
@@ -530,10 +576,7 @@ impl Segment {
     /// synced and whose data is synced: nothing writes or syncs it again,
     /// and its mapping stays valid without it.
     fn release_fd_if_settled(&self) {
-        if self.is_sealed()
-            && self.seal_synced.load(Ordering::Acquire)
-            && self.synced_pos() >= self.committed_pos()
-        {
+        if self.is_settled() {
             self.file.lock().take();
         }
     }

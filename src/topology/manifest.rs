@@ -45,6 +45,7 @@ fn load_snapshot(path: &Path) -> Result<Option<(u64, ManifestState)>> {
     let Some(buf) = read_optional(path)? else {
         return Ok(None);
     };
+    refuse_newer(&buf, fmt::SNAPSHOT_MAGIC, path)?;
     fmt::check_file_header(&buf, fmt::SNAPSHOT_MAGIC).map_err(|e| Error::corruption(path, 0, e))?;
     let frame = fmt::decode_frame(&buf[fmt::MANIFEST_HEADER_LEN..])
         .map_err(|e| Error::corruption(path, fmt::MANIFEST_HEADER_LEN as u64, e))?;
@@ -58,6 +59,18 @@ fn load_snapshot(path: &Path) -> Result<Option<(u64, ManifestState)>> {
     model::check_state(&state)
         .map_err(|e| Error::corruption(path, fmt::MANIFEST_HEADER_LEN as u64, e))?;
     Ok(Some((frame.seq, state)))
+}
+
+/// A manifest file written by a newer format is refused, never repaired.
+fn refuse_newer(buf: &[u8], magic: [u8; 8], path: &Path) -> Result<()> {
+    match fmt::newer_version(buf, magic) {
+        Some(found) => Err(Error::UnsupportedVersion {
+            file: path.to_path_buf(),
+            found,
+            supported: fmt::MANIFEST_VERSION,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Replays snapshot + journal bytes into a state (pure; used by open and the fuzzer).
@@ -167,6 +180,7 @@ impl Manifest {
                 })
             }
         };
+        refuse_newer(&buf, fmt::JOURNAL_MAGIC, &path)?;
         let (state, seq, valid_end, report) = replay(snapshot, &buf, &path, mode)?;
         let f = OpenOptions::new()
             .read(true)

@@ -55,8 +55,39 @@ impl Failure {
     }
 }
 
+/// Names an open or map failure for what it is (the environment, not
+/// damage) with advice that loses nothing.
+fn open_failed_message(path: &Path, source: &std::io::Error) -> String {
+    let p = path.display();
+    let (cause, advice) = match source.raw_os_error() {
+        Some(libc::EMFILE) => (
+            "too many open files",
+            "raise the open-file limit (ulimit -n) and retry",
+        ),
+        Some(libc::ENFILE) => (
+            "the system's open-file table is full",
+            "close other programs or raise fs.file-max and retry",
+        ),
+        Some(libc::ENOMEM) => (
+            "not enough memory or memory maps",
+            "free memory or raise vm.max_map_count (sysctl) and retry",
+        ),
+        Some(libc::EACCES | libc::EPERM) => (
+            "permission denied",
+            "give this user read and write access to the log directory and retry",
+        ),
+        _ => ("I/O error", "fix the cause and retry"),
+    };
+    format!("{cause} while opening {p} ({source}); no segment was changed; {advice}")
+}
+
 impl From<Error> for Failure {
     fn from(e: Error) -> Failure {
+        if let Error::OpenFailed { path, source } = &e {
+            // The directory is unusable in this environment (exit 2), and
+            // nothing is damaged: never advise a repair mode here.
+            return Failure::usage(open_failed_message(path, source));
+        }
         let code = match &e {
             Error::NotFound { .. }
             | Error::NotALog { .. }
@@ -76,6 +107,9 @@ impl From<Error> for Failure {
                 "; strict recovery refuses to change synced data: run `fissionlog verify` for details, then `fissionlog recover --mode truncate` (cut there) or `--mode salvage` (keep the records after the damage)"
             }
             Error::Locked { .. } => "; close the process that holds it and retry",
+            Error::UnsupportedVersion { .. } => {
+                "; it was written by a newer fissionlog: open it with that version (nothing was changed)"
+            }
             Error::NotALog { .. } => "; pass the directory of an existing log",
             Error::NotFound { .. } => "; pass an existing log directory (produce --create makes one)",
             _ => "",

@@ -84,8 +84,15 @@ fn describe(action: &FileAction) -> String {
         FileAction::DeletedSegment { reason } => format!("deleted ({reason})"),
         FileAction::RebuiltIndex => "index rebuilt".into(),
         FileAction::RemovedOrphan => "removed (left by an uncommitted topology change)".into(),
+        FileAction::SetAsideOrphan { moved_to } => format!(
+            "no longer in the cut manifest; kept as {}",
+            moved_to.display()
+        ),
         FileAction::ForeignFile => "unknown file, left untouched".into(),
         FileAction::CreatedSegment => "missing active segment recreated empty".into(),
+        FileAction::MissingData {
+            lost_offsets: (s, e),
+        } => format!("missing: offsets {s}..{e} lost (they read as a hole)"),
         FileAction::InvalidCheckpoint { reason } => format!("invalid checkpoint ({reason})"),
     }
 }

@@ -1,0 +1,446 @@
+//! Missing files are missing data, never an empty partition (issue 7,
+//! finding 2). A partition the checkpoint or the manifest knows, whose
+//! first, middle, last or every segment (or whose directory) is gone:
+//! Strict refuses and names what is missing; Truncate and Salvage say in
+//! the report what they lose, and offsets are never handed out again.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::crash::DirImage;
+use fissionlog::recovery::FileAction;
+use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
+
+/// 25 records of 157 bytes fit a 4 KiB segment: segments 0, 25, ... 175.
+const RECORDS: u64 = 200;
+const PER_SEGMENT: u64 = 25;
+
+fn opts(mode: RecoveryMode) -> LogOptions {
+    LogOptions {
+        balancer: false,
+        recovery: mode,
+        ..LogOptions::default()
+    }
+}
+
+fn value(i: u64) -> Vec<u8> {
+    (0..100).map(|j| (i * 31 + j) as u8).collect()
+}
+
+fn append(log: &Log, i: u64) -> u64 {
+    let t = log.topic("t").unwrap();
+    t.append_batch(&[NewRecord {
+        key: Some(b"k"),
+        value: &value(i),
+        timestamp: Some(i as i64),
+    }])
+    .unwrap()[0]
+        .offset
+}
+
+/// A log with `RECORDS` synced records in one partition. `clean`: closed
+/// cleanly (the checkpoint names the last segment); else the process dies
+/// after two syncs (the checkpoint names the segment of the first).
+fn make_log(dir: &Path, clean: bool) {
+    let log = Log::open(dir, opts(RecoveryMode::Strict)).unwrap();
+    log.create_topic(
+        "t",
+        TopicConfig {
+            partitions: 1,
+            segment_bytes: 4096,
+            ..TopicConfig::default()
+        },
+    )
+    .unwrap();
+    for i in 0..RECORDS {
+        assert_eq!(append(&log, i), i);
+    }
+    if clean {
+        log.close().unwrap();
+    } else {
+        log.sync().unwrap();
+        log.sync().unwrap();
+        log.abandon();
+    }
+}
+
+fn pdir() -> PathBuf {
+    PathBuf::from("topics/t0/p0")
+}
+
+fn seg(base: u64) -> PathBuf {
+    pdir().join(format!("{base:020}.seg"))
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Missing {
+    First,
+    Middle,
+    Last,
+    All,
+    Directory,
+    /// The last segment file is cut short, below the checkpointed position.
+    Shortened,
+}
+
+/// Removes what `m` names from the image; returns the offsets it held and
+/// a text the Strict error must contain.
+fn remove(img: &mut DirImage, m: Missing) -> ((u64, u64), String) {
+    let segs: Vec<u64> = (0..RECORDS / PER_SEGMENT)
+        .map(|i| i * PER_SEGMENT)
+        .collect();
+    let drop_seg = |img: &mut DirImage, base: u64| {
+        assert!(img.files.remove(&seg(base)).is_some(), "no segment {base}");
+        img.files.remove(&seg(base).with_extension("idx"));
+    };
+    match m {
+        Missing::First => {
+            drop_seg(img, 0);
+            ((0, 25), format!("{:020}.seg", 0))
+        }
+        Missing::Middle => {
+            drop_seg(img, 100);
+            ((100, 125), format!("{:020}.seg", 100))
+        }
+        Missing::Last => {
+            drop_seg(img, 175);
+            ((175, RECORDS), format!("{:020}.seg", 175))
+        }
+        Missing::All => {
+            for b in segs {
+                drop_seg(img, b);
+            }
+            ((0, RECORDS), "0..200".into())
+        }
+        Missing::Shortened => {
+            let kept = 5;
+            let bytes = img.files.get_mut(&seg(175)).unwrap();
+            bytes.truncate((64 + kept * 157) as usize);
+            (
+                (175 + kept, RECORDS),
+                format!("{}..{}", 175 + kept, RECORDS),
+            )
+        }
+        Missing::Directory => {
+            img.files.retain(|p, _| !p.starts_with(pdir()));
+            img.dirs.remove(&pdir());
+            ((0, RECORDS), "topics/t0/p0".into())
+        }
+    }
+}
+
+/// Every offset below the old end reads as its own record, a hole or out
+/// of range: never as another record.
+fn check_reads(log: &Log, lost: (u64, u64), what: &str) {
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    assert!(p.end_offset() >= RECORDS, "{what}: end {}", p.end_offset());
+    for i in 0..RECORDS {
+        match p.read(i, 1) {
+            Ok(b) => {
+                let r = b.iter().next().unwrap();
+                assert_eq!(r.offset, i, "{what}");
+                assert_eq!(r.value, value(i).as_slice(), "{what}: record {i}");
+            }
+            Err(Error::Hole { start, end, .. }) => {
+                assert!(start <= i && i < end, "{what}: hole {start}..{end} at {i}")
+            }
+            Err(Error::OffsetOutOfRange { .. }) => {}
+            Err(e) => panic!("{what}: read {i}: {e}"),
+        }
+    }
+    // What was not lost is still there.
+    for i in (0..lost.0).chain(lost.1..RECORDS) {
+        if let Ok(b) = p.read(i, 1) {
+            assert_eq!(b.iter().next().unwrap().offset, i, "{what}");
+        }
+    }
+}
+
+fn run_case(root: &Path, clean: bool, m: Missing) {
+    let pristine = root.join(format!("pristine-{clean}"));
+    if !pristine.exists() {
+        make_log(&pristine, clean);
+    }
+    let mut img = DirImage::capture(&pristine).unwrap();
+    let (lost, named) = remove(&mut img, m);
+    let what = format!("{m:?} missing (clean close: {clean})");
+
+    // Strict refuses, names what is missing and changes nothing.
+    let dir = root.join(format!("{m:?}-{clean}-strict"));
+    img.write_to(&dir).unwrap();
+    let before = DirImage::capture(&dir).unwrap();
+    match Log::open(&dir, opts(RecoveryMode::Strict)) {
+        Err(e @ Error::Corruption { .. }) => {
+            assert!(e.to_string().contains(&named), "{what}: {e}")
+        }
+        Err(e) => panic!("{what}: Strict: {e}"),
+        Ok(log) => panic!(
+            "{what}: Strict accepted, holding {}..{}",
+            log.topic("t").unwrap().partition(0).unwrap().start_offset(),
+            log.topic("t").unwrap().partition(0).unwrap().end_offset()
+        ),
+    }
+    let after = DirImage::capture(&dir).unwrap();
+    assert!(before == after, "{what}: {}", before.diff_summary(&after));
+    // verify reports it too.
+    let (_, problems) = fissionlog::verify(&dir).unwrap();
+    assert!(!problems.is_empty(), "{what}: verify found nothing");
+
+    for mode in [RecoveryMode::Truncate, RecoveryMode::Salvage] {
+        let what = format!("{what} in {mode:?}");
+        let dir = root.join(format!("{m:?}-{clean}-{mode:?}"));
+        img.write_to(&dir).unwrap();
+        let log = Log::open(&dir, opts(mode)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        // The report says what was lost.
+        let reported: Vec<(u64, u64)> = log
+            .recovery_report()
+            .files
+            .iter()
+            .filter_map(|f| match f.action {
+                FileAction::MissingData { lost_offsets } => Some(lost_offsets),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            reported
+                .iter()
+                .any(|&(s, e)| s <= lost.0 && lost.1 <= e.max(lost.1) && s < e),
+            "{what}: report {:?}",
+            log.recovery_report().files
+        );
+        check_reads(&log, lost, &what);
+        // Offsets are never reused.
+        let next = append(&log, 1000);
+        assert!(next >= RECORDS, "{what}: append got offset {next}");
+        log.close().unwrap();
+        // The repair is durable and complete: Strict opens it, unchanged.
+        let log = Log::open(&dir, opts(RecoveryMode::Strict))
+            .unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+        check_reads(&log, lost, &what);
+        assert_eq!(
+            log.topic("t").unwrap().partition(0).unwrap().end_offset(),
+            next + 1,
+            "{what}"
+        );
+        log.close().unwrap();
+    }
+}
+
+macro_rules! missing_tests {
+    ($($name:ident: $m:expr, $clean:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            let root = tempfile::tempdir().unwrap();
+            run_case(root.path(), $clean, $m);
+        }
+    )*};
+}
+
+missing_tests! {
+    first_segment_missing_is_refused_or_reported: Missing::First, true;
+    middle_segment_missing_is_refused_or_reported: Missing::Middle, true;
+    last_segment_missing_is_refused_or_reported: Missing::Last, true;
+    every_segment_missing_is_refused_or_reported: Missing::All, true;
+    partition_directory_missing_is_refused_or_reported: Missing::Directory, true;
+    first_segment_missing_after_a_crash_is_refused_or_reported: Missing::First, false;
+    every_segment_missing_after_a_crash_is_refused_or_reported: Missing::All, false;
+    partition_directory_missing_after_a_crash_is_refused_or_reported: Missing::Directory, false;
+    segment_shorter_than_the_checkpoint_is_refused_or_reported: Missing::Shortened, true;
+    segment_shorter_than_the_checkpoint_after_a_crash_is_refused_or_reported: Missing::Shortened, false;
+}
+
+/// Retention legitimately removes the oldest segments (its floor is in a
+/// durable checkpoint first): Strict opens such a log without complaint.
+#[test]
+fn retention_removed_segments_are_not_missing() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    log.create_topic(
+        "t",
+        TopicConfig {
+            partitions: 1,
+            segment_bytes: 4096,
+            retention_bytes: Some(3 * 4096),
+            ..TopicConfig::default()
+        },
+    )
+    .unwrap();
+    for i in 0..RECORDS {
+        append(&log, i);
+    }
+    // Retention keeps the segments the last two checkpoints name.
+    for _ in 0..3 {
+        log.sync().unwrap();
+    }
+    assert!(log.enforce_retention().unwrap() > 0);
+    let start = log.topic("t").unwrap().partition(0).unwrap().start_offset();
+    assert!(start > 0);
+    log.abandon();
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    assert_eq!((p.start_offset(), p.end_offset()), (start, RECORDS));
+    assert!(!log
+        .recovery_report()
+        .files
+        .iter()
+        .any(|f| matches!(f.action, FileAction::MissingData { .. })));
+}
+
+/// A sealed partition that retention emptied has no segment, and children
+/// created by a split after the last checkpoint have no checkpoint entry:
+/// neither is missing data. Strict reopens both, after a crash and after a
+/// clean close.
+#[test]
+fn emptied_sealed_partition_and_new_children_are_not_missing() {
+    for clean in [false, true] {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("log");
+        let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+        let t = log
+            .create_topic(
+                "t",
+                TopicConfig {
+                    partitions: 1,
+                    segment_bytes: 4096,
+                    retention_bytes: Some(1),
+                    ..TopicConfig::default()
+                },
+            )
+            .unwrap();
+        for i in 0..60 {
+            append(&log, i);
+        }
+        let children = t.split(0, fissionlog::SplitPlan::Even).unwrap();
+        for _ in 0..3 {
+            log.sync().unwrap();
+        }
+        assert!(log.enforce_retention().unwrap() > 0);
+        assert!(t.partition(0).unwrap().is_empty_sealed());
+        log.sync().unwrap();
+        // A second split: its children have no checkpoint entry yet.
+        let grandchildren = t.split(children[0], fissionlog::SplitPlan::Even).unwrap();
+        for i in 0..20 {
+            append(&log, 100 + i);
+        }
+        if clean {
+            log.close().unwrap();
+        } else {
+            log.abandon();
+        }
+        let log = Log::open(&dir, opts(RecoveryMode::Strict))
+            .unwrap_or_else(|e| panic!("clean {clean}: {e}"));
+        let report = log.recovery_report();
+        assert!(
+            !report
+                .files
+                .iter()
+                .any(|f| matches!(f.action, FileAction::MissingData { .. })),
+            "clean {clean}: {:?}",
+            report.files
+        );
+        let t = log.topic("t").unwrap();
+        for id in grandchildren {
+            t.partition(id).unwrap();
+        }
+        log.close().unwrap();
+    }
+}
+
+/// Without any valid checkpoint (both files damaged), nothing says where
+/// synced data ends: invalid bytes after the data may be damage in synced
+/// data, not a torn tail. Strict refuses instead of cutting them and
+/// changes nothing; Truncate cuts them and reports it; no record is lost.
+#[test]
+fn without_a_checkpoint_strict_never_cuts() {
+    let root = tempfile::tempdir().unwrap();
+    let pristine = root.path().join("pristine");
+    make_log(&pristine, true);
+    let mut img = DirImage::capture(&pristine).unwrap();
+    for name in ["checkpoint.0", "checkpoint.1"] {
+        img.insert_file(name, b"garbage garbage garbage garbage!!".to_vec());
+    }
+    // Junk right after the last record of the active segment.
+    let last = img.files.get_mut(&seg(175)).unwrap();
+    let end = (64 + 25 * 157) as usize;
+    last[end..end + 40].fill(0xA5);
+    let dir = root.path().join("strict");
+    img.write_to(&dir).unwrap();
+    let before = DirImage::capture(&dir).unwrap();
+    match Log::open(&dir, opts(RecoveryMode::Strict)) {
+        Err(e @ Error::Corruption { .. }) => {
+            assert!(
+                e.to_string().contains("no valid recovery checkpoint"),
+                "{e}"
+            )
+        }
+        Err(e) => panic!("{e}"),
+        Ok(log) => panic!("Strict accepted, report {:?}", log.recovery_report().files),
+    }
+    let after = DirImage::capture(&dir).unwrap();
+    assert!(before == after, "{}", before.diff_summary(&after));
+    let (_, problems) = fissionlog::verify(&dir).unwrap();
+    assert!(!problems.is_empty());
+    let dir = root.path().join("truncate");
+    img.write_to(&dir).unwrap();
+    let log = Log::open(&dir, opts(RecoveryMode::Truncate)).unwrap();
+    assert!(log
+        .recovery_report()
+        .files
+        .iter()
+        .any(|f| matches!(f.action, FileAction::TruncatedTornTail { .. })));
+    check_reads(&log, (RECORDS, RECORDS), "truncate without checkpoint");
+    assert_eq!(
+        log.topic("t").unwrap().partition(0).unwrap().end_offset(),
+        RECORDS
+    );
+}
+
+/// Truncate cuts damaged manifest records; the topics those records created
+/// then look uncommitted. Their directories hold synced data: they are set
+/// aside (renamed, reported), never deleted.
+#[test]
+fn truncated_manifest_sets_topic_directories_aside() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    make_log(&dir, true);
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    log.create_topic("u", TopicConfig::default()).unwrap();
+    log.close().unwrap();
+    let before = DirImage::capture(&dir).unwrap();
+    let segments: Vec<Vec<u8>> = before
+        .files
+        .iter()
+        .filter(|(p, _)| p.extension().is_some_and(|e| e == "seg") && p.starts_with(pdir()))
+        .map(|(_, b)| b.clone())
+        .collect();
+    assert_eq!(segments.len(), 8);
+    // Damage the first journal record (topic t), with a valid one after it.
+    common::crash::flip_byte(&dir, Path::new("manifest.log"), 40);
+    assert!(matches!(
+        Log::open(&dir, opts(RecoveryMode::Strict)),
+        Err(Error::Corruption { .. })
+    ));
+    let log = Log::open(&dir, opts(RecoveryMode::Truncate)).unwrap();
+    assert!(log.topics().is_empty(), "{:?}", log.topics());
+    let report = log.recovery_report().clone();
+    log.close().unwrap();
+    assert!(
+        report
+            .files
+            .iter()
+            .any(|f| matches!(f.action, FileAction::SetAsideOrphan { .. })),
+        "{:?}",
+        report.files
+    );
+    // Every segment of topic t is still on disk, byte for byte.
+    let after = DirImage::capture(&dir).unwrap();
+    for s in &segments {
+        assert!(
+            after.files.values().any(|b| b == s),
+            "a segment of the cut topic was deleted: {:?}",
+            after.files.keys().collect::<Vec<_>>()
+        );
+    }
+}

@@ -1,0 +1,293 @@
+//! An error while opening or mapping a file is never taken for damage:
+//! recovery fails the open with a typed error and changes nothing on disk
+//! (issue 7, finding 1). Faults are injected through the I/O hook
+//! ([`IoOp::OpenSegment`], [`IoOp::MapSegment`]) and, for the binary, with
+//! a real descriptor shortage (a low `RLIMIT_NOFILE`).
+
+mod common;
+
+use std::io;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::crash::DirImage;
+use fissionlog::storage::fault::{IoHook, IoOp};
+use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
+
+const RECORDS: u64 = 300;
+
+fn opts(mode: RecoveryMode) -> LogOptions {
+    LogOptions {
+        balancer: false,
+        recovery: mode,
+        ..LogOptions::default()
+    }
+}
+
+fn value(i: u64) -> Vec<u8> {
+    (0..100).map(|j| (i * 31 + j) as u8).collect()
+}
+
+/// A log of one partition holding `RECORDS` synced records in about a dozen
+/// 4 KiB segments. The process then "dies": the checkpoint lags one sync
+/// round, so the newest segments lie after the checkpointed position.
+fn synced_log(dir: &Path) {
+    let log = Log::open(dir, opts(RecoveryMode::Strict)).unwrap();
+    let t = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 1,
+                segment_bytes: 4096,
+                ..TopicConfig::default()
+            },
+        )
+        .unwrap();
+    for i in 0..RECORDS {
+        let at = t
+            .append_batch(&[NewRecord {
+                key: Some(b"k"),
+                value: &value(i),
+                timestamp: Some(i as i64),
+            }])
+            .unwrap();
+        assert_eq!(at[0].offset, i);
+        if i == RECORDS / 2 {
+            log.sync().unwrap();
+        }
+    }
+    log.sync().unwrap();
+    log.abandon();
+}
+
+/// Checks that every synced record is there, byte for byte.
+fn assert_all_records(dir: &Path) {
+    let log = Log::open(dir, opts(RecoveryMode::Strict)).unwrap();
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    assert_eq!((p.start_offset(), p.end_offset()), (0, RECORDS));
+    let mut next = 0;
+    while next < RECORDS {
+        let b = p.read(next, 1 << 20).unwrap();
+        for r in b.iter() {
+            assert_eq!(r.offset, next);
+            assert_eq!(r.value, value(next).as_slice(), "record {next}");
+            next += 1;
+        }
+    }
+}
+
+fn segment_count(dir: &Path) -> usize {
+    std::fs::read_dir(dir.join("topics/t0/p0"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "seg")
+        })
+        .count()
+}
+
+/// Fails the `nth` (0-based) call of `op` and every later one with `errno`.
+#[derive(Debug)]
+struct FailFrom {
+    op: IoOp,
+    nth: usize,
+    errno: i32,
+    seen: AtomicUsize,
+}
+
+impl IoHook for FailFrom {
+    fn before(&self, op: IoOp, _path: &Path) -> io::Result<()> {
+        if op == self.op && self.seen.fetch_add(1, Ordering::SeqCst) >= self.nth {
+            return Err(io::Error::from_raw_os_error(self.errno));
+        }
+        Ok(())
+    }
+}
+
+fn errno_of(e: &Error) -> Option<i32> {
+    match e {
+        Error::OpenFailed { source, .. } => source.raw_os_error(),
+        _ => None,
+    }
+}
+
+/// EMFILE, ENFILE, ENOMEM and EACCES while opening or mapping any segment,
+/// in every recovery mode: the open fails with the OS error, no byte of the
+/// directory changes, and a later open keeps every synced record.
+#[test]
+fn transient_open_error_deletes_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let pristine = root.path().join("pristine");
+    synced_log(&pristine);
+    let n = segment_count(&pristine);
+    assert!(n >= 10, "{n} segments");
+    let cases = [
+        (IoOp::OpenSegment, libc::EMFILE),
+        (IoOp::OpenSegment, libc::ENFILE),
+        (IoOp::OpenSegment, libc::EACCES),
+        (IoOp::MapSegment, libc::ENOMEM),
+    ];
+    let mut case = 0;
+    for (op, errno) in cases {
+        for mode in [
+            RecoveryMode::Strict,
+            RecoveryMode::Truncate,
+            RecoveryMode::Salvage,
+        ] {
+            for nth in [n - 1, n / 2, 1, 0] {
+                case += 1;
+                let dir = root.path().join(format!("case{case}"));
+                DirImage::capture(&pristine)
+                    .unwrap()
+                    .write_to(&dir)
+                    .unwrap();
+                let before = DirImage::capture(&dir).unwrap();
+                let hook = Arc::new(FailFrom {
+                    op,
+                    nth,
+                    errno,
+                    seen: AtomicUsize::new(0),
+                });
+                let what = format!("{op:?} errno {errno} at segment {nth} in {mode:?}");
+                let outcome = Log::open_with_hook(&dir, opts(mode), hook).map(|log| {
+                    let report = log.recovery_report().clone();
+                    log.abandon();
+                    report
+                });
+                let after = DirImage::capture(&dir).unwrap();
+                assert!(
+                    before == after,
+                    "{what}: the open ({outcome:?}) changed the directory:\n{}",
+                    before.diff_summary(&after)
+                );
+                let err = outcome.expect_err(&what);
+                assert_eq!(errno_of(&err), Some(errno), "{what}: {err}");
+                assert_all_records(&dir);
+            }
+        }
+    }
+}
+
+/// Runs `fissionlog` with the open-file limit set to `nofile`.
+fn run_limited(args: &[&str], dir: &Path, nofile: u64) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fissionlog"));
+    cmd.args(args)
+        .arg("--dir")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let limit = libc::rlimit {
+        rlim_cur: nofile,
+        rlim_max: nofile,
+    };
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls setrlimit, which is async-signal-safe; `limit` is a plain value
+    // copied into the closure.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.output().unwrap()
+}
+
+/// A real descriptor shortage: `dump` and `recover --mode truncate` under
+/// a low `RLIMIT_NOFILE` exit 2 naming the cause with advice that loses
+/// nothing, change no byte, and a later normal open keeps every record.
+#[test]
+fn descriptor_shortage_in_the_cli_is_named_and_changes_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    synced_log(&dir);
+    assert!(segment_count(&dir) >= 10);
+    let before = DirImage::capture(&dir).unwrap();
+    for args in [
+        &["dump", "--topic", "t"][..],
+        &["inspect"][..],
+        &["recover", "--mode", "truncate"][..],
+        &["recover", "--mode", "salvage"][..],
+    ] {
+        let o = run_limited(args, &dir, 12);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("too many open files"), "{args:?}: {err}");
+        assert!(err.contains("no segment was changed"), "{args:?}: {err}");
+        assert!(err.contains("ulimit -n"), "{args:?}: {err}");
+        assert!(!err.contains("corruption"), "{args:?}: {err}");
+        assert!(!err.contains("--mode truncate"), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        let after = DirImage::capture(&dir).unwrap();
+        assert!(
+            before == after,
+            "{args:?} changed the directory:\n{}",
+            before.diff_summary(&after)
+        );
+    }
+    assert_all_records(&dir);
+}
+
+/// A segment, manifest journal or checkpoint written by a newer format
+/// version is refused with `Error::UnsupportedVersion` in every recovery
+/// mode and by `verify`, and nothing is changed: a newer format is not
+/// damage, so it is never cut, set aside or overwritten.
+#[test]
+fn newer_format_version_is_refused_and_changes_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let pristine = root.path().join("pristine");
+    synced_log(&pristine);
+    let targets = [
+        "topics/t0/p0/00000000000000000000.seg",
+        "topics/t0/p0/00000000000000000275.seg",
+        "manifest.log",
+        "checkpoint.0",
+        "checkpoint.1",
+    ];
+    let mut case = 0;
+    for target in targets {
+        for mode in [
+            RecoveryMode::Strict,
+            RecoveryMode::Truncate,
+            RecoveryMode::Salvage,
+        ] {
+            case += 1;
+            let dir = root.path().join(format!("v{case}"));
+            let mut img = DirImage::capture(&pristine).unwrap();
+            let names: Vec<_> = img.files.keys().cloned().collect();
+            let bytes = img
+                .files
+                .get_mut(Path::new(target))
+                .unwrap_or_else(|| panic!("{target} missing: {names:?}"));
+            bytes[8..10].copy_from_slice(&7u16.to_le_bytes());
+            img.write_to(&dir).unwrap();
+            let before = DirImage::capture(&dir).unwrap();
+            let what = format!("{target} in {mode:?}");
+            let outcome = Log::open(&dir, opts(mode)).map(|log| log.abandon());
+            let after = DirImage::capture(&dir).unwrap();
+            assert!(
+                before == after,
+                "{what}: the open ({outcome:?}) changed the directory:\n{}",
+                before.diff_summary(&after)
+            );
+            match outcome {
+                Err(Error::UnsupportedVersion { file, found: 7, .. }) => {
+                    assert!(file.ends_with(target), "{what}: {}", file.display())
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+            match fissionlog::verify(&dir) {
+                Err(Error::UnsupportedVersion { found: 7, .. }) => {}
+                other => panic!("verify {what}: {other:?}"),
+            }
+        }
+    }
+}

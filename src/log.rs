@@ -150,6 +150,8 @@ impl Log {
             topics: RwLock::new(BTreeMap::new()),
             closed: AtomicBool::new(false),
             sync_failure: Mutex::new(None),
+            failed_partitions: Mutex::new(BTreeMap::new()),
+            manifest_failure: Mutex::new(None),
             compact_every: options.manifest_compact_records.max(1),
             events: EventHub::default(),
         });
@@ -421,6 +423,7 @@ impl Log {
                 .iter()
                 .try_for_each(|p| p.flush_index())
                 .and_then(|()| self.core.group.sync(|| self.core.sync_round(true)))
+                .and_then(|()| self.core.partition_failure())
         } else {
             Ok(())
         };

@@ -205,6 +205,23 @@ impl Partition {
         Ok(())
     }
 
+    /// Whether a failed fsync poisoned the partition.
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.is_poisoned.load(Ordering::Acquire)
+    }
+
+    /// `Err(Poisoned)` once a failed fsync poisoned the partition.
+    pub(crate) fn check_not_poisoned(&self) -> Result<()> {
+        match &*self.poisoned.lock() {
+            Some(reason) => Err(Error::Poisoned {
+                topic: self.p.topic.to_string(),
+                partition: self.p.id,
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Marks the partition unusable for writes after a failed sync.
     pub(crate) fn poison(&self, reason: String) {
         let mut g = self.poisoned.lock();

@@ -256,7 +256,7 @@ impl Topic {
             };
             match part.append(&record, &hashes) {
                 Ok(offset) => {
-                    self.after_append()?;
+                    self.after_append(&[&part])?;
                     return Ok(Appended { partition, offset });
                 }
                 Err(Error::Sealed { .. }) => continue,
@@ -286,6 +286,7 @@ impl Topic {
         ];
         let mut pending: Vec<usize> = (0..records.len()).collect();
         let mut attempts = 0;
+        let mut touched: Vec<Arc<Partition>> = Vec::new();
         while !pending.is_empty() {
             // Route every pending record against one snapshot of the routing
             // table: routed one by one, a split landing mid-batch could send
@@ -307,6 +308,7 @@ impl Topic {
             }
             let mut retry = Vec::new();
             for (pid, (part, idxs)) in groups {
+                touched.push(part.clone());
                 let recs: Vec<RecordIn<'_>> = idxs
                     .iter()
                     .map(|&i| RecordIn {
@@ -334,7 +336,8 @@ impl Topic {
             pending = retry;
             attempts += 1;
         }
-        self.after_append()?;
+        let touched: Vec<&Partition> = touched.iter().map(|p| &**p).collect();
+        self.after_append(&touched)?;
         Ok(out)
     }
 
@@ -354,14 +357,18 @@ impl Topic {
             .iter()
             .map(|r| r.key.map(|k| self.hash(k)))
             .collect();
-        let base = self.partition(partition)?.append(&recs, &hs)?;
-        self.after_append()?;
+        let part = self.partition(partition)?;
+        let base = part.append(&recs, &hs)?;
+        self.after_append(&[&part])?;
         Ok(base)
     }
 
-    fn after_append(&self) -> Result<()> {
+    /// Under `SyncPolicy::Always`, waits for a sync round covering the
+    /// partitions just appended to (a poisoned partition elsewhere does not
+    /// fail this append).
+    fn after_append(&self, parts: &[&Partition]) -> Result<()> {
         if self.inner.sync_always {
-            self.inner.core.sync()?;
+            self.inner.core.sync_covering(parts)?;
         }
         Ok(())
     }

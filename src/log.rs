@@ -218,6 +218,9 @@ impl Log {
         config.validate()?;
         self.core.check_open()?;
         let mut topo = self.core.topology.lock();
+        // Again under the topology lock: after a failed commit, the next
+        // topic id may name a directory a replay could still reference.
+        self.core.check_open()?;
         if topo.state.topics.iter().any(|t| t.name == name) {
             return Err(Error::TopicExists(name.to_string()));
         }
@@ -305,7 +308,10 @@ impl Log {
         }) {
             Ok(t) => t,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&tdir);
+                // A failed commit may be on disk: keep what it references.
+                if !matches!(e, Error::LogPoisoned { .. }) {
+                    let _ = std::fs::remove_dir_all(&tdir);
+                }
                 return Err(e);
             }
         };
@@ -347,6 +353,7 @@ impl Log {
     /// Deletes a topic and its files. Readers holding its data keep reading
     /// it safely (the mappings stay valid until dropped).
     pub fn delete_topic(&self, name: &str) -> Result<()> {
+        self.core.check_open()?;
         let topic = self.topic(name)?;
         let mut topo = self.core.topology.lock();
         self.core.commit(

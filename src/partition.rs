@@ -334,7 +334,17 @@ impl Partition {
         let w = self.writer.lock();
         self.check_writable()?;
         let end = w.writer.next_offset();
-        let out = commit(end)?;
+        let out = match commit(end) {
+            Ok(out) => out,
+            Err(e) => {
+                if let Error::LogPoisoned { reason } = &e {
+                    // The seal may be committed on disk: no append may land
+                    // past it (released only when the lock drops).
+                    self.poison(format!("a topology change sealing it failed: {reason}"));
+                }
+                return Err(e);
+            }
+        };
         self.sealed.store(true, Ordering::Release);
         // The partition takes no more appends: give back the preallocated
         // space of its last segment (a failure only keeps that space).

@@ -564,8 +564,11 @@ impl Topic {
     /// durable manifest record commits the split while appends to the
     /// parent wait (only for that commit). Returns the children, in range order.
     pub fn split(&self, partition: u32, plan: SplitPlan) -> Result<Vec<u32>> {
-        self.inner.core.check_open()?;
         let _change = self.inner.change.lock();
+        // Checked under the change lock: a split that failed to commit
+        // poisons the log and keeps its children's files (its record may be
+        // on disk); no later change may reuse their ids.
+        self.inner.core.check_open()?;
         let (start, end, parent) = {
             let st = self.inner.state.read();
             let n = st
@@ -630,7 +633,12 @@ impl Topic {
             }
             Err(e) => {
                 drop(segs);
-                self.remove_partition_files(&ids);
+                // After a failed commit the record may be on disk: keep the
+                // children for the replay (an open that does not find the
+                // record removes them as orphans).
+                if !matches!(e, Error::LogPoisoned { .. }) {
+                    self.remove_partition_files(&ids);
+                }
                 Err(e)
             }
         }
@@ -638,8 +646,8 @@ impl Topic {
 
     /// Merges two active partitions with adjacent ranges into one child.
     pub fn merge(&self, a: u32, b: u32) -> Result<u32> {
-        self.inner.core.check_open()?;
         let _change = self.inner.change.lock();
+        self.inner.core.check_open()?;
         let (left, right) = {
             let st = self.inner.state.read();
             let get = |id: u32| -> Result<&Node> {
@@ -713,7 +721,9 @@ impl Topic {
             }
             Err(e) => {
                 drop(segs);
-                self.remove_partition_files(&[id]);
+                if !matches!(e, Error::LogPoisoned { .. }) {
+                    self.remove_partition_files(&[id]);
+                }
                 Err(e)
             }
         }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use fissionlog::storage::fault::{IoHook, IoOp};
-use fissionlog::{Error, Log, LogOptions, NewRecord, SyncPolicy, Topic, TopicConfig};
+use fissionlog::{Error, Log, LogOptions, NewRecord, SplitPlan, SyncPolicy, Topic, TopicConfig};
 use parking_lot::Mutex;
 
 fn options() -> LogOptions {
@@ -241,5 +241,157 @@ fn f6_fsync_eio_is_never_reported_durable_and_not_retried() {
     put(&t, 0, 5, 9);
     log.sync().unwrap();
     check(&t, 0, 9);
+    log.close().unwrap();
+}
+
+fn split_options(compact_every: u32) -> LogOptions {
+    LogOptions {
+        manifest_compact_records: compact_every,
+        ..options()
+    }
+}
+
+/// Every later call that changes the log is refused with `LogPoisoned`.
+fn assert_log_poisoned(log: &Log, t: &Topic) {
+    let active = t.active_partitions();
+    assert!(
+        matches!(
+            t.split(active[0], SplitPlan::Even),
+            Err(Error::LogPoisoned { .. })
+        ),
+        "split after a manifest failure"
+    );
+    assert!(matches!(
+        log.create_topic("other", config(SyncPolicy::Never)),
+        Err(Error::LogPoisoned { .. })
+    ));
+    assert!(matches!(
+        t.append(Some(b"k"), b"x"),
+        Err(Error::LogPoisoned { .. } | Error::Poisoned { .. })
+    ));
+    assert!(matches!(log.sync(), Err(Error::LogPoisoned { .. })));
+}
+
+/// Issue 7, finding 7 (a): a split whose commit failed (the journal write,
+/// its fdatasync before it ran, or its fdatasync after the record reached
+/// the page cache) poisons the log and deletes nothing a replay could
+/// reference. If the record did reach the disk, reopening finds the split
+/// done with every file of its children; if not, the split is not done.
+#[test]
+fn f7a_failed_split_commit_poisons_and_keeps_files_replay_may_need() {
+    for (op, after) in [
+        (IoOp::WriteManifest, false),
+        (IoOp::SyncManifest, false),
+        (IoOp::SyncManifest, true),
+    ] {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("log");
+        let hook = Arc::new(Hook::default());
+        let log = Log::open_with_hook(&dir, split_options(1000), hook.clone()).unwrap();
+        let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
+        put(&t, 0, 0, 20);
+        log.sync().unwrap();
+        hook.arm(op, "manifest.log", 0, after);
+        assert!(t.split(0, SplitPlan::Even).is_err(), "{op:?} after={after}");
+        for child in [1, 2] {
+            let cdir = partition_dir(&dir, 0, child);
+            assert!(
+                !segment_files(&cdir).is_empty(),
+                "{op:?} after={after}: child {child}'s files were deleted"
+            );
+        }
+        assert_log_poisoned(&log, &t);
+        check(&t, 0, 20);
+        log.abandon();
+
+        let journal = hook.0.lock().journal_at_failure.clone();
+        if let Some(bytes) = &journal {
+            // The record did reach the disk (the truncation, if any, did not).
+            std::fs::write(dir.join("manifest.log"), bytes).unwrap();
+        }
+        let log = Log::open(&dir, options()).unwrap();
+        let t = log.topic("t").unwrap();
+        check(&t, 0, 20);
+        // Without a power loss the outcome is what the journal file holds:
+        // a record written before its fsync failed may replay. Either
+        // outcome is whole (C5); a record that reached the disk must replay.
+        let done = t.active_partitions() == vec![1, 2];
+        assert!(
+            done || journal.is_none(),
+            "{op:?}: the durable record was not replayed"
+        );
+        if op == IoOp::WriteManifest {
+            assert!(!done, "nothing was written, yet the split replayed");
+        }
+        if done {
+            assert!(t.partition(0).unwrap().is_sealed());
+            for child in [1, 2] {
+                assert_eq!(t.partition(child).unwrap().end_offset(), 0);
+            }
+            assert!(
+                log.recovery_report().holes.is_empty(),
+                "{:?}",
+                log.recovery_report()
+            );
+            put(&t, 1, 0, 3);
+        } else {
+            assert_eq!(t.active_partitions(), vec![0], "{op:?}: split not done");
+            assert!(!partition_dir(&dir, 0, 1).exists(), "orphan removed");
+            put(&t, 0, 20, 25);
+        }
+        log.close().unwrap();
+    }
+}
+
+/// Issue 7, finding 7 (b): a manifest compaction that fails (the snapshot's
+/// fsync, or the directory fsync after it is renamed) poisons the log. The
+/// change that triggered it was committed (its journal record is durable),
+/// so it is reported done and survives a reopen.
+#[test]
+fn f7b_failed_manifest_compaction_poisons_the_log() {
+    for op in [IoOp::SyncManifestFile, IoOp::SyncManifestDir] {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("log");
+        let hook = Arc::new(Hook::default());
+        // CreateTopic is record 1; the split (record 2) triggers compaction.
+        let log = Log::open_with_hook(&dir, split_options(2), hook.clone()).unwrap();
+        let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
+        put(&t, 0, 0, 20);
+        log.sync().unwrap();
+        hook.arm(op, "", 0, true);
+        let children = t.split(0, SplitPlan::Even).unwrap();
+        assert!(hook.0.lock().fired, "{op:?}: compaction ran");
+        assert_log_poisoned(&log, &t);
+        log.abandon();
+        let log = Log::open(&dir, options()).unwrap();
+        let t = log.topic("t").unwrap();
+        assert_eq!(t.active_partitions(), children, "{op:?}");
+        check(&t, 0, 20);
+        log.close().unwrap();
+    }
+}
+
+/// Issue 7, finding 7 (c): if the directory fsync after the new journal's
+/// rename fails, the log does not keep committing into the old, unlinked
+/// journal (those commits would vanish on reopen): it is poisoned.
+#[test]
+fn f7c_failed_dir_sync_after_journal_rename_poisons_the_log() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let hook = Arc::new(Hook::default());
+    let log = Log::open_with_hook(&dir, split_options(2), hook.clone()).unwrap();
+    let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
+    put(&t, 0, 0, 20);
+    log.sync().unwrap();
+    // The second directory fsync of the compaction follows the journal rename.
+    hook.arm(IoOp::SyncManifestDir, "", 1, true);
+    let children = t.split(0, SplitPlan::Even).unwrap();
+    assert!(hook.0.lock().fired, "compaction ran");
+    assert_log_poisoned(&log, &t);
+    log.abandon();
+    let log = Log::open(&dir, options()).unwrap();
+    let t = log.topic("t").unwrap();
+    assert_eq!(t.active_partitions(), children);
+    check(&t, 0, 20);
     log.close().unwrap();
 }

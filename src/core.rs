@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 use crate::events::EventHub;
 use crate::format::manifest::{ManifestRecord, ManifestState};
 use crate::partition::{Partition, SyncCapture};
-use crate::storage::durability::{CheckpointFiles, GroupCommit, SyncTarget, Syncer};
-use crate::storage::fault::{IoHook, IoOp};
+use crate::storage::durability::{CheckpointFiles, GroupCommit, Syncer};
+use crate::storage::fault::IoHook;
 use crate::topic::Topic;
 use crate::topology::manifest::Manifest;
 use crate::topology::model;
@@ -82,6 +82,14 @@ impl Core {
             .lock()
             .entry((p.p.topic_id, p.p.id))
             .or_insert_with(|| (p.p.topic.to_string(), reason));
+    }
+
+    /// Registers a partition that poisoned itself (its fsync failed while
+    /// a split or merge sealed it), so log-wide syncs report it.
+    pub fn note_poisoned(&self, p: &Partition) {
+        if let Err(Error::Poisoned { reason, .. }) = p.check_not_poisoned() {
+            self.poison_partition(p, reason);
+        }
     }
 
     /// The error a log-wide sync reports while a partition is poisoned.
@@ -166,32 +174,18 @@ impl Core {
         let mut targets = Vec::new();
         let mut owner = Vec::new();
         for (i, cap) in caps.iter().enumerate() {
-            for (seg, ..) in &cap.segments {
-                // No descriptor: a round that ended meanwhile synced it all.
-                let Some(file) = seg.sync_handle() else {
-                    continue;
-                };
-                targets.push(SyncTarget {
-                    fd: std::os::unix::io::AsRawFd::as_raw_fd(&*file),
-                    path: seg.path().to_path_buf(),
-                    datasync: true,
-                    op: IoOp::SyncSegment,
-                    _keep: Some(file),
-                });
-                owner.push(Some(i));
-            }
-            if cap.sync_dir {
-                let dir = parts[i].dir();
-                let f = std::fs::File::open(dir).map_err(|e| Error::io(dir, e))?;
-                let fd = std::os::unix::io::AsRawFd::as_raw_fd(&f);
-                targets.push(SyncTarget {
-                    fd,
-                    path: dir.to_path_buf(),
-                    datasync: false,
-                    op: IoOp::SyncDir,
-                    _keep: Some(Arc::new(f)),
-                });
-                owner.push(Some(i));
+            match cap.targets(parts[i].dir()) {
+                Ok(t) => {
+                    owner.extend(std::iter::repeat_n(Some(i), t.len()));
+                    targets.extend(t);
+                }
+                Err(e) => {
+                    // Nothing was synced: every capture stays unsynced.
+                    for (p, c) in parts.iter().zip(&caps) {
+                        p.sync_done(c, false);
+                    }
+                    return Err(e);
+                }
             }
         }
         let mut ck = self.checkpoint.lock();

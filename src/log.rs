@@ -556,10 +556,11 @@ fn load_topic(
                 part.with_writer(|w| w.rates = crate::balance::RateTracker::restore(&snap, now));
             }
         }
-        // A split or merge commits the seal offset without syncing the
-        // parent first, so a power loss may cut the parent's unsynced tail
-        // below it (C3 allows that). Everything above the recovered end is
-        // gone: readers and key chains use the recovered end.
+        // A split or merge syncs the parent up to its seal before the
+        // record that commits it, so the recovered end reaches the seal.
+        // Logs written before that rule may end below it (a power loss cut
+        // the parent's unsynced tail): readers and key chains use the
+        // recovered end.
         let mut rec_now = p.clone();
         if let PartitionState::Sealed { end_offset } = p.state {
             rec_now.state = PartitionState::Sealed {

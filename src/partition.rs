@@ -12,7 +12,8 @@ use crate::error::{Error, Result};
 use crate::format::batch::{self, RecordIn};
 use crate::format::checkpoint::PartitionCheckpoint;
 use crate::read::ReadBatch;
-use crate::storage::fault::IoHook;
+use crate::storage::durability::{SyncTarget, Syncer};
+use crate::storage::fault::{IoHook, IoOp};
 use crate::storage::segment::{Segment, SegmentWriter};
 
 /// Static facts a partition needs from its topic.
@@ -79,6 +80,39 @@ pub(crate) struct SyncCapture {
     pub segments: Vec<(Arc<Segment>, u64, bool)>,
     pub sync_dir: bool,
     pub pos: DurablePos,
+}
+
+impl SyncCapture {
+    /// The fsyncs that make this capture durable: each segment's data,
+    /// then the partition directory `dir` when a file was added or removed.
+    pub(crate) fn targets(&self, dir: &Path) -> Result<Vec<SyncTarget>> {
+        let mut targets: Vec<SyncTarget> = self
+            .segments
+            .iter()
+            // No descriptor: a round that ended meanwhile synced it all.
+            .filter_map(|(seg, ..)| {
+                let file = seg.sync_handle()?;
+                Some(SyncTarget {
+                    fd: std::os::unix::io::AsRawFd::as_raw_fd(&*file),
+                    path: seg.path().to_path_buf(),
+                    datasync: true,
+                    op: IoOp::SyncSegment,
+                    _keep: Some(file),
+                })
+            })
+            .collect();
+        if self.sync_dir {
+            let f = std::fs::File::open(dir).map_err(|e| Error::io(dir, e))?;
+            targets.push(SyncTarget {
+                fd: std::os::unix::io::AsRawFd::as_raw_fd(&f),
+                path: dir.to_path_buf(),
+                datasync: false,
+                op: IoOp::SyncDir,
+                _keep: Some(Arc::new(f)),
+            });
+        }
+        Ok(targets)
+    }
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -330,10 +364,21 @@ impl Partition {
 
     /// Seals the partition at its current end (split/merge commit point).
     /// Returns the seal offset. Appenders block on the writer lock meanwhile.
-    pub(crate) fn seal_with<T>(&self, commit: impl FnOnce(u64) -> Result<T>) -> Result<T> {
+    ///
+    /// Before `commit` runs, everything up to the seal is made durable
+    /// (through `syncer`): a split or merge record must never be durable
+    /// while the parent's records below the seal are not, or a power loss
+    /// could keep a key's later records (in a child) and lose its earlier
+    /// ones (in the parent). A failed sync poisons the partition.
+    pub(crate) fn seal_with<T>(
+        &self,
+        syncer: &Syncer,
+        commit: impl FnOnce(u64) -> Result<T>,
+    ) -> Result<T> {
         let w = self.writer.lock();
         self.check_writable()?;
         let end = w.writer.next_offset();
+        self.sync_locked(&w, syncer)?;
         let out = match commit(end) {
             Ok(out) => out,
             Err(e) => {
@@ -439,16 +484,40 @@ impl Partition {
         Ok(None)
     }
 
+    /// Syncs everything written so far while the caller holds the writer
+    /// lock (nothing can be appended meanwhile). A failed fsync poisons
+    /// the partition, as in a sync round.
+    fn sync_locked(&self, w: &WriterState, syncer: &Syncer) -> Result<()> {
+        let cap = self.capture_with(w);
+        let targets = match cap.targets(self.dir()) {
+            Ok(t) => t,
+            Err(e) => {
+                self.sync_done(&cap, false);
+                return Err(e);
+            }
+        };
+        let results = syncer.sync_all(&targets);
+        if let Some((t, Err(e))) = targets.iter().zip(results).find(|(_, r)| r.is_err()) {
+            self.poison(format!("sync of {} failed: {e}", t.path.display()));
+            self.sync_done(&cap, false);
+            return Err(Error::io(&t.path, e));
+        }
+        self.sync_done(&cap, true);
+        Ok(())
+    }
+
     /// Captures what a sync round must make durable.
     pub(crate) fn capture_unsynced(&self) -> SyncCapture {
-        let w = self.writer.lock();
+        self.capture_with(&self.writer.lock())
+    }
+
+    fn capture_with(&self, w: &WriterState) -> SyncCapture {
         let active = w.writer.segment().clone();
         let pos = DurablePos {
             segment_base: active.base_offset,
             position: active.committed_pos(),
             end_offset: w.writer.next_offset(),
         };
-        drop(w);
         let segments = self.segments();
         let mut out = Vec::new();
         for s in segments.iter().rev() {
@@ -478,7 +547,12 @@ impl Partition {
                     s.set_seal_synced();
                 }
             }
-            *self.durable.lock() = cap.pos;
+            // Monotonic: a round that captured before a seal's own sync
+            // may finish after it.
+            let mut d = self.durable.lock();
+            if (cap.pos.segment_base, cap.pos.position) >= (d.segment_base, d.position) {
+                *d = cap.pos;
+            }
         } else if cap.sync_dir {
             self.dir_dirty.store(true, Ordering::Release);
         }

@@ -608,7 +608,7 @@ impl Topic {
             })
             .collect();
         let core = self.inner.core.clone();
-        let result = parent.seal_with(|seal_offset| {
+        let result = parent.seal_with(&core.syncer, |seal_offset| {
             let mut topo = core.topology.lock();
             let rec = ManifestRecord::Split {
                 topic_id: self.inner.id,
@@ -635,8 +635,10 @@ impl Topic {
                 drop(segs);
                 // After a failed commit the record may be on disk: keep the
                 // children for the replay (an open that does not find the
-                // record removes them as orphans).
+                // record removes them as orphans). Otherwise the parent's
+                // sync may have failed: log-wide syncs report it.
                 if !matches!(e, Error::LogPoisoned { .. }) {
+                    core.note_poisoned(&parent);
                     self.remove_partition_files(&ids);
                 }
                 Err(e)
@@ -693,8 +695,8 @@ impl Topic {
             created_ms: now_ms(),
         };
         let core = self.inner.core.clone();
-        let result = left.2.seal_with(|lend| {
-            right.2.seal_with(|rend| {
+        let result = left.2.seal_with(&core.syncer, |lend| {
+            right.2.seal_with(&core.syncer, |rend| {
                 let mut topo = core.topology.lock();
                 let parents = vec![(left.0, lend), (right.0, rend)];
                 core.commit(
@@ -722,6 +724,8 @@ impl Topic {
             Err(e) => {
                 drop(segs);
                 if !matches!(e, Error::LogPoisoned { .. }) {
+                    core.note_poisoned(&left.2);
+                    core.note_poisoned(&right.2);
                     self.remove_partition_files(&[id]);
                 }
                 Err(e)

@@ -395,3 +395,110 @@ fn f7c_failed_dir_sync_after_journal_rename_poisons_the_log() {
     check(&t, 0, 20);
     log.close().unwrap();
 }
+
+/// Issue 7, finding 9: a split commits only after the parent's data up to
+/// the seal is durable, so a power loss can never keep a key's later
+/// records (in a child) while losing its earlier ones (in the parent).
+/// The hook sees which files were fsynced before the commit record's
+/// fdatasync: the parent's segments written since the last sync (including
+/// the one sealed by a roll) and its directory must be among them.
+#[test]
+fn f9_split_syncs_the_parent_before_its_commit_record() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let hook = Arc::new(Hook::default());
+    let log = Log::open_with_hook(&dir, options(), hook.clone()).unwrap();
+    let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
+    put(&t, 0, 0, 10);
+    log.sync().unwrap();
+    put(&t, 0, 10, 20);
+    t.partition(0).unwrap().roll_now().unwrap();
+    put(&t, 0, 20, 30);
+    let pdir = partition_dir(&dir, 0, 0);
+    let segs = segment_files(&pdir);
+    assert_eq!(segs.len(), 2);
+    {
+        let mut s = hook.0.lock();
+        s.synced.clear();
+        s.synced_at_commit = None;
+    }
+    t.split(0, SplitPlan::Even).unwrap();
+    let before_commit = hook.0.lock().synced_at_commit.clone().unwrap();
+    for seg in &segs {
+        assert!(
+            before_commit
+                .iter()
+                .any(|(op, p)| p == seg && *op == IoOp::SyncSegment),
+            "{} not synced before the split's commit: {before_commit:?}",
+            seg.display()
+        );
+    }
+    assert!(
+        before_commit.iter().any(|(_, p)| p == &pdir),
+        "the parent's directory (new segment) not synced before the commit: {before_commit:?}"
+    );
+    log.close().unwrap();
+}
+
+/// Issue 7, finding 9: if the parent's sync before the commit fails, the
+/// split is not committed, the parent is poisoned (EIO: never retried) and
+/// the children's files are gone.
+#[test]
+fn f9_failed_parent_sync_refuses_the_split() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let hook = Arc::new(Hook::default());
+    let log = Log::open_with_hook(&dir, options(), hook.clone()).unwrap();
+    let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
+    put(&t, 0, 0, 10);
+    log.sync().unwrap();
+    put(&t, 0, 10, 20);
+    hook.arm(IoOp::SyncSegment, "t0/p0", 0, true);
+    assert!(t.split(0, SplitPlan::Even).is_err());
+    assert_eq!(t.active_partitions(), vec![0]);
+    assert!(segment_files(&partition_dir(&dir, 0, 1)).is_empty());
+    assert!(matches!(
+        t.append(Some(b"k"), b"x"),
+        Err(Error::Poisoned { .. })
+    ));
+    assert!(matches!(log.sync(), Err(Error::Poisoned { .. })));
+    log.abandon();
+    let log = Log::open(&dir, options()).unwrap();
+    let t = log.topic("t").unwrap();
+    assert_eq!(t.active_partitions(), vec![0]);
+    check(&t, 0, 20);
+    log.close().unwrap();
+}
+
+/// Issue 7, finding 9, for merges: both parents are synced before the
+/// merge record.
+#[test]
+fn f9_merge_syncs_both_parents_before_its_commit_record() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let hook = Arc::new(Hook::default());
+    let log = Log::open_with_hook(&dir, options(), hook.clone()).unwrap();
+    let mut cfg = config(SyncPolicy::Never);
+    cfg.partitions = 2;
+    cfg.balance.min_partitions = 1;
+    let t = log.create_topic("t", cfg).unwrap();
+    put(&t, 0, 0, 10);
+    put(&t, 1, 0, 10);
+    {
+        let mut s = hook.0.lock();
+        s.synced.clear();
+        s.synced_at_commit = None;
+    }
+    t.merge(0, 1).unwrap();
+    let before_commit = hook.0.lock().synced_at_commit.clone().unwrap();
+    for p in [0, 1] {
+        let seg = segment_files(&partition_dir(&dir, 0, p)).pop().unwrap();
+        assert!(
+            before_commit
+                .iter()
+                .any(|(op, q)| *q == seg && *op == IoOp::SyncSegment),
+            "parent {p} not synced before the merge's commit: {before_commit:?}"
+        );
+    }
+    log.close().unwrap();
+}

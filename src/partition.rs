@@ -313,10 +313,11 @@ impl Partition {
                 }
             }
             let end = w.writer.next_offset();
-            self.end_offset.store(end, Ordering::Release);
+            // SeqCst, paired with `wait_for`: see the comment there.
+            self.end_offset.store(end, Ordering::SeqCst);
             header.base_offset.get()
         };
-        if self.waiters.load(Ordering::Acquire) > 0 {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
             let _g = self.tail_lock.lock();
             self.tail_cv.notify_all();
         }
@@ -440,10 +441,21 @@ impl Partition {
     /// or `timeout` passes. Returns whether data is there.
     pub fn wait_for(&self, offset: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        self.waiters.fetch_add(1, Ordering::AcqRel);
+        // The appender stores `end_offset` then loads `waiters`; the waiter
+        // increments `waiters` then loads `end_offset` (a store followed by
+        // a load of another location on each side, as in Dekker's
+        // algorithm). With Release/Acquire only, each load may be ordered
+        // before the other side's store (x86 store buffers do exactly
+        // that): the appender sees no waiter and skips the notify while
+        // the waiter sees the old end and sleeps until its timeout. SeqCst
+        // on all four accesses puts them in one total order, so at least
+        // one side sees the other: the waiter sees the new end, or the
+        // appender sees the waiter and notifies under `tail_lock`, which
+        // the waiter holds from its check until it sleeps.
+        self.waiters.fetch_add(1, Ordering::SeqCst);
         let mut g = self.tail_lock.lock();
         let ready = loop {
-            if self.end_offset() > offset {
+            if self.end_offset.load(Ordering::SeqCst) > offset {
                 break true;
             }
             if self.is_sealed() || self.tail_cv.wait_until(&mut g, deadline).timed_out() {

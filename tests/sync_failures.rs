@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fissionlog::storage::fault::{IoHook, IoOp};
 use fissionlog::{Error, Log, LogOptions, NewRecord, SplitPlan, SyncPolicy, Topic, TopicConfig};
@@ -500,5 +501,84 @@ fn f9_merge_syncs_both_parents_before_its_commit_record() {
             "parent {p} not synced before the merge's commit: {before_commit:?}"
         );
     }
+    log.close().unwrap();
+}
+
+/// Issue 7, finding 11: an appender and a waiter racing on one record.
+/// Each round the waiter asks for the next offset at the moment the
+/// appender (spinning on a shared counter, so both sides are running)
+/// writes it; a lost wakeup leaves the waiter asleep until its timeout,
+/// since no later append comes to wake it. Bounded by time
+/// (`FISSIONLOG_WAKEUP_MS`, default 1.5 s), not rounds. Passing does not
+/// prove the protocol correct (the race window is a few instructions
+/// wide); failing proves a lost wakeup.
+#[test]
+fn f11_waiter_racing_an_append_is_always_woken() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let root = tempfile::tempdir().unwrap();
+    let log = Log::open(root.path().join("log"), options()).unwrap();
+    let t = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                segment_bytes: 8 << 20,
+                ..config(SyncPolicy::Never)
+            },
+        )
+        .unwrap();
+    let part = t.partition(0).unwrap();
+    let budget = Duration::from_millis(
+        std::env::var("FISSIONLOG_WAKEUP_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1500),
+    );
+    // Records the appender may write; u64::MAX: stop.
+    let allowed = Arc::new(AtomicU64::new(0));
+    let appender = {
+        let (t, allowed) = (t.clone(), allowed.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            let mut spins = 0u32;
+            loop {
+                let a = allowed.load(Ordering::Acquire);
+                if a == u64::MAX {
+                    return n;
+                }
+                if a > n {
+                    let at = t.append_to(0, &[NewRecord::default()]).unwrap();
+                    assert_eq!(at, n);
+                    n += 1;
+                    spins = 0;
+                } else {
+                    spins += 1;
+                    if spins.is_multiple_of(1024) {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        })
+    };
+    let started = Instant::now();
+    let timeout = Duration::from_secs(4);
+    let mut rounds = 0u64;
+    let mut slow = None;
+    while started.elapsed() < budget && slow.is_none() {
+        allowed.store(rounds + 1, Ordering::Release);
+        let t0 = Instant::now();
+        let ready = part.wait_for(rounds, timeout);
+        let waited = t0.elapsed();
+        if !ready || waited >= timeout / 2 {
+            slow = Some((rounds, ready, waited));
+        }
+        rounds += 1;
+    }
+    allowed.store(u64::MAX, Ordering::Release);
+    let appended = appender.join().unwrap();
+    eprintln!("{rounds} append/wait races in {:?}", started.elapsed());
+    assert_eq!(slow, None, "(round, ready, waited): a lost wakeup");
+    assert_eq!(appended, rounds);
     log.close().unwrap();
 }

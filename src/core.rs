@@ -3,15 +3,16 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, RwLock};
 
 use crate::balance::Clock;
 use crate::error::{Error, Result};
 use crate::events::EventHub;
+use crate::format::checkpoint::PartitionCheckpoint;
 use crate::format::manifest::{ManifestRecord, ManifestState};
-use crate::partition::{Partition, SyncCapture};
+use crate::partition::{DirtyList, Partition, SyncCapture};
 use crate::storage::durability::{CheckpointFiles, GroupCommit, Syncer};
 use crate::storage::fault::IoHook;
 use crate::topic::Topic;
@@ -49,6 +50,10 @@ pub(crate) struct Core {
     /// handle is the file a replay reads. Every later topology change,
     /// append and sync is refused until reopen.
     pub manifest_failure: Mutex<Option<String>>,
+    /// Partitions with something for the next sync round to do.
+    pub dirty: Arc<DirtyList>,
+    /// The checkpoint's entries between rounds.
+    pub ck_cache: Mutex<CheckpointCache>,
     pub compact_every: u32,
     pub events: EventHub,
 }
@@ -158,6 +163,14 @@ impl Core {
 
     /// One sync round (see `storage::durability`). With `clean`, the
     /// checkpoint records the positions just synced and the clean flag.
+    ///
+    /// A round costs O(dirty partitions): it captures only the partitions
+    /// that registered themselves dirty (an append, roll, seal or
+    /// retention change since their last capture, or a durable position
+    /// that moved in the previous round and must reach the checkpoint).
+    /// The checkpoint is built from cached entries, refreshed for those
+    /// partitions (plus a few others' rates, round-robin), and is not
+    /// written at all once both checkpoint files hold the current entries.
     pub fn sync_round(&self, clean: bool) -> Result<()> {
         if let Some(f) = &*self.sync_failure.lock() {
             return Err(Error::Io {
@@ -165,12 +178,23 @@ impl Core {
                 source: std::io::Error::other(format!("an earlier sync failed: {f}")),
             });
         }
-        let all = self.all_partitions();
         // A poisoned partition is never synced again: after a failed fsync
         // a retry can succeed without writing what the failure dropped, and
         // its durable position (in the checkpoint) must stay below that.
-        let parts: Vec<Arc<Partition>> = all.iter().filter(|p| !p.is_poisoned()).cloned().collect();
+        let parts: Vec<Arc<Partition>> = self
+            .dirty
+            .take()
+            .into_iter()
+            .filter(|p| !p.is_poisoned())
+            .collect();
         let caps: Vec<SyncCapture> = parts.iter().map(|p| p.capture_unsynced()).collect();
+        // Nothing was synced: every capture stays unsynced (and dirty).
+        let undo = |e: Error| {
+            for (p, c) in parts.iter().zip(&caps) {
+                p.sync_done(c, false);
+            }
+            Err(e)
+        };
         let mut targets = Vec::new();
         let mut owner = Vec::new();
         for (i, cap) in caps.iter().enumerate() {
@@ -179,20 +203,27 @@ impl Core {
                     owner.extend(std::iter::repeat_n(Some(i), t.len()));
                     targets.extend(t);
                 }
-                Err(e) => {
-                    // Nothing was synced: every capture stays unsynced.
-                    for (p, c) in parts.iter().zip(&caps) {
-                        p.sync_done(c, false);
-                    }
-                    return Err(e);
-                }
+                Err(e) => return undo(e),
             }
         }
         let mut ck = self.checkpoint.lock();
         if !clean {
-            let entries = all.iter().map(|p| p.checkpoint_entry(None)).collect();
-            targets.push(ck.write(false, entries, &*self.hook)?);
-            owner.push(None);
+            let mut cache = self.ck_cache.lock();
+            for p in &parts {
+                cache.update(p);
+            }
+            if let Some(entries) = cache.entries_to_write() {
+                match ck.write(false, entries, &*self.hook) {
+                    Ok(t) => {
+                        targets.push(t);
+                        owner.push(None);
+                    }
+                    Err(e) => {
+                        cache.written_failed();
+                        return undo(e);
+                    }
+                }
+            }
         }
         let results = self.syncer.sync_all(&targets);
         let mut failed = vec![false; parts.len()];
@@ -216,7 +247,11 @@ impl Core {
             }
         }
         for (i, cap) in caps.iter().enumerate() {
-            parts[i].sync_done(cap, !failed[i]);
+            if parts[i].sync_done(cap, !failed[i]) {
+                // The checkpoint lags one round: the next round writes
+                // the position this one made durable.
+                parts[i].mark_dirty();
+            }
         }
         if let Some(e) = first_err {
             return Err(e);
@@ -224,17 +259,17 @@ impl Core {
         if clean {
             // A poisoned partition keeps its old durable position, and the
             // checkpoint is not marked clean: its file may hold bytes past
-            // that position that recovery must scan, not trust.
+            // that position that recovery must scan, not trust. Every other
+            // partition's durable position is its end now. Once per close:
+            // O(every partition) is fine here.
             let clean = self.failed_partitions.lock().is_empty();
-            // `parts` is `all` without the poisoned ones, in the same order.
-            let mut next = 0;
-            let entries = all
+            let entries = self
+                .all_partitions()
                 .iter()
                 .map(|p| {
-                    let captured = parts.get(next).is_some_and(|q| Arc::ptr_eq(p, q));
-                    let pos = captured.then_some(next).filter(|&i| !failed[i]);
-                    next += usize::from(captured);
-                    p.checkpoint_entry(pos.map(|i| caps[i].pos))
+                    let e = p.checkpoint_entry(None);
+                    p.note_checkpointed(e.segment_base);
+                    e
                 })
                 .collect();
             let t = ck.write(clean, entries, &*self.hook)?;
@@ -243,5 +278,83 @@ impl Core {
             }
         }
         Ok(())
+    }
+}
+
+/// How many partitions outside the dirty set get their entry (write rates)
+/// refreshed per checkpoint written, round-robin: the rates of idle
+/// partitions still decay in the checkpoint, at a bounded cost per round.
+const RATE_REFRESH_PER_ROUND: usize = 64;
+
+/// The checkpoint's entries, kept between rounds so that a round only
+/// recomputes the dirty partitions' entries.
+#[derive(Debug, Default)]
+pub(crate) struct CheckpointCache {
+    entries: BTreeMap<(u32, u32), (Weak<Partition>, PartitionCheckpoint)>,
+    /// Where the next round-robin rate refresh starts.
+    cursor: (u32, u32),
+    /// Checkpoints written (both files alternate) since an entry last
+    /// changed; at 2 both files hold the current entries.
+    current_writes: u8,
+}
+
+impl CheckpointCache {
+    /// Recomputes a partition's entry (its durable position, retention
+    /// floor and rates).
+    fn update(&mut self, p: &Arc<Partition>) {
+        let e = p.checkpoint_entry(None);
+        let key = (e.topic_id, e.partition_id);
+        self.entries.insert(key, (Arc::downgrade(p), e));
+        self.current_writes = 0;
+    }
+
+    /// The entries of the next checkpoint, or `None` when both files
+    /// already hold them. Refreshes a few other partitions' rates first.
+    fn entries_to_write(&mut self) -> Option<Vec<PartitionCheckpoint>> {
+        if self.current_writes >= 2 {
+            return None;
+        }
+        let keys: Vec<(u32, u32)> = self
+            .entries
+            .range(self.cursor..)
+            .chain(self.entries.range(..self.cursor))
+            .take(RATE_REFRESH_PER_ROUND)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &keys {
+            match self.entries.get(k).and_then(|(w, _)| w.upgrade()) {
+                Some(p) => {
+                    let e = p.checkpoint_entry(None);
+                    self.entries.insert(*k, (Arc::downgrade(&p), e));
+                }
+                // Its topic was deleted.
+                None => {
+                    self.entries.remove(k);
+                }
+            }
+        }
+        if let Some(last) = keys.last() {
+            self.cursor = (last.0, last.1.saturating_add(1));
+        }
+        self.current_writes += 1;
+        let mut out = Vec::with_capacity(self.entries.len());
+        for (w, e) in self.entries.values() {
+            // Retention keeps what the two newest checkpoints name.
+            if let Some(p) = w.upgrade() {
+                p.note_checkpointed(e.segment_base);
+            }
+            out.push(e.clone());
+        }
+        Some(out)
+    }
+
+    /// A checkpoint write failed: the next round writes again.
+    fn written_failed(&mut self) {
+        self.current_writes = 0;
+    }
+
+    /// Drops the entries of a deleted topic.
+    pub(crate) fn remove_topic(&mut self, topic_id: u32) {
+        self.entries.retain(|k, _| k.0 != topic_id);
     }
 }

@@ -152,6 +152,8 @@ impl Log {
             sync_failure: Mutex::new(None),
             failed_partitions: Mutex::new(BTreeMap::new()),
             manifest_failure: Mutex::new(None),
+            dirty: Arc::default(),
+            ck_cache: Mutex::default(),
             compact_every: options.manifest_compact_records.max(1),
             events: EventHub::default(),
         });
@@ -364,6 +366,7 @@ impl Log {
         )?;
         drop(topo);
         self.core.topics.write().remove(name);
+        self.core.ck_cache.lock().remove_topic(topic.id());
         let tdir = topic_dir(&self.core.dir, topic.id());
         std::fs::remove_dir_all(&tdir).at(&tdir)?;
         sync_dir(

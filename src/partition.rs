@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -44,6 +44,23 @@ pub(crate) struct DurablePos {
     pub end_offset: u64,
 }
 
+/// The partitions with something for the next sync round to do. A
+/// partition adds itself when it goes from clean to dirty (one atomic load
+/// on the append path while it stays dirty), so a round finds its work in
+/// O(dirty partitions) instead of walking every partition of the log.
+#[derive(Debug, Default)]
+pub(crate) struct DirtyList(Mutex<Vec<Weak<Partition>>>);
+
+impl DirtyList {
+    /// Takes the dirty partitions still alive.
+    pub(crate) fn take(&self) -> Vec<Arc<Partition>> {
+        std::mem::take(&mut *self.0.lock())
+            .into_iter()
+            .filter_map(|w| w.upgrade())
+            .collect()
+    }
+}
+
 /// One partition.
 #[derive(Debug)]
 pub struct Partition {
@@ -71,6 +88,11 @@ pub struct Partition {
     waiters: AtomicUsize,
     hook: Arc<dyn IoHook>,
     clock: Arc<dyn crate::balance::Clock>,
+    /// In `dirty_list` (or about to be taken from it by a round).
+    dirty: AtomicBool,
+    dirty_list: Arc<DirtyList>,
+    /// This partition, for `dirty_list`.
+    me: Weak<Partition>,
 }
 
 /// Capture of a partition's unsynced state for one sync round.
@@ -137,7 +159,11 @@ impl Partition {
         load: LoadMap,
         hook: Arc<dyn IoHook>,
         clock: Arc<dyn crate::balance::Clock>,
+        (dirty_list, me): (Arc<DirtyList>, Weak<Partition>),
     ) -> Partition {
+        // New or recovered: the next round syncs what recovery kept and
+        // puts the partition into the checkpoint.
+        dirty_list.0.lock().push(me.clone());
         let last = segments
             .last()
             .expect("a partition has at least one segment")
@@ -171,6 +197,9 @@ impl Partition {
             waiters: AtomicUsize::new(0),
             hook,
             clock,
+            dirty: AtomicBool::new(true),
+            dirty_list,
+            me,
         }
     }
 
@@ -237,6 +266,13 @@ impl Partition {
             });
         }
         Ok(())
+    }
+
+    /// Registers the partition for the next sync round.
+    pub(crate) fn mark_dirty(&self) {
+        if !self.dirty.load(Ordering::Acquire) && !self.dirty.swap(true, Ordering::AcqRel) {
+            self.dirty_list.0.lock().push(self.me.clone());
+        }
     }
 
     /// Whether a failed fsync poisoned the partition.
@@ -315,6 +351,7 @@ impl Partition {
             let end = w.writer.next_offset();
             // SeqCst, paired with `wait_for`: see the comment there.
             self.end_offset.store(end, Ordering::SeqCst);
+            self.mark_dirty();
             header.base_offset.get()
         };
         if self.waiters.load(Ordering::SeqCst) > 0 {
@@ -349,6 +386,7 @@ impl Partition {
             *list = Arc::new(v);
         }
         self.dir_dirty.store(true, Ordering::Release);
+        self.mark_dirty();
         w.writer = SegmentWriter::new(seg, self.p.index_interval);
         Ok(())
     }
@@ -395,6 +433,7 @@ impl Partition {
         // The partition takes no more appends: give back the preallocated
         // space of its last segment (a failure only keeps that space).
         let _ = w.writer.segment().trim();
+        self.mark_dirty();
         drop(w);
         let _g = self.tail_lock.lock();
         self.tail_cv.notify_all();
@@ -524,6 +563,9 @@ impl Partition {
     }
 
     fn capture_with(&self, w: &WriterState) -> SyncCapture {
+        // Cleared before the capture: anything that happens after it marks
+        // the partition dirty again, for the next round.
+        self.dirty.store(false, Ordering::Release);
         let active = w.writer.segment().clone();
         let pos = DurablePos {
             segment_base: active.base_offset,
@@ -550,8 +592,10 @@ impl Partition {
         }
     }
 
-    /// Records the outcome of a sync round.
-    pub(crate) fn sync_done(&self, cap: &SyncCapture, ok: bool) {
+    /// Records the outcome of a sync round. Returns whether the durable
+    /// position moved (the checkpoint has to catch up).
+    pub(crate) fn sync_done(&self, cap: &SyncCapture, ok: bool) -> bool {
+        let mut moved = false;
         if ok {
             for (s, pos, seal) in &cap.segments {
                 s.set_synced_pos(*pos);
@@ -563,20 +607,29 @@ impl Partition {
             // may finish after it.
             let mut d = self.durable.lock();
             if (cap.pos.segment_base, cap.pos.position) >= (d.segment_base, d.position) {
+                moved = *d != cap.pos;
                 *d = cap.pos;
             }
-        } else if cap.sync_dir {
-            self.dir_dirty.store(true, Ordering::Release);
+        } else {
+            if cap.sync_dir {
+                self.dir_dirty.store(true, Ordering::Release);
+            }
+            self.mark_dirty();
         }
+        moved
     }
 
-    /// Checkpoint entry: the durable position and the write rates.
+    /// Records that a checkpoint naming `segment_base` was written (once
+    /// per checkpoint file written: the two files alternate).
+    pub(crate) fn note_checkpointed(&self, segment_base: u64) {
+        let mut bases = self.checkpointed_bases.lock();
+        *bases = (bases.1, segment_base);
+    }
+
+    /// Checkpoint entry: the durable position and the write rates. The
+    /// caller reports it with [`Partition::note_checkpointed`] if written.
     pub(crate) fn checkpoint_entry(&self, durable: Option<DurablePos>) -> PartitionCheckpoint {
         let d = durable.unwrap_or_else(|| *self.durable.lock());
-        {
-            let mut bases = self.checkpointed_bases.lock();
-            *bases = (bases.1, d.segment_base);
-        }
         let now = self.clock.now_nanos();
         let rates = self.writer.lock().rates.snapshot(now);
         PartitionCheckpoint {
@@ -643,7 +696,12 @@ impl Partition {
             None if i > 0 => v[i - 1].end_offset(),
             _ => return false,
         };
-        self.retired_below.fetch_max(new_floor, Ordering::AcqRel) < new_floor
+        let moved = self.retired_below.fetch_max(new_floor, Ordering::AcqRel) < new_floor;
+        if moved {
+            // The next checkpoint must carry the new floor.
+            self.mark_dirty();
+        }
+        moved
     }
 
     /// Unlinks the segments below the retention floor. Readers holding
@@ -665,6 +723,7 @@ impl Partition {
         if !removed.is_empty() {
             *list = Arc::new(v);
             self.dir_dirty.store(true, Ordering::Release);
+            self.mark_dirty();
         }
         Ok(removed)
     }

@@ -539,25 +539,27 @@ impl Topic {
     ) -> Arc<Partition> {
         let cfg = self.config();
         let now = self.inner.core.clock.now_nanos();
-        let p = Partition::new(
-            PartitionParams {
-                topic: self.inner.name.clone(),
-                topic_id: self.inner.id,
-                id,
-                dir: partition_dir(&self.inner.dir, id),
-                segment_bytes: cfg.segment_bytes,
-                index_interval: u64::from(cfg.index_interval_bytes),
-                max_record_bytes: cfg.effective_max_record_bytes(),
-            },
-            seg,
-            sealed,
-            durable,
-            RateTracker::new(&crate::balance::DEFAULT_WINDOWS, now),
-            LoadMap::new(start, end, now),
-            self.inner.core.hook.clone(),
-            self.inner.core.clock.clone(),
-        );
-        Arc::new(p)
+        Arc::new_cyclic(|me| {
+            Partition::new(
+                PartitionParams {
+                    topic: self.inner.name.clone(),
+                    topic_id: self.inner.id,
+                    id,
+                    dir: partition_dir(&self.inner.dir, id),
+                    segment_bytes: cfg.segment_bytes,
+                    index_interval: u64::from(cfg.index_interval_bytes),
+                    max_record_bytes: cfg.effective_max_record_bytes(),
+                },
+                seg,
+                sealed,
+                durable,
+                RateTracker::new(&crate::balance::DEFAULT_WINDOWS, now),
+                LoadMap::new(start, end, now),
+                self.inner.core.hook.clone(),
+                self.inner.core.clock.clone(),
+                (self.inner.core.dirty.clone(), me.clone()),
+            )
+        })
     }
 
     /// Splits an active partition: children are created first, then one

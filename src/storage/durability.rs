@@ -236,8 +236,11 @@ fn submit_chunk(
         if pending == 0 {
             return Ok(());
         }
-        // Submits whatever is still queued and waits for one completion.
-        match r.ring.submit_and_wait(1) {
+        // Submits whatever is still queued and waits for the rest (one
+        // wakeup per chunk, not per completion: fsyncs run on io-wq workers
+        // and complete one by one). Only this chunk's entries are in
+        // flight, so `pending` completions will come.
+        match r.ring.submit_and_wait(pending) {
             Ok(_) => {}
             Err(e) if retry_enter(&e) => {}
             Err(e) => return Err(e),

@@ -3,17 +3,18 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, RwLock};
 
 use crate::balance::Clock;
 use crate::error::{Error, Result};
 use crate::events::EventHub;
+use crate::format::checkpoint::PartitionCheckpoint;
 use crate::format::manifest::{ManifestRecord, ManifestState};
-use crate::partition::{Partition, SyncCapture};
-use crate::storage::durability::{CheckpointFiles, GroupCommit, SyncTarget, Syncer};
-use crate::storage::fault::{IoHook, IoOp};
+use crate::partition::{DirtyList, Partition, SyncCapture};
+use crate::storage::durability::{CheckpointFiles, GroupCommit, Syncer};
+use crate::storage::fault::IoHook;
 use crate::topic::Topic;
 use crate::topology::manifest::Manifest;
 use crate::topology::model;
@@ -38,16 +39,74 @@ pub(crate) struct Core {
     pub topics: RwLock<BTreeMap<String, Topic>>,
     pub closed: AtomicBool,
     pub sync_failure: Mutex<Option<String>>,
+    /// Partitions whose fsync failed, by (topic id, partition id): topic
+    /// name and reason. They stay out of sync rounds until reopen (after
+    /// EIO the kernel may have dropped their dirty pages, and a retried
+    /// fdatasync would return 0 without writing them), and every log-wide
+    /// sync reports them.
+    pub failed_partitions: Mutex<BTreeMap<(u32, u32), (String, String)>>,
+    /// Set by the first manifest I/O failure: the log no longer knows
+    /// whether its last topology change is on disk, or whether its journal
+    /// handle is the file a replay reads. Every later topology change,
+    /// append and sync is refused until reopen.
+    pub manifest_failure: Mutex<Option<String>>,
+    /// Partitions with something for the next sync round to do.
+    pub dirty: Arc<DirtyList>,
+    /// The checkpoint's entries between rounds.
+    pub ck_cache: Mutex<CheckpointCache>,
     pub compact_every: u32,
     pub events: EventHub,
 }
 
 impl Core {
+    /// Refuses calls on a closed log, or one poisoned by a manifest failure.
     pub fn check_open(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
+        if let Some(reason) = &*self.manifest_failure.lock() {
+            return Err(Error::LogPoisoned {
+                reason: reason.clone(),
+            });
+        }
         Ok(())
+    }
+
+    /// Poisons the log after a manifest I/O failure (the first reason stays).
+    pub fn poison_manifest(&self, e: &Error) {
+        self.manifest_failure
+            .lock()
+            .get_or_insert_with(|| e.to_string());
+    }
+
+    /// Poisons a partition whose fsync failed and keeps it out of every
+    /// later sync round; log-wide syncs report it until reopen.
+    pub fn poison_partition(&self, p: &Partition, reason: String) {
+        p.poison(reason.clone());
+        self.failed_partitions
+            .lock()
+            .entry((p.p.topic_id, p.p.id))
+            .or_insert_with(|| (p.p.topic.to_string(), reason));
+    }
+
+    /// Registers a partition that poisoned itself (its fsync failed while
+    /// a split or merge sealed it), so log-wide syncs report it.
+    pub fn note_poisoned(&self, p: &Partition) {
+        if let Err(Error::Poisoned { reason, .. }) = p.check_not_poisoned() {
+            self.poison_partition(p, reason);
+        }
+    }
+
+    /// The error a log-wide sync reports while a partition is poisoned.
+    pub fn partition_failure(&self) -> Result<()> {
+        match self.failed_partitions.lock().iter().next() {
+            Some((&(_, partition), (topic, reason))) => Err(Error::Poisoned {
+                topic: topic.clone(),
+                partition,
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Every partition of every topic.
@@ -60,25 +119,58 @@ impl Core {
     }
 
     /// Commits a topology change: durable journal record, then the state.
+    ///
+    /// Any manifest I/O error poisons the log. A failed commit returns
+    /// `Err` with an unknown outcome: the record may be on disk (a failed
+    /// fdatasync may still have written it), so the caller must not delete
+    /// anything a replay of it could reference; reopening decides. A
+    /// compaction failure after a durable commit returns `Ok` (the change
+    /// is committed: the journal holds it) but poisons the log, since the
+    /// journal handle may no longer be the file a replay reads.
     pub fn commit(&self, topo: &mut Topology, rec: ManifestRecord) -> Result<()> {
+        self.check_open()?;
         let mut next = topo.state.clone();
         model::apply(&mut next, &rec).map_err(Error::Refused)?;
-        topo.manifest.commit(&rec)?;
+        if let Err(e) = topo.manifest.commit(&rec) {
+            self.poison_manifest(&e);
+            return Err(Error::LogPoisoned {
+                reason: e.to_string(),
+            });
+        }
         topo.state = next;
         if topo.manifest.wants_compaction(self.compact_every) {
-            // Compaction failing leaves the (durable) journal in charge.
-            let _ = topo.manifest.compact(&topo.state);
+            if let Err(e) = topo.manifest.compact(&topo.state) {
+                self.poison_manifest(&e);
+            }
         }
         Ok(())
     }
 
-    /// Group-committed sync of everything appended so far.
+    /// Group-committed sync of everything appended so far, in every topic.
+    /// Fails while any partition is poisoned by a failed fsync: what it
+    /// held above its durable position may be lost.
     pub fn sync(&self) -> Result<()> {
-        self.group.sync(|| self.sync_round(false))
+        self.group.sync(|| self.sync_round(false))?;
+        self.partition_failure()
+    }
+
+    /// Group-committed sync covering `parts` (what an `Always` append
+    /// waits for): fails only if one of them is poisoned.
+    pub fn sync_covering(&self, parts: &[&Partition]) -> Result<()> {
+        self.group.sync(|| self.sync_round(false))?;
+        parts.iter().try_for_each(|p| p.check_not_poisoned())
     }
 
     /// One sync round (see `storage::durability`). With `clean`, the
     /// checkpoint records the positions just synced and the clean flag.
+    ///
+    /// A round costs O(dirty partitions): it captures only the partitions
+    /// that registered themselves dirty (an append, roll, seal or
+    /// retention change since their last capture, or a durable position
+    /// that moved in the previous round and must reach the checkpoint).
+    /// The checkpoint is built from cached entries, refreshed for those
+    /// partitions (plus a few others' rates, round-robin), and is not
+    /// written at all once both checkpoint files hold the current entries.
     pub fn sync_round(&self, clean: bool) -> Result<()> {
         if let Some(f) = &*self.sync_failure.lock() {
             return Err(Error::Io {
@@ -86,53 +178,52 @@ impl Core {
                 source: std::io::Error::other(format!("an earlier sync failed: {f}")),
             });
         }
-        let parts = self.all_partitions();
+        // A poisoned partition is never synced again: after a failed fsync
+        // a retry can succeed without writing what the failure dropped, and
+        // its durable position (in the checkpoint) must stay below that.
+        let parts: Vec<Arc<Partition>> = self
+            .dirty
+            .take()
+            .into_iter()
+            .filter(|p| !p.is_poisoned())
+            .collect();
         let caps: Vec<SyncCapture> = parts.iter().map(|p| p.capture_unsynced()).collect();
+        // Nothing was synced: every capture stays unsynced (and dirty).
+        let undo = |e: Error| {
+            for (p, c) in parts.iter().zip(&caps) {
+                p.sync_done(c, false);
+            }
+            Err(e)
+        };
         let mut targets = Vec::new();
         let mut owner = Vec::new();
         for (i, cap) in caps.iter().enumerate() {
-            for (seg, ..) in &cap.segments {
-                // No descriptor: a round that ended meanwhile synced it all.
-                let file = match seg.sync_handle() {
-                    Ok(Some(file)) => file,
-                    Ok(None) => continue,
-                    // Its file can't be opened again: nothing it holds past
-                    // its durable position may be reported durable.
-                    Err(e) => {
-                        let msg =
-                            format!("reopening {} to sync it failed: {e}", seg.path().display());
-                        parts[i].poison(msg);
-                        return Err(Error::io(seg.path(), e));
-                    }
-                };
-                targets.push(SyncTarget {
-                    fd: std::os::unix::io::AsRawFd::as_raw_fd(&*file),
-                    path: seg.path().to_path_buf(),
-                    datasync: true,
-                    op: IoOp::SyncSegment,
-                    _keep: Some(file),
-                });
-                owner.push(Some(i));
-            }
-            if cap.sync_dir {
-                let dir = parts[i].dir();
-                let f = std::fs::File::open(dir).map_err(|e| Error::io(dir, e))?;
-                let fd = std::os::unix::io::AsRawFd::as_raw_fd(&f);
-                targets.push(SyncTarget {
-                    fd,
-                    path: dir.to_path_buf(),
-                    datasync: false,
-                    op: IoOp::SyncDir,
-                    _keep: Some(Arc::new(f)),
-                });
-                owner.push(Some(i));
+            match cap.targets(parts[i].dir()) {
+                Ok(t) => {
+                    owner.extend(std::iter::repeat_n(Some(i), t.len()));
+                    targets.extend(t);
+                }
+                Err(e) => return undo(e),
             }
         }
         let mut ck = self.checkpoint.lock();
         if !clean {
-            let entries = parts.iter().map(|p| p.checkpoint_entry(None)).collect();
-            targets.push(ck.write(false, entries, &*self.hook)?);
-            owner.push(None);
+            let mut cache = self.ck_cache.lock();
+            for p in &parts {
+                cache.update(p);
+            }
+            if let Some(entries) = cache.entries_to_write() {
+                match ck.write(false, entries, &*self.hook) {
+                    Ok(t) => {
+                        targets.push(t);
+                        owner.push(None);
+                    }
+                    Err(e) => {
+                        cache.written_failed();
+                        return undo(e);
+                    }
+                }
+            }
         }
         let results = self.syncer.sync_all(&targets);
         let mut failed = vec![false; parts.len()];
@@ -141,32 +232,129 @@ impl Core {
             if let Err(e) = r {
                 let msg = format!("sync of {} failed: {e}", t.path.display());
                 match o {
+                    // Reported by `sync` / `sync_covering` through the
+                    // partition's poison, not as the round's error: the
+                    // round synced every other partition.
                     Some(i) => {
                         failed[*i] = true;
-                        parts[*i].poison(msg.clone());
+                        self.poison_partition(&parts[*i], msg);
                     }
-                    None => *self.sync_failure.lock() = Some(msg.clone()),
+                    None => {
+                        *self.sync_failure.lock() = Some(msg);
+                        first_err.get_or_insert(Error::io(&t.path, e));
+                    }
                 }
-                first_err.get_or_insert(Error::io(&t.path, e));
             }
         }
         for (i, cap) in caps.iter().enumerate() {
-            parts[i].sync_done(cap, !failed[i]);
+            if parts[i].sync_done(cap, !failed[i]) {
+                // The checkpoint lags one round: the next round writes
+                // the position this one made durable.
+                parts[i].mark_dirty();
+            }
         }
         if let Some(e) = first_err {
             return Err(e);
         }
         if clean {
-            let entries = parts
+            // A poisoned partition keeps its old durable position, and the
+            // checkpoint is not marked clean: its file may hold bytes past
+            // that position that recovery must scan, not trust. Every other
+            // partition's durable position is its end now. Once per close:
+            // O(every partition) is fine here.
+            let clean = self.failed_partitions.lock().is_empty();
+            let entries = self
+                .all_partitions()
                 .iter()
-                .zip(&caps)
-                .map(|(p, c)| p.checkpoint_entry(Some(c.pos)))
+                .map(|p| {
+                    let e = p.checkpoint_entry(None);
+                    p.note_checkpointed(e.segment_base);
+                    e
+                })
                 .collect();
-            let t = ck.write(true, entries, &*self.hook)?;
+            let t = ck.write(clean, entries, &*self.hook)?;
             if let Some(Err(e)) = self.syncer.sync_all(std::slice::from_ref(&t)).pop() {
                 return Err(Error::io(&t.path, e));
             }
         }
         Ok(())
+    }
+}
+
+/// How many partitions outside the dirty set get their entry (write rates)
+/// refreshed per checkpoint written, round-robin: the rates of idle
+/// partitions still decay in the checkpoint, at a bounded cost per round.
+const RATE_REFRESH_PER_ROUND: usize = 64;
+
+/// The checkpoint's entries, kept between rounds so that a round only
+/// recomputes the dirty partitions' entries.
+#[derive(Debug, Default)]
+pub(crate) struct CheckpointCache {
+    entries: BTreeMap<(u32, u32), (Weak<Partition>, PartitionCheckpoint)>,
+    /// Where the next round-robin rate refresh starts.
+    cursor: (u32, u32),
+    /// Checkpoints written (both files alternate) since an entry last
+    /// changed; at 2 both files hold the current entries.
+    current_writes: u8,
+}
+
+impl CheckpointCache {
+    /// Recomputes a partition's entry (its durable position, retention
+    /// floor and rates).
+    fn update(&mut self, p: &Arc<Partition>) {
+        let e = p.checkpoint_entry(None);
+        let key = (e.topic_id, e.partition_id);
+        self.entries.insert(key, (Arc::downgrade(p), e));
+        self.current_writes = 0;
+    }
+
+    /// The entries of the next checkpoint, or `None` when both files
+    /// already hold them. Refreshes a few other partitions' rates first.
+    fn entries_to_write(&mut self) -> Option<Vec<PartitionCheckpoint>> {
+        if self.current_writes >= 2 {
+            return None;
+        }
+        let keys: Vec<(u32, u32)> = self
+            .entries
+            .range(self.cursor..)
+            .chain(self.entries.range(..self.cursor))
+            .take(RATE_REFRESH_PER_ROUND)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &keys {
+            match self.entries.get(k).and_then(|(w, _)| w.upgrade()) {
+                Some(p) => {
+                    let e = p.checkpoint_entry(None);
+                    self.entries.insert(*k, (Arc::downgrade(&p), e));
+                }
+                // Its topic was deleted.
+                None => {
+                    self.entries.remove(k);
+                }
+            }
+        }
+        if let Some(last) = keys.last() {
+            self.cursor = (last.0, last.1.saturating_add(1));
+        }
+        self.current_writes += 1;
+        let mut out = Vec::with_capacity(self.entries.len());
+        for (w, e) in self.entries.values() {
+            // Retention keeps what the two newest checkpoints name.
+            if let Some(p) = w.upgrade() {
+                p.note_checkpointed(e.segment_base);
+            }
+            out.push(e.clone());
+        }
+        Some(out)
+    }
+
+    /// A checkpoint write failed: the next round writes again.
+    fn written_failed(&mut self) {
+        self.current_writes = 0;
+    }
+
+    /// Drops the entries of a deleted topic.
+    pub(crate) fn remove_topic(&mut self, topic_id: u32) {
+        self.entries.retain(|k, _| k.0 != topic_id);
     }
 }

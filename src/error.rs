@@ -163,6 +163,16 @@ pub enum Error {
         /// The original failure.
         reason: String,
     },
+    /// A manifest I/O operation failed, so the log no longer knows whether
+    /// its last topology change is on disk (or its journal handle is still
+    /// the file replay will read). Every later topology change, append and
+    /// sync is refused until the log is reopened; reopening replays what
+    /// reached the disk.
+    #[error("the log is poisoned by an earlier manifest I/O failure (reopen it): {reason}")]
+    LogPoisoned {
+        /// The original failure.
+        reason: String,
+    },
     /// A configuration value is out of its allowed range.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),

@@ -157,6 +157,10 @@ impl Log {
             topics: RwLock::new(BTreeMap::new()),
             closed: AtomicBool::new(false),
             sync_failure: Mutex::new(None),
+            failed_partitions: Mutex::new(BTreeMap::new()),
+            manifest_failure: Mutex::new(None),
+            dirty: Arc::default(),
+            ck_cache: Mutex::default(),
             compact_every: options.manifest_compact_records.max(1),
             events: EventHub::default(),
         });
@@ -254,6 +258,9 @@ impl Log {
         config.validate()?;
         self.core.check_open()?;
         let mut topo = self.core.topology.lock();
+        // Again under the topology lock: after a failed commit, the next
+        // topic id may name a directory a replay could still reference.
+        self.core.check_open()?;
         if topo.state.topics.iter().any(|t| t.name == name) {
             return Err(Error::TopicExists(name.to_string()));
         }
@@ -341,7 +348,10 @@ impl Log {
         }) {
             Ok(t) => t,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&tdir);
+                // A failed commit may be on disk: keep what it references.
+                if !matches!(e, Error::LogPoisoned { .. }) {
+                    let _ = std::fs::remove_dir_all(&tdir);
+                }
                 return Err(e);
             }
         };
@@ -383,6 +393,7 @@ impl Log {
     /// Deletes a topic and its files. Readers holding its data keep reading
     /// it safely (the mappings stay valid until dropped).
     pub fn delete_topic(&self, name: &str) -> Result<()> {
+        self.core.check_open()?;
         let topic = self.topic(name)?;
         let mut topo = self.core.topology.lock();
         self.core.commit(
@@ -393,6 +404,7 @@ impl Log {
         )?;
         drop(topo);
         self.core.topics.write().remove(name);
+        self.core.ck_cache.lock().remove_topic(topic.id());
         let tdir = topic_dir(&self.core.dir, topic.id());
         std::fs::remove_dir_all(&tdir).at(&tdir)?;
         sync_dir(
@@ -459,6 +471,7 @@ impl Log {
                 .iter()
                 .try_for_each(|p| p.flush_index())
                 .and_then(|()| self.core.group.sync(|| self.core.sync_round(true)))
+                .and_then(|()| self.core.partition_failure())
         } else {
             Ok(())
         };
@@ -620,10 +633,11 @@ fn load_topic(
                 part.with_writer(|w| w.rates = crate::balance::RateTracker::restore(&snap, now));
             }
         }
-        // A split or merge commits the seal offset without syncing the
-        // parent first, so a power loss may cut the parent's unsynced tail
-        // below it (C3 allows that). Everything above the recovered end is
-        // gone: readers and key chains use the recovered end.
+        // A split or merge syncs the parent up to its seal before the
+        // record that commits it, so the recovered end reaches the seal.
+        // Logs written before that rule may end below it (a power loss cut
+        // the parent's unsynced tail): readers and key chains use the
+        // recovered end.
         let mut rec_now = p.clone();
         if let PartitionState::Sealed { end_offset } = p.state {
             rec_now.state = PartitionState::Sealed {

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -12,7 +12,8 @@ use crate::error::{Error, Result};
 use crate::format::batch::{self, RecordIn};
 use crate::format::checkpoint::PartitionCheckpoint;
 use crate::read::ReadBatch;
-use crate::storage::fault::IoHook;
+use crate::storage::durability::{SyncTarget, Syncer};
+use crate::storage::fault::{IoHook, IoOp};
 use crate::storage::segment::{Segment, SegmentWriter};
 
 /// Static facts a partition needs from its topic.
@@ -43,6 +44,23 @@ pub(crate) struct DurablePos {
     pub end_offset: u64,
 }
 
+/// The partitions with something for the next sync round to do. A
+/// partition adds itself when it goes from clean to dirty (one atomic load
+/// on the append path while it stays dirty), so a round finds its work in
+/// O(dirty partitions) instead of walking every partition of the log.
+#[derive(Debug, Default)]
+pub(crate) struct DirtyList(Mutex<Vec<Weak<Partition>>>);
+
+impl DirtyList {
+    /// Takes the dirty partitions still alive.
+    pub(crate) fn take(&self) -> Vec<Arc<Partition>> {
+        std::mem::take(&mut *self.0.lock())
+            .into_iter()
+            .filter_map(|w| w.upgrade())
+            .collect()
+    }
+}
+
 /// One partition.
 #[derive(Debug)]
 pub struct Partition {
@@ -70,6 +88,11 @@ pub struct Partition {
     waiters: AtomicUsize,
     hook: Arc<dyn IoHook>,
     clock: Arc<dyn crate::balance::Clock>,
+    /// In `dirty_list` (or about to be taken from it by a round).
+    dirty: AtomicBool,
+    dirty_list: Arc<DirtyList>,
+    /// This partition, for `dirty_list`.
+    me: Weak<Partition>,
 }
 
 /// Capture of a partition's unsynced state for one sync round.
@@ -79,6 +102,40 @@ pub(crate) struct SyncCapture {
     pub segments: Vec<(Arc<Segment>, u64, bool)>,
     pub sync_dir: bool,
     pub pos: DurablePos,
+}
+
+impl SyncCapture {
+    /// The fsyncs that make this capture durable: each segment's data,
+    /// then the partition directory `dir` when a file was added or removed.
+    pub(crate) fn targets(&self, dir: &Path) -> Result<Vec<SyncTarget>> {
+        let mut targets = Vec::with_capacity(self.segments.len() + 1);
+        for (seg, ..) in &self.segments {
+            // No descriptor: a round that ended meanwhile synced it all. A
+            // segment that must be synced but can't be opened again (EMFILE)
+            // fails the round: nothing is reported durable, nothing poisoned.
+            let Some(file) = seg.sync_handle().map_err(|e| Error::io(seg.path(), e))? else {
+                continue;
+            };
+            targets.push(SyncTarget {
+                fd: std::os::unix::io::AsRawFd::as_raw_fd(&*file),
+                path: seg.path().to_path_buf(),
+                datasync: true,
+                op: IoOp::SyncSegment,
+                _keep: Some(file),
+            });
+        }
+        if self.sync_dir {
+            let f = std::fs::File::open(dir).map_err(|e| Error::io(dir, e))?;
+            targets.push(SyncTarget {
+                fd: std::os::unix::io::AsRawFd::as_raw_fd(&f),
+                path: dir.to_path_buf(),
+                datasync: false,
+                op: IoOp::SyncDir,
+                _keep: Some(Arc::new(f)),
+            });
+        }
+        Ok(targets)
+    }
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -103,7 +160,11 @@ impl Partition {
         load: LoadMap,
         hook: Arc<dyn IoHook>,
         clock: Arc<dyn crate::balance::Clock>,
+        (dirty_list, me): (Arc<DirtyList>, Weak<Partition>),
     ) -> Partition {
+        // New or recovered: the next round syncs what recovery kept and
+        // puts the partition into the checkpoint.
+        dirty_list.0.lock().push(me.clone());
         let last = segments
             .last()
             .expect("a partition has at least one segment")
@@ -137,6 +198,9 @@ impl Partition {
             waiters: AtomicUsize::new(0),
             hook,
             clock,
+            dirty: AtomicBool::new(true),
+            dirty_list,
+            me,
         }
     }
 
@@ -205,6 +269,30 @@ impl Partition {
         Ok(())
     }
 
+    /// Registers the partition for the next sync round.
+    pub(crate) fn mark_dirty(&self) {
+        if !self.dirty.load(Ordering::Acquire) && !self.dirty.swap(true, Ordering::AcqRel) {
+            self.dirty_list.0.lock().push(self.me.clone());
+        }
+    }
+
+    /// Whether a failed fsync poisoned the partition.
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.is_poisoned.load(Ordering::Acquire)
+    }
+
+    /// `Err(Poisoned)` once a failed fsync poisoned the partition.
+    pub(crate) fn check_not_poisoned(&self) -> Result<()> {
+        match &*self.poisoned.lock() {
+            Some(reason) => Err(Error::Poisoned {
+                topic: self.p.topic.to_string(),
+                partition: self.p.id,
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Marks the partition unusable for writes after a failed sync.
     pub(crate) fn poison(&self, reason: String) {
         let mut g = self.poisoned.lock();
@@ -262,10 +350,12 @@ impl Partition {
                 }
             }
             let end = w.writer.next_offset();
-            self.end_offset.store(end, Ordering::Release);
+            // SeqCst, paired with `wait_for`: see the comment there.
+            self.end_offset.store(end, Ordering::SeqCst);
+            self.mark_dirty();
             header.base_offset.get()
         };
-        if self.waiters.load(Ordering::Acquire) > 0 {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
             let _g = self.tail_lock.lock();
             self.tail_cv.notify_all();
         }
@@ -297,6 +387,7 @@ impl Partition {
             *list = Arc::new(v);
         }
         self.dir_dirty.store(true, Ordering::Release);
+        self.mark_dirty();
         w.writer = SegmentWriter::new(seg, self.p.index_interval);
         Ok(())
     }
@@ -313,15 +404,37 @@ impl Partition {
 
     /// Seals the partition at its current end (split/merge commit point).
     /// Returns the seal offset. Appenders block on the writer lock meanwhile.
-    pub(crate) fn seal_with<T>(&self, commit: impl FnOnce(u64) -> Result<T>) -> Result<T> {
+    ///
+    /// Before `commit` runs, everything up to the seal is made durable
+    /// (through `syncer`): a split or merge record must never be durable
+    /// while the parent's records below the seal are not, or a power loss
+    /// could keep a key's later records (in a child) and lose its earlier
+    /// ones (in the parent). A failed sync poisons the partition.
+    pub(crate) fn seal_with<T>(
+        &self,
+        syncer: &Syncer,
+        commit: impl FnOnce(u64) -> Result<T>,
+    ) -> Result<T> {
         let w = self.writer.lock();
         self.check_writable()?;
         let end = w.writer.next_offset();
-        let out = commit(end)?;
+        self.sync_locked(&w, syncer)?;
+        let out = match commit(end) {
+            Ok(out) => out,
+            Err(e) => {
+                if let Error::LogPoisoned { reason } = &e {
+                    // The seal may be committed on disk: no append may land
+                    // past it (released only when the lock drops).
+                    self.poison(format!("a topology change sealing it failed: {reason}"));
+                }
+                return Err(e);
+            }
+        };
         self.sealed.store(true, Ordering::Release);
         // The partition takes no more appends: give back the preallocated
         // space of its last segment (a failure only keeps that space).
         let _ = w.writer.segment().trim();
+        self.mark_dirty();
         drop(w);
         let _g = self.tail_lock.lock();
         self.tail_cv.notify_all();
@@ -368,10 +481,21 @@ impl Partition {
     /// or `timeout` passes. Returns whether data is there.
     pub fn wait_for(&self, offset: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        self.waiters.fetch_add(1, Ordering::AcqRel);
+        // The appender stores `end_offset` then loads `waiters`; the waiter
+        // increments `waiters` then loads `end_offset` (a store followed by
+        // a load of another location on each side, as in Dekker's
+        // algorithm). With Release/Acquire only, each load may be ordered
+        // before the other side's store (x86 store buffers do exactly
+        // that): the appender sees no waiter and skips the notify while
+        // the waiter sees the old end and sleeps until its timeout. SeqCst
+        // on all four accesses puts them in one total order, so at least
+        // one side sees the other: the waiter sees the new end, or the
+        // appender sees the waiter and notifies under `tail_lock`, which
+        // the waiter holds from its check until it sleeps.
+        self.waiters.fetch_add(1, Ordering::SeqCst);
         let mut g = self.tail_lock.lock();
         let ready = loop {
-            if self.end_offset() > offset {
+            if self.end_offset.load(Ordering::SeqCst) > offset {
                 break true;
             }
             if self.is_sealed() || self.tail_cv.wait_until(&mut g, deadline).timed_out() {
@@ -412,16 +536,43 @@ impl Partition {
         Ok(None)
     }
 
+    /// Syncs everything written so far while the caller holds the writer
+    /// lock (nothing can be appended meanwhile). A failed fsync poisons
+    /// the partition, as in a sync round.
+    fn sync_locked(&self, w: &WriterState, syncer: &Syncer) -> Result<()> {
+        let cap = self.capture_with(w);
+        let targets = match cap.targets(self.dir()) {
+            Ok(t) => t,
+            Err(e) => {
+                self.sync_done(&cap, false);
+                return Err(e);
+            }
+        };
+        let results = syncer.sync_all(&targets);
+        if let Some((t, Err(e))) = targets.iter().zip(results).find(|(_, r)| r.is_err()) {
+            self.poison(format!("sync of {} failed: {e}", t.path.display()));
+            self.sync_done(&cap, false);
+            return Err(Error::io(&t.path, e));
+        }
+        self.sync_done(&cap, true);
+        Ok(())
+    }
+
     /// Captures what a sync round must make durable.
     pub(crate) fn capture_unsynced(&self) -> SyncCapture {
-        let w = self.writer.lock();
+        self.capture_with(&self.writer.lock())
+    }
+
+    fn capture_with(&self, w: &WriterState) -> SyncCapture {
+        // Cleared before the capture: anything that happens after it marks
+        // the partition dirty again, for the next round.
+        self.dirty.store(false, Ordering::Release);
         let active = w.writer.segment().clone();
         let pos = DurablePos {
             segment_base: active.base_offset,
             position: active.committed_pos(),
             end_offset: w.writer.next_offset(),
         };
-        drop(w);
         let segments = self.segments();
         let mut out = Vec::new();
         for s in segments.iter().rev() {
@@ -442,8 +593,10 @@ impl Partition {
         }
     }
 
-    /// Records the outcome of a sync round.
-    pub(crate) fn sync_done(&self, cap: &SyncCapture, ok: bool) {
+    /// Records the outcome of a sync round. Returns whether the durable
+    /// position moved (the checkpoint has to catch up).
+    pub(crate) fn sync_done(&self, cap: &SyncCapture, ok: bool) -> bool {
+        let mut moved = false;
         if ok {
             for (s, pos, seal) in &cap.segments {
                 s.set_synced_pos(*pos);
@@ -451,19 +604,33 @@ impl Partition {
                     s.set_seal_synced();
                 }
             }
-            *self.durable.lock() = cap.pos;
-        } else if cap.sync_dir {
-            self.dir_dirty.store(true, Ordering::Release);
+            // Monotonic: a round that captured before a seal's own sync
+            // may finish after it.
+            let mut d = self.durable.lock();
+            if (cap.pos.segment_base, cap.pos.position) >= (d.segment_base, d.position) {
+                moved = *d != cap.pos;
+                *d = cap.pos;
+            }
+        } else {
+            if cap.sync_dir {
+                self.dir_dirty.store(true, Ordering::Release);
+            }
+            self.mark_dirty();
         }
+        moved
     }
 
-    /// Checkpoint entry: the durable position and the write rates.
+    /// Records that a checkpoint naming `segment_base` was written (once
+    /// per checkpoint file written: the two files alternate).
+    pub(crate) fn note_checkpointed(&self, segment_base: u64) {
+        let mut bases = self.checkpointed_bases.lock();
+        *bases = (bases.1, segment_base);
+    }
+
+    /// Checkpoint entry: the durable position and the write rates. The
+    /// caller reports it with [`Partition::note_checkpointed`] if written.
     pub(crate) fn checkpoint_entry(&self, durable: Option<DurablePos>) -> PartitionCheckpoint {
         let d = durable.unwrap_or_else(|| *self.durable.lock());
-        {
-            let mut bases = self.checkpointed_bases.lock();
-            *bases = (bases.1, d.segment_base);
-        }
         let now = self.clock.now_nanos();
         let rates = self.writer.lock().rates.snapshot(now);
         PartitionCheckpoint {
@@ -530,7 +697,12 @@ impl Partition {
             None if i > 0 => v[i - 1].end_offset(),
             _ => return false,
         };
-        self.retired_below.fetch_max(new_floor, Ordering::AcqRel) < new_floor
+        let moved = self.retired_below.fetch_max(new_floor, Ordering::AcqRel) < new_floor;
+        if moved {
+            // The next checkpoint must carry the new floor.
+            self.mark_dirty();
+        }
+        moved
     }
 
     /// Unlinks the segments below the retention floor. Readers holding
@@ -552,6 +724,7 @@ impl Partition {
         if !removed.is_empty() {
             *list = Arc::new(v);
             self.dir_dirty.store(true, Ordering::Release);
+            self.mark_dirty();
         }
         Ok(removed)
     }

@@ -256,7 +256,7 @@ impl Topic {
             };
             match part.append(&record, &hashes) {
                 Ok(offset) => {
-                    self.after_append()?;
+                    self.after_append(&[&part])?;
                     return Ok(Appended { partition, offset });
                 }
                 Err(Error::Sealed { .. }) => continue,
@@ -286,6 +286,7 @@ impl Topic {
         ];
         let mut pending: Vec<usize> = (0..records.len()).collect();
         let mut attempts = 0;
+        let mut touched: Vec<Arc<Partition>> = Vec::new();
         while !pending.is_empty() {
             // Route every pending record against one snapshot of the routing
             // table: routed one by one, a split landing mid-batch could send
@@ -307,6 +308,7 @@ impl Topic {
             }
             let mut retry = Vec::new();
             for (pid, (part, idxs)) in groups {
+                touched.push(part.clone());
                 let recs: Vec<RecordIn<'_>> = idxs
                     .iter()
                     .map(|&i| RecordIn {
@@ -334,7 +336,8 @@ impl Topic {
             pending = retry;
             attempts += 1;
         }
-        self.after_append()?;
+        let touched: Vec<&Partition> = touched.iter().map(|p| &**p).collect();
+        self.after_append(&touched)?;
         Ok(out)
     }
 
@@ -354,14 +357,18 @@ impl Topic {
             .iter()
             .map(|r| r.key.map(|k| self.hash(k)))
             .collect();
-        let base = self.partition(partition)?.append(&recs, &hs)?;
-        self.after_append()?;
+        let part = self.partition(partition)?;
+        let base = part.append(&recs, &hs)?;
+        self.after_append(&[&part])?;
         Ok(base)
     }
 
-    fn after_append(&self) -> Result<()> {
+    /// Under `SyncPolicy::Always`, waits for a sync round covering the
+    /// partitions just appended to (a poisoned partition elsewhere does not
+    /// fail this append).
+    fn after_append(&self, parts: &[&Partition]) -> Result<()> {
         if self.inner.sync_always {
-            self.inner.core.sync()?;
+            self.inner.core.sync_covering(parts)?;
         }
         Ok(())
     }
@@ -532,33 +539,38 @@ impl Topic {
     ) -> Arc<Partition> {
         let cfg = self.config();
         let now = self.inner.core.clock.now_nanos();
-        let p = Partition::new(
-            PartitionParams {
-                topic: self.inner.name.clone(),
-                topic_id: self.inner.id,
-                id,
-                dir: partition_dir(&self.inner.dir, id),
-                segment_bytes: cfg.segment_bytes,
-                index_interval: u64::from(cfg.index_interval_bytes),
-                max_record_bytes: cfg.effective_max_record_bytes(),
-            },
-            seg,
-            sealed,
-            durable,
-            RateTracker::new(&crate::balance::DEFAULT_WINDOWS, now),
-            LoadMap::new(start, end, now),
-            self.inner.core.hook.clone(),
-            self.inner.core.clock.clone(),
-        );
-        Arc::new(p)
+        Arc::new_cyclic(|me| {
+            Partition::new(
+                PartitionParams {
+                    topic: self.inner.name.clone(),
+                    topic_id: self.inner.id,
+                    id,
+                    dir: partition_dir(&self.inner.dir, id),
+                    segment_bytes: cfg.segment_bytes,
+                    index_interval: u64::from(cfg.index_interval_bytes),
+                    max_record_bytes: cfg.effective_max_record_bytes(),
+                },
+                seg,
+                sealed,
+                durable,
+                RateTracker::new(&crate::balance::DEFAULT_WINDOWS, now),
+                LoadMap::new(start, end, now),
+                self.inner.core.hook.clone(),
+                self.inner.core.clock.clone(),
+                (self.inner.core.dirty.clone(), me.clone()),
+            )
+        })
     }
 
     /// Splits an active partition: children are created first, then one
     /// durable manifest record commits the split while appends to the
     /// parent wait (only for that commit). Returns the children, in range order.
     pub fn split(&self, partition: u32, plan: SplitPlan) -> Result<Vec<u32>> {
-        self.inner.core.check_open()?;
         let _change = self.inner.change.lock();
+        // Checked under the change lock: a split that failed to commit
+        // poisons the log and keeps its children's files (its record may be
+        // on disk); no later change may reuse their ids.
+        self.inner.core.check_open()?;
         let (start, end, parent) = {
             let st = self.inner.state.read();
             let n = st
@@ -598,7 +610,7 @@ impl Topic {
             })
             .collect();
         let core = self.inner.core.clone();
-        let result = parent.seal_with(|seal_offset| {
+        let result = parent.seal_with(&core.syncer, |seal_offset| {
             let mut topo = core.topology.lock();
             let rec = ManifestRecord::Split {
                 topic_id: self.inner.id,
@@ -623,7 +635,14 @@ impl Topic {
             }
             Err(e) => {
                 drop(segs);
-                self.remove_partition_files(&ids);
+                // After a failed commit the record may be on disk: keep the
+                // children for the replay (an open that does not find the
+                // record removes them as orphans). Otherwise the parent's
+                // sync may have failed: log-wide syncs report it.
+                if !matches!(e, Error::LogPoisoned { .. }) {
+                    core.note_poisoned(&parent);
+                    self.remove_partition_files(&ids);
+                }
                 Err(e)
             }
         }
@@ -631,8 +650,8 @@ impl Topic {
 
     /// Merges two active partitions with adjacent ranges into one child.
     pub fn merge(&self, a: u32, b: u32) -> Result<u32> {
-        self.inner.core.check_open()?;
         let _change = self.inner.change.lock();
+        self.inner.core.check_open()?;
         let (left, right) = {
             let st = self.inner.state.read();
             let get = |id: u32| -> Result<&Node> {
@@ -678,8 +697,8 @@ impl Topic {
             created_ms: now_ms(),
         };
         let core = self.inner.core.clone();
-        let result = left.2.seal_with(|lend| {
-            right.2.seal_with(|rend| {
+        let result = left.2.seal_with(&core.syncer, |lend| {
+            right.2.seal_with(&core.syncer, |rend| {
                 let mut topo = core.topology.lock();
                 let parents = vec![(left.0, lend), (right.0, rend)];
                 core.commit(
@@ -706,7 +725,11 @@ impl Topic {
             }
             Err(e) => {
                 drop(segs);
-                self.remove_partition_files(&[id]);
+                if !matches!(e, Error::LogPoisoned { .. }) {
+                    core.note_poisoned(&left.2);
+                    core.note_poisoned(&right.2);
+                    self.remove_partition_files(&[id]);
+                }
                 Err(e)
             }
         }

@@ -145,11 +145,10 @@ fn segments_deleted_by_recovery_stay_deleted() {
     }
 }
 
-/// Issue 7 finding 9: a split commits without syncing its parent, so a
-/// power loss keeps the seal but loses the parent's unsynced records below
-/// it: the parent comes back sealed lower than committed (C5).
+/// Issue 7 finding 9: a split used to commit without syncing its parent,
+/// so a power loss kept the seal but lost the parent's unsynced records
+/// below it: the parent came back sealed lower than committed (C5).
 #[test]
-#[ignore = "issue 7 finding 9: the split commits without syncing the parent first"]
 fn split_commit_keeps_the_parents_records() {
     let settings = Settings {
         gaps: KnownGaps {

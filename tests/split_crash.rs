@@ -192,8 +192,12 @@ fn removed_orphans(log: &Log) -> usize {
         .count()
 }
 
+/// A failed manifest commit has an unknown outcome (the record may be on
+/// disk), so it poisons the log and deletes nothing; the next open replays
+/// what reached the disk and removes the orphans of a commit that did not.
+/// A failure before the commit (creating a child's files) changes nothing.
 #[test]
-fn failed_commit_leaves_topology_and_files_unchanged() {
+fn failed_commit_poisons_then_reopen_keeps_the_old_topology() {
     let mut rng = StdRng::seed_from_u64(5);
     let dir = tempfile::tempdir().unwrap();
     let hook = model_hook(dir.path());
@@ -206,14 +210,12 @@ fn failed_commit_leaves_topology_and_files_unchanged() {
     let before = topic.partitions();
 
     faults.lock().fail_manifest = true;
-    assert!(topic.split(0, SplitPlan::Even).is_err());
-    assert!(topic.merge(0, 1).is_err());
+    assert!(matches!(
+        topic.split(0, SplitPlan::Even),
+        Err(Error::LogPoisoned { .. })
+    ));
     faults.lock().fail_manifest = false;
-    // ENOSPC while creating the second child of a split.
-    faults.lock().fail_create_segment_after = Some(1);
-    assert!(topic.split(1, SplitPlan::Even).is_err());
-    faults.lock().fail_create_segment_after = None;
-
+    assert!(matches!(topic.merge(0, 1), Err(Error::LogPoisoned { .. })));
     assert_eq!(topic.active_partitions(), vec![0, 1]);
     let after = topic.partitions();
     assert_eq!(after.len(), before.len());
@@ -224,11 +226,33 @@ fn failed_commit_leaves_topology_and_files_unchanged() {
         );
         assert!(b.children.is_empty());
     }
-    let dirs = partition_dirs(dir.path());
     assert_eq!(
-        dirs,
+        partition_dirs(dir.path()),
+        ["p0", "p1", "p2", "p3"].map(String::from).into(),
+        "the children a replay could reference are kept"
+    );
+    log.close().unwrap();
+
+    let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
+    assert_eq!(removed_orphans(&log), 2);
+    let topic = log.topic(TOPIC).unwrap();
+    assert_eq!(topic.active_partitions(), vec![0, 1]);
+    assert_eq!(
+        partition_dirs(dir.path()),
         ["p0", "p1"].map(String::from).into(),
         "orphans removed"
+    );
+    // ENOSPC while creating the second child of a split.
+    faults.lock().fail_create_segment_after = Some(1);
+    assert!(matches!(
+        topic.split(1, SplitPlan::Even),
+        Err(Error::NoSpace { .. })
+    ));
+    faults.lock().fail_create_segment_after = None;
+    assert_eq!(
+        partition_dirs(dir.path()),
+        ["p0", "p1"].map(String::from).into(),
+        "a split that failed before its commit leaves no files"
     );
     // The parents still take appends, and a retried split works.
     append_keyed(&topic, &mut model, &mut rng, 300);

@@ -12,6 +12,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
@@ -55,8 +56,20 @@ pub struct SyncTarget {
 
 /// Syncs many files in one go.
 pub struct Syncer {
-    ring: Option<Mutex<io_uring::IoUring>>,
+    ring: Option<Mutex<Ring>>,
+    /// Cleared when the ring failed in a way that may leave operations in
+    /// flight; later rounds use plain syscalls.
+    ring_usable: AtomicBool,
     hook: Arc<dyn IoHook>,
+}
+
+/// The io_uring and the tag of the last chunk submitted on it.
+struct Ring {
+    ring: io_uring::IoUring,
+    /// Incremented per chunk and carried in the upper 32 bits of every
+    /// entry's `user_data`, so a completion can never be taken for a
+    /// target of another chunk.
+    chunk_tag: u32,
 }
 
 impl std::fmt::Debug for Syncer {
@@ -71,13 +84,17 @@ impl Syncer {
         let ring = use_io_uring
             .then(|| io_uring::IoUring::new(256).ok())
             .flatten()
-            .map(Mutex::new);
-        Syncer { ring, hook }
+            .map(|ring| Mutex::new(Ring { ring, chunk_tag: 0 }));
+        Syncer {
+            ring_usable: AtomicBool::new(ring.is_some()),
+            ring,
+            hook,
+        }
     }
 
-    /// The backend chosen at open.
+    /// The backend in use (chosen at open; syscalls after the ring failed).
     pub fn backend(&self) -> SyncBackend {
-        if self.ring.is_some() {
+        if self.ring_usable.load(Ordering::Acquire) {
             SyncBackend::IoUring
         } else {
             SyncBackend::Syscalls
@@ -91,22 +108,30 @@ impl Syncer {
             .map(|t| self.hook.before(t.op, &t.path))
             .collect();
         let todo: Vec<usize> = (0..targets.len()).filter(|&i| results[i].is_ok()).collect();
-        match &self.ring {
-            Some(ring) if !todo.is_empty() => {
-                let mut ring = ring.lock();
-                for chunk in todo.chunks(128) {
-                    if let Err(e) = submit_chunk(&mut ring, targets, chunk, &mut results) {
-                        for &i in chunk {
+        let mut done_by_ring = 0;
+        if let Some(ring) = self.ring.as_ref().filter(|_| !todo.is_empty()) {
+            let mut ring = ring.lock();
+            for chunk in todo.chunks(CHUNK) {
+                if !self.ring_usable.load(Ordering::Acquire) {
+                    break;
+                }
+                if let Err(e) = submit_chunk(&mut ring, targets, chunk, &mut results) {
+                    // Entries of this chunk may still be in flight: the ring
+                    // is never used again, so no later round can reap them.
+                    // Their targets report the error (nothing is claimed
+                    // durable); later chunks and rounds use syscalls.
+                    self.ring_usable.store(false, Ordering::Release);
+                    for &i in chunk {
+                        if results[i].is_ok() {
                             results[i] = Err(std::io::Error::new(e.kind(), e.to_string()));
                         }
                     }
                 }
+                done_by_ring += chunk.len();
             }
-            _ => {
-                for &i in &todo {
-                    results[i] = fsync_fd(targets[i].fd, targets[i].datasync);
-                }
-            }
+        }
+        for &i in &todo[done_by_ring..] {
+            results[i] = fsync_fd(targets[i].fd, targets[i].datasync);
         }
         for &i in &todo {
             let r = std::mem::replace(&mut results[i], Ok(()));
@@ -116,30 +141,58 @@ impl Syncer {
     }
 }
 
+/// Entries per io_uring submission (the ring has 256).
+const CHUNK: usize = 128;
+
 fn fsync_fd(fd: i32, datasync: bool) -> std::io::Result<()> {
-    // SAFETY: plain syscalls on an fd kept open by the caller; no memory passed.
-    let rc = unsafe {
-        if datasync {
-            libc::fdatasync(fd)
-        } else {
-            libc::fsync(fd)
+    loop {
+        // SAFETY: plain syscalls on an fd kept open by the caller; no memory passed.
+        let rc = unsafe {
+            if datasync {
+                libc::fdatasync(fd)
+            } else {
+                libc::fsync(fd)
+            }
+        };
+        if rc == 0 {
+            return Ok(());
         }
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 
+/// Whether an io_uring_enter error only means "try again": a signal
+/// interrupted the wait (EINTR), or the kernel is short of resources for
+/// the moment (EAGAIN, EBUSY: completions must be reaped first, which the
+/// loop does).
+fn retry_enter(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::Interrupted
+        || matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY))
+}
+
+/// Submits one fsync per target of `chunk` and waits for every one of them.
+///
+/// Returns only when every entry of the chunk has completed (`Ok`), or on
+/// an error that may leave entries in flight (the caller then retires the
+/// ring). An interrupted wait (EINTR) is retried, never returned: returning
+/// early used to leave completions in flight that the next round took for
+/// its own targets (they were tagged by index only), and made its pending
+/// count underflow. Each entry's `user_data` carries the chunk's tag and
+/// the target's position in the chunk; a completion with another tag, an
+/// unknown position or a position already completed is ignored.
 fn submit_chunk(
-    ring: &mut io_uring::IoUring,
+    r: &mut Ring,
     targets: &[SyncTarget],
     chunk: &[usize],
     results: &mut [std::io::Result<()>],
 ) -> std::io::Result<()> {
     use io_uring::{opcode, types};
-    for &i in chunk {
+    r.chunk_tag = r.chunk_tag.wrapping_add(1);
+    let tag = u64::from(r.chunk_tag) << 32;
+    for (pos, &i) in chunk.iter().enumerate() {
         let t = &targets[i];
         let flags = if t.datasync {
             types::FsyncFlags::DATASYNC
@@ -149,31 +202,50 @@ fn submit_chunk(
         let sqe = opcode::Fsync::new(types::Fd(t.fd))
             .flags(flags)
             .build()
-            .user_data(i as u64);
+            .user_data(tag | pos as u64);
         // SAFETY: the fd stays open (held by the caller's `_keep`) until the
-        // completion is reaped below; the entry references no other memory.
-        unsafe { ring.submission().push(&sqe) }
-            .map_err(|_| std::io::Error::other("io_uring submission queue full"))?;
+        // completion is reaped below (or, if the ring fails, for as long as
+        // the kernel holds its own reference to the file); the entry
+        // references no other memory.
+        while unsafe { r.ring.submission().push(&sqe) }.is_err() {
+            // Full: hand what is queued to the kernel to make room.
+            match r.ring.submit() {
+                Ok(_) => {}
+                Err(e) if retry_enter(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
+    let mut done = vec![false; chunk.len()];
     let mut pending = chunk.len();
-    ring.submit_and_wait(pending)?;
-    while pending > 0 {
-        let mut got = 0;
-        for cqe in ring.completion() {
-            let i = cqe.user_data() as usize;
-            results[i] = if cqe.result() < 0 {
+    loop {
+        for cqe in r.ring.completion() {
+            let ud = cqe.user_data();
+            let pos = (ud & u64::from(u32::MAX)) as usize;
+            if ud & !u64::from(u32::MAX) != tag || pos >= chunk.len() || done[pos] {
+                continue;
+            }
+            done[pos] = true;
+            pending -= 1;
+            results[chunk[pos]] = if cqe.result() < 0 {
                 Err(std::io::Error::from_raw_os_error(-cqe.result()))
             } else {
                 Ok(())
             };
-            got += 1;
         }
-        pending -= got;
-        if pending > 0 {
-            ring.submit_and_wait(pending)?;
+        if pending == 0 {
+            return Ok(());
+        }
+        // Submits whatever is still queued and waits for the rest (one
+        // wakeup per chunk, not per completion: fsyncs run on io-wq workers
+        // and complete one by one). Only this chunk's entries are in
+        // flight, so `pending` completions will come.
+        match r.ring.submit_and_wait(pending) {
+            Ok(_) => {}
+            Err(e) if retry_enter(&e) => {}
+            Err(e) => return Err(e),
         }
     }
-    Ok(())
 }
 
 /// Both checkpoint files, the newest valid checkpoint, and the invalid files.
@@ -311,5 +383,128 @@ impl GroupCommit {
             }
             self.cv.wait(&mut g);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::fault::NoFaults;
+    use std::sync::atomic::AtomicU64;
+    use std::time::{Duration, Instant};
+
+    extern "C" fn ignore_signal(_: libc::c_int) {}
+
+    /// Whether target `i` of round `round` gets a bad fd (EBADF expected).
+    /// The pattern changes every round, so a completion from one round
+    /// taken for another round's target shows as a wrong result.
+    fn bad(round: usize, i: usize) -> bool {
+        (i * 7 + round).is_multiple_of(5)
+    }
+
+    /// Issue 7, finding 8: signals interrupting io_uring waits. A no-op
+    /// SIGUSR1 handler without SA_RESTART makes a blocking io_uring_enter
+    /// return EINTR; another thread sends SIGUSR1 to the syncing thread
+    /// over and over while rounds of 1 to 300 targets (crossing the
+    /// 128-entry chunks) run. Every round must report exactly its own
+    /// per-target results, and nothing may panic or underflow.
+    #[test]
+    fn f8_sync_rounds_interrupted_by_signals_report_each_target() {
+        let syncer = Syncer::new(true, Arc::new(NoFaults));
+        let backend = syncer.backend();
+        if backend != SyncBackend::IoUring {
+            eprintln!("io_uring unavailable here: only the syscall path is checked");
+        }
+        // SAFETY: installs a handler that does nothing (async-signal-safe)
+        // for SIGUSR1; the struct is zeroed then filled as sigaction(2) wants.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = ignore_signal as extern "C" fn(libc::c_int) as usize;
+            sa.sa_flags = 0; // no SA_RESTART: waits return EINTR
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<(File, PathBuf)> = (0..32)
+            .map(|i| {
+                let path = dir.path().join(format!("f{i}"));
+                (File::create(&path).unwrap(), path)
+            })
+            .collect();
+        // SAFETY: pthread_self has no preconditions.
+        let me = unsafe { libc::pthread_self() };
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let signaller = {
+            let (stop, sent) = (stop.clone(), sent.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    // SAFETY: `me` is the test thread, which joins this
+                    // thread before it returns, so it is alive here.
+                    unsafe { libc::pthread_kill(me, libc::SIGUSR1) };
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_micros(30));
+                }
+            })
+        };
+        let budget = Duration::from_millis(
+            std::env::var("FISSIONLOG_EINTR_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1500),
+        );
+        let started = Instant::now();
+        let mut round = 0usize;
+        let mut failure = None;
+        while started.elapsed() < budget && failure.is_none() {
+            let n = 1 + (round * 37) % 300;
+            let targets: Vec<SyncTarget> = (0..n)
+                .map(|i| {
+                    let (f, path) = &files[i % files.len()];
+                    if !bad(round, i) {
+                        // Dirty data, so the fsync has work to do.
+                        f.write_all_at(&[round as u8; 512], (i as u64 % 8) * 4096)
+                            .unwrap();
+                    }
+                    SyncTarget {
+                        fd: if bad(round, i) { -1 } else { f.as_raw_fd() },
+                        path: path.clone(),
+                        datasync: true,
+                        op: IoOp::SyncSegment,
+                        _keep: None,
+                    }
+                })
+                .collect();
+            let results = syncer.sync_all(&targets);
+            if results.len() != n {
+                failure = Some(format!("round {round}: {} results for {n}", results.len()));
+            }
+            for (i, r) in results.iter().enumerate() {
+                let got = r.as_ref().err().and_then(|e| e.raw_os_error());
+                let want = bad(round, i).then_some(libc::EBADF);
+                if got != want {
+                    failure = Some(format!(
+                        "round {round}, target {i} of {n}: got {r:?}, want {want:?}"
+                    ));
+                    break;
+                }
+            }
+            round += 1;
+        }
+        stop.store(true, Ordering::Release);
+        signaller.join().unwrap();
+        eprintln!(
+            "{round} rounds, {} signals, backend {}",
+            sent.load(Ordering::Relaxed),
+            syncer.backend()
+        );
+        if let Some(f) = failure {
+            panic!("{f}");
+        }
+        assert_eq!(
+            syncer.backend(),
+            backend,
+            "an interrupted wait retired the ring"
+        );
     }
 }

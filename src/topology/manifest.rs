@@ -230,8 +230,12 @@ impl Manifest {
             hook.after(IoOp::SyncManifest, &path, r)
         });
         if let Err(e) = written {
-            // Take the partial record back out so later commits stay contiguous.
-            let _ = self.journal.set_len(len);
+            // The outcome is unknown: the record (or part of it) may be on
+            // disk, and a failed fdatasync may have written it or not. Taking
+            // it back out with an unsynced truncation could not be trusted
+            // either, so nothing is undone here: the caller poisons the log,
+            // and the next open replays whatever reached the disk (a torn
+            // record is cut there).
             return Err(Error::io(&path, e));
         }
         self.seq += 1;
@@ -264,14 +268,18 @@ impl Manifest {
         )?;
         let jpath = self.dir.join(JOURNAL_FILE);
         std::fs::rename(&jtmp, &jpath).at(&jpath)?;
-        sync_dir(&*self.hook, IoOp::SyncManifestDir, &self.dir)?;
+        // From the rename on, the old handle names an unlinked file: switch
+        // before anything else can fail. If the directory fsync then fails,
+        // the caller poisons the log (a power loss may bring either journal
+        // back; both replay to the same state, but no later commit may
+        // depend on which).
         self.journal = OpenOptions::new()
             .read(true)
             .write(true)
             .open(&jpath)
             .at(&jpath)?;
         self.since_snapshot = 0;
-        Ok(())
+        sync_dir(&*self.hook, IoOp::SyncManifestDir, &self.dir)
     }
 }
 

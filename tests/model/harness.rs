@@ -111,7 +111,7 @@ impl KnownGaps {
     pub const OPEN: KnownGaps = KnownGaps {
         segment_headers: true,
         recovery_deletions: true,
-        split_parent_unsynced: true,
+        split_parent_unsynced: false,
         torn_seal_reopen: true,
     };
     /// None granted: the engine must close every gap.

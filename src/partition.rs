@@ -340,8 +340,15 @@ impl Partition {
 
     /// Reads from `offset`: at least one batch, then more while under `max_bytes`.
     pub fn read(&self, offset: u64, max_bytes: usize) -> Result<ReadBatch> {
-        let segments = self.segments();
+        // The end first, then the list. A roll pushes the new segment into
+        // the list before the writer appends to it and publishes the new end
+        // (Release); loading the end (Acquire) first makes every offset
+        // below it lie in a segment of the list read after it. Loaded the
+        // other way round, a roll in between pairs an old list with a new
+        // end, and a just-appended offset past the old last segment reads
+        // as a hole.
         let end = self.end_offset();
+        let segments = self.segments();
         let start = segments.first().map_or(0, |s| s.base_offset);
         if offset < start || offset >= end {
             return Err(Error::OffsetOutOfRange {

@@ -129,6 +129,18 @@ pub enum Error {
         /// End of the lost range (exclusive).
         end: u64,
     },
+    /// Retention removed these offsets (expired or over the size limit):
+    /// they are gone for good, and reading resumes at `end`.
+    #[error("offsets {start}..{end} of partition {partition} were removed by retention")]
+    Retained {
+        /// Partition id.
+        partition: u32,
+        /// First removed offset asked for.
+        start: u64,
+        /// First offset after the removed range: the partition's first
+        /// held offset (its end when retention removed everything).
+        end: u64,
+    },
     /// The partition is sealed (split or merged) and takes no appends.
     #[error("partition {partition} of topic {topic:?} is sealed")]
     Sealed {

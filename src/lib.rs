@@ -54,7 +54,7 @@ pub use error::{Error, Result};
 pub use events::TopologyEvent;
 pub use log::{verify, Log, LOCK_FILE, TOPICS_DIR};
 pub use read::{OwnedRecord, ReadBatch, Record};
-pub use reader::{Cut, Reader, StartAt};
+pub use reader::{Cut, Reader, RetainedRange, StartAt};
 pub use recovery::partition::Problem;
 pub use recovery::RecoveryReport;
 pub use storage::durability::SyncBackend;

@@ -155,9 +155,12 @@ impl Partition {
         self.end_offset.load(Ordering::Acquire)
     }
 
-    /// First offset still held (older segments may have been deleted).
+    /// First offset still held (older segments may have been deleted by
+    /// retention). A sealed partition that retention emptied holds nothing:
+    /// its start is its end.
     pub fn start_offset(&self) -> u64 {
-        self.segments.read().first().map_or(0, |s| s.base_offset)
+        let end = self.end_offset();
+        self.segments.read().first().map_or(end, |s| s.base_offset)
     }
 
     /// Whether the partition is sealed.
@@ -349,7 +352,14 @@ impl Partition {
         // as a hole.
         let end = self.end_offset();
         let segments = self.segments();
-        let start = segments.first().map_or(0, |s| s.base_offset);
+        let start = segments.first().map_or(end, |s| s.base_offset);
+        if offset < start && offset < self.retired_below.load(Ordering::Acquire) {
+            return Err(Error::Retained {
+                partition: self.p.id,
+                start: offset,
+                end: start,
+            });
+        }
         if offset < start || offset >= end {
             return Err(Error::OffsetOutOfRange {
                 partition: self.p.id,
@@ -358,7 +368,18 @@ impl Partition {
                 end,
             });
         }
-        let i = segments.partition_point(|s| s.base_offset <= offset) - 1;
+        // `start <= offset` with a non-empty list (an empty one has
+        // `start == end` and returned above): some segment starts at or
+        // below `offset`.
+        let i = segments.partition_point(|s| s.base_offset <= offset);
+        let Some(i) = i.checked_sub(1) else {
+            return Err(Error::OffsetOutOfRange {
+                partition: self.p.id,
+                offset,
+                start,
+                end,
+            });
+        };
         let seg = &segments[i];
         if offset >= seg.end_offset() {
             let next = segments.get(i + 1).map_or(end, |s| s.base_offset);

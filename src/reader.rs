@@ -47,6 +47,18 @@ impl Cut {
     }
 }
 
+/// Offsets a [`Reader`] passed over because retention had removed them
+/// before the reader got there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetainedRange {
+    /// Partition id.
+    pub partition: u32,
+    /// First offset the reader had not read yet.
+    pub start: u64,
+    /// Where it resumed (exclusive end of what it missed).
+    pub end: u64,
+}
+
 /// A lineage-aware reader of one topic.
 #[derive(Debug)]
 pub struct Reader {
@@ -54,6 +66,7 @@ pub struct Reader {
     positions: BTreeMap<u32, u64>,
     drained: BTreeSet<u32>,
     next_rr: usize,
+    retained: Vec<RetainedRange>,
 }
 
 impl Topic {
@@ -100,6 +113,7 @@ impl Topic {
             positions,
             drained,
             next_rr: 0,
+            retained: Vec::new(),
         };
         r.advance_lineage();
         Ok(r)
@@ -114,6 +128,13 @@ impl Reader {
             positions: self.positions.clone(),
             drained: self.drained.clone(),
         }
+    }
+
+    /// Ranges this reader passed over because retention had removed them
+    /// (oldest first). Positions are never moved silently: every offset a
+    /// reader skips is either here or behind an error it returned.
+    pub fn retained(&self) -> &[RetainedRange] {
+        &self.retained
     }
 
     /// Partitions currently being read.
@@ -145,7 +166,10 @@ impl Reader {
                     && !p.parents.is_empty()
                     && p.parents.iter().all(|q| self.drained.contains(q))
                 {
-                    self.positions.insert(p.id, p.start_offset);
+                    // From the child's first offset, not its first held
+                    // one: what retention removed before this reader got
+                    // there is then reported by `poll`, not skipped.
+                    self.positions.insert(p.id, 0);
                     changed = true;
                 }
             }
@@ -174,11 +198,30 @@ impl Reader {
                 if pos >= part.end_offset() {
                     continue;
                 }
-                let pos = pos.max(part.start_offset());
                 let batch = match part.read(pos, 256 * 1024) {
                     Ok(b) => b,
                     Err(Error::Hole { end, .. }) => {
                         self.positions.insert(id, end);
+                        progressed = true;
+                        continue;
+                    }
+                    // Gone before this reader got there: say so, and go on
+                    // where the data resumes (a sealed partition retention
+                    // emptied is then drained).
+                    Err(Error::Retained { start, end, .. }) => {
+                        self.retained.push(RetainedRange {
+                            partition: id,
+                            start,
+                            end,
+                        });
+                        self.positions.insert(id, end);
+                        progressed = true;
+                        continue;
+                    }
+                    // Below the first offset held, but not by retention:
+                    // recovery reports what it lost; resume at the start.
+                    Err(Error::OffsetOutOfRange { offset, start, .. }) if offset < start => {
+                        self.positions.insert(id, start);
                         progressed = true;
                         continue;
                     }

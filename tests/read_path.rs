@@ -84,3 +84,127 @@ fn tail_reader_during_rolls_never_sees_a_hole() {
     }
     assert!(p.segments().len() > 100, "the test rolled segments");
 }
+
+/// A one-partition topic whose partition 0 holds `n` records with old
+/// timestamps, then is split (sealed at `n`) and emptied by retention.
+/// Returns the log, the topic and a cut taken after `read_before` records.
+fn emptied_sealed_partition(
+    dir: &std::path::Path,
+    n: u64,
+    read_before: usize,
+) -> (Log, fissionlog::Topic, fissionlog::Cut) {
+    let log = Log::open(dir, opts()).unwrap();
+    let t = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 1,
+                retention_age: Some(std::time::Duration::from_secs(3600)),
+                ..TopicConfig::default()
+            },
+        )
+        .unwrap();
+    for i in 0..n {
+        t.append_to(
+            0,
+            &[NewRecord {
+                key: Some(format!("k{i}").as_bytes()),
+                value: b"old",
+                timestamp: Some(1),
+            }],
+        )
+        .unwrap();
+    }
+    let mut r = t.reader(fissionlog::StartAt::Earliest).unwrap();
+    assert_eq!(r.poll(read_before).unwrap().len(), read_before);
+    let cut = r.cut();
+    t.split(0, fissionlog::SplitPlan::Even).unwrap();
+    log.sync().unwrap();
+    // Two sync rounds move the checkpointed segment bases off partition 0.
+    log.sync().unwrap();
+    assert!(log.enforce_retention().unwrap() > 0);
+    let p = t.partition(0).unwrap();
+    assert!(p.is_empty_sealed(), "retention removed every segment");
+    (log, t, cut)
+}
+
+/// Issue 7, finding 18: a sealed partition that retention emptied reads as
+/// removed by retention (a typed error), never a panic, and its start
+/// offset is its end (it holds nothing).
+#[test]
+fn read_of_a_partition_emptied_by_retention_is_a_retention_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, t, _) = emptied_sealed_partition(dir.path(), 50, 10);
+    let p = t.partition(0).unwrap();
+    assert_eq!(p.end_offset(), 50);
+    assert_eq!(p.start_offset(), 50, "nothing is held");
+    for offset in [0, 10, 49] {
+        match t.read(0, offset, 1024) {
+            Err(Error::Retained {
+                partition: 0,
+                start,
+                end: 50,
+            }) => assert_eq!(start, offset),
+            other => panic!("read at {offset}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        t.read(0, 50, 1024),
+        Err(Error::OffsetOutOfRange { .. })
+    ));
+    let info = t.partitions().into_iter().find(|i| i.id == 0).unwrap();
+    assert_eq!((info.start_offset, info.end_offset), (50, 50));
+    log.close().unwrap();
+    // The floor survives a reopen.
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let t = log.topic("t").unwrap();
+    assert!(matches!(
+        t.read(0, 0, 1024),
+        Err(Error::Retained {
+            start: 0,
+            end: 50,
+            ..
+        })
+    ));
+}
+
+/// Issue 7, finding 18: readers over a partition that retention emptied
+/// (from Earliest, and from a cut taken before the split) treat it as
+/// drained, go on to its children, and report what retention removed
+/// under them.
+#[test]
+fn reader_passes_a_partition_emptied_by_retention_and_reports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_log, t, cut) = emptied_sealed_partition(dir.path(), 50, 10);
+    let children = t.active_partitions();
+    assert_eq!(children.len(), 2);
+    for (i, c) in children.iter().enumerate() {
+        t.append_to(
+            *c,
+            &[NewRecord {
+                key: None,
+                value: format!("new{i}").as_bytes(),
+                timestamp: None,
+            }],
+        )
+        .unwrap();
+    }
+    let mut from_cut = t.reader(fissionlog::StartAt::Cut(cut)).unwrap();
+    let got = from_cut.poll(100).unwrap();
+    assert_eq!(got.len(), 2, "both children's records: {got:?}");
+    assert!(got.iter().all(|r| r.partition != 0));
+    assert_eq!(
+        from_cut.retained(),
+        &[fissionlog::RetainedRange {
+            partition: 0,
+            start: 10,
+            end: 50
+        }]
+    );
+    assert!(from_cut.cut().drained.contains(&0));
+
+    let mut earliest = t.reader(fissionlog::StartAt::Earliest).unwrap();
+    let got = earliest.poll(100).unwrap();
+    assert_eq!(got.len(), 2, "both children's records: {got:?}");
+    assert!(earliest.cut().drained.contains(&0));
+}

@@ -90,6 +90,11 @@ fn dump_partition(
                 pb.inc(end.saturating_sub(pos));
                 pos = end;
             }
+            Err(Error::Retained { start, end, .. }) => {
+                eprintln!("partition {id}: offsets {start}..{end} were removed by retention");
+                pb.inc(end.saturating_sub(pos));
+                pos = end;
+            }
             Err(e) => return Err(e.into()),
         }
     }

@@ -141,6 +141,23 @@ pub enum Error {
         /// held offset (its end when retention removed everything).
         end: u64,
     },
+    /// A batch spanning several partitions failed after the records of
+    /// some partitions were written (each partition's share is written
+    /// whole or not at all). `landed` has one entry per input record, in
+    /// input order: where it was appended, or `None` when it was not. A
+    /// retry must send only the `None` ones, or it duplicates the others.
+    #[error(
+        "{} of {} records of the batch were appended before it failed: {source}",
+        landed.iter().filter(|l| l.is_some()).count(),
+        landed.len()
+    )]
+    PartialBatch {
+        /// Per input record: where it landed, or `None`.
+        landed: Vec<Option<crate::topic::Appended>>,
+        /// Why the rest was not appended.
+        #[source]
+        source: Box<Error>,
+    },
     /// The partition is sealed (split or merged) and takes no appends.
     #[error("partition {partition} of topic {topic:?} is sealed")]
     Sealed {

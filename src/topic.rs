@@ -270,6 +270,14 @@ impl Topic {
 
     /// Appends records, routed by key (keyless ones round-robin), one batch
     /// per partition; returns each record's position in input order.
+    ///
+    /// Atomic per partition, not across partitions. Every record and every
+    /// partition's batch is checked (sizes, limits) before anything is
+    /// written, so a refused batch writes nothing. Each partition's records
+    /// are then written as one batch, whole or not at all. An I/O error (or
+    /// a closed or poisoned partition) met after some partitions' batches
+    /// were written returns [`Error::PartialBatch`], which names exactly the
+    /// records that landed: retry only the others.
     pub fn append_batch(&self, records: &[NewRecord<'_>]) -> Result<Vec<Appended>> {
         self.inner.core.check_open()?;
         let now = now_ms();
@@ -277,63 +285,96 @@ impl Topic {
             .iter()
             .map(|r| r.key.map(|k| self.hash(k)))
             .collect();
-        let mut out = vec![
-            Appended {
-                partition: 0,
-                offset: 0
-            };
-            records.len()
-        ];
+        let ins: Vec<RecordIn<'_>> = records
+            .iter()
+            .map(|r| RecordIn {
+                key: r.key,
+                value: r.value,
+                timestamp: r.timestamp.unwrap_or(now),
+            })
+            .collect();
+        let mut landed: Vec<Option<Appended>> = vec![None; records.len()];
+        // Which first-round group each record belongs to. A record re-routed
+        // after a seal only joins records of its own first-round group, so
+        // every batch written is a part of one that was checked up front.
+        let mut origin: Vec<usize> = vec![0; records.len()];
         let mut pending: Vec<usize> = (0..records.len()).collect();
         let mut attempts = 0;
+        let mut wrote_any = false;
+        let partial = |landed: Vec<Option<Appended>>, wrote_any: bool, e: Error| {
+            if wrote_any {
+                Error::PartialBatch {
+                    landed,
+                    source: Box::new(e),
+                }
+            } else {
+                e
+            }
+        };
         while !pending.is_empty() {
             // Route every pending record against one snapshot of the routing
             // table: routed one by one, a split landing mid-batch could send
             // a key's first record to the parent and its second to a child,
             // and the parent's group (refused as sealed, then retried) would
             // land after the child's: per-key order broken.
-            let mut groups: BTreeMap<u32, (Arc<Partition>, Vec<usize>)> = BTreeMap::new();
+            type Group = (Arc<Partition>, Vec<usize>);
+            let mut groups: BTreeMap<(u32, usize), Group> = BTreeMap::new();
             {
                 let st = self.inner.state.read();
                 let keyless = self.next_keyless(&st);
                 for &i in &pending {
                     let pid = hashes[i].map_or(keyless, |h| st.owner(h));
                     groups
-                        .entry(pid)
+                        .entry((pid, origin[i]))
                         .or_insert_with(|| (st.nodes[&pid].part.clone(), Vec::new()))
                         .1
                         .push(i);
                 }
             }
+            let batches: Vec<((u32, usize), Group, Vec<RecordIn<'_>>)> = groups
+                .into_iter()
+                .map(|(k, g)| {
+                    let recs = g.1.iter().map(|&i| ins[i]).collect();
+                    (k, g, recs)
+                })
+                .collect();
+            if attempts == 0 {
+                // Nothing is written until every group passed its checks.
+                for (_, (part, _), recs) in &batches {
+                    part.check_batch(recs)?;
+                }
+                for (n, (_, (_, idxs), _)) in batches.iter().enumerate() {
+                    for &i in idxs {
+                        origin[i] = n;
+                    }
+                }
+            }
             let mut retry = Vec::new();
-            for (pid, (part, idxs)) in groups {
-                let recs: Vec<RecordIn<'_>> = idxs
-                    .iter()
-                    .map(|&i| RecordIn {
-                        key: records[i].key,
-                        value: records[i].value,
-                        timestamp: records[i].timestamp.unwrap_or(now),
-                    })
-                    .collect();
+            for ((pid, _), (part, idxs), recs) in batches {
                 let hs: Vec<Option<u64>> = idxs.iter().map(|&i| hashes[i]).collect();
                 match part.append(&recs, &hs) {
                     Ok(base) => {
+                        wrote_any = true;
                         for (k, &i) in idxs.iter().enumerate() {
-                            out[i] = Appended {
+                            landed[i] = Some(Appended {
                                 partition: pid,
                                 offset: base + k as u64,
-                            };
+                            });
                         }
                     }
                     // Sealed between routing and appending: route again.
                     Err(Error::Sealed { .. }) if attempts < 1000 => retry.extend(idxs),
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(partial(landed, wrote_any, e)),
                 }
             }
             retry.sort_unstable();
             pending = retry;
             attempts += 1;
         }
+        let out: Vec<Appended> = landed
+            .iter()
+            .map(|l| l.expect("every record landed when nothing is pending"))
+            .collect();
         self.after_append()?;
         Ok(out)
     }

@@ -13,6 +13,7 @@ use crate::format::batch::{self, RecordIn};
 use crate::format::checkpoint::PartitionCheckpoint;
 use crate::read::ReadBatch;
 use crate::storage::fault::IoHook;
+use crate::storage::lock::DirLock;
 use crate::storage::segment::{Segment, SegmentWriter};
 
 /// Static facts a partition needs from its topic.
@@ -25,6 +26,10 @@ pub(crate) struct PartitionParams {
     pub segment_bytes: u64,
     pub index_interval: u64,
     pub max_record_bytes: u64,
+    /// The directory lock: held while the partition (and any batch read
+    /// from it) can touch the mappings. `None` only for a partition made
+    /// while its log was closing (never handed out).
+    pub lock: Option<Arc<DirLock>>,
 }
 
 /// Write-side state, guarded by the writer lock.
@@ -389,7 +394,13 @@ impl Partition {
                 end: next,
             });
         }
-        ReadBatch::new(self.p.id, seg.clone(), offset, max_bytes)
+        ReadBatch::new(
+            self.p.id,
+            seg.clone(),
+            self.p.lock.clone(),
+            offset,
+            max_bytes,
+        )
     }
 
     /// Blocks until `offset` is readable, the partition is sealed below it,

@@ -229,17 +229,23 @@ impl Reader {
                 };
                 let room = max_records - out.len();
                 // Copy only what fits; the rest is read again next time.
-                let before = out.len();
-                let mut rest = batch.iter().skip(room).map(|r| r.offset);
-                out.extend(batch.iter().take(room).map(|r| OwnedRecord {
-                    partition: id,
-                    offset: r.offset,
-                    timestamp: r.timestamp,
-                    key: r.key.map(<[u8]>::to_vec),
-                    value: r.value.to_vec(),
-                }));
-                debug_assert!(out.len() - before <= room);
-                let next = rest.next().unwrap_or_else(|| batch.next_offset());
+                // Bytes changed under the batch are an error (the position
+                // stays, so nothing is skipped).
+                let mut next = batch.next_offset();
+                for (taken, r) in batch.try_iter().enumerate() {
+                    let r = r?;
+                    if taken == room {
+                        next = r.offset;
+                        break;
+                    }
+                    out.push(OwnedRecord {
+                        partition: id,
+                        offset: r.offset,
+                        timestamp: r.timestamp,
+                        key: r.key.map(<[u8]>::to_vec),
+                        value: r.value.to_vec(),
+                    });
+                }
                 self.positions.insert(id, next);
                 progressed = true;
                 if out.len() >= max_records {

@@ -20,6 +20,7 @@ use crate::format::manifest::{ManifestRecord, PartitionRecord, PartitionState};
 use crate::partition::{now_ms, Partition, PartitionParams};
 use crate::read::ReadBatch;
 use crate::storage::fault::IoOp;
+use crate::storage::lock::DirLock;
 use crate::storage::segment::Segment;
 use crate::storage::sync_dir;
 
@@ -132,6 +133,9 @@ pub(crate) struct TopicState {
 #[derive(Debug)]
 pub(crate) struct TopicInner {
     pub core: Arc<Core>,
+    /// The directory lock, handed to every partition made; dropped when
+    /// the log closes (see [`Topic::release_partitions`]).
+    pub lock: Mutex<Option<Arc<DirLock>>>,
     pub id: u32,
     pub name: Arc<str>,
     pub config: RwLock<TopicConfig>,
@@ -212,8 +216,10 @@ impl Topic {
             .expect("index below the count")
     }
 
-    /// A partition handle.
+    /// A partition handle. The handle keeps the log directory locked while
+    /// it lives (it maps the partition's files), also after `Log::close`.
     pub fn partition(&self, id: u32) -> Result<Arc<Partition>> {
+        self.inner.core.check_open()?;
         self.inner
             .state
             .read()
@@ -224,6 +230,17 @@ impl Topic {
                 topic: self.name().to_string(),
                 partition: id,
             })
+    }
+
+    /// Lets go of every partition (and so of the mappings and the directory
+    /// lock they hold) when the log closes: a topic handle that outlives its
+    /// `Log` then answers `Error::Closed` and does not keep the directory
+    /// locked. Routes stay (plain ids), so routing never panics.
+    pub(crate) fn release_partitions(&self) {
+        let mut st = self.inner.state.write();
+        st.nodes.clear();
+        st.roots.clear();
+        *self.inner.lock.lock() = None;
     }
 
     pub(crate) fn all_partition_handles(&self) -> Vec<Arc<Partition>> {
@@ -582,6 +599,7 @@ impl Topic {
                 segment_bytes: cfg.segment_bytes,
                 index_interval: u64::from(cfg.index_interval_bytes),
                 max_record_bytes: cfg.effective_max_record_bytes(),
+                lock: self.inner.lock.lock().clone(),
             },
             seg,
             sealed,

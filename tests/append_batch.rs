@@ -151,7 +151,7 @@ fn append_batch_reports_which_records_landed_when_a_later_group_fails() {
         }
         other => panic!("expected a partial batch, got {other:?}"),
     }
-    let got = t.read(0, 0, 4096).unwrap().to_owned_records();
+    let got = t.read(0, 0, 4096).unwrap().to_owned_records().unwrap();
     assert_eq!(got.len(), 2);
     assert_eq!(got[0].value, b"lands");
     assert_eq!(t.partition(1).unwrap().end_offset(), before1);

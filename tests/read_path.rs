@@ -154,6 +154,7 @@ fn read_of_a_partition_emptied_by_retention_is_a_retention_error() {
     ));
     let info = t.partitions().into_iter().find(|i| i.id == 0).unwrap();
     assert_eq!((info.start_offset, info.end_offset), (50, 50));
+    drop(p);
     log.close().unwrap();
     // The floor survives a reopen.
     let log = Log::open(dir.path(), opts()).unwrap();
@@ -207,4 +208,97 @@ fn reader_passes_a_partition_emptied_by_retention_and_reports_it() {
     let got = earliest.poll(100).unwrap();
     assert_eq!(got.len(), 2, "both children's records: {got:?}");
     assert!(earliest.cut().drained.contains(&0));
+}
+
+/// Issue 7, finding 12: the directory lock lives as long as any mapping a
+/// caller holds. A batch read before `Log::close` keeps the directory
+/// locked, so no second open can repair files under it; once it is
+/// dropped the directory opens again.
+#[test]
+fn read_batch_outliving_the_log_keeps_the_directory_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let t = log.create_topic("t", TopicConfig::default()).unwrap();
+    t.append_to(
+        0,
+        &[NewRecord {
+            key: None,
+            value: b"held",
+            timestamp: None,
+        }],
+    )
+    .unwrap();
+    let batch = t.read(0, 0, 1024).unwrap();
+    drop(t);
+    log.close().unwrap();
+    assert!(matches!(
+        Log::open(dir.path(), opts()),
+        Err(Error::Locked { .. })
+    ));
+    assert_eq!(batch.iter().next().unwrap().value, b"held");
+    // A partition handle outliving the log holds it too.
+    drop(batch);
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let t = log.topic("t").unwrap();
+    let p = t.partition(0).unwrap();
+    log.close().unwrap();
+    assert!(matches!(
+        Log::open(dir.path(), opts()),
+        Err(Error::Locked { .. })
+    ));
+    assert_eq!(p.read(0, 1024).unwrap().iter().count(), 1);
+    drop(p);
+    // A topic handle alone does not: it let go of its partitions at close
+    // and answers Closed.
+    let log = Log::open(dir.path(), opts()).unwrap();
+    assert!(matches!(t.read(0, 0, 1024), Err(Error::Closed)));
+    drop(t);
+    log.close().unwrap();
+}
+
+/// Issue 7, finding 12: bytes changed under a live batch (by something
+/// outside fissionlog writing the file) make iteration stop, and
+/// `try_iter` report a typed error; nothing panics.
+#[test]
+fn bytes_changed_under_a_read_batch_are_an_error_not_a_panic() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let t = log.create_topic("t", TopicConfig::default()).unwrap();
+    for i in 0..3u8 {
+        t.append_to(
+            0,
+            &[NewRecord {
+                key: None,
+                value: &[i; 100],
+                timestamp: None,
+            }],
+        )
+        .unwrap();
+    }
+    let batch = t.read(0, 0, 1 << 20).unwrap();
+    assert_eq!(batch.iter().count(), 3);
+    let seg = &t.partition(0).unwrap().segments()[0];
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(seg.path())
+        .unwrap();
+    // Overwrite the second batch (header and records) with garbage.
+    let second = 64 + batch.len_bytes() / 3;
+    file.write_all_at(&[0xA5; 64], second).unwrap();
+    let seen = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batch.iter().count()));
+    assert!(seen.is_ok(), "iteration panicked on changed bytes");
+    assert!(seen.unwrap() < 3, "iteration stops at the changed batch");
+    let items: Vec<_> = batch.try_iter().collect();
+    assert!(items[0].is_ok());
+    assert!(
+        matches!(
+            items.last(),
+            Some(Err(
+                Error::ChecksumMismatch { .. } | Error::Corruption { .. }
+            ))
+        ),
+        "{items:?}"
+    );
+    assert!(batch.to_owned_records().is_err());
 }

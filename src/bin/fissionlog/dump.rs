@@ -77,7 +77,7 @@ fn dump_partition(
     while pos < end {
         match topic.read(id, pos, READ_BYTES) {
             Ok(batch) => {
-                for r in batch.to_owned_records() {
+                for r in batch.to_owned_records()? {
                     print_record(out, &r, args.json)?;
                 }
                 pb.inc(batch.next_offset() - pos);

@@ -158,6 +158,19 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+    /// A saved position (a `Cut`) lies past what the partition holds, or
+    /// the record before it is no longer the one that was read: a power
+    /// loss cut records the position had passed, and their offsets may
+    /// now name new records. Resuming there would skip them silently.
+    #[error("position {position} of partition {partition} passed records a crash recovery removed (the partition now ends at {end}); resume from an earlier cut or from the partition's durable records")]
+    PositionLost {
+        /// Partition id.
+        partition: u32,
+        /// The saved position.
+        position: u64,
+        /// The partition's end offset now.
+        end: u64,
+    },
     /// The partition is sealed (split or merged) and takes no appends.
     #[error("partition {partition} of topic {topic:?} is sealed")]
     Sealed {

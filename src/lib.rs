@@ -53,7 +53,7 @@ pub use config::{LogOptions, RecoveryMode, SyncPolicy, TopicConfig};
 pub use error::{Error, Result};
 pub use events::TopologyEvent;
 pub use log::{verify, Log, LOCK_FILE, TOPICS_DIR};
-pub use read::{OwnedRecord, ReadBatch, Record};
+pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};
 pub use reader::{Cut, Reader, RetainedRange, StartAt};
 pub use recovery::partition::Problem;
 pub use recovery::RecoveryReport;

@@ -11,7 +11,7 @@ use crate::balance::{LoadMap, RateTracker};
 use crate::error::{Error, Result};
 use crate::format::batch::{self, RecordIn};
 use crate::format::checkpoint::PartitionCheckpoint;
-use crate::read::ReadBatch;
+use crate::read::{ReadBatch, ReadIsolation};
 use crate::storage::fault::IoHook;
 use crate::storage::lock::DirLock;
 use crate::storage::segment::{Segment, SegmentWriter};
@@ -30,6 +30,8 @@ pub(crate) struct PartitionParams {
     /// from it) can touch the mappings. `None` only for a partition made
     /// while its log was closing (never handed out).
     pub lock: Option<Arc<DirLock>>,
+    /// What `read` and `wait_for` see unless told otherwise.
+    pub isolation: ReadIsolation,
 }
 
 /// Write-side state, guarded by the writer lock.
@@ -55,6 +57,10 @@ pub struct Partition {
     segments: RwLock<Arc<Vec<Arc<Segment>>>>,
     writer: Mutex<WriterState>,
     end_offset: AtomicU64,
+    /// End of what a completed sync round covered: raised (Release) by
+    /// `sync_done` after the fsyncs returned, read (Acquire) by durable
+    /// reads. Always a batch boundary and never above `end_offset`.
+    durable_end: AtomicU64,
     sealed: AtomicBool,
     poisoned: Mutex<Option<String>>,
     /// Set once `poisoned` holds a reason (checked on every append without the mutex).
@@ -126,6 +132,7 @@ impl Partition {
             p,
             segments: RwLock::new(Arc::new(segments)),
             end_offset: AtomicU64::new(end),
+            durable_end: AtomicU64::new(durable.2.min(end)),
             sealed: AtomicBool::new(sealed),
             poisoned: Mutex::new(None),
             is_poisoned: AtomicBool::new(false),
@@ -158,6 +165,25 @@ impl Partition {
     /// Offset the next appended record gets (exclusive end).
     pub fn end_offset(&self) -> u64 {
         self.end_offset.load(Ordering::Acquire)
+    }
+
+    /// End of the records a completed sync covered (exclusive).
+    pub fn durable_end_offset(&self) -> u64 {
+        self.durable_end.load(Ordering::Acquire)
+    }
+
+    /// The read isolation this partition's reads use by default (from its
+    /// topic's sync policy).
+    pub fn default_isolation(&self) -> ReadIsolation {
+        self.p.isolation
+    }
+
+    /// End (exclusive) of what a read with `isolation` may see.
+    pub fn visible_end(&self, isolation: ReadIsolation) -> u64 {
+        match isolation {
+            ReadIsolation::Durable => self.durable_end_offset(),
+            ReadIsolation::Written => self.end_offset(),
+        }
     }
 
     /// First offset still held (older segments may have been deleted by
@@ -346,8 +372,19 @@ impl Partition {
         f(&mut self.writer.lock())
     }
 
-    /// Reads from `offset`: at least one batch, then more while under `max_bytes`.
+    /// Reads from `offset`: at least one batch, then more while under
+    /// `max_bytes`, up to what the partition's default isolation shows.
     pub fn read(&self, offset: u64, max_bytes: usize) -> Result<ReadBatch> {
+        self.read_with(offset, max_bytes, self.p.isolation)
+    }
+
+    /// [`Partition::read`] with an explicit read isolation.
+    pub fn read_with(
+        &self,
+        offset: u64,
+        max_bytes: usize,
+        isolation: ReadIsolation,
+    ) -> Result<ReadBatch> {
         // The end first, then the list. A roll pushes the new segment into
         // the list before the writer appends to it and publishes the new end
         // (Release); loading the end (Acquire) first makes every offset
@@ -355,7 +392,7 @@ impl Partition {
         // other way round, a roll in between pairs an old list with a new
         // end, and a just-appended offset past the old last segment reads
         // as a hole.
-        let end = self.end_offset();
+        let end = self.visible_end(isolation);
         let segments = self.segments();
         let start = segments.first().map_or(end, |s| s.base_offset);
         if offset < start && offset < self.retired_below.load(Ordering::Acquire) {
@@ -400,21 +437,34 @@ impl Partition {
             self.p.lock.clone(),
             offset,
             max_bytes,
+            end,
         )
     }
 
-    /// Blocks until `offset` is readable, the partition is sealed below it,
-    /// or `timeout` passes. Returns whether data is there.
+    /// Blocks until `offset` is readable (under the default isolation),
+    /// the partition is sealed below it, or `timeout` passes. Returns
+    /// whether data is there.
     pub fn wait_for(&self, offset: u64, timeout: Duration) -> bool {
+        self.wait_for_with(offset, timeout, self.p.isolation)
+    }
+
+    /// [`Partition::wait_for`] with an explicit read isolation: a durable
+    /// wait wakes when a sync round moves the durable end.
+    pub fn wait_for_with(&self, offset: u64, timeout: Duration, isolation: ReadIsolation) -> bool {
         let deadline = Instant::now() + timeout;
         self.waiters.fetch_add(1, Ordering::AcqRel);
         let mut g = self.tail_lock.lock();
         let ready = loop {
-            if self.end_offset() > offset {
+            if self.visible_end(isolation) > offset {
                 break true;
             }
-            if self.is_sealed() || self.tail_cv.wait_until(&mut g, deadline).timed_out() {
-                break self.end_offset() > offset;
+            // A sealed partition still gets its tail synced: only a
+            // written-isolation wait can stop at the seal.
+            let final_end = self.is_sealed()
+                && (isolation == ReadIsolation::Written
+                    || self.durable_end_offset() >= self.end_offset());
+            if final_end || self.tail_cv.wait_until(&mut g, deadline).timed_out() {
+                break self.visible_end(isolation) > offset;
             }
         };
         drop(g);
@@ -491,6 +541,15 @@ impl Partition {
                 }
             }
             *self.durable.lock() = cap.pos;
+            // Published only now that the fsyncs returned: durable reads
+            // never show what a power loss could still take back.
+            let end = cap.pos.end_offset;
+            if self.durable_end.fetch_max(end, Ordering::AcqRel) < end
+                && self.waiters.load(Ordering::Acquire) > 0
+            {
+                let _g = self.tail_lock.lock();
+                self.tail_cv.notify_all();
+            }
         } else if cap.sync_dir {
             self.dir_dirty.store(true, Ordering::Release);
         }

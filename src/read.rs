@@ -10,11 +10,31 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::batch::{self, BatchHeader, RecordIter};
 use crate::storage::lock::DirLock;
 use crate::storage::segment::{Committed, Segment};
+
+/// How far a read may see into a partition.
+///
+/// A record past the durable end can still be lost by a power failure;
+/// recovery then cuts it and hands its offsets to new records. A consumer
+/// that read it would hold a position past the cut (see
+/// [`Error::PositionLost`]). `Durable` never shows such records.
+///
+/// Default per topic: `Durable` for `SyncPolicy::Always` (an append there
+/// returns only once durable, so readers lose no latency), `Written` for
+/// `Never` and `Interval` (readers would otherwise wait for the next
+/// `sync()` or interval).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReadIsolation {
+    /// Only records a completed sync covered.
+    Durable,
+    /// Every record appended so far, durable or not.
+    Written,
+}
 
 /// One record, borrowed from a [`ReadBatch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,12 +87,15 @@ impl ReadBatch {
         lock: Option<Arc<DirLock>>,
         offset: u64,
         max_bytes: usize,
+        limit: u64,
     ) -> Result<ReadBatch> {
         let start = segment.locate(offset)?;
         let end_pos = segment.committed_pos();
         let mut pos = start;
         let mut next: Option<u64> = None;
-        while pos < end_pos {
+        // Batches whose records lie past `limit` (the visible end, a batch
+        // boundary) are not included.
+        while pos < end_pos && next.is_none_or(|n| n < limit) {
             let header = verify(&segment, pos, next)?;
             if batch::is_hole(&header) {
                 let hole_start = header.base_offset.get();

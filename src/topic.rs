@@ -18,7 +18,7 @@ use crate::events::TopologyEvent;
 use crate::format::batch::RecordIn;
 use crate::format::manifest::{ManifestRecord, PartitionRecord, PartitionState};
 use crate::partition::{now_ms, Partition, PartitionParams};
-use crate::read::ReadBatch;
+use crate::read::{ReadBatch, ReadIsolation};
 use crate::storage::fault::IoOp;
 use crate::storage::lock::DirLock;
 use crate::storage::segment::Segment;
@@ -426,8 +426,22 @@ impl Topic {
 
     /// Reads from a partition: whole verified batches from `offset`, at
     /// least one, more while under `max_bytes`.
+    /// Sees what the topic's default [`ReadIsolation`] shows (durable
+    /// records for `SyncPolicy::Always`, every written one otherwise).
     pub fn read(&self, partition: u32, offset: u64, max_bytes: usize) -> Result<ReadBatch> {
         self.partition(partition)?.read(offset, max_bytes)
+    }
+
+    /// [`Topic::read`] with an explicit read isolation.
+    pub fn read_with(
+        &self,
+        partition: u32,
+        offset: u64,
+        max_bytes: usize,
+        isolation: ReadIsolation,
+    ) -> Result<ReadBatch> {
+        self.partition(partition)?
+            .read_with(offset, max_bytes, isolation)
     }
 
     /// Makes everything appended so far durable (group-committed with
@@ -600,6 +614,11 @@ impl Topic {
                 index_interval: u64::from(cfg.index_interval_bytes),
                 max_record_bytes: cfg.effective_max_record_bytes(),
                 lock: self.inner.lock.lock().clone(),
+                isolation: if cfg.sync == crate::config::SyncPolicy::Always {
+                    ReadIsolation::Durable
+                } else {
+                    ReadIsolation::Written
+                },
             },
             seg,
             sealed,

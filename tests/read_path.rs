@@ -4,6 +4,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+mod common;
+
 use fissionlog::{Error, Log, LogOptions, NewRecord, TopicConfig};
 
 fn opts() -> LogOptions {
@@ -301,4 +303,158 @@ fn bytes_changed_under_a_read_batch_are_an_error_not_a_panic() {
         "{items:?}"
     );
     assert!(batch.to_owned_records().is_err());
+}
+
+fn put(t: &fissionlog::Topic, value: &[u8]) -> u64 {
+    t.append_to(
+        0,
+        &[NewRecord {
+            key: None,
+            value,
+            timestamp: None,
+        }],
+    )
+    .unwrap()
+}
+
+/// Issue 7, finding 10: a durable read shows only what a completed sync
+/// covered, a durable wait wakes when a sync moves the durable end, and
+/// the default follows the sync policy (durable for `Always`).
+#[test]
+fn durable_reads_show_only_synced_records_and_wake_on_sync() {
+    use fissionlog::ReadIsolation::{Durable, Written};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let t = log
+        .create_topic(
+            "never",
+            TopicConfig {
+                partitions: 1,
+                ..TopicConfig::default()
+            },
+        )
+        .unwrap();
+    let p = t.partition(0).unwrap();
+    assert_eq!(p.default_isolation(), Written);
+    for i in 0..3u8 {
+        put(&t, &[i]);
+    }
+    assert_eq!(p.durable_end_offset(), 0);
+    assert!(matches!(
+        t.read_with(0, 0, 1 << 20, Durable),
+        Err(Error::OffsetOutOfRange { end: 0, .. })
+    ));
+    assert_eq!(t.read(0, 0, 1 << 20).unwrap().iter().count(), 3);
+    let waiter = {
+        let p = p.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let ready = p.wait_for_with(0, Duration::from_secs(20), Durable);
+            (ready, started.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    log.sync().unwrap();
+    let (ready, waited) = waiter.join().unwrap();
+    assert!(ready && waited < Duration::from_secs(10), "{waited:?}");
+    assert_eq!(p.durable_end_offset(), 3);
+    // Unsynced records past the durable end stay hidden from durable reads.
+    put(&t, b"late");
+    let b = t.read_with(0, 0, 1 << 20, Durable).unwrap();
+    assert_eq!((b.iter().count(), b.next_offset()), (3, 3));
+    let mut r = t.reader(fissionlog::StartAt::Earliest).unwrap();
+    r.set_isolation(Durable);
+    assert_eq!(r.poll(100).unwrap().len(), 3);
+    assert!(r.poll(100).unwrap().is_empty());
+    log.sync().unwrap();
+    assert_eq!(r.poll(100).unwrap().len(), 1);
+
+    let always = log
+        .create_topic(
+            "always",
+            TopicConfig {
+                partitions: 1,
+                sync: fissionlog::SyncPolicy::Always,
+                ..TopicConfig::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(always.partition(0).unwrap().default_isolation(), Durable);
+    let at = put(&always, b"acked");
+    assert_eq!(always.read(0, at, 1024).unwrap().iter().count(), 1);
+}
+
+/// Issue 7, finding 10: a cut whose position lies past records that a
+/// power loss took (recovery cut the unsynced tail) is reported when the
+/// reader resumes, both before and after new appends reuse the offsets,
+/// instead of silently skipping the new records.
+#[test]
+fn cut_past_a_tail_recovery_cut_is_reported_not_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let t = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 1,
+                ..TopicConfig::default()
+            },
+        )
+        .unwrap();
+    for i in 0..10u8 {
+        put(&t, &[i]);
+    }
+    log.sync().unwrap();
+    log.sync().unwrap();
+    // What the disk holds: the synced ten records.
+    let durable = common::crash::DirImage::capture(dir.path()).unwrap();
+    for i in 10..20u8 {
+        put(&t, &[i]);
+    }
+    let mut r = t.reader(fissionlog::StartAt::Earliest).unwrap();
+    assert_eq!(r.poll(100).unwrap().len(), 20);
+    let cut = r.cut();
+    let early = {
+        let mut r = t.reader(fissionlog::StartAt::Earliest).unwrap();
+        assert_eq!(r.poll(4).unwrap().len(), 4);
+        r.cut()
+    };
+    drop((r, t));
+    log.abandon();
+    // Power loss: the unsynced ten are gone.
+    std::fs::remove_dir_all(dir.path()).unwrap();
+    durable.write_to(dir.path()).unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let t = log.topic("t").unwrap();
+    assert_eq!(t.partition(0).unwrap().end_offset(), 10);
+    let resume = |cut: &fissionlog::Cut| t.reader(fissionlog::StartAt::Cut(cut.clone()));
+    assert!(matches!(
+        resume(&cut),
+        Err(Error::PositionLost {
+            partition: 0,
+            position: 20,
+            end: 10
+        })
+    ));
+    // New records take offsets 10..25: the cut's position 20 now lies
+    // inside them, and the record before it is not the one read there.
+    for i in 0..15u8 {
+        put(&t, &[100 + i]);
+    }
+    assert!(matches!(
+        resume(&cut),
+        Err(Error::PositionLost { position: 20, .. })
+    ));
+    // A cut below the loss still resumes, through the new records.
+    let mut r = resume(&early).unwrap();
+    let got = r.poll(100).unwrap();
+    assert_eq!(got.len(), 21);
+    assert_eq!(got.last().unwrap().value, vec![114]);
+    // And a cut survives serialization with its check.
+    let bytes = cut.to_bytes();
+    assert!(matches!(
+        resume(&fissionlog::Cut::from_bytes(&bytes).unwrap()),
+        Err(Error::PositionLost { .. })
+    ));
 }

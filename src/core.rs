@@ -59,11 +59,19 @@ pub(crate) struct Core {
 }
 
 impl Core {
-    /// Refuses calls on a closed log, or one poisoned by a manifest failure.
-    pub fn check_open(&self) -> Result<()> {
+    /// Refuses reads on a closed log. A log poisoned by a manifest failure
+    /// still serves what it holds.
+    pub fn check_not_closed(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
+        Ok(())
+    }
+
+    /// Refuses writes and topology changes on a closed log, or one poisoned
+    /// by a manifest failure.
+    pub fn check_open(&self) -> Result<()> {
+        self.check_not_closed()?;
         if let Some(reason) = &*self.manifest_failure.lock() {
             return Err(Error::LogPoisoned {
                 reason: reason.clone(),

@@ -143,6 +143,48 @@ pub enum Error {
         /// End of the lost range (exclusive).
         end: u64,
     },
+    /// Retention removed these offsets (expired or over the size limit):
+    /// they are gone for good, and reading resumes at `end`.
+    #[error("offsets {start}..{end} of partition {partition} were removed by retention")]
+    Retained {
+        /// Partition id.
+        partition: u32,
+        /// First removed offset asked for.
+        start: u64,
+        /// First offset after the removed range: the partition's first
+        /// held offset (its end when retention removed everything).
+        end: u64,
+    },
+    /// A batch spanning several partitions failed after the records of
+    /// some partitions were written (each partition's share is written
+    /// whole or not at all). `landed` has one entry per input record, in
+    /// input order: where it was appended, or `None` when it was not. A
+    /// retry must send only the `None` ones, or it duplicates the others.
+    #[error(
+        "{} of {} records of the batch were appended before it failed: {source}",
+        landed.iter().filter(|l| l.is_some()).count(),
+        landed.len()
+    )]
+    PartialBatch {
+        /// Per input record: where it landed, or `None`.
+        landed: Vec<Option<crate::topic::Appended>>,
+        /// Why the rest was not appended.
+        #[source]
+        source: Box<Error>,
+    },
+    /// A saved position (a `Cut`) lies past what the partition holds, or
+    /// the record before it is no longer the one that was read: a power
+    /// loss cut records the position had passed, and their offsets may
+    /// now name new records. Resuming there would skip them silently.
+    #[error("position {position} of partition {partition} passed records a crash recovery removed (the partition now ends at {end}); resume from an earlier cut or from the partition's durable records")]
+    PositionLost {
+        /// Partition id.
+        partition: u32,
+        /// The saved position.
+        position: u64,
+        /// The partition's end offset now.
+        end: u64,
+    },
     /// The partition is sealed (split or merged) and takes no appends.
     #[error("partition {partition} of topic {topic:?} is sealed")]
     Sealed {

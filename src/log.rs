@@ -1,7 +1,7 @@
 //! `Log`: a directory of topics. Opening it is recovery.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -21,6 +21,7 @@ use crate::recovery::partition::{
 use crate::recovery::{FileAction, RecoveryReport};
 use crate::storage::durability::{CheckpointFiles, GroupCommit, SyncBackend, Syncer};
 use crate::storage::fault::{IoHook, IoOp, NoFaults};
+use crate::storage::lock::DirLock;
 use crate::storage::sync_dir;
 use crate::topic::{even_ranges, partition_dir, Node, Topic, TopicInner, TopicState};
 use crate::topology::manifest::Manifest;
@@ -35,32 +36,15 @@ pub const TOPICS_DIR: &str = "topics";
 pub struct Log {
     core: Arc<Core>,
     report: RecoveryReport,
-    _lock: File,
+    /// Shared with every topic, partition and read batch handed out: the
+    /// directory stays locked while any of them lives.
+    _lock: Arc<DirLock>,
     background: Option<std::thread::JoinHandle<()>>,
     abandoned: bool,
 }
 
 fn topic_dir(dir: &Path, id: u32) -> PathBuf {
     dir.join(TOPICS_DIR).join(format!("t{id}"))
-}
-
-/// Takes the exclusive lock of a log directory.
-fn lock_dir(dir: &Path) -> Result<File> {
-    let path = dir.join(LOCK_FILE);
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .at(&path)?;
-    match f.try_lock() {
-        Ok(()) => Ok(f),
-        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked {
-            path: dir.to_path_buf(),
-        }),
-        Err(std::fs::TryLockError::Error(e)) => Err(Error::io(&path, e)),
-    }
 }
 
 /// Checks that `dir` is usable: creates it (when allowed) or recognises a log.
@@ -116,7 +100,7 @@ impl Log {
         let started = Instant::now();
         let dir = dir.as_ref().to_path_buf();
         let exists = prepare_dir(&dir, options.create, &*hook)?;
-        let lock = lock_dir(&dir)?;
+        let lock = DirLock::acquire(&dir, LOCK_FILE)?;
         let mut report = RecoveryReport::default();
         let (manifest, state) = if exists {
             let (m, s, r) = Manifest::open(&dir, options.recovery, false, hook.clone())?;
@@ -200,6 +184,7 @@ impl Log {
             for rec in &state.topics {
                 let topic = load_topic(
                     &core,
+                    &lock,
                     rec,
                     &cps,
                     (&checkpoint, checkpoint_lost),
@@ -297,7 +282,7 @@ impl Log {
         // Files first; the manifest record commits the topic.
         let build = || -> Result<Topic> {
             std::fs::create_dir_all(&tdir).at(&tdir)?;
-            let topic = new_topic(&self.core, &rec);
+            let topic = new_topic(&self.core, &self._lock, &rec);
             let mut st = TopicState::default();
             for p in &rec.partitions {
                 let pdir = partition_dir(&tdir, p.id);
@@ -475,7 +460,10 @@ impl Log {
         } else {
             Ok(())
         };
-        self.core.topics.write().clear();
+        let topics = std::mem::take(&mut *self.core.topics.write());
+        for t in topics.values() {
+            t.release_partitions();
+        }
         result
     }
 }
@@ -488,10 +476,11 @@ impl Drop for Log {
     }
 }
 
-fn new_topic(core: &Arc<Core>, rec: &TopicRecord) -> Topic {
+fn new_topic(core: &Arc<Core>, lock: &Arc<DirLock>, rec: &TopicRecord) -> Topic {
     Topic {
         inner: Arc::new(TopicInner {
             core: core.clone(),
+            lock: Mutex::new(Some(lock.clone())),
             id: rec.id,
             name: Arc::from(rec.name.as_str()),
             config: RwLock::new(rec.config.clone()),
@@ -533,8 +522,13 @@ fn chain_params<'a>(
     }
 }
 
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site, recovery's inputs"
+)]
 fn load_topic(
     core: &Arc<Core>,
+    lock: &Arc<DirLock>,
     rec: &TopicRecord,
     cps: &HashMap<(u32, u32), &PartitionCheckpoint>,
     (checkpoint, checkpoint_lost): (&Checkpoint, bool),
@@ -542,7 +536,7 @@ fn load_topic(
     opened: &mut HashMap<(u32, u32), OpenedChain>,
     report: &mut RecoveryReport,
 ) -> Result<Topic> {
-    let topic = new_topic(core, rec);
+    let topic = new_topic(core, lock, rec);
     let tdir = topic_dir(&core.dir, rec.id);
     let mut st = TopicState::default();
     let now = core.clock.now_nanos();

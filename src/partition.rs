@@ -11,9 +11,10 @@ use crate::balance::{LoadMap, RateTracker};
 use crate::error::{Error, Result};
 use crate::format::batch::{self, RecordIn};
 use crate::format::checkpoint::PartitionCheckpoint;
-use crate::read::ReadBatch;
+use crate::read::{ReadBatch, ReadIsolation};
 use crate::storage::durability::{SyncTarget, Syncer};
 use crate::storage::fault::{IoHook, IoOp};
+use crate::storage::lock::DirLock;
 use crate::storage::segment::{Segment, SegmentWriter};
 
 /// Static facts a partition needs from its topic.
@@ -26,6 +27,12 @@ pub(crate) struct PartitionParams {
     pub segment_bytes: u64,
     pub index_interval: u64,
     pub max_record_bytes: u64,
+    /// The directory lock: held while the partition (and any batch read
+    /// from it) can touch the mappings. `None` only for a partition made
+    /// while its log was closing (never handed out).
+    pub lock: Option<Arc<DirLock>>,
+    /// What `read` and `wait_for` see unless told otherwise.
+    pub isolation: ReadIsolation,
 }
 
 /// Write-side state, guarded by the writer lock.
@@ -68,6 +75,10 @@ pub struct Partition {
     segments: RwLock<Arc<Vec<Arc<Segment>>>>,
     writer: Mutex<WriterState>,
     end_offset: AtomicU64,
+    /// End of what a completed sync round covered: raised (Release) by
+    /// `sync_done` after the fsyncs returned, read (Acquire) by durable
+    /// reads. Always a batch boundary and never above `end_offset`.
+    durable_end: AtomicU64,
     sealed: AtomicBool,
     poisoned: Mutex<Option<String>>,
     /// Set once `poisoned` holds a reason (checked on every append without the mutex).
@@ -182,6 +193,7 @@ impl Partition {
             p,
             segments: RwLock::new(Arc::new(segments)),
             end_offset: AtomicU64::new(end),
+            durable_end: AtomicU64::new(durable.2.min(end)),
             sealed: AtomicBool::new(sealed),
             poisoned: Mutex::new(None),
             is_poisoned: AtomicBool::new(false),
@@ -219,9 +231,33 @@ impl Partition {
         self.end_offset.load(Ordering::Acquire)
     }
 
-    /// First offset still held (older segments may have been deleted).
+    /// End of the records a completed sync covered (exclusive).
+    pub fn durable_end_offset(&self) -> u64 {
+        // SeqCst: a tail waiter's check of this end pairs with the sync
+        // round's publication (see `wait_for_with`).
+        self.durable_end.load(Ordering::SeqCst)
+    }
+
+    /// The read isolation this partition's reads use by default (from its
+    /// topic's sync policy).
+    pub fn default_isolation(&self) -> ReadIsolation {
+        self.p.isolation
+    }
+
+    /// End (exclusive) of what a read with `isolation` may see.
+    pub fn visible_end(&self, isolation: ReadIsolation) -> u64 {
+        match isolation {
+            ReadIsolation::Durable => self.durable_end_offset(),
+            ReadIsolation::Written => self.end_offset.load(Ordering::SeqCst),
+        }
+    }
+
+    /// First offset still held (older segments may have been deleted by
+    /// retention). A sealed partition that retention emptied holds nothing:
+    /// its start is its end.
     pub fn start_offset(&self) -> u64 {
-        self.segments.read().first().map_or(0, |s| s.base_offset)
+        let end = self.end_offset();
+        self.segments.read().first().map_or(end, |s| s.base_offset)
     }
 
     /// Whether the partition is sealed.
@@ -451,11 +487,36 @@ impl Partition {
         f(&mut self.writer.lock())
     }
 
-    /// Reads from `offset`: at least one batch, then more while under `max_bytes`.
+    /// Reads from `offset`: at least one batch, then more while under
+    /// `max_bytes`, up to what the partition's default isolation shows.
     pub fn read(&self, offset: u64, max_bytes: usize) -> Result<ReadBatch> {
+        self.read_with(offset, max_bytes, self.p.isolation)
+    }
+
+    /// [`Partition::read`] with an explicit read isolation.
+    pub fn read_with(
+        &self,
+        offset: u64,
+        max_bytes: usize,
+        isolation: ReadIsolation,
+    ) -> Result<ReadBatch> {
+        // The end first, then the list. A roll pushes the new segment into
+        // the list before the writer appends to it and publishes the new end
+        // (Release); loading the end (Acquire) first makes every offset
+        // below it lie in a segment of the list read after it. Loaded the
+        // other way round, a roll in between pairs an old list with a new
+        // end, and a just-appended offset past the old last segment reads
+        // as a hole.
+        let end = self.visible_end(isolation);
         let segments = self.segments();
-        let end = self.end_offset();
-        let start = segments.first().map_or(0, |s| s.base_offset);
+        let start = segments.first().map_or(end, |s| s.base_offset);
+        if offset < start && offset < self.retired_below.load(Ordering::Acquire) {
+            return Err(Error::Retained {
+                partition: self.p.id,
+                start: offset,
+                end: start,
+            });
+        }
         if offset < start || offset >= end {
             return Err(Error::OffsetOutOfRange {
                 partition: self.p.id,
@@ -464,7 +525,18 @@ impl Partition {
                 end,
             });
         }
-        let i = segments.partition_point(|s| s.base_offset <= offset) - 1;
+        // `start <= offset` with a non-empty list (an empty one has
+        // `start == end` and returned above): some segment starts at or
+        // below `offset`.
+        let i = segments.partition_point(|s| s.base_offset <= offset);
+        let Some(i) = i.checked_sub(1) else {
+            return Err(Error::OffsetOutOfRange {
+                partition: self.p.id,
+                offset,
+                start,
+                end,
+            });
+        };
         let seg = &segments[i];
         if offset >= seg.end_offset() {
             let next = segments.get(i + 1).map_or(end, |s| s.base_offset);
@@ -474,12 +546,26 @@ impl Partition {
                 end: next,
             });
         }
-        ReadBatch::new(self.p.id, seg.clone(), offset, max_bytes)
+        ReadBatch::new(
+            self.p.id,
+            seg.clone(),
+            self.p.lock.clone(),
+            offset,
+            max_bytes,
+            end,
+        )
     }
 
-    /// Blocks until `offset` is readable, the partition is sealed below it,
-    /// or `timeout` passes. Returns whether data is there.
+    /// Blocks until `offset` is readable (under the default isolation),
+    /// the partition is sealed below it, or `timeout` passes. Returns
+    /// whether data is there.
     pub fn wait_for(&self, offset: u64, timeout: Duration) -> bool {
+        self.wait_for_with(offset, timeout, self.p.isolation)
+    }
+
+    /// [`Partition::wait_for`] with an explicit read isolation: a durable
+    /// wait wakes when a sync round moves the durable end.
+    pub fn wait_for_with(&self, offset: u64, timeout: Duration, isolation: ReadIsolation) -> bool {
         let deadline = Instant::now() + timeout;
         // The appender stores `end_offset` then loads `waiters`; the waiter
         // increments `waiters` then loads `end_offset` (a store followed by
@@ -495,11 +581,16 @@ impl Partition {
         self.waiters.fetch_add(1, Ordering::SeqCst);
         let mut g = self.tail_lock.lock();
         let ready = loop {
-            if self.end_offset.load(Ordering::SeqCst) > offset {
+            if self.visible_end(isolation) > offset {
                 break true;
             }
-            if self.is_sealed() || self.tail_cv.wait_until(&mut g, deadline).timed_out() {
-                break self.end_offset() > offset;
+            // A sealed partition still gets its tail synced: only a
+            // written-isolation wait can stop at the seal.
+            let final_end = self.is_sealed()
+                && (isolation == ReadIsolation::Written
+                    || self.durable_end_offset() >= self.end_offset());
+            if final_end || self.tail_cv.wait_until(&mut g, deadline).timed_out() {
+                break self.visible_end(isolation) > offset;
             }
         };
         drop(g);
@@ -610,6 +701,18 @@ impl Partition {
             if (cap.pos.segment_base, cap.pos.position) >= (d.segment_base, d.position) {
                 moved = *d != cap.pos;
                 *d = cap.pos;
+            }
+            drop(d);
+            // Published only now that the fsyncs returned: durable reads
+            // never show what a power loss could still take back. SeqCst
+            // pairs with the waiter's increment of `waiters` (see
+            // `wait_for_with`).
+            let end = cap.pos.end_offset;
+            if self.durable_end.fetch_max(end, Ordering::SeqCst) < end
+                && self.waiters.load(Ordering::SeqCst) > 0
+            {
+                let _g = self.tail_lock.lock();
+                self.tail_cv.notify_all();
             }
         } else {
             if cap.sync_dir {

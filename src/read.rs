@@ -1,13 +1,40 @@
 //! Zero-copy reads: records borrow from the segment mapping, which an `Arc`
-//! keeps alive (also after retention unlinked the file).
+//! keeps alive (also after retention unlinked the file), together with the
+//! directory lock (no other fissionlog handle may repair the file under it).
+//!
+//! Batches are CRC-checked when a [`ReadBatch`] is built. Iteration parses
+//! them again without trusting that check: only something outside
+//! fissionlog writing the file could change the bytes, and that must be an
+//! error (or an early end), never a panic.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::batch::{self, BatchHeader, RecordIter};
-use crate::storage::segment::Segment;
+use crate::storage::lock::DirLock;
+use crate::storage::segment::{Committed, Segment};
+
+/// How far a read may see into a partition.
+///
+/// A record past the durable end can still be lost by a power failure;
+/// recovery then cuts it and hands its offsets to new records. A consumer
+/// that read it would hold a position past the cut (see
+/// [`Error::PositionLost`]). `Durable` never shows such records.
+///
+/// Default per topic: `Durable` for `SyncPolicy::Always` (an append there
+/// returns only once durable, so readers lose no latency), `Written` for
+/// `Never` and `Interval` (readers would otherwise wait for the next
+/// `sync()` or interval).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReadIsolation {
+    /// Only records a completed sync covered.
+    Durable,
+    /// Every record appended so far, durable or not.
+    Written,
+}
 
 /// One record, borrowed from a [`ReadBatch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +69,8 @@ pub struct OwnedRecord {
 pub struct ReadBatch {
     partition: u32,
     segment: Arc<Segment>,
+    /// Keeps the directory locked while the mapping is reachable.
+    lock: Option<Arc<DirLock>>,
     /// File positions `[start, end)` of whole, CRC-checked batches.
     start: u64,
     end: u64,
@@ -55,14 +84,18 @@ impl ReadBatch {
     pub(crate) fn new(
         partition: u32,
         segment: Arc<Segment>,
+        lock: Option<Arc<DirLock>>,
         offset: u64,
         max_bytes: usize,
+        limit: u64,
     ) -> Result<ReadBatch> {
         let start = segment.locate(offset)?;
         let end_pos = segment.committed_pos();
         let mut pos = start;
         let mut next: Option<u64> = None;
-        while pos < end_pos {
+        // Batches whose records lie past `limit` (the visible end, a batch
+        // boundary) are not included.
+        while pos < end_pos && next.is_none_or(|n| n < limit) {
             let header = verify(&segment, pos, next)?;
             if batch::is_hole(&header) {
                 let hole_start = header.base_offset.get();
@@ -89,6 +122,7 @@ impl ReadBatch {
             from_offset: offset,
             next_offset: next.unwrap_or(offset),
             segment,
+            lock,
         })
     }
 
@@ -116,39 +150,39 @@ impl ReadBatch {
     pub fn to_bytes(&self) -> Bytes {
         Bytes::from_owner(SegmentSlice {
             segment: self.segment.clone(),
+            _lock: self.lock.clone(),
             start: self.start,
             end: self.end,
         })
     }
 
-    /// Iterates the records from the requested offset on.
+    /// Iterates the records from the requested offset on. Stops early if
+    /// the bytes no longer parse (something outside fissionlog changed the
+    /// file); [`ReadBatch::try_iter`] reports that as an error.
     pub fn iter(&self) -> impl Iterator<Item = Record<'_>> + '_ {
-        let data = self.segment.committed();
-        let from = self.from_offset;
-        let mut pos = self.start;
-        let end = self.end;
-        std::iter::from_fn(move || {
-            if pos >= end {
-                return None;
-            }
-            let bytes = data.from(pos);
-            // Validated in `new`; parse again only for lengths.
-            let h = batch::parse_header(bytes).expect("batch validated when the read was built");
-            let len = h.batch_len.get() as usize;
-            pos += len as u64;
-            Some(
-                RecordIter::new(&bytes[..len], &h)
-                    .map(|r| r.expect("records validated when the read was built")),
-            )
-        })
-        .flatten()
-        .filter(move |r| r.offset >= from)
-        .map(|r| Record {
-            offset: r.offset,
-            timestamp: r.timestamp,
-            key: r.key,
-            value: r.value,
-        })
+        self.records(false).map_while(Result::ok)
+    }
+
+    /// Iterates the records from the requested offset on, checking every
+    /// batch again (CRC included). Bytes changed since the batch was read
+    /// give one `Err` item ([`Error::ChecksumMismatch`] or
+    /// [`Error::Corruption`]), then the iteration ends.
+    pub fn try_iter(&self) -> impl Iterator<Item = Result<Record<'_>>> + '_ {
+        self.records(true)
+    }
+
+    fn records(&self, check_crc: bool) -> Records<'_> {
+        Records {
+            segment: &self.segment,
+            data: self.segment.committed(),
+            pos: self.start,
+            end: self.end,
+            from: self.from_offset,
+            expected: None,
+            check_crc,
+            current: None,
+            done: false,
+        }
     }
 
     /// A record's value as `Bytes` sharing the mapping (no copy).
@@ -163,25 +197,31 @@ impl ReadBatch {
 
     fn slice_bytes(&self, part: &[u8]) -> Bytes {
         let all = self.as_bytes();
-        let off = part.as_ptr() as usize - all.as_ptr() as usize;
-        assert!(off + part.len() <= all.len(), "slice comes from this batch");
+        let off = (part.as_ptr() as usize).wrapping_sub(all.as_ptr() as usize);
+        if off > all.len() || part.len() > all.len() - off {
+            // Not a slice of this batch (a record of another one): a copy.
+            return Bytes::copy_from_slice(part);
+        }
         let start = self.start + off as u64;
         Bytes::from_owner(SegmentSlice {
             segment: self.segment.clone(),
+            _lock: self.lock.clone(),
             start,
             end: start + part.len() as u64,
         })
     }
 
-    /// Copies the records out.
-    pub fn to_owned_records(&self) -> Vec<OwnedRecord> {
-        self.iter()
-            .map(|r| OwnedRecord {
-                partition: self.partition,
-                offset: r.offset,
-                timestamp: r.timestamp,
-                key: r.key.map(<[u8]>::to_vec),
-                value: r.value.to_vec(),
+    /// Copies the records out (checked as by [`ReadBatch::try_iter`]).
+    pub fn to_owned_records(&self) -> Result<Vec<OwnedRecord>> {
+        self.try_iter()
+            .map(|r| {
+                r.map(|r| OwnedRecord {
+                    partition: self.partition,
+                    offset: r.offset,
+                    timestamp: r.timestamp,
+                    key: r.key.map(<[u8]>::to_vec),
+                    value: r.value.to_vec(),
+                })
             })
             .collect()
     }
@@ -190,7 +230,15 @@ impl ReadBatch {
 /// Validates the batch at `pos`: a checksum failure after open is a typed
 /// error, never wrong bytes.
 fn verify(segment: &Segment, pos: u64, expected: Option<u64>) -> Result<BatchHeader> {
-    let bytes = segment.committed().from(pos);
+    verify_bytes(segment, segment.committed().from(pos), pos, expected)
+}
+
+fn verify_bytes(
+    segment: &Segment,
+    bytes: &[u8],
+    pos: u64,
+    expected: Option<u64>,
+) -> Result<BatchHeader> {
     batch::validate(bytes, expected).map_err(|e| match e {
         batch::BatchError::BadCrc { expected, actual } => Error::ChecksumMismatch {
             file: segment.path().to_path_buf(),
@@ -202,9 +250,96 @@ fn verify(segment: &Segment, pos: u64, expected: Option<u64>) -> Result<BatchHea
     })
 }
 
-/// Owner handed to `Bytes::from_owner`: keeps the segment mapped.
+/// The records of a batch range, parsed again as they are iterated.
+struct Records<'a> {
+    segment: &'a Segment,
+    data: Committed<'a>,
+    /// File position of the next batch.
+    pos: u64,
+    end: u64,
+    from: u64,
+    /// Base offset the next batch must have (after the first).
+    expected: Option<u64>,
+    check_crc: bool,
+    current: Option<(u64, RecordIter<'a>)>,
+    done: bool,
+}
+
+impl<'a> Records<'a> {
+    /// The next batch's records, or the error that ends the iteration.
+    fn next_batch(&mut self) -> Result<(u64, RecordIter<'a>)> {
+        let pos = self.pos;
+        // Only bytes of this read's range: a batch must not run past it.
+        let bytes = self.data.range(pos, self.end);
+        let header = if self.check_crc {
+            verify_bytes(self.segment, bytes, pos, self.expected)?
+        } else {
+            batch::parse_header(bytes)
+                .map_err(|e| Error::corruption(self.segment.path(), pos, e.to_string()))?
+        };
+        if self.expected.is_some_and(|x| x != header.base_offset.get()) || batch::is_hole(&header) {
+            return Err(Error::corruption(
+                self.segment.path(),
+                pos,
+                "batch changed since it was read",
+            ));
+        }
+        let len = header.batch_len.get() as usize;
+        self.expected = Some(header.base_offset.get() + u64::from(header.record_count.get()));
+        self.pos += len as u64;
+        Ok((pos, RecordIter::new(&bytes[..len], &header)))
+    }
+}
+
+impl<'a> Iterator for Records<'a> {
+    type Item = Result<Record<'a>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.done {
+                return None;
+            }
+            if let Some((pos, it)) = &mut self.current {
+                match it.next() {
+                    Some(Ok(r)) if r.offset < self.from => continue,
+                    Some(Ok(r)) => {
+                        return Some(Ok(Record {
+                            offset: r.offset,
+                            timestamp: r.timestamp,
+                            key: r.key,
+                            value: r.value,
+                        }))
+                    }
+                    Some(Err(e)) => {
+                        self.done = true;
+                        return Some(Err(Error::corruption(
+                            self.segment.path(),
+                            *pos,
+                            e.to_string(),
+                        )));
+                    }
+                    None => self.current = None,
+                }
+            }
+            if self.pos >= self.end {
+                return None;
+            }
+            match self.next_batch() {
+                Ok(b) => self.current = Some(b),
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}
+
+/// Owner handed to `Bytes::from_owner`: keeps the segment mapped and the
+/// directory locked.
 struct SegmentSlice {
     segment: Arc<Segment>,
+    _lock: Option<Arc<DirLock>>,
     start: u64,
     end: u64,
 }

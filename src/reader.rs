@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::read::OwnedRecord;
+use crate::read::{OwnedRecord, ReadIsolation, Record};
 use crate::topic::Topic;
 
 /// Where a reader starts.
@@ -33,6 +33,15 @@ pub struct Cut {
     pub positions: BTreeMap<u32, u64>,
     /// Partitions fully read whose children may not be open yet.
     pub drained: BTreeSet<u32>,
+    /// Per open partition, a fingerprint of the last record read before
+    /// its position. After a power loss recovery cuts a partition's
+    /// unsynced tail and later appends reuse those offsets; a reader
+    /// resumed from this cut checks that the record before its position is
+    /// still the one it read, and gets [`Error::PositionLost`] instead of
+    /// silently skipping the new records (C8). Absent in cuts of older
+    /// versions (not checked then).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub last_records: BTreeMap<u32, u64>,
 }
 
 impl Cut {
@@ -47,6 +56,18 @@ impl Cut {
     }
 }
 
+/// Offsets a [`Reader`] passed over because retention had removed them
+/// before the reader got there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetainedRange {
+    /// Partition id.
+    pub partition: u32,
+    /// First offset the reader had not read yet.
+    pub start: u64,
+    /// Where it resumed (exclusive end of what it missed).
+    pub end: u64,
+}
+
 /// A lineage-aware reader of one topic.
 #[derive(Debug)]
 pub struct Reader {
@@ -54,6 +75,31 @@ pub struct Reader {
     positions: BTreeMap<u32, u64>,
     drained: BTreeSet<u32>,
     next_rr: usize,
+    retained: Vec<RetainedRange>,
+    /// See [`Cut::last_records`].
+    last_records: BTreeMap<u32, u64>,
+    /// None: each partition's default (from its topic's sync policy).
+    isolation: Option<ReadIsolation>,
+}
+
+/// Fingerprint of a record for [`Cut::last_records`]: SipHash-1-3 (fixed
+/// keys) of its offset, timestamp, key and value.
+fn record_fingerprint(r: &Record<'_>) -> u64 {
+    use std::hash::Hasher;
+    let mut h =
+        siphasher::sip::SipHasher13::new_with_keys(0x6669_7373_696f_6e6c, 0x6f67_2d63_7574_0001);
+    h.write_u64(r.offset);
+    h.write_i64(r.timestamp);
+    match r.key {
+        Some(k) => {
+            h.write_u8(1);
+            h.write_u64(k.len() as u64);
+            h.write(k);
+        }
+        None => h.write_u8(0),
+    }
+    h.write(r.value);
+    h.finish()
 }
 
 impl Topic {
@@ -62,6 +108,7 @@ impl Topic {
         let infos = self.partitions();
         let mut positions = BTreeMap::new();
         let mut drained = BTreeSet::new();
+        let mut last_records = BTreeMap::new();
         match start {
             StartAt::Earliest => {
                 let ids: BTreeSet<u32> = infos.iter().map(|p| p.id).collect();
@@ -91,8 +138,12 @@ impl Topic {
                         )));
                     }
                 }
+                for (&id, &pos) in &cut.positions {
+                    self.check_position(id, pos, cut.last_records.get(&id).copied())?;
+                }
                 positions = cut.positions;
                 drained = cut.drained;
+                last_records = cut.last_records;
             }
         }
         let mut r = Reader {
@@ -100,9 +151,47 @@ impl Topic {
             positions,
             drained,
             next_rr: 0,
+            retained: Vec::new(),
+            last_records,
+            isolation: None,
         };
         r.advance_lineage();
         Ok(r)
+    }
+}
+
+impl Topic {
+    /// Checks that a saved position still names what it named: not past
+    /// the partition's end, and (with a fingerprint) the record before it
+    /// is the one that was read there. Recovery cutting an unsynced tail
+    /// below `pos` fails one of the two, until and after new appends reuse
+    /// the offsets.
+    fn check_position(&self, id: u32, pos: u64, last: Option<u64>) -> Result<()> {
+        let part = self.partition(id)?;
+        let end = part.end_offset();
+        let lost = || Error::PositionLost {
+            partition: id,
+            position: pos,
+            end,
+        };
+        if pos > end {
+            return Err(lost());
+        }
+        let (Some(want), Some(prev)) = (last, pos.checked_sub(1)) else {
+            return Ok(());
+        };
+        match part.read_with(prev, 1, ReadIsolation::Written) {
+            Ok(b) => match b.try_iter().next() {
+                Some(Ok(r)) if r.offset == prev && record_fingerprint(&r) == want => Ok(()),
+                Some(Err(e)) => Err(e),
+                _ => Err(lost()),
+            },
+            // Gone by retention or salvage: nothing left to compare with,
+            // and `poll` reports the range.
+            Err(Error::Retained { .. } | Error::Hole { .. }) => Ok(()),
+            Err(Error::OffsetOutOfRange { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -113,7 +202,26 @@ impl Reader {
             topic_id: self.topic.id(),
             positions: self.positions.clone(),
             drained: self.drained.clone(),
+            last_records: self
+                .last_records
+                .iter()
+                .filter(|(id, _)| self.positions.contains_key(id))
+                .map(|(&id, &f)| (id, f))
+                .collect(),
         }
+    }
+
+    /// Reads with `isolation` from now on, instead of each partition's
+    /// default (durable for `SyncPolicy::Always` topics, written otherwise).
+    pub fn set_isolation(&mut self, isolation: ReadIsolation) {
+        self.isolation = Some(isolation);
+    }
+
+    /// Ranges this reader passed over because retention had removed them
+    /// (oldest first). Positions are never moved silently: every offset a
+    /// reader skips is either here or behind an error it returned.
+    pub fn retained(&self) -> &[RetainedRange] {
+        &self.retained
     }
 
     /// Partitions currently being read.
@@ -145,7 +253,10 @@ impl Reader {
                     && !p.parents.is_empty()
                     && p.parents.iter().all(|q| self.drained.contains(q))
                 {
-                    self.positions.insert(p.id, p.start_offset);
+                    // From the child's first offset, not its first held
+                    // one: what retention removed before this reader got
+                    // there is then reported by `poll`, not skipped.
+                    self.positions.insert(p.id, 0);
                     changed = true;
                 }
             }
@@ -171,14 +282,37 @@ impl Reader {
                 let id = ids[(self.next_rr + k) % ids.len()];
                 let pos = self.positions[&id];
                 let part = self.topic.partition(id)?;
-                if pos >= part.end_offset() {
+                let iso = self.isolation.unwrap_or(part.default_isolation());
+                if pos >= part.visible_end(iso) {
                     continue;
                 }
-                let pos = pos.max(part.start_offset());
-                let batch = match part.read(pos, 256 * 1024) {
+                let batch = match part.read_with(pos, 256 * 1024, iso) {
                     Ok(b) => b,
                     Err(Error::Hole { end, .. }) => {
                         self.positions.insert(id, end);
+                        self.last_records.remove(&id);
+                        progressed = true;
+                        continue;
+                    }
+                    // Gone before this reader got there: say so, and go on
+                    // where the data resumes (a sealed partition retention
+                    // emptied is then drained).
+                    Err(Error::Retained { start, end, .. }) => {
+                        self.retained.push(RetainedRange {
+                            partition: id,
+                            start,
+                            end,
+                        });
+                        self.positions.insert(id, end);
+                        self.last_records.remove(&id);
+                        progressed = true;
+                        continue;
+                    }
+                    // Below the first offset held, but not by retention:
+                    // recovery reports what it lost; resume at the start.
+                    Err(Error::OffsetOutOfRange { offset, start, .. }) if offset < start => {
+                        self.positions.insert(id, start);
+                        self.last_records.remove(&id);
                         progressed = true;
                         continue;
                     }
@@ -186,18 +320,29 @@ impl Reader {
                 };
                 let room = max_records - out.len();
                 // Copy only what fits; the rest is read again next time.
-                let before = out.len();
-                let mut rest = batch.iter().skip(room).map(|r| r.offset);
-                out.extend(batch.iter().take(room).map(|r| OwnedRecord {
-                    partition: id,
-                    offset: r.offset,
-                    timestamp: r.timestamp,
-                    key: r.key.map(<[u8]>::to_vec),
-                    value: r.value.to_vec(),
-                }));
-                debug_assert!(out.len() - before <= room);
-                let next = rest.next().unwrap_or_else(|| batch.next_offset());
+                // Bytes changed under the batch are an error (the position
+                // stays, so nothing is skipped).
+                let mut next = batch.next_offset();
+                let mut last = None;
+                for (taken, r) in batch.try_iter().enumerate() {
+                    let r = r?;
+                    if taken == room {
+                        next = r.offset;
+                        break;
+                    }
+                    last = Some(record_fingerprint(&r));
+                    out.push(OwnedRecord {
+                        partition: id,
+                        offset: r.offset,
+                        timestamp: r.timestamp,
+                        key: r.key.map(<[u8]>::to_vec),
+                        value: r.value.to_vec(),
+                    });
+                }
                 self.positions.insert(id, next);
+                if let Some(f) = last {
+                    self.last_records.insert(id, f);
+                }
                 progressed = true;
                 if out.len() >= max_records {
                     break;
@@ -222,7 +367,9 @@ impl Reader {
             }
             let wait = (deadline - now).min(Duration::from_millis(10));
             if let Some((&id, &pos)) = self.positions.iter().next() {
-                let _ = self.topic.wait_for(id, pos, wait);
+                let part = self.topic.partition(id)?;
+                let iso = self.isolation.unwrap_or(part.default_isolation());
+                let _ = part.wait_for_with(pos, wait, iso);
             } else {
                 std::thread::sleep(wait);
             }

@@ -18,8 +18,9 @@ use crate::events::TopologyEvent;
 use crate::format::batch::RecordIn;
 use crate::format::manifest::{ManifestRecord, PartitionRecord, PartitionState};
 use crate::partition::{now_ms, Partition, PartitionParams};
-use crate::read::ReadBatch;
+use crate::read::{ReadBatch, ReadIsolation};
 use crate::storage::fault::IoOp;
+use crate::storage::lock::DirLock;
 use crate::storage::segment::Segment;
 use crate::storage::sync_dir;
 
@@ -132,6 +133,9 @@ pub(crate) struct TopicState {
 #[derive(Debug)]
 pub(crate) struct TopicInner {
     pub core: Arc<Core>,
+    /// The directory lock, handed to every partition made; dropped when
+    /// the log closes (see [`Topic::release_partitions`]).
+    pub lock: Mutex<Option<Arc<DirLock>>>,
     pub id: u32,
     pub name: Arc<str>,
     pub config: RwLock<TopicConfig>,
@@ -212,8 +216,10 @@ impl Topic {
             .expect("index below the count")
     }
 
-    /// A partition handle.
+    /// A partition handle. The handle keeps the log directory locked while
+    /// it lives (it maps the partition's files), also after `Log::close`.
     pub fn partition(&self, id: u32) -> Result<Arc<Partition>> {
+        self.inner.core.check_not_closed()?;
         self.inner
             .state
             .read()
@@ -224,6 +230,17 @@ impl Topic {
                 topic: self.name().to_string(),
                 partition: id,
             })
+    }
+
+    /// Lets go of every partition (and so of the mappings and the directory
+    /// lock they hold) when the log closes: a topic handle that outlives its
+    /// `Log` then answers `Error::Closed` and does not keep the directory
+    /// locked. Routes stay (plain ids), so routing never panics.
+    pub(crate) fn release_partitions(&self) {
+        let mut st = self.inner.state.write();
+        st.nodes.clear();
+        st.roots.clear();
+        *self.inner.lock.lock() = None;
     }
 
     pub(crate) fn all_partition_handles(&self) -> Vec<Arc<Partition>> {
@@ -270,6 +287,14 @@ impl Topic {
 
     /// Appends records, routed by key (keyless ones round-robin), one batch
     /// per partition; returns each record's position in input order.
+    ///
+    /// Atomic per partition, not across partitions. Every record and every
+    /// partition's batch is checked (sizes, limits) before anything is
+    /// written, so a refused batch writes nothing. Each partition's records
+    /// are then written as one batch, whole or not at all. An I/O error (or
+    /// a closed or poisoned partition) met after some partitions' batches
+    /// were written returns [`Error::PartialBatch`], which names exactly the
+    /// records that landed: retry only the others.
     pub fn append_batch(&self, records: &[NewRecord<'_>]) -> Result<Vec<Appended>> {
         self.inner.core.check_open()?;
         let now = now_ms();
@@ -277,65 +302,98 @@ impl Topic {
             .iter()
             .map(|r| r.key.map(|k| self.hash(k)))
             .collect();
-        let mut out = vec![
-            Appended {
-                partition: 0,
-                offset: 0
-            };
-            records.len()
-        ];
+        let ins: Vec<RecordIn<'_>> = records
+            .iter()
+            .map(|r| RecordIn {
+                key: r.key,
+                value: r.value,
+                timestamp: r.timestamp.unwrap_or(now),
+            })
+            .collect();
+        let mut landed: Vec<Option<Appended>> = vec![None; records.len()];
+        // Which first-round group each record belongs to. A record re-routed
+        // after a seal only joins records of its own first-round group, so
+        // every batch written is a part of one that was checked up front.
+        let mut origin: Vec<usize> = vec![0; records.len()];
         let mut pending: Vec<usize> = (0..records.len()).collect();
         let mut attempts = 0;
         let mut touched: Vec<Arc<Partition>> = Vec::new();
+        let mut wrote_any = false;
+        let partial = |landed: Vec<Option<Appended>>, wrote_any: bool, e: Error| {
+            if wrote_any {
+                Error::PartialBatch {
+                    landed,
+                    source: Box::new(e),
+                }
+            } else {
+                e
+            }
+        };
         while !pending.is_empty() {
             // Route every pending record against one snapshot of the routing
             // table: routed one by one, a split landing mid-batch could send
             // a key's first record to the parent and its second to a child,
             // and the parent's group (refused as sealed, then retried) would
             // land after the child's: per-key order broken.
-            let mut groups: BTreeMap<u32, (Arc<Partition>, Vec<usize>)> = BTreeMap::new();
+            type Group = (Arc<Partition>, Vec<usize>);
+            let mut groups: BTreeMap<(u32, usize), Group> = BTreeMap::new();
             {
                 let st = self.inner.state.read();
                 let keyless = self.next_keyless(&st);
                 for &i in &pending {
                     let pid = hashes[i].map_or(keyless, |h| st.owner(h));
                     groups
-                        .entry(pid)
+                        .entry((pid, origin[i]))
                         .or_insert_with(|| (st.nodes[&pid].part.clone(), Vec::new()))
                         .1
                         .push(i);
                 }
             }
+            let batches: Vec<((u32, usize), Group, Vec<RecordIn<'_>>)> = groups
+                .into_iter()
+                .map(|(k, g)| {
+                    let recs = g.1.iter().map(|&i| ins[i]).collect();
+                    (k, g, recs)
+                })
+                .collect();
+            if attempts == 0 {
+                // Nothing is written until every group passed its checks.
+                for (_, (part, _), recs) in &batches {
+                    part.check_batch(recs)?;
+                }
+                for (n, (_, (_, idxs), _)) in batches.iter().enumerate() {
+                    for &i in idxs {
+                        origin[i] = n;
+                    }
+                }
+            }
             let mut retry = Vec::new();
-            for (pid, (part, idxs)) in groups {
+            for ((pid, _), (part, idxs), recs) in batches {
                 touched.push(part.clone());
-                let recs: Vec<RecordIn<'_>> = idxs
-                    .iter()
-                    .map(|&i| RecordIn {
-                        key: records[i].key,
-                        value: records[i].value,
-                        timestamp: records[i].timestamp.unwrap_or(now),
-                    })
-                    .collect();
                 let hs: Vec<Option<u64>> = idxs.iter().map(|&i| hashes[i]).collect();
                 match part.append(&recs, &hs) {
                     Ok(base) => {
+                        wrote_any = true;
                         for (k, &i) in idxs.iter().enumerate() {
-                            out[i] = Appended {
+                            landed[i] = Some(Appended {
                                 partition: pid,
                                 offset: base + k as u64,
-                            };
+                            });
                         }
                     }
                     // Sealed between routing and appending: route again.
                     Err(Error::Sealed { .. }) if attempts < 1000 => retry.extend(idxs),
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(partial(landed, wrote_any, e)),
                 }
             }
             retry.sort_unstable();
             pending = retry;
             attempts += 1;
         }
+        let out: Vec<Appended> = landed
+            .iter()
+            .map(|l| l.expect("every record landed when nothing is pending"))
+            .collect();
         let touched: Vec<&Partition> = touched.iter().map(|p| &**p).collect();
         self.after_append(&touched)?;
         Ok(out)
@@ -375,8 +433,22 @@ impl Topic {
 
     /// Reads from a partition: whole verified batches from `offset`, at
     /// least one, more while under `max_bytes`.
+    /// Sees what the topic's default [`ReadIsolation`] shows (durable
+    /// records for `SyncPolicy::Always`, every written one otherwise).
     pub fn read(&self, partition: u32, offset: u64, max_bytes: usize) -> Result<ReadBatch> {
         self.partition(partition)?.read(offset, max_bytes)
+    }
+
+    /// [`Topic::read`] with an explicit read isolation.
+    pub fn read_with(
+        &self,
+        partition: u32,
+        offset: u64,
+        max_bytes: usize,
+        isolation: ReadIsolation,
+    ) -> Result<ReadBatch> {
+        self.partition(partition)?
+            .read_with(offset, max_bytes, isolation)
     }
 
     /// Makes everything appended so far durable (group-committed with
@@ -549,6 +621,12 @@ impl Topic {
                     segment_bytes: cfg.segment_bytes,
                     index_interval: u64::from(cfg.index_interval_bytes),
                     max_record_bytes: cfg.effective_max_record_bytes(),
+                    lock: self.inner.lock.lock().clone(),
+                    isolation: if cfg.sync == crate::config::SyncPolicy::Always {
+                        ReadIsolation::Durable
+                    } else {
+                        ReadIsolation::Written
+                    },
                 },
                 seg,
                 sealed,

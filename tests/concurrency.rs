@@ -58,7 +58,7 @@ fn readers_during_appends_rolls_and_retention() {
                                 }
                             }
                             // Retention removed it meanwhile: start again.
-                            Err(Error::OffsetOutOfRange { start, .. }) => next = start.max(next),
+                            Err(Error::Retained { end, .. }) => next = end.max(next),
                             Err(e) => panic!("read at {next}: {e}"),
                         }
                     }

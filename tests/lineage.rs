@@ -83,7 +83,7 @@ fn read_range(topic: &Topic, partition: u32, from: u64, to: u64) -> Vec<OwnedRec
     let mut off = from;
     while off < to {
         let b = topic.read(partition, off, 256 * 1024).unwrap();
-        for r in b.to_owned_records() {
+        for r in b.to_owned_records().unwrap() {
             if r.offset < to {
                 out.push(r);
             }

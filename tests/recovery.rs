@@ -202,6 +202,7 @@ fn mid_segment_corruption_per_mode() {
                     log.recovery_report().holes,
                     vec![("t".to_string(), 0, 3, 4)]
                 );
+                drop(p);
                 log.close().unwrap();
                 // The hole is permanent and reopening is idempotent.
                 let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
@@ -377,6 +378,7 @@ fn retention_keeps_the_checkpointed_segment() {
     }
     log.enforce_retention().unwrap();
     assert_eq!(p.start_offset(), 5, "retention resumes once synced");
+    drop(p);
     log.abandon();
     let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
     assert_eq!(all(&log), (5, 6));
@@ -411,6 +413,7 @@ fn resurrected_retention_leftovers_are_dropped() {
     log.enforce_retention().unwrap();
     assert_eq!(p.start_offset(), 4);
     log.sync().unwrap();
+    drop(p);
     log.abandon();
     std::fs::write(dir.join(rel_seg(0)), old).unwrap();
     let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();

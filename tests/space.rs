@@ -570,6 +570,8 @@ fn a_stale_index_is_rebuilt_durably_by_the_read_that_notices_it() {
                 "{what}"
             );
         }
+        // A partition handle keeps the directory locked: drop it first.
+        drop(p);
         log.close().unwrap();
         assert_eq!(std::fs::read(&idx).unwrap(), good, "{what}: index rebuilt");
         let ops = hook.0.lock().unwrap().clone();

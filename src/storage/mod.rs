@@ -2,6 +2,7 @@
 
 pub mod durability;
 pub mod fault;
+pub(crate) mod lock;
 pub mod prefault;
 pub mod segment;
 

@@ -77,7 +77,7 @@ fn dump_partition(
     while pos < end {
         match topic.read(id, pos, READ_BYTES) {
             Ok(batch) => {
-                for r in batch.to_owned_records() {
+                for r in batch.to_owned_records()? {
                     print_record(out, &r, args.json)?;
                 }
                 pb.inc(batch.next_offset() - pos);
@@ -87,6 +87,11 @@ fn dump_partition(
                 eprintln!(
                     "partition {id}: offsets {start}..{end} were lost to corruption (salvage hole)"
                 );
+                pb.inc(end.saturating_sub(pos));
+                pos = end;
+            }
+            Err(Error::Retained { start, end, .. }) => {
+                eprintln!("partition {id}: offsets {start}..{end} were removed by retention");
                 pb.inc(end.saturating_sub(pos));
                 pos = end;
             }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::mpsc;
 
-use fissionlog::{Log, LogOptions, NewRecord, RecoveryMode, SyncPolicy, TopicConfig};
+use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, SyncPolicy, TopicConfig};
 
 use crate::common::{check_topic_name, open_options, put_bytes, CmdResult, Failure};
 
@@ -157,13 +157,20 @@ pub fn run(args: &ProduceArgs) -> CmdResult {
                 timestamp: None,
             })
             .collect();
-        let at = topic.append_batch(&records)?;
-        if sync_each_batch {
+        let (at, failed) = match topic.append_batch(&records) {
+            Ok(at) => (at.into_iter().map(Some).collect(), None),
+            // Some partitions' records landed: acknowledge exactly those
+            // (when synced), then fail, so a retry resends only the rest.
+            Err(Error::PartialBatch { landed, source }) => (landed, Some(*source)),
+            Err(e) => return Err(e.into()),
+        };
+        if sync_each_batch || failed.is_some() {
             log.sync()?;
         }
-        total += at.len() as u64;
+        total += at.iter().flatten().count() as u64;
         if args.acks {
             for ((key, _), a) in parsed.iter().zip(&at) {
+                let Some(a) = a else { continue };
                 let mut obj = serde_json::Map::new();
                 put_bytes(&mut obj, "key", key.as_deref());
                 obj.insert("partition".into(), a.partition.into());
@@ -171,6 +178,9 @@ pub fn run(args: &ProduceArgs) -> CmdResult {
                 crate::common::write_json(&mut out, &obj)?;
             }
             out.flush().map_err(Failure::output)?;
+        }
+        if let Some(e) = failed {
+            return Err(e.into());
         }
     }
     out.flush().map_err(Failure::output)?;

@@ -1,0 +1,54 @@
+//! The exclusive lock of a log directory, shared by everything that maps
+//! its files.
+//!
+//! The soundness argument of the mappings (`storage::segment`) rests on no
+//! other fissionlog handle writing, repairing or truncating the files while
+//! they are mapped. So the lock is not owned by the `Log` alone: every
+//! topic and partition handle and every [`crate::ReadBatch`] (and `Bytes`
+//! made from one) holds an `Arc` of it, and the `flock` is released only
+//! when the last of them is dropped. A second `Log::open` of the directory,
+//! in this process or another, gets `Error::Locked` until then.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, IoContext, Result};
+
+/// A held `flock` on a log directory's lock file (released on drop, when
+/// the file is closed).
+#[derive(Debug)]
+pub(crate) struct DirLock {
+    _file: File,
+    dir: PathBuf,
+}
+
+impl DirLock {
+    /// Takes the exclusive lock of `dir` (its file named `lock_file`).
+    pub(crate) fn acquire(dir: &Path, lock_file: &str) -> Result<Arc<DirLock>> {
+        let path = dir.join(lock_file);
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .at(&path)?;
+        match f.try_lock() {
+            Ok(()) => Ok(Arc::new(DirLock {
+                _file: f,
+                dir: dir.to_path_buf(),
+            })),
+            Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked {
+                path: dir.to_path_buf(),
+            }),
+            Err(std::fs::TryLockError::Error(e)) => Err(Error::io(&path, e)),
+        }
+    }
+
+    /// The locked directory.
+    #[allow(dead_code, reason = "for debugging output and future callers")]
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+}

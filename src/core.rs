@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -34,6 +35,16 @@ pub(crate) struct Core {
     pub syncer: Syncer,
     pub group: GroupCommit,
     pub checkpoint: Mutex<CheckpointFiles>,
+    /// A sync round writes the checkpoint when this much time has passed
+    /// since the last one (`LogOptions::checkpoint_interval`)...
+    pub checkpoint_interval: Duration,
+    /// ... or when this is set (open, retention): see [`Core::request_checkpoint`].
+    pub checkpoint_wanted: AtomicBool,
+    /// ... or while retention waits for the checkpoints to move past
+    /// segments it would retire (every round writes one meanwhile).
+    pub checkpoint_for_retention: AtomicBool,
+    /// When the last checkpoint was written (none yet: the next round writes one).
+    pub checkpoint_written: Mutex<Option<Instant>>,
     pub topology: Mutex<Topology>,
     pub topics: RwLock<BTreeMap<String, Topic>>,
     pub closed: AtomicBool,
@@ -77,8 +88,32 @@ impl Core {
         self.group.sync(|| self.sync_round(false))
     }
 
-    /// One sync round (see `storage::durability`). With `clean`, the
-    /// checkpoint records the positions just synced and the clean flag.
+    /// Makes the next sync round write the checkpoint whether or not it is
+    /// due. A [`Core::sync`] called after this returns only once a
+    /// checkpoint written after this call is durable: the round it waits
+    /// for, or an earlier one that took the request, wrote it (a round that
+    /// fails to write it puts the request back, and a failed checkpoint
+    /// sync fails every later round).
+    pub fn request_checkpoint(&self) {
+        self.checkpoint_wanted.store(true, Ordering::Release);
+    }
+
+    /// Whether this round writes the checkpoint (takes a pending request).
+    fn checkpoint_due(&self) -> bool {
+        if self.checkpoint_wanted.swap(false, Ordering::AcqRel)
+            || self.checkpoint_for_retention.load(Ordering::Acquire)
+        {
+            return true;
+        }
+        self.checkpoint_written
+            .lock()
+            .is_none_or(|at| at.elapsed() >= self.checkpoint_interval)
+    }
+
+    /// One sync round (see `storage::durability`). It writes the checkpoint
+    /// only when due (interval or request); other rounds sync data files
+    /// and directories only. With `clean`, the checkpoint records the
+    /// positions just synced and the clean flag.
     pub fn sync_round(&self, clean: bool) -> Result<()> {
         if let Some(f) = &*self.sync_failure.lock() {
             return Err(Error::Io {
@@ -120,10 +155,17 @@ impl Core {
             }
         }
         let mut ck = self.checkpoint.lock();
-        if !clean {
+        if !clean && self.checkpoint_due() {
             let entries = parts.iter().map(|p| p.checkpoint_entry(None)).collect();
-            targets.push(ck.write(false, entries, &*self.hook)?);
+            match ck.write(false, entries, &*self.hook) {
+                Ok(t) => targets.push(t),
+                Err(e) => {
+                    self.request_checkpoint();
+                    return Err(e);
+                }
+            }
             owner.push(None);
+            *self.checkpoint_written.lock() = Some(Instant::now());
         }
         let results = self.syncer.sync_all(&targets);
         let mut failed = vec![false; parts.len()];

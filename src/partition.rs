@@ -72,6 +72,16 @@ pub struct Partition {
     clock: Arc<dyn crate::balance::Clock>,
 }
 
+/// What [`Partition::plan_retention`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RetentionPlan {
+    /// The retention floor moved: make it durable, then delete.
+    pub floor_moved: bool,
+    /// A segment retention would retire is still named by one of the last
+    /// two checkpoints: it goes once newer checkpoints are written.
+    pub waits_for_checkpoint: bool,
+}
+
 /// Capture of a partition's unsynced state for one sync round.
 #[derive(Debug)]
 pub(crate) struct SyncCapture {
@@ -494,14 +504,13 @@ impl Partition {
     /// to the first segment kept. Deletes nothing: the caller makes the new
     /// floor durable (a sync round writes it into the checkpoint) and then
     /// calls [`Partition::delete_retired`], so a crash can never bring back
-    /// a retired file that recovery would mistake for live data. Returns
-    /// whether the floor moved.
+    /// a retired file that recovery would mistake for live data.
     pub(crate) fn plan_retention(
         &self,
         age: Option<Duration>,
         bytes: Option<u64>,
         now_ms: i64,
-    ) -> bool {
+    ) -> RetentionPlan {
         let v = self.segments();
         let mut total: u64 = v.iter().map(|s| s.committed_pos()).sum();
         // The segment being written never goes (an empty sealed partition does).
@@ -513,13 +522,18 @@ impl Partition {
             bases.0.min(bases.1)
         };
         let mut i = 0;
+        let mut waits_for_checkpoint = false;
         while v.len() - i > usize::from(keep_last) {
             let s = &v[i];
             let expired = age.is_some_and(|a| {
                 s.max_timestamp() != i64::MIN && now_ms - s.max_timestamp() > a.as_millis() as i64
             });
             let too_big = bytes.is_some_and(|b| total > b);
-            if !(expired || too_big) || keep_last && (!s.is_sealed() || s.base_offset >= floor) {
+            if !(expired || too_big) || keep_last && !s.is_sealed() {
+                break;
+            }
+            if keep_last && s.base_offset >= floor {
+                waits_for_checkpoint = true;
                 break;
             }
             total -= s.committed_pos();
@@ -528,9 +542,13 @@ impl Partition {
         let new_floor = match v.get(i) {
             Some(s) if i > 0 => s.base_offset,
             None if i > 0 => v[i - 1].end_offset(),
-            _ => return false,
+            _ => 0,
         };
-        self.retired_below.fetch_max(new_floor, Ordering::AcqRel) < new_floor
+        RetentionPlan {
+            floor_moved: new_floor > 0
+                && self.retired_below.fetch_max(new_floor, Ordering::AcqRel) < new_floor,
+            waits_for_checkpoint,
+        }
     }
 
     /// Unlinks the segments below the retention floor. Readers holding

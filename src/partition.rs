@@ -91,10 +91,24 @@ pub(crate) struct SyncCapture {
     pub pos: DurablePos,
 }
 
+/// Wall-clock milliseconds since the Unix epoch (0 before it): the default
+/// record timestamp. One `clock_gettime(CLOCK_REALTIME)` and integer math;
+/// `SystemTime::now().duration_since(UNIX_EPOCH)` cost ~84 instructions per
+/// single-record append (callgrind), 10% of it.
+#[allow(
+    clippy::unnecessary_cast,
+    reason = "time_t and c_long are 32 bits on some Linux targets"
+)]
 pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the valid, owned `ts`.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } != 0 || ts.tv_sec < 0 {
+        return 0;
+    }
+    ts.tv_sec as i64 * 1000 + ts.tv_nsec as i64 / 1_000_000
 }
 
 impl Partition {

@@ -19,6 +19,11 @@
 //!   fdatasync;
 //! - `pwrite-zeroed`: the same into a file filled with written zeros first
 //!   (no unwritten extents left to convert at each sync);
+//! - `uring1`: as `raw`, with the fdatasync submitted through io_uring (as
+//!   the engine syncs);
+//! - `uring2`: as `uring1`, plus a 512-byte pwrite to a second file and its
+//!   fdatasync in the same submission (as a round that writes the
+//!   checkpoint);
 //! - `engine`: `Topic::append_to` of the 64 records with
 //!   `SyncPolicy::Always` (default options: checkpoint every
 //!   `checkpoint_interval`);
@@ -47,7 +52,7 @@ const PER_BATCH: usize = 64;
 const VALUE_LEN: usize = 1024;
 /// The raw baselines' per-record header: len u32, crc u32, offset u64.
 const RAW_HEADER: usize = 16;
-const MODES: [&str; 8] = [
+const MODES: [&str; 10] = [
     "raw",
     "engine",
     "engine-ck-every-round",
@@ -56,6 +61,8 @@ const MODES: [&str; 8] = [
     "mmap-populate",
     "pwrite",
     "pwrite-zeroed",
+    "uring1",
+    "uring2",
 ];
 
 struct Run {
@@ -219,6 +226,57 @@ fn mmap(dir: &Path, batches: usize, populate: bool) -> Run {
     Run { lat, faults, cpu }
 }
 
+fn uring(dir: &Path, batches: usize, second_file: bool) -> Run {
+    use io_uring::{opcode, types, IoUring};
+    let path = dir.join("uring.dat");
+    let mut f = create(&path, 0);
+    let side_path = dir.join("uring-side.dat");
+    let side = create(&side_path, 0);
+    let mut ring = IoUring::new(8).expect("io_uring");
+    let vals = values();
+    let mut buf = vec![0u8; batch_bytes()];
+    let side_buf = vec![1u8; 512];
+    let mut lat = Vec::with_capacity(batches);
+    let faults = minor_faults();
+    let cpu = cpu_time();
+    for b in 0..batches {
+        let t0 = Instant::now();
+        let n = frame_batch(&mut buf, (b * PER_BATCH) as u64, &vals);
+        f.write_all(&buf[..n]).expect("write");
+        let mut fds = vec![f.as_raw_fd()];
+        if second_file {
+            side.write_all_at(&side_buf, 0).expect("pwrite");
+            fds.push(side.as_raw_fd());
+        }
+        for (i, fd) in fds.iter().enumerate() {
+            let sqe = opcode::Fsync::new(types::Fd(*fd))
+                .flags(types::FsyncFlags::DATASYNC)
+                .build()
+                .user_data(i as u64);
+            // SAFETY: the fds stay open until the completions are reaped below.
+            unsafe { ring.submission().push(&sqe) }.expect("submission queue");
+        }
+        ring.submit_and_wait(fds.len()).expect("submit");
+        let mut got = 0;
+        while got < fds.len() {
+            for cqe in ring.completion() {
+                assert!(cqe.result() >= 0, "fsync failed");
+                got += 1;
+            }
+            if got < fds.len() {
+                ring.submit_and_wait(fds.len() - got).expect("wait");
+            }
+        }
+        lat.push(t0.elapsed());
+    }
+    let faults = minor_faults() - faults;
+    let cpu = cpu_time() - cpu;
+    drop(f);
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&side_path);
+    Run { lat, faults, cpu }
+}
+
 fn engine(dir: &Path, batches: usize, checkpoint_interval: Option<Duration>) -> Run {
     let _ = std::fs::remove_dir_all(dir);
     let mut options = LogOptions {
@@ -274,6 +332,8 @@ fn run_mode(mode: &str, dir: &Path, batches: usize) -> Run {
         "pwrite-zeroed" => raw(dir, batches, true, true, true),
         "mmap" => mmap(dir, batches, false),
         "mmap-populate" => mmap(dir, batches, true),
+        "uring1" => uring(dir, batches, false),
+        "uring2" => uring(dir, batches, true),
         "engine" => engine(&dir.join("log"), batches, None),
         "engine-ck-every-round" => engine(&dir.join("log"), batches, Some(Duration::ZERO)),
         other => panic!("unknown mode {other}; one of all, {}", MODES.join(", ")),

@@ -6,9 +6,10 @@
 
 mod common;
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::crash::{power_loss_image_traced, CrashOptions, DirImage};
@@ -30,6 +31,59 @@ impl IoHook for Counter {
             _ => 0,
         };
         Ok(())
+    }
+}
+
+/// Records each file's content when its own fsync returns: what a power
+/// loss keeps of it (a checkpoint file left unsynced keeps its older bytes,
+/// whatever the directory looks like when `sync()` returns).
+#[derive(Debug)]
+struct FsyncImage {
+    root: PathBuf,
+    files: Mutex<BTreeMap<PathBuf, Vec<u8>>>,
+}
+
+impl IoHook for FsyncImage {
+    fn before(&self, _op: IoOp, _path: &Path) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn after(&self, _op: IoOp, path: &Path, result: std::io::Result<()>) -> std::io::Result<()> {
+        if result.is_ok() && path.is_file() {
+            let rel = path.strip_prefix(&self.root).unwrap().to_path_buf();
+            let bytes = std::fs::read(path).unwrap();
+            self.files.lock().unwrap().insert(rel, bytes);
+        }
+        result
+    }
+}
+
+/// Counts and records.
+#[derive(Debug)]
+struct Both(Arc<Counter>, Arc<FsyncImage>);
+
+impl IoHook for Both {
+    fn before(&self, op: IoOp, path: &Path) -> std::io::Result<()> {
+        self.0.before(op, path)
+    }
+
+    fn after(&self, op: IoOp, path: &Path, result: std::io::Result<()>) -> std::io::Result<()> {
+        self.1.after(op, path, result)
+    }
+}
+
+impl FsyncImage {
+    /// The directory as captured now, each file holding what it held at
+    /// its last fsync (files never synced are left out: a crash may lose
+    /// them).
+    fn durable(&self) -> DirImage {
+        let mut img = DirImage::capture(&self.root).unwrap();
+        let synced = self.files.lock().unwrap();
+        img.files.retain(|p, _| synced.contains_key(p));
+        for (p, b) in img.files.iter_mut() {
+            *b = synced[p].clone();
+        }
+        img
     }
 }
 
@@ -178,14 +232,19 @@ fn crash_after_rounds_without_checkpoint_keeps_every_synced_record() {
     let root = tempfile::tempdir().unwrap();
     let base = root.path().join("base");
     let hook = Arc::new(Counter::default());
+    let image = Arc::new(FsyncImage {
+        root: base.clone(),
+        files: Mutex::new(BTreeMap::new()),
+    });
     let seg = 4096;
-    let log = Log::open(&base, opts(Duration::from_secs(3600))).unwrap();
+    let log = Log::open_with_hook(&base, opts(Duration::from_secs(3600)), image.clone()).unwrap();
     log.create_topic("t", config(seg)).unwrap();
     put(&log, 0, 30);
     log.sync().unwrap();
     log.abandon();
     // Reopening writes checkpoints naming the end of those 30 records.
-    let log = Log::open_with_hook(&base, opts(Duration::from_secs(3600)), hook.clone()).unwrap();
+    let both = Arc::new(Both(hook.clone(), image.clone()));
+    let log = Log::open_with_hook(&base, opts(Duration::from_secs(3600)), both).unwrap();
     let checkpoints = hook.checkpoint_writes.load(Ordering::SeqCst);
     let p = log.topic("t").unwrap().partition(0).unwrap();
     let checkpointed_bytes = p.size_bytes();
@@ -202,7 +261,11 @@ fn crash_after_rounds_without_checkpoint_keeps_every_synced_record() {
     );
     assert!(p.segments().len() > 3, "the rounds rolled segments");
     let synced_bytes = p.size_bytes() - checkpointed_bytes;
-    let durable = DirImage::capture(&base).unwrap();
+    let durable = image.durable();
+    assert!(
+        durable.files.keys().any(|f| f.ends_with("checkpoint.0")),
+        "the checkpoint files were synced at open"
+    );
     put(&log, synced, 9); // never synced
     let appended = synced + 9;
     let total_bytes = p.size_bytes() - checkpointed_bytes;

@@ -148,6 +148,17 @@ pub struct LogOptions {
     /// Apply retention from the background thread every second (off: only
     /// [`crate::Log::enforce_retention`] applies it).
     pub background_retention: bool,
+    /// How often a sync round also writes and syncs the recovery
+    /// checkpoint (default 1 s). Rounds in between sync only data files and
+    /// directories: on ext4 a second file's fdatasync in a round roughly
+    /// doubles its latency. Open, retention and a clean close write the
+    /// checkpoint whenever they need it, whatever the interval. After a
+    /// crash, recovery scans what was written since the last checkpoint
+    /// (about `checkpoint_interval` times the write rate), and damage in
+    /// that window is treated as a torn tail, not as corruption: see
+    /// "Durability protocol" in docs/ARCHITECTURE.md. Zero writes it in
+    /// every round.
+    pub checkpoint_interval: Duration,
     /// Clock for rates and policies (injectable for deterministic tests).
     pub clock: std::sync::Arc<dyn crate::balance::Clock>,
 }
@@ -162,6 +173,7 @@ impl Default for LogOptions {
             manifest_compact_records: 1000,
             balancer: true,
             background_retention: true,
+            checkpoint_interval: Duration::from_secs(1),
             clock: std::sync::Arc::new(crate::balance::SystemClock),
         }
     }

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -35,6 +36,16 @@ pub(crate) struct Core {
     pub syncer: Syncer,
     pub group: GroupCommit,
     pub checkpoint: Mutex<CheckpointFiles>,
+    /// A sync round writes the checkpoint when this much time has passed
+    /// since the last one (`LogOptions::checkpoint_interval`)...
+    pub checkpoint_interval: Duration,
+    /// ... or when this is set (open, retention): see [`Core::request_checkpoint`].
+    pub checkpoint_wanted: AtomicBool,
+    /// ... or while retention waits for the checkpoints to move past
+    /// segments it would retire (every round writes one meanwhile).
+    pub checkpoint_for_retention: AtomicBool,
+    /// When the last checkpoint was written (none yet: the next round writes one).
+    pub checkpoint_written: Mutex<Option<Instant>>,
     pub topology: Mutex<Topology>,
     pub topics: RwLock<BTreeMap<String, Topic>>,
     pub closed: AtomicBool,
@@ -169,8 +180,32 @@ impl Core {
         parts.iter().try_for_each(|p| p.check_not_poisoned())
     }
 
-    /// One sync round (see `storage::durability`). With `clean`, the
-    /// checkpoint records the positions just synced and the clean flag.
+    /// Makes the next sync round write the checkpoint whether or not it is
+    /// due. A [`Core::sync`] called after this returns only once a
+    /// checkpoint written after this call is durable: the round it waits
+    /// for, or an earlier one that took the request, wrote it (a round that
+    /// fails to write it puts the request back, and a failed checkpoint
+    /// sync fails every later round).
+    pub fn request_checkpoint(&self) {
+        self.checkpoint_wanted.store(true, Ordering::Release);
+    }
+
+    /// Whether this round writes the checkpoint (takes a pending request).
+    fn checkpoint_due(&self) -> bool {
+        if self.checkpoint_wanted.swap(false, Ordering::AcqRel)
+            || self.checkpoint_for_retention.load(Ordering::Acquire)
+        {
+            return true;
+        }
+        self.checkpoint_written
+            .lock()
+            .is_none_or(|at| at.elapsed() >= self.checkpoint_interval)
+    }
+
+    /// One sync round (see `storage::durability`). It writes the checkpoint
+    /// only when due (interval or request) and changed; other rounds sync
+    /// data files and directories only. With `clean`, the checkpoint
+    /// records the positions just synced and the clean flag.
     ///
     /// A round costs O(dirty partitions): it captures only the partitions
     /// that registered themselves dirty (an append, roll, seal or
@@ -220,15 +255,19 @@ impl Core {
             for p in &parts {
                 cache.update(p);
             }
-            if let Some(entries) = cache.entries_to_write() {
-                match ck.write(false, entries, &*self.hook) {
-                    Ok(t) => {
-                        targets.push(t);
-                        owner.push(None);
-                    }
-                    Err(e) => {
-                        cache.written_failed();
-                        return undo(e);
+            if self.checkpoint_due() {
+                if let Some(entries) = cache.entries_to_write() {
+                    match ck.write(false, entries, &*self.hook) {
+                        Ok(t) => {
+                            targets.push(t);
+                            owner.push(None);
+                            *self.checkpoint_written.lock() = Some(Instant::now());
+                        }
+                        Err(e) => {
+                            cache.written_failed();
+                            self.request_checkpoint();
+                            return undo(e);
+                        }
                     }
                 }
             }

@@ -134,6 +134,10 @@ impl Log {
             syncer,
             group: GroupCommit::default(),
             checkpoint: Mutex::new(ck_files),
+            checkpoint_interval: options.checkpoint_interval,
+            checkpoint_wanted: AtomicBool::new(false),
+            checkpoint_for_retention: AtomicBool::new(false),
+            checkpoint_written: Mutex::new(None),
             topology: Mutex::new(Topology {
                 manifest,
                 state: state.clone(),
@@ -197,8 +201,11 @@ impl Log {
             let manifest_cut = report.manifest.corruption_truncated.is_some();
             remove_orphans(&dir, &state.topics, manifest_cut, &*core.hook, &mut report)?;
             // Make what recovery kept durable and clear the clean-shutdown
-            // mark before anything new is appended.
+            // mark before anything new is appended: both checkpoint files
+            // then describe the recovered state.
+            core.request_checkpoint();
             core.sync_round(false)?;
+            core.request_checkpoint();
             core.sync_round(false)
         })();
         if let Err(e) = recovered {
@@ -751,21 +758,30 @@ fn enforce_retention(core: &Core) -> Result<usize> {
     let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
     let now = crate::partition::now_ms();
     let mut parts = Vec::new();
+    let mut waits = false;
     for t in topics {
         let cfg = t.config();
         if cfg.retention_age.is_none() && cfg.retention_bytes.is_none() {
             continue;
         }
         for p in t.all_partition_handles() {
-            if p.plan_retention(cfg.retention_age, cfg.retention_bytes, now) {
+            let plan = p.plan_retention(cfg.retention_age, cfg.retention_bytes, now);
+            waits |= plan.waits_for_checkpoint;
+            if plan.floor_moved {
                 parts.push(p);
             }
         }
     }
+    // Segments held only because a recent checkpoint names them: have
+    // every round write the checkpoint until they are released, rather
+    // than wait for the checkpoint interval.
+    core.checkpoint_for_retention
+        .store(waits, Ordering::Release);
     if parts.is_empty() {
         return Ok(0);
     }
     // The new floors reach the checkpoint (durably) before any file goes.
+    core.request_checkpoint();
     core.sync()?;
     let mut n = 0;
     for p in parts {

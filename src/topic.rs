@@ -209,6 +209,15 @@ impl Topic {
 
     /// The next partition for keyless records (round-robin over the active ones).
     fn next_keyless(&self, st: &TopicState) -> u32 {
+        if st.routes.len() == 1 {
+            // One active partition: no shared counter to bump (an atomic
+            // read-modify-write per append, contended between appenders).
+            return *st
+                .routes
+                .values()
+                .next()
+                .expect("active ranges tile the hash space");
+        }
         let i = self.inner.round_robin.fetch_add(1, Ordering::Relaxed) % st.routes.len() as u64;
         *st.routes
             .values()

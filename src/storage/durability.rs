@@ -1,10 +1,11 @@
 //! Making data durable: batched fsyncs (io_uring or plain syscalls), group
-//! commit, and the recovery checkpoint written with every round.
+//! commit, and the recovery checkpoint written with the rounds it is due in.
 //!
 //! A sync round captures every partition's unsynced segments and positions,
 //! writes the checkpoint of the *previous* round's positions (which are
-//! known durable), and syncs all captured files, dirty directories and the
-//! checkpoint in one batch. Positions in a checkpoint therefore never claim
+//! known durable) when one is due (`LogOptions::checkpoint_interval`, or a
+//! request from open or retention), and syncs all captured files, dirty
+//! directories and that checkpoint in one batch. Positions in a checkpoint therefore never claim
 //! more than what was synced, so recovery may treat damage below them as
 //! corruption and damage above them as a torn tail.
 

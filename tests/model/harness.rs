@@ -836,8 +836,13 @@ pub fn retention_case(seed: u64) -> Case {
         ops.push(Op::Append(vec![keyed(0, Size::NearSegment(0))]));
     }
     // The checkpoint lags a round behind, and retention keeps what the last
-    // two checkpoints still name: three rounds let it retire segments.
+    // two checkpoints still name. Rounds write a checkpoint only when one
+    // is due, or while retention waits for one: the first retention pass
+    // finds its segments held and asks for checkpoints, three rounds write
+    // them, and the second pass retires the segments.
     ops.extend([
+        Op::Sync,
+        Op::Retention,
         Op::Sync,
         Op::Sync,
         Op::Sync,

@@ -515,7 +515,11 @@ fn chain_params<'a>(
     let sealed = rec
         .partitions
         .iter()
-        .any(|p| p.id == partition && matches!(p.state, PartitionState::Sealed { .. }));
+        .find(|p| p.id == partition)
+        .and_then(|p| match p.state {
+            PartitionState::Sealed { end_offset } => Some(end_offset),
+            PartitionState::Active => None,
+        });
     ChainParams {
         dir: pdir,
         ids: (rec.id, partition),
@@ -599,12 +603,13 @@ fn load_topic(
         }
         if segs.is_empty() {
             // A sealed partition whose files are all gone keeps an empty
-            // placeholder so its lineage stays readable.
+            // placeholder so its lineage stays readable. It starts where
+            // the recovered chain ends (the retention floor when retention
+            // emptied it), never at a seal above that: a segment above the
+            // floor with nothing durable below it is what the next open
+            // takes for a missing first segment (C7).
             std::fs::create_dir_all(&pdir).at(&pdir)?;
-            let base = match p.state {
-                PartitionState::Sealed { end_offset } => end_offset,
-                PartitionState::Active => chain.next_offset,
-            };
+            let base = chain.next_offset;
             let seg = crate::storage::segment::Segment::create(
                 &pdir,
                 (rec.id, p.id),
@@ -931,7 +936,10 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
                 index_interval: u64::from(t.config.index_interval_bytes),
                 checkpoint: cps.get(&(t.id, p.id)).copied(),
                 clean: ck.clean,
-                sealed: matches!(p.state, PartitionState::Sealed { .. }),
+                sealed: match p.state {
+                    PartitionState::Sealed { end_offset } => Some(end_offset),
+                    PartitionState::Active => None,
+                },
                 checkpoint_lost,
                 mode,
                 hook: &NoFaults,

@@ -16,10 +16,17 @@ use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
 const RECORDS: u64 = 200;
 const PER_SEGMENT: u64 = 25;
 
+/// A checkpoint in every sync round (`checkpoint_interval` zero): these
+/// scenarios put synced data below the checkpoint by syncing, and check
+/// that what the checkpoint calls durable is never silently lost. With the
+/// default interval a sync writes no checkpoint until one is due, and
+/// without a checkpoint entry nothing durable says which offsets existed
+/// (tests/checkpoint_interval.rs covers that cadence).
 fn opts(mode: RecoveryMode) -> LogOptions {
     LogOptions {
         balancer: false,
         recovery: mode,
+        checkpoint_interval: std::time::Duration::ZERO,
         ..LogOptions::default()
     }
 }
@@ -443,4 +450,142 @@ fn truncated_manifest_sets_topic_directories_aside() {
             after.files.keys().collect::<Vec<_>>()
         );
     }
+}
+
+/// A sealed partition the checkpoint does not name yet (split after the
+/// last checkpoint) whose files are all gone: the manifest's seal says
+/// which offsets it held. Truncate and Salvage report them lost and fill
+/// them with a hole; the repair is stable, so a Strict open accepts it
+/// unchanged (C7). Earlier the report said `0..0`, recovery left an empty
+/// placeholder segment at the seal with nothing durable explaining the gap
+/// below it, and the Strict reopen refused its own repair ("segment file
+/// … holding offsets 0..10 is missing").
+#[test]
+fn sealed_partition_missing_every_file_is_repaired_once() {
+    let root = tempfile::tempdir().unwrap();
+    let pristine = root.path().join("pristine");
+    // No checkpoint after the one open writes: p0 never gets an entry.
+    let no_checkpoint = LogOptions {
+        checkpoint_interval: std::time::Duration::from_secs(3600),
+        ..opts(RecoveryMode::Strict)
+    };
+    let log = Log::open(&pristine, no_checkpoint).unwrap();
+    let t = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 1,
+                segment_bytes: 4096,
+                ..TopicConfig::default()
+            },
+        )
+        .unwrap();
+    for i in 0..10 {
+        assert_eq!(append(&log, i), i);
+    }
+    let children = t.split(0, fissionlog::SplitPlan::Even).unwrap();
+    drop(t);
+    log.abandon();
+    let mut img = DirImage::capture(&pristine).unwrap();
+    img.files.retain(|p, _| !p.starts_with(pdir()));
+    for mode in [RecoveryMode::Truncate, RecoveryMode::Salvage] {
+        let dir = root.path().join(format!("{mode:?}"));
+        img.write_to(&dir).unwrap();
+        let log = Log::open(&dir, opts(mode)).unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        let reported: Vec<(u64, u64)> = log
+            .recovery_report()
+            .files
+            .iter()
+            .filter_map(|f| match f.action {
+                FileAction::MissingData { lost_offsets } => Some(lost_offsets),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(reported, vec![(0, 10)], "{mode:?}");
+        let read = |log: &Log| -> Vec<String> {
+            let p = log.topic("t").unwrap().partition(0).unwrap();
+            let mut out = vec![format!("{}..{}", p.start_offset(), p.end_offset())];
+            for i in 0..10 {
+                out.push(match p.read(i, 1) {
+                    Ok(b) => format!("record {}", b.iter().next().unwrap().offset),
+                    Err(Error::Hole { start, end, .. }) if start <= i => format!("hole to {end}"),
+                    Err(e) => format!("{e}"),
+                });
+            }
+            out
+        };
+        let first = read(&log);
+        assert_eq!(first[0], "0..10", "{mode:?}");
+        assert!(
+            first[1..].iter().all(|r| r == "hole to 10"),
+            "{mode:?}: {first:?}"
+        );
+        log.close().unwrap();
+        let log = Log::open(&dir, opts(RecoveryMode::Strict))
+            .unwrap_or_else(|e| panic!("Strict reopen after {mode:?}: {e}"));
+        assert_eq!(read(&log), first, "{mode:?}: reopen reads differently");
+        let t = log.topic("t").unwrap();
+        for &c in &children {
+            t.partition(c).unwrap();
+        }
+        drop(t);
+        log.close().unwrap();
+    }
+}
+
+/// A sealed partition the checkpoint does not name, whose only segment's
+/// header is torn: recovery cuts it as a torn creation and the partition
+/// holds nothing. The empty segment it keeps for the lineage starts where
+/// the chain ended, not at the manifest's seal, so the next Strict open
+/// finds no gap below it and reads the same (C7). Earlier the placeholder
+/// sat at the seal and the reopen refused: "segment file … holding offsets
+/// 0..10 is missing".
+#[test]
+fn sealed_partition_cut_to_nothing_reopens_unchanged() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let no_checkpoint = LogOptions {
+        checkpoint_interval: std::time::Duration::from_secs(3600),
+        ..opts(RecoveryMode::Strict)
+    };
+    let log = Log::open(&dir, no_checkpoint).unwrap();
+    let t = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 1,
+                segment_bytes: 4096,
+                ..TopicConfig::default()
+            },
+        )
+        .unwrap();
+    for i in 0..10 {
+        assert_eq!(append(&log, i), i);
+    }
+    t.split(0, fissionlog::SplitPlan::Even).unwrap();
+    drop(t);
+    log.abandon();
+    // Tear the segment header.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(seg(0)))
+        .unwrap();
+    f.set_len(38).unwrap();
+    drop(f);
+    let read = |log: &Log| {
+        let p = log.topic("t").unwrap().partition(0).unwrap();
+        (p.start_offset(), p.end_offset(), p.read(0, 10).is_ok())
+    };
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let first = read(&log);
+    log.close().unwrap();
+    let log = Log::open(&dir, opts(RecoveryMode::Strict))
+        .unwrap_or_else(|e| panic!("Strict reopen after a Strict open: {e}"));
+    assert_eq!(read(&log), first);
+    assert!(
+        log.recovery_report().files.is_empty(),
+        "the second open repairs again: {:?}",
+        log.recovery_report().files
+    );
+    log.close().unwrap();
 }

@@ -67,9 +67,9 @@ pub struct ChainParams<'a> {
     pub checkpoint: Option<&'a PartitionCheckpoint>,
     /// The checkpoint was written by a clean shutdown.
     pub clean: bool,
-    /// The manifest says the partition is sealed (retention may have
-    /// emptied it).
-    pub sealed: bool,
+    /// The manifest says the partition is sealed at this offset (retention
+    /// may have emptied it). Every offset below the seal was handed out.
+    pub sealed: Option<u64>,
     /// No valid checkpoint exists although the manifest knows partitions:
     /// both checkpoint files were damaged or removed (every log writes one
     /// at its first open, before any topic exists).
@@ -572,8 +572,18 @@ pub fn repair_chain(
             && !live.contains(&c.segment_base)
             && !opened.set_aside.contains(&c.segment_base)
     });
-    let no_segment =
-        live.is_empty() && opened.set_aside.is_empty() && (!p.sealed || p.checkpoint.is_none());
+    let no_segment = live.is_empty()
+        && opened.set_aside.is_empty()
+        && (p.sealed.is_none() || p.checkpoint.is_none());
+    if no_segment || synced_cut {
+        // Data is missing from a sealed partition: its offsets up to the
+        // manifest's seal were handed out (its children continue after
+        // them), whether or not a checkpoint recorded them. Below the seal
+        // they read as a hole, never as nothing: an empty chain that ends
+        // at the seal without a durable floor is not a state a later open
+        // can tell from missing files.
+        known_end = known_end.max(p.sealed.unwrap_or(0));
+    }
     if !synced_cut && (chain_end < known_end || cp_file_missing || no_segment) {
         let lost = (chain_end, known_end.max(chain_end));
         let (path, what) = if opened.dir_missing {

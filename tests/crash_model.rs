@@ -57,7 +57,6 @@ fn power_loss_after_retention() {
 /// but its header was never fdatasynced (no records follow it yet), so a
 /// strict open refuses the log: "file shorter than a segment header".
 #[test]
-#[ignore = "open: a new segment's header is not synced until records follow it (strict open refuses the log after a power loss)"]
 fn empty_rolled_segment_survives_power_loss() {
     let settings = Settings {
         gaps: KnownGaps {
@@ -84,7 +83,6 @@ fn empty_rolled_segment_survives_power_loss() {
 /// brings that segment back, and its stale records continue the sealed
 /// chain: phantom records past the seal (C2).
 #[test]
-#[ignore = "open: recovery deletes segments after a torn tail without fsyncing their directory (phantoms after a second power loss)"]
 fn segments_deleted_by_recovery_stay_deleted() {
     let settings = Settings {
         gaps: KnownGaps {
@@ -176,7 +174,6 @@ fn split_commit_keeps_the_parents_records() {
 /// header says sealed (compare issue 7 finding 5). Found by the model
 /// test (FISSIONLOG_SEED=1796072910103595480, shrunk).
 #[test]
-#[ignore = "open: recovery keeps a torn-tail segment active with the seal of the roll still in its header"]
 fn torn_roll_recovers_to_a_stable_state() {
     let settings = Settings {
         gaps: KnownGaps {

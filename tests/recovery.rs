@@ -436,3 +436,49 @@ fn resurrected_retention_leftovers_are_dropped() {
         .any(|f| f.file.ends_with(rel_seg(0))
             && matches!(f.action, FileAction::DeletedSegment { .. })));
 }
+
+/// A power loss at a roll kept the old segment's header page (with the
+/// seal) but neither the new segment nor the old one's last records.
+/// Recovery keeps the old segment as the active one; the stale seal leaves
+/// its header, so appends never land in a segment marked sealed and a
+/// later open changes nothing (C7). Earlier, once appends brought the
+/// segment back to the seal's position, the next open took the stale seal
+/// for a roll and started a new segment.
+#[test]
+fn torn_roll_below_the_seal_leaves_an_unsealed_active_segment() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    log.create_topic("t", config()).unwrap();
+    put(&log, 0, 10);
+    log.topic("t")
+        .unwrap()
+        .partition(0)
+        .unwrap()
+        .roll_now()
+        .unwrap();
+    log.abandon();
+    // What the disk kept: the seal (header page), records 0..6, no new segment.
+    std::fs::remove_file(dir.join(rel_seg(10))).unwrap();
+    zero_range(&dir, &rel_seg(0), HEADER + 6 * BATCH, 4 * BATCH);
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    assert_eq!(all(&log), (0, 6));
+    // Records of the same size: the segment ends where the stale seal says.
+    put(&log, 6, 4);
+    log.abandon();
+    let header = std::fs::read(dir.join(rel_seg(0))).unwrap();
+    assert!(
+        header[44..64].iter().all(|&b| b == 0),
+        "the active segment's header still carries a seal"
+    );
+    for _ in 0..2 {
+        let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+        assert_eq!(all(&log), (0, 10));
+        assert!(
+            !log.recovery_report().changed_anything(),
+            "{:?}",
+            log.recovery_report().files
+        );
+        log.abandon();
+    }
+}

@@ -250,6 +250,8 @@ pub fn repair_chain(
     let mut cut = false;
     // The cut is in synced data (Truncate): later segments are set aside.
     let mut synced_cut = false;
+    // A segment file was removed: the directory is fsynced below.
+    let mut removed = false;
     let live: Vec<u64> = opened
         .files
         .iter()
@@ -303,12 +305,19 @@ pub fn repair_chain(
                     p.mode.write,
                     "retired by retention, back after a crash",
                     report,
+                    &mut removed,
                 )?;
             } else if synced_cut || durable_segment || cp_segment.is_some() {
                 // Synced data after the cut point: kept aside, never deleted.
                 set_aside(p, &path, "follows a truncation point", report)?;
             } else {
-                delete_segment(&path, p.mode.write, "follows a truncation point", report)?;
+                delete_segment(
+                    &path,
+                    p.mode.write,
+                    "follows a truncation point",
+                    report,
+                    &mut removed,
+                )?;
             }
             continue;
         }
@@ -321,6 +330,7 @@ pub fn repair_chain(
                     p.mode.write,
                     "retired by retention, back after a crash",
                     report,
+                    &mut removed,
                 )?;
                 continue;
             }
@@ -347,6 +357,7 @@ pub fn repair_chain(
                     p.mode.write,
                     "segment created after the last sync is unreadable (torn)",
                     report,
+                    &mut removed,
                 )?;
                 cut = true;
                 continue;
@@ -378,7 +389,13 @@ pub fn repair_chain(
                     // segment's unsynced tail was lost, so this one is too.
                     let what = format!("segment starts at offset {base}, expected {exp}");
                     unknown_sync(p, &path, 0, &what, &mut out)?;
-                    delete_segment(&path, p.mode.write, "follows a torn tail", report)?;
+                    delete_segment(
+                        &path,
+                        p.mode.write,
+                        "follows a torn tail",
+                        report,
+                        &mut removed,
+                    )?;
                     cut = true;
                     continue;
                 } else if base > exp {
@@ -562,6 +579,13 @@ pub fn repair_chain(
         expected = Some(end_offset);
         out.segments.push(seg);
     }
+    if removed {
+        // The segments after a torn tail (or retired ones a crash brought
+        // back) must stay deleted: without this fsync a second power loss
+        // can bring them back after new appends reused their offsets, and
+        // their stale records would continue the chain (phantoms, C2).
+        crate::storage::sync_dir(p.hook, IoOp::SyncRecoveryDir, p.dir)?;
+    }
     let chain_end = out.segments.last().map_or(floor, |s| s.end_offset());
     // The checkpoint's segment is gone (not retired, not set aside by an
     // earlier repair), or an active partition has no segment at all (its
@@ -638,6 +662,11 @@ pub fn repair_chain(
         let n = out.segments.len();
         for seg in out.segments.iter_mut().take(n.saturating_sub(1)) {
             seg.seal_recovered();
+        }
+        // The last one, unless recovery found it sealed, takes appends: a
+        // seal a torn roll left in its header is not true any more.
+        if let Some(last) = out.segments.last_mut() {
+            last.clear_stale_seal()?;
         }
     }
     Ok(out)
@@ -749,15 +778,19 @@ fn corrupt(
     }
 }
 
+/// Removes a segment file (write mode) and notes it in `removed`: the
+/// caller fsyncs the directory before anything relies on the removal.
 fn delete_segment(
     path: &Path,
     write: bool,
     reason: &str,
     report: &mut RecoveryReport,
+    removed: &mut bool,
 ) -> Result<()> {
     if write {
         std::fs::remove_file(path).at(path)?;
         let _ = std::fs::remove_file(path.with_extension("idx"));
+        *removed = true;
     }
     report.add(
         path,

@@ -187,6 +187,13 @@ impl Segment {
         };
         seg.committed_pos
             .store(SEGMENT_HEADER_LEN as u64, Ordering::Release);
+        // Nothing of the new file is durable yet, not even its header and
+        // allocated length: the next sync round (or `sync_data`) fdatasyncs
+        // it even before records follow. Counting the header as synced let
+        // a round fsync the directory naming a rolled segment, and the next
+        // checkpoint point into it, while the file itself could come back
+        // empty after a power loss ("file shorter than a segment header").
+        seg.synced_pos.store(0, Ordering::Release);
         seg.end_offset.store(base_offset, Ordering::Release);
         *seg.index.lock() = IndexState::Loaded(Vec::new());
         Ok(seg)
@@ -476,6 +483,29 @@ impl Segment {
         }
     }
 
+    /// Removes a seal from the header of a segment recovery keeps as the
+    /// active one: a power loss at a roll can keep the header page with
+    /// the seal but lose records below it, and the segment then holds less
+    /// than its seal says. Left there, the next open would take the seal
+    /// and start a new segment (a second open that is not a no-op), and
+    /// appends would land in a segment marked sealed. The cleared header
+    /// page is made durable by the first sync round that syncs the file;
+    /// until then a power loss brings the seal back and recovery clears it
+    /// again. Recovery only (`&mut self`: no reader or writer yet).
+    pub(crate) fn clear_stale_seal(&mut self) -> Result<bool> {
+        if self.is_sealed() {
+            return Ok(false);
+        }
+        let head = &self.raw_for_recovery()[..SEGMENT_HEADER_LEN];
+        if !segment::decode_header(head).is_ok_and(|h| h.seal.is_some()) {
+            return Ok(false);
+        }
+        self.file()
+            .and_then(|f| f.write_all_at(&[0u8; 20], segment::SEAL_POS as u64))
+            .at(&self.path)?;
+        Ok(true)
+    }
+
     /// Sets the data end found by recovery (before the segment is shared).
     pub(crate) fn set_recovered_end(&self, pos: u64, end_offset: u64, synced: u64, sealed: bool) {
         debug_assert!(pos <= self.capacity);
@@ -519,7 +549,10 @@ impl Segment {
     /// fdatasync of a segment created outside a sync round.
     pub fn sync_data(&self, hook: &dyn IoHook) -> Result<()> {
         let file = self.file().at(&self.path)?;
-        crate::storage::sync_file(hook, IoOp::SyncNewSegment, &file, &self.path, true)
+        let pos = self.committed_pos();
+        crate::storage::sync_file(hook, IoOp::SyncNewSegment, &file, &self.path, true)?;
+        self.set_synced_pos(pos);
+        Ok(())
     }
 
     /// The open file, for a sync round; `None` once the segment is settled

@@ -109,10 +109,10 @@ pub struct KnownGaps {
 impl KnownGaps {
     /// Every gap open today.
     pub const OPEN: KnownGaps = KnownGaps {
-        segment_headers: true,
-        recovery_deletions: true,
+        segment_headers: false,
+        recovery_deletions: false,
         split_parent_unsynced: false,
-        torn_seal_reopen: true,
+        torn_seal_reopen: false,
     };
     /// None granted: the engine must close every gap.
     pub const NONE: KnownGaps = KnownGaps {

@@ -338,3 +338,119 @@ fn retention_floor_is_durable_before_files_go_with_a_concurrent_sync() {
     assert_eq!(p.start_offset(), first_kept);
     assert_eq!(p.end_offset(), 200);
 }
+
+/// Emulates a checkpoint write that fails part way (ENOSPC while the file
+/// grows: the first bytes are overwritten, then the write fails), and
+/// captures a power-loss image while the next checkpoint is being synced.
+#[derive(Debug)]
+struct CheckpointFault {
+    root: std::path::PathBuf,
+    fail_next_write: std::sync::atomic::AtomicBool,
+    capture_next_sync: std::sync::atomic::AtomicBool,
+    /// Each checkpoint file's content before the write in progress (what
+    /// its last fsync made durable: every earlier round synced it).
+    before_write: Mutex<std::collections::BTreeMap<std::path::PathBuf, Vec<u8>>>,
+    image: Mutex<Option<DirImage>>,
+}
+
+impl IoHook for CheckpointFault {
+    fn before(&self, op: IoOp, path: &Path) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        use std::sync::atomic::Ordering;
+        match op {
+            IoOp::WriteCheckpoint => {
+                let old = std::fs::read(path).unwrap_or_default();
+                self.before_write
+                    .lock()
+                    .unwrap()
+                    .insert(path.to_path_buf(), old);
+                if self.fail_next_write.swap(false, Ordering::SeqCst) {
+                    let f = std::fs::OpenOptions::new().write(true).open(path)?;
+                    f.write_all_at(&[0xA5; 512], 0)?;
+                    return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+                }
+            }
+            IoOp::SyncCheckpoint if self.capture_next_sync.swap(false, Ordering::SeqCst) => {
+                // Power loss during this fsync: the file being synced is
+                // torn (its first sector new, the rest as durable), every
+                // other file as the page cache holds it.
+                let mut img = DirImage::capture(&self.root)?;
+                let rel = path.strip_prefix(&self.root).unwrap().to_path_buf();
+                let new = img.files[&rel].clone();
+                let mut torn = self.before_write.lock().unwrap()[path].clone();
+                torn.resize(torn.len().max(new.len()), 0);
+                torn[..512.min(new.len())].copy_from_slice(&new[..512.min(new.len())]);
+                torn.truncate(new.len());
+                img.files.insert(rel, torn);
+                *self.image.lock().unwrap() = Some(img);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// The two checkpoint files alternate so that a power loss while one is
+/// written leaves the other valid. `CheckpointFiles::write` advances its
+/// sequence number (and so the slot) before writing: after a write that
+/// failed part way, the next round writes the *other* file, the only one
+/// still valid, and a power loss during that write leaves no valid
+/// checkpoint at all. A log whose manifest knows partitions then opens as
+/// "checkpoint lost" (strict refuses any torn tail, retention floors are
+/// forgotten). Expected: the retry goes to the damaged slot.
+#[test]
+#[ignore = "open: after a failed checkpoint write the next one overwrites the only valid checkpoint"]
+fn failed_checkpoint_write_never_leaves_both_files_invalid() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    std::fs::create_dir(&dir).unwrap();
+    let hook = Arc::new(CheckpointFault {
+        root: dir.clone(),
+        fail_next_write: Default::default(),
+        capture_next_sync: Default::default(),
+        before_write: Mutex::default(),
+        image: Mutex::default(),
+    });
+    let every_round = LogOptions {
+        checkpoint_interval: Duration::ZERO,
+        ..opts(RecoveryMode::Strict)
+    };
+    let log = Log::open_with_hook(&dir, every_round, hook.clone()).unwrap();
+    // Enough partitions for a checkpoint of several sectors.
+    log.create_topic(
+        "t",
+        TopicConfig {
+            partitions: 16,
+            sync: SyncPolicy::Never,
+            ..TopicConfig::default()
+        },
+    )
+    .unwrap();
+    // The last entry of the checkpoint (past its first sector) changes.
+    put(&log, "t", 15, 1, 0, 10);
+    log.sync().unwrap();
+    log.sync().unwrap();
+    use std::sync::atomic::Ordering;
+    hook.fail_next_write.store(true, Ordering::SeqCst);
+    put(&log, "t", 15, 2, 10, 5);
+    assert!(
+        log.sync().is_err(),
+        "the failed checkpoint write is reported"
+    );
+    hook.capture_next_sync.store(true, Ordering::SeqCst);
+    log.sync().unwrap();
+    let image = hook
+        .image
+        .lock()
+        .unwrap()
+        .take()
+        .expect("a checkpoint sync ran");
+    log.abandon();
+    let after = root.path().join("after");
+    write_image(&image, &after);
+    let log = Log::open(&after, opts(RecoveryMode::Strict)).unwrap();
+    assert!(
+        log.recovery_report().checkpoint_found,
+        "no valid checkpoint survived a power loss during one checkpoint write"
+    );
+}

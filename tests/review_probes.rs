@@ -126,9 +126,9 @@ fn latest_cut_past_a_lost_tail_is_not_silently_resumed() {
 /// checkpoint's), so no sync round ever covers it. A power loss after the
 /// open brings the damaged bytes back: a strict full-scan open (and
 /// `verify`) refuses the log again, and reads of the range return a
-/// checksum error instead of the hole.
+/// checksum error instead of the hole. Fixed: recovery fdatasyncs a
+/// segment it wrote holes into.
 #[test]
-#[ignore = "open: salvage's hole batch inside an existing segment is never fsynced (C7)"]
 fn salvage_hole_survives_a_power_loss_after_the_repair() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");

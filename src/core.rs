@@ -182,19 +182,31 @@ impl Core {
 
     /// Makes the next sync round write the checkpoint whether or not it is
     /// due. A [`Core::sync`] called after this returns only once a
-    /// checkpoint written after this call is durable: the round it waits
-    /// for, or an earlier one that took the request, wrote it (a round that
-    /// fails to write it puts the request back, and a failed checkpoint
-    /// sync fails every later round).
+    /// checkpoint holding every change the caller made before this call
+    /// (partitions it marked dirty) is durable: the round that takes the
+    /// request takes it before its dirty list, so it captures them. That
+    /// is the round the caller waits for, or one that started after this
+    /// call and ended before it (a round that fails puts the request back,
+    /// and a failed checkpoint sync fails every later round).
     pub fn request_checkpoint(&self) {
         self.checkpoint_wanted.store(true, Ordering::Release);
     }
 
-    /// Whether this round writes the checkpoint (takes a pending request).
-    fn checkpoint_due(&self) -> bool {
-        if self.checkpoint_wanted.swap(false, Ordering::AcqRel)
-            || self.checkpoint_for_retention.load(Ordering::Acquire)
-        {
+    /// Takes a pending [`Core::request_checkpoint`]. A round does this
+    /// before it takes the dirty list: whoever requested marked its
+    /// partitions dirty first (retention raising a floor), so the round
+    /// that takes the request also captures them and writes their new
+    /// entries. Taken later, a round already past its dirty list could
+    /// serve the request with entries cached before the change, and the
+    /// round the requester waits for would find no request left.
+    fn take_checkpoint_request(&self) -> bool {
+        self.checkpoint_wanted.swap(false, Ordering::AcqRel)
+    }
+
+    /// Whether this round writes the checkpoint (`requested`: it took a
+    /// pending request).
+    fn checkpoint_due(&self, requested: bool) -> bool {
+        if requested || self.checkpoint_for_retention.load(Ordering::Acquire) {
             return true;
         }
         self.checkpoint_written
@@ -221,6 +233,8 @@ impl Core {
                 source: std::io::Error::other(format!("an earlier sync failed: {f}")),
             });
         }
+        // Before the dirty list: see `take_checkpoint_request`.
+        let requested = !clean && self.take_checkpoint_request();
         // A poisoned partition is never synced again: after a failed fsync
         // a retry can succeed without writing what the failure dropped, and
         // its durable position (in the checkpoint) must stay below that.
@@ -231,10 +245,14 @@ impl Core {
             .filter(|p| !p.is_poisoned())
             .collect();
         let caps: Vec<SyncCapture> = parts.iter().map(|p| p.capture_unsynced()).collect();
-        // Nothing was synced: every capture stays unsynced (and dirty).
+        // Nothing was synced: every capture stays unsynced (and dirty), and
+        // a request this round took goes to the next one.
         let undo = |e: Error| {
             for (p, c) in parts.iter().zip(&caps) {
                 p.sync_done(c, false);
+            }
+            if requested {
+                self.request_checkpoint();
             }
             Err(e)
         };
@@ -255,7 +273,7 @@ impl Core {
             for p in &parts {
                 cache.update(p);
             }
-            if self.checkpoint_due() {
+            if self.checkpoint_due(requested) {
                 if let Some(entries) = cache.entries_to_write() {
                     match ck.write(false, entries, &*self.hook) {
                         Ok(t) => {
@@ -265,7 +283,8 @@ impl Core {
                         }
                         Err(e) => {
                             cache.written_failed();
-                            self.request_checkpoint();
+                            // `undo` puts a taken request back; an interval
+                            // checkpoint is due again anyway.
                             return undo(e);
                         }
                     }

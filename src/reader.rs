@@ -120,7 +120,15 @@ impl Topic {
             }
             StartAt::Latest => {
                 for p in infos.iter().filter(|p| p.sealed_at.is_none()) {
-                    positions.insert(p.id, p.end_offset);
+                    // The written end may lie past what is durable: a cut
+                    // taken before any record is read must still tell, after
+                    // a power loss cut that tail, that the offsets below its
+                    // position now hold other records (C8).
+                    let (pos, last) = self.latest_position(p.id, p.end_offset)?;
+                    positions.insert(p.id, pos);
+                    if let Some(f) = last {
+                        last_records.insert(p.id, f);
+                    }
                 }
             }
             StartAt::Cut(cut) => {
@@ -161,6 +169,28 @@ impl Topic {
 }
 
 impl Topic {
+    /// A `Latest` position in partition `id` whose end was `end`, with the
+    /// fingerprint of the record before it. A record that cannot be read
+    /// there (a hole, retention, a partition emptied) gives no fingerprint,
+    /// as for positions a reader reached by skipping.
+    fn latest_position(&self, id: u32, end: u64) -> Result<(u64, Option<u64>)> {
+        let Some(prev) = end.checked_sub(1) else {
+            return Ok((end, None));
+        };
+        let part = self.partition(id)?;
+        match part.read_with(prev, 1, ReadIsolation::Written) {
+            Ok(b) => match b.try_iter().next() {
+                Some(Ok(r)) if r.offset == prev => Ok((end, Some(record_fingerprint(&r)))),
+                Some(Err(e)) => Err(e),
+                _ => Ok((end, None)),
+            },
+            Err(Error::Retained { .. } | Error::Hole { .. } | Error::OffsetOutOfRange { .. }) => {
+                Ok((end, None))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Checks that a saved position still names what it named: not past
     /// the partition's end, and (with a fingerprint) the record before it
     /// is the one that was read there. Recovery cutting an unsynced tail

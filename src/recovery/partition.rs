@@ -489,6 +489,14 @@ pub fn repair_chain(
                         ));
                     }
                 }
+                if p.mode.write && !outcome.holes.is_empty() {
+                    // The segment counts as synced up to its recovered end
+                    // (below the checkpoint), so no sync round covers the
+                    // hole batches: sync them here, or a power loss brings
+                    // the damaged bytes back after a repair that reported
+                    // success.
+                    seg.sync_data(p.hook)?;
+                }
                 match &outcome.stop {
                     ScanStop::End => {}
                     ScanStop::Torn {

@@ -309,22 +309,30 @@ impl CheckpointFiles {
 
     /// Writes the next checkpoint into the older file (not synced). Returns
     /// the sync target for it.
+    ///
+    /// The sequence number (and so the slot) advances only once a write
+    /// succeeded: a write that failed part way (ENOSPC while the file
+    /// grows, EIO) may have damaged its file, and the retry must go to that
+    /// same file. Advanced anyway, the retry would overwrite the other
+    /// file, the only valid checkpoint left, and a power loss during it
+    /// would leave none.
     pub fn write(
         &mut self,
         clean: bool,
         partitions: Vec<PartitionCheckpoint>,
         hook: &dyn IoHook,
     ) -> Result<SyncTarget> {
-        self.seq += 1;
-        let slot = (self.seq % 2) as usize;
+        let seq = self.seq + 1;
+        let slot = (seq % 2) as usize;
         let bytes = checkpoint::encode_checkpoint(&Checkpoint {
-            seq: self.seq,
+            seq,
             clean,
             partitions,
         });
         let path = &self.paths[slot];
         hook.before(IoOp::WriteCheckpoint, path).at(path)?;
         self.files[slot].write_all_at(&bytes, 0).at(path)?;
+        self.seq = seq;
         Ok(SyncTarget {
             fd: self.files[slot].as_raw_fd(),
             path: path.clone(),

@@ -49,8 +49,9 @@ pub enum IoOp {
     /// fsync of the log directory after a manifest file was created or
     /// renamed.
     SyncManifestDir,
-    /// fdatasync of a segment created outside a sync round (a new topic's
-    /// or child partition's first segment, a salvage hole segment).
+    /// fdatasync of a segment created or repaired outside a sync round (a
+    /// new topic's or child partition's first segment, a salvage hole
+    /// segment, hole batches salvage wrote into an existing segment).
     SyncNewSegment,
     /// fsync of a directory after files or directories were created or
     /// removed in it outside a sync round (new log, topic, partition, topic

@@ -12,7 +12,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use fissionlog::balance::{Clock, LoadMap, RateTracker, SystemClock};
+use fissionlog::internals::balance::{LoadMap, RateTracker};
+use fissionlog::{Clock, SystemClock};
 use fissionlog::{Log, LogOptions, NewRecord, Topic, TopicConfig};
 
 use common::*;

@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use commitlog::message::{MessageBuf, MessageSet};
 use commitlog::{CommitLog, ReadLimit};
-use fissionlog::balance::BalancePolicy;
+use fissionlog::BalancePolicy;
 use fissionlog::{Log, LogOptions, NewRecord, SyncPolicy, Topic, TopicConfig};
 use okaywal::{LogPosition, LogVoid, WriteAheadLog};
 

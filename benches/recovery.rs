@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use fissionlog::config::RecoveryMode;
-use fissionlog::recovery::scan::{scan_segment, ScanParams};
+use fissionlog::internals::scan::{scan_segment, ScanParams};
+use fissionlog::RecoveryMode;
 use fissionlog::{Log, LogOptions, NewRecord, TopicConfig};
 
 use common::*;

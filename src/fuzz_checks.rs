@@ -154,7 +154,7 @@ fn segment_input(data: &[u8]) -> (Vec<u8>, u64, u8) {
 }
 
 /// `recovery::scan::scan_segment` on arbitrary bytes, in every mode and for
-/// several durable positions: see [`check_scan_outcome`].
+/// several durable positions: see `check_scan_outcome`.
 pub fn check_segment_scan(data: &[u8]) {
     let (file, base, sel) = segment_input(data);
     let len = file.len() as u64;

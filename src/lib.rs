@@ -19,10 +19,47 @@
 //! ```
 //!
 //! Durability, recovery and the soundness argument for the memory maps are
-//! described in `docs/` and next to the code that relies on them
-//! (`storage::segment`, `storage::durability`).
+//! described in `docs/` (ARCHITECTURE.md, FORMAT.md) and next to the code
+//! that relies on them.
+//!
+//! ## The public surface
+//!
+//! Everything public is re-exported here, at the crate root (plus the file
+//! names in [`layout`]). The segment files, their memory maps and writers,
+//! recovery, the manifest and the sync machinery are crate-private: a
+//! reader's [`ReadBatch`] borrows the mapped bytes directly, and that is
+//! sound only while nothing but the partition's one writer can store into
+//! the mapping, so no safe API hands out a segment or a writer. A
+//! [`Partition`] handle reads, waits and describes its segments as plain
+//! data ([`SegmentInfo`]):
+//!
+//! ```
+//! # fn f(topic: &fissionlog::Topic) -> fissionlog::Result<()> {
+//! let partition = topic.partition(0)?;
+//! for s in partition.segment_infos() {
+//!     println!("{:?}: offsets {}..{}", s.path, s.base_offset, s.end_offset);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! The segments themselves are out of reach, by module:
+//!
+//! ```compile_fail,E0603
+//! use fissionlog::storage::segment::{Segment, SegmentWriter};
+//! ```
+//!
+//! and through a partition handle:
+//!
+//! ```compile_fail,E0624
+//! # fn f(topic: &fissionlog::Topic) -> fissionlog::Result<()> {
+//! let segments = topic.partition(0)?.segments();
+//! # Ok(()) }
+//! ```
 
 #![warn(missing_docs)]
+// A type that a public signature exposes must be nameable by users: every
+// such type is re-exported here.
+#![warn(unnameable_types)]
 
 // The engine relies on Linux: fallocate and hole punching, MADV_POPULATE_READ,
 // io_uring (with a syscall fallback), flock semantics and the page-cache
@@ -31,31 +68,53 @@
 #[cfg(not(target_os = "linux"))]
 compile_error!("fissionlog supports Linux only (see docs/ARCHITECTURE.md, \"Platform\")");
 
-pub mod balance;
+mod balance;
 mod balance_step;
-pub mod config;
+mod config;
 mod core;
-pub mod error;
-pub mod events;
-pub mod format;
-pub mod fuzz_checks;
+mod error;
+mod events;
+mod format;
+#[cfg(feature = "internals")]
+mod fuzz_checks;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod internals;
 mod log;
-pub mod partition;
-pub mod read;
-pub mod reader;
-pub mod recovery;
-pub mod storage;
-pub mod topic;
-pub mod topic_name;
-pub mod topology;
+mod partition;
+mod read;
+mod reader;
+mod recovery;
+mod storage;
+mod topic;
+mod topic_name;
+mod topology;
 
-pub use config::{LogOptions, RecoveryMode, SyncPolicy, TopicConfig};
+pub use balance::{BalancePolicy, Clock, Decision, ManualClock, SplitAt, SystemClock, WindowRate};
+pub use config::{
+    LogOptions, RecoveryMode, SyncPolicy, TopicConfig, ACTIVE_HEADROOM_MAX_BYTES,
+    MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
+};
 pub use error::{Error, Result};
 pub use events::TopologyEvent;
-pub use log::{verify, Log, LOCK_FILE, TOPICS_DIR};
+pub use log::{verify, Log};
+pub use partition::{Partition, SegmentInfo};
 pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};
 pub use reader::{Cut, Reader, RetainedRange, StartAt};
 pub use recovery::partition::Problem;
-pub use recovery::RecoveryReport;
+pub use recovery::{FileAction, FileReport, RecoveryReport};
 pub use storage::durability::SyncBackend;
+pub use storage::fault::{IoHook, IoOp, NoFaults};
 pub use topic::{Appended, ChainLink, NewRecord, PartitionInfo, SplitPlan, Topic};
+pub use topic_name::{validate as validate_topic_name, MAX_TOPIC_NAME};
+pub use topology::manifest::ManifestReport;
+
+/// Names of the files and directories inside a log directory
+/// (docs/FORMAT.md), for operators' tools that inspect or back up a log.
+/// Writing to these files while a [`Log`] (or any handle or batch read
+/// from it) is alive is not supported: the directory lock says who owns
+/// them.
+pub mod layout {
+    pub use crate::log::{LOCK_FILE, TOPICS_DIR};
+    pub use crate::topology::manifest::{JOURNAL_FILE, SNAPSHOT_FILE};
+}

@@ -68,7 +68,10 @@ impl DirtyList {
     }
 }
 
-/// One partition.
+/// One partition: a handle from [`crate::Topic::partition`] for reading,
+/// waiting and inspecting. Its public methods cannot reach the segment
+/// files, their mappings or the writer; appends go through the topic.
+/// Holding it keeps the log directory locked (see [`crate::ReadBatch`]).
 #[derive(Debug)]
 pub struct Partition {
     pub(crate) p: PartitionParams,
@@ -290,7 +293,7 @@ impl Partition {
     }
 
     /// Snapshot of the segment list.
-    pub fn segments(&self) -> Arc<Vec<Arc<Segment>>> {
+    pub(crate) fn segments(&self) -> Arc<Vec<Arc<Segment>>> {
         self.segments.read().clone()
     }
 
@@ -874,5 +877,50 @@ impl Partition {
     /// Whether every segment was removed by retention (sealed partitions only).
     pub fn is_empty_sealed(&self) -> bool {
         self.is_sealed() && self.segments.read().is_empty()
+    }
+}
+
+/// One segment of a partition, as plain data: what
+/// [`Partition::segment_infos`] reports. A snapshot; the active segment
+/// keeps growing after it was taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SegmentInfo {
+    /// Offset of its first record.
+    pub base_offset: u64,
+    /// Offset after its last record (exclusive).
+    pub end_offset: u64,
+    /// Bytes of record data (batches, without the segment header).
+    pub data_bytes: u64,
+    /// Length of its file: the data, the header and, for the active
+    /// segment, space allocated ahead of the writer.
+    pub file_bytes: u64,
+    /// Path of the segment file.
+    pub path: PathBuf,
+    /// Takes no more appends: rolled, or its partition is sealed.
+    pub sealed: bool,
+}
+
+impl Partition {
+    /// Number of segments the partition holds (retention lowers it).
+    pub fn segment_count(&self) -> usize {
+        self.segments.read().len()
+    }
+
+    /// The partition's segments, oldest first, as plain data.
+    pub fn segment_infos(&self) -> Vec<SegmentInfo> {
+        let header = crate::format::segment::SEGMENT_HEADER_LEN as u64;
+        let partition_sealed = self.is_sealed();
+        self.segments()
+            .iter()
+            .map(|s| SegmentInfo {
+                base_offset: s.base_offset,
+                end_offset: s.end_offset(),
+                data_bytes: s.committed_pos().saturating_sub(header),
+                file_bytes: s.allocated(),
+                path: s.path().to_path_buf(),
+                sealed: partition_sealed || s.is_sealed(),
+            })
+            .collect()
     }
 }

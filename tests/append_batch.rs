@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use fissionlog::storage::fault::{IoHook, IoOp};
 use fissionlog::{Appended, Error, Log, LogOptions, NewRecord, Topic, TopicConfig};
+use fissionlog::{IoHook, IoOp};
 
 fn opts() -> LogOptions {
     LogOptions {

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::crash::{flip_byte, zero_range};
-use fissionlog::recovery::FileAction;
-use fissionlog::storage::fault::{IoHook, IoOp};
+use fissionlog::FileAction;
 use fissionlog::{Error, Log, LogOptions, RecoveryMode, TopicConfig};
+use fissionlog::{IoHook, IoOp};
 
 fn opts() -> LogOptions {
     LogOptions {

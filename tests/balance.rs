@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fissionlog::balance::{BalancePolicy, Decision, ManualClock};
+use fissionlog::{BalancePolicy, Decision, ManualClock};
 use fissionlog::{Error, Log, LogOptions, NewRecord, SplitPlan, Topic, TopicConfig, TopologyEvent};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

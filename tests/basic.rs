@@ -38,7 +38,7 @@ fn append_read_reopen() {
         assert_eq!(r.value, v.as_bytes());
     }
     assert!(
-        t.partition(0).unwrap().segments().len() > 1,
+        t.partition(0).unwrap().segment_count() > 1,
         "small segments rolled"
     );
     assert!(matches!(

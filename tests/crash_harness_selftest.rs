@@ -848,7 +848,7 @@ mod per_file {
 fn model_hook_counts_only_successful_kept_fsyncs() {
     use common::durable::Synced;
     use common::model_hook::ModelHook;
-    use fissionlog::storage::fault::{IoHook, IoOp};
+    use fissionlog::{IoHook, IoOp};
     let image_of = |drop: Option<IoOp>, ok: bool| {
         let dir = tempfile::tempdir().unwrap();
         let hook = ModelHook::new(dir.path(), drop);

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fissionlog::storage::fault::{IoHook, IoOp};
 use fissionlog::{Error, Log, LogOptions, NewRecord, SplitPlan, TopicConfig};
+use fissionlog::{IoHook, IoOp};
 
 /// Fails every `op` with ENOSPC while armed.
 #[derive(Debug)]

@@ -8,12 +8,12 @@
 
 use std::path::{Path, PathBuf};
 
-use fissionlog::format::batch::{batch_len, encode_batch, encode_hole, RecordIn};
-use fissionlog::format::checkpoint::{
+use fissionlog::internals::format::encode_header;
+use fissionlog::internals::format::{batch_len, encode_batch, encode_hole, RecordIn};
+use fissionlog::internals::format::{
     encode_checkpoint, Checkpoint, PartitionCheckpoint, WindowState,
 };
-use fissionlog::format::segment::encode_header;
-use fissionlog::fuzz_checks as fc;
+use fissionlog::internals::fuzz_checks as fc;
 
 type Check = fn(&[u8]);
 

@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::crash::DirImage;
-use fissionlog::recovery::FileAction;
+use fissionlog::FileAction;
 use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
 
 /// 25 records of 157 bytes fit a 4 KiB segment: segments 0, 25, ... 175.

@@ -14,7 +14,7 @@ mod common;
 mod harness;
 
 use common::model_hook::SYNC_OPS;
-use fissionlog::storage::fault::IoOp;
+use fissionlog::IoOp;
 use harness::{case_strategy, recovery_steps_case, retention_case, try_case, Settings};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};

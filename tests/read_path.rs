@@ -84,7 +84,7 @@ fn tail_reader_during_rolls_never_sees_a_hole() {
     for r in readers {
         assert_eq!(r.join().unwrap().unwrap(), appends);
     }
-    assert!(p.segments().len() > 100, "the test rolled segments");
+    assert!(p.segment_count() > 100, "the test rolled segments");
 }
 
 /// A one-partition topic whose partition 0 holds `n` records with old
@@ -280,10 +280,10 @@ fn bytes_changed_under_a_read_batch_are_an_error_not_a_panic() {
     }
     let batch = t.read(0, 0, 1 << 20).unwrap();
     assert_eq!(batch.iter().count(), 3);
-    let seg = &t.partition(0).unwrap().segments()[0];
+    let seg = &t.partition(0).unwrap().segment_infos()[0];
     let file = std::fs::OpenOptions::new()
         .write(true)
-        .open(seg.path())
+        .open(&seg.path)
         .unwrap();
     // Overwrite the second batch (header and records) with garbage.
     let second = 64 + batch.len_bytes() / 3;

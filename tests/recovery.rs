@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use common::crash::{flip_byte, zero_range, DirImage};
-use fissionlog::recovery::FileAction;
-use fissionlog::storage::fault::{IoHook, IoOp};
+use fissionlog::FileAction;
 use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
+use fissionlog::{IoHook, IoOp};
 
 const SEG: u64 = 4096;
 /// One record with key "k" and a 100-byte value: 40 + 16 + 1 + 100 bytes.
@@ -239,8 +239,7 @@ fn clean_reopen_of_many_segments_scans_nothing_and_is_idempotent() {
             .unwrap()
             .partition(0)
             .unwrap()
-            .segments()
-            .len()
+            .segment_count()
             > 10
     );
     log.close().unwrap();

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::crash::DirImage;
-use fissionlog::storage::fault::{IoHook, IoOp};
 use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
+use fissionlog::{IoHook, IoOp};
 
 const RECORDS: u64 = 300;
 

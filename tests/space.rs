@@ -8,8 +8,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fissionlog::storage::fault::{IoHook, IoOp};
 use fissionlog::{Error, Log, LogOptions, NewRecord, SyncPolicy, TopicConfig};
+use fissionlog::{IoHook, IoOp};
 
 /// Set in a child process: the scenario to run and the directory to use.
 const CHILD_ENV: &str = "FISSIONLOG_SPACE_CHILD";
@@ -278,7 +278,7 @@ fn small_log_occupies_its_data_plus_bounded_headroom() {
     log.sync().unwrap();
     let (used, _) = disk_usage(&dir);
     eprintln!("3 records in 4 partitions: {used} bytes on disk");
-    let bound = 4 * fissionlog::config::ACTIVE_HEADROOM_MAX_BYTES + (1 << 20);
+    let bound = 4 * fissionlog::ACTIVE_HEADROOM_MAX_BYTES + (1 << 20);
     assert!(used <= bound, "{used} bytes on disk, bound {bound}");
     log.close().unwrap();
     let (used, _) = disk_usage(&dir);
@@ -288,7 +288,7 @@ fn small_log_occupies_its_data_plus_bounded_headroom() {
 /// Bytes of data (segment headers and batches) held by a partition.
 fn data_bytes(log: &Log, topic: &str, partition: u32) -> u64 {
     let p = log.topic(topic).unwrap().partition(partition).unwrap();
-    p.size_bytes() + 64 * p.segments().len() as u64
+    p.size_bytes() + 64 * p.segment_count() as u64
 }
 
 /// Issue 7, finding 14: a rolled segment and the last segment of a sealed
@@ -314,11 +314,11 @@ fn sealed_segments_are_trimmed_to_their_data() {
     }
     log.sync().unwrap();
     let t = log.topic("t").unwrap();
-    assert!(t.partition(0).unwrap().segments().len() >= 4);
+    assert!(t.partition(0).unwrap().segment_count() >= 4);
     let pdir = t.partition(0).unwrap().dir().to_path_buf();
     let data = data_bytes(&log, "t", 0);
     let (used, _) = disk_usage(&pdir);
-    let headroom = fissionlog::config::ACTIVE_HEADROOM_MAX_BYTES;
+    let headroom = fissionlog::ACTIVE_HEADROOM_MAX_BYTES;
     assert!(
         used as f64 <= 1.01 * data as f64 + headroom as f64,
         "{used} bytes on disk for {data} bytes of data"
@@ -475,8 +475,7 @@ fn a_failed_index_write_at_a_roll_does_not_wedge_the_partition() {
             .unwrap()
             .partition(0)
             .unwrap()
-            .segments()
-            .len()
+            .segment_count()
             >= 4
     );
     assert_eq!(read_all(&log, "t", 0, 1000), next);
@@ -717,8 +716,7 @@ fn many_segments_scenario(dir: &Path, segments: u64, fd_limit: u64) {
             .unwrap()
             .partition(0)
             .unwrap()
-            .segments()
-            .len() as u64,
+            .segment_count() as u64,
         segments
     );
     log.close().unwrap();

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::crash::{CrashOptions, DirImage};
 use common::model_hook::{CrashPoint, ModelHook};
-use fissionlog::recovery::FileAction;
-use fissionlog::storage::fault::IoOp;
+use fissionlog::FileAction;
+use fissionlog::IoOp;
 use fissionlog::{
     Error, Log, LogOptions, NewRecord, OwnedRecord, SplitPlan, StartAt, SyncPolicy, Topic,
     TopicConfig,

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fissionlog::storage::fault::{IoHook, IoOp};
 use fissionlog::{Error, Log, LogOptions, NewRecord, SplitPlan, SyncPolicy, Topic, TopicConfig};
+use fissionlog::{IoHook, IoOp};
 use parking_lot::Mutex;
 
 fn options() -> LogOptions {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fissionlog::storage::fault::{IoHook, IoOp};
+use fissionlog::{IoHook, IoOp};
 use fissionlog::{Log, LogOptions, NewRecord, SyncPolicy, TopicConfig};
 use parking_lot::Mutex;
 

@@ -1,6 +1,6 @@
-//! Fuzz target: see `fissionlog::fuzz_checks::check_log_recovery`.
+//! Fuzz target: see `fissionlog::internals::fuzz_checks::check_log_recovery`.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    fissionlog::fuzz_checks::check_log_recovery(data);
+    fissionlog::internals::fuzz_checks::check_log_recovery(data);
 });

@@ -1,6 +1,6 @@
-//! Fuzz target: see `fissionlog::fuzz_checks::check_manifest_replay`.
+//! Fuzz target: see `fissionlog::internals::fuzz_checks::check_manifest_replay`.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    fissionlog::fuzz_checks::check_manifest_replay(data);
+    fissionlog::internals::fuzz_checks::check_manifest_replay(data);
 });

@@ -1,6 +1,6 @@
-//! Fuzz target: see `fissionlog::fuzz_checks::check_ops_model`.
+//! Fuzz target: see `fissionlog::internals::fuzz_checks::check_ops_model`.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    fissionlog::fuzz_checks::check_ops_model(data);
+    fissionlog::internals::fuzz_checks::check_ops_model(data);
 });

@@ -35,7 +35,9 @@ mod sim;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{decide, Decision, PartitionLoad, SplitAt};
-pub use loadmap::{HotKey, LoadMap, LoadMapConfig};
+#[cfg(any(test, feature = "internals"))]
+pub use loadmap::LoadMapConfig;
+pub use loadmap::{HotKey, LoadMap};
 pub use policy::BalancePolicy;
 pub use rate::{RateSnapshot, RateTracker, WindowRate, WindowRateSnapshot, DEFAULT_WINDOWS};
 

@@ -12,7 +12,8 @@ pub(crate) type RateOf = fn(&WindowRate) -> f64;
 /// Tunables of the balancer.
 ///
 /// Stability comes from three mechanisms, enforced by [`BalancePolicy::validate`]
-/// and applied by [`super::decide`]:
+/// and applied by the balancer (`balance::decide`, behind
+/// [`crate::Log::balance_now`] and the background thread):
 ///
 /// - hysteresis: hot means above the target, cold means every window below
 ///   `cold_fraction` (< 0.5) of it, and a merge must stay below
@@ -50,7 +51,7 @@ pub struct BalancePolicy {
     /// load isolates that key instead of splitting at the median
     /// (default 0.5).
     pub hot_key_share: f64,
-    /// How often the caller should run [`super::decide`] (default 250 ms).
+    /// How often the background balancer runs its decision (default 250 ms).
     pub check_interval: Duration,
 }
 

@@ -1,8 +1,8 @@
 //! Recovery: turning whatever a crash left into a consistent log, and
 //! saying exactly what was done.
 
-pub mod partition;
-pub mod scan;
+pub(crate) mod partition;
+pub(crate) mod scan;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,10 +1,10 @@
 //! Files and memory maps: segments, durability, fault injection.
 
-pub mod durability;
-pub mod fault;
+pub(crate) mod durability;
+pub(crate) mod fault;
 pub(crate) mod lock;
-pub mod prefault;
-pub mod segment;
+pub(crate) mod prefault;
+pub(crate) mod segment;
 
 use std::fs::File;
 use std::path::Path;
@@ -14,14 +14,14 @@ use fault::{IoHook, IoOp};
 
 /// fsync of a directory, so that creations, renames and deletions in it
 /// survive a power loss. Goes through the hook as `op`.
-pub fn sync_dir(hook: &dyn IoHook, op: IoOp, path: &Path) -> Result<()> {
+pub(crate) fn sync_dir(hook: &dyn IoHook, op: IoOp, path: &Path) -> Result<()> {
     hook.before(op, path).at(path)?;
     let result = File::open(path).and_then(|d| d.sync_all());
     hook.after(op, path, result).at(path)
 }
 
 /// fsync (`datasync`: fdatasync) of an open file, through the hook as `op`.
-pub fn sync_file(
+pub(crate) fn sync_file(
     hook: &dyn IoHook,
     op: IoOp,
     file: &File,

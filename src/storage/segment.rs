@@ -78,11 +78,6 @@ pub fn segment_file_name(base_offset: u64) -> String {
     format!("{base_offset:020}.seg")
 }
 
-/// File name of the index of the segment starting at `base_offset`.
-pub fn index_file_name(base_offset: u64) -> String {
-    format!("{base_offset:020}.idx")
-}
-
 /// Parses a segment file name back into its base offset.
 pub fn parse_segment_file_name(name: &str) -> Option<u64> {
     let stem = name.strip_suffix(".seg")?;
@@ -229,13 +224,8 @@ impl Segment {
 
     /// Opens and maps an existing segment file, validating its header. The
     /// returned segment has no data until [`Segment::set_recovered_end`].
-    pub fn open(path: &Path) -> Result<(Segment, SegmentInfo)> {
-        Segment::open_with(path, true, &crate::storage::fault::NoFaults)
-    }
-
-    /// Like [`Segment::open`]; `writable: false` maps read-only (`verify`).
-    /// The open goes through `hook` as [`IoOp::OpenSegment`], the mapping
-    /// as [`IoOp::MapSegment`].
+    /// `writable: false` maps read-only (`verify`). The open goes through
+    /// `hook` as [`IoOp::OpenSegment`], the mapping as [`IoOp::MapSegment`].
     pub fn open_with(
         path: &Path,
         writable: bool,

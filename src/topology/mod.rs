@@ -1,5 +1,5 @@
 //! Topics, partitions, key ranges and lineage, and the manifest that
 //! stores them.
 
-pub mod manifest;
-pub mod model;
+pub(crate) mod manifest;
+pub(crate) mod model;

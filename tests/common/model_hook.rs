@@ -19,7 +19,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fissionlog::storage::fault::{IoHook, IoOp};
+use fissionlog::{IoHook, IoOp};
 
 use super::crash::{CrashOptions, DirImage};
 use super::durable::{crash_image_traced, Durable, Nodes, Synced};

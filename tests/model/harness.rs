@@ -28,9 +28,9 @@ use std::sync::Arc;
 
 use crate::common::crash::{CrashOptions, SplitMix64};
 use crate::common::model_hook::{CrashPoint, ModelHook};
-use fissionlog::partition::Partition;
-use fissionlog::recovery::FileAction;
-use fissionlog::storage::fault::IoOp;
+use fissionlog::FileAction;
+use fissionlog::IoOp;
+use fissionlog::Partition;
 use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryReport, SplitPlan, TopicConfig};
 use proptest::prelude::*;
 

@@ -155,7 +155,7 @@ pub fn open_existing(dir: &Path) -> Result<Log, Failure> {
 
 /// Checks a topic name before anything touches the disk.
 pub fn check_topic_name(name: &str) -> Result<(), Failure> {
-    fissionlog::topic_name::validate(name)?;
+    fissionlog::validate_topic_name(name)?;
     Ok(())
 }
 

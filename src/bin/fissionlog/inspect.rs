@@ -151,8 +151,8 @@ pub fn run(args: &InspectArgs) -> CmdResult {
     for name in log.topics() {
         topics.push(log.topic(&name)?);
     }
-    let journal = file_len(&args.dir.join(fissionlog::topology::manifest::JOURNAL_FILE));
-    let snapshot = file_len(&args.dir.join(fissionlog::topology::manifest::SNAPSHOT_FILE));
+    let journal = file_len(&args.dir.join(fissionlog::layout::JOURNAL_FILE));
+    let snapshot = file_len(&args.dir.join(fissionlog::layout::SNAPSHOT_FILE));
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     if args.json {

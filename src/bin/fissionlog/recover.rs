@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use fissionlog::recovery::FileAction;
+use fissionlog::FileAction;
 use fissionlog::{Error, Log, LogOptions, RecoveryMode};
 use serde_json::json;
 

@@ -32,7 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use fissionlog::balance::BalancePolicy;
+use fissionlog::BalancePolicy;
 use fissionlog::{Log, LogOptions, PartitionInfo, SyncPolicy, Topic, TopicConfig, TopologyEvent};
 
 use check::{consume, ConsumerShared};

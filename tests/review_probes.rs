@@ -11,10 +11,10 @@ use std::time::Duration;
 use common::crash::{CrashOptions, DirImage};
 use common::durable::crash_image;
 use common::model_hook::ModelHook;
-use fissionlog::storage::fault::{IoHook, IoOp};
 use fissionlog::{
     Error, Log, LogOptions, NewRecord, RecoveryMode, StartAt, SyncPolicy, TopicConfig,
 };
+use fissionlog::{IoHook, IoOp};
 
 fn opts(recovery: RecoveryMode) -> LogOptions {
     LogOptions {
@@ -148,7 +148,7 @@ fn salvage_hole_survives_a_power_loss_after_the_repair() {
     }
     // Damage a batch in the middle of the first (sealed, synced) segment.
     let pdir = dir.join("topics/t0/p0");
-    let seg0 = pdir.join(fissionlog::storage::segment::segment_file_name(0));
+    let seg0 = pdir.join("00000000000000000000.seg");
     let len = std::fs::metadata(&seg0).unwrap().len();
     assert!(len > 2048, "first segment holds several batches");
     common::crash::flip_byte(&dir, seg0.strip_prefix(&dir).unwrap(), len / 2);
@@ -284,7 +284,7 @@ fn retention_floor_is_durable_before_files_go_with_a_concurrent_sync() {
     };
     let log = Log::open_with_hook(&dir, slow, gate.clone()).unwrap();
     let ret = log.topic("ret").unwrap().partition(0).unwrap();
-    let first_kept = ret.segments().last().unwrap().base_offset;
+    let first_kept = ret.segment_infos().last().unwrap().base_offset;
     assert!(first_kept > 0, "the retained partition has rolled segments");
     drop(ret);
     let busy = log.topic("busy").unwrap();

@@ -403,8 +403,7 @@ impl Partition {
             if (len as u64) > w.writer.remaining() {
                 self.roll(&mut w)?;
             }
-            w.writer.reserve(len as u64)?;
-            let header = w.writer.append(records, len);
+            let header = w.writer.append(records, len)?;
             let now = self.clock.now_nanos();
             w.rates.record(now, records.len() as u64, len as u64);
             for (r, h) in records.iter().zip(hashes) {

@@ -780,3 +780,101 @@ fn fifty_thousand_segments_under_a_low_descriptor_limit() {
     }
     run_many_segments(NAME);
 }
+
+/// Appends records `first..first + n` of `len` bytes to partition 0 as one
+/// batch (`append_to`): at 20 × 1000 B it is past the 16 KiB from which a
+/// batch is written with `pwrite` instead of stores into the mapping.
+fn append_batch_of(
+    log: &Log,
+    topic: &str,
+    first: u64,
+    n: u64,
+    len: usize,
+) -> fissionlog::Result<u64> {
+    let values: Vec<Vec<u8>> = (first..first + n).map(|i| value(i, len)).collect();
+    let keys: Vec<String> = (first..first + n).map(|i| format!("k{i}")).collect();
+    let records: Vec<NewRecord<'_>> = (0..n as usize)
+        .map(|j| NewRecord {
+            key: Some(keys[j].as_bytes()),
+            value: &values[j],
+            timestamp: Some((first + j as u64) as i64),
+        })
+        .collect();
+    log.topic(topic)?.append_to(0, &records)
+}
+
+/// Appends single records and `pwrite` batches in turn until the disk is
+/// full; checks the error and that every acknowledged record reads back,
+/// then frees the space and appends one more batch. Returns the new count.
+fn fill_with_large_batches(log: &Log, filler: &Path, mut acked: u64) -> u64 {
+    const LEN: usize = 1000;
+    const BATCH: u64 = 20;
+    fill_disk(filler);
+    let err = loop {
+        let r = if acked % 3 == 0 {
+            append(log, "t", acked, LEN).map(|_| 1)
+        } else {
+            append_batch_of(log, "t", acked, BATCH, LEN).map(|first| {
+                assert_eq!(first, acked);
+                BATCH
+            })
+        };
+        match r {
+            Ok(n) => acked += n,
+            Err(e) => break e,
+        }
+        assert!(acked < 1_000_000, "the disk never filled up");
+    };
+    assert!(matches!(err, Error::NoSpace { .. }), "{err}");
+    assert_eq!(read_all(log, "t", 0, LEN), acked);
+    // Space frees: the partition takes batches again where it stopped.
+    std::fs::remove_file(filler).unwrap();
+    assert_eq!(append_batch_of(log, "t", acked, BATCH, LEN).unwrap(), acked);
+    log.sync().unwrap();
+    acked + BATCH
+}
+
+/// The scenario of `full_disk_under_large_batches_is_no_space`, run in a
+/// child process on a 24 MiB tmpfs: batches written with `pwrite`,
+/// interleaved with single records stored through the mapping.
+fn full_disk_large_batches_scenario(mnt: &Path) {
+    let dir = mnt.join("log");
+    let filler = mnt.join("filler");
+    let config = TopicConfig {
+        partitions: 1,
+        segment_bytes: SEG_4M,
+        ..TopicConfig::default()
+    };
+    let log = Log::open(&dir, opts()).unwrap();
+    log.create_topic("t", config).unwrap();
+    let acked = fill_with_large_batches(&log, &filler, 0);
+    // Again from an unclean open.
+    log.abandon();
+    let log = Log::open(&dir, opts()).unwrap();
+    assert!(!log.recovery_report().clean_shutdown);
+    let acked = fill_with_large_batches(&log, &filler, acked);
+    log.close().unwrap();
+    let log = Log::open(&dir, opts()).unwrap();
+    assert!(log.recovery_report().clean_shutdown);
+    assert_eq!(read_all(&log, "t", 0, 1000), acked);
+    log.close().unwrap();
+}
+
+/// A full disk while batches go through `pwrite` (which grows the file
+/// itself) is `Error::NoSpace` from the append, publishes nothing of the
+/// batch, and the partition takes appends again once space frees, also
+/// after an unclean open.
+#[test]
+fn full_disk_under_large_batches_is_no_space() {
+    let _serial = serial();
+    const NAME: &str = "full_disk_under_large_batches_is_no_space";
+    if let Some(dir) = child_dir(NAME) {
+        full_disk_large_batches_scenario(&dir);
+        return;
+    }
+    let Some(fs) = Tmpfs::mount(24 << 20) else {
+        return;
+    };
+    let out = run_child(NAME, &fs.path);
+    assert_child_ok(NAME, &out);
+}

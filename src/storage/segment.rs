@@ -22,7 +22,10 @@
 //!    every byte below it was allocated (`fallocate`, or written zeros where
 //!    the filesystem has no `fallocate`) before the length was published.
 //!    [`SegmentWriter::reserve`] grows the file before the writer stores
-//!    past it, and [`SegmentWriter::append`] asserts it. `committed_pos <=
+//!    past it, and the store path asserts it. Large batches are not stored
+//!    through the mapping but written with `pwrite`, which grows the file
+//!    itself; `allocated` is raised to the new length only after the write
+//!    returned, and the batch is published after that. `committed_pos <=
 //!    allocated` always holds, so readers stay below EOF too.
 //! 4. The file shrinks only in two places. [`Segment::trim`] truncates a
 //!    segment that takes no more appends (rolled, or its partition sealed)
@@ -1052,6 +1055,14 @@ pub(crate) fn rebuild_index(
     out
 }
 
+/// Batches of this many bytes or more are written with one `pwrite`
+/// instead of stores into the mapping (see "Append path choice" in
+/// docs/ARCHITECTURE.md): for them a syscall costs less than the page
+/// faults of the stores, and the file grows by the write, so the space it
+/// lands in needs no allocation ahead of the writer (whose unwritten
+/// extents every `fdatasync` would have to convert).
+pub(crate) const PWRITE_MIN_BYTES: usize = 16 << 10;
+
 /// The one handle allowed to write into a segment.
 #[derive(Debug)]
 pub struct SegmentWriter {
@@ -1063,6 +1074,8 @@ pub struct SegmentWriter {
     index_interval: u64,
     /// Pages below this were handed to the prefault thread.
     prefault_until: u64,
+    /// Encoding buffer of the `pwrite` path, kept between batches.
+    buf: Vec<u8>,
 }
 
 impl SegmentWriter {
@@ -1080,6 +1093,7 @@ impl SegmentWriter {
             segment,
             last_indexed_pos,
             index_interval,
+            buf: Vec::new(),
         }
     }
 
@@ -1112,7 +1126,7 @@ impl SegmentWriter {
     /// `ALLOC_CHUNK_MAX_BYTES`. The caller checked `len <= remaining()`.
     /// An error (`Error::NoSpace` on a full disk) changes nothing: the
     /// segment takes appends again once space frees.
-    pub fn reserve(&mut self, len: u64) -> Result<()> {
+    fn reserve(&mut self, len: u64) -> Result<()> {
         let capacity = self.segment.capacity;
         let need = self.write_pos + len;
         debug_assert!(
@@ -1144,25 +1158,19 @@ impl SegmentWriter {
     }
 
     /// Encodes `records` at the end and publishes them. The caller checked
-    /// that `len == batch_len(records) <= remaining()` and reserved `len`.
-    pub fn append(&mut self, records: &[RecordIn<'_>], len: usize) -> BatchHeader {
-        assert!(
-            self.write_pos + len as u64 <= self.segment.allocated(),
-            "caller reserves space before a batch is stored"
-        );
+    /// that `len == batch_len(records) <= remaining()`. Batches of
+    /// [`PWRITE_MIN_BYTES`] or more are written with `pwrite`, smaller ones
+    /// stored into the mapping (in space allocated first). An error
+    /// (`Error::NoSpace` on a full disk) publishes nothing: the segment
+    /// takes appends again once space frees.
+    pub fn append(&mut self, records: &[RecordIn<'_>], len: usize) -> Result<BatchHeader> {
         let pos = self.write_pos;
-        // SAFETY: [pos, pos+len) lies inside the mapping and below EOF, in
-        // allocated space (`allocated <= capacity`, checked above), and above
-        // `committed_pos`, so no reader forms a slice over it; `&mut self`
-        // makes this the only writer of the segment.
-        let dst = unsafe {
-            std::slice::from_raw_parts_mut(self.segment.map.as_mut_ptr().add(pos as usize), len)
+        let header = if len >= PWRITE_MIN_BYTES {
+            self.write_batch(records, len)?
+        } else {
+            self.reserve(len as u64)?;
+            self.store_batch(records, len)
         };
-        let header = batch::encode_batch(dst, self.next_offset, records);
-        debug_assert!(
-            batch::validate(dst, Some(self.next_offset)).is_ok(),
-            "a batch just written validates"
-        );
         if self
             .last_indexed_pos
             .is_none_or(|l| pos - l >= self.index_interval)
@@ -1191,7 +1199,65 @@ impl SegmentWriter {
         if self.write_pos + prefault::PREFAULT_AHEAD > self.prefault_until {
             self.prefault_ahead();
         }
+        Ok(header)
+    }
+
+    /// Stores a batch into the mapping at the write position.
+    fn store_batch(&mut self, records: &[RecordIn<'_>], len: usize) -> BatchHeader {
+        assert!(
+            self.write_pos + len as u64 <= self.segment.allocated(),
+            "caller reserves space before a batch is stored"
+        );
+        let pos = self.write_pos;
+        // SAFETY: [pos, pos+len) lies inside the mapping and below EOF, in
+        // allocated space (`allocated <= capacity`, checked above), and above
+        // `committed_pos`, so no reader forms a slice over it; `&mut self`
+        // makes this the only writer of the segment.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(self.segment.map.as_mut_ptr().add(pos as usize), len)
+        };
+        let header = batch::encode_batch(dst, self.next_offset, records);
+        debug_assert!(
+            batch::validate(dst, Some(self.next_offset)).is_ok(),
+            "a batch just written validates"
+        );
         header
+    }
+
+    /// Encodes a batch into the writer's buffer and writes it to the file
+    /// at the write position with `pwrite`, growing the file past
+    /// `allocated` when it reaches there (rule 3 of the module comment).
+    fn write_batch(&mut self, records: &[RecordIn<'_>], len: usize) -> Result<BatchHeader> {
+        if self.buf.len() < len {
+            self.buf.resize(len, 0);
+        }
+        let dst = &mut self.buf[..len];
+        let header = batch::encode_batch(dst, self.next_offset, records);
+        debug_assert!(
+            batch::validate(dst, Some(self.next_offset)).is_ok(),
+            "a batch just encoded validates"
+        );
+        let seg = &self.segment;
+        let end = self.write_pos + len as u64;
+        let file = seg.file().at(&seg.path)?;
+        let written = file.write_all_at(dst, self.write_pos);
+        // The file holds written bytes up to `end` (or, after a failed
+        // short write, up to its length): all allocated, none published.
+        let file_len = match &written {
+            Ok(()) => end,
+            Err(_) => file.metadata().map_or(0, |m| m.len()),
+        };
+        seg.allocated
+            .fetch_max(file_len.min(seg.capacity), Ordering::AcqRel);
+        if self.buf.len() > 4 * PWRITE_MIN_BYTES.max(len.min(1 << 20)) {
+            // After an outsized batch: keep what usual batches need.
+            self.buf.truncate(len.min(1 << 20));
+            self.buf.shrink_to_fit();
+        }
+        written.map_err(|e| Error::io(&seg.path, e))?;
+        // Pages the write filled need no populating.
+        self.prefault_until = self.prefault_until.max(end & !4095);
+        Ok(header)
     }
 
     /// Seals the segment: writes the seal into its header (it takes no

@@ -811,7 +811,7 @@ fn fill_with_large_batches(log: &Log, filler: &Path, mut acked: u64) -> u64 {
     const BATCH: u64 = 20;
     fill_disk(filler);
     let err = loop {
-        let r = if acked % 3 == 0 {
+        let r = if acked.is_multiple_of(3) {
             append(log, "t", acked, LEN).map(|_| 1)
         } else {
             append_batch_of(log, "t", acked, BATCH, LEN).map(|first| {

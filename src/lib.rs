@@ -61,7 +61,7 @@
 // such type is re-exported here.
 #![warn(unnameable_types)]
 
-// The engine relies on Linux: fallocate and hole punching, MADV_POPULATE_READ,
+// The engine relies on Linux: fallocate and hole punching, sparse files,
 // io_uring (with a syscall fallback), flock semantics and the page-cache
 // coherence of MAP_SHARED mappings with write(2). Other systems are refused at
 // build time rather than left to fail at run time.

@@ -891,8 +891,9 @@ pub struct SegmentInfo {
     pub end_offset: u64,
     /// Bytes of record data (batches, without the segment header).
     pub data_bytes: u64,
-    /// Length of its file: the data, the header and, for the active
-    /// segment, space allocated ahead of the writer.
+    /// Bytes allocated to its file as far as the log knows: the data, the
+    /// header and, for the active segment, space allocated ahead of the
+    /// writer (its file is longer, sparse past that).
     pub file_bytes: u64,
     /// Path of the segment file.
     pub path: PathBuf,

@@ -3,7 +3,6 @@
 pub(crate) mod durability;
 pub(crate) mod fault;
 pub(crate) mod lock;
-pub(crate) mod prefault;
 pub(crate) mod segment;
 
 use std::fs::File;

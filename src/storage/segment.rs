@@ -18,15 +18,18 @@
 //!    `&mut SegmentWriter` borrow) only stores above it, then publishes the
 //!    new end with a Release store; readers Acquire it and only form slices
 //!    below it. The header (bytes below 64) is never exposed to readers.
-//! 3. Stores stay below `allocated`: `allocated` is the file length, and
-//!    every byte below it was allocated (`fallocate`, or written zeros where
-//!    the filesystem has no `fallocate`) before the length was published.
-//!    [`SegmentWriter::reserve`] grows the file before the writer stores
-//!    past it, and the store path asserts it. Large batches are not stored
-//!    through the mapping but written with `pwrite`, which grows the file
-//!    itself; `allocated` is raised to the new length only after the write
-//!    returned, and the batch is published after that. `committed_pos <=
-//!    allocated` always holds, so readers stay below EOF too.
+//! 3. Stores stay below `allocated`: every byte below it is allocated on
+//!    disk (`fallocate`, or written zeros where the filesystem has no
+//!    `fallocate`) and below the end of the file, and it is published only
+//!    after that holds. The file's length may run ahead of `allocated` (an
+//!    active segment's file is as long as the segment can grow, sparse past
+//!    what is allocated), never behind it. [`SegmentWriter::reserve`]
+//!    allocates before the writer stores past `allocated`, and the store
+//!    path asserts it. Large batches are not stored through the mapping but
+//!    written with `pwrite`, which allocates what it writes; `allocated` is
+//!    raised only after the write returned, and the batch is published
+//!    after that. `committed_pos <= allocated <= file length` always holds,
+//!    so readers stay below EOF too.
 //! 4. The file shrinks only in two places. [`Segment::trim`] truncates a
 //!    segment that takes no more appends (rolled, or its partition sealed)
 //!    to exactly `committed_pos`. That is sound because no reader ever forms
@@ -37,26 +40,30 @@
 //!    self`). Torn tails are cleared without shrinking the file, and
 //!    retention unlinks files, which keeps the inode (and the mapping) alive
 //!    until the last `Arc` drops.
-//! 5. The prefault thread asks the kernel to populate pages only below
-//!    `allocated`, which it reads under the read side of `alloc_lock`;
-//!    [`Segment::trim`] lowers `allocated` and truncates under the write
-//!    side, so a populate call never overlaps a truncation and never covers
-//!    a page past EOF.
 //!
 //! # Allocation
 //!
 //! A store into a page of the mapping that has no disk block behind it
 //! allocates inside the page fault, and a full disk then kills the process
 //! with SIGBUS. So the writer never stores into unallocated space: a new
-//! segment's file holds its header and [`ALLOC_CHUNK_MIN_BYTES`]; the writer
-//! grows it ahead of itself in steps that double with the data written (up
-//! to [`ALLOC_CHUNK_MAX_BYTES`]), so at most
+//! segment's file has its header and [`ALLOC_CHUNK_MIN_BYTES`] allocated;
+//! the writer allocates ahead of itself in steps that double with the data
+//! written (up to [`ALLOC_CHUNK_MAX_BYTES`]), so at most
 //! [`crate::config::ACTIVE_HEADROOM_MAX_BYTES`] are allocated and unwritten
 //! per active partition, and a full disk is `Error::NoSpace` from the
-//! append that needed the space, with nothing changed. Recovery clears a
-//! torn tail with `FALLOC_FL_ZERO_RANGE` (or punch + re-allocate), keeping
-//! the space allocated, and re-allocates the free tail of the active
-//! segment on open (files from versions that punched holes there).
+//! append that needed the space, with nothing changed.
+//!
+//! The file's *length* is set to the segment's full size when the segment
+//! is created (or readied for appends after recovery), sparse past what is
+//! allocated. Growing the length in chunks instead kept the kernel from
+//! mapping whole large folios on a write fault: the writer took a fault on
+//! nearly every 4 KiB page (30 times as many, measured in
+//! docs/PERFORMANCE.md). Since the length says nothing about allocation,
+//! `allocated` lives in memory only: an opened active segment counts as
+//! allocated only up to its data (rounded to a page), and recovery punches
+//! out a torn tail (it reads as zeros, and is allocated again before the
+//! writer stores there). A segment that takes no more appends is truncated
+//! to its data.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -66,7 +73,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use memmap2::MmapRaw;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use crate::config::{ALLOC_CHUNK_MAX_BYTES, ALLOC_CHUNK_MIN_BYTES};
 use crate::error::{Error, IoContext, Result};
@@ -74,7 +81,6 @@ use crate::format::batch::{self, BatchHeader, RecordIn};
 use crate::format::index::{self, IndexEntry};
 use crate::format::segment::{self, SegmentInfo, SEGMENT_HEADER_LEN};
 use crate::storage::fault::{IoHook, IoOp, NoFaults};
-use crate::storage::prefault;
 
 /// File name of the segment starting at `base_offset`.
 pub fn segment_file_name(base_offset: u64) -> String {
@@ -109,12 +115,11 @@ pub struct Segment {
     map: MmapRaw,
     /// Mapped length in bytes: the most data the segment can hold.
     capacity: u64,
-    /// File length; every byte below it is allocated on disk (see the
-    /// module comment). Grows ahead of the writer, shrinks only by `trim`.
+    /// Every byte below it is allocated on disk and inside the file (see
+    /// the module comment). Grows ahead of the writer.
     allocated: AtomicU64,
-    /// Read side: a prefault call in flight below `allocated`; write side:
-    /// lowering `allocated` and truncating the file.
-    alloc_lock: RwLock<()>,
+    /// Length of the file (at least `allocated`; sparse past it).
+    file_len: AtomicU64,
     /// Mapped writable.
     writable: bool,
     /// The log's I/O hook, attached when a partition takes the segment.
@@ -173,8 +178,13 @@ impl Segment {
             allocate_range(&file, 0, initial).at(&path)?;
             let header = segment::encode_header(ids.0, ids.1, base_offset, now_ms);
             file.write_all_at(&header, 0).at(&path)?;
+            // The full length, sparse past the allocated chunk (see the
+            // module comment: whole large folios on write faults).
+            file.set_len(capacity).at(&path)?;
             hook.before(IoOp::MapSegment, &path).at(&path)?;
-            Segment::map(path.clone(), file, capacity, initial, base_offset, true)
+            let seg = Segment::map(path.clone(), file, capacity, initial, base_offset, true)?;
+            seg.file_len.store(capacity, Ordering::Release);
+            Ok(seg)
         })();
         let seg = match built {
             Ok(seg) => seg,
@@ -293,7 +303,7 @@ impl Segment {
             map,
             capacity,
             allocated: AtomicU64::new(allocated),
-            alloc_lock: RwLock::new(()),
+            file_len: AtomicU64::new(allocated),
             writable,
             hook: OnceLock::new(),
             base_offset,
@@ -351,6 +361,9 @@ impl Segment {
             .before(IoOp::AllocateSegment, &self.path)
             .at(&self.path)?;
         allocate_range(&*self.file().at(&self.path)?, from, target - from).at(&self.path)?;
+        // Past the end of a file recovery cut short, the allocation
+        // extended it.
+        self.file_len.fetch_max(target, Ordering::AcqRel);
         self.allocated.store(target, Ordering::Release);
         Ok(())
     }
@@ -360,47 +373,44 @@ impl Segment {
     /// preallocated space. See rule 4 of the module comment for why this is
     /// sound while readers hold the mapping.
     pub(crate) fn trim(&self) -> Result<()> {
-        let _g = self.alloc_lock.write();
         let end = self.committed_pos();
-        if !self.writable || self.allocated() <= end {
+        if !self.writable || self.file_len.load(Ordering::Acquire) <= end {
             return Ok(());
         }
         self.hook()
             .before(IoOp::TrimSegment, &self.path)
             .at(&self.path)?;
         self.file().and_then(|f| f.set_len(end)).at(&self.path)?;
-        self.allocated.store(end, Ordering::Release);
+        self.allocated.fetch_min(end, Ordering::AcqRel);
+        self.file_len.store(end, Ordering::Release);
         Ok(())
     }
 
     /// Readies a recovered segment that will take appends: maps it at the
-    /// full `segment_bytes` (its file may be shorter; it grows in chunks)
-    /// and makes sure its free tail is allocated (an older version punched
-    /// holes there). Where that allocation fails, the free tail is cut off
-    /// instead and the writer allocates again before storing.
+    /// full `segment_bytes` and sets its file to that length (sparse past
+    /// the data). Nothing past the data (rounded up to a page) counts as
+    /// allocated: the file's length says nothing about allocation (an
+    /// older version punched holes there, a crash can keep a length whose
+    /// blocks were never allocated), so the writer allocates before it
+    /// stores there.
     pub(crate) fn prepare_for_appends(&mut self, segment_bytes: u64) -> Result<()> {
         if !self.writable {
             return Ok(());
         }
+        let file_len = self.file_len.load(Ordering::Acquire);
         let capacity = segment_bytes
-            .max(self.allocated())
+            .max(file_len)
             .min(crate::config::MAX_SEGMENT_BYTES);
         if capacity > self.capacity {
             self.map = map_file(&*self.file().at(&self.path)?, capacity, true).at(&self.path)?;
             self.capacity = capacity;
         }
         let from = page_up(self.committed_pos()).min(self.allocated());
-        let len = self.allocated() - from;
-        if len > 0 {
-            let ok = self
-                .hook()
-                .before(IoOp::AllocateSegment, &self.path)
-                .and_then(|()| allocate_tail(&*self.file()?, from, len))
-                .is_ok();
-            if !ok {
-                self.file().and_then(|f| f.set_len(from)).at(&self.path)?;
-                self.allocated.store(from, Ordering::Release);
-            }
+        self.allocated.store(from, Ordering::Release);
+        // Only speed is at stake: with a shorter file the writer's
+        // allocations extend it, as they would without a sparse length.
+        if file_len < capacity && self.file().and_then(|f| f.set_len(capacity)).is_ok() {
+            self.file_len.store(capacity, Ordering::Release);
         }
         Ok(())
     }
@@ -607,16 +617,16 @@ impl Segment {
         }
     }
 
-    /// Zeroes `[from, allocated)` so stale bytes past a recovered end can
-    /// never validate again (a torn tail must not be resurrected), keeping
-    /// the space allocated so later stores into the mapping never allocate
-    /// inside a page fault: `FALLOC_FL_ZERO_RANGE`, else punch a hole and
-    /// allocate it again. On filesystems with neither, the (bounded) tail is
-    /// overwritten with zeros, or, when longer than the most an active
-    /// segment holds ahead of its writer (files of older versions), cut off;
-    /// the writer allocates again before it stores there.
+    /// Zeroes `[from, end of file)` so stale bytes past a recovered end can
+    /// never validate again (a torn tail must not be resurrected). The page
+    /// holding `from` is zeroed in place; past it the file is punched out
+    /// (`FALLOC_FL_PUNCH_HOLE`: it reads as zeros and holds no space), and
+    /// `allocated` drops to the page boundary, so the writer allocates again
+    /// before it stores there and a full disk stays `Error::NoSpace`, never
+    /// a SIGBUS. Where punching is not supported, a tail of at most the
+    /// active headroom is overwritten with zeros and a longer one cut off.
     pub(crate) fn clear_tail(&mut self, from: u64) -> Result<()> {
-        let end = self.allocated();
+        let end = self.file_len.load(Ordering::Acquire);
         if from >= end {
             return Ok(());
         }
@@ -626,60 +636,33 @@ impl Segment {
                 .and_then(|f| f.write_all_at(&vec![0u8; (aligned - from) as usize], from))
                 .at(&self.path)?;
         }
+        self.allocated
+            .fetch_min(aligned.max(from), Ordering::AcqRel);
         if aligned == end {
             return Ok(());
         }
         let len = end - aligned;
         let file = self.file().at(&self.path)?;
-        let fd = file.as_raw_fd();
-        let fallocate = |mode: libc::c_int| {
-            // SAFETY: plain syscall on an fd we own; no memory is passed.
-            let rc =
-                unsafe { libc::fallocate(fd, mode, aligned as libc::off_t, len as libc::off_t) };
-            if rc == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
+        // SAFETY: plain syscall on an fd we own; no memory is passed.
+        let rc = unsafe {
+            libc::fallocate(
+                file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                aligned as libc::off_t,
+                len as libc::off_t,
+            )
         };
-        if fallocate(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE).is_ok() {
+        if rc == 0 {
             return Ok(());
         }
-        if fallocate(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE).is_ok() {
-            if fallocate(0).is_ok() {
-                return Ok(());
-            }
-        } else if len <= crate::config::ACTIVE_HEADROOM_MAX_BYTES {
+        if len <= crate::config::ACTIVE_HEADROOM_MAX_BYTES {
             return write_zeros(&file, aligned, len).at(&self.path);
         }
-        // The tail is gone or unallocated: cut it off; the writer grows the
-        // file again before storing there.
+        // Cut off; the writer allocates (and extends the file) again
+        // before it stores there.
         file.set_len(aligned).at(&self.path)?;
-        self.allocated.store(aligned, Ordering::Release);
+        self.file_len.store(aligned, Ordering::Release);
         Ok(())
-    }
-
-    /// Populates `[start, start + len)` of the mapping into the page cache
-    /// (clean, read-only) so the writer's first store there is cheap. Best
-    /// effort: errors (old kernels) are ignored.
-    pub(crate) fn populate(&self, start: u64, len: u64) {
-        // Held across the call: the file cannot shrink under it (rule 5).
-        let _g = self.alloc_lock.read();
-        let end = (start + len).min(self.allocated()).min(self.capacity);
-        if start >= end {
-            return;
-        }
-        // SAFETY: the range is inside the mapping and below EOF (clamped to
-        // `allocated`, which cannot drop while the read lock is held); the
-        // mapping lives as long as `self`; MADV_POPULATE_READ only faults
-        // pages in, never changing bytes.
-        unsafe {
-            libc::madvise(
-                self.map.as_mut_ptr().add(start as usize).cast(),
-                (end - start) as usize,
-                libc::MADV_POPULATE_READ,
-            );
-        }
     }
 
     /// Replaces damaged bytes with a hole batch (salvage).
@@ -914,26 +897,6 @@ fn allocate_range(file: &File, from: u64, len: u64) -> std::io::Result<()> {
     Err(err)
 }
 
-/// Allocates the free tail `[from, from + len)` of a recovered segment
-/// (inside the file). Without `fallocate` only a tail of at most the
-/// active headroom is zero-filled: longer ones are refused (and cut off by
-/// the caller) to keep an open's cost bounded.
-fn allocate_tail(file: &File, from: u64, len: u64) -> std::io::Result<()> {
-    // SAFETY: plain syscall on an fd we own; no memory is passed.
-    let rc =
-        unsafe { libc::fallocate(file.as_raw_fd(), 0, from as libc::off_t, len as libc::off_t) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EOPNOTSUPP)
-        && len <= crate::config::ACTIVE_HEADROOM_MAX_BYTES
-    {
-        return write_zeros(file, from, len);
-    }
-    Err(err)
-}
-
 fn write_zeros(file: &File, from: u64, len: u64) -> std::io::Result<()> {
     let zeros = vec![0u8; len.min(1 << 20) as usize];
     let mut pos = from;
@@ -1072,8 +1035,6 @@ pub struct SegmentWriter {
     last_indexed_pos: Option<u64>,
     max_ts: i64,
     index_interval: u64,
-    /// Pages below this were handed to the prefault thread.
-    prefault_until: u64,
     /// Encoding buffer of the `pwrite` path, kept between batches.
     buf: Vec<u8>,
 }
@@ -1089,24 +1050,10 @@ impl SegmentWriter {
             write_pos: segment.committed_pos(),
             next_offset: segment.end_offset(),
             max_ts: segment.max_timestamp(),
-            prefault_until: segment.committed_pos() & !4095,
             segment,
             last_indexed_pos,
             index_interval,
             buf: Vec::new(),
-        }
-    }
-
-    /// Keeps pages populated a few MiB ahead of the write position, within
-    /// the allocated part of the file.
-    fn prefault_ahead(&mut self) {
-        let limit = self.segment.allocated();
-        while self.prefault_until < limit
-            && self.write_pos + prefault::PREFAULT_AHEAD > self.prefault_until
-        {
-            let len = prefault::PREFAULT_CHUNK.min(limit - self.prefault_until);
-            prefault::request(self.segment.clone(), self.prefault_until, len);
-            self.prefault_until += len;
         }
     }
 
@@ -1148,7 +1095,6 @@ impl SegmentWriter {
                     .map_err(|_| e)?;
             }
         }
-        self.prefault_ahead();
         Ok(())
     }
 
@@ -1196,9 +1142,6 @@ impl SegmentWriter {
         self.segment
             .end_offset
             .store(self.next_offset, Ordering::Release);
-        if self.write_pos + prefault::PREFAULT_AHEAD > self.prefault_until {
-            self.prefault_ahead();
-        }
         Ok(header)
     }
 
@@ -1225,8 +1168,8 @@ impl SegmentWriter {
     }
 
     /// Encodes a batch into the writer's buffer and writes it to the file
-    /// at the write position with `pwrite`, growing the file past
-    /// `allocated` when it reaches there (rule 3 of the module comment).
+    /// at the write position with `pwrite`, which allocates what it writes
+    /// past `allocated` (rule 3 of the module comment).
     fn write_batch(&mut self, records: &[RecordIn<'_>], len: usize) -> Result<BatchHeader> {
         if self.buf.len() < len {
             self.buf.resize(len, 0);
@@ -1241,22 +1184,19 @@ impl SegmentWriter {
         let end = self.write_pos + len as u64;
         let file = seg.file().at(&seg.path)?;
         let written = file.write_all_at(dst, self.write_pos);
-        // The file holds written bytes up to `end` (or, after a failed
-        // short write, up to its length): all allocated, none published.
-        let file_len = match &written {
-            Ok(()) => end,
-            Err(_) => file.metadata().map_or(0, |m| m.len()),
-        };
-        seg.allocated
-            .fetch_max(file_len.min(seg.capacity), Ordering::AcqRel);
+        if written.is_ok() {
+            // Written, hence allocated, up to `end`; not published yet. (A
+            // failed or short write leaves `allocated` as it was: what it
+            // did write is not known to be allocated.)
+            seg.file_len.fetch_max(end, Ordering::AcqRel);
+            seg.allocated.fetch_max(end, Ordering::AcqRel);
+        }
         if self.buf.len() > 4 * PWRITE_MIN_BYTES.max(len.min(1 << 20)) {
             // After an outsized batch: keep what usual batches need.
             self.buf.truncate(len.min(1 << 20));
             self.buf.shrink_to_fit();
         }
         written.map_err(|e| Error::io(&seg.path, e))?;
-        // Pages the write filled need no populating.
-        self.prefault_until = self.prefault_until.max(end & !4095);
         Ok(header)
     }
 

@@ -1,0 +1,190 @@
+//! Adversarial probes of recovery, the checkpoint cadence and segment
+//! creation (contracts C1-C3, C5, C7, C8). Each test builds the exact
+//! power-loss image it needs from the per-file crash model
+//! (`common::model_hook`): every file as of its own last fsync, plus the
+//! pages the test names as written back. A test that still fails on main
+//! is `#[ignore]`d with the reason until the engine is fixed.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::crash::{DirImage, PAGE_SIZE};
+use common::durable::NodeId;
+use common::model_hook::{CrashPoint, ModelHook};
+use fissionlog::IoOp;
+use fissionlog::{Log, LogOptions, NewRecord, RecoveryMode, SyncPolicy, TopicConfig};
+
+/// Bytes a one-record batch adds beyond its value (batch header, record
+/// header, the one-byte key): docs/FORMAT.md.
+const ONE_RECORD_OVERHEAD: u64 = 40 + 16 + 1;
+/// Length of a segment header.
+const SEGMENT_HEADER: u64 = 64;
+
+fn opts(recovery: RecoveryMode) -> LogOptions {
+    LogOptions {
+        balancer: false,
+        background_retention: false,
+        recovery,
+        // Every sync round writes the checkpoint (of the previous round's
+        // durable positions), so two syncs put it at the synced end.
+        checkpoint_interval: Duration::ZERO,
+        ..LogOptions::default()
+    }
+}
+
+fn topic(segment_bytes: u64) -> TopicConfig {
+    TopicConfig {
+        partitions: 1,
+        segment_bytes,
+        sync: SyncPolicy::Never,
+        ..TopicConfig::default()
+    }
+}
+
+/// Appends one record of `len` value bytes filled with `tag` to partition
+/// 0 of topic "t"; returns its offset.
+fn put_one(log: &Log, tag: u8, len: u64) -> u64 {
+    let value = vec![tag; len as usize];
+    log.topic("t")
+        .unwrap()
+        .append_to(
+            0,
+            &[NewRecord {
+                key: Some(b"k"),
+                value: &value,
+                timestamp: Some(i64::from(tag)),
+            }],
+        )
+        .unwrap()
+}
+
+/// File position where the next batch of partition 0 of "t" goes (its
+/// last segment's committed end).
+fn write_pos(log: &Log) -> u64 {
+    let infos = log
+        .topic("t")
+        .unwrap()
+        .partition(0)
+        .unwrap()
+        .segment_infos();
+    SEGMENT_HEADER + infos.last().unwrap().data_bytes
+}
+
+/// A log directory `root/name` with a model hook watching it.
+fn fresh(root: &Path, name: &str) -> (PathBuf, std::sync::Arc<ModelHook>) {
+    let dir = root.join(name);
+    std::fs::create_dir(&dir).unwrap();
+    let hook = ModelHook::new(&dir, None);
+    (dir, hook)
+}
+
+/// A power-loss image: the live tree (every page written back), except
+/// that the pages of `rel` for which `old_page(page_index)` holds keep the
+/// file's durable content (what its last fsync covered; zeros past it).
+fn image_with_old_pages(
+    dir: &Path,
+    point: &CrashPoint,
+    rel: &Path,
+    old_page: impl Fn(usize) -> bool,
+) -> DirImage {
+    let mut img = DirImage::capture(dir).unwrap();
+    let id = NodeId::of(&std::fs::metadata(dir.join(rel)).unwrap());
+    let durable: &[u8] = point.durable.nodes.files.get(&id).map_or(&[], |v| v);
+    let bytes = img.files.get_mut(rel).expect("file in the live tree");
+    for (i, page) in bytes.chunks_mut(PAGE_SIZE).enumerate() {
+        if old_page(i) {
+            for (j, b) in page.iter_mut().enumerate() {
+                *b = durable.get(i * PAGE_SIZE + j).copied().unwrap_or(0);
+            }
+        }
+    }
+    img
+}
+
+/// C2/C3: a power loss loses the first page of an unsynced tail but keeps
+/// the later ones. Recovery cuts the torn tail at the checkpoint's
+/// position and zeroes what follows (`clear_tail`), but nothing makes the
+/// zeroing durable: the segment counts as synced up to the checkpointed
+/// position, which is its recovered end, so no sync round covers the file
+/// until a later sync of new records. New records appended after the open
+/// (unsynced) then refill the lost page; a second power loss keeps that
+/// page and takes the zeroed pages back to their durable content, the
+/// stale batches from before the first crash. They sit at the positions
+/// and offsets the new records lead up to, validate, and continue the
+/// chain: records recovery already cut come back after records appended
+/// later (no prefix of what was appended).
+#[test]
+#[ignore = "open: recovery's cleared torn tail is not made durable, so cut records come back after later appends"]
+fn torn_tail_cut_by_recovery_stays_cut() {
+    let root = tempfile::tempdir().unwrap();
+    let (dir, hook) = fresh(root.path(), "log");
+    let log = Log::open_with_hook(&dir, opts(RecoveryMode::Strict), hook.clone()).unwrap();
+    log.create_topic("t", topic(1 << 20)).unwrap();
+    for _ in 0..3 {
+        put_one(&log, 1, 100);
+    }
+    log.sync().unwrap();
+    log.sync().unwrap();
+    // Unsynced: record 3 fills the rest of the page holding the synced
+    // end, records 4.. start on the next page.
+    let synced_end = write_pos(&log);
+    let page_end = synced_end.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
+    let mut boundary = page_end;
+    if boundary - synced_end < ONE_RECORD_OVERHEAD + 8 {
+        boundary += PAGE_SIZE as u64;
+    }
+    let filler = boundary - synced_end - ONE_RECORD_OVERHEAD;
+    assert_eq!(put_one(&log, 2, filler), 3);
+    assert_eq!(
+        write_pos(&log),
+        boundary,
+        "record 3 ends on a page boundary"
+    );
+    for _ in 0..6 {
+        put_one(&log, 3, 300);
+    }
+    let seg: PathBuf = "topics/t0/p0/00000000000000000000.seg".into();
+    assert!(dir.join(&seg).exists());
+    let first_lost = (synced_end / PAGE_SIZE as u64) as usize;
+    let keep_from = (boundary / PAGE_SIZE as u64) as usize;
+    // Power loss 1: the pages of record 3 are lost, records 4..10 kept.
+    let point = hook.now(IoOp::SyncSegment);
+    let img = image_with_old_pages(&dir, &point, &seg, |p| (first_lost..keep_from).contains(&p));
+    log.abandon();
+    let (one, _) = fresh(root.path(), "one");
+    std::fs::remove_dir(&one).unwrap();
+    img.write_to(&one).unwrap();
+    let hook = ModelHook::new(&one, None);
+    let log = Log::open_with_hook(&one, opts(RecoveryMode::Strict), hook.clone()).unwrap();
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    assert_eq!(p.end_offset(), 3, "the torn tail is cut at record 3");
+    drop(p);
+    // A new record 3 of the same size, not synced.
+    assert_eq!(put_one(&log, 4, filler), 3);
+    assert_eq!(write_pos(&log), boundary);
+    // Power loss 2: the new record's pages are written back; the pages
+    // after them hold whatever their last fsync made durable.
+    let point = hook.now(IoOp::SyncSegment);
+    let img = image_with_old_pages(&one, &point, &seg, |p| p >= keep_from);
+    log.abandon();
+    let two = root.path().join("two");
+    img.write_to(&two).unwrap();
+    let log = Log::open(&two, opts(RecoveryMode::Strict)).unwrap();
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    let end = p.end_offset();
+    let mut tags = Vec::new();
+    let mut next = 0;
+    while next < end {
+        for r in p.read(next, 1 << 20).unwrap().iter() {
+            tags.push((r.offset, r.value[0]));
+            next = r.offset + 1;
+        }
+    }
+    assert!(
+        end <= 4,
+        "records cut by the first recovery came back after a record appended later \
+         (offset, tag): {tags:?}"
+    );
+}

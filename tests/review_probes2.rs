@@ -116,7 +116,6 @@ fn image_with_old_pages(
 /// chain: records recovery already cut come back after records appended
 /// later (no prefix of what was appended).
 #[test]
-#[ignore = "open: recovery's cleared torn tail is not made durable, so cut records come back after later appends"]
 fn torn_tail_cut_by_recovery_stays_cut() {
     let root = tempfile::tempdir().unwrap();
     let (dir, hook) = fresh(root.path(), "log");

@@ -435,6 +435,7 @@ pub fn repair_chain(
         }
         report.segments_opened += 1;
         let trusted_seal = info.seal.filter(|_| durable_segment && !p.mode.full_scan);
+        let mut tail_cleared = false;
         let (end_pos, end_offset, sealed) =
             if let Some((end_offset, end_pos)) = trusted_seal.filter(|s| s.1 <= seg.capacity()) {
                 (end_pos, end_offset, true)
@@ -548,7 +549,7 @@ pub fn repair_chain(
                 // (unsynced batches a crash half kept): clear them so they can
                 // never validate after later appends.
                 if p.mode.write && (cut || !p.clean) {
-                    seg.clear_tail(outcome.end_pos)?;
+                    tail_cleared = seg.clear_tail(outcome.end_pos)?;
                 }
                 if from_pos == SEGMENT_HEADER_LEN as u64 {
                     *seg.index.lock() = IndexState::Loaded(outcome.index.clone());
@@ -568,7 +569,15 @@ pub fn repair_chain(
                     info.seal.is_some() && !cut && outcome.end_pos == info.seal.map_or(0, |s| s.1),
                 )
             };
-        let synced = if durable_segment {
+        let synced = if tail_cleared {
+            // The cleared tail is not durable yet: until it is, a power
+            // loss can bring the stale batches back, and once appends after
+            // this open refill the bytes before them they would validate
+            // and continue the chain (records this recovery cut, after
+            // records appended later). Counted as unsynced, the file is
+            // fdatasynced by the open's own sync round, before any append.
+            0
+        } else if durable_segment {
             end_pos
         } else {
             cp_segment.map_or(SEGMENT_HEADER_LEN as u64, |c| c.position)

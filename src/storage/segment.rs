@@ -611,11 +611,13 @@ impl Segment {
     /// allocate it again. On filesystems with neither, the (bounded) tail is
     /// overwritten with zeros, or, when longer than the most an active
     /// segment holds ahead of its writer (files of older versions), cut off;
-    /// the writer allocates again before it stores there.
-    pub(crate) fn clear_tail(&mut self, from: u64) -> Result<()> {
+    /// the writer allocates again before it stores there. Returns whether
+    /// there was anything past `from` to clear: the caller makes the
+    /// cleared range durable (see `recovery::partition::repair_chain`).
+    pub(crate) fn clear_tail(&mut self, from: u64) -> Result<bool> {
         let end = self.allocated();
         if from >= end {
-            return Ok(());
+            return Ok(false);
         }
         let aligned = page_up(from).min(end);
         if aligned > from {
@@ -624,7 +626,7 @@ impl Segment {
                 .at(&self.path)?;
         }
         if aligned == end {
-            return Ok(());
+            return Ok(true);
         }
         let len = end - aligned;
         let file = self.file().at(&self.path)?;
@@ -640,20 +642,21 @@ impl Segment {
             }
         };
         if fallocate(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE).is_ok() {
-            return Ok(());
+            return Ok(true);
         }
         if fallocate(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE).is_ok() {
             if fallocate(0).is_ok() {
-                return Ok(());
+                return Ok(true);
             }
         } else if len <= crate::config::ACTIVE_HEADROOM_MAX_BYTES {
-            return write_zeros(&file, aligned, len).at(&self.path);
+            write_zeros(&file, aligned, len).at(&self.path)?;
+            return Ok(true);
         }
         // The tail is gone or unallocated: cut it off; the writer grows the
         // file again before storing there.
         file.set_len(aligned).at(&self.path)?;
         self.allocated.store(aligned, Ordering::Release);
-        Ok(())
+        Ok(true)
     }
 
     /// Populates `[start, start + len)` of the mapping into the page cache

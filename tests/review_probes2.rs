@@ -197,7 +197,6 @@ fn torn_tail_cut_by_recovery_stays_cut() {
 /// due, records synced after it (here 5 of them, acknowledged by `sync`)
 /// lie past both, and the next appends get their offsets again.
 #[test]
-#[ignore = "open: Truncate counts only the base offset of a set-aside unsealed segment, so appends reuse its offsets"]
 fn truncate_never_reuses_offsets_of_a_set_aside_active_segment() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");

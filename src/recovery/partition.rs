@@ -286,14 +286,15 @@ pub fn repair_chain(
     if expected.is_none() && !cut {
         expected = Some(floor);
     }
-    for (base, path, file) in std::mem::take(&mut opened.files) {
+    for (base, path, mut file) in std::mem::take(&mut opened.files) {
         let durable_segment = cp.is_some_and(|c| base < c.segment_base);
         let cp_segment = cp.filter(|c| c.segment_base == base);
         if cut && synced_cut {
             // A segment a synced cut leaves out held offsets from `base`
-            // on (to its seal when it has one): never hand them out again.
-            known_end = known_end.max(match &file {
-                SegmentFile::Opened(_, info) => info.seal.map_or(base, |s| s.0),
+            // on (to its seal, or to its last valid batch when it has no
+            // seal): never hand them out again.
+            known_end = known_end.max(match &mut file {
+                SegmentFile::Opened(seg, info) => held_until(seg, info, p),
                 SegmentFile::Damaged(_) => base,
                 SegmentFile::Retired => 0,
             });
@@ -411,7 +412,7 @@ pub fn repair_chain(
                                 .extend(fill_hole(p, (exp, base), report, &mut out.holes)?);
                         }
                         Decision::Cut => {
-                            known_end = known_end.max(info.seal.map_or(base, |s| s.0));
+                            known_end = known_end.max(held_until(&mut seg, &info, p));
                             set_aside(p, &path, "follows missing segments", report)?;
                             cut = true;
                             synced_cut = true;
@@ -687,6 +688,26 @@ pub fn repair_chain(
         }
     }
     Ok(out)
+}
+
+/// The offset after the last record a segment that repair leaves out of
+/// the chain held: its seal, or for a segment without one (the active
+/// segment) the end of its valid batches. Records synced after the last
+/// checkpoint lie past the checkpoint's end, so neither that nor the base
+/// offset bounds what was handed out.
+fn held_until(seg: &mut Segment, info: &SegmentInfo, p: &ChainParams<'_>) -> u64 {
+    if let Some((end_offset, _)) = info.seal {
+        return end_offset;
+    }
+    let params = ScanParams {
+        base_offset: info.base_offset,
+        from_pos: SEGMENT_HEADER_LEN as u64,
+        from_offset: info.base_offset,
+        durable_until: 0,
+        mode: RecoveryMode::Truncate,
+        index_interval: p.index_interval,
+    };
+    scan_segment(seg.raw_for_recovery(), &params).end_offset
 }
 
 /// Invalid bytes past the checkpointed position are a torn tail of

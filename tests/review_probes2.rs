@@ -267,7 +267,6 @@ fn put_n(log: &Log, tag: u8, n: u64) {
 /// open succeeds with the parent's last records gone and its end below
 /// the offset at which its children continue.
 #[test]
-#[ignore = "open: a sealed partition whose last segment file is lost opens in Strict, silently shorter than its seal"]
 fn sealed_partition_missing_its_last_segment_is_not_silently_shorter() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");

@@ -617,13 +617,19 @@ pub fn repair_chain(
     let no_segment = live.is_empty()
         && opened.set_aside.is_empty()
         && (p.sealed.is_none() || p.checkpoint.is_none());
-    if no_segment || synced_cut {
+    // The chain ends with a rolled segment: the segment after it existed.
+    let ends_rolled = !cut && out.segments.last().is_some_and(|s| s.is_sealed());
+    if no_segment || synced_cut || ends_rolled {
         // Data is missing from a sealed partition: its offsets up to the
         // manifest's seal were handed out (its children continue after
         // them), whether or not a checkpoint recorded them. Below the seal
         // they read as a hole, never as nothing: an empty chain that ends
         // at the seal without a durable floor is not a state a later open
-        // can tell from missing files.
+        // can tell from missing files. A chain that ends with a rolled
+        // segment below the seal lost the files after it: a split or merge
+        // syncs the parent (and the name of every segment it rolled to)
+        // before its record commits, and the checkpoint, written only when
+        // due, need not name them.
         known_end = known_end.max(p.sealed.unwrap_or(0));
     }
     if !synced_cut && (chain_end < known_end || cp_file_missing || no_segment) {

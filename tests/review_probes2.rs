@@ -414,3 +414,138 @@ fn missing_segment_past_the_checkpoint_is_not_taken_for_a_torn_tail() {
     let got = p.read(after, 1 << 16).unwrap();
     assert_eq!(got.iter().next().unwrap().offset, after);
 }
+
+/// Delegates to a [`ModelHook`] and, once armed, blocks the first
+/// directory fsync of a sync round on a path ending with `suffix` until
+/// released.
+#[derive(Debug)]
+struct DirSyncGate {
+    model: std::sync::Arc<ModelHook>,
+    suffix: std::sync::Mutex<Option<String>>,
+    /// (entered, released).
+    state: std::sync::Mutex<(bool, bool)>,
+    cv: std::sync::Condvar,
+}
+
+impl DirSyncGate {
+    fn wait_entered(&self) {
+        let mut g = self.state.lock().unwrap();
+        while !g.0 {
+            g = self.cv.wait(g).unwrap();
+        }
+    }
+
+    fn release(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.cv.notify_all();
+    }
+}
+
+impl fissionlog::IoHook for DirSyncGate {
+    fn before(&self, op: IoOp, path: &Path) -> std::io::Result<()> {
+        let hit = op == IoOp::SyncDir && {
+            let mut s = self.suffix.lock().unwrap();
+            let hit = s.as_deref().is_some_and(|x| path.ends_with(x));
+            if hit {
+                *s = None;
+            }
+            hit
+        };
+        if hit {
+            let mut g = self.state.lock().unwrap();
+            g.0 = true;
+            self.cv.notify_all();
+            while !g.1 {
+                g = self.cv.wait(g).unwrap();
+            }
+        }
+        self.model.before(op, path)
+    }
+
+    fn after(&self, op: IoOp, path: &Path, result: std::io::Result<()>) -> std::io::Result<()> {
+        self.model.after(op, path, result)
+    }
+}
+
+/// C5/C1: a split syncs its parent before the commit record, so that a
+/// power loss can never keep the split and lose parent records below the
+/// seal. That sync covers the partition directory only when the parent's
+/// "directory changed" flag is still set; a sync round already in flight
+/// (here one blocked in its directory fsync) has taken the flag. The split
+/// then commits while the name of the segment the parent rolled to is not
+/// durable, and a power loss loses that file: the parent's records after
+/// the roll are gone although the split committed above them.
+#[test]
+#[ignore = "open: a split commits without its parent's directory fsync when a concurrent sync round took the flag"]
+fn split_commit_makes_the_parents_rolled_segment_names_durable() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    std::fs::create_dir(&dir).unwrap();
+    let gate = std::sync::Arc::new(DirSyncGate {
+        model: ModelHook::new(&dir, None),
+        suffix: Default::default(),
+        state: Default::default(),
+        cv: Default::default(),
+    });
+    let log = Log::open_with_hook(&dir, opts(RecoveryMode::Strict), gate.clone()).unwrap();
+    log.create_topic("t", topic(4096)).unwrap();
+    put_n(&log, 1, 5);
+    log.sync().unwrap();
+    // Roll: a new segment file in p0.
+    put_n(&log, 2, 20);
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    let segs = p.segment_infos();
+    assert!(segs.len() >= 2, "the parent rolled");
+    let seal = p.end_offset();
+    drop(p);
+    *gate.suffix.lock().unwrap() = Some("topics/t0/p0".into());
+    let point = std::thread::scope(|s| {
+        let round = s.spawn(|| log.sync());
+        gate.wait_entered();
+        let children = log
+            .topic("t")
+            .unwrap()
+            .split(0, fissionlog::SplitPlan::Even)
+            .unwrap();
+        assert_eq!(children.len(), 2);
+        // Power loss now, while the round's directory fsync has not run.
+        let point = gate.model.now(IoOp::SyncDir);
+        let live = DirImage::capture(&dir).unwrap();
+        gate.release();
+        round.join().unwrap().unwrap();
+        (point, live)
+    });
+    let (point, mut img) = point;
+    log.abandon();
+    // The image: every file as now, but p0 holds only the names its last
+    // directory fsync made durable.
+    let pdir = dir.join("topics/t0/p0");
+    let pid = NodeId::of(&std::fs::metadata(&pdir).unwrap());
+    let durable_names: Vec<String> = point
+        .durable
+        .nodes
+        .dirs
+        .get(&pid)
+        .map(|e| e.keys().map(|n| n.to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    img.files.retain(|rel, _| {
+        !rel.starts_with("topics/t0/p0")
+            || durable_names.contains(&rel.file_name().unwrap().to_string_lossy().into_owned())
+    });
+    let after = root.path().join("after");
+    img.write_to(&after).unwrap();
+    let log = match Log::open(&after, opts(RecoveryMode::Strict)) {
+        Ok(log) => log,
+        Err(e) => panic!(
+            "the split committed but the parent's segments are not all durable \
+             (durable names in p0: {durable_names:?}): {e}"
+        ),
+    };
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    assert!(p.is_sealed());
+    assert_eq!(
+        p.end_offset(),
+        seal,
+        "the parent holds every record below its seal"
+    );
+}

@@ -476,7 +476,6 @@ impl fissionlog::IoHook for DirSyncGate {
 /// durable, and a power loss loses that file: the parent's records after
 /// the roll are gone although the split committed above them.
 #[test]
-#[ignore = "open: a split commits without its parent's directory fsync when a concurrent sync round took the flag"]
 fn split_commit_makes_the_parents_rolled_segment_names_durable() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");

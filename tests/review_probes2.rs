@@ -306,7 +306,10 @@ fn sealed_partition_missing_its_last_segment_is_not_silently_shorter() {
     std::fs::remove_file(&last.path).unwrap();
     let lost = (last.base_offset, seal);
     match Log::open(&dir, opts(RecoveryMode::Strict)) {
-        Err(e) => assert!(e.to_string().contains("missing"), "{e}"),
+        Err(e) => assert!(
+            e.to_string().contains("missing") && e.to_string().contains("sealed at"),
+            "{e}"
+        ),
         Ok(log) => {
             let p = log.topic("t").unwrap().partition(0).unwrap();
             panic!(

@@ -661,10 +661,18 @@ pub fn repair_chain(
                 .segments
                 .last()
                 .map_or_else(|| p.dir.to_path_buf(), |s| s.path().to_path_buf());
-            let what = format!(
-                "the partition ends at offset {} but the checkpoint says offsets up to {} are durable: offsets {}..{} are missing",
-                lost.0, lost.1, lost.0, lost.1
-            );
+            let by_checkpoint = cp.map_or(floor, |c| c.end_offset.max(floor));
+            let what = if ends_rolled && p.sealed == Some(lost.1) && by_checkpoint < lost.1 {
+                format!(
+                    "the partition ends at offset {} with a rolled segment but was sealed at {}: offsets {}..{} are missing",
+                    lost.0, lost.1, lost.0, lost.1
+                )
+            } else {
+                format!(
+                    "the partition ends at offset {} but the checkpoint says offsets up to {} are durable: offsets {}..{} are missing",
+                    lost.0, lost.1, lost.0, lost.1
+                )
+            };
             (path, what)
         };
         missing(p, &path, lost, what, &mut out, report)?;

@@ -551,3 +551,87 @@ fn split_commit_makes_the_parents_rolled_segment_names_durable() {
         "the parent holds every record below its seal"
     );
 }
+
+/// The live tree of a crash point as an image (every page written back).
+fn live_image(point: &CrashPoint) -> DirImage {
+    fn walk(point: &CrashPoint, dir: NodeId, rel: &Path, img: &mut DirImage) {
+        for (name, e) in point.live.dirs.get(&dir).into_iter().flatten() {
+            let path = rel.join(name);
+            match *e {
+                common::durable::Entry::Dir(id) => {
+                    img.insert_dir(path.clone());
+                    walk(point, id, &path, img);
+                }
+                common::durable::Entry::File(id) => {
+                    img.insert_file(path, point.live.files.get(&id).cloned().unwrap_or_default());
+                }
+            }
+        }
+    }
+    let mut img = DirImage::new();
+    walk(point, point.durable.root, Path::new(""), &mut img);
+    img
+}
+
+/// C3/C7: Salvage repairs a sealed partition that lost its last segment
+/// by writing a hole segment up to the seal. A power loss while it does
+/// (the hole file's name kept, its bytes not yet synced) leaves a file
+/// with no valid header after the partition's last rolled segment. The
+/// next open took it for a segment torn at creation, deleted it, and a
+/// Strict open accepted the partition ending below its seal.
+#[test]
+#[ignore = "open: an unreadable segment after a sealed partition's last rolled segment is deleted as a torn creation"]
+fn interrupted_hole_repair_of_a_sealed_partition_is_not_taken_for_a_torn_creation() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let slow = LogOptions {
+        checkpoint_interval: Duration::from_secs(3600),
+        ..opts(RecoveryMode::Strict)
+    };
+    let log = Log::open(&dir, slow.clone()).unwrap();
+    log.create_topic("t", topic(4096)).unwrap();
+    put_n(&log, 1, 20);
+    log.close().unwrap();
+    let log = Log::open(&dir, slow).unwrap();
+    put_n(&log, 2, 20);
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    let last = p.segment_infos().last().unwrap().clone();
+    let seal = p.end_offset();
+    drop(p);
+    log.topic("t")
+        .unwrap()
+        .split(0, fissionlog::SplitPlan::Even)
+        .unwrap();
+    log.abandon();
+    std::fs::remove_file(&last.path).unwrap();
+    // Salvage writes a hole segment named like the lost one; a power loss
+    // comes just before its first fdatasync.
+    let hook = ModelHook::new(&dir, None);
+    hook.record_steps(true);
+    let log = Log::open_with_hook(&dir, opts(RecoveryMode::Salvage), hook.clone()).unwrap();
+    log.close().unwrap();
+    let point = hook
+        .take_steps()
+        .into_iter()
+        .find(|s| s.op == IoOp::SyncNewSegment && s.path == last.path)
+        .expect("salvage synced a hole segment in place of the lost one");
+    let mut img = live_image(&point);
+    let rel = last.path.strip_prefix(&dir).unwrap().to_path_buf();
+    // Never synced: its durable content is empty.
+    assert!(img.files.contains_key(&rel));
+    img.insert_file(rel, Vec::new());
+    let after = root.path().join("after");
+    img.write_to(&after).unwrap();
+    match Log::open(&after, opts(RecoveryMode::Strict)) {
+        Err(e) => assert!(e.to_string().contains("missing"), "{e}"),
+        Ok(log) => {
+            let p = log.topic("t").unwrap().partition(0).unwrap();
+            assert_eq!(
+                p.end_offset(),
+                seal,
+                "Strict open accepted the sealed partition ending below its seal; report {:?}",
+                log.recovery_report().files
+            );
+        }
+    }
+}

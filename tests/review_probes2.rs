@@ -580,7 +580,6 @@ fn live_image(point: &CrashPoint) -> DirImage {
 /// next open took it for a segment torn at creation, deleted it, and a
 /// Strict open accepted the partition ending below its seal.
 #[test]
-#[ignore = "open: an unreadable segment after a sealed partition's last rolled segment is deleted as a torn creation"]
 fn interrupted_hole_repair_of_a_sealed_partition_is_not_taken_for_a_torn_creation() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");

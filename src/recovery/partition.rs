@@ -617,8 +617,10 @@ pub fn repair_chain(
     let no_segment = live.is_empty()
         && opened.set_aside.is_empty()
         && (p.sealed.is_none() || p.checkpoint.is_none());
-    // The chain ends with a rolled segment: the segment after it existed.
-    let ends_rolled = !cut && out.segments.last().is_some_and(|s| s.is_sealed());
+    // The chain ends with a rolled segment, complete up to its seal: the
+    // segment after it existed (whatever followed it here was cut or is
+    // missing).
+    let ends_rolled = out.segments.last().is_some_and(|s| s.is_sealed());
     if no_segment || synced_cut || ends_rolled {
         // Data is missing from a sealed partition: its offsets up to the
         // manifest's seal were handed out (its children continue after

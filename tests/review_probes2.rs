@@ -664,7 +664,6 @@ fn image_with_durable_names(dir: &Path, point: &CrashPoint, rel_dir: &Path) -> D
 /// loses the name: the next Strict open refuses the log, reporting the
 /// placeholder as a missing segment holding data.
 #[test]
-#[ignore = "open: the placeholder segment of an emptied sealed partition is named by the checkpoint before its directory is fsynced"]
 fn placeholder_of_an_emptied_sealed_partition_is_durable_before_a_checkpoint_names_it() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");

@@ -707,3 +707,115 @@ fn placeholder_of_an_emptied_sealed_partition_is_durable_before_a_checkpoint_nam
     let p = log.topic("t").unwrap().partition(0).unwrap();
     assert_eq!((p.start_offset(), p.end_offset()), (seal, seal));
 }
+
+/// What partition 0 of "t" reads as, offset by offset: the tag of the
+/// record there, `H` for a reported hole, or the error.
+fn read_all(log: &Log) -> Vec<String> {
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    (p.start_offset()..p.end_offset())
+        .map(|i| match p.read(i, 1) {
+            Ok(b) => match b.iter().next() {
+                Some(r) if r.offset == i => format!("{}", r.value[0]),
+                Some(r) => format!("offset {} at {i}", r.offset),
+                None => "nothing".into(),
+            },
+            Err(fissionlog::Error::Hole { .. }) => "H".into(),
+            Err(e) => format!("{e}"),
+        })
+        .collect()
+}
+
+/// C3/C7/C8 for an interrupted repair: `RecoveryMode::Truncate` (as
+/// `fissionlog recover --mode truncate` runs it) cuts a partition at
+/// corruption in synced data, sets the later segments aside and fills the
+/// offsets they held with a hole. A power loss at any step of that repair,
+/// followed by another Truncate open, must still give a partition that
+/// reads each offset as its record or as a reported hole (never as
+/// corruption the open accepted), and appends that never reuse an offset
+/// handed out before the damage.
+#[test]
+#[ignore = "open: after a power loss during a Truncate repair the next open hands out offsets the set-aside segments held"]
+fn power_loss_during_a_truncate_repair() {
+    let root = tempfile::tempdir().unwrap();
+    let pristine = root.path().join("pristine");
+    let log = Log::open(&pristine, opts(RecoveryMode::Strict)).unwrap();
+    log.create_topic("t", topic(4096)).unwrap();
+    put_n(&log, 1, 40);
+    log.sync().unwrap();
+    log.sync().unwrap();
+    put_n(&log, 2, 5);
+    log.sync().unwrap();
+    let segs = log
+        .topic("t")
+        .unwrap()
+        .partition(0)
+        .unwrap()
+        .segment_infos();
+    log.abandon();
+    let synced_end = 45;
+    let first = &segs[0];
+    let rel = first.path.strip_prefix(&pristine).unwrap().to_path_buf();
+    common::crash::flip_byte(&pristine, &rel, SEGMENT_HEADER + first.data_bytes / 2);
+    let truncate = LogOptions {
+        full_scan: true,
+        ..opts(RecoveryMode::Truncate)
+    };
+    let repair = root.path().join("repair");
+    DirImage::capture(&pristine)
+        .unwrap()
+        .write_to(&repair)
+        .unwrap();
+    let hook = ModelHook::new(&repair, None);
+    hook.record_steps(true);
+    let log = Log::open_with_hook(&repair, truncate.clone(), hook.clone()).unwrap();
+    let repaired = read_all(&log);
+    log.abandon();
+    let steps = hook.take_steps();
+    assert!(steps.len() > 3, "the repair did I/O");
+    let mut failures = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        let mut images = vec![("live".to_string(), live_image(step))];
+        for seed in 0..3 {
+            let opts = common::crash::CrashOptions::default();
+            images.push((format!("seed {seed}"), step.image(seed, &opts).0));
+        }
+        for (what, img) in images {
+            let dir = root.path().join(format!("s{i}-{}", what.replace(' ', "")));
+            img.write_to(&dir).unwrap();
+            let ctx = format!(
+                "power loss before step {i} ({:?} {}), {what}",
+                step.op,
+                step.path.display()
+            );
+            let log = match Log::open(&dir, truncate.clone()) {
+                Ok(log) => log,
+                Err(e) => {
+                    failures.push(format!("{ctx}: open failed: {e}"));
+                    continue;
+                }
+            };
+            let reads = read_all(&log);
+            let bad: Vec<(usize, &String)> = reads
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| !matches!(r.as_str(), "1" | "2" | "H"))
+                .collect();
+            if !bad.is_empty() {
+                failures.push(format!("{ctx}: reads {:?}", &bad[..bad.len().min(3)]));
+            }
+            let next = put_one(&log, 9, 10);
+            if next < synced_end {
+                failures.push(format!(
+                    "{ctx}: offset {next} handed out again; reads {reads:?} report {:?}",
+                    log.recovery_report().files
+                ));
+            }
+            drop(log);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "after the uninterrupted repair: {repaired:?}\n{}",
+        failures.join("\n")
+    );
+}

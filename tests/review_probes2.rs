@@ -734,7 +734,6 @@ fn read_all(log: &Log) -> Vec<String> {
 /// corruption the open accepted), and appends that never reuse an offset
 /// handed out before the damage.
 #[test]
-#[ignore = "open: after a power loss during a Truncate repair the next open hands out offsets the set-aside segments held"]
 fn power_loss_during_a_truncate_repair() {
     let root = tempfile::tempdir().unwrap();
     let pristine = root.path().join("pristine");

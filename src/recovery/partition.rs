@@ -100,6 +100,8 @@ pub struct OpenedChain {
     foreign: Vec<PathBuf>,
     /// Base offsets of segments an earlier repair set aside (`.seg.damaged`).
     set_aside: Vec<u64>,
+    /// Offset after the last record those segments held (0 without any).
+    set_aside_end: u64,
     /// The partition directory does not exist.
     dir_missing: bool,
 }
@@ -111,8 +113,8 @@ struct Listing {
     segments: Vec<(u64, PathBuf)>,
     /// Files that are not ours (set-aside segments included).
     foreign: Vec<PathBuf>,
-    /// Base offsets of segments a repair set aside.
-    set_aside: Vec<u64>,
+    /// Segments a repair set aside: (base offset, path).
+    set_aside: Vec<(u64, PathBuf)>,
     /// The directory does not exist.
     dir_missing: bool,
 }
@@ -140,7 +142,7 @@ fn list_segments(dir: &Path) -> Result<Listing> {
                 .strip_suffix(".damaged")
                 .and_then(parse_segment_file_name)
             {
-                out.set_aside.push(base);
+                out.set_aside.push((base, entry.path()));
             }
             out.foreign.push(entry.path());
         }
@@ -189,10 +191,28 @@ pub fn open_chain(p: &ChainParams<'_>) -> Result<OpenedChain> {
         };
         files.push((base, path, file));
     }
+    // Offsets a set-aside segment held were handed out: a repair that
+    // a crash interrupted after setting segments aside (before the hole
+    // that covers them was written), or a checkpoint older than their
+    // last records, must not let the partition continue below them.
+    let mut set_aside_end = 0;
+    for (base, path) in &listing.set_aside {
+        let held = match Segment::open_with(path, false, p.hook) {
+            Ok((mut seg, info))
+                if info.base_offset == *base && (info.topic_id, info.partition_id) == p.ids =>
+            {
+                held_until(&mut seg, &info, p)
+            }
+            Ok(_) | Err(Error::Corruption { .. }) => *base,
+            Err(e) => return Err(open_failed(e)),
+        };
+        set_aside_end = set_aside_end.max(held);
+    }
     Ok(OpenedChain {
         files,
         foreign: listing.foreign,
-        set_aside: listing.set_aside,
+        set_aside: listing.set_aside.into_iter().map(|(b, _)| b).collect(),
+        set_aside_end,
         dir_missing: listing.dir_missing,
     })
 }
@@ -244,7 +264,9 @@ pub fn repair_chain(
     let floor = p.checkpoint.map_or(0, |c| c.start_offset);
     // Offsets known to have been handed out: what the checkpoint calls
     // durable, and what segments set aside by a repair held.
-    let mut known_end = cp.map_or(floor, |c| c.end_offset.max(floor));
+    let mut known_end = cp
+        .map_or(floor, |c| c.end_offset.max(floor))
+        .max(opened.set_aside_end);
     let mut expected: Option<u64> = None;
     // A cut (torn tail or damage): every later segment leaves the chain.
     let mut cut = false;

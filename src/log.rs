@@ -501,6 +501,16 @@ fn new_topic(core: &Arc<Core>, lock: &Arc<DirLock>, rec: &TopicRecord) -> Topic 
     }
 }
 
+/// Creates a partition directory recovery needs (its files were all
+/// lost with it), making its name durable.
+fn create_partition_dir(pdir: &Path, tdir: &Path, hook: &dyn IoHook) -> Result<()> {
+    if pdir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(pdir).at(pdir)?;
+    sync_dir(hook, IoOp::SyncRecoveryDir, tdir)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn chain_params<'a>(
     pdir: &'a Path,
@@ -584,7 +594,7 @@ fn load_topic(
             // Never below an offset already handed out (a lost range reads
             // as a hole, or out of range below the retention floor).
             let base = segs.last().map_or(chain.next_offset, |s| s.end_offset());
-            std::fs::create_dir_all(&pdir).at(&pdir)?;
+            create_partition_dir(&pdir, &tdir, &*core.hook)?;
             let path = pdir.join(crate::storage::segment::segment_file_name(base));
             if path.exists() {
                 std::fs::remove_file(&path).at(&path)?;
@@ -608,7 +618,7 @@ fn load_topic(
             // emptied it), never at a seal above that: a segment above the
             // floor with nothing durable below it is what the next open
             // takes for a missing first segment (C7).
-            std::fs::create_dir_all(&pdir).at(&pdir)?;
+            create_partition_dir(&pdir, &tdir, &*core.hook)?;
             let base = chain.next_offset;
             let seg = crate::storage::segment::Segment::create(
                 &pdir,
@@ -618,6 +628,10 @@ fn load_topic(
                 crate::partition::now_ms(),
                 &*core.hook,
             )?;
+            // The open's sync rounds sync its bytes (it is new) and then
+            // name it in the checkpoint: its name must be durable first,
+            // or a power loss reads as a missing segment.
+            sync_dir(&*core.hook, IoOp::SyncRecoveryDir, &pdir)?;
             segs.push(Arc::new(seg));
         }
         let retired_below = cps.get(&(rec.id, p.id)).map_or(0, |c| c.start_offset);

@@ -657,7 +657,12 @@ impl Partition {
     /// lock (nothing can be appended meanwhile). A failed fsync poisons
     /// the partition, as in a sync round.
     fn sync_locked(&self, w: &WriterState, syncer: &Syncer) -> Result<()> {
-        let cap = self.capture_with(w);
+        let mut cap = self.capture_with(w);
+        // Always the directory too: a sync round in flight may have taken
+        // the "directory changed" flag and not yet fsynced it, and a split
+        // or merge must not commit while the name of a segment the parent
+        // rolled to is not durable.
+        cap.sync_dir = true;
         let targets = match cap.targets(self.dir()) {
             Ok(t) => t,
             Err(e) => {

@@ -100,6 +100,8 @@ pub struct OpenedChain {
     foreign: Vec<PathBuf>,
     /// Base offsets of segments an earlier repair set aside (`.seg.damaged`).
     set_aside: Vec<u64>,
+    /// Offset after the last record those segments held (0 without any).
+    set_aside_end: u64,
     /// The partition directory does not exist.
     dir_missing: bool,
 }
@@ -111,8 +113,8 @@ struct Listing {
     segments: Vec<(u64, PathBuf)>,
     /// Files that are not ours (set-aside segments included).
     foreign: Vec<PathBuf>,
-    /// Base offsets of segments a repair set aside.
-    set_aside: Vec<u64>,
+    /// Segments a repair set aside: (base offset, path).
+    set_aside: Vec<(u64, PathBuf)>,
     /// The directory does not exist.
     dir_missing: bool,
 }
@@ -140,7 +142,7 @@ fn list_segments(dir: &Path) -> Result<Listing> {
                 .strip_suffix(".damaged")
                 .and_then(parse_segment_file_name)
             {
-                out.set_aside.push(base);
+                out.set_aside.push((base, entry.path()));
             }
             out.foreign.push(entry.path());
         }
@@ -189,10 +191,28 @@ pub fn open_chain(p: &ChainParams<'_>) -> Result<OpenedChain> {
         };
         files.push((base, path, file));
     }
+    // Offsets a set-aside segment held were handed out: a repair that
+    // a crash interrupted after setting segments aside (before the hole
+    // that covers them was written), or a checkpoint older than their
+    // last records, must not let the partition continue below them.
+    let mut set_aside_end = 0;
+    for (base, path) in &listing.set_aside {
+        let held = match Segment::open_with(path, false, p.hook) {
+            Ok((mut seg, info))
+                if info.base_offset == *base && (info.topic_id, info.partition_id) == p.ids =>
+            {
+                held_until(&mut seg, &info, p)
+            }
+            Ok(_) | Err(Error::Corruption { .. }) => *base,
+            Err(e) => return Err(open_failed(e)),
+        };
+        set_aside_end = set_aside_end.max(held);
+    }
     Ok(OpenedChain {
         files,
         foreign: listing.foreign,
-        set_aside: listing.set_aside,
+        set_aside: listing.set_aside.into_iter().map(|(b, _)| b).collect(),
+        set_aside_end,
         dir_missing: listing.dir_missing,
     })
 }
@@ -244,7 +264,9 @@ pub fn repair_chain(
     let floor = p.checkpoint.map_or(0, |c| c.start_offset);
     // Offsets known to have been handed out: what the checkpoint calls
     // durable, and what segments set aside by a repair held.
-    let mut known_end = cp.map_or(floor, |c| c.end_offset.max(floor));
+    let mut known_end = cp
+        .map_or(floor, |c| c.end_offset.max(floor))
+        .max(opened.set_aside_end);
     let mut expected: Option<u64> = None;
     // A cut (torn tail or damage): every later segment leaves the chain.
     let mut cut = false;
@@ -286,14 +308,15 @@ pub fn repair_chain(
     if expected.is_none() && !cut {
         expected = Some(floor);
     }
-    for (base, path, file) in std::mem::take(&mut opened.files) {
+    for (base, path, mut file) in std::mem::take(&mut opened.files) {
         let durable_segment = cp.is_some_and(|c| base < c.segment_base);
         let cp_segment = cp.filter(|c| c.segment_base == base);
         if cut && synced_cut {
             // A segment a synced cut leaves out held offsets from `base`
-            // on (to its seal when it has one): never hand them out again.
-            known_end = known_end.max(match &file {
-                SegmentFile::Opened(_, info) => info.seal.map_or(base, |s| s.0),
+            // on (to its seal, or to its last valid batch when it has no
+            // seal): never hand them out again.
+            known_end = known_end.max(match &mut file {
+                SegmentFile::Opened(seg, info) => held_until(seg, info, p),
                 SegmentFile::Damaged(_) => base,
                 SegmentFile::Retired => 0,
             });
@@ -411,7 +434,7 @@ pub fn repair_chain(
                                 .extend(fill_hole(p, (exp, base), report, &mut out.holes)?);
                         }
                         Decision::Cut => {
-                            known_end = known_end.max(info.seal.map_or(base, |s| s.0));
+                            known_end = known_end.max(held_until(&mut seg, &info, p));
                             set_aside(p, &path, "follows missing segments", report)?;
                             cut = true;
                             synced_cut = true;
@@ -435,6 +458,7 @@ pub fn repair_chain(
         }
         report.segments_opened += 1;
         let trusted_seal = info.seal.filter(|_| durable_segment && !p.mode.full_scan);
+        let mut tail_cleared = false;
         let (end_pos, end_offset, sealed) =
             if let Some((end_offset, end_pos)) = trusted_seal.filter(|s| s.1 <= seg.capacity()) {
                 (end_pos, end_offset, true)
@@ -548,7 +572,7 @@ pub fn repair_chain(
                 // (unsynced batches a crash half kept): clear them so they can
                 // never validate after later appends.
                 if p.mode.write && (cut || !p.clean) {
-                    seg.clear_tail(outcome.end_pos)?;
+                    tail_cleared = seg.clear_tail(outcome.end_pos)?;
                 }
                 if from_pos == SEGMENT_HEADER_LEN as u64 {
                     *seg.index.lock() = IndexState::Loaded(outcome.index.clone());
@@ -568,7 +592,15 @@ pub fn repair_chain(
                     info.seal.is_some() && !cut && outcome.end_pos == info.seal.map_or(0, |s| s.1),
                 )
             };
-        let synced = if durable_segment {
+        let synced = if tail_cleared {
+            // The cleared tail is not durable yet: until it is, a power
+            // loss can bring the stale batches back, and once appends after
+            // this open refill the bytes before them they would validate
+            // and continue the chain (records this recovery cut, after
+            // records appended later). Counted as unsynced, the file is
+            // fdatasynced by the open's own sync round, before any append.
+            0
+        } else if durable_segment {
             end_pos
         } else {
             cp_segment.map_or(SEGMENT_HEADER_LEN as u64, |c| c.position)
@@ -607,13 +639,21 @@ pub fn repair_chain(
     let no_segment = live.is_empty()
         && opened.set_aside.is_empty()
         && (p.sealed.is_none() || p.checkpoint.is_none());
-    if no_segment || synced_cut {
+    // The chain ends with a rolled segment, complete up to its seal: the
+    // segment after it existed (whatever followed it here was cut or is
+    // missing).
+    let ends_rolled = out.segments.last().is_some_and(|s| s.is_sealed());
+    if no_segment || synced_cut || ends_rolled {
         // Data is missing from a sealed partition: its offsets up to the
         // manifest's seal were handed out (its children continue after
         // them), whether or not a checkpoint recorded them. Below the seal
         // they read as a hole, never as nothing: an empty chain that ends
         // at the seal without a durable floor is not a state a later open
-        // can tell from missing files.
+        // can tell from missing files. A chain that ends with a rolled
+        // segment below the seal lost the files after it: a split or merge
+        // syncs the parent (and the name of every segment it rolled to)
+        // before its record commits, and the checkpoint, written only when
+        // due, need not name them.
         known_end = known_end.max(p.sealed.unwrap_or(0));
     }
     if !synced_cut && (chain_end < known_end || cp_file_missing || no_segment) {
@@ -645,10 +685,18 @@ pub fn repair_chain(
                 .segments
                 .last()
                 .map_or_else(|| p.dir.to_path_buf(), |s| s.path().to_path_buf());
-            let what = format!(
-                "the partition ends at offset {} but the checkpoint says offsets up to {} are durable: offsets {}..{} are missing",
-                lost.0, lost.1, lost.0, lost.1
-            );
+            let by_checkpoint = cp.map_or(floor, |c| c.end_offset.max(floor));
+            let what = if ends_rolled && p.sealed == Some(lost.1) && by_checkpoint < lost.1 {
+                format!(
+                    "the partition ends at offset {} with a rolled segment but was sealed at {}: offsets {}..{} are missing",
+                    lost.0, lost.1, lost.0, lost.1
+                )
+            } else {
+                format!(
+                    "the partition ends at offset {} but the checkpoint says offsets up to {} are durable: offsets {}..{} are missing",
+                    lost.0, lost.1, lost.0, lost.1
+                )
+            };
             (path, what)
         };
         missing(p, &path, lost, what, &mut out, report)?;
@@ -678,6 +726,26 @@ pub fn repair_chain(
         }
     }
     Ok(out)
+}
+
+/// The offset after the last record a segment that repair leaves out of
+/// the chain held: its seal, or for a segment without one (the active
+/// segment) the end of its valid batches. Records synced after the last
+/// checkpoint lie past the checkpoint's end, so neither that nor the base
+/// offset bounds what was handed out.
+fn held_until(seg: &mut Segment, info: &SegmentInfo, p: &ChainParams<'_>) -> u64 {
+    if let Some((end_offset, _)) = info.seal {
+        return end_offset;
+    }
+    let params = ScanParams {
+        base_offset: info.base_offset,
+        from_pos: SEGMENT_HEADER_LEN as u64,
+        from_offset: info.base_offset,
+        durable_until: 0,
+        mode: RecoveryMode::Truncate,
+        index_interval: p.index_interval,
+    };
+    scan_segment(seg.raw_for_recovery(), &params).end_offset
 }
 
 /// Invalid bytes past the checkpointed position are a torn tail of

@@ -625,10 +625,13 @@ impl Segment {
     /// before it stores there and a full disk stays `Error::NoSpace`, never
     /// a SIGBUS. Where punching is not supported, a tail of at most the
     /// active headroom is overwritten with zeros and a longer one cut off.
-    pub(crate) fn clear_tail(&mut self, from: u64) -> Result<()> {
+    /// Returns whether there was anything past `from` to clear: the caller
+    /// makes the cleared range durable (see
+    /// `recovery::partition::repair_chain`).
+    pub(crate) fn clear_tail(&mut self, from: u64) -> Result<bool> {
         let end = self.file_len.load(Ordering::Acquire);
         if from >= end {
-            return Ok(());
+            return Ok(false);
         }
         let aligned = page_up(from).min(end);
         if aligned > from {
@@ -639,7 +642,7 @@ impl Segment {
         self.allocated
             .fetch_min(aligned.max(from), Ordering::AcqRel);
         if aligned == end {
-            return Ok(());
+            return Ok(true);
         }
         let len = end - aligned;
         let file = self.file().at(&self.path)?;
@@ -653,16 +656,17 @@ impl Segment {
             )
         };
         if rc == 0 {
-            return Ok(());
+            return Ok(true);
         }
         if len <= crate::config::ACTIVE_HEADROOM_MAX_BYTES {
-            return write_zeros(&file, aligned, len).at(&self.path);
+            write_zeros(&file, aligned, len).at(&self.path)?;
+            return Ok(true);
         }
         // Cut off; the writer allocates (and extends the file) again
         // before it stores there.
         file.set_len(aligned).at(&self.path)?;
         self.file_len.store(aligned, Ordering::Release);
-        Ok(())
+        Ok(true)
     }
 
     /// Replaces damaged bytes with a hole batch (salvage).

@@ -422,20 +422,43 @@ fn poll_wait_wakes_for_data_on_a_non_first_partition() {
 
 #[test]
 fn durable_poll_wait_wakes_on_the_sync_of_a_non_first_partition() {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log.create_topic("t", config(3)).unwrap();
     let mut r = topic.reader(StartAt::Latest).unwrap();
     r.set_isolation(ReadIsolation::Durable);
-    // The append alone shows nothing to a durable reader: the sync 50 ms
-    // later does.
-    let synced = std::sync::atomic::AtomicBool::new(false);
-    assert_wakes(&topic, &mut r, 2, || {
-        std::thread::sleep(Duration::from_millis(50));
-        synced.store(true, std::sync::atomic::Ordering::SeqCst);
-        topic.sync().unwrap();
+    // The append alone shows nothing to a durable reader (it wakes, finds
+    // nothing durable, sleeps again): the sync 50 ms later does.
+    let syncing = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let t0 = Instant::now();
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            topic
+                .append_to(
+                    2,
+                    &[NewRecord {
+                        key: None,
+                        value: b"late",
+                        timestamp: None,
+                    }],
+                )
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            syncing.store(true, Ordering::SeqCst);
+            topic.sync().unwrap();
+        });
+        let got = r.poll_wait(10, Duration::from_secs(5)).unwrap();
+        let elapsed = t0.elapsed();
+        assert!(syncing.load(Ordering::SeqCst), "returned before the sync");
+        assert_eq!(got.len(), 1, "after {elapsed:?}");
+        assert_eq!(
+            (got[0].partition, got[0].value.as_slice()),
+            (2, &b"late"[..])
+        );
+        assert!(elapsed < Duration::from_secs(2), "woke after {elapsed:?}");
     });
-    assert!(synced.load(std::sync::atomic::Ordering::SeqCst));
     drop(topic);
     log.close().unwrap();
 }

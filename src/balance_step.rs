@@ -67,7 +67,7 @@ impl Topic {
                 }
                 Decision::Merge { left, right } => self.merge(left, right).is_ok(),
                 Decision::HotKey { partition, hash } => {
-                    if let Some(n) = self.inner.state.write().nodes.get_mut(&partition) {
+                    if let Some(n) = self.inner.write_state().nodes.get_mut(&partition) {
                         n.hot_key_reported = true;
                     }
                     self.inner.core.events.emit(TopologyEvent::HotKey {

@@ -89,6 +89,7 @@ mod storage;
 mod topic;
 mod topic_name;
 mod topology;
+mod wake;
 
 pub use balance::{BalancePolicy, Clock, Decision, ManualClock, SplitAt, SystemClock, WindowRate};
 pub use config::{

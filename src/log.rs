@@ -330,7 +330,7 @@ impl Log {
                 IoOp::SyncNewDir,
                 &self.core.dir.join(TOPICS_DIR),
             )?;
-            *topic.inner.state.write() = st;
+            *topic.inner.write_state() = st;
             Ok(topic)
         };
         let topic = match build().and_then(|t| {
@@ -493,6 +493,9 @@ fn new_topic(core: &Arc<Core>, lock: &Arc<DirLock>, rec: &TopicRecord) -> Topic 
             config: RwLock::new(rec.config.clone()),
             hash_key: rec.hash_key,
             state: RwLock::new(TopicState::default()),
+            generation: AtomicU64::new(0),
+            lineage: Mutex::new(None),
+            wake: Arc::default(),
             change: Mutex::new(()),
             round_robin: AtomicU64::new(0),
             sync_always: rec.config.sync == SyncPolicy::Always,
@@ -693,7 +696,7 @@ fn load_topic(
         .map(|n| (n.rec.start, n.rec.id))
         .collect();
     st.roots.extend(roots);
-    *topic.inner.state.write() = st;
+    *topic.inner.write_state() = st;
     Ok(topic)
 }
 

@@ -16,6 +16,7 @@ use crate::storage::durability::{SyncTarget, Syncer};
 use crate::storage::fault::{IoHook, IoOp};
 use crate::storage::lock::DirLock;
 use crate::storage::segment::{Segment, SegmentWriter};
+use crate::wake::TailWake;
 
 /// Static facts a partition needs from its topic.
 #[derive(Debug, Clone)]
@@ -33,6 +34,9 @@ pub(crate) struct PartitionParams {
     pub lock: Option<Arc<DirLock>>,
     /// What `read` and `wait_for` see unless told otherwise.
     pub isolation: ReadIsolation,
+    /// The topic's reader wake-up: signalled on every append, durable end
+    /// moved and seal, after the partition's own condition variable.
+    pub wake: Arc<TailWake>,
 }
 
 /// Write-side state, guarded by the writer lock.
@@ -421,6 +425,9 @@ impl Partition {
             let _g = self.tail_lock.lock();
             self.tail_cv.notify_all();
         }
+        // After the SeqCst store of `end_offset`: one load while no reader
+        // of the topic waits.
+        self.p.wake.notify();
         Ok(base)
     }
 
@@ -492,14 +499,19 @@ impl Partition {
                 return Err(e);
             }
         };
-        self.sealed.store(true, Ordering::Release);
+        // SeqCst: published before the notifications below (the commit
+        // also moved the topology generation, which readers check).
+        self.sealed.store(true, Ordering::SeqCst);
         // The partition takes no more appends: give back the preallocated
         // space of its last segment (a failure only keeps that space).
         let _ = w.writer.segment().trim();
         self.mark_dirty();
         drop(w);
-        let _g = self.tail_lock.lock();
-        self.tail_cv.notify_all();
+        {
+            let _g = self.tail_lock.lock();
+            self.tail_cv.notify_all();
+        }
+        self.p.wake.notify();
         Ok(out)
     }
 
@@ -739,11 +751,12 @@ impl Partition {
             // pairs with the waiter's increment of `waiters` (see
             // `wait_for_with`).
             let end = cap.pos.end_offset;
-            if self.durable_end.fetch_max(end, Ordering::SeqCst) < end
-                && self.waiters.load(Ordering::SeqCst) > 0
-            {
-                let _g = self.tail_lock.lock();
-                self.tail_cv.notify_all();
+            if self.durable_end.fetch_max(end, Ordering::SeqCst) < end {
+                if self.waiters.load(Ordering::SeqCst) > 0 {
+                    let _g = self.tail_lock.lock();
+                    self.tail_cv.notify_all();
+                }
+                self.p.wake.notify();
             }
         } else {
             if cap.sync_dir {

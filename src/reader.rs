@@ -1,15 +1,28 @@
 //! The order-keeping reader: drains a parent to its seal offset before it
 //! opens the children, and opens a merge child only when both parents are
 //! drained, so every key's records come out in append order (C4).
+//!
+//! A reader's cost does not grow with the topic's history. It follows the
+//! lineage through a shared snapshot ([`Lineage`]) that is rebuilt only when
+//! the topology generation moves, it looks only at the partitions it has
+//! open, and its [`Cut`] names only those and the drained parents whose
+//! children are not all open yet: every other partition it passed is an
+//! ancestor of one named, and so known to be drained.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::read::{OwnedRecord, ReadIsolation, Record};
+use crate::read::{OwnedRecord, ReadBatch, ReadIsolation, Record};
 use crate::topic::Topic;
+use crate::topology::lineage::Lineage;
+
+/// How many bytes of batches one read of a partition takes (at least one
+/// batch). What a poll does not hand out waits in the reader for the next.
+const READ_BYTES: usize = 256 * 1024;
 
 /// Where a reader starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,15 +36,22 @@ pub enum StartAt {
 }
 
 /// How far a reader has consumed a topic: per partition, the next offset to
-/// read. Partitions listed at their seal offset are drained. Serializable so
-/// a consumer can checkpoint and resume.
+/// read. Serializable so a consumer can checkpoint and resume.
+///
+/// A partition the reader finished is listed in `drained` until all its
+/// children are open; after that it is an ancestor of a listed partition,
+/// and every ancestor of a listed partition counts as drained. So a cut
+/// stays as small as the set of partitions being read, however many
+/// splits and merges the topic went through. Cuts that list every drained
+/// partition (as older versions wrote them) resume the same way.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cut {
     /// Topic id the cut belongs to.
     pub topic_id: u32,
     /// Next offset per open partition.
     pub positions: BTreeMap<u32, u64>,
-    /// Partitions fully read whose children may not be open yet.
+    /// Partitions fully read whose children are not all open yet (a merge
+    /// parent waiting for the other parent to be drained).
     pub drained: BTreeSet<u32>,
     /// Per open partition, a fingerprint of the last record read before
     /// its position. After a power loss recovery cuts a partition's
@@ -69,28 +89,45 @@ pub struct RetainedRange {
 }
 
 /// A lineage-aware reader of one topic.
+///
+/// It reads one partition at a time, a read of up to 256 KiB of batches,
+/// and hands the records out over as many polls as it takes; the next read
+/// goes to the next open partition (by id, wrapping). So the sequence of
+/// records does not depend on how many each poll asks for.
 #[derive(Debug)]
 pub struct Reader {
     topic: Topic,
+    /// The lineage at the generation last seen.
+    lineage: Arc<Lineage>,
+    /// Next offset to hand out, per open partition.
     positions: BTreeMap<u32, u64>,
+    /// See [`Cut::drained`].
     drained: BTreeSet<u32>,
-    next_rr: usize,
+    /// The next read looks at open partitions from this id on (wrapping).
+    next_rr: u32,
     retained: Vec<RetainedRange>,
     /// See [`Cut::last_records`].
     last_records: BTreeMap<u32, u64>,
     /// None: each partition's default (from its topic's sync policy).
     isolation: Option<ReadIsolation>,
+    /// Records read and not handed out yet: consecutive records of one
+    /// partition, the first at that partition's position.
+    pending: VecDeque<OwnedRecord>,
 }
 
 /// Fingerprint of a record for [`Cut::last_records`]: SipHash-1-3 (fixed
 /// keys) of its offset, timestamp, key and value.
 fn record_fingerprint(r: &Record<'_>) -> u64 {
+    fingerprint(r.offset, r.timestamp, r.key, r.value)
+}
+
+fn fingerprint(offset: u64, timestamp: i64, key: Option<&[u8]>, value: &[u8]) -> u64 {
     use std::hash::Hasher;
     let mut h =
         siphasher::sip::SipHasher13::new_with_keys(0x6669_7373_696f_6e6c, 0x6f67_2d63_7574_0001);
-    h.write_u64(r.offset);
-    h.write_i64(r.timestamp);
-    match r.key {
+    h.write_u64(offset);
+    h.write_i64(timestamp);
+    match key {
         Some(k) => {
             h.write_u8(1);
             h.write_u64(k.len() as u64);
@@ -98,36 +135,35 @@ fn record_fingerprint(r: &Record<'_>) -> u64 {
         }
         None => h.write_u8(0),
     }
-    h.write(r.value);
+    h.write(value);
     h.finish()
 }
 
 impl Topic {
     /// A reader from `start`.
     pub fn reader(&self, start: StartAt) -> Result<Reader> {
-        let infos = self.partitions();
+        self.inner.core.check_not_closed()?;
+        let lineage = self.lineage();
         let mut positions = BTreeMap::new();
         let mut drained = BTreeSet::new();
         let mut last_records = BTreeMap::new();
         match start {
             StartAt::Earliest => {
-                let ids: BTreeSet<u32> = infos.iter().map(|p| p.id).collect();
-                for p in &infos {
-                    if p.parents.iter().all(|q| !ids.contains(q)) {
-                        positions.insert(p.id, p.start_offset);
-                    }
+                for id in lineage.roots() {
+                    positions.insert(id, self.partition(id)?.start_offset());
                 }
             }
             StartAt::Latest => {
-                for p in infos.iter().filter(|p| p.sealed_at.is_none()) {
+                for id in lineage.active() {
                     // The written end may lie past what is durable: a cut
                     // taken before any record is read must still tell, after
                     // a power loss cut that tail, that the offsets below its
                     // position now hold other records (C8).
-                    let (pos, last) = self.latest_position(p.id, p.end_offset)?;
-                    positions.insert(p.id, pos);
+                    let end = self.partition(id)?.end_offset();
+                    let (pos, last) = self.latest_position(id, end)?;
+                    positions.insert(id, pos);
                     if let Some(f) = last {
-                        last_records.insert(p.id, f);
+                        last_records.insert(id, f);
                     }
                 }
             }
@@ -140,7 +176,7 @@ impl Topic {
                     )));
                 }
                 for &id in cut.positions.keys().chain(&cut.drained) {
-                    if !infos.iter().any(|p| p.id == id) {
+                    if !lineage.contains(id) {
                         return Err(Error::InvalidCut(format!(
                             "partition {id} is not in the topic"
                         )));
@@ -156,13 +192,16 @@ impl Topic {
         }
         let mut r = Reader {
             topic: self.clone(),
+            lineage,
             positions,
             drained,
             next_rr: 0,
             retained: Vec::new(),
             last_records,
             isolation: None,
+            pending: VecDeque::new(),
         };
+        r.settle();
         r.advance_lineage();
         Ok(r)
     }
@@ -226,7 +265,8 @@ impl Topic {
 }
 
 impl Reader {
-    /// The current position, to save and resume from.
+    /// The current position, to save and resume from: every record handed
+    /// out is before it, every other one after it.
     pub fn cut(&self) -> Cut {
         Cut {
             topic_id: self.topic.id(),
@@ -245,6 +285,8 @@ impl Reader {
     /// default (durable for `SyncPolicy::Always` topics, written otherwise).
     pub fn set_isolation(&mut self, isolation: ReadIsolation) {
         self.isolation = Some(isolation);
+        // Read under the old isolation: read again under the new one.
+        self.pending.clear();
     }
 
     /// Ranges this reader passed over because retention had removed them
@@ -259,150 +301,273 @@ impl Reader {
         self.positions.keys().copied().collect()
     }
 
-    /// Moves drained partitions out and opens children whose parents are all drained.
-    fn advance_lineage(&mut self) {
-        loop {
-            let infos = self.topic.partitions();
-            let mut changed = false;
-            for p in &infos {
-                if let (Some(&pos), Some(sealed_at)) = (self.positions.get(&p.id), p.sealed_at) {
-                    // After a power loss a sealed parent may hold less than
-                    // its recorded seal offset (its unsynced tail is gone):
-                    // what it holds is all there will ever be, so it is
-                    // drained at its end, not left blocking its children.
-                    if pos >= sealed_at.min(p.end_offset) {
-                        self.positions.remove(&p.id);
-                        self.drained.insert(p.id);
-                        changed = true;
-                    }
-                }
-            }
-            for p in &infos {
-                let known = self.positions.contains_key(&p.id) || self.drained.contains(&p.id);
-                if !known
-                    && !p.parents.is_empty()
-                    && p.parents.iter().all(|q| self.drained.contains(q))
+    /// Takes the current lineage snapshot if the topology generation moved
+    /// since the last one (one atomic load otherwise).
+    fn refresh_lineage(&mut self) {
+        if self.topic.topology_generation() != self.lineage.generation {
+            self.lineage = self.topic.lineage();
+        }
+    }
+
+    /// Brings a reader made from a cut (of any version) to the form the
+    /// reader keeps: children of drained partitions opened once all their
+    /// parents are drained, and drained partitions that are ancestors of
+    /// another listed one left out (they are implied). Costs up to the
+    /// number of ancestors, once per reader.
+    fn settle(&mut self) {
+        let lineage = self.lineage.clone();
+        let passed = lineage.ancestors(self.positions.keys().chain(&self.drained).copied());
+        let known = |r: &Reader, id: u32| {
+            r.positions.contains_key(&id) || r.drained.contains(&id) || passed.contains(&id)
+        };
+        let drained: Vec<u32> = self.drained.iter().copied().collect();
+        for x in drained {
+            for &c in lineage.children(x) {
+                if !known(self, c)
+                    && lineage
+                        .parents(c)
+                        .iter()
+                        .all(|q| self.drained.contains(q) || passed.contains(q))
                 {
-                    // From the child's first offset, not its first held
-                    // one: what retention removed before this reader got
-                    // there is then reported by `poll`, not skipped.
-                    self.positions.insert(p.id, 0);
-                    changed = true;
+                    // From the child's first offset: see `open_children`.
+                    self.positions.insert(c, 0);
                 }
             }
-            if !changed {
-                return;
+        }
+        let positions = &self.positions;
+        self.drained.retain(|x| {
+            !passed.contains(x)
+                && !lineage
+                    .children(*x)
+                    .iter()
+                    .any(|c| positions.contains_key(c))
+        });
+    }
+
+    /// Moves open partitions read to their seal into `drained`, opens
+    /// children whose parents are all drained, and drops from `drained`
+    /// the parents whose children are all open. Looks only at the open
+    /// partitions. Returns whether anything changed.
+    fn advance_lineage(&mut self) -> bool {
+        self.refresh_lineage();
+        let mut changed = false;
+        loop {
+            let done: Vec<u32> = self
+                .positions
+                .iter()
+                .filter(|(&id, &pos)| self.is_drained_at(id, pos))
+                .map(|(&id, _)| id)
+                .collect();
+            if done.is_empty() {
+                return changed;
+            }
+            changed = true;
+            for &id in &done {
+                self.positions.remove(&id);
+                self.drained.insert(id);
+            }
+            for id in done {
+                self.open_children(id);
             }
         }
     }
 
-    /// Reads up to `max_records` records that are available now, from one
-    /// open partition at a time (rotating), following the lineage.
+    /// Whether open partition `id` at `pos` has nothing more to give.
+    fn is_drained_at(&self, id: u32, pos: u64) -> bool {
+        let Some(sealed_at) = self.lineage.sealed_at(id) else {
+            return false;
+        };
+        // After a power loss a sealed parent may hold less than its
+        // recorded seal offset (its unsynced tail is gone): what it holds
+        // is all there will ever be, so it is drained at its end, not left
+        // blocking its children. (Recovery records the lower end, so this
+        // only matters for a topology changed since.)
+        pos >= sealed_at
+            || self
+                .topic
+                .partition(id)
+                .is_ok_and(|p| pos >= p.end_offset())
+    }
+
+    /// Opens the children of drained `x` whose parents are all drained,
+    /// and forgets drained parents whose children are then all open.
+    fn open_children(&mut self, x: u32) {
+        let lineage = self.lineage.clone();
+        for &c in lineage.children(x) {
+            let known = self.positions.contains_key(&c) || self.drained.contains(&c);
+            if known || !lineage.parents(c).iter().all(|q| self.drained.contains(q)) {
+                continue;
+            }
+            // From the child's first offset, not its first held one: what
+            // retention removed before this reader got there is then
+            // reported by `poll`, not skipped.
+            self.positions.insert(c, 0);
+            for &q in lineage.parents(c) {
+                if lineage
+                    .children(q)
+                    .iter()
+                    .all(|s| self.positions.contains_key(s) || self.drained.contains(s))
+                {
+                    // An ancestor of an open partition: implied drained.
+                    self.drained.remove(&q);
+                }
+            }
+        }
+    }
+
+    /// Reads up to `max_records` records that are available now, following
+    /// the lineage. Records already read and not yet handed out come
+    /// first; then reads go to the open partitions in turn.
+    ///
+    /// An error met after some records were collected ends this poll with
+    /// those records; the next poll meets it again (positions move only
+    /// past records handed out).
     pub fn poll(&mut self, max_records: usize) -> Result<Vec<OwnedRecord>> {
+        self.topic.inner.core.check_not_closed()?;
         let mut out = Vec::new();
-        let mut idle_rounds = 0;
-        while out.len() < max_records && idle_rounds < 2 {
-            self.advance_lineage();
-            let ids: Vec<u32> = self.positions.keys().copied().collect();
-            if ids.is_empty() {
-                break;
-            }
-            let mut progressed = false;
-            for k in 0..ids.len() {
-                let id = ids[(self.next_rr + k) % ids.len()];
-                let pos = self.positions[&id];
-                let part = self.topic.partition(id)?;
-                let iso = self.isolation.unwrap_or(part.default_isolation());
-                if pos >= part.visible_end(iso) {
-                    continue;
-                }
-                let batch = match part.read_with(pos, 256 * 1024, iso) {
-                    Ok(b) => b,
-                    Err(Error::Hole { end, .. }) => {
-                        self.positions.insert(id, end);
-                        self.last_records.remove(&id);
-                        progressed = true;
-                        continue;
-                    }
-                    // Gone before this reader got there: say so, and go on
-                    // where the data resumes (a sealed partition retention
-                    // emptied is then drained).
-                    Err(Error::Retained { start, end, .. }) => {
-                        self.retained.push(RetainedRange {
-                            partition: id,
-                            start,
-                            end,
-                        });
-                        self.positions.insert(id, end);
-                        self.last_records.remove(&id);
-                        progressed = true;
-                        continue;
-                    }
-                    // Below the first offset held, but not by retention:
-                    // recovery reports what it lost; resume at the start.
-                    Err(Error::OffsetOutOfRange { offset, start, .. }) if offset < start => {
-                        self.positions.insert(id, start);
-                        self.last_records.remove(&id);
-                        progressed = true;
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                };
-                let room = max_records - out.len();
-                // Copy only what fits; the rest is read again next time.
-                // Bytes changed under the batch are an error (the position
-                // stays, so nothing is skipped).
-                let mut next = batch.next_offset();
-                let mut last = None;
-                for (taken, r) in batch.try_iter().enumerate() {
-                    let r = r?;
-                    if taken == room {
-                        next = r.offset;
-                        break;
-                    }
-                    last = Some(record_fingerprint(&r));
-                    out.push(OwnedRecord {
-                        partition: id,
-                        offset: r.offset,
-                        timestamp: r.timestamp,
-                        key: r.key.map(<[u8]>::to_vec),
-                        value: r.value.to_vec(),
-                    });
-                }
-                self.positions.insert(id, next);
-                if let Some(f) = last {
-                    self.last_records.insert(id, f);
-                }
-                progressed = true;
-                if out.len() >= max_records {
-                    break;
+        while out.len() < max_records {
+            if self.pending.is_empty() {
+                match self.fill() {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(e) if out.is_empty() => return Err(e),
+                    Err(_) => break,
                 }
             }
-            self.next_rr = self.next_rr.wrapping_add(1);
-            if !progressed {
-                idle_rounds += 1;
-            }
+            let room = max_records - out.len();
+            self.hand_out(&mut out, room);
         }
         Ok(out)
     }
 
-    /// Like [`Reader::poll`], but waits up to `timeout` for data.
+    /// Moves up to `room` pending records into `out` and the position past
+    /// them.
+    fn hand_out(&mut self, out: &mut Vec<OwnedRecord>, room: usize) {
+        let n = room.min(self.pending.len());
+        out.extend(self.pending.drain(..n));
+        if let Some(r) = out.last().filter(|_| n > 0) {
+            self.positions.insert(r.partition, r.offset + 1);
+            let f = fingerprint(r.offset, r.timestamp, r.key.as_deref(), &r.value);
+            self.last_records.insert(r.partition, f);
+        }
+    }
+
+    /// Reads the next open partition (in turn) that has records into
+    /// `pending`, passing over holes and retained ranges. Returns whether
+    /// anything moved (records read, a position or the lineage changed).
+    fn fill(&mut self) -> Result<bool> {
+        let mut moved = self.advance_lineage();
+        let ids: Vec<u32> = self
+            .positions
+            .range(self.next_rr..)
+            .chain(self.positions.range(..self.next_rr))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            let pos = self.positions[&id];
+            let part = self.topic.partition(id)?;
+            let iso = self.isolation.unwrap_or(part.default_isolation());
+            if pos >= part.visible_end(iso) {
+                continue;
+            }
+            let batch = match part.read_with(pos, READ_BYTES, iso) {
+                Ok(b) => b,
+                Err(Error::Hole { end, .. }) => {
+                    self.skip_to(id, end);
+                    moved = true;
+                    continue;
+                }
+                // Gone before this reader got there: say so, and go on
+                // where the data resumes (a sealed partition retention
+                // emptied is then drained).
+                Err(Error::Retained { start, end, .. }) => {
+                    self.retained.push(RetainedRange {
+                        partition: id,
+                        start,
+                        end,
+                    });
+                    self.skip_to(id, end);
+                    moved = true;
+                    continue;
+                }
+                // Below the first offset held, but not by retention:
+                // recovery reports what it lost; resume at the start.
+                Err(Error::OffsetOutOfRange { offset, start, .. }) if offset < start => {
+                    self.skip_to(id, start);
+                    moved = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            self.next_rr = id.wrapping_add(1);
+            self.take_batch(id, pos, &batch)?;
+            return Ok(true);
+        }
+        Ok(moved)
+    }
+
+    fn skip_to(&mut self, id: u32, pos: u64) {
+        self.positions.insert(id, pos);
+        self.last_records.remove(&id);
+    }
+
+    /// Copies a batch's records into `pending`. Bytes changed under the
+    /// batch are an error once no record before them is left to hand out
+    /// (the position stays, so nothing is skipped).
+    fn take_batch(&mut self, id: u32, pos: u64, batch: &ReadBatch) -> Result<()> {
+        for r in batch.try_iter() {
+            match r {
+                Ok(r) => self.pending.push_back(OwnedRecord {
+                    partition: id,
+                    offset: r.offset,
+                    timestamp: r.timestamp,
+                    key: r.key.map(<[u8]>::to_vec),
+                    value: r.value.to_vec(),
+                }),
+                Err(e) if self.pending.is_empty() => return Err(e),
+                Err(_) => return Ok(()),
+            }
+        }
+        if self.pending.is_empty() && batch.next_offset() > pos {
+            // Batches without a record at or after `pos` (none are written
+            // that way): step over them rather than read them again.
+            self.skip_to(id, batch.next_offset());
+        }
+        Ok(())
+    }
+
+    /// Whether a poll could move now: records pending, an open partition
+    /// with records past its position (under the reader's isolation) or
+    /// drained, a topology change, or the log closed. What it loads with
+    /// SeqCst is what appends, sync rounds, seals and close publish before
+    /// they notify the topic's [`crate::wake::TailWake`].
+    fn can_move(&self) -> bool {
+        if !self.pending.is_empty() || self.topic.topology_generation() != self.lineage.generation {
+            return true;
+        }
+        self.positions.iter().any(|(&id, &pos)| {
+            let Ok(part) = self.topic.partition(id) else {
+                // Closed: the next poll says so.
+                return true;
+            };
+            let iso = self.isolation.unwrap_or(part.default_isolation());
+            part.visible_end(iso) > pos || self.is_drained_at(id, pos)
+        })
+    }
+
+    /// Like [`Reader::poll`], but waits up to `timeout` for data. Any open
+    /// partition wakes it: an append (written reads) or a sync round
+    /// (durable reads) on any of them, or a seal that lets the reader move
+    /// on to children.
     pub fn poll_wait(&mut self, max_records: usize, timeout: Duration) -> Result<Vec<OwnedRecord>> {
         let deadline = Instant::now() + timeout;
+        let wake = self.topic.inner.wake.clone();
         loop {
             let got = self.poll(max_records)?;
-            let now = Instant::now();
-            if !got.is_empty() || now >= deadline {
+            if !got.is_empty() || Instant::now() >= deadline {
                 return Ok(got);
             }
-            let wait = (deadline - now).min(Duration::from_millis(10));
-            if let Some((&id, &pos)) = self.positions.iter().next() {
-                let part = self.topic.partition(id)?;
-                let iso = self.isolation.unwrap_or(part.default_isolation());
-                let _ = part.wait_for_with(pos, wait, iso);
-            } else {
-                std::thread::sleep(wait);
-            }
+            wake.wait_until(deadline, || self.can_move());
         }
     }
 }

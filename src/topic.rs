@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 use serde::Serialize;
 
 use crate::balance::{LoadMap, RateTracker, WindowRate};
@@ -23,6 +23,8 @@ use crate::storage::fault::IoOp;
 use crate::storage::lock::DirLock;
 use crate::storage::segment::Segment;
 use crate::storage::sync_dir;
+use crate::topology::lineage::{Lineage, LineageNode};
+use crate::wake::TailWake;
 
 /// A record to append.
 #[derive(Debug, Clone, Copy, Default)]
@@ -140,12 +142,37 @@ pub(crate) struct TopicInner {
     pub name: Arc<str>,
     pub config: RwLock<TopicConfig>,
     pub hash_key: [u64; 2],
+    /// Written only through [`TopicInner::write_state`], which moves
+    /// `generation`.
     pub state: RwLock<TopicState>,
+    /// Topology generation: moves with every write of `state` (split,
+    /// merge, partition removal, open, close). Read without a lock by
+    /// readers deciding whether their lineage snapshot is current.
+    pub generation: AtomicU64,
+    /// The last lineage snapshot built, shared by the topic's readers.
+    pub lineage: Mutex<Option<Arc<Lineage>>>,
+    /// Wakes readers blocked in `poll_wait` when any partition can move.
+    pub wake: Arc<TailWake>,
     pub change: Mutex<()>,
     pub round_robin: AtomicU64,
     /// `config.sync == SyncPolicy::Always`, read without a lock on every append.
     pub sync_always: bool,
     pub dir: PathBuf,
+}
+
+impl TopicInner {
+    /// The state for writing. Every change to partitions (their set, their
+    /// states, their lineage) goes through here, so it moves the topology
+    /// generation. The bump happens under the write lock: a reader that
+    /// sees the new generation and then takes the read lock sees the
+    /// state it names, and one that saw the old generation uses a snapshot
+    /// that was current before this change.
+    pub(crate) fn write_state(&self) -> RwLockWriteGuard<'_, TopicState> {
+        let st = self.state.write();
+        // SeqCst: a waiter's readiness check loads it (see `TailWake`).
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        st
+    }
 }
 
 /// Handle to a topic (cheap to clone).
@@ -246,10 +273,14 @@ impl Topic {
     /// `Log` then answers `Error::Closed` and does not keep the directory
     /// locked. Routes stay (plain ids), so routing never panics.
     pub(crate) fn release_partitions(&self) {
-        let mut st = self.inner.state.write();
+        let mut st = self.inner.write_state();
         st.nodes.clear();
         st.roots.clear();
+        drop(st);
+        *self.inner.lineage.lock() = None;
         *self.inner.lock.lock() = None;
+        // Readers blocked in `poll_wait` return `Error::Closed` now.
+        self.inner.wake.notify();
     }
 
     pub(crate) fn all_partition_handles(&self) -> Vec<Arc<Partition>> {
@@ -510,6 +541,59 @@ impl Topic {
         }
     }
 
+    /// The topology generation: a counter that moves with every change of
+    /// the topic's partitions (split, merge, removal of an emptied
+    /// partition, close). Two equal readings mean the same partitions with
+    /// the same parents, children and seal offsets; it may also move for a
+    /// change that leaves those alone (a hot key reported). Counted per
+    /// open log, from zero: not kept across a reopen. One atomic load.
+    pub fn topology_generation(&self) -> u64 {
+        self.inner.generation.load(Ordering::SeqCst)
+    }
+
+    /// The lineage at the current generation: the cached snapshot if it is
+    /// current, else a new one built under the state's read lock (no
+    /// partition's lock, no offsets or rates).
+    pub(crate) fn lineage(&self) -> Arc<Lineage> {
+        let want = self.topology_generation();
+        if let Some(l) = &*self.inner.lineage.lock() {
+            if l.generation == want {
+                return l.clone();
+            }
+        }
+        let built = {
+            let st = self.inner.state.read();
+            Arc::new(Lineage {
+                // Stable while the read lock is held.
+                generation: self.topology_generation(),
+                nodes: st
+                    .nodes
+                    .values()
+                    .map(|n| {
+                        let sealed_at = match n.rec.state {
+                            PartitionState::Active => None,
+                            PartitionState::Sealed { end_offset } => Some(end_offset),
+                        };
+                        let node = LineageNode {
+                            parents: n.rec.parents.clone(),
+                            children: n.children.clone(),
+                            sealed_at,
+                        };
+                        (n.rec.id, node)
+                    })
+                    .collect(),
+            })
+        };
+        let mut cache = self.inner.lineage.lock();
+        if cache
+            .as_ref()
+            .is_none_or(|c| c.generation < built.generation)
+        {
+            *cache = Some(built.clone());
+        }
+        built
+    }
+
     /// Ids of the active partitions, in hash-range order.
     pub fn active_partitions(&self) -> Vec<u32> {
         self.inner.state.read().routes.values().copied().collect()
@@ -636,6 +720,7 @@ impl Topic {
                     } else {
                         ReadIsolation::Written
                     },
+                    wake: self.inner.wake.clone(),
                 },
                 seg,
                 sealed,
@@ -844,7 +929,7 @@ impl Topic {
             .zip(segs)
             .map(|(c, s)| self.make_partition(c.id, vec![s], (c.start, c.end), false, (0, 64, 0)))
             .collect();
-        let mut st = self.inner.state.write();
+        let mut st = self.inner.write_state();
         for &(pid, end_offset) in parents {
             if let Some(n) = st.nodes.get_mut(&pid) {
                 n.rec.state = PartitionState::Sealed { end_offset };

@@ -1,5 +1,6 @@
 //! Topics, partitions, key ranges and lineage, and the manifest that
 //! stores them.
 
+pub(crate) mod lineage;
 pub(crate) mod manifest;
 pub(crate) mod model;

@@ -64,9 +64,15 @@ pub struct RetainedRange {
     pub partition: u32,
     /// First offset the reader had not read yet.
     pub start: u64,
-    /// Where it resumed (exclusive end of what it missed).
+    /// Where it resumed (exclusive end of what it missed). `u64::MAX` when
+    /// the whole partition left the topology before the reader finished it
+    /// (retention emptied it and it was removed): everything from `start`
+    /// to its seal offset, which is no longer recorded, was lost.
     pub end: u64,
 }
+
+/// `RetainedRange::end` of a partition removed from the topology.
+const REMOVED_END: u64 = u64::MAX;
 
 /// A lineage-aware reader of one topic.
 #[derive(Debug)]
@@ -139,15 +145,21 @@ impl Topic {
                         self.id()
                     )));
                 }
+                // An id below the next one handed out that the topology no
+                // longer has was removed (retention emptied it): its
+                // position is reported as retained by `advance_lineage`.
+                let next_id = self.next_partition_id();
                 for &id in cut.positions.keys().chain(&cut.drained) {
-                    if !infos.iter().any(|p| p.id == id) {
+                    if id >= next_id {
                         return Err(Error::InvalidCut(format!(
                             "partition {id} is not in the topic"
                         )));
                     }
                 }
                 for (&id, &pos) in &cut.positions {
-                    self.check_position(id, pos, cut.last_records.get(&id).copied())?;
+                    if infos.iter().any(|p| p.id == id) {
+                        self.check_position(id, pos, cut.last_records.get(&id).copied())?;
+                    }
                 }
                 positions = cut.positions;
                 drained = cut.drained;
@@ -259,11 +271,37 @@ impl Reader {
         self.positions.keys().copied().collect()
     }
 
-    /// Moves drained partitions out and opens children whose parents are all drained.
+    /// Moves drained partitions out and opens children whose parents are
+    /// all drained. A partition no longer in the topology was removed once
+    /// retention emptied it: as a parent it counts as drained, and a
+    /// position still in it is reported as retained.
     fn advance_lineage(&mut self) {
         loop {
             let infos = self.topic.partitions();
+            if infos.is_empty() {
+                // The log is closed (a topic always has an active
+                // partition): nothing was removed.
+                return;
+            }
+            let present: BTreeSet<u32> = infos.iter().map(|p| p.id).collect();
             let mut changed = false;
+            let gone: Vec<u32> = self
+                .positions
+                .keys()
+                .filter(|id| !present.contains(id))
+                .copied()
+                .collect();
+            for id in gone {
+                if let Some(start) = self.positions.remove(&id) {
+                    self.retained.push(RetainedRange {
+                        partition: id,
+                        start,
+                        end: REMOVED_END,
+                    });
+                }
+                self.last_records.remove(&id);
+                changed = true;
+            }
             for p in &infos {
                 if let (Some(&pos), Some(sealed_at)) = (self.positions.get(&p.id), p.sealed_at) {
                     // After a power loss a sealed parent may hold less than
@@ -281,7 +319,9 @@ impl Reader {
                 let known = self.positions.contains_key(&p.id) || self.drained.contains(&p.id);
                 if !known
                     && !p.parents.is_empty()
-                    && p.parents.iter().all(|q| self.drained.contains(q))
+                    && p.parents
+                        .iter()
+                        .all(|q| self.drained.contains(q) || !present.contains(q))
                 {
                     // From the child's first offset, not its first held
                     // one: what retention removed before this reader got
@@ -311,7 +351,13 @@ impl Reader {
             for k in 0..ids.len() {
                 let id = ids[(self.next_rr + k) % ids.len()];
                 let pos = self.positions[&id];
-                let part = self.topic.partition(id)?;
+                let part = match self.topic.partition(id) {
+                    Ok(p) => p,
+                    // Removed since the lineage was advanced: the next
+                    // advance reports it.
+                    Err(Error::UnknownPartition { .. }) => continue,
+                    Err(e) => return Err(e),
+                };
                 let iso = self.isolation.unwrap_or(part.default_isolation());
                 if pos >= part.visible_end(iso) {
                     continue;
@@ -383,6 +429,13 @@ impl Reader {
                 idle_rounds += 1;
             }
         }
+        // A partition read to its seal leaves the positions now, not at the
+        // next poll: a cut taken meanwhile names it as drained, so its
+        // later removal is not taken for a loss. (A poll that ended idle
+        // advanced the lineage after its last read already.)
+        if out.len() >= max_records {
+            self.advance_lineage();
+        }
         Ok(out)
     }
 
@@ -396,8 +449,8 @@ impl Reader {
                 return Ok(got);
             }
             let wait = (deadline - now).min(Duration::from_millis(10));
-            if let Some((&id, &pos)) = self.positions.iter().next() {
-                let part = self.topic.partition(id)?;
+            let first = self.positions.iter().next().map(|(&id, &pos)| (id, pos));
+            if let Some((Ok(part), pos)) = first.map(|(id, pos)| (self.topic.partition(id), pos)) {
                 let iso = self.isolation.unwrap_or(part.default_isolation());
                 let _ = part.wait_for_with(pos, wait, iso);
             } else {

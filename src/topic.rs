@@ -125,9 +125,6 @@ pub(crate) struct TopicState {
     pub nodes: BTreeMap<u32, Node>,
     /// Active partitions by range start.
     pub routes: BTreeMap<u64, u32>,
-    /// Partitions without a (surviving) parent, by range start: where every
-    /// key's lineage begins.
-    pub roots: BTreeMap<u64, u32>,
 }
 
 #[derive(Debug)]
@@ -248,7 +245,6 @@ impl Topic {
     pub(crate) fn release_partitions(&self) {
         let mut st = self.inner.state.write();
         st.nodes.clear();
-        st.roots.clear();
         *self.inner.lock.lock() = None;
     }
 
@@ -466,7 +462,10 @@ impl Topic {
         self.inner.core.sync()
     }
 
-    /// Every partition that still holds data or takes appends.
+    /// Every partition in the topology: the active ones and the sealed
+    /// ones not yet removed (a sealed partition leaves once retention has
+    /// emptied it and its parents are gone, see [`crate::Log::enforce_retention`]).
+    /// A `parents` entry may name a partition that was removed.
     pub fn partitions(&self) -> Vec<PartitionInfo> {
         let now = self.inner.core.clock.now_nanos();
         // Rates need each partition's writer lock, which a split or merge
@@ -529,16 +528,18 @@ impl Topic {
                 .get(id)
                 .is_some_and(|n| n.rec.start <= h && h <= n.rec.end)
         };
-        // The roots tile the hash space: an O(log n) lookup, then one step
-        // per generation (a node has at most three children).
-        let root = st
-            .roots
+        // From the active partition that owns `h` (an O(log n) lookup) up
+        // through the parent covering `h` (one of at most two), to the
+        // oldest one still in the topology: an ancestor retention emptied
+        // and removed ends the walk, whichever side of a merge it was on.
+        let owner = st
+            .routes
             .range(..=h)
             .next_back()
             .map(|(_, &id)| id)
             .filter(covers);
         let mut out = Vec::new();
-        let mut cur = root;
+        let mut cur = owner;
         while let Some(id) = cur {
             let n = &st.nodes[&id];
             let sealed_at = match n.rec.state {
@@ -549,8 +550,9 @@ impl Topic {
                 partition: id,
                 sealed_at,
             });
-            cur = n.children.iter().copied().find(|c| covers(c));
+            cur = n.rec.parents.iter().copied().find(|p| covers(p));
         }
+        out.reverse();
         out
     }
 
@@ -822,7 +824,71 @@ impl Topic {
         }
     }
 
-    fn next_partition_id(&self) -> u32 {
+    /// Removes the sealed partitions that retention emptied, oldest first
+    /// (one whose parent is still there waits for it: until then a reader
+    /// may still be draining the parent, and must find this partition to
+    /// continue the lineage in order). Returns how many were removed.
+    pub(crate) fn remove_emptied(&self) -> Result<usize> {
+        let _change = self.inner.change.lock();
+        let mut removed = 0;
+        loop {
+            let next = {
+                let st = self.inner.state.read();
+                st.nodes
+                    .values()
+                    .find(|n| {
+                        n.rec.state != PartitionState::Active
+                            && n.rec.parents.iter().all(|p| !st.nodes.contains_key(p))
+                            && n.part.fully_retired()
+                    })
+                    .map(|n| (n.rec.id, n.part.clone()))
+            };
+            let Some((id, part)) = next else {
+                return Ok(removed);
+            };
+            self.remove_partition(id, &part)?;
+            removed += 1;
+        }
+    }
+
+    /// Removes one emptied sealed partition, in the order that keeps every
+    /// crash recoverable in Strict mode: (1) a durable `RemovePartition`
+    /// record (a crash before it finds the partition with its retention
+    /// floor at its end: empty, not damaged), (2) out of the in-memory
+    /// topology and the checkpoint, (3) its directory deleted and the
+    /// topic directory fsynced (a crash before that leaves a directory no
+    /// manifest record names: recovery removes it as an orphan and
+    /// reports it). Called under the change lock.
+    fn remove_partition(&self, id: u32, part: &Arc<Partition>) -> Result<()> {
+        let core = &self.inner.core;
+        {
+            let mut topo = core.topology.lock();
+            core.commit(
+                &mut topo,
+                ManifestRecord::RemovePartition {
+                    topic_id: self.inner.id,
+                    partition: id,
+                },
+            )?;
+        }
+        part.mark_removed();
+        self.inner.state.write().nodes.remove(&id);
+        core.ck_cache.lock().remove_partition(self.inner.id, id);
+        core.events.emit(TopologyEvent::PartitionRemoved {
+            topic: self.name().into(),
+            partition: id,
+        });
+        // Committed: a failure from here on leaves an orphan directory for
+        // the next open to remove, never a partition the manifest misses.
+        let dir = partition_dir(&self.inner.dir, id);
+        core.hook
+            .before(IoOp::RemovePartitionDir, &dir)
+            .and_then(|()| std::fs::remove_dir_all(&dir))
+            .map_err(|e| Error::io(&dir, e))?;
+        sync_dir(&*core.hook, IoOp::SyncNewDir, &self.inner.dir)
+    }
+
+    pub(crate) fn next_partition_id(&self) -> u32 {
         let topo = self.inner.core.topology.lock();
         topo.state
             .topics

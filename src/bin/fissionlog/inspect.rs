@@ -55,6 +55,22 @@ fn partition_json(p: &PartitionInfo) -> Value {
 
 fn topic_json(t: &Topic) -> Value {
     let parts = t.partitions();
+    let ids: BTreeSet<u32> = parts.iter().map(|p| p.id).collect();
+    let partitions: Vec<Value> = parts
+        .iter()
+        .map(|p| {
+            let mut v = partition_json(p);
+            // Parents retention emptied and removed from the topology.
+            let removed: Vec<u32> = p
+                .parents
+                .iter()
+                .copied()
+                .filter(|q| !ids.contains(q))
+                .collect();
+            v["removed_parents"] = json!(removed);
+            v
+        })
+        .collect();
     let cfg = t.config();
     json!({
         "name": t.name(),
@@ -62,7 +78,7 @@ fn topic_json(t: &Topic) -> Value {
         "sync": format!("{:?}", cfg.sync),
         "segment_bytes": cfg.segment_bytes,
         "active_partitions": t.active_partitions(),
-        "partitions": parts.iter().map(partition_json).collect::<Vec<_>>(),
+        "partitions": partitions,
     })
 }
 
@@ -113,7 +129,19 @@ fn print_tree(
     if !seen.insert(id) {
         return writeln!(out, "{indent}p{id} (merge child, listed above)");
     }
-    writeln!(out, "{indent}{}", partition_line(p))?;
+    // Parents retention emptied and removed are gone from the topology.
+    let removed: Vec<String> = p
+        .parents
+        .iter()
+        .filter(|q| !by_id.contains_key(q))
+        .map(|q| format!("p{q}"))
+        .collect();
+    let after = if removed.is_empty() {
+        String::new()
+    } else {
+        format!(" (removed parent {})", removed.join(", "))
+    };
+    writeln!(out, "{indent}{}{after}", partition_line(p))?;
     for &c in &p.children {
         print_tree(out, by_id, c, depth + 1, seen)?;
     }

@@ -74,9 +74,15 @@ fn key(k: u32) -> Vec<u8> {
 /// Appends `n` records round-robin over the keys; `old` ones carry an
 /// ancient timestamp (expired), the others the current time.
 fn append(topic: &Topic, model: &mut Model, n: u32, old: bool) {
+    let all: Vec<u32> = (0..KEYS).collect();
+    append_keys(topic, model, &all, n, old);
+}
+
+/// [`append`] round-robin over `keys`.
+fn append_keys(topic: &Topic, model: &mut Model, keys: &[u32], n: u32, old: bool) {
     let items: Vec<(Vec<u8>, Vec<u8>)> = (0..n)
         .map(|i| {
-            let k = i % KEYS;
+            let k = keys[i as usize % keys.len()];
             let seq = model.total.entry(k).or_insert(0);
             if !old {
                 model.live_from.entry(k).or_insert(*seq);
@@ -301,6 +307,89 @@ fn emptied_parent_is_removed_and_readers_go_on() {
     let topic = log.topic(TOPIC).unwrap();
     assert_eq!(ids(&topic), [1, 2].into());
     check_readers(&topic, &model, &cut, "after abandon");
+}
+
+/// The removed partitions were on one side of a merge: the merge child
+/// keeps one parent that still holds live data. Key chains start at the
+/// oldest partition still there on each side, a reader from Earliest
+/// drains the surviving parent before the child, and a cut taken in the
+/// removed parent reports it and still gets every live record.
+#[test]
+fn merge_child_with_one_removed_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic(TOPIC, config(1)).unwrap();
+    let mut model = Model::default();
+    append(&topic, &mut model, 100, true);
+    let kids = topic.split(0, SplitPlan::Even).unwrap();
+    let (left, right): (Vec<u32>, Vec<u32>) =
+        (0..KEYS).partition(|&k| topic.route(&key(k)) == kids[0]);
+    assert!(!left.is_empty() && !right.is_empty(), "keys on both sides");
+    // The left child holds only expired records, the right one live ones.
+    append_keys(&topic, &mut model, &left, 100, true);
+    append_keys(&topic, &mut model, &right, 100, false);
+    let mut r = topic.reader(StartAt::Earliest).unwrap();
+    let read = r.poll(120).unwrap();
+    assert_eq!(read.len(), 120);
+    let cut = r.cut();
+    assert!(cut.positions.contains_key(&kids[0]), "{cut:?}");
+    // What the reader had read before its cut is not read again.
+    let mut read_up_to: BTreeMap<u32, u64> = BTreeMap::new();
+    for rec in &read {
+        let (k, seq) = parse(rec);
+        read_up_to.insert(k, seq);
+    }
+    let child = topic.merge(kids[0], kids[1]).unwrap();
+    append(&topic, &mut model, 100, false);
+    log.sync().unwrap();
+    log.enforce_retention().unwrap();
+    assert_eq!(ids(&topic), [kids[1], child].into());
+    for k in &left {
+        let chain: Vec<u32> = topic
+            .key_chain(&key(*k))
+            .iter()
+            .map(|l| l.partition)
+            .collect();
+        assert_eq!(chain, vec![child], "key {k}");
+    }
+    for k in &right {
+        let chain: Vec<u32> = topic
+            .key_chain(&key(*k))
+            .iter()
+            .map(|l| l.partition)
+            .collect();
+        assert_eq!(chain, vec![kids[1], child], "key {k}");
+    }
+    let check = |topic: &Topic, ctx: &str| {
+        let mut r = topic.reader(StartAt::Earliest).unwrap();
+        assert_eq!(drain(topic, &mut r, ctx), model.live(), "{ctx}: Earliest");
+        let after_cut: BTreeMap<u32, Vec<u64>> = model
+            .live()
+            .into_iter()
+            .map(|(k, v)| {
+                let from = read_up_to.get(&k).map_or(0, |&s| s + 1);
+                (k, v.into_iter().filter(|&s| s >= from).collect())
+            })
+            .collect();
+        let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
+        assert_eq!(drain(topic, &mut r, ctx), after_cut, "{ctx}: cut");
+        assert_eq!(
+            r.retained(),
+            &[RetainedRange {
+                partition: kids[0],
+                start: cut.positions[&kids[0]],
+                end: u64::MAX,
+            }],
+            "{ctx}"
+        );
+    };
+    check(&topic, "live");
+    drop(topic);
+    log.close().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.topic(TOPIC).unwrap();
+    assert_eq!(ids(&topic), [kids[1], child].into());
+    check(&topic, "reopened");
 }
 
 /// A cut naming an id that never existed is still refused.

@@ -276,6 +276,7 @@ impl Log {
                 parents: vec![],
                 state: PartitionState::Active,
                 created_ms: now,
+                removed_parents: Vec::new(),
             })
             .collect();
         let rec = TopicRecord {

@@ -64,10 +64,11 @@ pub struct RetainedRange {
     pub partition: u32,
     /// First offset the reader had not read yet.
     pub start: u64,
-    /// Where it resumed (exclusive end of what it missed). `u64::MAX` when
-    /// the whole partition left the topology before the reader finished it
-    /// (retention emptied it and it was removed): everything from `start`
-    /// to its seal offset, which is no longer recorded, was lost.
+    /// Where it resumed (exclusive end of what it missed). For a
+    /// partition that left the topology before the reader finished it
+    /// (retention emptied it and it was removed), its seal offset, as its
+    /// children record it; `u64::MAX` when that is no longer recorded
+    /// either (its children were removed too).
     pub end: u64,
 }
 
@@ -284,6 +285,11 @@ impl Reader {
                 return;
             }
             let present: BTreeSet<u32> = infos.iter().map(|p| p.id).collect();
+            // Where each removed parent was sealed (its children say).
+            let removed_seals: BTreeMap<u32, u64> = infos
+                .iter()
+                .flat_map(|p| p.removed_parents.iter().copied())
+                .collect();
             let mut changed = false;
             let gone: Vec<u32> = self
                 .positions
@@ -292,11 +298,15 @@ impl Reader {
                 .copied()
                 .collect();
             for id in gone {
-                if let Some(start) = self.positions.remove(&id) {
+                // Read to its seal: drained, nothing lost. Below it, or
+                // with its seal no longer recorded (its children are gone
+                // too): a loss to report.
+                let end = removed_seals.get(&id).copied().unwrap_or(REMOVED_END);
+                if let Some(start) = self.positions.remove(&id).filter(|&s| s < end) {
                     self.retained.push(RetainedRange {
                         partition: id,
                         start,
-                        end: REMOVED_END,
+                        end,
                     });
                 }
                 self.last_records.remove(&id);

@@ -53,8 +53,11 @@ pub struct PartitionInfo {
     pub start: u64,
     /// Last hash value owned.
     pub end: u64,
-    /// Parents.
+    /// Parents (ids of removed ones included).
     pub parents: Vec<u32>,
+    /// The parents removed from the topology after retention emptied them,
+    /// each with the end offset it was sealed at.
+    pub removed_parents: Vec<(u32, u64)>,
     /// Children.
     pub children: Vec<u32>,
     /// Sealed at this end offset, or active (None).
@@ -495,6 +498,7 @@ impl Topic {
             start: n.rec.start,
             end: n.rec.end,
             parents: n.rec.parents.clone(),
+            removed_parents: n.rec.removed_parents.clone(),
             children: n.children.clone(),
             sealed_at: match n.rec.state {
                 PartitionState::Active => None,
@@ -696,6 +700,7 @@ impl Topic {
                 parents: vec![partition],
                 state: PartitionState::Active,
                 created_ms: created,
+                removed_parents: Vec::new(),
             })
             .collect();
         let core = self.inner.core.clone();
@@ -784,6 +789,7 @@ impl Topic {
             parents: vec![left.0, right.0],
             state: PartitionState::Active,
             created_ms: now_ms(),
+            removed_parents: Vec::new(),
         };
         let core = self.inner.core.clone();
         let result = left.2.seal_with(&core.syncer, |lend| {
@@ -872,7 +878,20 @@ impl Topic {
             )?;
         }
         part.mark_removed();
-        self.inner.state.write().nodes.remove(&id);
+        {
+            let mut st = self.inner.state.write();
+            if let Some(n) = st.nodes.remove(&id) {
+                // As the record did in the manifest (with the seal readers
+                // used: the recovered end, where that is lower).
+                if let PartitionState::Sealed { end_offset } = n.rec.state {
+                    for child in st.nodes.values_mut() {
+                        if child.rec.parents.contains(&id) {
+                            child.rec.removed_parents.push((id, end_offset));
+                        }
+                    }
+                }
+            }
+        }
         core.ck_cache.lock().remove_partition(self.inner.id, id);
         core.events.emit(TopologyEvent::PartitionRemoved {
             topic: self.name().into(),

@@ -677,7 +677,10 @@ fn inspect_dump_verify_after_a_partition_was_removed() {
     assert_eq!(ids, vec![1, 2]);
     for p in &parts {
         assert_eq!(p["parents"], serde_json::json!([0]));
-        assert_eq!(p["removed_parents"], serde_json::json!([0]));
+        assert_eq!(
+            p["removed_parents"],
+            serde_json::json!([{"id": 0, "sealed_at": 5}])
+        );
     }
     let o = run(&["inspect"], &dir);
     expect_code(&o, 0, "inspect text");
@@ -687,7 +690,7 @@ fn inspect_dump_verify_after_a_partition_was_removed() {
             .lines()
             .find(|l| l.trim_start().starts_with(&format!("p{id} ")))
             .unwrap_or_else(|| panic!("p{id} in {text}"));
-        assert!(line.ends_with("(removed parent p0)"), "{line}");
+        assert!(line.ends_with("(removed parent p0 sealed at 5)"), "{line}");
     }
     let o = run(&["dump", "--topic", "t"], &dir);
     expect_code(&o, 0, "dump");

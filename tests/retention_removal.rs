@@ -237,9 +237,9 @@ fn check_readers(topic: &Topic, model: &Model, cut: &Cut, ctx: &str) {
         &[RetainedRange {
             partition: 0,
             start: cut.positions[&0],
-            end: u64::MAX,
+            end: 300,
         }],
-        "{ctx}: the cut's partition was lost to retention"
+        "{ctx}: the cut's partition was lost to retention up to its seal"
     );
 }
 
@@ -274,10 +274,11 @@ fn emptied_parent_is_removed_and_readers_go_on() {
         }),
         "{got:?}"
     );
-    // The children keep their lineage: parents name the removed id, and
-    // each key's chain starts at the child now.
+    // The children keep their lineage: parents name the removed id (and
+    // where it was sealed), and each key's chain starts at the child now.
     for p in topic.partitions() {
         assert_eq!(p.parents, vec![0]);
+        assert_eq!(p.removed_parents, vec![(0, 300)]);
     }
     for k in 0..KEYS {
         let chain = topic.key_chain(&key(k));
@@ -340,6 +341,12 @@ fn merge_child_with_one_removed_parent() {
         read_up_to.insert(k, seq);
     }
     let child = topic.merge(kids[0], kids[1]).unwrap();
+    let left_seal = topic
+        .partitions()
+        .iter()
+        .find(|p| p.id == kids[0])
+        .and_then(|p| p.sealed_at)
+        .unwrap();
     append(&topic, &mut model, 100, false);
     log.sync().unwrap();
     log.enforce_retention().unwrap();
@@ -378,7 +385,7 @@ fn merge_child_with_one_removed_parent() {
             &[RetainedRange {
                 partition: kids[0],
                 start: cut.positions[&kids[0]],
-                end: u64::MAX,
+                end: left_seal,
             }],
             "{ctx}"
         );
@@ -390,6 +397,32 @@ fn merge_child_with_one_removed_parent() {
     let topic = log.topic(TOPIC).unwrap();
     assert_eq!(ids(&topic), [kids[1], child].into());
     check(&topic, "reopened");
+}
+
+/// A reader that had read a partition to its end while it was still
+/// active, then saw it split and removed before its next poll, lost
+/// nothing and reports nothing; nor does a cut taken at that point.
+#[test]
+fn caught_up_reader_reports_no_loss_when_its_partition_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic(TOPIC, config(1)).unwrap();
+    let mut model = Model::default();
+    append(&topic, &mut model, 200, true);
+    let mut r = topic.reader(StartAt::Earliest).unwrap();
+    assert_eq!(r.poll(1000).unwrap().len(), 200);
+    let cut = r.cut();
+    assert_eq!(cut.positions.get(&0), Some(&200), "caught up, still active");
+    topic.split(0, SplitPlan::Even).unwrap();
+    append(&topic, &mut model, 100, false);
+    log.sync().unwrap();
+    log.enforce_retention().unwrap();
+    assert!(!ids(&topic).contains(&0));
+    assert_eq!(drain(&topic, &mut r, "live reader"), model.live());
+    assert_eq!(r.retained(), &[]);
+    let mut r = topic.reader(StartAt::Cut(cut)).unwrap();
+    assert_eq!(drain(&topic, &mut r, "from the cut"), model.live());
+    assert_eq!(r.retained(), &[]);
 }
 
 /// A cut naming an id that never existed is still refused.
@@ -645,6 +678,12 @@ fn topology_stays_bounded_over_many_cycles() {
     let log = Log::open(dir.path(), opts.clone()).unwrap();
     let topic = log.create_topic(TOPIC, config(1)).unwrap();
     let mut model = Model::default();
+    // A cut in the first partition: by the end, it and its children are
+    // long gone, and nothing records where it was sealed any more.
+    append(&topic, &mut model, 2, true);
+    let mut r = topic.reader(StartAt::Earliest).unwrap();
+    assert_eq!(r.poll(1).unwrap().len(), 1);
+    let old_cut = r.cut();
     for cycle in 0..1000 {
         append(&topic, &mut model, 2, true);
         let active = topic.active_partitions()[0];
@@ -678,4 +717,14 @@ fn topology_stays_bounded_over_many_cycles() {
     assert_eq!(topic.partitions().len(), 1);
     let mut r = topic.reader(StartAt::Earliest).unwrap();
     assert_eq!(drain(&topic, &mut r, "reopened"), model.live());
+    let mut r = topic.reader(StartAt::Cut(old_cut)).unwrap();
+    assert_eq!(drain(&topic, &mut r, "old cut"), model.live());
+    assert_eq!(
+        r.retained(),
+        &[RetainedRange {
+            partition: 0,
+            start: 1,
+            end: u64::MAX,
+        }]
+    );
 }

@@ -29,7 +29,12 @@ pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
                 t.name, p.id
             ));
         }
-        if p.parents.len() > 2 || p.parents.iter().any(|&q| q >= p.id) {
+        if p.parents.len() > 2
+            || p.parents.iter().any(|&q| q >= p.id)
+            || p.removed_parents
+                .iter()
+                .any(|(q, _)| !p.parents.contains(q))
+        {
             return Err(format!(
                 "topic {}: partition {} has invalid parents",
                 t.name, p.id
@@ -191,7 +196,15 @@ fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result<(),
                     "partition {partition} is removed before its parents"
                 ));
             }
-            t.partitions.remove(i);
+            let removed = t.partitions.remove(i);
+            let PartitionState::Sealed { end_offset } = removed.state else {
+                unreachable!("checked sealed above");
+            };
+            for c in t.partitions.iter_mut() {
+                if c.parents.contains(partition) {
+                    c.removed_parents.push((*partition, end_offset));
+                }
+            }
         }
         ManifestRecord::UpdateConfig { topic_id, config } => {
             topic_mut(state, *topic_id)?.config = config.clone();
@@ -232,6 +245,7 @@ mod tests {
             parents,
             state: PartitionState::Active,
             created_ms: 0,
+            removed_parents: vec![],
         }
     }
 
@@ -283,6 +297,13 @@ mod tests {
         let t = &state.topics[0];
         let ids: Vec<u32> = t.partitions.iter().map(|p| p.id).collect();
         assert_eq!(ids, vec![2, 3, 4]);
+        // Children remember where each removed parent was sealed.
+        let removed: Vec<&[(u32, u64)]> = t
+            .partitions
+            .iter()
+            .map(|p| p.removed_parents.as_slice())
+            .collect();
+        assert_eq!(removed, [&[(0, 10)][..], &[(1, 10)], &[(1, 10)]]);
         assert_eq!(t.next_partition_id, 5);
         check_state(&state).unwrap();
     }

@@ -43,6 +43,11 @@ fn partition_json(p: &PartitionInfo) -> Value {
         "key_start": hex(p.start),
         "key_end": hex(p.end),
         "parents": p.parents,
+        "removed_parents": p
+            .removed_parents
+            .iter()
+            .map(|&(id, sealed_at)| json!({"id": id, "sealed_at": sealed_at}))
+            .collect::<Vec<_>>(),
         "children": p.children,
         "start_offset": p.start_offset,
         "end_offset": p.end_offset,
@@ -55,22 +60,7 @@ fn partition_json(p: &PartitionInfo) -> Value {
 
 fn topic_json(t: &Topic) -> Value {
     let parts = t.partitions();
-    let ids: BTreeSet<u32> = parts.iter().map(|p| p.id).collect();
-    let partitions: Vec<Value> = parts
-        .iter()
-        .map(|p| {
-            let mut v = partition_json(p);
-            // Parents retention emptied and removed from the topology.
-            let removed: Vec<u32> = p
-                .parents
-                .iter()
-                .copied()
-                .filter(|q| !ids.contains(q))
-                .collect();
-            v["removed_parents"] = json!(removed);
-            v
-        })
-        .collect();
+    let partitions: Vec<Value> = parts.iter().map(partition_json).collect();
     let cfg = t.config();
     json!({
         "name": t.name(),
@@ -131,10 +121,9 @@ fn print_tree(
     }
     // Parents retention emptied and removed are gone from the topology.
     let removed: Vec<String> = p
-        .parents
+        .removed_parents
         .iter()
-        .filter(|q| !by_id.contains_key(q))
-        .map(|q| format!("p{q}"))
+        .map(|(q, at)| format!("p{q} sealed at {at}"))
         .collect();
     let after = if removed.is_empty() {
         String::new()

@@ -884,8 +884,8 @@ impl Topic {
                 // As the record did in the manifest (with the seal readers
                 // used: the recovered end, where that is lower).
                 if let PartitionState::Sealed { end_offset } = n.rec.state {
-                    for child in st.nodes.values_mut() {
-                        if child.rec.parents.contains(&id) {
+                    for c in &n.children {
+                        if let Some(child) = st.nodes.get_mut(c) {
                             child.rec.removed_parents.push((id, end_offset));
                         }
                     }

@@ -242,7 +242,7 @@ impl Core {
             .dirty
             .take()
             .into_iter()
-            .filter(|p| !p.is_poisoned())
+            .filter(|p| !p.is_poisoned() && !p.is_removed())
             .collect();
         let caps: Vec<SyncCapture> = parts.iter().map(|p| p.capture_unsynced()).collect();
         // Nothing was synced: every capture stays unsynced (and dirty), and
@@ -264,6 +264,9 @@ impl Core {
                     owner.extend(std::iter::repeat_n(Some(i), t.len()));
                     targets.extend(t);
                 }
+                // Removed since it was taken: its directory may be gone,
+                // and nothing in it is needed any more.
+                Err(_) if parts[i].is_removed() => {}
                 Err(e) => return undo(e),
             }
         }
@@ -301,6 +304,7 @@ impl Core {
                     // Reported by `sync` / `sync_covering` through the
                     // partition's poison, not as the round's error: the
                     // round synced every other partition.
+                    Some(i) if parts[*i].is_removed() => failed[*i] = true,
                     Some(i) => {
                         failed[*i] = true;
                         self.poison_partition(&parts[*i], msg);
@@ -368,6 +372,11 @@ impl CheckpointCache {
     /// Recomputes a partition's entry (its durable position, retention
     /// floor and rates).
     fn update(&mut self, p: &Arc<Partition>) {
+        // Checked under the cache lock, which `remove_partition` takes
+        // after the flag is set: a removed partition's entry never comes back.
+        if p.is_removed() {
+            return;
+        }
         let e = p.checkpoint_entry(None);
         let key = (e.topic_id, e.partition_id);
         self.entries.insert(key, (Arc::downgrade(p), e));
@@ -389,12 +398,12 @@ impl CheckpointCache {
             .collect();
         for k in &keys {
             match self.entries.get(k).and_then(|(w, _)| w.upgrade()) {
-                Some(p) => {
+                Some(p) if !p.is_removed() => {
                     let e = p.checkpoint_entry(None);
                     self.entries.insert(*k, (Arc::downgrade(&p), e));
                 }
-                // Its topic was deleted.
-                None => {
+                // Its topic was deleted, or it was removed.
+                _ => {
                     self.entries.remove(k);
                 }
             }
@@ -422,5 +431,13 @@ impl CheckpointCache {
     /// Drops the entries of a deleted topic.
     pub(crate) fn remove_topic(&mut self, topic_id: u32) {
         self.entries.retain(|k, _| k.0 != topic_id);
+    }
+
+    /// Drops the entry of a removed partition (marked removed before:
+    /// see `update`). The next checkpoint no longer names it.
+    pub(crate) fn remove_partition(&mut self, topic_id: u32, partition: u32) {
+        if self.entries.remove(&(topic_id, partition)).is_some() {
+            self.current_writes = 0;
+        }
     }
 }

@@ -32,6 +32,14 @@ pub enum TopologyEvent {
         /// The new partition.
         child: u32,
     },
+    /// A sealed partition retention emptied left the topology (its
+    /// `RemovePartition` record is durable); its directory is deleted.
+    PartitionRemoved {
+        /// Topic name.
+        topic: String,
+        /// The removed partition.
+        partition: u32,
+    },
     /// A partition of a single hash value runs hot: one key carries its load.
     /// It is never split again (a one-value range cannot be).
     HotKey {

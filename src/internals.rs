@@ -24,7 +24,7 @@ pub mod format {
         batch_len, encode_batch, encode_hole, BatchHeader, RecordIn, BATCH_HEADER_LEN, BATCH_MAGIC,
     };
     pub use crate::format::checkpoint::{
-        encode_checkpoint, Checkpoint, PartitionCheckpoint, WindowState,
+        decode_checkpoint, encode_checkpoint, Checkpoint, PartitionCheckpoint, WindowState,
     };
     pub use crate::format::index::IndexEntry;
     pub use crate::format::segment::encode_header;

@@ -276,6 +276,7 @@ impl Log {
                 parents: vec![],
                 state: PartitionState::Active,
                 created_ms: now,
+                removed_parents: Vec::new(),
             })
             .collect();
         let rec = TopicRecord {
@@ -312,7 +313,6 @@ impl Log {
                     (0, 64, 0),
                 );
                 st.routes.insert(p.start, p.id);
-                st.roots.insert(p.start, p.id);
                 st.nodes.insert(
                     p.id,
                     Node {
@@ -419,6 +419,11 @@ impl Log {
 
     /// Applies retention to every topic now (the background thread also
     /// does this every second). Returns the number of segments deleted.
+    ///
+    /// A sealed partition left with nothing to read (every offset below
+    /// its seal retired) is then removed from the topology once its
+    /// parents are gone: a durable `RemovePartition` manifest record, then
+    /// its directory (see docs/ARCHITECTURE.md, "Retention").
     pub fn enforce_retention(&self) -> Result<usize> {
         enforce_retention(&self.core)
     }
@@ -689,13 +694,6 @@ fn load_topic(
             n.children.push(child);
         }
     }
-    let roots: Vec<(u64, u32)> = st
-        .nodes
-        .values()
-        .filter(|n| n.rec.parents.iter().all(|p| !st.nodes.contains_key(p)))
-        .map(|n| (n.rec.start, n.rec.id))
-        .collect();
-    st.roots.extend(roots);
     *topic.inner.write_state() = st;
     Ok(topic)
 }
@@ -776,7 +774,22 @@ fn discard_orphan(
     Ok(())
 }
 
+/// Retires expired segments, then removes the sealed partitions that
+/// hold nothing any more (`Topic::remove_emptied`). Returns the number of
+/// segments deleted.
 fn enforce_retention(core: &Core) -> Result<usize> {
+    let deleted = retire_segments(core)?;
+    let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
+    for t in topics {
+        let cfg = t.config();
+        if cfg.retention_age.is_some() || cfg.retention_bytes.is_some() {
+            t.remove_emptied()?;
+        }
+    }
+    Ok(deleted)
+}
+
+fn retire_segments(core: &Core) -> Result<usize> {
     let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
     let now = crate::partition::now_ms();
     let mut parts = Vec::new();

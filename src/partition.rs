@@ -101,6 +101,9 @@ pub struct Partition {
     /// Retention floor: segments starting below it are retired. Recorded
     /// in the checkpoint before their files are unlinked.
     retired_below: AtomicU64,
+    /// Left the topology ([`Partition::mark_removed`]): its directory is
+    /// about to go, so no sync round touches it and no checkpoint names it.
+    removed: AtomicBool,
     tail_lock: Mutex<()>,
     tail_cv: Condvar,
     waiters: AtomicUsize,
@@ -231,6 +234,7 @@ impl Partition {
             dir_dirty: AtomicBool::new(false),
             checkpointed_bases: Mutex::new((durable.0, durable.0)),
             retired_below: AtomicU64::new(0),
+            removed: AtomicBool::new(false),
             durable: Mutex::new(DurablePos {
                 segment_base: durable.0,
                 position: durable.1,
@@ -894,6 +898,27 @@ impl Partition {
     /// Whether every segment was removed by retention (sealed partitions only).
     pub fn is_empty_sealed(&self) -> bool {
         self.is_sealed() && self.segments.read().is_empty()
+    }
+
+    /// Sealed, with every offset it ever held below the retention floor:
+    /// nothing in it can be read again (a placeholder segment recovery
+    /// made for it holds no record).
+    pub(crate) fn fully_retired(&self) -> bool {
+        self.is_sealed() && self.retired_below.load(Ordering::Acquire) >= self.end_offset()
+    }
+
+    /// Marks the partition as removed from the topology (its
+    /// `RemovePartition` record is durable). Set before its directory is
+    /// deleted: a sync round or checkpoint that meets it afterwards skips
+    /// it, and a failure caused by the missing directory is not a failed
+    /// fsync of live data.
+    pub(crate) fn mark_removed(&self) {
+        self.removed.store(true, Ordering::Release);
+    }
+
+    /// See [`Partition::mark_removed`].
+    pub(crate) fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
     }
 }
 

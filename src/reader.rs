@@ -84,9 +84,16 @@ pub struct RetainedRange {
     pub partition: u32,
     /// First offset the reader had not read yet.
     pub start: u64,
-    /// Where it resumed (exclusive end of what it missed).
+    /// Where it resumed (exclusive end of what it missed). For a
+    /// partition that left the topology before the reader finished it
+    /// (retention emptied it and it was removed), its seal offset, as its
+    /// children record it; `u64::MAX` when that is no longer recorded
+    /// either (its children were removed too).
     pub end: u64,
 }
+
+/// `RetainedRange::end` of a partition removed from the topology.
+const REMOVED_END: u64 = u64::MAX;
 
 /// A lineage-aware reader of one topic.
 ///
@@ -175,15 +182,21 @@ impl Topic {
                         self.id()
                     )));
                 }
+                // An id below the next one handed out that the topology no
+                // longer has was removed (retention emptied it): its
+                // position is reported as retained (`drop_removed`).
+                let next_id = self.next_partition_id();
                 for &id in cut.positions.keys().chain(&cut.drained) {
-                    if !lineage.contains(id) {
+                    if !lineage.contains(id) && id >= next_id {
                         return Err(Error::InvalidCut(format!(
                             "partition {id} is not in the topic"
                         )));
                     }
                 }
                 for (&id, &pos) in &cut.positions {
-                    self.check_position(id, pos, cut.last_records.get(&id).copied())?;
+                    if lineage.contains(id) {
+                        self.check_position(id, pos, cut.last_records.get(&id).copied())?;
+                    }
                 }
                 positions = cut.positions;
                 drained = cut.drained;
@@ -201,6 +214,7 @@ impl Topic {
             isolation: None,
             pending: VecDeque::new(),
         };
+        r.drop_removed();
         r.settle();
         r.advance_lineage();
         Ok(r)
@@ -306,6 +320,76 @@ impl Reader {
     fn refresh_lineage(&mut self) {
         if self.topic.topology_generation() != self.lineage.generation {
             self.lineage = self.topic.lineage();
+            self.drop_removed();
+        }
+    }
+
+    /// Handles partitions this reader knows that left the topology:
+    /// retention emptied them and they were removed. An open one becomes a
+    /// reported loss from its position up to where it was sealed (nothing,
+    /// if the reader had read it to there; up to `u64::MAX` when no child
+    /// records the seal any more), records of it read and not handed out
+    /// included, since their files are gone too. Either way it counts as
+    /// drained: its children open once their other parents are drained.
+    fn drop_removed(&mut self) {
+        let lineage = self.lineage.clone();
+        let gone: Vec<u32> = self
+            .positions
+            .keys()
+            .chain(&self.drained)
+            .filter(|id| !lineage.contains(**id))
+            .copied()
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        for id in gone {
+            if let Some(start) = self.positions.remove(&id) {
+                self.pending.retain(|r| r.partition != id);
+                let end = lineage
+                    .removed_seals
+                    .get(&id)
+                    .copied()
+                    .unwrap_or(REMOVED_END);
+                if start < end {
+                    self.retained.push(RetainedRange {
+                        partition: id,
+                        start,
+                        end,
+                    });
+                }
+            }
+            self.last_records.remove(&id);
+            self.drained.remove(&id);
+            for c in lineage.children_naming(id) {
+                let known = self.positions.contains_key(&c) || self.drained.contains(&c);
+                let ready = lineage
+                    .parents(c)
+                    .iter()
+                    .all(|q| self.drained.contains(q) || !lineage.contains(*q));
+                if !known && ready {
+                    // From the child's first offset: see `open_children`.
+                    self.positions.insert(c, 0);
+                }
+            }
+        }
+        // Descendants whose whole ancestry is gone too (retention removed
+        // children after their parents): partitions left without a parent
+        // in the topology that the reader neither reads nor passed. None of
+        // their ancestors is still readable (a partition is removed only
+        // after its parents), so nothing of the reader's is before them.
+        let passed = lineage.ancestors(self.positions.keys().chain(&self.drained).copied());
+        let orphans: Vec<u32> = lineage
+            .roots()
+            .filter(|&r| {
+                !lineage.parents(r).is_empty()
+                    && !self.positions.contains_key(&r)
+                    && !self.drained.contains(&r)
+                    && !passed.contains(&r)
+            })
+            .collect();
+        for r in orphans {
+            self.positions.insert(r, 0);
         }
     }
 
@@ -324,10 +408,9 @@ impl Reader {
         for x in drained {
             for &c in lineage.children(x) {
                 if !known(self, c)
-                    && lineage
-                        .parents(c)
-                        .iter()
-                        .all(|q| self.drained.contains(q) || passed.contains(q))
+                    && lineage.parents(c).iter().all(|q| {
+                        self.drained.contains(q) || passed.contains(q) || !lineage.contains(*q)
+                    })
                 {
                     // From the child's first offset: see `open_children`.
                     self.positions.insert(c, 0);
@@ -395,7 +478,12 @@ impl Reader {
         let lineage = self.lineage.clone();
         for &c in lineage.children(x) {
             let known = self.positions.contains_key(&c) || self.drained.contains(&c);
-            if known || !lineage.parents(c).iter().all(|q| self.drained.contains(q)) {
+            // A parent no longer in the topology was removed: drained.
+            let ready = lineage
+                .parents(c)
+                .iter()
+                .all(|q| self.drained.contains(q) || !lineage.contains(*q));
+            if known || !ready {
                 continue;
             }
             // From the child's first offset, not its first held one: what
@@ -437,6 +525,12 @@ impl Reader {
             let room = max_records - out.len();
             self.hand_out(&mut out, room);
         }
+        // A partition read to its seal leaves the positions now, not at the
+        // next poll: a cut taken meanwhile names it drained, so its later
+        // removal is never taken for a loss.
+        if out.len() >= max_records && self.pending.is_empty() {
+            self.advance_lineage();
+        }
         Ok(out)
     }
 
@@ -465,7 +559,13 @@ impl Reader {
             .collect();
         for id in ids {
             let pos = self.positions[&id];
-            let part = self.topic.partition(id)?;
+            let part = match self.topic.partition(id) {
+                Ok(p) => p,
+                // Removed since the lineage was taken: the next refresh
+                // reports it.
+                Err(Error::UnknownPartition { .. }) => continue,
+                Err(e) => return Err(e),
+            };
             let iso = self.isolation.unwrap_or(part.default_isolation());
             if pos >= part.visible_end(iso) {
                 continue;

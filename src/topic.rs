@@ -55,8 +55,11 @@ pub struct PartitionInfo {
     pub start: u64,
     /// Last hash value owned.
     pub end: u64,
-    /// Parents.
+    /// Parents (ids of removed ones included).
     pub parents: Vec<u32>,
+    /// The parents removed from the topology after retention emptied them,
+    /// each with the end offset it was sealed at.
+    pub removed_parents: Vec<(u32, u64)>,
     /// Children.
     pub children: Vec<u32>,
     /// Sealed at this end offset, or active (None).
@@ -127,9 +130,6 @@ pub(crate) struct TopicState {
     pub nodes: BTreeMap<u32, Node>,
     /// Active partitions by range start.
     pub routes: BTreeMap<u64, u32>,
-    /// Partitions without a (surviving) parent, by range start: where every
-    /// key's lineage begins.
-    pub roots: BTreeMap<u64, u32>,
 }
 
 #[derive(Debug)]
@@ -275,7 +275,6 @@ impl Topic {
     pub(crate) fn release_partitions(&self) {
         let mut st = self.inner.write_state();
         st.nodes.clear();
-        st.roots.clear();
         drop(st);
         *self.inner.lineage.lock() = None;
         *self.inner.lock.lock() = None;
@@ -497,7 +496,10 @@ impl Topic {
         self.inner.core.sync()
     }
 
-    /// Every partition that still holds data or takes appends.
+    /// Every partition in the topology: the active ones and the sealed
+    /// ones not yet removed (a sealed partition leaves once retention has
+    /// emptied it and its parents are gone, see [`crate::Log::enforce_retention`]).
+    /// A `parents` entry may name a partition that was removed.
     pub fn partitions(&self) -> Vec<PartitionInfo> {
         let now = self.inner.core.clock.now_nanos();
         // Rates need each partition's writer lock, which a split or merge
@@ -527,6 +529,7 @@ impl Topic {
             start: n.rec.start,
             end: n.rec.end,
             parents: n.rec.parents.clone(),
+            removed_parents: n.rec.removed_parents.clone(),
             children: n.children.clone(),
             sealed_at: match n.rec.state {
                 PartitionState::Active => None,
@@ -582,6 +585,11 @@ impl Topic {
                         (n.rec.id, node)
                     })
                     .collect(),
+                removed_seals: st
+                    .nodes
+                    .values()
+                    .flat_map(|n| n.rec.removed_parents.iter().copied())
+                    .collect(),
             })
         };
         let mut cache = self.inner.lineage.lock();
@@ -613,16 +621,18 @@ impl Topic {
                 .get(id)
                 .is_some_and(|n| n.rec.start <= h && h <= n.rec.end)
         };
-        // The roots tile the hash space: an O(log n) lookup, then one step
-        // per generation (a node has at most three children).
-        let root = st
-            .roots
+        // From the active partition that owns `h` (an O(log n) lookup) up
+        // through the parent covering `h` (one of at most two), to the
+        // oldest one still in the topology: an ancestor retention emptied
+        // and removed ends the walk, whichever side of a merge it was on.
+        let owner = st
+            .routes
             .range(..=h)
             .next_back()
             .map(|(_, &id)| id)
             .filter(covers);
         let mut out = Vec::new();
-        let mut cur = root;
+        let mut cur = owner;
         while let Some(id) = cur {
             let n = &st.nodes[&id];
             let sealed_at = match n.rec.state {
@@ -633,8 +643,9 @@ impl Topic {
                 partition: id,
                 sealed_at,
             });
-            cur = n.children.iter().copied().find(|c| covers(c));
+            cur = n.rec.parents.iter().copied().find(|p| covers(p));
         }
+        out.reverse();
         out
     }
 
@@ -779,6 +790,7 @@ impl Topic {
                 parents: vec![partition],
                 state: PartitionState::Active,
                 created_ms: created,
+                removed_parents: Vec::new(),
             })
             .collect();
         let core = self.inner.core.clone();
@@ -867,6 +879,7 @@ impl Topic {
             parents: vec![left.0, right.0],
             state: PartitionState::Active,
             created_ms: now_ms(),
+            removed_parents: Vec::new(),
         };
         let core = self.inner.core.clone();
         let result = left.2.seal_with(&core.syncer, |lend| {
@@ -907,7 +920,88 @@ impl Topic {
         }
     }
 
-    fn next_partition_id(&self) -> u32 {
+    /// Removes the sealed partitions that retention emptied, oldest first
+    /// (one whose parent is still there waits for it: until then a reader
+    /// may still be draining the parent, and must find this partition to
+    /// continue the lineage in order). Returns how many were removed.
+    pub(crate) fn remove_emptied(&self) -> Result<usize> {
+        let _change = self.inner.change.lock();
+        let mut removed = 0;
+        loop {
+            let next = {
+                let st = self.inner.state.read();
+                st.nodes
+                    .values()
+                    .find(|n| {
+                        n.rec.state != PartitionState::Active
+                            && n.rec.parents.iter().all(|p| !st.nodes.contains_key(p))
+                            && n.part.fully_retired()
+                    })
+                    .map(|n| (n.rec.id, n.part.clone()))
+            };
+            let Some((id, part)) = next else {
+                return Ok(removed);
+            };
+            self.remove_partition(id, &part)?;
+            removed += 1;
+        }
+    }
+
+    /// Removes one emptied sealed partition, in the order that keeps every
+    /// crash recoverable in Strict mode: (1) a durable `RemovePartition`
+    /// record (a crash before it finds the partition with its retention
+    /// floor at its end: empty, not damaged), (2) out of the in-memory
+    /// topology and the checkpoint, (3) its directory deleted and the
+    /// topic directory fsynced (a crash before that leaves a directory no
+    /// manifest record names: recovery removes it as an orphan and
+    /// reports it). Called under the change lock.
+    fn remove_partition(&self, id: u32, part: &Arc<Partition>) -> Result<()> {
+        let core = &self.inner.core;
+        {
+            let mut topo = core.topology.lock();
+            core.commit(
+                &mut topo,
+                ManifestRecord::RemovePartition {
+                    topic_id: self.inner.id,
+                    partition: id,
+                },
+            )?;
+        }
+        part.mark_removed();
+        {
+            // Through `write_state`: the topology generation moves, so
+            // readers take a lineage without the removed partition.
+            let mut st = self.inner.write_state();
+            if let Some(n) = st.nodes.remove(&id) {
+                // As the record did in the manifest (with the seal readers
+                // used: the recovered end, where that is lower).
+                if let PartitionState::Sealed { end_offset } = n.rec.state {
+                    for c in &n.children {
+                        if let Some(child) = st.nodes.get_mut(c) {
+                            child.rec.removed_parents.push((id, end_offset));
+                        }
+                    }
+                }
+            }
+        }
+        core.ck_cache.lock().remove_partition(self.inner.id, id);
+        // A reader waiting on the removed partition moves on.
+        self.inner.wake.notify();
+        core.events.emit(TopologyEvent::PartitionRemoved {
+            topic: self.name().into(),
+            partition: id,
+        });
+        // Committed: a failure from here on leaves an orphan directory for
+        // the next open to remove, never a partition the manifest misses.
+        let dir = partition_dir(&self.inner.dir, id);
+        core.hook
+            .before(IoOp::RemovePartitionDir, &dir)
+            .and_then(|()| std::fs::remove_dir_all(&dir))
+            .map_err(|e| Error::io(&dir, e))?;
+        sync_dir(&*core.hook, IoOp::SyncNewDir, &self.inner.dir)
+    }
+
+    pub(crate) fn next_partition_id(&self) -> u32 {
         let topo = self.inner.core.topology.lock();
         topo.state
             .topics

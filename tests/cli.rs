@@ -641,6 +641,89 @@ fn inspect_json_is_one_document() {
     assert!(indent(child_line) > indent(parent_line), "{text}");
 }
 
+/// A parent retention emptied and removed: `inspect` shows the children
+/// as roots naming the removed parent, `dump` prints every live record
+/// and `verify` finds nothing wrong (its directory is gone with it).
+#[test]
+fn inspect_dump_verify_after_a_partition_was_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let log = Log::open(
+        &dir,
+        LogOptions {
+            balancer: false,
+            background_retention: false,
+            ..LogOptions::default()
+        },
+    )
+    .unwrap();
+    let t = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 1,
+                retention_age: Some(std::time::Duration::from_secs(3600)),
+                ..TopicConfig::default()
+            },
+        )
+        .unwrap();
+    let old = fissionlog::NewRecord {
+        key: Some(b"k"),
+        value: b"old",
+        timestamp: Some(1),
+    };
+    t.append_batch(&[old; 5]).unwrap();
+    let kids = t.split(0, fissionlog::SplitPlan::Even).unwrap();
+    for (i, &c) in kids.iter().enumerate() {
+        let v = format!("live{i}");
+        let rec = fissionlog::NewRecord {
+            key: None,
+            value: v.as_bytes(),
+            timestamp: None,
+        };
+        t.append_to(c, &[rec]).unwrap();
+    }
+    log.sync().unwrap();
+    log.enforce_retention().unwrap();
+    assert_eq!(t.partitions().len(), 2);
+    drop(t);
+    log.close().unwrap();
+
+    let o = run(&["inspect", "--json"], &dir);
+    expect_code(&o, 0, "inspect");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let parts = doc["topics"][0]["partitions"].as_array().unwrap().clone();
+    let ids: Vec<u64> = parts.iter().map(|p| p["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids, vec![1, 2]);
+    for p in &parts {
+        assert_eq!(p["parents"], serde_json::json!([0]));
+        assert_eq!(
+            p["removed_parents"],
+            serde_json::json!([{"id": 0, "sealed_at": 5}])
+        );
+    }
+    let o = run(&["inspect"], &dir);
+    expect_code(&o, 0, "inspect text");
+    let text = stdout(&o);
+    for id in [1, 2] {
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("p{id} ")))
+            .unwrap_or_else(|| panic!("p{id} in {text}"));
+        assert!(line.ends_with("(removed parent p0 sealed at 5)"), "{line}");
+    }
+    let o = run(&["dump", "--topic", "t"], &dir);
+    expect_code(&o, 0, "dump");
+    let mut values: Vec<String> = stdout(&o)
+        .lines()
+        .map(|l| l.rsplit('\t').next().unwrap().to_string())
+        .collect();
+    values.sort();
+    assert_eq!(values, ["live0", "live1"]);
+    let o = run(&["verify"], &dir);
+    expect_code(&o, 0, "verify");
+}
+
 #[test]
 fn verify_refuses_while_a_writer_holds_the_log() {
     let tmp = tempfile::tempdir().unwrap();

@@ -7,10 +7,12 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use common::crash::DirImage;
 use fissionlog::FileAction;
-use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
+use fissionlog::{Error, IoHook, IoOp, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
 
 /// 25 records of 157 bytes fit a 4 KiB segment: segments 0, 25, ... 175.
 const RECORDS: u64 = 200;
@@ -295,16 +297,37 @@ fn retention_removed_segments_are_not_missing() {
         .any(|f| matches!(f.action, FileAction::MissingData { .. })));
 }
 
+/// Fails manifest writes while set.
+#[derive(Debug, Default)]
+struct FailManifestWrites(AtomicBool);
+
+impl IoHook for FailManifestWrites {
+    fn before(&self, op: IoOp, _path: &Path) -> std::io::Result<()> {
+        if op == IoOp::WriteManifest && self.0.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("injected manifest write failure"));
+        }
+        Ok(())
+    }
+}
+
 /// A sealed partition that retention emptied has no segment, and children
 /// created by a split after the last checkpoint have no checkpoint entry:
 /// neither is missing data. Strict reopens both, after a crash and after a
-/// clean close.
+/// clean close. (Retention removes an emptied partition from the topology
+/// right after emptying it: the crash here comes before its
+/// `RemovePartition` record is written, and background retention is off
+/// so that the reopened log keeps it.)
 #[test]
 fn emptied_sealed_partition_and_new_children_are_not_missing() {
     for clean in [false, true] {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("log");
-        let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+        let o = LogOptions {
+            background_retention: false,
+            ..opts(RecoveryMode::Strict)
+        };
+        let hook = Arc::new(FailManifestWrites::default());
+        let log = Log::open_with_hook(&dir, o.clone(), hook.clone()).unwrap();
         let t = log
             .create_topic(
                 "t",
@@ -323,9 +346,19 @@ fn emptied_sealed_partition_and_new_children_are_not_missing() {
         for _ in 0..3 {
             log.sync().unwrap();
         }
-        assert!(log.enforce_retention().unwrap() > 0);
+        hook.0.store(true, Ordering::SeqCst);
+        assert!(matches!(
+            log.enforce_retention(),
+            Err(Error::LogPoisoned { .. })
+        ));
         assert!(t.partition(0).unwrap().is_empty_sealed());
-        log.sync().unwrap();
+        drop(t);
+        log.abandon();
+        let log = Log::open(&dir, o.clone()).unwrap();
+        let t = log.topic("t").unwrap();
+        let p = t.partition(0).unwrap();
+        assert_eq!(p.start_offset(), p.end_offset(), "emptied, still there");
+        drop(p);
         // A second split: its children have no checkpoint entry yet.
         let grandchildren = t.split(children[0], fissionlog::SplitPlan::Even).unwrap();
         for i in 0..20 {
@@ -336,8 +369,7 @@ fn emptied_sealed_partition_and_new_children_are_not_missing() {
         } else {
             log.abandon();
         }
-        let log = Log::open(&dir, opts(RecoveryMode::Strict))
-            .unwrap_or_else(|e| panic!("clean {clean}: {e}"));
+        let log = Log::open(&dir, o).unwrap_or_else(|e| panic!("clean {clean}: {e}"));
         let report = log.recovery_report();
         assert!(
             !report
@@ -348,6 +380,7 @@ fn emptied_sealed_partition_and_new_children_are_not_missing() {
             report.files
         );
         let t = log.topic("t").unwrap();
+        t.partition(0).unwrap();
         for id in grandchildren {
             t.partition(id).unwrap();
         }

@@ -87,15 +87,34 @@ fn tail_reader_during_rolls_never_sees_a_hole() {
     assert!(p.segment_count() > 100, "the test rolled segments");
 }
 
+/// Fails manifest writes while set.
+#[derive(Debug, Default)]
+struct FailManifestWrites(AtomicBool);
+
+impl fissionlog::IoHook for FailManifestWrites {
+    fn before(&self, op: fissionlog::IoOp, _path: &std::path::Path) -> std::io::Result<()> {
+        if op == fissionlog::IoOp::WriteManifest && self.0.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("injected manifest write failure"));
+        }
+        Ok(())
+    }
+}
+
 /// A one-partition topic whose partition 0 holds `n` records with old
 /// timestamps, then is split (sealed at `n`) and emptied by retention.
 /// Returns the log, the topic and a cut taken after `read_before` records.
+///
+/// Retention removes an emptied partition from the topology right after
+/// emptying it (tests/retention_removal.rs); this one keeps it: the
+/// process dies before its `RemovePartition` record is written, and the
+/// reopened log (background retention off) holds it, empty.
 fn emptied_sealed_partition(
     dir: &std::path::Path,
     n: u64,
     read_before: usize,
 ) -> (Log, fissionlog::Topic, fissionlog::Cut) {
-    let log = Log::open(dir, opts()).unwrap();
+    let hook = Arc::new(FailManifestWrites::default());
+    let log = Log::open_with_hook(dir, opts(), hook.clone()).unwrap();
     let t = log
         .create_topic(
             "t",
@@ -124,9 +143,17 @@ fn emptied_sealed_partition(
     log.sync().unwrap();
     // Two sync rounds move the checkpointed segment bases off partition 0.
     log.sync().unwrap();
-    assert!(log.enforce_retention().unwrap() > 0);
+    hook.0.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        log.enforce_retention(),
+        Err(Error::LogPoisoned { .. })
+    ));
     let p = t.partition(0).unwrap();
     assert!(p.is_empty_sealed(), "retention removed every segment");
+    drop((p, t));
+    log.abandon();
+    let log = Log::open(dir, opts()).unwrap();
+    let t = log.topic("t").unwrap();
     (log, t, cut)
 }
 

@@ -8,6 +8,8 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::crash::{DirImage, PAGE_SIZE};
@@ -655,9 +657,23 @@ fn image_with_durable_names(dir: &Path, point: &CrashPoint, rel_dir: &Path) -> D
     img
 }
 
+/// Fails every manifest write once armed (a removal's record).
+#[derive(Debug)]
+struct FailManifestWrites(AtomicBool);
+
+impl fissionlog::IoHook for FailManifestWrites {
+    fn before(&self, op: IoOp, _path: &Path) -> std::io::Result<()> {
+        if op == IoOp::WriteManifest && self.0.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("injected manifest write failure"));
+        }
+        Ok(())
+    }
+}
+
 /// C7 (no false corruption): retention empties a sealed partition; each
 /// open then gives it an empty placeholder segment so its lineage stays
-/// readable. The placeholder's file is created and fdatasynced (it is new,
+/// readable (until retention removes it from the topology; here the
+/// removal's record failed). The placeholder's file is created and fdatasynced (it is new,
 /// so the open's sync round covers it) but its directory is never
 /// fsynced, while the checkpoint that round writes names it as the
 /// partition's durable segment. A power loss keeps the checkpoint and
@@ -683,7 +699,17 @@ fn placeholder_of_an_emptied_sealed_partition_is_durable_before_a_checkpoint_nam
         .split(0, fissionlog::SplitPlan::Even)
         .unwrap();
     log.sync().unwrap();
-    log.enforce_retention().unwrap();
+    log.close().unwrap();
+    // Retention empties the parent; the record that would remove it from
+    // the topology fails, so the log (poisoned) keeps it as an emptied
+    // sealed partition, as it stands between the two steps of a removal.
+    let fail = Arc::new(FailManifestWrites(AtomicBool::new(false)));
+    let log = Log::open_with_hook(&dir, opts(RecoveryMode::Strict), fail.clone()).unwrap();
+    fail.0.store(true, Ordering::SeqCst);
+    assert!(
+        log.enforce_retention().is_err(),
+        "the removal's record fails"
+    );
     assert!(
         log.topic("t")
             .unwrap()
@@ -692,7 +718,8 @@ fn placeholder_of_an_emptied_sealed_partition_is_durable_before_a_checkpoint_nam
             .is_empty_sealed(),
         "retention emptied the sealed parent"
     );
-    log.close().unwrap();
+    log.abandon();
+    // This open gives the emptied partition its placeholder segment.
     let hook = ModelHook::new(&dir, None);
     let log = Log::open_with_hook(&dir, opts(RecoveryMode::Strict), hook.clone()).unwrap();
     let point = hook.now(IoOp::SyncDir);

@@ -59,6 +59,13 @@ pub struct PartitionRecord {
     pub state: PartitionState,
     /// Creation time, ms since the epoch.
     pub created_ms: i64,
+    /// Parents removed from the topology (retention emptied them), each
+    /// with the end offset it was sealed at: what a reader resuming with a
+    /// position in one needs to tell a drained position from a lost range.
+    /// Filled in when a `RemovePartition` record applies; absent (empty)
+    /// otherwise, and in manifests written before removals existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed_parents: Vec<(u32, u64)>,
 }
 
 /// A topic as the manifest records it.

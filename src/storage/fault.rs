@@ -55,7 +55,7 @@ pub enum IoOp {
     SyncNewSegment,
     /// fsync of a directory after files or directories were created or
     /// removed in it outside a sync round (new log, topic, partition, topic
-    /// deletion).
+    /// deletion, partition removal).
     SyncNewDir,
     /// fsync of a directory after recovery moved or removed files in it.
     SyncRecoveryDir,
@@ -66,6 +66,10 @@ pub enum IoOp {
     /// Mapping a segment file (`mmap(2)`), new or opened: ENOMEM when
     /// memory or `vm.max_map_count` runs out.
     MapSegment,
+    /// Deleting the directory of a partition removed from the topology
+    /// (after its `RemovePartition` record is durable; the topic directory
+    /// is then fsynced as `SyncNewDir`).
+    RemovePartitionDir,
 }
 
 /// Sees each [`IoOp`] before and after the OS call.

@@ -25,6 +25,9 @@ pub(crate) struct LineageNode {
 pub(crate) struct Lineage {
     pub generation: u64,
     pub nodes: HashMap<u32, LineageNode>,
+    /// Partitions removed from the topology (retention emptied them), with
+    /// the offset each was sealed at, as their children record it.
+    pub removed_seals: HashMap<u32, u64>,
 }
 
 impl Lineage {
@@ -42,6 +45,19 @@ impl Lineage {
 
     pub(crate) fn parents(&self, id: u32) -> &[u32] {
         self.nodes.get(&id).map_or(&[], |n| &n.parents)
+    }
+
+    /// Partitions that name `id` as a parent (for a removed `id`, whose own
+    /// node is gone).
+    pub(crate) fn children_naming(&self, id: u32) -> Vec<u32> {
+        let mut out: Vec<u32> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.parents.contains(&id))
+            .map(|(&c, _)| c)
+            .collect();
+        out.sort_unstable();
+        out
     }
 
     /// Partitions none of whose parents is still in the topic: where every
@@ -94,6 +110,7 @@ mod tests {
     fn sample() -> Lineage {
         Lineage {
             generation: 7,
+            removed_seals: HashMap::new(),
             nodes: HashMap::from([
                 (0, node(&[], &[1, 2], Some(5))),
                 (1, node(&[0], &[3], Some(2))),

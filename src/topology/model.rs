@@ -29,7 +29,12 @@ pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
                 t.name, p.id
             ));
         }
-        if p.parents.len() > 2 || p.parents.iter().any(|&q| q >= p.id) {
+        if p.parents.len() > 2
+            || p.parents.iter().any(|&q| q >= p.id)
+            || p.removed_parents
+                .iter()
+                .any(|(q, _)| !p.parents.contains(q))
+        {
             return Err(format!(
                 "topic {}: partition {} has invalid parents",
                 t.name, p.id
@@ -183,7 +188,23 @@ fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result<(),
                     "partition {partition} is active and cannot be removed"
                 ));
             }
-            t.partitions.remove(i);
+            // Oldest first: a partition whose parent is still there may
+            // still be needed to continue a reader's lineage in order.
+            let parents = &t.partitions[i].parents;
+            if t.partitions.iter().any(|p| parents.contains(&p.id)) {
+                return Err(format!(
+                    "partition {partition} is removed before its parents"
+                ));
+            }
+            let removed = t.partitions.remove(i);
+            let PartitionState::Sealed { end_offset } = removed.state else {
+                unreachable!("checked sealed above");
+            };
+            for c in t.partitions.iter_mut() {
+                if c.parents.contains(partition) {
+                    c.removed_parents.push((*partition, end_offset));
+                }
+            }
         }
         ManifestRecord::UpdateConfig { topic_id, config } => {
             topic_mut(state, *topic_id)?.config = config.clone();
@@ -209,4 +230,81 @@ pub fn check_state(state: &ManifestState) -> Result<(), String> {
         check_topic(t)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TopicConfig;
+
+    fn part(id: u32, (start, end): (u64, u64), parents: Vec<u32>) -> PartitionRecord {
+        PartitionRecord {
+            id,
+            start,
+            end,
+            parents,
+            state: PartitionState::Active,
+            created_ms: 0,
+            removed_parents: vec![],
+        }
+    }
+
+    fn split(parent: u32, ids: (u32, u32), (start, end): (u64, u64)) -> ManifestRecord {
+        let mid = start + (end - start) / 2;
+        ManifestRecord::Split {
+            topic_id: 0,
+            parent,
+            seal_offset: 10,
+            children: vec![
+                part(ids.0, (start, mid), vec![parent]),
+                part(ids.1, (mid + 1, end), vec![parent]),
+            ],
+        }
+    }
+
+    fn remove(partition: u32) -> ManifestRecord {
+        ManifestRecord::RemovePartition {
+            topic_id: 0,
+            partition,
+        }
+    }
+
+    /// Only sealed partitions leave, oldest first; a removed id stays
+    /// taken, and a child naming a removed parent passes every check.
+    #[test]
+    fn remove_partition_rules() {
+        let mut state = ManifestState::default();
+        let topic = TopicRecord {
+            id: 0,
+            name: "t".into(),
+            config: TopicConfig::default(),
+            hash_key: [0, 0],
+            next_partition_id: 1,
+            partitions: vec![part(0, (0, u64::MAX), vec![])],
+        };
+        apply(&mut state, &ManifestRecord::CreateTopic(topic)).unwrap();
+        apply(&mut state, &split(0, (1, 2), (0, u64::MAX))).unwrap();
+        apply(&mut state, &split(1, (3, 4), (0, u64::MAX / 2))).unwrap();
+        assert!(apply(&mut state, &remove(2)).is_err(), "active");
+        assert!(
+            apply(&mut state, &remove(1)).is_err(),
+            "parent 0 still there"
+        );
+        assert!(apply(&mut state, &remove(9)).is_err(), "unknown");
+        apply(&mut state, &remove(0)).unwrap();
+        apply(&mut state, &remove(1)).unwrap();
+        assert!(apply(&mut state, &remove(1)).is_err(), "already removed");
+        let t = &state.topics[0];
+        let ids: Vec<u32> = t.partitions.iter().map(|p| p.id).collect();
+        assert_eq!(ids, vec![2, 3, 4]);
+        // Children remember where each removed parent was sealed.
+        let removed: Vec<&[(u32, u64)]> = t
+            .partitions
+            .iter()
+            .map(|p| p.removed_parents.as_slice())
+            .collect();
+        assert_eq!(removed, [&[(0, 10)][..], &[(1, 10)], &[(1, 10)]]);
+        assert_eq!(t.next_partition_id, 5);
+        check_state(&state).unwrap();
+    }
 }

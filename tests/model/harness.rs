@@ -461,6 +461,30 @@ impl Harness {
         }
     }
 
+    /// Retention may remove sealed partitions it emptied (a durable
+    /// `RemovePartition` record when it returns): they leave the model.
+    /// An active partition never leaves.
+    fn retention(&mut self) {
+        self.log().enforce_retention().unwrap();
+        let t = self.log().topic(TOPIC).unwrap();
+        let ids: Vec<u32> = t.partitions().iter().map(|i| i.id).collect();
+        let gone: Vec<u32> = self
+            .model
+            .keys()
+            .filter(|id| !ids.contains(id))
+            .copied()
+            .collect();
+        for id in gone {
+            let m = self.model.remove(&id).expect("known partition");
+            assert!(
+                m.sealed_at.is_some(),
+                "C5: active partition {id} left the topology"
+            );
+            self.history
+                .push(format!("  partition {id} removed (retention emptied it)"));
+        }
+    }
+
     fn next_dir(&mut self) -> PathBuf {
         self.generation += 1;
         self.root.path().join(format!("g{}", self.generation))
@@ -733,9 +757,7 @@ pub fn try_case(case: &Case, settings: Settings) -> Result<(), String> {
                 Op::Append(recs) => h.append(recs),
                 Op::Sync => h.sync(),
                 Op::Roll(n) => h.roll(*n),
-                Op::Retention => {
-                    h.log().enforce_retention().unwrap();
-                }
+                Op::Retention => h.retention(),
                 Op::Reopen => h.reopen(),
                 Op::Crash {
                     seed,

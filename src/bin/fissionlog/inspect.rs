@@ -43,6 +43,11 @@ fn partition_json(p: &PartitionInfo) -> Value {
         "key_start": hex(p.start),
         "key_end": hex(p.end),
         "parents": p.parents,
+        "removed_parents": p
+            .removed_parents
+            .iter()
+            .map(|&(id, sealed_at)| json!({"id": id, "sealed_at": sealed_at}))
+            .collect::<Vec<_>>(),
         "children": p.children,
         "start_offset": p.start_offset,
         "end_offset": p.end_offset,
@@ -55,6 +60,7 @@ fn partition_json(p: &PartitionInfo) -> Value {
 
 fn topic_json(t: &Topic) -> Value {
     let parts = t.partitions();
+    let partitions: Vec<Value> = parts.iter().map(partition_json).collect();
     let cfg = t.config();
     json!({
         "name": t.name(),
@@ -62,7 +68,7 @@ fn topic_json(t: &Topic) -> Value {
         "sync": format!("{:?}", cfg.sync),
         "segment_bytes": cfg.segment_bytes,
         "active_partitions": t.active_partitions(),
-        "partitions": parts.iter().map(partition_json).collect::<Vec<_>>(),
+        "partitions": partitions,
     })
 }
 
@@ -113,7 +119,18 @@ fn print_tree(
     if !seen.insert(id) {
         return writeln!(out, "{indent}p{id} (merge child, listed above)");
     }
-    writeln!(out, "{indent}{}", partition_line(p))?;
+    // Parents retention emptied and removed are gone from the topology.
+    let removed: Vec<String> = p
+        .removed_parents
+        .iter()
+        .map(|(q, at)| format!("p{q} sealed at {at}"))
+        .collect();
+    let after = if removed.is_empty() {
+        String::new()
+    } else {
+        format!(" (removed parent {})", removed.join(", "))
+    };
+    writeln!(out, "{indent}{}{after}", partition_line(p))?;
     for &c in &p.children {
         print_tree(out, by_id, c, depth + 1, seen)?;
     }

@@ -134,11 +134,16 @@ fn durable_summary() {
     );
 }
 
-/// 8 writers over 64 partitions with `SyncPolicy::Always` for `secs`.
+/// 8 writers over `partitions` (a multiple of 8) partitions with
+/// `SyncPolicy::Always` for `secs`, each writer cycling over its eighth.
 /// Returns (backend, records, wall time, per-append latencies).
-fn group_commit_run(io_uring: bool, secs: f64) -> (SyncBackend, u64, Duration, Vec<Duration>) {
+fn group_commit_run(
+    io_uring: bool,
+    secs: f64,
+    partitions: u32,
+) -> (SyncBackend, u64, Duration, Vec<Duration>) {
     let dir = bench_dir(if io_uring { "gc-uring" } else { "gc-syscalls" });
-    let (log, topic) = open(&dir, SyncPolicy::Always, 64, io_uring);
+    let (log, topic) = open(&dir, SyncPolicy::Always, partitions, io_uring);
     let backend = log.sync_backend();
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
@@ -156,7 +161,7 @@ fn group_commit_run(io_uring: bool, secs: f64) -> (SyncBackend, u64, Duration, V
                 let mut lat = Vec::new();
                 let mut i = 0u32;
                 while !stop.load(Ordering::Relaxed) {
-                    let p = t + 8 * (i % 8);
+                    let p = t + 8 * (i % (partitions / 8));
                     let s = Instant::now();
                     topic.append_to(p, &rec).expect("append_to");
                     lat.push(s.elapsed());
@@ -181,6 +186,7 @@ fn group_commit_run(io_uring: bool, secs: f64) -> (SyncBackend, u64, Duration, V
 
 fn group_commit_summary() {
     let secs = env_usize("FISSIONLOG_BENCH_GC_MILLIS", 2000) as f64 / 1000.0;
+    let partitions = (env_usize("FISSIONLOG_BENCH_GC_PARTITIONS", 64) as u32 / 8).max(1) * 8;
     let runs = runs().min(3);
     let mut res: [(Option<SyncBackend>, Vec<f64>, Vec<Duration>); 2] = [
         (None, Vec::new(), Vec::new()),
@@ -188,14 +194,14 @@ fn group_commit_summary() {
     ];
     for _ in 0..runs {
         for (k, uring) in [true, false].into_iter().enumerate() {
-            let (backend, n, wall, lat) = group_commit_run(uring, secs);
+            let (backend, n, wall, lat) = group_commit_run(uring, secs, partitions);
             res[k].0 = Some(backend);
             res[k].1.push(n as f64 / wall.as_secs_f64());
             res[k].2.extend(lat);
         }
     }
     table_header(&format!(
-        "6. 64 partitions, SyncPolicy::Always, 8 writers x 100 B, {runs} x {secs:.1} s"
+        "6. {partitions} partitions, SyncPolicy::Always, 8 writers x 100 B, {runs} x {secs:.1} s"
     ));
     for (name, (backend, rates, lat)) in ["use_io_uring: true", "use_io_uring: false"]
         .iter()

@@ -72,6 +72,7 @@ mod balance;
 mod balance_step;
 mod config;
 mod core;
+mod durable;
 mod error;
 mod events;
 mod format;
@@ -96,6 +97,7 @@ pub use config::{
     LogOptions, RecoveryMode, SyncPolicy, TopicConfig, ACTIVE_HEADROOM_MAX_BYTES,
     MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
 };
+pub use durable::Durable;
 pub use error::{Error, Result};
 pub use events::TopologyEvent;
 pub use log::{verify, Log};

@@ -349,7 +349,8 @@ impl Partition {
 
     /// Whether a failed fsync poisoned the partition.
     pub(crate) fn is_poisoned(&self) -> bool {
-        self.is_poisoned.load(Ordering::Acquire)
+        // SeqCst: a `Durable` future's check pairs with `poison`'s notify.
+        self.is_poisoned.load(Ordering::SeqCst)
     }
 
     /// `Err(Poisoned)` once a failed fsync poisoned the partition.
@@ -370,7 +371,10 @@ impl Partition {
         if g.is_none() {
             *g = Some(reason);
         }
-        self.is_poisoned.store(true, Ordering::Release);
+        self.is_poisoned.store(true, Ordering::SeqCst);
+        drop(g);
+        // A `Durable` future waiting here fails now, not never.
+        self.p.wake.notify();
     }
 
     /// Checks sizes before taking the lock. Returns the batch length.

@@ -5,9 +5,11 @@
 //! or the log closing.
 //!
 //! Each partition still has its own condition variable for
-//! [`crate::Partition::wait_for`]; this one is for [`crate::Reader::poll_wait`].
+//! [`crate::Partition::wait_for`]; this one is for [`crate::Reader::poll_wait`]
+//! and for the wakers of [`crate::Durable`] futures.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::Waker;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -24,6 +26,12 @@ pub(crate) struct TailWake {
     epoch: AtomicU64,
     lock: Mutex<()>,
     cv: Condvar,
+    /// Wakers of pending futures, woken and dropped by the next
+    /// notification (a future polled again registers again).
+    wakers: Mutex<Vec<Waker>>,
+    /// `wakers.len()`, stored under its lock; notifiers touch the lock
+    /// only while it is non-zero.
+    registered: AtomicUsize,
 }
 
 impl TailWake {
@@ -38,6 +46,30 @@ impl TailWake {
             self.epoch.fetch_add(1, Ordering::SeqCst);
             self.cv.notify_all();
         }
+        if self.registered.load(Ordering::SeqCst) > 0 {
+            let wakers = {
+                let mut w = self.wakers.lock();
+                self.registered.store(0, Ordering::SeqCst);
+                std::mem::take(&mut *w)
+            };
+            for w in wakers {
+                w.wake();
+            }
+        }
+    }
+
+    /// Has the next notification wake `waker`. The caller checks its
+    /// condition again afterwards, with `SeqCst` loads of what notifiers
+    /// publish: the registration is a `SeqCst` store followed by those
+    /// loads, the notifier's publication a `SeqCst` store followed by its
+    /// load of `registered` (Dekker, as in [`TailWake::wait_until`]), so
+    /// either the check sees the new state or the notifier sees the waker.
+    pub(crate) fn register(&self, waker: &Waker) {
+        let mut w = self.wakers.lock();
+        if !w.iter().any(|x| x.will_wake(waker)) {
+            w.push(waker.clone());
+        }
+        self.registered.store(w.len(), Ordering::SeqCst);
     }
 
     /// Returns at once when `ready()` holds; otherwise sleeps until a

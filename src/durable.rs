@@ -1,0 +1,97 @@
+//! Waiting for durability without a thread per request.
+//!
+//! A broker acknowledges a produce request once its records are durable.
+//! [`Topic::append_to`] under `SyncPolicy::Always` does that by blocking
+//! the appending thread in a group commit; [`Topic::durable`] instead
+//! returns a [`Durable`] future, so an async broker can append with another
+//! policy (or from a thread that must not block) and await the durable
+//! watermark: the future resolves once a completed sync round covers the
+//! offset (`Partition::durable_end_offset` passed it). It needs no runtime
+//! (a plain `std::future::Future`): the sync round that raises the
+//! watermark wakes it, as do a failed fsync that poisons the partition and
+//! the log closing, which resolve it with an error.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use crate::error::{Error, Result};
+use crate::topic::Topic;
+
+/// Resolves once record `offset` of a partition is durable (see
+/// [`Topic::durable`]).
+#[derive(Debug, Clone)]
+#[must_use = "a future does nothing unless awaited"]
+pub struct Durable {
+    topic: Topic,
+    partition: u32,
+    offset: u64,
+}
+
+impl Durable {
+    /// `Some` once the wait is over: durable, or an error that will not
+    /// go away (log closed, partition unknown or poisoned, offset that can
+    /// never be written).
+    fn check(&self) -> Option<Result<()>> {
+        let p = match self.topic.partition(self.partition) {
+            Ok(p) => p,
+            Err(e) => return Some(Err(e)),
+        };
+        if p.durable_end_offset() > self.offset {
+            return Some(Ok(()));
+        }
+        // The flag (a SeqCst load, paired with `poison`'s notify), then the
+        // reason, which `poison` stores before the flag.
+        if p.is_poisoned() {
+            if let Err(e) = p.check_not_poisoned() {
+                return Some(Err(e));
+            }
+        }
+        if p.is_sealed() && self.offset >= p.end_offset() {
+            // Sealed below it: that offset is never written here.
+            return Some(Err(Error::OffsetOutOfRange {
+                partition: self.partition,
+                offset: self.offset,
+                start: p.start_offset(),
+                end: p.end_offset(),
+            }));
+        }
+        None
+    }
+}
+
+impl Future for Durable {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        if let Some(r) = self.check() {
+            return Poll::Ready(r);
+        }
+        self.topic.inner.wake.register(cx.waker());
+        // Checked again after registering: a sync round that raised the
+        // watermark in between either is seen here or wakes the waker.
+        match self.check() {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Topic {
+    /// A future that resolves once record `offset` of `partition` is
+    /// durable: `Ok(())` when a completed sync round covered it (it then
+    /// survives a power loss, C1), `Err` when it can no longer become
+    /// durable: the log closed ([`Error::Closed`]), the partition was
+    /// poisoned by a failed fsync ([`Error::Poisoned`]), or it was sealed
+    /// below `offset` ([`Error::OffsetOutOfRange`]). An offset not written
+    /// yet is waited for too. The future is woken by the sync round that
+    /// moves the watermark; it does not sync by itself, so something must
+    /// (`Log::sync`, `SyncPolicy::Interval`, or an `Always` append).
+    pub fn durable(&self, partition: u32, offset: u64) -> Durable {
+        Durable {
+            topic: self.clone(),
+            partition,
+            offset,
+        }
+    }
+}

@@ -238,11 +238,19 @@ impl Core {
         // A poisoned partition is never synced again: after a failed fsync
         // a retry can succeed without writing what the failure dropped, and
         // its durable position (in the checkpoint) must stay below that.
+        // A partition that poisoned itself outside a round (a failed
+        // directory fsync at a roll) is registered here.
         let parts: Vec<Arc<Partition>> = self
             .dirty
             .take()
             .into_iter()
-            .filter(|p| !p.is_poisoned() && !p.is_removed())
+            .filter(|p| {
+                let poisoned = p.is_poisoned();
+                if poisoned && p.take_unreported_poison() {
+                    self.note_poisoned(p);
+                }
+                !poisoned && !p.is_removed()
+            })
             .collect();
         let caps: Vec<SyncCapture> = parts.iter().map(|p| p.capture_unsynced()).collect();
         // Nothing was synced: every capture stays unsynced (and dirty), and

@@ -90,7 +90,18 @@ pub struct Partition {
     poisoned: Mutex<Option<String>>,
     /// Set once `poisoned` holds a reason (checked on every append without the mutex).
     is_poisoned: AtomicBool,
+    /// Poisoned outside a sync round (a failed directory fsync at a roll):
+    /// the next round registers it with the log's failed partitions.
+    poison_unreported: AtomicBool,
     dir_dirty: AtomicBool,
+    /// Rolls so far, counted from 1 at open (the names recovery found are
+    /// not known to be durable). Changed under the writer lock.
+    rolls: AtomicU64,
+    /// The largest value of `rolls` read before a directory fsync that then
+    /// completed: every segment created before that read has a durable
+    /// name. A roll that finds it behind `rolls` fsyncs the directory
+    /// before it creates the new segment (see [`Partition::roll`]).
+    dir_synced_rolls: AtomicU64,
     durable: Mutex<DurablePos>,
     /// Segment bases named by the last two checkpoints written (the newest
     /// valid checkpoint on disk is one of them). Retention keeps these
@@ -132,6 +143,9 @@ pub(crate) struct SyncCapture {
     /// Segments to sync: (segment, committed position, sealed at capture).
     pub segments: Vec<(Arc<Segment>, u64, bool)>,
     pub sync_dir: bool,
+    /// The partition's roll count at the capture: what a successful
+    /// directory fsync of this capture covers.
+    pub rolls: u64,
     pub pos: DurablePos,
 }
 
@@ -231,7 +245,10 @@ impl Partition {
             sealed: AtomicBool::new(sealed),
             poisoned: Mutex::new(None),
             is_poisoned: AtomicBool::new(false),
+            poison_unreported: AtomicBool::new(false),
             dir_dirty: AtomicBool::new(false),
+            rolls: AtomicU64::new(1),
+            dir_synced_rolls: AtomicU64::new(0),
             checkpointed_bases: Mutex::new((durable.0, durable.0)),
             retired_below: AtomicU64::new(0),
             removed: AtomicBool::new(false),
@@ -353,6 +370,12 @@ impl Partition {
         self.is_poisoned.load(Ordering::SeqCst)
     }
 
+    /// Whether a failed fsync outside a sync round poisoned the partition
+    /// since the last call: a round registers it as failed.
+    pub(crate) fn take_unreported_poison(&self) -> bool {
+        self.poison_unreported.swap(false, Ordering::AcqRel)
+    }
+
     /// `Err(Poisoned)` once a failed fsync poisoned the partition.
     pub(crate) fn check_not_poisoned(&self) -> Result<()> {
         match &*self.poisoned.lock() {
@@ -444,8 +467,34 @@ impl Partition {
     /// it is removed again and the old segment, still unsealed, keeps
     /// taking appends, so a later roll starts from the same state. Sealing
     /// cannot fail (its index write is a cache).
+    ///
+    /// Before the new file is created, the name of every segment created
+    /// before it is made durable: unless a directory fsync (of a sync
+    /// round, or of an earlier roll) completed since the last roll, the
+    /// partition directory is fsynced here. So a segment's name never
+    /// survives a power loss that loses an earlier segment's name, and
+    /// recovery can take a segment missing before one that is there for
+    /// lost data, not for a crash artifact (docs/ARCHITECTURE.md). At most
+    /// one directory fsync per roll, and none when sync rounds run more
+    /// often than rolls. A failed fsync poisons the partition, as in a
+    /// sync round.
     fn roll(&self, w: &mut WriterState) -> Result<()> {
         let next = w.writer.next_offset();
+        let rolls = self.rolls.load(Ordering::Acquire);
+        if self.dir_synced_rolls.load(Ordering::Acquire) < rolls {
+            if let Err(e) = crate::storage::sync_dir(&*self.hook, IoOp::SyncRollDir, &self.p.dir) {
+                // Registered as failed by the next sync round (log-wide
+                // syncs report it from then on): flagged before the poison
+                // is published, so a round that sees the poison sees the
+                // flag; a round that does not captures the partition, and
+                // `mark_dirty` puts it back in the list for the next one.
+                self.poison_unreported.store(true, Ordering::Release);
+                self.poison(format!("directory sync before a roll failed: {e}"));
+                self.mark_dirty();
+                return Err(e);
+            }
+            self.dir_synced_rolls.fetch_max(rolls, Ordering::AcqRel);
+        }
         let seg = Segment::create(
             &self.p.dir,
             (self.p.topic_id, self.p.id),
@@ -463,6 +512,7 @@ impl Partition {
             v.push(seg.clone());
             *list = Arc::new(v);
         }
+        self.rolls.fetch_add(1, Ordering::AcqRel);
         self.dir_dirty.store(true, Ordering::Release);
         self.mark_dirty();
         w.writer = SegmentWriter::new(seg, self.p.index_interval);
@@ -731,6 +781,7 @@ impl Partition {
         SyncCapture {
             segments: out,
             sync_dir: self.dir_dirty.swap(false, Ordering::AcqRel),
+            rolls: self.rolls.load(Ordering::Acquire),
             pos,
         }
     }
@@ -754,6 +805,11 @@ impl Partition {
                 *d = cap.pos;
             }
             drop(d);
+            if cap.sync_dir {
+                // The directory fsync started after the capture: the names
+                // of the segments created by then are durable.
+                self.dir_synced_rolls.fetch_max(cap.rolls, Ordering::AcqRel);
+            }
             // Published only now that the fsyncs returned: durable reads
             // never show what a power loss could still take back. SeqCst
             // pairs with the waiter's increment of `waiters` (see

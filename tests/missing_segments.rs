@@ -48,11 +48,31 @@ fn append(log: &Log, i: u64) -> u64 {
         .offset
 }
 
-/// A log with `RECORDS` synced records in one partition. `clean`: closed
-/// cleanly (the checkpoint names the last segment); else the process dies
-/// after two syncs (the checkpoint names the segment of the first).
-fn make_log(dir: &Path, clean: bool) {
-    let log = Log::open(dir, opts(RecoveryMode::Strict)).unwrap();
+/// How the log of a case ends.
+#[derive(Debug, Clone, Copy)]
+enum Made {
+    /// Closed cleanly: the checkpoint names the last segment.
+    Clean,
+    /// The process dies after two syncs: the checkpoint names the segment
+    /// of the first.
+    Crash,
+    /// Checkpoints only when due (hourly): the first sync writes one after
+    /// two segments, the last sync covers the six rolled after it, then
+    /// the process dies. The checkpoint names none of those six.
+    PastCheckpoint,
+}
+
+/// A log with `RECORDS` synced records in one partition, ended as `made`
+/// says.
+fn make_log(dir: &Path, made: Made) {
+    let slow = LogOptions {
+        checkpoint_interval: std::time::Duration::from_secs(3600),
+        ..opts(RecoveryMode::Strict)
+    };
+    let log = match made {
+        Made::PastCheckpoint => Log::open(dir, slow).unwrap(),
+        _ => Log::open(dir, opts(RecoveryMode::Strict)).unwrap(),
+    };
     log.create_topic(
         "t",
         TopicConfig {
@@ -62,15 +82,32 @@ fn make_log(dir: &Path, clean: bool) {
         },
     )
     .unwrap();
-    for i in 0..RECORDS {
-        assert_eq!(append(&log, i), i);
-    }
-    if clean {
-        log.close().unwrap();
-    } else {
-        log.sync().unwrap();
-        log.sync().unwrap();
-        log.abandon();
+    match made {
+        Made::Clean => {
+            for i in 0..RECORDS {
+                assert_eq!(append(&log, i), i);
+            }
+            log.close().unwrap();
+        }
+        Made::Crash => {
+            for i in 0..RECORDS {
+                assert_eq!(append(&log, i), i);
+            }
+            log.sync().unwrap();
+            log.sync().unwrap();
+            log.abandon();
+        }
+        Made::PastCheckpoint => {
+            for i in 0..2 * PER_SEGMENT {
+                assert_eq!(append(&log, i), i);
+            }
+            log.sync().unwrap();
+            for i in 2 * PER_SEGMENT..RECORDS {
+                assert_eq!(append(&log, i), i);
+            }
+            log.sync().unwrap();
+            log.abandon();
+        }
     }
 }
 
@@ -166,17 +203,17 @@ fn check_reads(log: &Log, lost: (u64, u64), what: &str) {
     }
 }
 
-fn run_case(root: &Path, clean: bool, m: Missing) {
-    let pristine = root.join(format!("pristine-{clean}"));
+fn run_case(root: &Path, made: Made, m: Missing) {
+    let pristine = root.join(format!("pristine-{made:?}"));
     if !pristine.exists() {
-        make_log(&pristine, clean);
+        make_log(&pristine, made);
     }
     let mut img = DirImage::capture(&pristine).unwrap();
     let (lost, named) = remove(&mut img, m);
-    let what = format!("{m:?} missing (clean close: {clean})");
+    let what = format!("{m:?} missing (log made: {made:?})");
 
     // Strict refuses, names what is missing and changes nothing.
-    let dir = root.join(format!("{m:?}-{clean}-strict"));
+    let dir = root.join(format!("{m:?}-{made:?}-strict"));
     img.write_to(&dir).unwrap();
     let before = DirImage::capture(&dir).unwrap();
     match Log::open(&dir, opts(RecoveryMode::Strict)) {
@@ -198,7 +235,7 @@ fn run_case(root: &Path, clean: bool, m: Missing) {
 
     for mode in [RecoveryMode::Truncate, RecoveryMode::Salvage] {
         let what = format!("{what} in {mode:?}");
-        let dir = root.join(format!("{m:?}-{clean}-{mode:?}"));
+        let dir = root.join(format!("{m:?}-{made:?}-{mode:?}"));
         img.write_to(&dir).unwrap();
         let log = Log::open(&dir, opts(mode)).unwrap_or_else(|e| panic!("{what}: {e}"));
         // The report says what was lost.
@@ -237,26 +274,30 @@ fn run_case(root: &Path, clean: bool, m: Missing) {
 }
 
 macro_rules! missing_tests {
-    ($($name:ident: $m:expr, $clean:expr;)*) => {$(
+    ($($name:ident: $m:expr, $made:expr;)*) => {$(
         #[test]
         fn $name() {
             let root = tempfile::tempdir().unwrap();
-            run_case(root.path(), $clean, $m);
+            run_case(root.path(), $made, $m);
         }
     )*};
 }
 
 missing_tests! {
-    first_segment_missing_is_refused_or_reported: Missing::First, true;
-    middle_segment_missing_is_refused_or_reported: Missing::Middle, true;
-    last_segment_missing_is_refused_or_reported: Missing::Last, true;
-    every_segment_missing_is_refused_or_reported: Missing::All, true;
-    partition_directory_missing_is_refused_or_reported: Missing::Directory, true;
-    first_segment_missing_after_a_crash_is_refused_or_reported: Missing::First, false;
-    every_segment_missing_after_a_crash_is_refused_or_reported: Missing::All, false;
-    partition_directory_missing_after_a_crash_is_refused_or_reported: Missing::Directory, false;
-    segment_shorter_than_the_checkpoint_is_refused_or_reported: Missing::Shortened, true;
-    segment_shorter_than_the_checkpoint_after_a_crash_is_refused_or_reported: Missing::Shortened, false;
+    first_segment_missing_is_refused_or_reported: Missing::First, Made::Clean;
+    middle_segment_missing_is_refused_or_reported: Missing::Middle, Made::Clean;
+    last_segment_missing_is_refused_or_reported: Missing::Last, Made::Clean;
+    every_segment_missing_is_refused_or_reported: Missing::All, Made::Clean;
+    partition_directory_missing_is_refused_or_reported: Missing::Directory, Made::Clean;
+    first_segment_missing_after_a_crash_is_refused_or_reported: Missing::First, Made::Crash;
+    every_segment_missing_after_a_crash_is_refused_or_reported: Missing::All, Made::Crash;
+    partition_directory_missing_after_a_crash_is_refused_or_reported: Missing::Directory, Made::Crash;
+    segment_shorter_than_the_checkpoint_is_refused_or_reported: Missing::Shortened, Made::Clean;
+    segment_shorter_than_the_checkpoint_after_a_crash_is_refused_or_reported: Missing::Shortened, Made::Crash;
+    // A roll makes the names of the segments before it durable before it
+    // creates the next one: a segment missing before one that is there is
+    // lost data even where the checkpoint names neither.
+    middle_segment_missing_past_the_checkpoint_is_refused_or_reported: Missing::Middle, Made::PastCheckpoint;
 }
 
 /// Retention legitimately removes the oldest segments (its floor is in a
@@ -396,7 +437,7 @@ fn emptied_sealed_partition_and_new_children_are_not_missing() {
 fn without_a_checkpoint_strict_never_cuts() {
     let root = tempfile::tempdir().unwrap();
     let pristine = root.path().join("pristine");
-    make_log(&pristine, true);
+    make_log(&pristine, Made::Clean);
     let mut img = DirImage::capture(&pristine).unwrap();
     for name in ["checkpoint.0", "checkpoint.1"] {
         img.insert_file(name, b"garbage garbage garbage garbage!!".to_vec());
@@ -444,7 +485,7 @@ fn without_a_checkpoint_strict_never_cuts() {
 fn truncated_manifest_sets_topic_directories_aside() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
-    make_log(&dir, true);
+    make_log(&dir, Made::Clean);
     let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
     log.create_topic("u", TopicConfig::default()).unwrap();
     log.close().unwrap();

@@ -15,7 +15,9 @@ mod harness;
 
 use common::model_hook::SYNC_OPS;
 use fissionlog::IoOp;
-use harness::{case_strategy, recovery_steps_case, retention_case, try_case, Settings};
+use harness::{
+    case_strategy, recovery_steps_case, retention_case, roll_chain_case, try_case, Settings,
+};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
@@ -39,6 +41,12 @@ fn first_violation(op: IoOp) -> Option<(&'static str, usize, String)> {
     for seed in 0..32 {
         if let Err(r) = try_case(&retention_case(seed), with_drop(Settings::default())) {
             return Some(("crash_model::power_loss_after_retention", seed as usize, r));
+        }
+    }
+    // tests/crash_model.rs, power_loss_after_rolls.
+    for seed in 0..32 {
+        if let Err(r) = try_case(&roll_chain_case(seed), with_drop(Settings::default())) {
+            return Some(("crash_model::power_loss_after_rolls", seed as usize, r));
         }
     }
     // tests/crash_model.rs, power_loss_at_every_step_of_recovery.

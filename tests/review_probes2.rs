@@ -341,22 +341,26 @@ fn sealed_partition_missing_its_last_segment_is_not_silently_shorter() {
     }
 }
 
+/// Every file under `dir` but the lock file, with its bytes.
+fn files_of(dir: &Path) -> DirImage {
+    let mut img = DirImage::capture(dir).unwrap();
+    img.files
+        .retain(|p, _| p.file_name().is_some_and(|n| n != "fissionlog.lock"));
+    img
+}
+
 /// C1/C3: segments rolled after the last checkpoint, all synced (`sync`
 /// returned), and then one of them in the middle of the chain is lost.
-/// The segment before the gap ends cleanly at its own seal. Recovery takes
+/// The segment before the gap ends cleanly at its own seal. Recovery took
 /// the first segment after the gap for one written after a torn tail and
-/// deletes it and every later one, synced records and all, in every mode:
-/// a Strict open succeeds without them, and Salvage cannot keep them.
+/// deleted it and every later one, synced records and all, in every mode.
 ///
-/// Open: inside the checkpoint window recovery cannot tell this from a
-/// power loss before any directory fsync, which (in the crash model) may
-/// keep the name of a later rolled segment and lose an earlier one; then
-/// the later segment's records were never synced and deleting them is
-/// right (`tests/model.proptest-regressions` holds such a case). Telling
-/// them apart needs a durable record of which segment names a directory
-/// fsync covered (the checkpoint has it only when due).
+/// A roll now makes the names of the segments before it durable before it
+/// creates the next one, so a segment missing before one that is there is
+/// lost data, never a power loss before a directory fsync: Strict refuses
+/// and names it, changing nothing on disk; Salvage keeps every record
+/// after the gap.
 #[test]
-#[ignore = "open: a segment missing past the checkpoint makes every mode delete the synced segments after it as a torn tail"]
 fn missing_segment_past_the_checkpoint_is_not_taken_for_a_torn_tail() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
@@ -392,8 +396,14 @@ fn missing_segment_past_the_checkpoint_is_not_taken_for_a_torn_tail() {
         .iter()
         .filter(|s| s.path.exists())
         .count();
+    let before = files_of(&dir);
     match Log::open(&dir, opts(RecoveryMode::Strict)) {
-        Err(e) => assert!(e.to_string().contains("missing"), "{e}"),
+        Err(e) => {
+            assert!(e.to_string().contains("missing"), "{e}");
+            let missing = format!("offsets {}..{}", gone.base_offset, gone.end_offset);
+            assert!(e.to_string().contains(&missing), "{e}");
+            assert!(before == files_of(&dir), "a refused open changed files");
+        }
         Ok(log) => {
             let p = log.topic("t").unwrap().partition(0).unwrap();
             panic!(
@@ -418,6 +428,156 @@ fn missing_segment_past_the_checkpoint_is_not_taken_for_a_torn_tail() {
     let after = gone.end_offset;
     let got = p.read(after, 1 << 16).unwrap();
     assert_eq!(got.iter().next().unwrap().offset, after);
+}
+
+/// C1/C3 at every step of a repair: a segment created after the last
+/// checkpointed sync whose header is torn is cut with every segment after
+/// it (their records were never synced). Its own removal is made durable
+/// only after theirs: a power loss at any step of that repair never leaves
+/// a later segment without the torn one before it, which the next open
+/// would take for a missing segment (lost data) and a Strict open would
+/// refuse.
+#[test]
+fn torn_creation_is_removed_after_the_segments_that_follow_it() {
+    let root = tempfile::tempdir().unwrap();
+    let pristine = root.path().join("pristine");
+    let slow = LogOptions {
+        checkpoint_interval: Duration::from_secs(3600),
+        ..opts(RecoveryMode::Strict)
+    };
+    let log = Log::open(&pristine, slow.clone()).unwrap();
+    log.create_topic("t", topic(4096)).unwrap();
+    put_n(&log, 1, 10);
+    log.close().unwrap();
+    let log = Log::open(&pristine, slow).unwrap();
+    let named = log
+        .topic("t")
+        .unwrap()
+        .partition(0)
+        .unwrap()
+        .segment_count();
+    put_n(&log, 2, 60);
+    let segs = log
+        .topic("t")
+        .unwrap()
+        .partition(0)
+        .unwrap()
+        .segment_infos();
+    log.abandon();
+    assert!(segs.len() >= named + 3, "segments rolled: {segs:?}");
+    let torn = &segs[named + 1];
+    let mut bytes = std::fs::read(&torn.path).unwrap();
+    bytes[..SEGMENT_HEADER as usize].fill(0);
+    std::fs::write(&torn.path, bytes).unwrap();
+
+    let repair = root.path().join("repair");
+    DirImage::capture(&pristine)
+        .unwrap()
+        .write_to(&repair)
+        .unwrap();
+    let hook = ModelHook::new(&repair, None);
+    hook.record_steps(true);
+    let log = Log::open_with_hook(&repair, opts(RecoveryMode::Strict), hook.clone()).unwrap();
+    let repaired = read_all(&log);
+    log.abandon();
+    assert_eq!(
+        repaired.len() as u64,
+        torn.base_offset,
+        "cut at the torn segment"
+    );
+    let steps = hook.take_steps();
+    let mut failures = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        for seed in 0..8 {
+            let (img, trace) = step.image(seed, &common::crash::CrashOptions::default());
+            let dir = root.path().join(format!("s{i}-{seed}"));
+            img.write_to(&dir).unwrap();
+            let ctx = format!(
+                "power loss before step {i} ({:?} {}), seed {seed} ({})",
+                step.op,
+                step.path.display(),
+                trace.join("; ")
+            );
+            match Log::open(&dir, opts(RecoveryMode::Strict)) {
+                Ok(log) => {
+                    let reads = read_all(&log);
+                    if reads != repaired {
+                        failures.push(format!("{ctx}: reads {reads:?}"));
+                    }
+                }
+                Err(e) => failures.push(format!("{ctx}: open failed: {e}")),
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// C3 across two power losses: a power loss at a roll can keep the old
+/// segment's header page, seal and all, but lose records below the seal
+/// and the new segment's name. Recovery keeps that segment active and
+/// clears the seal from its header; the cleared header must be durable
+/// when the open returns (the open's sync round fdatasyncs the segment:
+/// its recovered end lies past what the checkpoint calls synced, and its
+/// cleared tail counts as unsynced). Brought back by a later power loss, after
+/// appends carried the segment past the old seal and a roll created the
+/// next segment further on, the stale seal (at a batch boundary whenever
+/// records are of one size) would make the segment look complete and the
+/// next one look like it follows a missing segment: lost data, which a
+/// Strict open refuses.
+#[test]
+fn stale_seal_cleared_by_recovery_is_durable() {
+    /// Where the seal sits in a segment header (docs/FORMAT.md).
+    const SEAL: std::ops::Range<usize> = 44..64;
+    let root = tempfile::tempdir().unwrap();
+    let pristine = root.path().join("pristine");
+    let log = Log::open(&pristine, opts(RecoveryMode::Strict)).unwrap();
+    log.create_topic("t", topic(16384)).unwrap();
+    put_n(&log, 1, 70);
+    let segs = log
+        .topic("t")
+        .unwrap()
+        .partition(0)
+        .unwrap()
+        .segment_infos();
+    log.abandon();
+    assert!(segs.len() >= 2, "rolled: {segs:?}");
+    let mut img = DirImage::capture(&pristine).unwrap();
+    let rel = |p: &Path| p.strip_prefix(&pristine).unwrap().to_path_buf();
+    for s in &segs[1..] {
+        img.files.remove(&rel(&s.path));
+        img.files.remove(&rel(&s.path.with_extension("idx")));
+    }
+    let first = img.files.get_mut(&rel(&segs[0].path)).unwrap();
+    assert!(
+        first[SEAL].iter().any(|&b| b != 0),
+        "the rolled segment is sealed"
+    );
+    first[2 * PAGE_SIZE..].fill(0);
+    let dir = root.path().join("log");
+    img.write_to(&dir).unwrap();
+    let hook = ModelHook::new(&dir, None);
+    let log = Log::open_with_hook(&dir, opts(RecoveryMode::Strict), hook.clone()).unwrap();
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    assert!(
+        p.end_offset() < segs[0].end_offset,
+        "records below the seal were lost"
+    );
+    assert_eq!(p.segment_count(), 1);
+    drop(p);
+    let path = dir.join(rel(&segs[0].path));
+    assert!(
+        std::fs::read(&path).unwrap()[SEAL].iter().all(|&b| b == 0),
+        "recovery cleared the seal"
+    );
+    let point = hook.now(IoOp::SyncDir);
+    let id = NodeId::of(&std::fs::metadata(&path).unwrap());
+    let durable = &point.durable.nodes.files[&id];
+    assert!(
+        durable[SEAL].iter().all(|&b| b == 0),
+        "the stale seal comes back after a power loss"
+    );
+    log.abandon();
 }
 
 /// Delegates to a [`ModelHook`] and, once armed, blocks the first

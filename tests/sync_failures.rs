@@ -245,6 +245,68 @@ fn f6_fsync_eio_is_never_reported_durable_and_not_retried() {
     log.close().unwrap();
 }
 
+/// A roll fsyncs the partition directory before it creates the next
+/// segment when no directory fsync ran since the previous roll (so a
+/// segment's name is never durable before an earlier one's). When that
+/// fsync fails, the roll creates nothing, the append that needed it fails,
+/// and the partition is poisoned as by a failed fsync in a sync round:
+/// appends to it are refused and every later log-wide sync reports it.
+/// What it held is kept (no power loss here): a reopen reads it all.
+#[test]
+fn failed_directory_sync_at_a_roll_poisons_the_partition() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let hook = Arc::new(Hook::default());
+    let log = Log::open_with_hook(&dir, options(), hook.clone()).unwrap();
+    let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
+    put(&t, 0, 0, 5);
+    log.sync().unwrap();
+    let pdir = partition_dir(&dir, 0, 0);
+    let before = segment_files(&pdir);
+    hook.arm(IoOp::SyncRollDir, "t0/p0", 0, false);
+    let mut end = 5;
+    let err = loop {
+        let k = key(end);
+        match t.append_to(
+            0,
+            &[NewRecord {
+                key: Some(&k),
+                value: &value(end),
+                timestamp: Some(end as i64),
+            }],
+        ) {
+            Ok(at) => assert_eq!(at, end),
+            Err(e) => break e,
+        }
+        end += 1;
+        assert!(end < 10_000, "no roll");
+    };
+    assert!(hook.0.lock().fired, "the roll fsynced the directory: {err}");
+    assert_eq!(
+        segment_files(&pdir),
+        before,
+        "the failed roll created nothing"
+    );
+    assert!(matches!(
+        t.append(Some(b"k"), b"x"),
+        Err(Error::Poisoned { partition: 0, .. })
+    ));
+    for _ in 0..2 {
+        assert!(
+            matches!(log.sync(), Err(Error::Poisoned { partition: 0, .. })),
+            "a log-wide sync reports the poisoned partition"
+        );
+    }
+    log.abandon();
+    let log = Log::open(&dir, options()).unwrap();
+    let t = log.topic("t").unwrap();
+    check(&t, 0, end);
+    put(&t, 0, end, end + 600);
+    log.sync().unwrap();
+    check(&t, 0, end + 600);
+    log.close().unwrap();
+}
+
 fn split_options(compact_every: u32) -> LogOptions {
     LogOptions {
         manifest_compact_records: compact_every,

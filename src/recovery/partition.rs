@@ -274,6 +274,12 @@ pub fn repair_chain(
     let mut synced_cut = false;
     // A segment file was removed: the directory is fsynced below.
     let mut removed = false;
+    // A segment created after the last checkpointed sync whose header does
+    // not decode (a torn creation): removed only after the removals of the
+    // segments after it are durable. Removed first, a power loss could keep
+    // its removal and lose theirs, and the next open would find a segment
+    // missing before one that is there: lost data, not a crash artifact.
+    let mut torn_creation: Option<PathBuf> = None;
     let live: Vec<u64> = opened
         .files
         .iter()
@@ -377,11 +383,14 @@ pub fn repair_chain(
                 unknown_sync(p, &path, 0, &e.to_string(), &mut out)?;
                 delete_segment(
                     &path,
-                    p.mode.write,
+                    false,
                     "segment created after the last sync is unreadable (torn)",
                     report,
                     &mut removed,
                 )?;
+                if p.mode.write {
+                    torn_creation = Some(path);
+                }
                 cut = true;
                 continue;
             }
@@ -406,8 +415,18 @@ pub fn repair_chain(
             }
         }
         if let Some(exp) = expected {
+            // The previous segment holds all its records up to its seal at
+            // `exp`: a segment starting at `exp` was created (a roll seals
+            // a segment at the base of the next one, after creating it),
+            // and its name was durable before any later segment was
+            // created (`Partition::roll`). A later segment here with none
+            // at `exp` means a segment file is missing, not a torn tail.
+            let after_complete = out
+                .segments
+                .last()
+                .is_some_and(|s| s.is_sealed() && s.end_offset() == exp);
             if base != exp {
-                if !durable_segment && cp_segment.is_none() {
+                if !durable_segment && cp_segment.is_none() && !(after_complete && base > exp) {
                     // Written after the last checkpointed sync: the previous
                     // segment's unsynced tail was lost, so this one is too.
                     let what = format!("segment starts at offset {base}, expected {exp}");
@@ -422,7 +441,9 @@ pub fn repair_chain(
                     cut = true;
                     continue;
                 } else if base > exp {
-                    // Synced segments are missing between two that are here.
+                    // Segments are missing between two that are here: named
+                    // by the checkpoint as synced, or created before this
+                    // one and after a complete segment.
                     let gap = p.dir.join(segment_file_name(exp));
                     let what = format!(
                         "offsets {exp}..{base} are missing: the chain ends at {exp} and there is no segment file {}",
@@ -624,6 +645,11 @@ pub fn repair_chain(
         // back) must stay deleted: without this fsync a second power loss
         // can bring them back after new appends reused their offsets, and
         // their stale records would continue the chain (phantoms, C2).
+        crate::storage::sync_dir(p.hook, IoOp::SyncRecoveryDir, p.dir)?;
+    }
+    if let Some(path) = torn_creation {
+        std::fs::remove_file(&path).at(&path)?;
+        let _ = std::fs::remove_file(path.with_extension("idx"));
         crate::storage::sync_dir(p.hook, IoOp::SyncRecoveryDir, p.dir)?;
     }
     let chain_end = out.segments.last().map_or(floor, |s| s.end_offset());

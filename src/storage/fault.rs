@@ -34,6 +34,10 @@ pub enum IoOp {
     /// fsync of a partition directory in a sync round (after a roll or a
     /// retention delete).
     SyncDir,
+    /// fsync of a partition directory at a roll, before the new segment is
+    /// created, when no directory fsync completed since the previous roll:
+    /// a segment's name is never durable before an earlier segment's.
+    SyncRollDir,
     /// Writing the checkpoint.
     WriteCheckpoint,
     /// fdatasync of the checkpoint file in a sync round.

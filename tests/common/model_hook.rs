@@ -25,9 +25,10 @@ use super::crash::{CrashOptions, DirImage};
 use super::durable::{crash_image_traced, Durable, Nodes, Synced};
 
 /// Every fsync call site of the engine, in the order of `IoOp`.
-pub const SYNC_OPS: [IoOp; 9] = [
+pub const SYNC_OPS: [IoOp; 10] = [
     IoOp::SyncSegment,
     IoOp::SyncDir,
+    IoOp::SyncRollDir,
     IoOp::SyncCheckpoint,
     IoOp::SyncManifest,
     IoOp::SyncManifestFile,
@@ -213,7 +214,12 @@ impl IoHook for ModelHook {
             let mut synced = vec![Synced::take(path)?];
             // Only the directory syncs that follow a roll or recovery's new
             // segment: the other segment creations sync the file themselves.
-            if s.grant_segment_headers && matches!(op, IoOp::SyncDir | IoOp::SyncRecoveryDir) {
+            if s.grant_segment_headers
+                && matches!(
+                    op,
+                    IoOp::SyncDir | IoOp::SyncRollDir | IoOp::SyncRecoveryDir
+                )
+            {
                 if let Synced::Dir(_, entries) = &synced[0] {
                     let granted = unsynced_segment_headers(&s.durable, path, entries)?;
                     synced.extend(granted);

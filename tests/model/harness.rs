@@ -878,3 +878,22 @@ pub fn retention_case(seed: u64) -> Case {
         ops,
     }
 }
+
+/// Several rolls with no sync round between them, then a power loss: each
+/// directory entry a roll created may survive or not, independently,
+/// unless a directory fsync covered it. A segment whose name survives
+/// while an earlier one's is lost would look like a missing segment
+/// (lost data) to recovery; each roll makes the earlier names durable
+/// before it creates the next segment, so that state never arises.
+pub fn roll_chain_case(seed: u64) -> Case {
+    let mut ops = vec![Op::Append(vec![keyed(0, Size::Small(10))])];
+    for i in 0..5 {
+        ops.push(Op::Append(vec![keyed(0, Size::NearSegment(i))]));
+    }
+    ops.push(crash_op(seed));
+    Case {
+        segment_bytes: 4096,
+        retention: false,
+        ops,
+    }
+}

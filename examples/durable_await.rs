@@ -99,15 +99,20 @@ fn run(batches: usize, batch: impl Fn(usize) + Sync) -> (f64, Vec<Duration>) {
     )
 }
 
-fn always(dir: &Path, batches: usize, value: &[u8]) -> (f64, Vec<Duration>) {
-    let (log, topic) = open(dir, SyncPolicy::Always);
-    let recs: Vec<NewRecord<'_>> = (0..PER_BATCH)
+/// One batch: `PER_BATCH` records of `value`, no key.
+fn batch_of(value: &[u8]) -> Vec<NewRecord<'_>> {
+    (0..PER_BATCH)
         .map(|_| NewRecord {
             key: None,
             value,
             timestamp: None,
         })
-        .collect();
+        .collect()
+}
+
+fn always(dir: &Path, batches: usize, value: &[u8]) -> (f64, Vec<Duration>) {
+    let (log, topic) = open(dir, SyncPolicy::Always);
+    let recs = batch_of(value);
     let r = run(batches, |_| {
         topic.append_to(0, &recs).expect("append");
     });
@@ -119,13 +124,7 @@ fn always(dir: &Path, batches: usize, value: &[u8]) -> (f64, Vec<Duration>) {
 fn awaited(dir: &Path, batches: usize, value: &[u8]) -> (f64, Vec<Duration>) {
     let (log, topic) = open(dir, SyncPolicy::Never);
     let log = Arc::new(log);
-    let recs: Vec<NewRecord<'_>> = (0..PER_BATCH)
-        .map(|_| NewRecord {
-            key: None,
-            value,
-            timestamp: None,
-        })
-        .collect();
+    let recs = batch_of(value);
     let stop = Arc::new(AtomicBool::new(false));
     let syncer = {
         let (log, topic, stop) = (log.clone(), topic.clone(), stop.clone());

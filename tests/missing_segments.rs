@@ -608,14 +608,14 @@ fn sealed_partition_missing_every_file_is_repaired_once() {
 }
 
 /// A sealed partition the checkpoint does not name, whose only segment's
-/// header is torn: recovery cuts it as a torn creation and the partition
-/// holds nothing. The empty segment it keeps for the lineage starts where
-/// the chain ended, not at the manifest's seal, so the next Strict open
-/// finds no gap below it and reads the same (C7). Earlier the placeholder
-/// sat at the seal and the reopen refused: "segment file … holding offsets
-/// 0..10 is missing".
+/// header is unreadable. The split that sealed it synced its records (and
+/// their names) before its record committed, so this is lost data, not a
+/// segment torn at its creation: Strict refuses and names the offsets,
+/// changing nothing; Truncate fills them with a hole, and the next Strict
+/// open reads the same and repairs nothing (C7). Earlier every mode took it
+/// for a torn creation and Strict opened the partition silently empty.
 #[test]
-fn sealed_partition_cut_to_nothing_reopens_unchanged() {
+fn sealed_partition_with_an_unreadable_only_segment_is_missing_data() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     let no_checkpoint = LogOptions {
@@ -646,15 +646,30 @@ fn sealed_partition_cut_to_nothing_reopens_unchanged() {
         .unwrap();
     f.set_len(38).unwrap();
     drop(f);
+    let before = DirImage::capture(&dir).unwrap();
+    let err = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap_err();
+    assert!(err.to_string().contains("0..10"), "{err}");
+    let after = DirImage::capture(&dir).unwrap();
+    assert!(before == after, "{}", before.diff_summary(&after));
     let read = |log: &Log| {
         let p = log.topic("t").unwrap().partition(0).unwrap();
-        (p.start_offset(), p.end_offset(), p.read(0, 10).is_ok())
+        (
+            p.start_offset(),
+            p.end_offset(),
+            p.read(0, 10).err().map(|e| e.to_string()),
+        )
     };
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, opts(RecoveryMode::Truncate)).unwrap();
+    assert!(log.recovery_report().changed_anything());
     let first = read(&log);
+    assert_eq!(first.1, 10, "offsets up to the seal stay handed out");
+    assert!(
+        first.2.is_some(),
+        "the lost records read as an error, not as data"
+    );
     log.close().unwrap();
     let log = Log::open(&dir, opts(RecoveryMode::Strict))
-        .unwrap_or_else(|e| panic!("Strict reopen after a Strict open: {e}"));
+        .unwrap_or_else(|e| panic!("Strict reopen after a Truncate open: {e}"));
     assert_eq!(read(&log), first);
     assert!(
         log.recovery_report().files.is_empty(),

@@ -647,11 +647,6 @@ pub fn repair_chain(
         // their stale records would continue the chain (phantoms, C2).
         crate::storage::sync_dir(p.hook, IoOp::SyncRecoveryDir, p.dir)?;
     }
-    if let Some(path) = torn_creation {
-        std::fs::remove_file(&path).at(&path)?;
-        let _ = std::fs::remove_file(path.with_extension("idx"));
-        crate::storage::sync_dir(p.hook, IoOp::SyncRecoveryDir, p.dir)?;
-    }
     let chain_end = out.segments.last().map_or(floor, |s| s.end_offset());
     // The checkpoint's segment is gone (not retired, not set aside by an
     // earlier repair), or an active partition has no segment at all (its
@@ -669,7 +664,11 @@ pub fn repair_chain(
     // segment after it existed (whatever followed it here was cut or is
     // missing).
     let ends_rolled = out.segments.last().is_some_and(|s| s.is_sealed());
-    if no_segment || synced_cut || ends_rolled {
+    // A sealed partition whose files hold less than its seal lost data
+    // whatever its files look like (its only segment unreadable, say): the
+    // split or merge that sealed it synced its segments and their names
+    // before its record committed.
+    if p.sealed.is_some() || no_segment || synced_cut || ends_rolled {
         // Data is missing from a sealed partition: its offsets up to the
         // manifest's seal were handed out (its children continue after
         // them), whether or not a checkpoint recorded them. Below the seal
@@ -726,6 +725,13 @@ pub fn repair_chain(
             (path, what)
         };
         missing(p, &path, lost, what, &mut out, report)?;
+    }
+    // Removed only now: a mode that refuses missing data (above) leaves
+    // every file as it was.
+    if let Some(path) = torn_creation {
+        std::fs::remove_file(&path).at(&path)?;
+        let _ = std::fs::remove_file(path.with_extension("idx"));
+        crate::storage::sync_dir(p.hook, IoOp::SyncRecoveryDir, p.dir)?;
     }
     if p.mode.write && known_end > chain_end {
         // Offsets below `known_end` were handed out (and may sit in a saved

@@ -244,7 +244,6 @@ fn unclean_open_full_disk_after_big_batch(mnt: &Path) {
 }
 
 #[test]
-#[ignore = "open: the recovery scan reads the sparse tail of an active segment through the mapping"]
 fn unclean_open_on_full_disk_after_pwrite_batch_is_no_sigbus() {
     in_child_on_tmpfs(
         "unclean_open_on_full_disk_after_pwrite_batch_is_no_sigbus",
@@ -316,7 +315,6 @@ fn strict_open_of_damaged_segment_on_small_tmpfs(mnt: &Path) {
 }
 
 #[test]
-#[ignore = "open: the recovery scan reads the sparse tail of an active segment through the mapping"]
 fn strict_open_of_damaged_sparse_segment_is_an_error_not_sigbus() {
     in_child_on_tmpfs(
         "strict_open_of_damaged_sparse_segment_is_an_error_not_sigbus",

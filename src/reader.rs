@@ -333,7 +333,7 @@ impl Reader {
     /// drained: its children open once their other parents are drained.
     fn drop_removed(&mut self) {
         let lineage = self.lineage.clone();
-        let gone: Vec<u32> = self
+        let gone: BTreeSet<u32> = self
             .positions
             .keys()
             .chain(&self.drained)
@@ -343,7 +343,8 @@ impl Reader {
         if gone.is_empty() {
             return;
         }
-        for id in gone {
+        let mut opened = Vec::new();
+        for &id in &gone {
             if let Some(start) = self.positions.remove(&id) {
                 self.pending.retain(|r| r.partition != id);
                 let end = lineage
@@ -370,6 +371,7 @@ impl Reader {
                 if !known && ready {
                     // From the child's first offset: see `open_children`.
                     self.positions.insert(c, 0);
+                    opened.push(c);
                 }
             }
         }
@@ -390,6 +392,47 @@ impl Reader {
             .collect();
         for r in orphans {
             self.positions.insert(r, 0);
+            opened.push(r);
+        }
+        // A removed partition the reader had read (or was reading) stays
+        // in `drained` while one of its children is not open yet (a merge
+        // child waiting for its other parent), as any drained partition
+        // does: the cut then still says it was passed.
+        let passed = lineage.ancestors(self.positions.keys().chain(&self.drained).copied());
+        for &id in &gone {
+            let waiting = lineage.children_naming(id).into_iter().any(|c| {
+                !self.positions.contains_key(&c)
+                    && !self.drained.contains(&c)
+                    && !passed.contains(&c)
+            });
+            if waiting {
+                self.drained.insert(id);
+            }
+        }
+        // A removed parent of a partition opened here that the reader did
+        // not know (neither read nor drained) was never read: its records
+        // went with it, from its first offset to its seal.
+        let mut unread = BTreeSet::new();
+        for c in opened {
+            for &q in lineage.parents(c) {
+                if !lineage.contains(q) && !gone.contains(&q) {
+                    unread.insert(q);
+                }
+            }
+        }
+        for q in unread {
+            let end = lineage
+                .removed_seals
+                .get(&q)
+                .copied()
+                .unwrap_or(REMOVED_END);
+            if end > 0 {
+                self.retained.push(RetainedRange {
+                    partition: q,
+                    start: 0,
+                    end,
+                });
+            }
         }
     }
 

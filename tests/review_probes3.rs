@@ -592,3 +592,93 @@ fn removal_of_a_whole_generation_reports_every_lost_partition() {
         assert!(lost.contains(&p), "partition {p}: {:?}", r.retained());
     }
 }
+
+// ---- Single-target sync rounds (C1) ----
+
+/// Fails, after it ran, the first fsync of a segment of `t0/p0` once armed
+/// (EIO: the kernel may have dropped the pages).
+#[derive(Debug, Default)]
+struct FailSegmentSync {
+    armed: std::sync::atomic::AtomicBool,
+    fired: std::sync::atomic::AtomicBool,
+}
+
+impl fissionlog::IoHook for FailSegmentSync {
+    fn before(&self, _op: fissionlog::IoOp, _path: &Path) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn after(
+        &self,
+        op: fissionlog::IoOp,
+        path: &Path,
+        result: std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering;
+        if op == fissionlog::IoOp::SyncSegment
+            && path.to_string_lossy().contains("t0/p0")
+            && self.armed.swap(false, Ordering::AcqRel)
+        {
+            self.fired.store(true, Ordering::Release);
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        result
+    }
+}
+
+/// One partition of a `SyncPolicy::Always` topic: each append's sync round
+/// has one target, synced with a direct fdatasync. When that fdatasync
+/// fails, the append (small or a large `pwrite` batch) is not
+/// acknowledged, the record never becomes visible to durable reads, later
+/// appends and syncs report the failure, and no later round claims it.
+#[test]
+fn failed_single_target_fdatasync_is_never_reported_durable() {
+    use std::sync::atomic::Ordering;
+    for len in [100, BIG] {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("log");
+        let hook = std::sync::Arc::new(FailSegmentSync::default());
+        let log = Log::open_with_hook(&dir, opts(), hook.clone()).unwrap();
+        let t = log
+            .create_topic(
+                "t",
+                TopicConfig {
+                    partitions: 1,
+                    segment_bytes: SEG_4M,
+                    sync: SyncPolicy::Always,
+                    ..TopicConfig::default()
+                },
+            )
+            .unwrap();
+        for i in 0..3 {
+            assert_eq!(append(&log, i, len).unwrap(), i);
+        }
+        let p = t.partition(0).unwrap();
+        assert_eq!(p.durable_end_offset(), 3);
+        hook.armed.store(true, Ordering::Release);
+        let err = append(&log, 3, len);
+        assert!(hook.fired.load(Ordering::Acquire), "the segment fsync ran");
+        assert!(
+            err.is_err(),
+            "len {len}: an append whose sync failed was acknowledged"
+        );
+        assert_eq!(p.durable_end_offset(), 3, "len {len}");
+        assert!(append(&log, 4, len).is_err(), "len {len}: appends go on");
+        assert!(
+            log.sync().is_err(),
+            "len {len}: a later sync claims the record"
+        );
+        assert_eq!(p.durable_end_offset(), 3, "len {len}");
+        let mut r = t.reader(fissionlog::StartAt::Earliest).unwrap();
+        let mut seen = 0;
+        loop {
+            let got = r.poll(100).unwrap();
+            if got.is_empty() {
+                break;
+            }
+            seen += got.len();
+        }
+        assert_eq!(seen, 3, "len {len}: durable reads see only synced records");
+        log.abandon();
+    }
+}

@@ -682,3 +682,176 @@ fn failed_single_target_fdatasync_is_never_reported_durable() {
         log.abandon();
     }
 }
+
+// ---- Full disk with mixed batch sizes, rolls and unclean opens (C1, C6) ----
+
+/// Value length of record `i` in the mixed scenario: small stores into the
+/// mapping, and batches past 16 KiB written with `pwrite`.
+fn mixed_len(i: u64) -> usize {
+    match i % 7 {
+        0 => 40 << 10,
+        3 => 17 << 10,
+        5 => 200 << 10,
+        _ => 100 + (i as usize % 5) * 300,
+    }
+}
+
+/// Appends mixed records from `from` until the disk is full; returns the
+/// next offset (every record below it acknowledged). The error must be
+/// `Error::NoSpace`.
+fn append_until_full(log: &Log, from: u64) -> u64 {
+    let mut next = from;
+    loop {
+        match append(log, next, mixed_len(next)) {
+            Ok(off) => {
+                assert_eq!(off, next, "offsets are dense and never reused");
+                next += 1;
+            }
+            Err(Error::NoSpace { .. }) => return next,
+            Err(e) => panic!("record {next}: {e}"),
+        }
+        assert!(next < 100_000, "the disk never filled up");
+    }
+}
+
+/// Segments of 1 MiB (rolls every few records), mixed small and large
+/// batches, filled to ENOSPC (a large batch fails inside its `pwrite`
+/// or its allocation), then: reads, an unclean open on the full disk,
+/// appends refused there, space freed, appends again, a clean reopen.
+/// Never a SIGBUS; every acknowledged record is there, once, in order.
+fn mixed_full_disk(mnt: &Path) {
+    let dir = mnt.join("log");
+    let reserve = mnt.join("reserve");
+    std::fs::write(&reserve, vec![1u8; 3 << 20]).unwrap();
+    let log = Log::open(&dir, opts()).unwrap();
+    log.create_topic(
+        "t",
+        TopicConfig {
+            partitions: 1,
+            segment_bytes: 1 << 20,
+            sync: SyncPolicy::Never,
+            ..TopicConfig::default()
+        },
+    )
+    .unwrap();
+    let acked = append_until_full(&log, 0);
+    assert!(acked > 20, "{acked} records");
+    assert_eq!(read_all(&log, mixed_len), acked);
+    log.sync().unwrap();
+    log.abandon();
+    // Unclean open on the full disk.
+    let log = Log::open(&dir, opts()).unwrap();
+    assert_eq!(read_all(&log, mixed_len), acked);
+    let acked = append_until_full(&log, acked);
+    assert_eq!(read_all(&log, mixed_len), acked);
+    log.sync().unwrap();
+    log.abandon();
+    std::fs::remove_file(&reserve).unwrap();
+    let log = Log::open(&dir, opts()).unwrap();
+    assert_eq!(read_all(&log, mixed_len), acked);
+    let mut next = acked;
+    for _ in 0..10 {
+        assert_eq!(append(&log, next, mixed_len(next)).unwrap(), next);
+        next += 1;
+    }
+    log.close().unwrap();
+    let log = Log::open(&dir, opts()).unwrap();
+    assert!(log.recovery_report().clean_shutdown);
+    assert_eq!(read_all(&log, mixed_len), next);
+    let used = disk_usage(&dir);
+    let data: u64 = (0..next).map(|i| mixed_len(i) as u64 + 100).sum();
+    assert!(
+        used <= data + data / 50 + (5 << 20),
+        "{used} bytes on disk for about {data} bytes of data"
+    );
+    log.close().unwrap();
+}
+
+#[test]
+fn mixed_batches_to_a_full_disk_and_back() {
+    in_child_on_tmpfs(
+        "mixed_batches_to_a_full_disk_and_back",
+        24 << 20,
+        mixed_full_disk,
+    );
+}
+
+// ---- Tail-following readers and large batches (C2, C4) ----
+
+/// A reader follows the tail while a writer appends small records and
+/// large `pwrite` batches into 1 MiB segments (rolls, trims), and splits
+/// the partition halfway: every record comes out once, byte for byte, in
+/// per-key order, and the reader ends on the active partitions.
+#[test]
+fn tail_reader_follows_mixed_batches_across_rolls_and_a_split() {
+    let root = tempfile::tempdir().unwrap();
+    let log = Log::open(root.path(), opts()).unwrap();
+    let topic = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 1,
+                segment_bytes: 1 << 20,
+                sync: SyncPolicy::Never,
+                ..TopicConfig::default()
+            },
+        )
+        .unwrap();
+    const N: u64 = 300;
+    let mut reader = topic.reader(fissionlog::StartAt::Latest).unwrap();
+    let writer = {
+        let topic = topic.clone();
+        std::thread::spawn(move || {
+            for i in 0..N {
+                let key = format!("k{}", i % 4);
+                let recs: Vec<Vec<u8>> = (0..1 + i % 3)
+                    .map(|j| value(i * 10 + j, mixed_len(i) / 2))
+                    .collect();
+                let batch: Vec<NewRecord<'_>> = recs
+                    .iter()
+                    .map(|v| NewRecord {
+                        key: Some(key.as_bytes()),
+                        value: v,
+                        timestamp: Some(i as i64),
+                    })
+                    .collect();
+                topic.append_batch(&batch).unwrap();
+                if i == N / 2 {
+                    topic.split(0, fissionlog::SplitPlan::Even).unwrap();
+                }
+            }
+        })
+    };
+    let want: u64 = (0..N).map(|i| 1 + i % 3).sum();
+    let mut got = 0u64;
+    let mut last: std::collections::BTreeMap<String, (i64, u64)> = Default::default();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while got < want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "stalled at {got}/{want}"
+        );
+        for r in reader
+            .poll_wait(64, std::time::Duration::from_millis(200))
+            .unwrap()
+        {
+            let key = String::from_utf8(r.key.clone().unwrap()).unwrap();
+            let i = r.timestamp as u64;
+            let j = (0..3)
+                .find(|&j| r.value == value(i * 10 + j, mixed_len(i) / 2))
+                .unwrap_or_else(|| panic!("record {i} of {key}: bytes differ"));
+            let at = (r.timestamp, j);
+            if let Some(prev) = last.get(&key) {
+                assert!(*prev < at, "{key}: {at:?} after {prev:?}");
+            }
+            last.insert(key, at);
+            got += 1;
+        }
+    }
+    writer.join().unwrap();
+    assert_eq!(got, want);
+    assert!(reader.poll(10).unwrap().is_empty(), "no duplicates");
+    let mut open = reader.open_partitions();
+    open.sort();
+    assert_eq!(open, topic.active_partitions());
+}

@@ -62,6 +62,14 @@ pub struct Cut {
     /// versions (not checked then).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub last_records: BTreeMap<u32, u64>,
+    /// Removed partitions that were already gone when the reader started
+    /// (from `Earliest` or `Latest`) and that the topology still names as
+    /// a parent: they were never this reader's to read, so their loss is
+    /// not reported when it opens their children. Absent in cuts of older
+    /// versions (every removed partition the reader did not read is then
+    /// reported).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub removed_before: BTreeSet<u32>,
 }
 
 impl Cut {
@@ -115,6 +123,8 @@ pub struct Reader {
     retained: Vec<RetainedRange>,
     /// See [`Cut::last_records`].
     last_records: BTreeMap<u32, u64>,
+    /// See [`Cut::removed_before`].
+    removed_before: BTreeSet<u32>,
     /// None: each partition's default (from its topic's sync policy).
     isolation: Option<ReadIsolation>,
     /// Records read and not handed out yet: consecutive records of one
@@ -154,6 +164,8 @@ impl Topic {
         let mut positions = BTreeMap::new();
         let mut drained = BTreeSet::new();
         let mut last_records = BTreeMap::new();
+        // Gone before a reader from the oldest data or from now started.
+        let mut removed_before: BTreeSet<u32> = lineage.removed_seals.keys().copied().collect();
         match start {
             StartAt::Earliest => {
                 for id in lineage.roots() {
@@ -201,6 +213,7 @@ impl Topic {
                 positions = cut.positions;
                 drained = cut.drained;
                 last_records = cut.last_records;
+                removed_before = cut.removed_before;
             }
         }
         let mut r = Reader {
@@ -211,6 +224,7 @@ impl Topic {
             next_rr: 0,
             retained: Vec::new(),
             last_records,
+            removed_before,
             isolation: None,
             pending: VecDeque::new(),
         };
@@ -291,6 +305,13 @@ impl Reader {
                 .iter()
                 .filter(|(id, _)| self.positions.contains_key(id))
                 .map(|(&id, &f)| (id, f))
+                .collect(),
+            // Only those still named matter: bounded by the topology.
+            removed_before: self
+                .removed_before
+                .iter()
+                .filter(|id| self.lineage.removed_seals.contains_key(id))
+                .copied()
                 .collect(),
         }
     }
@@ -410,12 +431,13 @@ impl Reader {
             }
         }
         // A removed parent of a partition opened here that the reader did
-        // not know (neither read nor drained) was never read: its records
-        // went with it, from its first offset to its seal.
+        // not know (neither read nor drained) and that was not gone before
+        // it started was never read: its records went with it, from its
+        // first offset to its seal.
         let mut unread = BTreeSet::new();
         for c in opened {
             for &q in lineage.parents(c) {
-                if !lineage.contains(q) && !gone.contains(&q) {
+                if !lineage.contains(q) && !gone.contains(&q) && !self.removed_before.contains(&q) {
                     unread.insert(q);
                 }
             }

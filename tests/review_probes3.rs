@@ -977,7 +977,6 @@ fn cuts_taken_mid_buffer_resume_exactly_once_after_a_kill() {
 /// resumed from its cut) reports 1 from its position, but not 0: 0 was
 /// gone before the reader started, not lost to it.
 #[test]
-#[ignore = "open: a reader reports a removed merge parent that was gone before it started"]
 fn partition_removed_before_an_earliest_reader_started_is_not_reported() {
     let root = tempfile::tempdir().unwrap();
     let log = Log::open(root.path(), opts()).unwrap();

@@ -1038,3 +1038,126 @@ fn partition_removed_before_an_earliest_reader_started_is_not_reported() {
         "reader from the cut"
     );
 }
+
+// ---- Segment files of older layouts (C6, C7) ----
+
+/// Allocates `[from, from + len)` of the file at `path` (extending it).
+fn fallocate(path: &Path, from: u64, len: u64) {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    // SAFETY: plain syscall on an fd we own; no memory is passed.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, from as libc::off_t, len as libc::off_t) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+}
+
+/// The active segment of a closed log rewritten as older versions left it:
+/// a file exactly as long as what was allocated (data plus a chunk), or a
+/// whole segment preallocated. Each opens (cleanly and after a kill),
+/// takes small and large appends up to a full disk with `Error::NoSpace`,
+/// keeps every acknowledged record, and a second open changes nothing.
+fn older_layouts(mnt: &Path) {
+    for (n, layout) in ["chunked", "preallocated"].into_iter().enumerate() {
+        let dir = mnt.join(format!("log{n}"));
+        let log = create(&dir);
+        let mut next = 0;
+        while next < 30 {
+            assert_eq!(append(&log, next, mixed_len(next)).unwrap(), next);
+            next += 1;
+        }
+        let seg = {
+            let p = log.topic("t").unwrap().partition(0).unwrap();
+            let info = p.segment_infos();
+            let last = info.last().unwrap();
+            (last.path.clone(), 64 + last.data_bytes)
+        };
+        log.close().unwrap();
+        let (path, data_end) = seg;
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        match layout {
+            "chunked" => {
+                let len = data_end.div_ceil(4096) * 4096 + (64 << 10);
+                f.set_len(len).unwrap();
+                fallocate(&path, 0, len);
+            }
+            _ => fallocate(&path, 0, SEG_4M),
+        }
+        drop(f);
+        let log = Log::open(&dir, opts()).unwrap();
+        assert_eq!(read_all(&log, mixed_len), next, "{layout}");
+        for _ in 0..5 {
+            assert_eq!(append(&log, next, mixed_len(next)).unwrap(), next);
+            next += 1;
+        }
+        log.abandon();
+        let log = Log::open(&dir, opts()).unwrap();
+        assert_eq!(read_all(&log, mixed_len), next, "{layout}");
+        log.close().unwrap();
+    }
+    // Both logs to a full disk. A close there may fail (with
+    // `Error::NoSpace`: it writes index files); the next open recovers.
+    let reserve = mnt.join("reserve");
+    std::fs::write(&reserve, vec![1u8; 2 << 20]).unwrap();
+    let mut ends = Vec::new();
+    for n in 0..2 {
+        let dir = mnt.join(format!("log{n}"));
+        let log = Log::open(&dir, opts()).unwrap();
+        let end = read_all(&log, mixed_len);
+        let end = append_until_full(&log, end);
+        assert_eq!(read_all(&log, mixed_len), end);
+        match log.close() {
+            Ok(()) | Err(Error::NoSpace { .. }) => {}
+            Err(e) => panic!("close on a full disk: {e}"),
+        }
+        ends.push(end);
+    }
+    std::fs::remove_file(&reserve).unwrap();
+    for (n, end) in ends.into_iter().enumerate() {
+        let dir = mnt.join(format!("log{n}"));
+        let log = Log::open(&dir, opts()).unwrap();
+        assert_eq!(read_all(&log, mixed_len), end);
+        log.close().unwrap();
+        let before = std::fs::read_dir(dir.join("topics/t0/p0"))
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name(), std::fs::read(e.path()).unwrap())
+            })
+            .collect::<std::collections::BTreeMap<_, _>>();
+        let log = Log::open(&dir, opts()).unwrap();
+        assert_eq!(read_all(&log, mixed_len), end);
+        log.close().unwrap();
+        let after = std::fs::read_dir(dir.join("topics/t0/p0"))
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name(), std::fs::read(e.path()).unwrap())
+            })
+            .collect::<std::collections::BTreeMap<_, _>>();
+        let names = |m: &std::collections::BTreeMap<std::ffi::OsString, Vec<u8>>| {
+            m.keys().cloned().collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(&before),
+            names(&after),
+            "log{n}: a second open changed the files"
+        );
+        for (k, v) in &before {
+            let w = &after[k];
+            let common = v.len().min(w.len());
+            assert!(
+                v[..common] == w[..common]
+                    && v[common..].iter().chain(&w[common..]).all(|&b| b == 0),
+                "log{n}: a second open changed {k:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn segment_files_of_older_layouts_open_and_fill_the_disk() {
+    in_child_on_tmpfs(
+        "segment_files_of_older_layouts_open_and_fill_the_disk",
+        32 << 20,
+        older_layouts,
+    );
+}

@@ -1161,3 +1161,123 @@ fn segment_files_of_older_layouts_open_and_fill_the_disk() {
         older_layouts,
     );
 }
+
+// ---- SIGKILL around large batches (C1, C2, C3) ----
+
+/// Value of the record at offset `i` in the kill scenario: every third
+/// one a batch past 16 KiB (written with `pwrite`), the rest small.
+fn kill_value(i: u64) -> Vec<u8> {
+    let len = if i.is_multiple_of(3) {
+        (16 << 10) + (i as usize * 977) % (48 << 10)
+    } else {
+        20 + (i as usize * 31) % 300
+    };
+    value(i, len)
+}
+
+fn kill_config() -> TopicConfig {
+    TopicConfig {
+        partitions: 1,
+        segment_bytes: 256 << 10,
+        sync: SyncPolicy::Always,
+        ..TopicConfig::default()
+    }
+}
+
+/// Child: appends `kill_value(offset)` records forever and prints each
+/// acknowledged offset.
+fn kill_child_scenario(dir: &Path) {
+    use std::io::Write;
+    let log = Log::open(dir, opts()).unwrap();
+    let t = log.topic_or_create("t", kill_config()).unwrap();
+    let mut next = t.partition(0).unwrap().end_offset();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "READY").unwrap();
+    loop {
+        let key = format!("k{}", next % 4);
+        let at = t
+            .append_to(
+                0,
+                &[NewRecord {
+                    key: Some(key.as_bytes()),
+                    value: &kill_value(next),
+                    timestamp: Some(next as i64),
+                }],
+            )
+            .unwrap();
+        assert_eq!(at, next);
+        writeln!(out, "ACK {at}").unwrap();
+        out.flush().unwrap();
+        next += 1;
+    }
+}
+
+/// A child process appending small and large batches is SIGKILLed at
+/// seeded moments (several rounds on one log): after each, every
+/// acknowledged record is there byte for byte, every record present is
+/// one that was appended at its offset (no phantom), and offsets go on
+/// from the end (no reuse).
+#[test]
+fn sigkill_around_large_batches_keeps_every_acknowledged_record() {
+    const NAME: &str = "sigkill_around_large_batches_keeps_every_acknowledged_record";
+    if let Some(dir) = child_dir(NAME) {
+        kill_child_scenario(&dir);
+        return;
+    }
+    use std::io::{BufRead, BufReader};
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let mut acked_end = 0u64;
+    for round in 0..4u64 {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, NAME)
+            .env(CHILD_DIR_ENV, &dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let kill_after = 5 + (round * 37 + 11) % 40;
+        let mut acks = 0;
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            if let Some(off) = line.strip_prefix("ACK ") {
+                let off: u64 = off.parse().unwrap();
+                assert!(off >= acked_end, "round {round}: offset {off} reused");
+                acked_end = off + 1;
+                acks += 1;
+                if acks >= kill_after {
+                    break;
+                }
+            }
+        }
+        assert_eq!(acks, kill_after, "round {round}: the child stopped early");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let log = Log::open(&dir, opts()).unwrap();
+        let p = log.topic("t").unwrap().partition(0).unwrap();
+        let end = p.end_offset();
+        assert!(
+            end >= acked_end,
+            "round {round}: end {end} < acknowledged {acked_end}"
+        );
+        let mut next = p.start_offset();
+        while next < end {
+            let b = p.read(next, 1 << 20).unwrap();
+            for r in b.iter() {
+                assert_eq!(r.offset, next, "round {round}");
+                assert_eq!(
+                    r.value,
+                    kill_value(next).as_slice(),
+                    "round {round}: record {next}"
+                );
+                next += 1;
+            }
+        }
+        acked_end = end;
+        log.close().unwrap();
+    }
+}

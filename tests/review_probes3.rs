@@ -1421,3 +1421,222 @@ fn power_loss_around_large_batches() {
     }
     log.close().unwrap();
 }
+
+// ---- Random topology changes, retention removal and reopens under readers (C4, C8) ----
+
+/// One random run: appends (records that retention will expire, and live
+/// ones), splits, merges, retention (which removes emptied sealed
+/// partitions), reopens, a live reader polling random amounts and cuts
+/// taken at random moments. At the end, the live reader and a reader
+/// resumed from every cut: no record twice, per-key order, ends on the
+/// active partitions; a cut reader gets every live record the live reader
+/// had not handed out when the cut was taken, and none it had.
+fn random_reader_run(seed: u64) {
+    use common::crash::SplitMix64;
+    use std::collections::{BTreeMap, HashSet};
+    let mut rng = SplitMix64::new(seed);
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let ropts = || LogOptions {
+        balancer: false,
+        background_retention: false,
+        ..LogOptions::default()
+    };
+    let mut log = Log::open(&dir, ropts()).unwrap();
+    let mut topic = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 2,
+                segment_bytes: 4096,
+                retention_age: Some(std::time::Duration::from_secs(3600)),
+                ..TopicConfig::default()
+            },
+        )
+        .unwrap();
+    let mut seq: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut live_records: HashSet<(u32, u64)> = HashSet::new();
+    // Where each record went: (partition, offset).
+    let mut placed: BTreeMap<(u32, u64), (u32, u64)> = BTreeMap::new();
+    let mut reader = topic.reader(fissionlog::StartAt::Earliest).unwrap();
+    let mut handed: Vec<(u32, u64)> = Vec::new();
+    // With each cut, what the live reader had handed out and what it had
+    // reported lost (across reopens) when the cut was taken.
+    let mut cuts: Vec<(fissionlog::Cut, usize, Vec<fissionlog::RetainedRange>)> = Vec::new();
+    let mut lost_live: Vec<fissionlog::RetainedRange> = Vec::new();
+    let parse = |r: &fissionlog::OwnedRecord| -> (u32, u64) {
+        let s = std::str::from_utf8(&r.value).unwrap();
+        let mut it = s.split(':');
+        (
+            it.next().unwrap().parse().unwrap(),
+            it.next().unwrap().parse().unwrap(),
+        )
+    };
+    for step in 0..60 {
+        match rng.below(10) {
+            0..=3 => {
+                let old = rng.coin();
+                let n = 1 + rng.below(30) as u32;
+                let mut ks = Vec::new();
+                let items: Vec<(Vec<u8>, Vec<u8>)> = (0..n)
+                    .map(|_| {
+                        let k = rng.below(6) as u32;
+                        let s = seq.entry(k).or_insert(0);
+                        *s += 1;
+                        if !old {
+                            live_records.insert((k, *s));
+                        }
+                        ks.push((k, *s));
+                        (
+                            format!("key-{k}").into_bytes(),
+                            format!("{k}:{s}:{}", "x".repeat(40)).into_bytes(),
+                        )
+                    })
+                    .collect();
+                let recs: Vec<NewRecord<'_>> = items
+                    .iter()
+                    .map(|(k, v)| NewRecord {
+                        key: Some(k),
+                        value: v,
+                        timestamp: old.then_some(OLD_TS),
+                    })
+                    .collect();
+                let mut at = Vec::new();
+                for c in recs.chunks(10) {
+                    at.extend(topic.append_batch(c).unwrap());
+                }
+                for (rec, a) in ks.into_iter().zip(at) {
+                    placed.insert(rec, (a.partition, a.offset));
+                }
+            }
+            4 => {
+                let active = topic.active_partitions();
+                let p = active[rng.below(active.len() as u64) as usize];
+                let _ = topic.split(p, fissionlog::SplitPlan::Even);
+            }
+            5 => {
+                let mut parts: Vec<_> = topic
+                    .partitions()
+                    .into_iter()
+                    .filter(|p| p.sealed_at.is_none())
+                    .collect();
+                parts.sort_by_key(|p| p.start);
+                if parts.len() >= 2 {
+                    let i = rng.below(parts.len() as u64 - 1) as usize;
+                    let _ = topic.merge(parts[i].id, parts[i + 1].id);
+                }
+            }
+            6 => {
+                log.sync().unwrap();
+                log.enforce_retention().unwrap();
+            }
+            7 => {
+                let mut lost = lost_live.clone();
+                lost.extend_from_slice(reader.retained());
+                cuts.push((reader.cut(), handed.len(), lost));
+            }
+            8 if step % 3 == 0 => {
+                let cut = reader.cut();
+                lost_live.extend_from_slice(reader.retained());
+                log.close().unwrap();
+                log = Log::open(&dir, ropts()).unwrap();
+                topic = log.topic("t").unwrap();
+                reader = topic.reader(fissionlog::StartAt::Cut(cut)).unwrap();
+            }
+            _ => {
+                let n = 1 + rng.below(40) as usize;
+                for r in reader.poll(n).unwrap() {
+                    handed.push(parse(&r));
+                }
+            }
+        }
+    }
+    log.sync().unwrap();
+    let check = |name: &str, got: &[(u32, u64)], r: &fissionlog::Reader| {
+        let mut last: BTreeMap<u32, u64> = BTreeMap::new();
+        for &(k, s) in got {
+            if let Some(&l) = last.get(&k) {
+                assert!(s > l, "seed {seed}, {name}: key {k}: {s} after {l}");
+            }
+            last.insert(k, s);
+        }
+        let mut open = r.open_partitions();
+        open.sort();
+        let mut active = topic.active_partitions();
+        active.sort();
+        assert_eq!(open, active, "seed {seed}, {name}: stalled");
+    };
+    loop {
+        let got = reader.poll(1000).unwrap();
+        if got.is_empty() {
+            break;
+        }
+        handed.extend(got.iter().map(parse));
+    }
+    check("live reader", &handed, &reader);
+    for (i, (cut, at, lost)) in cuts.iter().enumerate() {
+        let name = format!("cut {i}");
+        let mut r = topic.reader(fissionlog::StartAt::Cut(cut.clone())).unwrap();
+        let mut got = Vec::new();
+        loop {
+            let g = r.poll(1000).unwrap();
+            if g.is_empty() {
+                break;
+            }
+            got.extend(g.iter().map(parse));
+        }
+        check(&name, &got, &r);
+        let before: HashSet<(u32, u64)> = handed[..*at].iter().copied().collect();
+        let after: HashSet<(u32, u64)> = got.iter().copied().collect();
+        assert!(
+            before.is_disjoint(&after),
+            "seed {seed}, {name}: re-delivered {:?}",
+            before.intersection(&after).take(5).collect::<Vec<_>>()
+        );
+        for rec in &live_records {
+            assert!(
+                before.contains(rec) || after.contains(rec),
+                "seed {seed}, {name}: live record {rec:?} skipped; retained {:?}",
+                r.retained()
+            );
+        }
+        // An expired record the cut reader did not get is reported lost,
+        // unless nothing names its partition any more (the open gap of
+        // `removal_of_a_whole_generation_reports_every_lost_partition`).
+        let infos = topic.partitions();
+        let named: HashSet<u32> = infos
+            .iter()
+            .flat_map(|p| std::iter::once(p.id).chain(p.removed_parents.iter().map(|q| q.0)))
+            .chain(cut.positions.keys().copied())
+            .chain(cut.drained.iter().copied())
+            .collect();
+        let covered = |g: &fissionlog::RetainedRange, p: u32, off: u64| {
+            g.partition == p && g.start <= off && off < g.end
+        };
+        for (rec, &(p, off)) in &placed {
+            if before.contains(rec)
+                || after.contains(rec)
+                || !named.contains(&p)
+                || lost.iter().any(|g| covered(g, p, off))
+            {
+                continue;
+            }
+            assert!(
+                r.retained().iter().any(|g| covered(g, p, off)),
+                "seed {seed}, {name}: record {rec:?} at {p}/{off} skipped without a report; retained {:?}\ncut {cut:?}\npartitions {:?}",
+                r.retained(),
+                infos.iter().map(|p| (p.id, p.parents.clone(), p.removed_parents.clone(), p.sealed_at, p.start_offset, p.end_offset)).collect::<Vec<_>>()
+            );
+        }
+    }
+    log.close().unwrap();
+}
+
+#[test]
+#[ignore = "open: a removed split sibling whose merge child opens later is skipped without a report"]
+fn random_topology_changes_and_removals_under_readers() {
+    // Seed 271 found the gap.
+    for seed in [271].into_iter().chain(0..40) {
+        random_reader_run(seed);
+    }
+}

@@ -1640,3 +1640,62 @@ fn random_topology_changes_and_removals_under_readers() {
         random_reader_run(seed);
     }
 }
+
+/// Appends `n` records to partition `p` (a key routed there), old or live.
+fn put_to(topic: &fissionlog::Topic, p: u32, n: u32, old: bool) {
+    let k = (0..)
+        .map(|k| format!("key-{k}"))
+        .find(|k| topic.route(k.as_bytes()) == p)
+        .unwrap();
+    for i in 0..n {
+        topic
+            .append_batch(&[NewRecord {
+                key: Some(k.as_bytes()),
+                value: format!("{p}:{i}").as_bytes(),
+                timestamp: old.then_some(OLD_TS),
+            }])
+            .unwrap();
+    }
+}
+
+/// Partition 0 splits into 1 and 2, 2 into 3 and 4, and 1 merges with 3
+/// into 5. Retention removes 0 and 1 (old records). A reader resumed from
+/// a cut taken at the start goes 0 → 2 → 3, 4 → 5; partition 1 is a
+/// parent of 5 it never read, and its records are gone: the reader must
+/// report them when it opens 5 (C8), not count 1 as drained.
+#[test]
+#[ignore = "open: a removed parent of a merge child opened after draining its other parent is not reported"]
+fn removed_merge_parent_never_read_is_reported_when_the_child_opens() {
+    let root = tempfile::tempdir().unwrap();
+    let log = Log::open(root.path(), opts()).unwrap();
+    let topic = log.create_topic("t", retention_config()).unwrap();
+    let cut = topic.reader(fissionlog::StartAt::Earliest).unwrap().cut();
+    assert_eq!(
+        topic.split(0, fissionlog::SplitPlan::Even).unwrap(),
+        vec![1, 2]
+    );
+    put_to(&topic, 1, 12, true);
+    put_to(&topic, 2, 5, false);
+    assert_eq!(
+        topic.split(2, fissionlog::SplitPlan::Even).unwrap(),
+        vec![3, 4]
+    );
+    assert_eq!(topic.merge(1, 3).unwrap(), 5);
+    put_to(&topic, 5, 4, false);
+    put_to(&topic, 4, 4, false);
+    log.sync().unwrap();
+    log.enforce_retention().unwrap();
+    let ids: Vec<u32> = topic.partitions().iter().map(|p| p.id).collect();
+    assert!(!ids.contains(&0) && !ids.contains(&1), "{ids:?}");
+    let mut r = topic.reader(fissionlog::StartAt::Cut(cut)).unwrap();
+    let got = drain_values(&mut r);
+    assert_eq!(got.len(), 13, "{got:?}");
+    assert_eq!(
+        r.retained(),
+        &[fissionlog::RetainedRange {
+            partition: 1,
+            start: 0,
+            end: 12,
+        }]
+    );
+}

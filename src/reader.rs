@@ -62,12 +62,12 @@ pub struct Cut {
     /// versions (not checked then).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub last_records: BTreeMap<u32, u64>,
-    /// Removed partitions that were already gone when the reader started
-    /// (from `Earliest` or `Latest`) and that the topology still names as
-    /// a parent: they were never this reader's to read, so their loss is
-    /// not reported when it opens their children. Absent in cuts of older
-    /// versions (every removed partition the reader did not read is then
-    /// reported).
+    /// Removed partitions the reader does not report when it opens their
+    /// children without having read them: those already gone when it
+    /// started (from `Earliest` or `Latest`: never its to read), and those
+    /// it reported already. Only ids the topology still names as a parent
+    /// are kept. Absent in cuts of older versions (every removed partition
+    /// the reader did not read is then reported).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub removed_before: BTreeSet<u32>,
 }
@@ -431,30 +431,9 @@ impl Reader {
             }
         }
         // A removed parent of a partition opened here that the reader did
-        // not know (neither read nor drained) and that was not gone before
-        // it started was never read: its records went with it, from its
-        // first offset to its seal.
-        let mut unread = BTreeSet::new();
+        // not know was never read.
         for c in opened {
-            for &q in lineage.parents(c) {
-                if !lineage.contains(q) && !gone.contains(&q) && !self.removed_before.contains(&q) {
-                    unread.insert(q);
-                }
-            }
-        }
-        for q in unread {
-            let end = lineage
-                .removed_seals
-                .get(&q)
-                .copied()
-                .unwrap_or(REMOVED_END);
-            if end > 0 {
-                self.retained.push(RetainedRange {
-                    partition: q,
-                    start: 0,
-                    end,
-                });
-            }
+            self.report_unread_parents(c, &gone);
         }
     }
 
@@ -555,9 +534,15 @@ impl Reader {
             // retention removed before this reader got there is then
             // reported by `poll`, not skipped.
             self.positions.insert(c, 0);
+            self.report_unread_parents(c, &BTreeSet::new());
             for &q in lineage.parents(c) {
-                if lineage
-                    .children(q)
+                // A removed parent's children are found by their naming it.
+                let children = if lineage.contains(q) {
+                    lineage.children(q).to_vec()
+                } else {
+                    lineage.children_naming(q)
+                };
+                if children
                     .iter()
                     .all(|s| self.positions.contains_key(s) || self.drained.contains(s))
                 {
@@ -565,6 +550,38 @@ impl Reader {
                     self.drained.remove(&q);
                 }
             }
+        }
+    }
+
+    /// Reports the removed parents of `c` (just opened) that this reader
+    /// never read: not in `drained` (where a removed partition it read
+    /// stays until its children are open), not in `gone` (handled by the
+    /// caller), not gone before it started and not reported already
+    /// ([`Cut::removed_before`]). Their records went with them, from
+    /// their first offset to their seal.
+    fn report_unread_parents(&mut self, c: u32, gone: &BTreeSet<u32>) {
+        let lineage = self.lineage.clone();
+        for &q in lineage.parents(c) {
+            if lineage.contains(q)
+                || gone.contains(&q)
+                || self.drained.contains(&q)
+                || self.removed_before.contains(&q)
+            {
+                continue;
+            }
+            let end = lineage
+                .removed_seals
+                .get(&q)
+                .copied()
+                .unwrap_or(REMOVED_END);
+            if end > 0 {
+                self.retained.push(RetainedRange {
+                    partition: q,
+                    start: 0,
+                    end,
+                });
+            }
+            self.removed_before.insert(q);
         }
     }
 

@@ -342,6 +342,9 @@ impl Reader {
         if self.topic.topology_generation() != self.lineage.generation {
             self.lineage = self.topic.lineage();
             self.drop_removed();
+            // No partition will name a removed one no partition names now.
+            let named = &self.lineage.removed_seals;
+            self.removed_before.retain(|id| named.contains_key(id));
         }
     }
 

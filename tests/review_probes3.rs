@@ -18,8 +18,9 @@ use fissionlog::{Error, Log, LogOptions, NewRecord, SyncPolicy, TopicConfig};
 const CHILD_ENV: &str = "FISSIONLOG_PROBE3_CHILD";
 const CHILD_DIR_ENV: &str = "FISSIONLOG_PROBE3_DIR";
 
-/// Tests of this file that spawn processes run one at a time (a process
-/// forked while another test holds a log's `flock` keeps it until exec).
+/// Tests of this file run one at a time: several spawn processes, and a
+/// process forked while another test holds a log's `flock` keeps that lock
+/// until it execs, so a reopen by that test could see `Locked`.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
@@ -390,6 +391,7 @@ fn drain_values(r: &mut fissionlog::Reader) -> Vec<String> {
 /// skip its records silently into partitions 3 and 4 (C8).
 #[test]
 fn removal_of_a_parent_and_its_child_reports_both_losses() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let log = Log::open(root.path(), opts()).unwrap();
     let topic = log.create_topic("t", retention_config()).unwrap();
@@ -469,6 +471,7 @@ fn now_ms() -> i64 {
 /// reader nor by readers resumed from cuts taken between the removals.
 #[test]
 fn removal_of_a_drained_merge_parent_is_not_reported_lost() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let log = Log::open(root.path(), opts()).unwrap();
     let topic = log
@@ -568,6 +571,7 @@ fn split_and_fill(topic: &fissionlog::Topic, p: u32, n: u32, old: bool) -> Vec<u
 #[test]
 #[ignore = "open: a removed partition no remaining partition names leaves nothing for a reader to report"]
 fn removal_of_a_whole_generation_reports_every_lost_partition() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let log = Log::open(root.path(), opts()).unwrap();
     let topic = log.create_topic("t", retention_config()).unwrap();
@@ -635,6 +639,7 @@ impl fissionlog::IoHook for FailSegmentSync {
 /// appends and syncs report the failure, and no later round claims it.
 #[test]
 fn failed_single_target_fdatasync_is_never_reported_durable() {
+    let _serial = serial();
     use std::sync::atomic::Ordering;
     for len in [100, BIG] {
         let root = tempfile::tempdir().unwrap();
@@ -786,6 +791,7 @@ fn mixed_batches_to_a_full_disk_and_back() {
 /// per-key order, and the reader ends on the active partitions.
 #[test]
 fn tail_reader_follows_mixed_batches_across_rolls_and_a_split() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let log = Log::open(root.path(), opts()).unwrap();
     let topic = log
@@ -867,6 +873,7 @@ fn tail_reader_follows_mixed_batches_across_rolls_and_a_split() {
 /// order, and ends on the active partitions.
 #[test]
 fn cuts_taken_mid_buffer_resume_exactly_once_after_a_kill() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     let log = Log::open(&dir, opts()).unwrap();
@@ -980,6 +987,7 @@ fn cuts_taken_mid_buffer_resume_exactly_once_after_a_kill() {
 /// gone before the reader started, not lost to it.
 #[test]
 fn partition_removed_before_an_earliest_reader_started_is_not_reported() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let log = Log::open(root.path(), opts()).unwrap();
     let topic = log
@@ -1313,6 +1321,7 @@ fn contents(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
 /// again changes no byte of the segments and reports no repair.
 #[test]
 fn second_unclean_open_after_large_batches_changes_nothing() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     let log = create(&dir);
@@ -1359,6 +1368,7 @@ fn second_unclean_open_after_large_batches_changes_nothing() {
 /// a second open of the recovered image changes no segment byte.
 #[test]
 fn power_loss_around_large_batches() {
+    let _serial = serial();
     use common::crash::CrashOptions;
     use common::model_hook::ModelHook;
     let root = tempfile::tempdir().unwrap();
@@ -1634,6 +1644,7 @@ fn random_reader_run(seed: u64) {
 
 #[test]
 fn random_topology_changes_and_removals_under_readers() {
+    let _serial = serial();
     // Keys route by a random per-topic hash key: every run differs.
     for seed in 0..30 {
         random_reader_run(seed);
@@ -1664,6 +1675,7 @@ fn put_to(topic: &fissionlog::Topic, p: u32, n: u32, old: bool) {
 /// report them when it opens 5 (C8), not count 1 as drained.
 #[test]
 fn removed_merge_parent_never_read_is_reported_when_the_child_opens() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let log = Log::open(root.path(), opts()).unwrap();
     let topic = log.create_topic("t", retention_config()).unwrap();

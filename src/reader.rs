@@ -62,6 +62,14 @@ pub struct Cut {
     /// versions (not checked then).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub last_records: BTreeMap<u32, u64>,
+    /// Removed partitions the reader does not report when it opens their
+    /// children without having read them: those already gone when it
+    /// started (from `Earliest` or `Latest`: never its to read), and those
+    /// it reported already. Only ids the topology still names as a parent
+    /// are kept. Absent in cuts of older versions (every removed partition
+    /// the reader did not read is then reported).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub removed_before: BTreeSet<u32>,
 }
 
 impl Cut {
@@ -115,6 +123,8 @@ pub struct Reader {
     retained: Vec<RetainedRange>,
     /// See [`Cut::last_records`].
     last_records: BTreeMap<u32, u64>,
+    /// See [`Cut::removed_before`].
+    removed_before: BTreeSet<u32>,
     /// None: each partition's default (from its topic's sync policy).
     isolation: Option<ReadIsolation>,
     /// Records read and not handed out yet: consecutive records of one
@@ -154,6 +164,8 @@ impl Topic {
         let mut positions = BTreeMap::new();
         let mut drained = BTreeSet::new();
         let mut last_records = BTreeMap::new();
+        // Gone before a reader from the oldest data or from now started.
+        let mut removed_before: BTreeSet<u32> = lineage.removed_seals.keys().copied().collect();
         match start {
             StartAt::Earliest => {
                 for id in lineage.roots() {
@@ -201,6 +213,7 @@ impl Topic {
                 positions = cut.positions;
                 drained = cut.drained;
                 last_records = cut.last_records;
+                removed_before = cut.removed_before;
             }
         }
         let mut r = Reader {
@@ -211,6 +224,7 @@ impl Topic {
             next_rr: 0,
             retained: Vec::new(),
             last_records,
+            removed_before,
             isolation: None,
             pending: VecDeque::new(),
         };
@@ -292,6 +306,13 @@ impl Reader {
                 .filter(|(id, _)| self.positions.contains_key(id))
                 .map(|(&id, &f)| (id, f))
                 .collect(),
+            // Only those still named matter: bounded by the topology.
+            removed_before: self
+                .removed_before
+                .iter()
+                .filter(|id| self.lineage.removed_seals.contains_key(id))
+                .copied()
+                .collect(),
         }
     }
 
@@ -321,6 +342,9 @@ impl Reader {
         if self.topic.topology_generation() != self.lineage.generation {
             self.lineage = self.topic.lineage();
             self.drop_removed();
+            // No partition will name a removed one no partition names now.
+            let named = &self.lineage.removed_seals;
+            self.removed_before.retain(|id| named.contains_key(id));
         }
     }
 
@@ -333,7 +357,7 @@ impl Reader {
     /// drained: its children open once their other parents are drained.
     fn drop_removed(&mut self) {
         let lineage = self.lineage.clone();
-        let gone: Vec<u32> = self
+        let gone: BTreeSet<u32> = self
             .positions
             .keys()
             .chain(&self.drained)
@@ -343,7 +367,8 @@ impl Reader {
         if gone.is_empty() {
             return;
         }
-        for id in gone {
+        let mut opened = Vec::new();
+        for &id in &gone {
             if let Some(start) = self.positions.remove(&id) {
                 self.pending.retain(|r| r.partition != id);
                 let end = lineage
@@ -370,6 +395,7 @@ impl Reader {
                 if !known && ready {
                     // From the child's first offset: see `open_children`.
                     self.positions.insert(c, 0);
+                    opened.push(c);
                 }
             }
         }
@@ -390,6 +416,27 @@ impl Reader {
             .collect();
         for r in orphans {
             self.positions.insert(r, 0);
+            opened.push(r);
+        }
+        // A removed partition the reader had read (or was reading) stays
+        // in `drained` while one of its children is not open yet (a merge
+        // child waiting for its other parent), as any drained partition
+        // does: the cut then still says it was passed.
+        let passed = lineage.ancestors(self.positions.keys().chain(&self.drained).copied());
+        for &id in &gone {
+            let waiting = lineage.children_naming(id).into_iter().any(|c| {
+                !self.positions.contains_key(&c)
+                    && !self.drained.contains(&c)
+                    && !passed.contains(&c)
+            });
+            if waiting {
+                self.drained.insert(id);
+            }
+        }
+        // A removed parent of a partition opened here that the reader did
+        // not know was never read.
+        for c in opened {
+            self.report_unread_parents(c, &gone);
         }
     }
 
@@ -490,9 +537,15 @@ impl Reader {
             // retention removed before this reader got there is then
             // reported by `poll`, not skipped.
             self.positions.insert(c, 0);
+            self.report_unread_parents(c, &BTreeSet::new());
             for &q in lineage.parents(c) {
-                if lineage
-                    .children(q)
+                // A removed parent's children are found by their naming it.
+                let children = if lineage.contains(q) {
+                    lineage.children(q).to_vec()
+                } else {
+                    lineage.children_naming(q)
+                };
+                if children
                     .iter()
                     .all(|s| self.positions.contains_key(s) || self.drained.contains(s))
                 {
@@ -500,6 +553,38 @@ impl Reader {
                     self.drained.remove(&q);
                 }
             }
+        }
+    }
+
+    /// Reports the removed parents of `c` (just opened) that this reader
+    /// never read: not in `drained` (where a removed partition it read
+    /// stays until its children are open), not in `gone` (handled by the
+    /// caller), not gone before it started and not reported already
+    /// ([`Cut::removed_before`]). Their records went with them, from
+    /// their first offset to their seal.
+    fn report_unread_parents(&mut self, c: u32, gone: &BTreeSet<u32>) {
+        let lineage = self.lineage.clone();
+        for &q in lineage.parents(c) {
+            if lineage.contains(q)
+                || gone.contains(&q)
+                || self.drained.contains(&q)
+                || self.removed_before.contains(&q)
+            {
+                continue;
+            }
+            let end = lineage
+                .removed_seals
+                .get(&q)
+                .copied()
+                .unwrap_or(REMOVED_END);
+            if end > 0 {
+                self.retained.push(RetainedRange {
+                    partition: q,
+                    start: 0,
+                    end,
+                });
+            }
+            self.removed_before.insert(q);
         }
     }
 

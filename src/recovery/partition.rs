@@ -176,7 +176,7 @@ pub fn open_chain(p: &ChainParams<'_>) -> Result<OpenedChain> {
                     // file again after this phase.
                     let settled = !p.mode.write
                         || info.seal.is_some_and(|(_, end_pos)| {
-                            seg.allocated() == end_pos
+                            seg.file_len() == end_pos
                                 && p.checkpoint.is_some_and(|c| base < c.segment_base)
                                 && !p.mode.full_scan
                         });

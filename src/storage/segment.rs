@@ -182,9 +182,14 @@ impl Segment {
             // module comment: whole large folios on write faults).
             file.set_len(capacity).at(&path)?;
             hook.before(IoOp::MapSegment, &path).at(&path)?;
-            let seg = Segment::map(path.clone(), file, capacity, initial, base_offset, true)?;
-            seg.file_len.store(capacity, Ordering::Release);
-            Ok(seg)
+            Segment::map(
+                path.clone(),
+                file,
+                capacity,
+                (capacity, initial),
+                base_offset,
+                true,
+            )
         })();
         let seg = match built {
             Ok(seg) => seg,
@@ -263,11 +268,18 @@ impl Segment {
             e => Error::corruption(path, 0, e.to_string()),
         })?;
         hook.before(IoOp::MapSegment, path).at(path)?;
+        // Recovery reads the file through the mapping only up to the end
+        // of its data: past it an active segment's file is sparse, and a
+        // read fault on a hole of a shared mapping allocates a page on
+        // some filesystems (tmpfs), which on a full one is a SIGBUS. The
+        // sparse tail reads as zeros, which is what the scan sees at the
+        // end of the slice as well.
+        let data_end = data_end(&file, len).clamp(SEGMENT_HEADER_LEN as u64, len);
         let seg = Segment::map(
             path.to_path_buf(),
             file,
             len,
-            len,
+            (len, data_end),
             info.base_offset,
             writable,
         )?;
@@ -277,22 +289,24 @@ impl Segment {
         Ok((seg, info))
     }
 
-    /// Maps `capacity` bytes of `file`, whose length is `allocated`.
+    /// Maps `capacity` bytes of `file`, whose length is `file_len` and
+    /// whose bytes below `allocated` are allocated.
     fn map(
         path: PathBuf,
         file: File,
         capacity: u64,
-        allocated: u64,
+        (file_len, allocated): (u64, u64),
         base_offset: u64,
         writable: bool,
     ) -> Result<Segment> {
-        if allocated < SEGMENT_HEADER_LEN as u64 || allocated > crate::config::MAX_SEGMENT_BYTES {
+        if file_len < SEGMENT_HEADER_LEN as u64 || file_len > crate::config::MAX_SEGMENT_BYTES {
             return Err(Error::corruption(
                 &path,
                 0,
-                format!("segment file size {allocated} is out of range"),
+                format!("segment file size {file_len} is out of range"),
             ));
         }
+        debug_assert!(allocated <= file_len);
         let map = map_file(&file, capacity, writable).at(&path)?;
         let file = Mutex::new(Some(Arc::new(file)));
         let index_path = path.with_extension("idx");
@@ -303,7 +317,7 @@ impl Segment {
             map,
             capacity,
             allocated: AtomicU64::new(allocated),
-            file_len: AtomicU64::new(allocated),
+            file_len: AtomicU64::new(file_len),
             writable,
             hook: OnceLock::new(),
             base_offset,
@@ -332,9 +346,14 @@ impl Segment {
         self.capacity
     }
 
-    /// File length; every byte below it is allocated.
+    /// Every byte below it is allocated (and inside the file).
     pub fn allocated(&self) -> u64 {
         self.allocated.load(Ordering::Acquire)
+    }
+
+    /// Length of the file.
+    pub(crate) fn file_len(&self) -> u64 {
+        self.file_len.load(Ordering::Acquire)
     }
 
     /// Attaches the log's I/O hook (the partition that takes the segment
@@ -526,9 +545,10 @@ impl Segment {
     pub(crate) fn raw_for_recovery(&mut self) -> &[u8] {
         let len = self.allocated().min(self.capacity);
         // SAFETY: `&mut self` proves no reader or writer shares the segment
-        // yet; the mapping is at least `len` bytes long, the file is `len`
-        // bytes long (no page past EOF is touched), and the mapping lives as
-        // long as self.
+        // yet; the mapping is at least `len` bytes long, the file at least
+        // `len` bytes long (no page past EOF is touched), and the mapping
+        // lives as long as self. Bytes below `allocated` are allocated, so
+        // no read fault has to allocate (on tmpfs a fault on a hole does).
         unsafe { std::slice::from_raw_parts(self.map.as_ptr(), len as usize) }
     }
 
@@ -857,6 +877,38 @@ impl Segment {
             )
         }
     }
+}
+
+/// End of the last range of `file` (of length `len`) that holds data, so
+/// a trailing hole (the sparse tail of an active segment) is left out;
+/// `len` where the filesystem cannot tell (`SEEK_DATA` unsupported).
+/// Holes inside the data are kept: they read as zeros, as before.
+fn data_end(file: &File, len: u64) -> u64 {
+    let fd = file.as_raw_fd();
+    let mut end = 0u64;
+    let mut pos = 0u64;
+    while pos < len {
+        // SAFETY: plain syscalls on an fd we own; no memory is passed.
+        let data = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
+        if data < 0 {
+            return match std::io::Error::last_os_error().raw_os_error() {
+                // No data at or after `pos`: the rest is a hole.
+                Some(libc::ENXIO) => end,
+                _ => len,
+            };
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return len;
+        }
+        end = (hole as u64).min(len);
+        if end <= pos {
+            return len;
+        }
+        pos = end;
+    }
+    end.min(len)
 }
 
 fn read_prefix(file: &File, buf: &mut [u8]) -> std::io::Result<usize> {

@@ -22,7 +22,7 @@ fn run_once(args: &[&str], dir: &Path) -> Output {
         .unwrap()
 }
 
-/// Runs the binary; retried for up to 2 s while it reports the directory
+/// Runs the binary; retried for up to 10 s while it reports the directory
 /// locked. Tests here open logs in this process while other tests spawn
 /// the binary: a child shares this process's open files between its fork
 /// and its exec, so a log just closed here can stay locked (an `flock` on
@@ -35,7 +35,7 @@ fn run(args: &[&str], dir: &Path) -> Output {
         tries += 1;
         let locked = o.status.code() == Some(2)
             && String::from_utf8_lossy(&o.stderr).contains("is locked by another process");
-        if !locked || tries == 100 {
+        if !locked || tries == 500 {
             return o;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));

@@ -387,12 +387,7 @@ impl Reader {
             self.last_records.remove(&id);
             self.drained.remove(&id);
             for c in lineage.children_naming(id) {
-                let known = self.positions.contains_key(&c) || self.drained.contains(&c);
-                let ready = lineage
-                    .parents(c)
-                    .iter()
-                    .all(|q| self.drained.contains(q) || !lineage.contains(*q));
-                if !known && ready {
+                if self.may_open(&lineage, c) {
                     // From the child's first offset: see `open_children`.
                     self.positions.insert(c, 0);
                     opened.push(c);
@@ -519,18 +514,23 @@ impl Reader {
                 .is_ok_and(|p| pos >= p.end_offset())
     }
 
+    /// Whether `c` is neither open nor drained and all its parents are
+    /// drained (a parent no longer in the topology was removed: drained).
+    fn may_open(&self, lineage: &Lineage, c: u32) -> bool {
+        let known = self.positions.contains_key(&c) || self.drained.contains(&c);
+        !known
+            && lineage
+                .parents(c)
+                .iter()
+                .all(|q| self.drained.contains(q) || !lineage.contains(*q))
+    }
+
     /// Opens the children of drained `x` whose parents are all drained,
     /// and forgets drained parents whose children are then all open.
     fn open_children(&mut self, x: u32) {
         let lineage = self.lineage.clone();
         for &c in lineage.children(x) {
-            let known = self.positions.contains_key(&c) || self.drained.contains(&c);
-            // A parent no longer in the topology was removed: drained.
-            let ready = lineage
-                .parents(c)
-                .iter()
-                .all(|q| self.drained.contains(q) || !lineage.contains(*q));
-            if known || !ready {
+            if !self.may_open(&lineage, c) {
                 continue;
             }
             // From the child's first offset, not its first held one: what

@@ -544,11 +544,10 @@ impl Segment {
     /// segment is shared with readers or the writer.
     pub(crate) fn raw_for_recovery(&mut self) -> &[u8] {
         let len = self.allocated().min(self.capacity);
-        // SAFETY: `&mut self` proves no reader or writer shares the segment
-        // yet; the mapping is at least `len` bytes long, the file at least
-        // `len` bytes long (no page past EOF is touched), and the mapping
-        // lives as long as self. Bytes below `allocated` are allocated, so
-        // no read fault has to allocate (on tmpfs a fault on a hole does).
+        // Bytes below `allocated` are allocated, so no read fault has to
+        // allocate (on tmpfs a fault on a hole does), and lie below EOF.
+        // SAFETY: `&mut self`: no reader or writer shares the segment yet;
+        // map and file are >= `len` bytes; the mapping lives as long as self.
         unsafe { std::slice::from_raw_parts(self.map.as_ptr(), len as usize) }
     }
 
@@ -659,8 +658,7 @@ impl Segment {
                 .and_then(|f| f.write_all_at(&vec![0u8; (aligned - from) as usize], from))
                 .at(&self.path)?;
         }
-        self.allocated
-            .fetch_min(aligned.max(from), Ordering::AcqRel);
+        self.allocated.fetch_min(aligned, Ordering::AcqRel);
         if aligned == end {
             return Ok(true);
         }
@@ -1208,13 +1206,12 @@ impl SegmentWriter {
             "caller reserves space before a batch is stored"
         );
         let pos = self.write_pos;
-        // SAFETY: [pos, pos+len) lies inside the mapping and below EOF, in
-        // allocated space (`allocated <= capacity`, checked above), and above
-        // `committed_pos`, so no reader forms a slice over it; `&mut self`
-        // makes this the only writer of the segment.
-        let dst = unsafe {
-            std::slice::from_raw_parts_mut(self.segment.map.as_mut_ptr().add(pos as usize), len)
-        };
+        let base = self.segment.map.as_mut_ptr();
+        // [pos, pos+len) is inside the mapping, below EOF, in allocated
+        // space (checked above), and above `committed_pos`: no reader forms
+        // a slice over it, and `&mut self` makes this the only writer.
+        // SAFETY: see the comment above and rule 3 of the module comment.
+        let dst = unsafe { std::slice::from_raw_parts_mut(base.add(pos as usize), len) };
         let header = batch::encode_batch(dst, self.next_offset, records);
         debug_assert!(
             batch::validate(dst, Some(self.next_offset)).is_ok(),

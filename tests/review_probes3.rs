@@ -12,11 +12,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::tmpfs::{
+    assert_child_ok, child_dir, fill_disk, run_child, Tmpfs, CHILD_DIR_ENV, CHILD_ENV,
+};
 use fissionlog::{Error, Log, LogOptions, NewRecord, SyncPolicy, TopicConfig};
-
-/// Set in a child process: the scenario to run and the directory to use.
-const CHILD_ENV: &str = "FISSIONLOG_PROBE3_CHILD";
-const CHILD_DIR_ENV: &str = "FISSIONLOG_PROBE3_DIR";
 
 /// Tests of this file run one at a time: several spawn processes, and a
 /// process forked while another test holds a log's `flock` keeps that lock
@@ -73,78 +72,6 @@ fn read_all(log: &Log, len_of: impl Fn(u64) -> usize) -> u64 {
     next
 }
 
-/// A tmpfs of a fixed size, unmounted on drop.
-struct Tmpfs {
-    path: PathBuf,
-    _root: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    /// Mounts a tmpfs of `bytes` bytes; `None` (with a notice) when this
-    /// process may not mount (not root): CI runs the suite as root.
-    fn mount(bytes: u64) -> Option<Tmpfs> {
-        let root = tempfile::tempdir().unwrap();
-        let path = root.path().join("mnt");
-        std::fs::create_dir(&path).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-            .arg(&path)
-            .output()
-            .expect("run mount");
-        if !out.status.success() {
-            // SAFETY: geteuid has no preconditions.
-            let root_user = unsafe { libc::geteuid() } == 0;
-            assert!(
-                !root_user,
-                "mounting a tmpfs failed as root: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            eprintln!("skipped: mounting a size-limited tmpfs needs root");
-            return None;
-        }
-        Some(Tmpfs { path, _root: root })
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
-    }
-}
-
-/// Runs the test `name` again in a child process with `dir`.
-fn run_child(name: &str, dir: &Path) -> std::process::Output {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            name,
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-            "--include-ignored",
-        ])
-        .env(CHILD_ENV, name)
-        .env(CHILD_DIR_ENV, dir)
-        .output()
-        .expect("spawn the test binary")
-}
-
-fn child_dir(name: &str) -> Option<PathBuf> {
-    (std::env::var(CHILD_ENV).ok().as_deref() == Some(name))
-        .then(|| PathBuf::from(std::env::var(CHILD_DIR_ENV).expect("dir for the child")))
-}
-
-fn assert_child_ok(name: &str, out: &std::process::Output) {
-    use std::os::unix::process::ExitStatusExt;
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1 passed"),
-        "{name} child failed ({:?}, signal {:?}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        out.status.signal(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Runs `scenario` in a child process on a tmpfs of `bytes` bytes.
 fn in_child_on_tmpfs(name: &str, bytes: u64, scenario: fn(&Path)) {
     if let Some(dir) = child_dir(name) {
@@ -157,22 +84,6 @@ fn in_child_on_tmpfs(name: &str, bytes: u64, scenario: fn(&Path)) {
     };
     let out = run_child(name, &fs.path);
     assert_child_ok(name, &out);
-}
-
-/// Writes a file that takes all the space left on the filesystem.
-fn fill_disk(path: &Path) {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).unwrap();
-    let chunk = vec![0xa5u8; 64 << 10];
-    loop {
-        match f.write_all(&chunk) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
-            Err(e) => panic!("filling the disk: {e}"),
-        }
-    }
-    let small = [0x5au8; 512];
-    while f.write_all(&small).is_ok() {}
 }
 
 /// Bytes the files of a directory tree occupy on disk (st_blocks).

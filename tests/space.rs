@@ -4,16 +4,15 @@
 //! stale index is rebuilt durably, and descriptors do not grow with the
 //! number of segments.
 
+mod common;
+
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::tmpfs::{assert_child_ok, child_dir, fill_disk, run_child, Tmpfs};
 use fissionlog::{Error, Log, LogOptions, NewRecord, SyncPolicy, TopicConfig};
 use fissionlog::{IoHook, IoOp};
-
-/// Set in a child process: the scenario to run and the directory to use.
-const CHILD_ENV: &str = "FISSIONLOG_SPACE_CHILD";
-const CHILD_DIR_ENV: &str = "FISSIONLOG_SPACE_DIR";
 
 /// Tests of this file run one at a time: several spawn processes, and a
 /// process forked while another test holds a log's `flock` keeps that lock
@@ -44,96 +43,6 @@ fn append(log: &Log, topic: &str, i: u64, len: usize) -> fissionlog::Result<u64>
         timestamp: Some(i as i64),
     }])?;
     Ok(at[0].offset)
-}
-
-/// A tmpfs of a fixed size, unmounted on drop.
-struct Tmpfs {
-    path: PathBuf,
-    _root: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    /// Mounts a tmpfs of `bytes` bytes; `None` (with a notice) when this
-    /// process may not mount (not root): CI runs the suite as root.
-    fn mount(bytes: u64) -> Option<Tmpfs> {
-        let root = tempfile::tempdir().unwrap();
-        let path = root.path().join("mnt");
-        std::fs::create_dir(&path).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-            .arg(&path)
-            .output()
-            .expect("run mount");
-        if !out.status.success() {
-            // SAFETY: geteuid has no preconditions.
-            let root_user = unsafe { libc::geteuid() } == 0;
-            assert!(
-                !root_user,
-                "mounting a tmpfs failed as root: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            eprintln!("skipped: mounting a size-limited tmpfs needs root");
-            return None;
-        }
-        Some(Tmpfs { path, _root: root })
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
-    }
-}
-
-/// Runs the test `name` again in a child process with `dir` and returns
-/// its exit status (a SIGBUS kills only the child).
-fn run_child(name: &str, dir: &Path) -> std::process::Output {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            name,
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-            "--include-ignored",
-        ])
-        .env(CHILD_ENV, name)
-        .env(CHILD_DIR_ENV, dir)
-        .output()
-        .expect("spawn the test binary")
-}
-
-fn child_dir(name: &str) -> Option<PathBuf> {
-    (std::env::var(CHILD_ENV).ok().as_deref() == Some(name))
-        .then(|| PathBuf::from(std::env::var(CHILD_DIR_ENV).expect("dir for the child")))
-}
-
-fn assert_child_ok(name: &str, out: &std::process::Output) {
-    use std::os::unix::process::ExitStatusExt;
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1 passed"),
-        "{name} child failed ({:?}, signal {:?}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        out.status.signal(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Writes a file that takes all the space left on the filesystem.
-fn fill_disk(path: &Path) {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).unwrap();
-    let chunk = vec![0xa5u8; 64 << 10];
-    loop {
-        match f.write_all(&chunk) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
-            Err(e) => panic!("filling the disk: {e}"),
-        }
-    }
-    // Smaller pieces take what 64 KiB writes could not.
-    let small = [0x5au8; 512];
-    while f.write_all(&small).is_ok() {}
 }
 
 fn read_all(log: &Log, topic: &str, partition: u32, len: usize) -> u64 {

@@ -2,3 +2,4 @@
 pub mod crash;
 pub mod durable;
 pub mod model_hook;
+pub mod tmpfs;

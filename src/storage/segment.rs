@@ -268,18 +268,11 @@ impl Segment {
             e => Error::corruption(path, 0, e.to_string()),
         })?;
         hook.before(IoOp::MapSegment, path).at(path)?;
-        // Recovery reads the file through the mapping only up to the end
-        // of its data: past it an active segment's file is sparse, and a
-        // read fault on a hole of a shared mapping allocates a page on
-        // some filesystems (tmpfs), which on a full one is a SIGBUS. The
-        // sparse tail reads as zeros, which is what the scan sees at the
-        // end of the slice as well.
-        let data_end = data_end(&file, len).clamp(SEGMENT_HEADER_LEN as u64, len);
         let seg = Segment::map(
             path.to_path_buf(),
             file,
             len,
-            (len, data_end),
+            (len, len),
             info.base_offset,
             writable,
         )?;
@@ -543,9 +536,17 @@ impl Segment {
     /// The whole mapped file, header included, for recovery before the
     /// segment is shared with readers or the writer.
     pub(crate) fn raw_for_recovery(&mut self) -> &[u8] {
-        let len = self.allocated().min(self.capacity);
-        // Bytes below `allocated` are allocated, so no read fault has to
-        // allocate (on tmpfs a fault on a hole does), and lie below EOF.
+        let upto = self.allocated().min(self.capacity);
+        // Only up to the end of the file's data: past it an active
+        // segment's file is sparse, and a read fault on a hole of a shared
+        // mapping allocates a page on some filesystems (tmpfs), which on a
+        // full one is a SIGBUS. The sparse tail reads as zeros, which is
+        // what the scan sees at the end of the slice as well. Asked here,
+        // not at open, so segments recovery does not scan cost nothing.
+        let len = match self.file() {
+            Ok(f) => data_end(&f, upto).clamp(SEGMENT_HEADER_LEN as u64, upto),
+            Err(_) => upto,
+        };
         // SAFETY: `&mut self`: no reader or writer shares the segment yet;
         // map and file are >= `len` bytes; the mapping lives as long as self.
         unsafe { std::slice::from_raw_parts(self.map.as_ptr(), len as usize) }

@@ -526,24 +526,15 @@ fn truncated_manifest_sets_topic_directories_aside() {
     }
 }
 
-/// A sealed partition the checkpoint does not name yet (split after the
-/// last checkpoint) whose files are all gone: the manifest's seal says
-/// which offsets it held. Truncate and Salvage report them lost and fill
-/// them with a hole; the repair is stable, so a Strict open accepts it
-/// unchanged (C7). Earlier the report said `0..0`, recovery left an empty
-/// placeholder segment at the seal with nothing durable explaining the gap
-/// below it, and the Strict reopen refused its own repair ("segment file
-/// … holding offsets 0..10 is missing").
-#[test]
-fn sealed_partition_missing_every_file_is_repaired_once() {
-    let root = tempfile::tempdir().unwrap();
-    let pristine = root.path().join("pristine");
-    // No checkpoint after the one open writes: p0 never gets an entry.
+/// Appends records 0..10 to partition 0 of a new topic "t" (4 KiB
+/// segments), splits it, and abandons the log, with no checkpoint after
+/// the one the open writes (p0 never gets an entry). Returns the children.
+fn split_without_checkpoint(dir: &Path) -> Vec<u32> {
     let no_checkpoint = LogOptions {
         checkpoint_interval: std::time::Duration::from_secs(3600),
         ..opts(RecoveryMode::Strict)
     };
-    let log = Log::open(&pristine, no_checkpoint).unwrap();
+    let log = Log::open(dir, no_checkpoint).unwrap();
     let t = log
         .create_topic(
             "t",
@@ -560,6 +551,22 @@ fn sealed_partition_missing_every_file_is_repaired_once() {
     let children = t.split(0, fissionlog::SplitPlan::Even).unwrap();
     drop(t);
     log.abandon();
+    children
+}
+
+/// A sealed partition the checkpoint does not name yet (split after the
+/// last checkpoint) whose files are all gone: the manifest's seal says
+/// which offsets it held. Truncate and Salvage report them lost and fill
+/// them with a hole; the repair is stable, so a Strict open accepts it
+/// unchanged (C7). Earlier the report said `0..0`, recovery left an empty
+/// placeholder segment at the seal with nothing durable explaining the gap
+/// below it, and the Strict reopen refused its own repair ("segment file
+/// … holding offsets 0..10 is missing").
+#[test]
+fn sealed_partition_missing_every_file_is_repaired_once() {
+    let root = tempfile::tempdir().unwrap();
+    let pristine = root.path().join("pristine");
+    let children = split_without_checkpoint(&pristine);
     let mut img = DirImage::capture(&pristine).unwrap();
     img.files.retain(|p, _| !p.starts_with(pdir()));
     for mode in [RecoveryMode::Truncate, RecoveryMode::Salvage] {
@@ -618,27 +625,7 @@ fn sealed_partition_missing_every_file_is_repaired_once() {
 fn sealed_partition_with_an_unreadable_only_segment_is_missing_data() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
-    let no_checkpoint = LogOptions {
-        checkpoint_interval: std::time::Duration::from_secs(3600),
-        ..opts(RecoveryMode::Strict)
-    };
-    let log = Log::open(&dir, no_checkpoint).unwrap();
-    let t = log
-        .create_topic(
-            "t",
-            TopicConfig {
-                partitions: 1,
-                segment_bytes: 4096,
-                ..TopicConfig::default()
-            },
-        )
-        .unwrap();
-    for i in 0..10 {
-        assert_eq!(append(&log, i), i);
-    }
-    t.split(0, fissionlog::SplitPlan::Even).unwrap();
-    drop(t);
-    log.abandon();
+    split_without_checkpoint(&dir);
     // Tear the segment header.
     let f = std::fs::OpenOptions::new()
         .write(true)

@@ -385,3 +385,113 @@ fn retention_probe(cfg: TopicConfig, removed: bool) {
         refused.join("\n")
     );
 }
+
+/// Polls `f` once after each of a few syncs: `Some` once it resolved.
+fn resolves_with_syncs<F: Future + Unpin>(log: &Log, mut f: F) -> Option<F::Output> {
+    let (_c, w) = counter();
+    for _ in 0..3 {
+        if let Poll::Ready(v) = poll_once(&mut f, &w) {
+            return Some(v);
+        }
+        log.sync().unwrap();
+    }
+    match poll_once(&mut f, &w) {
+        Poll::Ready(v) => Some(v),
+        Poll::Pending => None,
+    }
+}
+
+/// A Truncate open fills the lost end of a partition with a hole: a
+/// future on an offset below the recovered end resolves (one way or the
+/// other) once the log syncs, instead of waiting for a sync round that
+/// never covers it.
+#[test]
+fn an_offset_in_a_recovered_hole_does_not_wait_forever() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    std::fs::create_dir_all(&dir).unwrap();
+    let end = damaged_log(&dir);
+    let log = Log::open(&dir, opts(RecoveryMode::Truncate)).unwrap();
+    let t = log.topic("t").unwrap();
+    assert_eq!(t.partition(0).unwrap().end_offset(), end);
+    let r = resolves_with_syncs(&log, t.durable(0, end - 1));
+    assert!(
+        r.is_some(),
+        "offset {} below the end {end} still pending",
+        end - 1
+    );
+}
+
+/// A split commits after syncing its parent, and the process dies before
+/// the next checkpoint: after the reopen the sealed parent's records are
+/// on disk, and a future on one of them resolves once the log syncs (the
+/// parent takes no appends, so no later round makes it dirty).
+#[test]
+fn a_sealed_parent_recovered_past_its_checkpoint_does_not_wait_forever() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let slow = LogOptions {
+        checkpoint_interval: Duration::from_secs(3600),
+        ..opts(RecoveryMode::Strict)
+    };
+    let log = Log::open(&dir, slow.clone()).unwrap();
+    let t = log.create_topic("t", config(1, SyncPolicy::Never)).unwrap();
+    append(&t, 0, 0);
+    log.sync().unwrap();
+    let last = (1..80).map(|i| append(&t, 0, i)).next_back().unwrap();
+    t.split(0, SplitPlan::Even).unwrap();
+    log.abandon();
+    let log = Log::open(&dir, slow).unwrap();
+    let t = log.topic("t").unwrap();
+    let p = t.partition(0).unwrap();
+    assert!(p.is_sealed() && p.end_offset() == last + 1);
+    let r = resolves_with_syncs(&log, t.durable(0, last));
+    assert!(
+        matches!(r, Some(Ok(()))),
+        "offset {last} of the sealed parent: {r:?} (durable end {})",
+        p.durable_end_offset()
+    );
+}
+
+/// A topic deleted while a future waits on one of its unsynced records:
+/// the record will never be durable (its files are gone), so a sync after
+/// the deletion must not resolve the future `Ok`.
+#[test]
+fn a_deleted_topic_fails_a_pending_future_instead_of_resolving_it() {
+    let root = tempfile::tempdir().unwrap();
+    let log = Log::open(root.path().join("log"), opts(RecoveryMode::Strict)).unwrap();
+    let t = log.create_topic("t", config(1, SyncPolicy::Never)).unwrap();
+    let off = append(&t, 0, 0);
+    let (c, w) = counter();
+    let mut f = t.durable(0, off);
+    assert!(poll_once(&mut f, &w).is_pending());
+    log.delete_topic("t").unwrap();
+    assert!(
+        c.0.load(Ordering::SeqCst) > 0,
+        "the deletion woke the waiter"
+    );
+    log.sync().unwrap();
+    let r = poll_once(&mut f, &w);
+    assert!(
+        matches!(r, Poll::Ready(Err(Error::UnknownTopic(_)))),
+        "{r:?} for a record of a deleted topic"
+    );
+}
+
+/// A future on an offset a deleted topic never wrote: the log's close
+/// must not leave it pending forever (the close releases only the topics
+/// it still has).
+#[test]
+fn a_deleted_topic_does_not_leave_a_future_pending_past_the_close() {
+    let root = tempfile::tempdir().unwrap();
+    let log = Log::open(root.path().join("log"), opts(RecoveryMode::Strict)).unwrap();
+    let t = log.create_topic("t", config(1, SyncPolicy::Never)).unwrap();
+    let off = append(&t, 0, 0);
+    let (_c, w) = counter();
+    let mut f = t.durable(0, off + 1);
+    assert!(poll_once(&mut f, &w).is_pending());
+    log.delete_topic("t").unwrap();
+    log.close().unwrap();
+    let r = poll_once(&mut f, &w);
+    assert!(matches!(r, Poll::Ready(Err(_))), "{r:?} after the close");
+}

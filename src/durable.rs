@@ -37,6 +37,12 @@ impl Durable {
             Ok(p) => p,
             Err(e) => return Some(Err(e)),
         };
+        // A deleted topic's handle still holds its partitions (and a sync
+        // round may still fsync their unlinked files): nothing of it will
+        // ever be durable.
+        if !self.topic.is_live() {
+            return Some(Err(Error::UnknownTopic(self.topic.name().to_string())));
+        }
         if p.durable_end_offset() > self.offset {
             return Some(Ok(()));
         }
@@ -81,7 +87,8 @@ impl Topic {
     /// A future that resolves once record `offset` of `partition` is
     /// durable: `Ok(())` when a completed sync round covered it (it then
     /// survives a power loss, C1), `Err` when it can no longer become
-    /// durable: the log closed ([`Error::Closed`]), the partition was
+    /// durable: the log closed ([`Error::Closed`]), the topic was deleted
+    /// ([`Error::UnknownTopic`]), the partition was
     /// poisoned by a failed fsync ([`Error::Poisoned`]), or it was sealed
     /// below `offset` ([`Error::OffsetOutOfRange`]). An offset not written
     /// yet is waited for too. The future is woken by the sync round that

@@ -495,3 +495,61 @@ fn a_deleted_topic_does_not_leave_a_future_pending_past_the_close() {
     let r = poll_once(&mut f, &w);
     assert!(matches!(r, Poll::Ready(Err(_))), "{r:?} after the close");
 }
+
+/// Fails every checkpoint fsync once armed (EIO after the call).
+#[derive(Debug, Default)]
+struct FailCheckpointSync(AtomicBool);
+
+impl fissionlog::IoHook for FailCheckpointSync {
+    fn before(&self, _op: IoOp, _path: &Path) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn after(&self, op: IoOp, _path: &Path, result: std::io::Result<()>) -> std::io::Result<()> {
+        if op == IoOp::SyncCheckpoint && self.0.load(Ordering::SeqCst) {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        result
+    }
+}
+
+/// A failed checkpoint fsync fails every later sync round (no partition
+/// is poisoned): a record appended after it can never become durable, so
+/// a future waiting on it must fail, not wait for a round that never
+/// succeeds.
+#[test]
+fn a_failed_checkpoint_sync_fails_a_pending_future() {
+    let root = tempfile::tempdir().unwrap();
+    let hook = Arc::new(FailCheckpointSync::default());
+    let eager = LogOptions {
+        checkpoint_interval: Duration::ZERO,
+        ..opts(RecoveryMode::Strict)
+    };
+    let log = Log::open_with_hook(root.path().join("log"), eager, hook.clone()).unwrap();
+    let t = log.create_topic("t", config(1, SyncPolicy::Never)).unwrap();
+    append(&t, 0, 0);
+    log.sync().unwrap();
+    let off = append(&t, 0, 1);
+    let (c, w) = counter();
+    let mut f = t.durable(0, off);
+    assert!(poll_once(&mut f, &w).is_pending());
+    hook.0.store(true, Ordering::SeqCst);
+    // Each round writes a checkpoint (interval zero): the first fails on
+    // it, every later one fails at once.
+    let _ = log.sync();
+    let late = append(&t, 0, 2);
+    let mut g = t.durable(0, late);
+    let _ = log.sync();
+    assert!(log.sync().is_err(), "sync rounds fail from now on");
+    assert!(
+        c.0.load(Ordering::SeqCst) > 0,
+        "the failure woke the waiter"
+    );
+    let r = poll_once(&mut g, &w);
+    assert!(
+        matches!(r, Poll::Ready(Err(_))),
+        "{r:?}: offset {late} can no longer become durable"
+    );
+    // The first record's round either covered it or failed it.
+    assert!(poll_once(&mut f, &w).is_ready());
+}

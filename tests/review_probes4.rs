@@ -530,26 +530,32 @@ fn a_failed_checkpoint_sync_fails_a_pending_future() {
     append(&t, 0, 0);
     log.sync().unwrap();
     let off = append(&t, 0, 1);
-    let (c, w) = counter();
+    let (_c, w) = counter();
     let mut f = t.durable(0, off);
     assert!(poll_once(&mut f, &w).is_pending());
+    // Not appended yet: the failing round cannot cover it.
+    let (c2, w2) = counter();
+    let mut g = t.durable(0, off + 1);
+    assert!(poll_once(&mut g, &w2).is_pending());
+    // Covers `off`; the checkpoint lags a round behind it.
+    log.sync().unwrap();
+    assert!(matches!(poll_once(&mut f, &w), Poll::Ready(Ok(()))));
+    assert!(poll_once(&mut g, &w2).is_pending());
+    let woken = c2.0.load(Ordering::SeqCst);
     hook.0.store(true, Ordering::SeqCst);
-    // Each round writes a checkpoint (interval zero): the first fails on
-    // it, every later one fails at once.
-    let _ = log.sync();
-    let late = append(&t, 0, 2);
-    let mut g = t.durable(0, late);
-    let _ = log.sync();
-    assert!(log.sync().is_err(), "sync rounds fail from now on");
+    // The round that writes the lagging checkpoint (interval zero) fails
+    // on it and moves no durable end.
+    assert!(log.sync().is_err());
     assert!(
-        c.0.load(Ordering::SeqCst) > 0,
+        c2.0.load(Ordering::SeqCst) > woken,
         "the failure woke the waiter"
     );
-    let r = poll_once(&mut g, &w);
+    let late = append(&t, 0, 2);
+    assert_eq!(late, off + 1);
+    assert!(log.sync().is_err(), "sync rounds fail from now on");
+    let r = poll_once(&mut g, &w2);
     assert!(
         matches!(r, Poll::Ready(Err(_))),
         "{r:?}: offset {late} can no longer become durable"
     );
-    // The first record's round either covered it or failed it.
-    assert!(poll_once(&mut f, &w).is_ready());
 }

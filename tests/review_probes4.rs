@@ -559,3 +559,53 @@ fn a_failed_checkpoint_sync_fails_a_pending_future() {
         "{r:?}: offset {late} can no longer become durable"
     );
 }
+
+/// A sealed partition the checkpoint does not name (no checkpoint since
+/// the split), `records` long, whose segment `torn` (by index) loses its
+/// last 60 bytes after the process died. Returns the seal.
+fn sealed_with_a_torn_segment(dir: &Path, records: u64, torn: usize) -> u64 {
+    let no_checkpoint = LogOptions {
+        checkpoint_interval: Duration::from_secs(3600),
+        ..opts(RecoveryMode::Strict)
+    };
+    let log = Log::open(dir, no_checkpoint).unwrap();
+    let t = log.create_topic("t", config(1, SyncPolicy::Never)).unwrap();
+    for i in 0..records {
+        append(&t, 0, i);
+    }
+    t.split(0, SplitPlan::Even).unwrap();
+    drop(t);
+    log.abandon();
+    let segs = segments(&dir.join("topics/t0/p0"));
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segs[torn])
+        .unwrap();
+    let len = f.metadata().unwrap().len();
+    f.set_len(len - 60).unwrap();
+    records
+}
+
+/// A Strict open that refuses a sealed partition holding less than its
+/// seal changes no file: not the torn tail it would clear, not the
+/// segments after it.
+fn strict_refusal_changes_nothing(records: u64, torn: usize) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let seal = sealed_with_a_torn_segment(&dir, records, torn);
+    let before = common::crash::DirImage::capture(&dir).unwrap();
+    let err = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap_err();
+    assert!(err.to_string().contains(&format!("{seal}")), "{err}");
+    let after = common::crash::DirImage::capture(&dir).unwrap();
+    assert!(before == after, "{}", before.diff_summary(&after));
+}
+
+#[test]
+fn strict_refusing_a_sealed_partition_with_a_torn_tail_changes_nothing() {
+    strict_refusal_changes_nothing(10, 0);
+}
+
+#[test]
+fn strict_refusing_a_sealed_partition_torn_before_its_last_segment_changes_nothing() {
+    strict_refusal_changes_nothing(80, 0);
+}

@@ -332,6 +332,13 @@ impl Core {
             }
         }
         if let Some(e) = first_err {
+            drop(ck);
+            // Every later round fails at once: a `Durable` future waiting
+            // for one fails now, not never.
+            let topics: Vec<_> = self.topics.read().values().cloned().collect();
+            for t in topics {
+                t.inner.wake.notify();
+            }
             return Err(e);
         }
         if clean {

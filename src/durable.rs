@@ -30,13 +30,19 @@ pub struct Durable {
 
 impl Durable {
     /// `Some` once the wait is over: durable, or an error that will not
-    /// go away (log closed, partition unknown or poisoned, offset that can
-    /// never be written).
+    /// go away (log closed, topic deleted, partition unknown or poisoned,
+    /// sync rounds failing for good, offset that can never be written).
     fn check(&self) -> Option<Result<()>> {
         let p = match self.topic.partition(self.partition) {
             Ok(p) => p,
             Err(e) => return Some(Err(e)),
         };
+        // A deleted topic's handle still holds its partitions (and a sync
+        // round may still fsync their unlinked files): nothing of it will
+        // ever be durable.
+        if !self.topic.is_live() {
+            return Some(Err(Error::UnknownTopic(self.topic.name().to_string())));
+        }
         if p.durable_end_offset() > self.offset {
             return Some(Ok(()));
         }
@@ -46,6 +52,13 @@ impl Durable {
             if let Err(e) = p.check_not_poisoned() {
                 return Some(Err(e));
             }
+        }
+        // A failed checkpoint fsync fails every later sync round.
+        if let Some(f) = &*self.topic.inner.core.sync_failure.lock() {
+            return Some(Err(Error::Io {
+                path: self.topic.inner.core.dir.clone(),
+                source: std::io::Error::other(format!("an earlier sync failed: {f}")),
+            }));
         }
         if p.is_sealed() && self.offset >= p.end_offset() {
             // Sealed below it: that offset is never written here.
@@ -81,7 +94,9 @@ impl Topic {
     /// A future that resolves once record `offset` of `partition` is
     /// durable: `Ok(())` when a completed sync round covered it (it then
     /// survives a power loss, C1), `Err` when it can no longer become
-    /// durable: the log closed ([`Error::Closed`]), the partition was
+    /// durable: the log closed ([`Error::Closed`]), the topic was deleted
+    /// ([`Error::UnknownTopic`]), a failed checkpoint fsync failed every
+    /// later sync round ([`Error::Io`]), the partition was
     /// poisoned by a failed fsync ([`Error::Poisoned`]), or it was sealed
     /// below `offset` ([`Error::OffsetOutOfRange`]). An offset not written
     /// yet is waited for too. The future is woken by the sync round that

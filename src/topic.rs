@@ -268,6 +268,16 @@ impl Topic {
             })
     }
 
+    /// Whether the log still has this topic (not deleted).
+    pub(crate) fn is_live(&self) -> bool {
+        self.inner
+            .core
+            .topics
+            .read()
+            .get(self.name())
+            .is_some_and(|t| t.id() == self.id())
+    }
+
     /// Lets go of every partition (and so of the mappings and the directory
     /// lock they hold) when the log closes: a topic handle that outlives its
     /// `Log` then answers `Error::Closed` and does not keep the directory

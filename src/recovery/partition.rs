@@ -480,139 +480,154 @@ pub fn repair_chain(
         report.segments_opened += 1;
         let trusted_seal = info.seal.filter(|_| durable_segment && !p.mode.full_scan);
         let mut tail_cleared = false;
-        let (end_pos, end_offset, sealed) =
-            if let Some((end_offset, end_pos)) = trusted_seal.filter(|s| s.1 <= seg.capacity()) {
-                (end_pos, end_offset, true)
-            } else {
-                let (from_pos, from_offset, durable_until) = match (durable_segment, cp_segment) {
-                    // A rolled segment's data ends at its seal: the slack
-                    // after it is never written, so zeros there are the end.
-                    (true, _) => (
-                        SEGMENT_HEADER_LEN as u64,
-                        base,
-                        info.seal
-                            .map_or(seg.capacity(), |s| s.1.min(seg.capacity())),
-                    ),
-                    (false, Some(c)) if !p.mode.full_scan && c.position <= seg.capacity() => {
-                        (c.position, c.end_offset, c.position)
-                    }
-                    (false, Some(c)) => (
-                        SEGMENT_HEADER_LEN as u64,
-                        base,
-                        c.position.min(seg.capacity()),
-                    ),
-                    (false, None) => (SEGMENT_HEADER_LEN as u64, base, 0),
-                };
-                let params = ScanParams {
-                    base_offset: base,
-                    from_pos,
-                    from_offset,
-                    durable_until,
-                    mode: p.mode.recovery,
-                    index_interval: p.index_interval,
-                };
-                let outcome = scan_segment(seg.raw_for_recovery(), &params);
-                report.bytes_scanned += outcome.end_pos - from_pos;
-                report.records_scanned += outcome.records;
-                for h in &outcome.holes {
+        let (end_pos, end_offset, sealed) = if let Some((end_offset, end_pos)) =
+            trusted_seal.filter(|s| s.1 <= seg.capacity())
+        {
+            (end_pos, end_offset, true)
+        } else {
+            let (from_pos, from_offset, durable_until) = match (durable_segment, cp_segment) {
+                // A rolled segment's data ends at its seal: the slack
+                // after it is never written, so zeros there are the end.
+                (true, _) => (
+                    SEGMENT_HEADER_LEN as u64,
+                    base,
+                    info.seal
+                        .map_or(seg.capacity(), |s| s.1.min(seg.capacity())),
+                ),
+                (false, Some(c)) if !p.mode.full_scan && c.position <= seg.capacity() => {
+                    (c.position, c.end_offset, c.position)
+                }
+                (false, Some(c)) => (
+                    SEGMENT_HEADER_LEN as u64,
+                    base,
+                    c.position.min(seg.capacity()),
+                ),
+                (false, None) => (SEGMENT_HEADER_LEN as u64, base, 0),
+            };
+            let params = ScanParams {
+                base_offset: base,
+                from_pos,
+                from_offset,
+                durable_until,
+                mode: p.mode.recovery,
+                index_interval: p.index_interval,
+            };
+            let outcome = scan_segment(seg.raw_for_recovery(), &params);
+            report.bytes_scanned += outcome.end_pos - from_pos;
+            report.records_scanned += outcome.records;
+            for h in &outcome.holes {
+                report.add(
+                    &path,
+                    FileAction::Salvaged {
+                        position: h.position,
+                        lost_offsets: (h.first_offset, h.first_offset + h.lost),
+                    },
+                );
+                out.holes.push((h.first_offset, h.first_offset + h.lost));
+                if p.mode.write {
+                    seg.write_hole(h.position, h.len, h.first_offset, h.lost)?;
+                } else {
+                    out.problems.push(problem(
+                        &path,
+                        h.position,
+                        "damaged batches".into(),
+                        "salvage replaces them with a hole",
+                    ));
+                }
+            }
+            if p.mode.write && !outcome.holes.is_empty() {
+                // The segment counts as synced up to its recovered end
+                // (below the checkpoint), so no sync round covers the
+                // hole batches: sync them here, or a power loss brings
+                // the damaged bytes back after a repair that reported
+                // success.
+                seg.sync_data(p.hook)?;
+            }
+            match &outcome.stop {
+                ScanStop::End => {}
+                ScanStop::Torn {
+                    position,
+                    reason,
+                    later_valid,
+                } => {
+                    unknown_sync(p, &path, *position, reason, &mut out)?;
                     report.add(
                         &path,
-                        FileAction::Salvaged {
-                            position: h.position,
-                            lost_offsets: (h.first_offset, h.first_offset + h.lost),
+                        FileAction::TruncatedTornTail {
+                            position: *position,
+                            reason: reason.clone(),
+                            discarded_later_batches: *later_valid,
                         },
                     );
-                    out.holes.push((h.first_offset, h.first_offset + h.lost));
-                    if p.mode.write {
-                        seg.write_hole(h.position, h.len, h.first_offset, h.lost)?;
-                    } else {
-                        out.problems.push(problem(
-                            &path,
-                            h.position,
-                            "damaged batches".into(),
-                            "salvage replaces them with a hole",
-                        ));
-                    }
+                    cut = true;
                 }
-                if p.mode.write && !outcome.holes.is_empty() {
-                    // The segment counts as synced up to its recovered end
-                    // (below the checkpoint), so no sync round covers the
-                    // hole batches: sync them here, or a power loss brings
-                    // the damaged bytes back after a repair that reported
-                    // success.
-                    seg.sync_data(p.hook)?;
-                }
-                match &outcome.stop {
-                    ScanStop::End => {}
-                    ScanStop::Torn {
-                        position,
-                        reason,
-                        later_valid,
-                    } => {
-                        unknown_sync(p, &path, *position, reason, &mut out)?;
-                        report.add(
-                            &path,
-                            FileAction::TruncatedTornTail {
-                                position: *position,
-                                reason: reason.clone(),
-                                discarded_later_batches: *later_valid,
-                            },
-                        );
-                        cut = true;
-                    }
-                    ScanStop::Corrupt {
-                        position,
-                        reason,
-                        later_valid,
-                        action,
-                    } => {
-                        let what = format!(
-                            "{reason}{}",
-                            if *later_valid {
-                                " (valid records follow: mid-segment corruption)"
-                            } else {
-                                ""
-                            }
-                        );
-                        if *action == CorruptAction::Refused || !p.mode.write {
-                            corrupt(p, &path, *position, what.clone(), &mut out)?;
+                ScanStop::Corrupt {
+                    position,
+                    reason,
+                    later_valid,
+                    action,
+                } => {
+                    let what = format!(
+                        "{reason}{}",
+                        if *later_valid {
+                            " (valid records follow: mid-segment corruption)"
+                        } else {
+                            ""
                         }
-                        report.add(
-                            &path,
-                            FileAction::TruncatedCorruption {
-                                position: *position,
-                                reason: what,
-                                first_lost_offset: outcome.end_offset,
-                            },
+                    );
+                    if *action == CorruptAction::Refused || !p.mode.write {
+                        corrupt(p, &path, *position, what.clone(), &mut out)?;
+                    }
+                    report.add(
+                        &path,
+                        FileAction::TruncatedCorruption {
+                            position: *position,
+                            reason: what,
+                            first_lost_offset: outcome.end_offset,
+                        },
+                    );
+                    cut = true;
+                    synced_cut = true;
+                }
+            }
+            // A sealed partition cut below its seal is missing data (see
+            // after the chain): Strict refuses it here, before the tail
+            // is cleared and the segments after it are removed, so a
+            // refusing open changes no file.
+            if cut && p.mode.write && p.mode.recovery == RecoveryMode::Strict {
+                if let Some(seal) = p.sealed.filter(|&s| outcome.end_offset < s) {
+                    let lost = (outcome.end_offset, seal);
+                    let what = format!(
+                            "the sealed partition is cut at offset {} but was sealed at {}: offsets {}..{} are missing",
+                            lost.0, lost.1, lost.0, lost.1
                         );
-                        cut = true;
-                        synced_cut = true;
-                    }
+                    missing(p, &path, lost, what, &mut out, report)?;
                 }
-                // Past the synced region, stale bytes may lie beyond the end
-                // (unsynced batches a crash half kept): clear them so they can
-                // never validate after later appends.
-                if p.mode.write && (cut || !p.clean) {
-                    tail_cleared = seg.clear_tail(outcome.end_pos)?;
+            }
+            // Past the synced region, stale bytes may lie beyond the end
+            // (unsynced batches a crash half kept): clear them so they can
+            // never validate after later appends.
+            if p.mode.write && (cut || !p.clean) {
+                tail_cleared = seg.clear_tail(outcome.end_pos)?;
+            }
+            if from_pos == SEGMENT_HEADER_LEN as u64 {
+                *seg.index.lock() = IndexState::Loaded(outcome.index.clone());
+                // A full scan (`recover`) also rewrites an index file
+                // that does not match (a power loss at a roll can leave
+                // it stale); it is a cache, so failing to is no error.
+                if p.mode.write
+                    && p.mode.full_scan
+                    && matches!(seg.repair_index_file(p.hook), Ok(true))
+                {
+                    report.add(seg.index_path(), FileAction::RebuiltIndex);
                 }
-                if from_pos == SEGMENT_HEADER_LEN as u64 {
-                    *seg.index.lock() = IndexState::Loaded(outcome.index.clone());
-                    // A full scan (`recover`) also rewrites an index file
-                    // that does not match (a power loss at a roll can leave
-                    // it stale); it is a cache, so failing to is no error.
-                    if p.mode.write
-                        && p.mode.full_scan
-                        && matches!(seg.repair_index_file(p.hook), Ok(true))
-                    {
-                        report.add(seg.index_path(), FileAction::RebuiltIndex);
-                    }
-                }
-                (
-                    outcome.end_pos,
-                    outcome.end_offset,
-                    info.seal.is_some() && !cut && outcome.end_pos == info.seal.map_or(0, |s| s.1),
-                )
-            };
+            }
+            (
+                outcome.end_pos,
+                outcome.end_offset,
+                info.seal.is_some() && !cut && outcome.end_pos == info.seal.map_or(0, |s| s.1),
+            )
+        };
         let synced = if tail_cleared {
             // The cleared tail is not durable yet: until it is, a power
             // loss can bring the stale batches back, and once appends after

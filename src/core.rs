@@ -150,6 +150,19 @@ impl Core {
         self.check_open()?;
         let mut next = topo.state.clone();
         model::apply(&mut next, &rec).map_err(Error::Refused)?;
+        if rec.min_version() > topo.manifest.version() {
+            // A journal of an older format gets records of the newer one
+            // only once a compaction rewrote it (and the snapshot) with
+            // the newer header: a build reading only the older format then
+            // refuses the files instead of taking the new records for
+            // damage.
+            if let Err(e) = topo.manifest.compact(&topo.state) {
+                self.poison_manifest(&e);
+                return Err(Error::LogPoisoned {
+                    reason: e.to_string(),
+                });
+            }
+        }
         if let Err(e) = topo.manifest.commit(&rec) {
             self.poison_manifest(&e);
             return Err(Error::LogPoisoned {

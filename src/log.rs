@@ -206,7 +206,10 @@ impl Log {
             core.request_checkpoint();
             core.sync_round(false)?;
             core.request_checkpoint();
-            core.sync_round(false)
+            core.sync_round(false)?;
+            let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
+            report.group_positions_lost = crate::group::check_group_positions(&topics)?;
+            Ok(())
         })();
         if let Err(e) = recovered {
             // Topics hold the core: break the cycle, or a refused open
@@ -286,6 +289,7 @@ impl Log {
             hash_key,
             next_partition_id: partitions.len() as u32,
             partitions,
+            groups: Vec::new(),
         };
         // Files first; the manifest record commits the topic.
         let build = || -> Result<Topic> {
@@ -507,6 +511,7 @@ fn new_topic(core: &Arc<Core>, lock: &Arc<DirLock>, rec: &TopicRecord) -> Topic 
             round_robin: AtomicU64::new(0),
             sync_always: rec.config.sync == SyncPolicy::Always,
             dir: topic_dir(&core.dir, rec.id),
+            groups: Mutex::default(),
         }),
     }
 }

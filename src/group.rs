@@ -1453,23 +1453,15 @@ impl Member {
     /// available now. Per key, records come in append order, through
     /// splits and merges. [`Error::Fenced`] if the member was declared dead.
     pub fn poll(&mut self, max_records: usize) -> Result<Vec<OwnedRecord>> {
-        self.sync()?;
         let mut out = Vec::new();
-        while out.len() < max_records {
-            if self.pending.is_empty() {
-                match self.fill() {
-                    Ok(true) => continue,
-                    Ok(false) => break,
-                    Err(e) if out.is_empty() => return Err(e),
-                    Err(_) => break,
-                }
-            }
-            let n = (max_records - out.len()).min(self.pending.len());
-            out.extend(self.pending.drain(..n));
-            if let Some(r) = out.last().filter(|_| n > 0) {
-                self.positions.insert(r.partition, r.offset + 1);
-                let f = fingerprint(r.offset, r.timestamp, r.key.as_deref(), &r.value);
-                self.last_records.insert(r.partition, f);
+        // A few rounds when a round only passed empty sealed partitions:
+        // committing those lets merge children become ready.
+        for _ in 0..8 {
+            self.sync()?;
+            self.take(&mut out, max_records)?;
+            self.advance();
+            if !out.is_empty() || !self.settle_empty_drains()? {
+                break;
             }
         }
         self.advance();
@@ -1489,6 +1481,60 @@ impl Member {
         }
         self.report(&mut st);
         Ok(out)
+    }
+
+    /// Hands out pending and newly read records into `out`, up to `max`.
+    fn take(&mut self, out: &mut Vec<OwnedRecord>, max: usize) -> Result<()> {
+        while out.len() < max {
+            if self.pending.is_empty() {
+                match self.fill() {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(e) if out.is_empty() => return Err(e),
+                    Err(_) => break,
+                }
+            }
+            let n = (max - out.len()).min(self.pending.len());
+            out.extend(self.pending.drain(..n));
+            if let Some(r) = out.last().filter(|_| n > 0) {
+                self.positions.insert(r.partition, r.offset + 1);
+                let f = fingerprint(r.offset, r.timestamp, r.key.as_deref(), &r.value);
+                self.last_records.insert(r.partition, f);
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits as read the partitions this member read to their seal that
+    /// hold nothing past the group's committed position (empty sealed
+    /// partitions, or all committed already): no record is at stake, and
+    /// without it a consumer that commits only after records would never
+    /// let a merge child behind them become ready. Returns whether the
+    /// group's positions moved.
+    fn settle_empty_drains(&mut self) -> Result<bool> {
+        let done: Vec<u32> = {
+            let st = self.shared.st.lock();
+            self.drained
+                .iter()
+                .copied()
+                .filter(|&d| {
+                    let seal = self.lineage.sealed_at(d).unwrap_or(u64::MAX);
+                    let end = self
+                        .shared
+                        .topic
+                        .partition(d)
+                        .map_or(seal, |p| p.end_offset().min(seal));
+                    let committed = st.committed.positions.get(&d).copied().unwrap_or(0);
+                    committed >= end && !st.committed.drained.contains(&d)
+                })
+                .collect()
+        };
+        if done.is_empty() {
+            return Ok(false);
+        }
+        let before = self.shared.st.lock().stats.commits;
+        self.commit_inner(&[], &done)?;
+        Ok(self.shared.st.lock().stats.commits > before)
     }
 
     /// Like [`Member::poll`], but waits up to `timeout` for records.

@@ -1467,6 +1467,27 @@ impl Member {
         self.advance();
         let s = self.shared.clone();
         let mut st = s.st.lock();
+        // Records are handed out only from partitions still this member's
+        // as the coordinator learns of them: one released meanwhile (its
+        // new owner starts at the committed position) gives nothing here,
+        // so no record reaches two live members.
+        if !st.members.contains_key(&self.id) {
+            return Err(s.fenced(self.id, "not a member (dead, left or replaced)"));
+        }
+        let lineage = st.lineage.clone();
+        let mine: BTreeSet<u32> = st
+            .owners
+            .iter()
+            .filter(|(_, o)| o.member == Some(self.id))
+            .flat_map(|(&p, _)| GroupShared::closure(&lineage, p))
+            .collect();
+        if out.iter().any(|r| !mine.contains(&r.partition)) {
+            out.retain(|r| mine.contains(&r.partition));
+            self.positions.retain(|p, _| mine.contains(p));
+            self.last_records.retain(|p, _| mine.contains(p));
+            self.drained.retain(|p| mine.contains(p));
+            self.pending.retain(|r| mine.contains(&r.partition));
+        }
         if let Some(m) = st.members.get_mut(&self.id) {
             m.handed_out += out.len() as u64;
             let now = s.now();

@@ -907,3 +907,74 @@ fn groups_shows_committed_positions_and_lag_and_deletes_a_group() {
     let o = run(&["groups", "--json"], &dir);
     assert_eq!(json_lines(&o)[0]["groups"].as_array().unwrap().len(), 0);
 }
+
+#[test]
+fn simulate_with_a_consumer_group_reports_rebalances_latency_and_a_clean_check() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("sim");
+    let o = bin()
+        .args([
+            "simulate",
+            "--records",
+            "60000",
+            "--consumers",
+            "3",
+            "--target-records-per-sec",
+            "2000",
+            "--seed",
+            "7",
+            "--json",
+            "--dir",
+        ])
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    expect_code(&o, 0, "simulate --consumers");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["consumers"], 3);
+    assert_eq!(v["order_violations"], 0);
+    assert_eq!(v["missing_records"], 0);
+    assert_eq!(v["duplicate_records"], 0);
+    let per_member: u64 = v["records_per_member"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .sum();
+    assert_eq!(per_member, 60000);
+    for k in [
+        "rebalances",
+        "rebalance_pause_ms",
+        "e2e_latency_ms",
+        "e2e_latency_during_rebalance_ms",
+        "dead_consumers_detected",
+        "slow_consumers_detected",
+        "lag_max_records",
+    ] {
+        assert!(v.get(k).is_some(), "{k} missing");
+    }
+    assert!(v["e2e_latency_ms"]["p50"].as_f64().is_some());
+    // Bad combinations are usage errors that touch nothing.
+    for args in [
+        &["--consumers", "1", "--kill-consumer-at", "1"][..],
+        &["--consumers", "2", "--slow-consumer", "0.5"][..],
+        &["--consumers", "0"][..],
+        &["--slow-consumer", "2"][..],
+        &["--rate", "0"][..],
+    ] {
+        let o = bin()
+            .arg("simulate")
+            .args(args)
+            .arg("--dir")
+            .arg(tmp.path().join("bad"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        expect_code(&o, 2, &format!("simulate {args:?}"));
+        assert!(
+            !tmp.path().join("bad").exists(),
+            "{args:?} created the directory"
+        );
+    }
+}

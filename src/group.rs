@@ -297,6 +297,10 @@ struct Revoke {
 struct Owner {
     member: Option<u64>,
     generation: u64,
+    /// Tenure: a new value every time the partition is given to a member,
+    /// kept when a split child becomes ready with its parent's owner. A
+    /// member's reading state for it is valid only within one tenure.
+    epoch: u64,
     revoking: Option<Revoke>,
     /// When it last lost an owner, for the pause of its next owner.
     unowned_since: Option<u64>,
@@ -344,6 +348,8 @@ struct GroupState {
     lineage: Arc<Lineage>,
     rates: HashMap<u32, PartitionRate>,
     last_balance: u64,
+    /// Next [`Owner::epoch`].
+    next_epoch: u64,
     stats: GroupStats,
 }
 
@@ -387,6 +393,9 @@ pub struct Member {
     /// Partitions being moved away: not read any more, their handed-out
     /// positions kept for the commit that releases them.
     paused: BTreeSet<u32>,
+    /// Per ready partition owned, the tenure ([`Owner::epoch`]) its
+    /// reading state belongs to.
+    tenure: BTreeMap<u32, u64>,
     heartbeat: Option<HeartbeatThread>,
 }
 
@@ -451,6 +460,7 @@ impl Topic {
                 lineage,
                 rates: HashMap::new(),
                 last_balance: 0,
+                next_epoch: 1,
                 stats: GroupStats::default(),
             }),
         });
@@ -600,21 +610,31 @@ impl GroupShared {
                 st.owners.insert(p, o.clone());
                 continue;
             }
-            let from_parent = st
+            let parent_owners: Vec<(u64, u64)> = st
                 .lineage
                 .parents(p)
                 .iter()
-                .filter_map(|q| old.get(q).and_then(|o| o.member))
-                .next();
+                .filter_map(|q| old.get(q).and_then(|o| Some((o.member?, o.epoch))))
+                .collect();
             let member = heir
                 .filter(|m| st.members.contains_key(m))
-                .or(from_parent)
+                .or(parent_owners.first().map(|x| x.0))
                 .filter(|m| st.members.contains_key(m));
+            // A split child that stays with its parent's owner continues
+            // the parent's tenure: the owner has been reading it already.
+            let epoch = match parent_owners.iter().find(|x| Some(x.0) == member) {
+                Some(&(_, e)) if st.lineage.parents(p).len() == 1 => e,
+                _ => {
+                    st.next_epoch += 1;
+                    st.next_epoch
+                }
+            };
             st.owners.insert(
                 p,
                 Owner {
                     member,
                     generation,
+                    epoch,
                     revoking: None,
                     unowned_since: None,
                     moved_nanos: None,
@@ -902,9 +922,12 @@ impl GroupShared {
     /// Gives unowned ready `p` to member `to`.
     fn give(&self, st: &mut GroupState, p: u32, to: u64, now: u64) {
         let generation = st.generation + 1;
+        st.next_epoch += 1;
+        let epoch = st.next_epoch;
         let entry = st.owners.get_mut(&p).expect("present");
         entry.member = Some(to);
         entry.generation = generation;
+        entry.epoch = epoch;
         if let Some(since) = entry.unowned_since.take() {
             st.stats
                 .pauses_ms
@@ -1181,9 +1204,12 @@ impl Group {
             for p in ids {
                 let old_m = &st.members[&old];
                 st.stats.redelivered += s.uncommitted(&st, old_m, p);
+                st.next_epoch += 1;
+                let epoch = st.next_epoch;
                 let o = st.owners.get_mut(&p).expect("listed");
                 o.member = Some(id);
                 o.generation = generation;
+                o.epoch = epoch;
                 o.revoking = None;
             }
             st.members.remove(&old);
@@ -1211,6 +1237,7 @@ impl Group {
             next_rr: 0,
             retained: Vec::new(),
             paused: BTreeSet::new(),
+            tenure: BTreeMap::new(),
             heartbeat,
         };
         m.sync()?;
@@ -1392,17 +1419,31 @@ impl Member {
     /// committed, pauses those being revoked, starts new ones at their
     /// committed positions.
     fn take_assignment(&mut self, st: &GroupState) {
-        let mine: BTreeMap<u32, bool> = st
-            .owners
-            .iter()
-            .filter(|(_, o)| o.member == Some(self.id))
-            .map(|(&p, o)| (p, o.revoking.is_some()))
-            .collect();
         self.lineage = st.lineage.clone();
         let lineage = self.lineage.clone();
-        // Partitions no longer ours (released, or read and committed).
+        // Ours, in a tenure this member's reading state belongs to (the
+        // same one, or its parent's for a split child it kept). A
+        // partition taken away and given back since is read again from
+        // the committed position: someone else may have read and
+        // committed past what this member remembers.
+        let held: BTreeSet<u64> = self.tenure.values().copied().collect();
+        let mut mine: BTreeMap<u32, bool> = BTreeMap::new();
+        let mut fresh: Vec<u32> = Vec::new();
+        let mut tenure = BTreeMap::new();
+        for (&p, o) in &st.owners {
+            if o.member != Some(self.id) {
+                continue;
+            }
+            mine.insert(p, o.revoking.is_some());
+            tenure.insert(p, o.epoch);
+            if !held.contains(&o.epoch) {
+                fresh.push(p);
+            }
+        }
+        self.tenure = tenure;
         let keep: BTreeSet<u32> = mine
             .keys()
+            .filter(|p| !fresh.contains(p))
             .flat_map(|&p| GroupShared::closure(&lineage, p))
             .collect();
         self.paused = mine
@@ -1475,10 +1516,11 @@ impl Member {
             return Err(s.fenced(self.id, "not a member (dead, left or replaced)"));
         }
         let lineage = st.lineage.clone();
+        let held: BTreeSet<u64> = self.tenure.values().copied().collect();
         let mine: BTreeSet<u32> = st
             .owners
             .iter()
-            .filter(|(_, o)| o.member == Some(self.id))
+            .filter(|(_, o)| o.member == Some(self.id) && held.contains(&o.epoch))
             .flat_map(|(&p, _)| GroupShared::closure(&lineage, p))
             .collect();
         if out.iter().any(|r| !mine.contains(&r.partition)) {
@@ -1753,9 +1795,13 @@ impl Member {
         self.report(&mut st);
         let lineage = st.lineage.clone();
         // Which ready partition each named one belongs to.
+        // Only partitions held in the tenure this member's state belongs
+        // to: one taken away and given back since is not committed from
+        // what this member remembers of it.
+        let held: BTreeSet<u64> = self.tenure.values().copied().collect();
         let mut root_of: BTreeMap<u32, u32> = BTreeMap::new();
         for (&p, o) in &st.owners {
-            if o.member == Some(self.id) {
+            if o.member == Some(self.id) && held.contains(&o.epoch) {
                 for x in GroupShared::closure(&lineage, p) {
                     root_of.insert(x, p);
                 }

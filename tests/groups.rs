@@ -107,7 +107,7 @@ fn one_member_reads_everything_and_resumes_exactly_after_reopen() {
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let log = open(dir.path(), &clock);
     let topic = log.topic_or_create("t", config(4)).unwrap();
-    append(&topic, 16, 0, 1000);
+    append(&topic, 64, 0, 1000);
     let group = topic.group("g", GroupOptions::default()).unwrap();
     let mut m = group.join(member_opts()).unwrap();
     assert_eq!(m.assignment().partitions.len(), 4);
@@ -143,7 +143,7 @@ fn two_members_share_the_partitions_without_overlap() {
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let log = open(dir.path(), &clock);
     let topic = log.topic_or_create("t", config(4)).unwrap();
-    append(&topic, 32, 0, 2000);
+    append(&topic, 64, 0, 2000);
     let group = topic.group("g", GroupOptions::default()).unwrap();
     let mut a = group.join(member_opts()).unwrap();
     let mut b = group.join(member_opts()).unwrap();
@@ -181,7 +181,7 @@ fn a_dead_member_is_fenced_and_its_partitions_resume_from_its_commit() {
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let log = open(dir.path(), &clock);
     let topic = log.topic_or_create("t", config(2)).unwrap();
-    append(&topic, 8, 0, 400);
+    append(&topic, 64, 0, 400);
     let group = topic.group("g", GroupOptions::default()).unwrap();
     let mut a = group.join(member_opts()).unwrap();
     let mut b = group.join(member_opts()).unwrap();
@@ -245,7 +245,7 @@ fn a_slow_member_is_relieved_then_revoked_but_never_declared_dead() {
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let log = open(dir.path(), &clock);
     let topic = log.topic_or_create("t", config(4)).unwrap();
-    append(&topic, 16, 0, 400);
+    append(&topic, 64, 0, 400);
     let group = topic.group("g", GroupOptions::default()).unwrap();
     let mut slow = group.join(member_opts()).unwrap();
     let mut fast = group.join(member_opts()).unwrap();
@@ -312,7 +312,7 @@ fn a_static_member_rejoining_within_its_session_gets_its_partitions_back_alone()
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let log = open(dir.path(), &clock);
     let topic = log.topic_or_create("t", config(4)).unwrap();
-    append(&topic, 16, 0, 200);
+    append(&topic, 64, 0, 200);
     let group = topic.group("g", GroupOptions::default()).unwrap();
     let mut a = group.join(static_opts("a")).unwrap();
     let mut b = group.join(static_opts("b")).unwrap();
@@ -350,7 +350,7 @@ fn split_children_stay_with_the_parents_owner_until_the_parent_is_committed() {
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let log = open(dir.path(), &clock);
     let topic = log.topic_or_create("t", config(1)).unwrap();
-    append(&topic, 8, 0, 100);
+    append(&topic, 64, 0, 100);
     let group = topic.group("g", GroupOptions::default()).unwrap();
     let mut a = group.join(member_opts()).unwrap();
     let mut b = group.join(member_opts()).unwrap();
@@ -359,7 +359,7 @@ fn split_children_stay_with_the_parents_owner_until_the_parent_is_committed() {
     assert_eq!(a.assignment().partitions, [0]);
     let mut got = a.poll(50).unwrap();
     let children = topic.split(0, SplitPlan::Even).unwrap();
-    append(&topic, 8, 100, 100);
+    append(&topic, 64, 100, 100);
     // `a` reads the parent to its seal, then the children, in key order.
     got.extend(drain(&mut a));
     assert_eq!(seqs(&got), (0..200).collect());
@@ -391,7 +391,7 @@ fn split_children_stay_with_the_parents_owner_until_the_parent_is_committed() {
         1,
         "one child moved to the idle member: {pa:?} {pb:?}"
     );
-    append(&topic, 8, 200, 100);
+    append(&topic, 64, 200, 100);
     let more_a = drain(&mut a);
     let more_b = drain(&mut b);
     assert!(seqs(&more_a).is_disjoint(&seqs(&more_b)));
@@ -405,7 +405,7 @@ fn a_merge_child_goes_to_the_member_that_drains_the_last_parent() {
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let log = open(dir.path(), &clock);
     let topic = log.topic_or_create("t", config(2)).unwrap();
-    append(&topic, 8, 0, 100);
+    append(&topic, 64, 0, 100);
     let group = topic.group("g", GroupOptions::default()).unwrap();
     let mut a = group.join(member_opts()).unwrap();
     let mut b = group.join(member_opts()).unwrap();
@@ -415,7 +415,7 @@ fn a_merge_child_goes_to_the_member_that_drains_the_last_parent() {
     let pb = b.assignment().partitions;
     assert_eq!((pa.len(), pb.len()), (1, 1));
     let child = topic.merge(0, 1).unwrap();
-    append(&topic, 8, 100, 100);
+    append(&topic, 64, 100, 100);
     let mut got_a = drain(&mut a);
     a.commit().unwrap();
     // `a`'s parent is read, `b`'s not yet: nobody reads the child.
@@ -507,7 +507,7 @@ fn commits_are_atomic_and_durable_through_a_kill() {
             },
         )
         .unwrap();
-    append(&topic, 9, 0, 300);
+    append(&topic, 64, 0, 300);
     let group = topic.group("g", GroupOptions::default()).unwrap();
     let mut m = group.join(member_opts()).unwrap();
     let got = m.poll(250).unwrap();
@@ -531,7 +531,7 @@ fn a_group_created_latest_reads_only_new_records() {
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let log = open(dir.path(), &clock);
     let topic = log.topic_or_create("t", config(2)).unwrap();
-    append(&topic, 4, 0, 50);
+    append(&topic, 64, 0, 50);
     let group = topic
         .group(
             "g",
@@ -543,7 +543,7 @@ fn a_group_created_latest_reads_only_new_records() {
         .unwrap();
     let mut m = group.join(member_opts()).unwrap();
     assert!(m.poll(100).unwrap().is_empty());
-    append(&topic, 4, 50, 10);
+    append(&topic, 64, 50, 10);
     assert_eq!(seqs(&drain(&mut m)), (50..60).collect());
     log.close().unwrap();
 }
@@ -593,11 +593,11 @@ fn a_committed_position_past_what_a_power_loss_kept_is_reported_and_rewound() {
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let log = open(dir.path(), &clock);
     let topic = log.topic_or_create("t", config(1)).unwrap();
-    append(&topic, 4, 0, 100);
+    append(&topic, 64, 0, 100);
     log.sync().unwrap();
     let durable = DirImage::capture(dir.path()).unwrap();
     // Appended, read and committed by the group, never synced.
-    append(&topic, 4, 100, 50);
+    append(&topic, 64, 100, 50);
     let group = topic.group("g", GroupOptions::default()).unwrap();
     let mut m = group.join(member_opts()).unwrap();
     assert_eq!(drain(&mut m).len(), 150);
@@ -624,7 +624,7 @@ fn a_committed_position_past_what_a_power_loss_kept_is_reported_and_rewound() {
     let group = topic.group("g", GroupOptions::default()).unwrap();
     assert_eq!(group.committed().positions[&0], 100);
     // New appends reuse offsets 100..; the group reads them all.
-    append(&topic, 4, 1000, 10);
+    append(&topic, 64, 1000, 10);
     let mut m = group.join(member_opts()).unwrap();
     let got = drain(&mut m);
     assert_eq!(seqs(&got), (1000..1010).collect());
@@ -646,7 +646,7 @@ fn groups_survive_manifest_compaction_and_a_deleted_topic_takes_them() {
     };
     let log = Log::open(dir.path(), opts.clone()).unwrap();
     let topic = log.topic_or_create("t", config(2)).unwrap();
-    append(&topic, 4, 0, 100);
+    append(&topic, 64, 0, 100);
     let group = topic.group("g", GroupOptions::default()).unwrap();
     let mut m = group.join(member_opts()).unwrap();
     let mut got = Vec::new();
@@ -683,9 +683,107 @@ fn empty_sealed_parents_do_not_hold_back_a_merge_child() {
     let mut m = group.join(member_opts()).unwrap();
     assert!(m.poll(10).unwrap().is_empty());
     let child = topic.merge(0, 1).unwrap();
-    append(&topic, 4, 0, 20);
+    append(&topic, 64, 0, 20);
     let got = drain(&mut m);
     assert_eq!(seqs(&got), (0..20).collect());
     assert_eq!(m.assignment().partitions, [child]);
+    log.close().unwrap();
+}
+
+#[test]
+fn members_racing_rebalances_never_get_a_record_twice_outside_a_counted_window() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+    // Real threads and the system clock: four members poll and commit
+    // while a fifth joins and leaves over and over, so partitions keep
+    // moving between members in the middle of their polls.
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(
+        dir.path(),
+        LogOptions {
+            balancer: false,
+            ..LogOptions::default()
+        },
+    )
+    .unwrap();
+    let topic = log.topic_or_create("t", config(8)).unwrap();
+    let total = 12_000u64;
+    append(&topic, 64, 0, total);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let seen: Mutex<BTreeMap<u64, u32>> = Mutex::new(BTreeMap::new());
+    let record = |got: &[OwnedRecord]| {
+        let mut seen = seen.lock().unwrap();
+        for r in got {
+            *seen.entry(seq(r)).or_default() += 1;
+        }
+    };
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                let mut m = group.join(member_opts()).unwrap();
+                while !stop.load(Ordering::Acquire) {
+                    record(&m.poll(97).unwrap());
+                    match m.commit() {
+                        Ok(()) | Err(Error::NotAssigned { .. }) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                m.leave().unwrap();
+            });
+        }
+        s.spawn(|| {
+            while seen.lock().unwrap().len() < total as usize {
+                let mut m = group.join(member_opts()).unwrap();
+                record(&m.poll(13).unwrap());
+                let _ = m.commit();
+                m.leave().unwrap();
+            }
+            stop.store(true, Ordering::Release);
+        });
+    });
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(seen.len() as u64, total);
+    let again: u64 = seen.values().map(|&n| u64::from(n - 1)).sum();
+    let d = group.describe();
+    assert!(
+        d.stats.moves > 10,
+        "partitions moved {} times",
+        d.stats.moves
+    );
+    assert!(
+        again <= d.stats.redelivered,
+        "{again} records delivered again, {} counted as an uncommitted window",
+        d.stats.redelivered
+    );
+    log.close().unwrap();
+}
+
+#[test]
+fn a_partition_given_back_is_read_from_the_committed_position_not_from_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append(&topic, 64, 0, 400);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut got_a = a.poll(10_000).unwrap();
+    a.commit().unwrap();
+    assert_eq!(got_a.len(), 400);
+    append(&topic, 64, 400, 400);
+    // `b` joins: one partition moves to it at once (`a` has nothing
+    // uncommitted). `b` reads it, commits, and leaves before `a` polls
+    // again: the partition goes back to `a`.
+    let mut b = group.join(member_opts()).unwrap();
+    let got_b = drain(&mut b);
+    b.commit().unwrap();
+    assert!(!got_b.is_empty());
+    b.leave().unwrap();
+    got_a.extend(drain(&mut a));
+    let sa = seqs(&got_a);
+    let sb = seqs(&got_b);
+    assert!(sa.is_disjoint(&sb), "a read again what b had committed");
+    assert_eq!(sa.len() + sb.len(), 800);
     log.close().unwrap();
 }

@@ -181,8 +181,8 @@ pub struct GroupStats {
     pub rebalances: u64,
     /// Partitions moved between members.
     pub moves: u64,
-    /// Per moved partition, how long it was readable by nobody: from its
-    /// revocation until the new owner could read it (milliseconds).
+    /// Per moved partition, how long nobody read it: from its revocation
+    /// until its new owner's next poll took it (milliseconds).
     pub pauses_ms: Vec<f64>,
     /// Members declared dead (no heartbeat for the session timeout).
     pub dead_detected: u64,
@@ -306,6 +306,8 @@ struct Owner {
     unowned_since: Option<u64>,
     /// When it was last moved by load (cooldown).
     moved_nanos: Option<u64>,
+    /// Moved and not taken by its new owner yet: since when nobody reads it.
+    pause_from: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -638,6 +640,7 @@ impl GroupShared {
                     revoking: None,
                     unowned_since: None,
                     moved_nanos: None,
+                    pause_from: None,
                 },
             );
         }
@@ -928,12 +931,13 @@ impl GroupShared {
         entry.member = Some(to);
         entry.generation = generation;
         entry.epoch = epoch;
+        // A move: its pause lasts until the new owner takes it (see
+        // `Member::sync`).
         if let Some(since) = entry.unowned_since.take() {
-            st.stats
-                .pauses_ms
-                .push(now.saturating_sub(since) as f64 / 1e6);
+            entry.pause_from = Some(since);
             st.stats.moves += 1;
         }
+        let _ = now;
     }
 
     fn remove_member(&self, st: &mut GroupState, id: u64, now: u64) {
@@ -1411,6 +1415,16 @@ impl Member {
         // Report what was handed out since the last sync.
         self.report(&mut st);
         self.take_assignment(&st);
+        // Partitions moved here end their pause now.
+        for p in self.owned.iter() {
+            if let Some(o) = st.owners.get_mut(p) {
+                if let Some(from) = o.pause_from.take() {
+                    st.stats
+                        .pauses_ms
+                        .push(now.saturating_sub(from) as f64 / 1e6);
+                }
+            }
+        }
         Ok(())
     }
 

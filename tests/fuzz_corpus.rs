@@ -271,7 +271,27 @@ fn manifest_seeds() -> Vec<Vec<u8>> {
     let a = log.create_topic("orders", cfg.clone()).unwrap();
     log.create_topic("audit", cfg).unwrap();
     let kids = a.split(0, SplitPlan::Even).unwrap();
+    // Consumer groups: commits across a split and a merge, a deletion.
+    for i in 0..20u32 {
+        a.append(Some(&i.to_le_bytes()), b"v").unwrap();
+    }
+    let g = a.group("readers", Default::default()).unwrap();
+    let mut m = g
+        .join(fissionlog::MemberOptions {
+            background_heartbeat: None,
+            ..Default::default()
+        })
+        .unwrap();
+    m.poll(7).unwrap();
+    m.commit().unwrap();
     a.merge(kids[1], 1).unwrap();
+    while !m.poll(100).unwrap().is_empty() {
+        m.commit().unwrap();
+    }
+    m.commit().unwrap();
+    drop(m);
+    a.group("gone", Default::default()).unwrap();
+    a.delete_group("gone").unwrap();
     log.delete_topic("audit").unwrap();
     log.close().unwrap();
     let journal = std::fs::read(dir.path().join("manifest.log")).unwrap();

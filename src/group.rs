@@ -61,6 +61,8 @@ const READ_BYTES: usize = 256 * 1024;
 const RELIEF_LAG: u64 = 1000;
 /// A member is over its share when its load exceeds the mean by this factor.
 const IMBALANCE: f64 = 1.25;
+/// Pauses kept in [`GroupStats::pauses_ms`] (the latest).
+const MAX_PAUSES: usize = 4096;
 /// Rate estimates decay with this time constant.
 const RATE_TAU_S: f64 = 2.0;
 
@@ -182,7 +184,8 @@ pub struct GroupStats {
     /// Partitions moved between members.
     pub moves: u64,
     /// Per moved partition, how long nobody read it: from its revocation
-    /// until its new owner's next poll took it (milliseconds).
+    /// until its new owner's next poll took it (milliseconds; the latest
+    /// 4,096).
     pub pauses_ms: Vec<f64>,
     /// Members declared dead (no heartbeat for the session timeout).
     pub dead_detected: u64,
@@ -352,6 +355,8 @@ struct GroupState {
     last_balance: u64,
     /// Next [`Owner::epoch`].
     next_epoch: u64,
+    /// When the append rates were last folded.
+    last_rates: u64,
     stats: GroupStats,
 }
 
@@ -463,6 +468,7 @@ impl Topic {
                 rates: HashMap::new(),
                 last_balance: 0,
                 next_epoch: 1,
+                last_rates: 0,
                 stats: GroupStats::default(),
             }),
         });
@@ -801,6 +807,11 @@ impl GroupShared {
     }
 
     fn update_rates(&self, st: &mut GroupState, now: u64) {
+        // At most every 100 ms: a tick runs on every member call.
+        if now.saturating_sub(st.last_rates) < 100_000_000 && st.rates.len() == st.owners.len() {
+            return;
+        }
+        st.last_rates = now;
         let ready: Vec<u32> = st.owners.keys().copied().collect();
         for p in ready {
             let end: u64 = Self::closure(&st.lineage, p)
@@ -1419,9 +1430,11 @@ impl Member {
         for p in self.owned.iter() {
             if let Some(o) = st.owners.get_mut(p) {
                 if let Some(from) = o.pause_from.take() {
-                    st.stats
-                        .pauses_ms
-                        .push(now.saturating_sub(from) as f64 / 1e6);
+                    let pauses = &mut st.stats.pauses_ms;
+                    if pauses.len() >= MAX_PAUSES {
+                        pauses.remove(0);
+                    }
+                    pauses.push(now.saturating_sub(from) as f64 / 1e6);
                 }
             }
         }

@@ -1,0 +1,184 @@
+//! Consumer-group edge cases in simulated time: ownership handed back to a
+//! member that never saw it leave, stale group handles after a delete,
+//! retention and recovery under committed positions, odd commit inputs,
+//! manifest compaction and format upgrade with group records.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fissionlog::{
+    GroupOptions, Log, LogOptions, ManualClock, Member, MemberOptions, OwnedRecord, SyncPolicy,
+    Topic, TopicConfig,
+};
+
+const SESSION: Duration = Duration::from_secs(10);
+const PROCESSING: Duration = Duration::from_secs(30);
+
+fn options(clock: &Arc<ManualClock>) -> LogOptions {
+    LogOptions {
+        clock: clock.clone(),
+        balancer: false,
+        background_retention: false,
+        ..LogOptions::default()
+    }
+}
+
+fn config(partitions: u32) -> TopicConfig {
+    TopicConfig {
+        partitions,
+        segment_bytes: 1 << 20,
+        sync: SyncPolicy::Never,
+        ..TopicConfig::default()
+    }
+}
+
+fn member_opts() -> MemberOptions {
+    MemberOptions {
+        session_timeout: SESSION,
+        processing_timeout: PROCESSING,
+        instance_id: None,
+        background_heartbeat: None,
+    }
+}
+
+/// Appends `n` records with keys `k0..k{keys}` and values `key:seq`.
+fn append(topic: &Topic, keys: u32, from: u64, n: u64) {
+    for i in from..from + n {
+        let key = format!("k{}", i % u64::from(keys));
+        topic
+            .append(Some(key.as_bytes()), format!("{key}:{i}").as_bytes())
+            .unwrap();
+    }
+}
+
+fn seq(r: &OwnedRecord) -> u64 {
+    let v = std::str::from_utf8(&r.value).unwrap();
+    v.split(':').nth(1).unwrap().parse().unwrap()
+}
+
+fn seqs(records: &[OwnedRecord]) -> BTreeSet<u64> {
+    records.iter().map(seq).collect()
+}
+
+/// Polls until a poll returns nothing.
+fn drain(m: &mut Member) -> Vec<OwnedRecord> {
+    let mut out = Vec::new();
+    loop {
+        let got = m.poll(1000).unwrap();
+        if got.is_empty() {
+            return out;
+        }
+        out.extend(got);
+    }
+}
+
+fn open(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Log {
+    Log::open(dir, options(clock)).unwrap()
+}
+
+/// Advances the clock in steps of a second, heartbeating `beat` and
+/// polling (zero records) `progress` at every step.
+fn pass(clock: &ManualClock, total: Duration, beat: &[&Member], progress: &mut [&mut Member]) {
+    let mut left = total;
+    while !left.is_zero() {
+        let step = left.min(Duration::from_secs(1));
+        clock.advance(step);
+        left -= step;
+        for m in beat {
+            m.heartbeat().unwrap();
+        }
+        for m in progress.iter_mut() {
+            m.poll(0).unwrap();
+        }
+    }
+}
+
+/// A member stuck long enough to lose its partition, which then comes back
+/// to it after another member read and committed further, resumes at the
+/// group's committed position: not at the position it had reached in its
+/// earlier ownership (that would deliver again records the group
+/// committed, outside any uncommitted window).
+#[test]
+fn a_partition_handed_back_to_a_stuck_member_resumes_at_the_committed_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append(&topic, 4, 0, 100);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let first_a = a.poll(60).unwrap();
+    assert_eq!(seqs(&first_a), (0..60).collect());
+    let mut b = group.join(member_opts()).unwrap();
+    b.poll(0).unwrap();
+    assert_eq!(a.assignment().partitions, [0]);
+    // `a` heartbeats but makes no progress: slow, then stuck; its
+    // partition moves to `b`.
+    pass(
+        &clock,
+        PROCESSING * 2 + Duration::from_secs(4),
+        &[&a],
+        &mut [&mut b],
+    );
+    assert_eq!(b.assignment().partitions, [0], "moved to the live reader");
+    let got_b = b.poll(90).unwrap();
+    assert_eq!(seqs(&got_b), (0..90).collect(), "from the committed 0");
+    b.commit().unwrap();
+    assert_eq!(group.committed().positions.get(&0), Some(&90));
+    // `b` leaves: the partition goes back to `a`, the only member.
+    b.leave().unwrap();
+    let again = drain(&mut a);
+    assert_eq!(a.assignment().partitions, [0]);
+    let s = seqs(&again);
+    assert!(
+        s.iter().all(|&x| x >= 90),
+        "records 60..90 were committed by the group; redelivered: {:?}",
+        s.iter().filter(|&&x| x < 90).collect::<Vec<_>>()
+    );
+    assert_eq!(s, (90..100).collect());
+    log.close().unwrap();
+}
+
+/// A `Group` handle taken before `delete_group` must not bring the group
+/// back: a member joining through it reads every partition beside the
+/// members of the group created again under the same name (two live owners
+/// of partition 0), and its commit writes the deleted group back into the
+/// manifest.
+#[test]
+fn a_stale_group_handle_after_delete_does_not_double_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append(&topic, 4, 0, 10);
+    let stale = topic.group("g", GroupOptions::default()).unwrap();
+    topic.delete_group("g").unwrap();
+    assert!(topic.groups().is_empty());
+    let fresh = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = fresh.join(member_opts()).unwrap();
+    assert_eq!(seqs(&m.poll(100).unwrap()), (0..10).collect());
+    let zombie = stale.join(member_opts()).and_then(|mut z| {
+        let got = z.poll(100)?;
+        Ok((z, got))
+    });
+    if let Ok((mut z, got)) = zombie {
+        assert!(
+            got.is_empty(),
+            "a member joined through the deleted group's handle reads partition 0 \
+             beside the new group's member: {} records",
+            got.len()
+        );
+        let _ = z.commit();
+    }
+    m.commit().unwrap();
+    topic.delete_group("g").unwrap();
+    assert!(
+        topic.groups().is_empty(),
+        "the deleted group came back: {:?}",
+        topic.groups()
+    );
+    log.close().unwrap();
+}

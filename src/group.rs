@@ -317,6 +317,10 @@ struct MemberEntry {
     delivered: BTreeMap<u32, (u64, Option<u64>)>,
     /// Partitions it handed out up to their seal (not committed yet).
     delivered_drained: BTreeSet<u32>,
+    /// Ready partitions taken from it since its handle last synced: the
+    /// handle's reading state there (and in their split children) is from
+    /// an ownership that ended, even if the partition came back to it since.
+    released: BTreeSet<u32>,
     /// Records handed out, and the decayed rate of that.
     handed_out: u64,
     rate: f64,
@@ -882,6 +886,7 @@ impl GroupShared {
                     m.delivered.remove(&x);
                     m.delivered_drained.remove(&x);
                 }
+                m.released.insert(p);
             }
         }
         let to = o
@@ -1160,6 +1165,7 @@ impl Group {
             slow_since: 0,
             delivered: BTreeMap::new(),
             delivered_drained: BTreeSet::new(),
+            released: BTreeSet::new(),
             handed_out: 0,
             rate: 0.0,
             rate_at: now,
@@ -1381,10 +1387,32 @@ impl Member {
         if m.state == MemberState::Slow {
             m.state = MemberState::Active;
         }
+        self.forget_released(&mut st);
         // Report what was handed out since the last sync.
         self.report(&mut st);
         self.take_assignment(&st);
         Ok(())
+    }
+
+    /// Drops the reading state of ready partitions taken from this member
+    /// since it last synced (and of their split children): if one came back
+    /// to it since, it starts again from the group's committed position,
+    /// not from where the ended ownership had read to. Returns the
+    /// partitions dropped.
+    fn forget_released(&mut self, st: &mut GroupState) -> BTreeSet<u32> {
+        let Some(m) = st.members.get_mut(&self.id) else {
+            return BTreeSet::new();
+        };
+        let released = std::mem::take(&mut m.released);
+        let dropped: BTreeSet<u32> = released
+            .into_iter()
+            .flat_map(|p| GroupShared::closure(&st.lineage, p))
+            .collect();
+        self.positions.retain(|p, _| !dropped.contains(p));
+        self.drained.retain(|p| !dropped.contains(p));
+        self.last_records.retain(|p, _| !dropped.contains(p));
+        self.pending.retain(|r| !dropped.contains(&r.partition));
+        dropped
     }
 
     /// Brings the member's reading state to the coordinator's assignment
@@ -1683,6 +1711,9 @@ impl Member {
         if !st.members.contains_key(&self.id) {
             return Err(s.fenced(self.id, "not a member (dead, left or replaced)"));
         }
+        // What was handed out in an ownership that ended is not this
+        // member's to commit, even if the partition came back to it.
+        let stale = self.forget_released(&mut st);
         self.report(&mut st);
         let lineage = st.lineage.clone();
         // Which ready partition each named one belongs to.
@@ -1690,7 +1721,9 @@ impl Member {
         for (&p, o) in &st.owners {
             if o.member == Some(self.id) {
                 for x in GroupShared::closure(&lineage, p) {
-                    root_of.insert(x, p);
+                    if !stale.contains(&x) {
+                        root_of.insert(x, p);
+                    }
                 }
             }
         }

@@ -349,6 +349,8 @@ struct GroupState {
     rates: HashMap<u32, PartitionRate>,
     last_balance: u64,
     stats: GroupStats,
+    /// Deleted: no member joins or commits through this coordinator again.
+    deleted: bool,
 }
 
 /// The coordinator of one group in one topic.
@@ -456,6 +458,7 @@ impl Topic {
                 rates: HashMap::new(),
                 last_balance: 0,
                 stats: GroupStats::default(),
+                deleted: false,
             }),
         });
         shared.refresh(&mut shared.st.lock());
@@ -481,6 +484,11 @@ impl Topic {
         if self.group_record(name).is_none() {
             return Err(Error::UnknownGroup(name.to_string()));
         }
+        // The coordinator's lock is held across the record: a member's
+        // commit (which creates the group if it is missing) cannot land
+        // after it and bring the group back.
+        let shared = groups.get(name).cloned();
+        let mut st = shared.as_ref().map(|g| g.st.lock());
         {
             let core = &self.inner.core;
             let mut topo = core.topology.lock();
@@ -492,11 +500,13 @@ impl Topic {
                 },
             )?;
         }
-        if let Some(g) = groups.remove(name) {
-            let mut st = g.st.lock();
+        if let Some(st) = st.as_mut() {
             st.members.clear();
             st.owners.clear();
+            st.deleted = true;
         }
+        drop(st);
+        groups.remove(name);
         Ok(())
     }
 
@@ -636,6 +646,9 @@ impl GroupShared {
     /// [`GroupShared::tick`], balancing at once (ignoring the interval and
     /// the move cooldown) when the membership just changed.
     fn tick_with(&self, st: &mut GroupState, now: u64, membership_changed: bool) {
+        if st.deleted {
+            return;
+        }
         self.refresh(st);
         self.update_rates(st, now);
         let mut changed = false;
@@ -1147,6 +1160,9 @@ impl Group {
         }
         let now = s.now();
         let mut st = s.st.lock();
+        if st.deleted {
+            return Err(Error::UnknownGroup(s.name.clone()));
+        }
         s.tick(&mut st, now);
         let id = st.next_member;
         st.next_member += 1;

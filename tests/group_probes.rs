@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fissionlog::{
-    GroupOptions, Log, LogOptions, ManualClock, Member, MemberOptions, OwnedRecord, SyncPolicy,
-    Topic, TopicConfig,
+    Error, GroupOptions, GroupStart, Log, LogOptions, ManualClock, Member, MemberOptions,
+    NewRecord, OwnedRecord, SplitPlan, SyncPolicy, Topic, TopicConfig,
 };
 
 const SESSION: Duration = Duration::from_secs(10);
@@ -182,3 +182,157 @@ fn a_stale_group_handle_after_delete_does_not_double_own() {
     );
     log.close().unwrap();
 }
+
+/// Retention removes a sealed parent a member is reading and has not
+/// committed: the member's next commit (of the parent's children it read
+/// past) is not refused, and the group goes on from the children.
+#[test]
+fn retention_removing_a_parent_under_a_member_keeps_its_commits_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log
+        .topic_or_create(
+            "t",
+            TopicConfig {
+                segment_bytes: 4096,
+                retention_age: Some(Duration::from_secs(3600)),
+                ..config(1)
+            },
+        )
+        .unwrap();
+    // Old records (expired by age) in the parent.
+    for i in 0..40u64 {
+        let key = format!("k{}", i % 4);
+        let value = format!("{key}:{i}");
+        topic
+            .append_batch(&[NewRecord {
+                key: Some(key.as_bytes()),
+                value: value.as_bytes(),
+                timestamp: Some(1_000),
+            }])
+            .unwrap();
+    }
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let got = a.poll(10).unwrap();
+    assert_eq!(got.len(), 10);
+    let children = topic.split(0, SplitPlan::Even).unwrap();
+    append(&topic, 4, 40, 20);
+    let removed = log.enforce_retention().unwrap();
+    assert!(removed > 0, "retention removed nothing");
+    assert!(topic.partition(0).is_err(), "the parent is gone");
+    let rest = drain(&mut a);
+    assert!(
+        seqs(&rest).is_superset(&(40..60).collect()),
+        "the children's records: {:?}",
+        seqs(&rest)
+    );
+    a.commit().unwrap();
+    let c = group.committed();
+    for ch in &children {
+        assert!(c.positions.contains_key(ch), "{c:?}");
+    }
+    assert_eq!(
+        c.positions.values().sum::<u64>(),
+        children
+            .iter()
+            .map(|&p| topic.partition(p).unwrap().end_offset())
+            .sum::<u64>()
+    );
+    log.close().unwrap();
+}
+
+/// Retention removes a sealed parent after a member read part of it (no
+/// poll since): the commit of what it handed out is not refused.
+#[test]
+fn a_commit_naming_a_partition_retention_removed_is_not_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log
+        .topic_or_create(
+            "t",
+            TopicConfig {
+                segment_bytes: 4096,
+                retention_age: Some(Duration::from_secs(3600)),
+                ..config(1)
+            },
+        )
+        .unwrap();
+    for i in 0..40u64 {
+        let key = format!("k{}", i % 4);
+        let value = format!("{key}:{i}");
+        topic
+            .append_batch(&[NewRecord {
+                key: Some(key.as_bytes()),
+                value: value.as_bytes(),
+                timestamp: Some(1_000),
+            }])
+            .unwrap();
+    }
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    assert_eq!(a.poll(10).unwrap().len(), 10);
+    topic.split(0, SplitPlan::Even).unwrap();
+    assert!(log.enforce_retention().unwrap() > 0);
+    assert!(topic.partition(0).is_err(), "the parent is gone");
+    let r = a.commit();
+    assert!(
+        r.is_ok(),
+        "commit after retention removed the partition it read: {r:?}"
+    );
+    log.close().unwrap();
+}
+
+/// `commit_positions` naming a split child before its parent is read to
+/// its seal must not report success for a position it did not commit.
+#[test]
+fn commit_positions_of_a_child_before_its_parent_is_not_a_silent_no_op() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append(&topic, 16, 0, 20);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let children = topic.split(0, SplitPlan::Even).unwrap();
+    append(&topic, 16, 20, 40);
+    let got = drain(&mut a);
+    assert_eq!(got.len(), 60);
+    let c0 = children[0];
+    let in_c0 = got.iter().filter(|r| r.partition == c0).count() as u64;
+    assert!(in_c0 > 0);
+    let r = a.commit_positions(&[(c0, in_c0)]);
+    let committed = group.committed().positions.get(&c0).copied();
+    assert!(
+        r.is_err() || committed == Some(in_c0),
+        "commit_positions returned {r:?} but the group has {committed:?} for child {c0}"
+    );
+    log.close().unwrap();
+}
+
+/// Duplicate partitions in one `commit_positions`: refused, or the
+/// highest wins; never a position below one committed in the same call.
+#[test]
+fn commit_positions_with_duplicates_never_moves_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append(&topic, 4, 0, 20);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    assert_eq!(a.poll(20).unwrap().len(), 20);
+    let r = a.commit_positions(&[(0, 15), (0, 5)]);
+    let c = group.committed().positions.get(&0).copied();
+    assert!(
+        r.is_err() && c.unwrap_or(0) == 0 || c == Some(15),
+        "{r:?}: committed {c:?}"
+    );
+    log.close().unwrap();
+}
+
+/// Keeps the imports of the probes below in use.
+#[allow(dead_code)]
+fn _unused(_: Error, _: GroupStart) {}

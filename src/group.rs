@@ -1689,11 +1689,18 @@ impl Member {
 
     /// Commits the given next offsets (each at most what was handed out),
     /// atomically. A partition must be one this member reads; a split child
-    /// only together with (or after) its parent read to its seal.
+    /// only together with (or after) its parent read to its seal, else the
+    /// commit is refused ([`Error::InvalidConfig`]). A partition named twice
+    /// commits the higher offset.
     pub fn commit_positions(&mut self, positions: &[(u32, u64)]) -> Result<()> {
+        let mut highest: BTreeMap<u32, u64> = BTreeMap::new();
+        for &(p, o) in positions {
+            let e = highest.entry(p).or_insert(o);
+            *e = (*e).max(o);
+        }
         let mut pos = Vec::new();
         let mut drained = Vec::new();
-        for &(p, o) in positions {
+        for (p, o) in highest {
             let handed = match self.positions.get(&p) {
                 Some(&h) => h,
                 None if self.drained.contains(&p) => self.lineage.sealed_at(p).unwrap_or(0),
@@ -1747,12 +1754,22 @@ impl Member {
         let drained_now: BTreeSet<u32> = drained.iter().copied().collect();
         let mut delta = Committed::default();
         let all_drained_before = st.committed.all_drained(&lineage);
+        let child_before_parent = |p: u32| {
+            Error::InvalidConfig(format!(
+                "commit of split child {p} before its parents are committed as read"
+            ))
+        };
         let lost = |p: u32, o: u64| -> Result<()> {
             // Moved away: fine when the group committed this far already
             // (the partition was released with nothing pending), refused
             // when records handed out here would be lost to the commit.
+            // A partition retention removed has nothing left to commit.
             let committed = st.committed.positions.get(&p).copied();
-            if all_drained_before.contains(&p) || committed.is_some_and(|c| c >= o) || o == 0 {
+            if all_drained_before.contains(&p)
+                || committed.is_some_and(|c| c >= o)
+                || o == 0
+                || !lineage.contains(p)
+            {
                 Ok(())
             } else {
                 Err(Error::NotAssigned {
@@ -1776,12 +1793,13 @@ impl Member {
             if !root_of.contains_key(&p) {
                 continue;
             }
-            // A split child only once its parent is (being) read.
+            // A split child only once its parent is (being) read: refused
+            // rather than left out of a commit that reports success.
             let parents_read = lineage.parents(p).iter().all(|q| {
                 all_drained.contains(q) || drained_now.contains(q) || !lineage.contains(*q)
             });
             if !parents_read {
-                continue;
+                return Err(child_before_parent(p));
             }
             if st.committed.positions.get(&p).is_some_and(|&c| c > o) {
                 // Never backwards (a commit of older positions after a
@@ -1805,7 +1823,10 @@ impl Member {
             let parents_read = lineage.parents(d).iter().all(|q| {
                 all_drained.contains(q) || drained_now.contains(q) || !lineage.contains(*q)
             });
-            if parents_read && !all_drained.contains(&d) {
+            if !parents_read {
+                return Err(child_before_parent(d));
+            }
+            if !all_drained.contains(&d) {
                 delta.drained.insert(d);
             }
         }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -333,6 +333,367 @@ fn commit_positions_with_duplicates_never_moves_back() {
     log.close().unwrap();
 }
 
-/// Keeps the imports of the probes below in use.
-#[allow(dead_code)]
-fn _unused(_: Error, _: GroupStart) {}
+fn header_version(path: &std::path::Path) -> u16 {
+    let b = std::fs::read(path).unwrap();
+    u16::from_le_bytes([b[8], b[9]])
+}
+
+fn set_header_version(path: &std::path::Path, v: u16) {
+    let mut b = std::fs::read(path).unwrap();
+    b[8..10].copy_from_slice(&v.to_le_bytes());
+    std::fs::write(path, b).unwrap();
+}
+
+/// A log whose manifest is of format version 1 (no group records) takes a
+/// group: the files are rewritten at version 2 before the first group
+/// record, and the group's positions survive a reopen and an abandon.
+#[test]
+fn a_version_1_manifest_takes_groups_after_an_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append(&topic, 8, 0, 50);
+    topic.split(0, SplitPlan::Even).unwrap();
+    log.close().unwrap();
+    let journal = dir.path().join("manifest.log");
+    let snap = dir.path().join("manifest.snap");
+    set_header_version(&journal, 1);
+    if snap.exists() {
+        set_header_version(&snap, 1);
+    }
+    let log = open(dir.path(), &clock);
+    let topic = log.topic("t").unwrap();
+    append(&topic, 8, 50, 10);
+    assert_eq!(header_version(&journal), 1, "no upgrade without a group");
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    assert_eq!(header_version(&journal), 2);
+    assert_eq!(header_version(&snap), 2);
+    let mut m = group.join(member_opts()).unwrap();
+    let got = m.poll(30).unwrap();
+    m.commit().unwrap();
+    let committed = group.committed();
+    log.abandon();
+    let log = open(dir.path(), &clock);
+    let topic = log.topic("t").unwrap();
+    assert_eq!(topic.groups(), ["g"]);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    assert_eq!(group.committed().positions, committed.positions);
+    let mut m = group.join(member_opts()).unwrap();
+    let rest = drain(&mut m);
+    assert!(seqs(&got).is_disjoint(&seqs(&rest)));
+    assert_eq!(got.len() + rest.len(), 60);
+    log.close().unwrap();
+}
+
+/// Manifest compaction every record or two, with groups committing,
+/// splitting, deleting and reopening in between: the positions read back
+/// are the last committed, the deleted group stays deleted.
+#[test]
+fn group_positions_survive_frequent_manifest_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let opts = || LogOptions {
+        manifest_compact_records: 2,
+        ..options(&clock)
+    };
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append(&topic, 8, 0, 100);
+    let g = topic.group("g", GroupOptions::default()).unwrap();
+    let h = topic.group("h", GroupOptions::default()).unwrap();
+    let mut a = g.join(member_opts()).unwrap();
+    let mut b = h.join(member_opts()).unwrap();
+    let mut got = Vec::new();
+    for i in 0..5 {
+        got.extend(a.poll(7).unwrap());
+        a.commit().unwrap();
+        b.poll(3).unwrap();
+        b.commit().unwrap();
+        if i == 2 {
+            topic.split(1, SplitPlan::Even).unwrap();
+            append(&topic, 8, 100, 20);
+        }
+    }
+    let committed = g.committed();
+    topic.delete_group("h").unwrap();
+    drop((a, b));
+    log.close().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let topic = log.topic("t").unwrap();
+    assert_eq!(topic.groups(), ["g"]);
+    let g = topic.group("g", GroupOptions::default()).unwrap();
+    assert_eq!(g.committed().positions, committed.positions);
+    assert_eq!(g.committed().drained, committed.drained);
+    let mut a = g.join(member_opts()).unwrap();
+    let rest = drain(&mut a);
+    assert!(seqs(&got).is_disjoint(&seqs(&rest)));
+    assert_eq!(got.len() + rest.len(), 120);
+    log.close().unwrap();
+}
+
+/// Zeroes partition 0's segment (topic 0, base 0) from a little before the
+/// record whose value is `needle` to its end: a power loss that kept only
+/// the pages before it.
+fn cut_before(dir: &std::path::Path, needle: &[u8]) {
+    let rel = std::path::PathBuf::from(format!("topics/t0/p0/{:020}.seg", 0));
+    let bytes = std::fs::read(dir.join(&rel)).unwrap();
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("record in the segment");
+    let from = (at as u64).saturating_sub(24);
+    common::crash::zero_range(dir, &rel, from, bytes.len() as u64 - from);
+}
+
+/// `SyncPolicy::Never`: a group commit (durable in the manifest) of records
+/// a power loss then cut is reported, and the group resumes at the
+/// recovered end: records appended after the reopen reuse the lost offsets
+/// and must all be delivered.
+#[test]
+fn a_committed_position_past_the_recovered_end_is_reported_and_new_records_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append(&topic, 4, 0, 100);
+    log.sync().unwrap();
+    append(&topic, 4, 100, 100);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = group.join(member_opts()).unwrap();
+    assert_eq!(drain(&mut m).len(), 200);
+    m.commit().unwrap();
+    assert_eq!(group.committed().positions.get(&0), Some(&200));
+    drop(m);
+    log.abandon();
+    cut_before(dir.path(), b"k2:150");
+    let log = open(dir.path(), &clock);
+    let lost = log.recovery_report().group_positions_lost.clone();
+    let topic = log.topic("t").unwrap();
+    let end = topic.partition(0).unwrap().end_offset();
+    assert!((100..200).contains(&end), "recovered end {end}");
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!((lost[0].committed, lost[0].end), (200, end));
+    append(&topic, 4, 1000, 30);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    assert_eq!(group.committed().positions.get(&0), Some(&end));
+    let mut m = group.join(member_opts()).unwrap();
+    let got = drain(&mut m);
+    assert_eq!(seqs(&got), (1000..1030).collect(), "the new records");
+    m.commit().unwrap();
+    drop(m);
+    // A second crash after the rewind: nothing more is reported.
+    log.abandon();
+    let log = open(dir.path(), &clock);
+    assert!(log.recovery_report().group_positions_lost.is_empty());
+    log.close().unwrap();
+}
+
+/// Same power loss under a group created `Latest` (positioned at the end
+/// it saw, without reading): reported, and the group reads the records
+/// appended after the reopen.
+#[test]
+fn a_lost_position_in_a_group_created_latest_resumes_at_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append(&topic, 4, 0, 100);
+    log.sync().unwrap();
+    append(&topic, 4, 100, 100);
+    // Latest: positioned at 200 without reading anything.
+    let group = topic
+        .group(
+            "g",
+            GroupOptions {
+                start: GroupStart::Latest,
+                ..GroupOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(group.committed().positions.get(&0), Some(&200));
+    log.abandon();
+    cut_before(dir.path(), b"k2:150");
+    let log = open(dir.path(), &clock);
+    let lost = log.recovery_report().group_positions_lost.clone();
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    let topic = log.topic("t").unwrap();
+    append(&topic, 4, 1000, 10);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = group.join(member_opts()).unwrap();
+    assert_eq!(seqs(&drain(&mut m)), (1000..1010).collect());
+    log.close().unwrap();
+}
+
+fn by_partition(records: &[OwnedRecord]) -> BTreeMap<u32, Vec<u64>> {
+    let mut out: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for r in records {
+        out.entry(r.partition).or_default().push(r.offset);
+    }
+    out
+}
+
+/// Per key, the sequence numbers must rise.
+fn assert_key_order(records: &[OwnedRecord]) {
+    let mut last: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    for r in records {
+        let s = seq(r);
+        let k = r.key.clone().unwrap();
+        if let Some(&prev) = last.get(&k) {
+            assert!(
+                s > prev,
+                "key {:?}: {s} after {prev}",
+                String::from_utf8_lossy(&k)
+            );
+        }
+        last.insert(k, s);
+    }
+}
+
+/// A partition being revoked (its owner has uncommitted records in it) is
+/// split: the owner reads neither it nor its children any more; once the
+/// owner commits, the new owner reads the rest of the parent and the
+/// children, every record exactly once between the two.
+#[test]
+fn a_split_of_a_partition_being_revoked_moves_it_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append(&topic, 16, 0, 200);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut got_a = Vec::new();
+    for _ in 0..4 {
+        got_a.extend(a.poll(20).unwrap());
+    }
+    let mut b = group.join(member_opts()).unwrap();
+    let d = group.describe();
+    let revoking: Vec<u32> = d
+        .assignments
+        .iter()
+        .filter(|x| x.revoking)
+        .map(|x| x.partition)
+        .collect();
+    assert_eq!(revoking.len(), 1, "{d:#?}");
+    let p = revoking[0];
+    let children = topic.split(p, SplitPlan::Even).unwrap();
+    append(&topic, 16, 200, 100);
+    // `a` keeps reading only its other partition.
+    let more_a = drain(&mut a);
+    assert!(
+        more_a
+            .iter()
+            .all(|r| r.partition != p && !children.contains(&r.partition)),
+        "the owner read a revoked partition or its children: {:?}",
+        by_partition(&more_a).keys().collect::<Vec<_>>()
+    );
+    got_a.extend(more_a);
+    assert!(b.poll(10).unwrap().is_empty(), "not released yet");
+    a.commit().unwrap();
+    let got_b = drain(&mut b);
+    assert!(b.assignment().partitions.contains(&p) || !got_b.is_empty());
+    let sa = seqs(&got_a);
+    let sb = seqs(&got_b);
+    assert!(
+        sa.is_disjoint(&sb),
+        "{:?}",
+        sa.intersection(&sb).collect::<Vec<_>>()
+    );
+    assert_eq!(sa.len() + sb.len(), 300);
+    assert_key_order(&got_b);
+    log.close().unwrap();
+}
+
+/// A merge where one parent's owner dies before committing: the survivor
+/// reads the dead owner's parent from its commit, then the merge child;
+/// nothing lost, duplicates only inside the dead member's window.
+#[test]
+fn a_merge_whose_parent_owner_dies_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append(&topic, 8, 0, 100);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    a.commit().unwrap();
+    b.poll(0).unwrap();
+    assert_eq!(a.assignment().partitions.len(), 1);
+    let child = topic.merge(0, 1).unwrap();
+    append(&topic, 8, 100, 50);
+    let mut got_a = drain(&mut a);
+    a.commit().unwrap();
+    let got_b = b.poll(20).unwrap();
+    b.commit().unwrap();
+    let window = b.poll(10).unwrap();
+    assert_eq!(window.len(), 10);
+    drop(b);
+    // `b` stops heartbeating; `a` goes on.
+    pass(&clock, SESSION + Duration::from_secs(2), &[], &mut [&mut a]);
+    got_a.extend(drain(&mut a));
+    a.commit().unwrap();
+    assert_eq!(a.assignment().partitions, [child]);
+    got_a.extend(drain(&mut a));
+    let d = group.describe();
+    assert_eq!(d.stats.dead_detected, 1);
+    let sa = seqs(&got_a);
+    let sb = seqs(&got_b);
+    assert!(sa.is_disjoint(&sb));
+    let dup: BTreeSet<u64> = sa.intersection(&seqs(&window)).copied().collect();
+    assert_eq!(dup, seqs(&window), "the dead member's window came again");
+    assert_eq!(sa.union(&sb).count(), 150);
+    assert_eq!(d.stats.redelivered, 10);
+    assert_key_order(&got_a);
+    log.close().unwrap();
+}
+
+/// A split child split again while it is pinned to the parent's owner:
+/// the owner reads the whole tree in key order, a commit lists the leaves,
+/// and a reopen resumes exactly.
+#[test]
+fn a_pinned_child_split_again_is_read_in_order_and_resumed_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append(&topic, 16, 0, 50);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    b.poll(0).unwrap();
+    let mut got = a.poll(20).unwrap();
+    let kids = topic.split(0, SplitPlan::Even).unwrap();
+    append(&topic, 16, 50, 50);
+    got.extend(a.poll(40).unwrap());
+    let grandkids = topic.split(kids[0], SplitPlan::Even).unwrap();
+    append(&topic, 16, 100, 50);
+    got.extend(a.poll(50).unwrap());
+    a.commit().unwrap();
+    assert!(b.poll(100).unwrap().is_empty(), "pinned to the owner");
+    got.extend(drain(&mut a));
+    assert_eq!(seqs(&got), (0..150).collect());
+    assert_key_order(&got);
+    let before = seqs(&got);
+    let window = a.poll(1).unwrap();
+    assert!(window.is_empty());
+    a.commit().unwrap();
+    let c = group.committed();
+    assert!(c.positions.contains_key(&kids[1]), "{c:?}");
+    for g in &grandkids {
+        assert!(c.positions.contains_key(g), "{c:?}");
+    }
+    assert!(!c.positions.contains_key(&0) && !c.positions.contains_key(&kids[0]));
+    drop((a, b));
+    log.close().unwrap();
+    let log = open(dir.path(), &clock);
+    let topic = log.topic("t").unwrap();
+    append(&topic, 16, 150, 30);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let rest = drain(&mut a);
+    assert_eq!(seqs(&rest), (150..180).collect());
+    assert!(before.is_disjoint(&seqs(&rest)));
+    log.close().unwrap();
+}

@@ -843,3 +843,165 @@ fn a_deleted_topic_handle_kept_past_close_does_not_lock_the_directory() {
     drop(topic);
     reopened.unwrap().close().unwrap();
 }
+
+/// A member whose revoked partition was released after its processing
+/// timeout commits late: refused while that would move the group's
+/// position past what the new owner committed, ignored once the new owner
+/// committed further; the committed position never moves back.
+#[test]
+fn a_late_commit_after_an_overdue_revocation_never_moves_the_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append_rr(&topic, 0, 200);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let got = a.poll(50).unwrap();
+    let p = got[0].partition;
+    assert!(got.iter().all(|r| r.partition == p));
+    a.commit_positions(&[(p, got[29].offset + 1)]).unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    let d = group.describe();
+    assert!(
+        d.assignments.iter().any(|x| x.partition == p && x.revoking),
+        "{d:#?}"
+    );
+    // `a` keeps heartbeating but does not commit the revoked partition:
+    // released after the processing timeout.
+    pass(
+        &clock,
+        PROCESSING + Duration::from_secs(1),
+        &[&a],
+        &mut [&mut b],
+    );
+    assert!(b.assignment().partitions.contains(&p), "released to `b`");
+    let got_b = b.poll(10).unwrap();
+    assert!(got_b.iter().all(|r| r.partition == p));
+    assert_eq!(got_b[0].offset, 30, "from `a`'s commit");
+    b.commit().unwrap();
+    let at = group.committed().positions[&p];
+    assert_eq!(at, 40);
+    // `a` commits what it handed out there (50): `b` committed 40 only.
+    assert!(matches!(a.commit(), Err(Error::NotAssigned { .. })));
+    assert_eq!(group.committed().positions[&p], 40);
+    drain(&mut b);
+    b.commit().unwrap();
+    let end = group.committed().positions[&p];
+    assert!(end > 50);
+    a.commit().unwrap();
+    assert_eq!(group.committed().positions[&p], end, "never backwards");
+    log.close().unwrap();
+}
+
+/// The owner of a split parent dies after reading into the pinned
+/// children: the next owner reads the parent from the committed position
+/// and the children from their start; what comes again is exactly the
+/// dead member's uncommitted window, and the stats count it.
+#[test]
+fn a_dead_owner_of_pinned_children_is_redelivered_exactly_its_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append(&topic, 16, 0, 60);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    b.poll(0).unwrap();
+    let committed = a.poll(25).unwrap();
+    a.commit().unwrap();
+    topic.split(0, SplitPlan::Even).unwrap();
+    append(&topic, 16, 60, 60);
+    let window = drain(&mut a);
+    assert_eq!(window.len(), 95);
+    drop(a);
+    pass(&clock, SESSION + Duration::from_secs(2), &[], &mut [&mut b]);
+    let got_b = drain(&mut b);
+    assert_eq!(seqs(&got_b), seqs(&window), "exactly the window, again");
+    assert_eq!(got_b.len(), window.len());
+    assert!(seqs(&committed).is_disjoint(&seqs(&got_b)));
+    assert_key_order(&got_b);
+    assert_eq!(group.describe().stats.redelivered, 95);
+    log.close().unwrap();
+}
+
+/// The group's committed positions as a cut: a plain reader started from
+/// it reads exactly what the group has not committed, across a split.
+#[test]
+fn a_reader_from_the_committed_cut_reads_exactly_the_uncommitted_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append(&topic, 16, 0, 100);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut got = a.poll(70).unwrap();
+    topic.split(0, SplitPlan::Even).unwrap();
+    append(&topic, 16, 100, 60);
+    got.extend(a.poll(60).unwrap());
+    a.commit().unwrap();
+    let mut r = topic
+        .reader(fissionlog::StartAt::Cut(group.committed()))
+        .unwrap();
+    let mut rest = Vec::new();
+    loop {
+        let x = r.poll(1000).unwrap();
+        if x.is_empty() {
+            break;
+        }
+        rest.extend(x);
+    }
+    assert!(seqs(&got).is_disjoint(&seqs(&rest)));
+    assert_eq!(got.len() + rest.len(), 160);
+    log.close().unwrap();
+}
+
+/// Retention removes a split parent the group holds a position in while
+/// no member is alive; after a reopen the group reads the children from
+/// their start instead of stalling on the removed parent.
+#[test]
+fn a_group_positioned_in_a_parent_retention_removed_goes_on_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log
+        .topic_or_create(
+            "t",
+            TopicConfig {
+                segment_bytes: 4096,
+                retention_age: Some(Duration::from_secs(3600)),
+                ..config(1)
+            },
+        )
+        .unwrap();
+    for i in 0..40u64 {
+        let value = format!("r:{i}");
+        topic
+            .append_batch(&[NewRecord {
+                key: None,
+                value: value.as_bytes(),
+                timestamp: Some(1_000),
+            }])
+            .unwrap();
+    }
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    assert_eq!(a.poll(10).unwrap().len(), 10);
+    a.commit().unwrap();
+    a.leave().unwrap();
+    topic.split(0, SplitPlan::Even).unwrap();
+    append_rr(&topic, 40, 20);
+    assert!(log.enforce_retention().unwrap() > 0);
+    assert!(topic.partition(0).is_err());
+    drop(group);
+    log.close().unwrap();
+    let log = open(dir.path(), &clock);
+    let topic = log.topic("t").unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    assert_eq!(seqs(&drain(&mut a)), (40..60).collect());
+    a.commit().unwrap();
+    log.close().unwrap();
+}

@@ -48,6 +48,10 @@ pub(crate) struct Core {
     pub checkpoint_written: Mutex<Option<Instant>>,
     pub topology: Mutex<Topology>,
     pub topics: RwLock<BTreeMap<String, Topic>>,
+    /// Topics deleted while the log is open whose handles may still live:
+    /// closing releases their partitions (and the directory lock they
+    /// hold) like those of the live topics.
+    pub deleted_topics: Mutex<Vec<std::sync::Weak<crate::topic::TopicInner>>>,
     pub closed: AtomicBool,
     pub sync_failure: Mutex<Option<String>>,
     /// Partitions whose fsync failed, by (topic id, partition id): topic

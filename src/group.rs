@@ -358,6 +358,8 @@ struct GroupState {
     /// When the append rates were last folded.
     last_rates: u64,
     stats: GroupStats,
+    /// Deleted: no member joins or commits through this coordinator again.
+    deleted: bool,
 }
 
 /// The coordinator of one group in one topic.
@@ -470,6 +472,7 @@ impl Topic {
                 next_epoch: 1,
                 last_rates: 0,
                 stats: GroupStats::default(),
+                deleted: false,
             }),
         });
         shared.refresh(&mut shared.st.lock());
@@ -495,6 +498,11 @@ impl Topic {
         if self.group_record(name).is_none() {
             return Err(Error::UnknownGroup(name.to_string()));
         }
+        // The coordinator's lock is held across the record: a member's
+        // commit (which creates the group if it is missing) cannot land
+        // after it and bring the group back.
+        let shared = groups.get(name).cloned();
+        let mut st = shared.as_ref().map(|g| g.st.lock());
         {
             let core = &self.inner.core;
             let mut topo = core.topology.lock();
@@ -506,11 +514,13 @@ impl Topic {
                 },
             )?;
         }
-        if let Some(g) = groups.remove(name) {
-            let mut st = g.st.lock();
+        if let Some(st) = st.as_mut() {
             st.members.clear();
             st.owners.clear();
+            st.deleted = true;
         }
+        drop(st);
+        groups.remove(name);
         Ok(())
     }
 
@@ -628,10 +638,22 @@ impl GroupShared {
                 .filter(|m| st.members.contains_key(m))
                 .or(parent_owners.first().map(|x| x.0))
                 .filter(|m| st.members.contains_key(m));
-            // A split child that stays with its parent's owner continues
-            // the parent's tenure: the owner has been reading it already.
-            let epoch = match parent_owners.iter().find(|x| Some(x.0) == member) {
-                Some(&(_, e)) if st.lineage.parents(p).len() == 1 => e,
+            // A split descendant that stays with the owner of its nearest
+            // ready ancestor continues that tenure: the owner has been
+            // reading it already (pinned), through any number of splits.
+            let mut up = p;
+            let pinned_to = loop {
+                let parents = st.lineage.parents(up);
+                if parents.len() != 1 {
+                    break None;
+                }
+                up = parents[0];
+                if let Some(o) = old.get(&up) {
+                    break o.member.map(|m| (m, o.epoch));
+                }
+            };
+            let epoch = match pinned_to {
+                Some((m, e)) if Some(m) == member => e,
                 _ => {
                     st.next_epoch += 1;
                     st.next_epoch
@@ -661,6 +683,9 @@ impl GroupShared {
     /// [`GroupShared::tick`], balancing at once (ignoring the interval and
     /// the move cooldown) when the membership just changed.
     fn tick_with(&self, st: &mut GroupState, now: u64, membership_changed: bool) {
+        if st.deleted {
+            return;
+        }
         self.refresh(st);
         self.update_rates(st, now);
         let mut changed = false;
@@ -1180,6 +1205,9 @@ impl Group {
         }
         let now = s.now();
         let mut st = s.st.lock();
+        if st.deleted {
+            return Err(Error::UnknownGroup(s.name.clone()));
+        }
         s.tick(&mut st, now);
         let id = st.next_member;
         st.next_member += 1;
@@ -1604,7 +1632,8 @@ impl Member {
     fn settle_empty_drains(&mut self) -> Result<bool> {
         let done: Vec<u32> = {
             let st = self.shared.st.lock();
-            self.drained
+            let candidates: Vec<u32> = self
+                .drained
                 .iter()
                 .copied()
                 .filter(|&d| {
@@ -1617,7 +1646,26 @@ impl Member {
                     let committed = st.committed.positions.get(&d).copied().unwrap_or(0);
                     committed >= end && !st.committed.drained.contains(&d)
                 })
-                .collect()
+                .collect();
+            // Parents first: a split child only with (or after) its
+            // parents committed as read.
+            let read = st.committed.all_drained(&self.lineage);
+            let mut done: Vec<u32> = Vec::new();
+            loop {
+                let before = done.len();
+                for &d in &candidates {
+                    if !done.contains(&d)
+                        && self.lineage.parents(d).iter().all(|q| {
+                            read.contains(q) || done.contains(q) || !self.lineage.contains(*q)
+                        })
+                    {
+                        done.push(d);
+                    }
+                }
+                if done.len() == before {
+                    break done;
+                }
+            }
         };
         if done.is_empty() {
             return Ok(false);
@@ -1781,11 +1829,18 @@ impl Member {
 
     /// Commits the given next offsets (each at most what was handed out),
     /// atomically. A partition must be one this member reads; a split child
-    /// only together with (or after) its parent read to its seal.
+    /// only together with (or after) its parent read to its seal, else the
+    /// commit is refused ([`Error::InvalidConfig`]). A partition named twice
+    /// commits the higher offset.
     pub fn commit_positions(&mut self, positions: &[(u32, u64)]) -> Result<()> {
+        let mut highest: BTreeMap<u32, u64> = BTreeMap::new();
+        for &(p, o) in positions {
+            let e = highest.entry(p).or_insert(o);
+            *e = (*e).max(o);
+        }
         let mut pos = Vec::new();
         let mut drained = Vec::new();
-        for &(p, o) in positions {
+        for (p, o) in highest {
             let handed = match self.positions.get(&p) {
                 Some(&h) => h,
                 None if self.drained.contains(&p) => self.lineage.sealed_at(p).unwrap_or(0),
@@ -1838,12 +1893,22 @@ impl Member {
         let drained_now: BTreeSet<u32> = drained.iter().copied().collect();
         let mut delta = Committed::default();
         let all_drained_before = st.committed.all_drained(&lineage);
+        let child_before_parent = |p: u32| {
+            Error::InvalidConfig(format!(
+                "commit of split child {p} before its parents are committed as read"
+            ))
+        };
         let lost = |p: u32, o: u64| -> Result<()> {
             // Moved away: fine when the group committed this far already
             // (the partition was released with nothing pending), refused
             // when records handed out here would be lost to the commit.
+            // A partition retention removed has nothing left to commit.
             let committed = st.committed.positions.get(&p).copied();
-            if all_drained_before.contains(&p) || committed.is_some_and(|c| c >= o) || o == 0 {
+            if all_drained_before.contains(&p)
+                || committed.is_some_and(|c| c >= o)
+                || o == 0
+                || !lineage.contains(p)
+            {
                 Ok(())
             } else {
                 Err(Error::NotAssigned {
@@ -1867,12 +1932,13 @@ impl Member {
             if !root_of.contains_key(&p) {
                 continue;
             }
-            // A split child only once its parent is (being) read.
+            // A split child only once its parent is (being) read: refused
+            // rather than left out of a commit that reports success.
             let parents_read = lineage.parents(p).iter().all(|q| {
                 all_drained.contains(q) || drained_now.contains(q) || !lineage.contains(*q)
             });
             if !parents_read {
-                continue;
+                return Err(child_before_parent(p));
             }
             if st.committed.positions.get(&p).is_some_and(|&c| c > o) {
                 // Never backwards (a commit of older positions after a
@@ -1896,7 +1962,10 @@ impl Member {
             let parents_read = lineage.parents(d).iter().all(|q| {
                 all_drained.contains(q) || drained_now.contains(q) || !lineage.contains(*q)
             });
-            if parents_read && !all_drained.contains(&d) {
+            if !parents_read {
+                return Err(child_before_parent(d));
+            }
+            if !all_drained.contains(&d) {
                 delta.drained.insert(d);
             }
         }

@@ -143,6 +143,7 @@ impl Log {
                 state: state.clone(),
             }),
             topics: RwLock::new(BTreeMap::new()),
+            deleted_topics: Mutex::default(),
             closed: AtomicBool::new(false),
             sync_failure: Mutex::new(None),
             failed_partitions: Mutex::new(BTreeMap::new()),
@@ -400,6 +401,11 @@ impl Log {
         )?;
         drop(topo);
         self.core.topics.write().remove(name);
+        {
+            let mut deleted = self.core.deleted_topics.lock();
+            deleted.retain(|w| w.strong_count() > 0);
+            deleted.push(Arc::downgrade(&topic.inner));
+        }
         // A `Durable` future waiting on the topic fails now, not never.
         topic.inner.wake.notify();
         self.core.ck_cache.lock().remove_topic(topic.id());
@@ -481,6 +487,11 @@ impl Log {
         let topics = std::mem::take(&mut *self.core.topics.write());
         for t in topics.values() {
             t.release_partitions();
+        }
+        // Handles of topics deleted meanwhile hold the directory lock too.
+        let deleted = std::mem::take(&mut *self.core.deleted_topics.lock());
+        for inner in deleted.iter().filter_map(std::sync::Weak::upgrade) {
+            Topic { inner }.release_partitions();
         }
         result
     }

@@ -1870,7 +1870,9 @@ impl Member {
         let s = self.shared.clone();
         let now = s.now();
         let mut st = s.st.lock();
-        s.refresh(&mut st);
+        // The timeouts first: a member past its session timeout is fenced
+        // here, not allowed to commit until something else notices.
+        s.tick(&mut st, now);
         if !st.members.contains_key(&self.id) {
             return Err(s.fenced(self.id, "not a member (dead, left or replaced)"));
         }

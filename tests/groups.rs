@@ -799,3 +799,20 @@ fn a_partition_given_back_is_read_from_the_committed_position_not_from_memory() 
     assert_eq!(sa.len() + sb.len(), 800);
     log.close().unwrap();
 }
+
+#[test]
+fn a_member_past_its_session_timeout_cannot_commit_even_if_nothing_else_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append(&topic, 64, 0, 10);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    assert_eq!(a.poll(5).unwrap().len(), 5);
+    // Nobody calls the group for longer than the session timeout.
+    clock.advance(SESSION + Duration::from_secs(1));
+    assert!(matches!(a.commit(), Err(Error::Fenced { .. })));
+    assert!(group.committed().positions.is_empty());
+    log.close().unwrap();
+}

@@ -48,6 +48,10 @@ pub(crate) struct Core {
     pub checkpoint_written: Mutex<Option<Instant>>,
     pub topology: Mutex<Topology>,
     pub topics: RwLock<BTreeMap<String, Topic>>,
+    /// Topics deleted while the log is open whose handles may still live:
+    /// closing releases their partitions (and the directory lock they
+    /// hold) like those of the live topics.
+    pub deleted_topics: Mutex<Vec<std::sync::Weak<crate::topic::TopicInner>>>,
     pub closed: AtomicBool,
     pub sync_failure: Mutex<Option<String>>,
     /// Partitions whose fsync failed, by (topic id, partition id): topic
@@ -150,6 +154,19 @@ impl Core {
         self.check_open()?;
         let mut next = topo.state.clone();
         model::apply(&mut next, &rec).map_err(Error::Refused)?;
+        if rec.min_version() > topo.manifest.version() {
+            // A journal of an older format gets records of the newer one
+            // only once a compaction rewrote it (and the snapshot) with
+            // the newer header: a build reading only the older format then
+            // refuses the files instead of taking the new records for
+            // damage.
+            if let Err(e) = topo.manifest.compact(&topo.state) {
+                self.poison_manifest(&e);
+                return Err(Error::LogPoisoned {
+                    reason: e.to_string(),
+                });
+            }
+        }
         if let Err(e) = topo.manifest.commit(&rec) {
             self.poison_manifest(&e);
             return Err(Error::LogPoisoned {

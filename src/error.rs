@@ -227,6 +227,32 @@ pub enum Error {
     /// The log has been closed.
     #[error("the log is closed")]
     Closed,
+    /// A group member was declared dead (no heartbeat for its session
+    /// timeout), left, or belongs to an earlier run of the log: it owns
+    /// nothing, and its polls and commits are refused. Join again.
+    #[error("member {member} of group {group:?} is fenced: {reason}")]
+    Fenced {
+        /// Group name.
+        group: String,
+        /// Member id.
+        member: u64,
+        /// Why.
+        reason: String,
+    },
+    /// A commit named a partition the member does not own (any more): it
+    /// was moved to another member. Nothing of the commit was applied.
+    #[error("member {member} of group {group:?} does not own partition {partition}; nothing was committed")]
+    NotAssigned {
+        /// Group name.
+        group: String,
+        /// Member id.
+        member: u64,
+        /// The partition.
+        partition: u32,
+    },
+    /// No consumer group of that name in the topic.
+    #[error("no consumer group {0:?}")]
+    UnknownGroup(String),
 }
 
 impl Error {

@@ -78,6 +78,7 @@ mod events;
 mod format;
 #[cfg(feature = "internals")]
 mod fuzz_checks;
+mod group;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
@@ -100,6 +101,10 @@ pub use config::{
 pub use durable::Durable;
 pub use error::{Error, Result};
 pub use events::TopologyEvent;
+pub use group::{
+    Assignment, AssignmentDescription, Group, GroupDescription, GroupOptions, GroupStart,
+    GroupStats, LostGroupPosition, Member, MemberDescription, MemberOptions, MemberState,
+};
 pub use log::{verify, Log};
 pub use partition::{Partition, SegmentInfo};
 pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};

@@ -143,6 +143,7 @@ impl Log {
                 state: state.clone(),
             }),
             topics: RwLock::new(BTreeMap::new()),
+            deleted_topics: Mutex::default(),
             closed: AtomicBool::new(false),
             sync_failure: Mutex::new(None),
             failed_partitions: Mutex::new(BTreeMap::new()),
@@ -206,7 +207,10 @@ impl Log {
             core.request_checkpoint();
             core.sync_round(false)?;
             core.request_checkpoint();
-            core.sync_round(false)
+            core.sync_round(false)?;
+            let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
+            report.group_positions_lost = crate::group::check_group_positions(&topics)?;
+            Ok(())
         })();
         if let Err(e) = recovered {
             // Topics hold the core: break the cycle, or a refused open
@@ -286,6 +290,7 @@ impl Log {
             hash_key,
             next_partition_id: partitions.len() as u32,
             partitions,
+            groups: Vec::new(),
         };
         // Files first; the manifest record commits the topic.
         let build = || -> Result<Topic> {
@@ -396,6 +401,11 @@ impl Log {
         )?;
         drop(topo);
         self.core.topics.write().remove(name);
+        {
+            let mut deleted = self.core.deleted_topics.lock();
+            deleted.retain(|w| w.strong_count() > 0);
+            deleted.push(Arc::downgrade(&topic.inner));
+        }
         // A `Durable` future waiting on the topic fails now, not never.
         topic.inner.wake.notify();
         self.core.ck_cache.lock().remove_topic(topic.id());
@@ -478,6 +488,11 @@ impl Log {
         for t in topics.values() {
             t.release_partitions();
         }
+        // Handles of topics deleted meanwhile hold the directory lock too.
+        let deleted = std::mem::take(&mut *self.core.deleted_topics.lock());
+        for inner in deleted.iter().filter_map(std::sync::Weak::upgrade) {
+            Topic { inner }.release_partitions();
+        }
         result
     }
 }
@@ -507,6 +522,7 @@ fn new_topic(core: &Arc<Core>, lock: &Arc<DirLock>, rec: &TopicRecord) -> Topic 
             round_robin: AtomicU64::new(0),
             sync_always: rec.config.sync == SyncPolicy::Always,
             dir: topic_dir(&core.dir, rec.id),
+            groups: Mutex::default(),
         }),
     }
 }

@@ -138,7 +138,7 @@ fn record_fingerprint(r: &Record<'_>) -> u64 {
     fingerprint(r.offset, r.timestamp, r.key, r.value)
 }
 
-fn fingerprint(offset: u64, timestamp: i64, key: Option<&[u8]>, value: &[u8]) -> u64 {
+pub(crate) fn fingerprint(offset: u64, timestamp: i64, key: Option<&[u8]>, value: &[u8]) -> u64 {
     use std::hash::Hasher;
     let mut h =
         siphasher::sip::SipHasher13::new_with_keys(0x6669_7373_696f_6e6c, 0x6f67_2d63_7574_0001);
@@ -240,7 +240,7 @@ impl Topic {
     /// fingerprint of the record before it. A record that cannot be read
     /// there (a hole, retention, a partition emptied) gives no fingerprint,
     /// as for positions a reader reached by skipping.
-    fn latest_position(&self, id: u32, end: u64) -> Result<(u64, Option<u64>)> {
+    pub(crate) fn latest_position(&self, id: u32, end: u64) -> Result<(u64, Option<u64>)> {
         let Some(prev) = end.checked_sub(1) else {
             return Ok((end, None));
         };

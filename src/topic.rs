@@ -158,6 +158,8 @@ pub(crate) struct TopicInner {
     /// `config.sync == SyncPolicy::Always`, read without a lock on every append.
     pub sync_always: bool,
     pub dir: PathBuf,
+    /// Coordinators of the topic's consumer groups taken so far.
+    pub groups: Mutex<std::collections::HashMap<String, Arc<crate::group::GroupShared>>>,
 }
 
 impl TopicInner {

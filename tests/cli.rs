@@ -839,3 +839,142 @@ fn acked_records_survive_sigkill() {
     }
     expect_code(&run(&["verify"], &dir), 0, "verify after kill and reopen");
 }
+
+#[test]
+fn groups_shows_committed_positions_and_lag_and_deletes_a_group() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    {
+        let log = Log::open(&dir, LogOptions::default()).unwrap();
+        let t = log
+            .topic_or_create(
+                "t",
+                TopicConfig {
+                    partitions: 2,
+                    ..small_topic()
+                },
+            )
+            .unwrap();
+        for i in 0..100u32 {
+            t.append(Some(format!("k{i}").as_bytes()), b"v").unwrap();
+        }
+        let g = t
+            .group("readers", fissionlog::GroupOptions::default())
+            .unwrap();
+        let mut m = g
+            .join(fissionlog::MemberOptions {
+                background_heartbeat: None,
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(m.poll(30).unwrap().len(), 30);
+        m.commit().unwrap();
+        drop(m);
+        log.close().unwrap();
+    }
+    let o = run(&["groups", "--json"], &dir);
+    expect_code(&o, 0, "groups");
+    let v = &json_lines(&o)[0];
+    let g = &v["groups"][0];
+    assert_eq!(g["group"], "readers");
+    assert_eq!(g["topic"], "t");
+    assert_eq!(g["lag_records"], 70);
+    let committed: u64 = g["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["committed"].as_u64().unwrap())
+        .sum();
+    assert_eq!(committed, 30);
+    let o = run(&["groups"], &dir);
+    expect_code(&o, 0, "groups text");
+    assert!(
+        stdout(&o).contains("group \"readers\": lag 70 records"),
+        "{}",
+        stdout(&o)
+    );
+    // Deleting needs the topic; an unknown group is a clear error.
+    let o = run(&["groups", "--delete", "readers"], &dir);
+    expect_code(&o, 2, "delete without topic");
+    let o = run(&["groups", "--topic", "t", "--delete", "nope"], &dir);
+    expect_code(&o, 2, "unknown group");
+    assert_one_line_error(&o, "unknown group");
+    let o = run(
+        &["groups", "--topic", "t", "--delete", "readers", "--json"],
+        &dir,
+    );
+    expect_code(&o, 0, "delete");
+    let o = run(&["groups", "--json"], &dir);
+    assert_eq!(json_lines(&o)[0]["groups"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn simulate_with_a_consumer_group_reports_rebalances_latency_and_a_clean_check() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("sim");
+    let o = bin()
+        .args([
+            "simulate",
+            "--records",
+            "60000",
+            "--consumers",
+            "3",
+            "--target-records-per-sec",
+            "2000",
+            "--seed",
+            "7",
+            "--json",
+            "--dir",
+        ])
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    expect_code(&o, 0, "simulate --consumers");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["consumers"], 3);
+    assert_eq!(v["order_violations"], 0);
+    assert_eq!(v["missing_records"], 0);
+    assert_eq!(v["duplicate_records"], 0);
+    let per_member: u64 = v["records_per_member"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .sum();
+    assert_eq!(per_member, 60000);
+    for k in [
+        "rebalances",
+        "rebalance_pause_ms",
+        "e2e_latency_ms",
+        "e2e_latency_during_rebalance_ms",
+        "dead_consumers_detected",
+        "slow_consumers_detected",
+        "lag_max_records",
+    ] {
+        assert!(v.get(k).is_some(), "{k} missing");
+    }
+    assert!(v["e2e_latency_ms"]["p50"].as_f64().is_some());
+    // Bad combinations are usage errors that touch nothing.
+    for args in [
+        &["--consumers", "1", "--kill-consumer-at", "1"][..],
+        &["--consumers", "2", "--slow-consumer", "0.5"][..],
+        &["--consumers", "0"][..],
+        &["--slow-consumer", "2"][..],
+        &["--rate", "0"][..],
+    ] {
+        let o = bin()
+            .arg("simulate")
+            .args(args)
+            .arg("--dir")
+            .arg(tmp.path().join("bad"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        expect_code(&o, 2, &format!("simulate {args:?}"));
+        assert!(
+            !tmp.path().join("bad").exists(),
+            "{args:?} created the directory"
+        );
+    }
+}

@@ -271,7 +271,27 @@ fn manifest_seeds() -> Vec<Vec<u8>> {
     let a = log.create_topic("orders", cfg.clone()).unwrap();
     log.create_topic("audit", cfg).unwrap();
     let kids = a.split(0, SplitPlan::Even).unwrap();
+    // Consumer groups: commits across a split and a merge, a deletion.
+    for i in 0..20u32 {
+        a.append(Some(&i.to_le_bytes()), b"v").unwrap();
+    }
+    let g = a.group("readers", Default::default()).unwrap();
+    let mut m = g
+        .join(fissionlog::MemberOptions {
+            background_heartbeat: None,
+            ..Default::default()
+        })
+        .unwrap();
+    m.poll(7).unwrap();
+    m.commit().unwrap();
     a.merge(kids[1], 1).unwrap();
+    while !m.poll(100).unwrap().is_empty() {
+        m.commit().unwrap();
+    }
+    m.commit().unwrap();
+    drop(m);
+    a.group("gone", Default::default()).unwrap();
+    a.delete_group("gone").unwrap();
     log.delete_topic("audit").unwrap();
     log.close().unwrap();
     let journal = std::fs::read(dir.path().join("manifest.log")).unwrap();
@@ -288,6 +308,67 @@ fn manifest_seeds() -> Vec<Vec<u8>> {
         .unwrap()
         .split(2, SplitPlan::Even)
         .unwrap();
+    log.close().unwrap();
+    let snap = std::fs::read(dir.path().join("manifest.snap")).unwrap();
+    let mut s = vec![2u8];
+    s.extend(&snap);
+    seeds.push(s);
+    seeds.extend(manifest_group_seeds());
+    seeds
+}
+
+/// A journal and a snapshot holding consumer group records: commits of
+/// positions, of a parent read to its seal (drained, children listed,
+/// pruned), and a deleted group.
+fn manifest_group_seeds() -> Vec<Vec<u8>> {
+    use fissionlog::{GroupOptions, Log, LogOptions, MemberOptions, SplitPlan, TopicConfig};
+    let dir = fc::ScratchDir::new("seed-manifest-groups");
+    let opts = |compact| LogOptions {
+        balancer: false,
+        use_io_uring: false,
+        manifest_compact_records: compact,
+        ..Default::default()
+    };
+    let member = MemberOptions {
+        background_heartbeat: None,
+        ..MemberOptions::default()
+    };
+    let log = Log::open(dir.path(), opts(1000)).unwrap();
+    let cfg = TopicConfig {
+        partitions: 2,
+        segment_bytes: 4096,
+        ..Default::default()
+    };
+    let t = log.create_topic("orders", cfg).unwrap();
+    for i in 0..20u32 {
+        t.append(None, &i.to_le_bytes()).unwrap();
+    }
+    let g = t.group("billing", GroupOptions::default()).unwrap();
+    t.group("audit", GroupOptions::default()).unwrap();
+    let mut m = g.join(member.clone()).unwrap();
+    m.poll(5).unwrap();
+    m.commit().unwrap();
+    t.split(0, SplitPlan::Even).unwrap();
+    for i in 20..30u32 {
+        t.append(None, &i.to_le_bytes()).unwrap();
+    }
+    while !m.poll(100).unwrap().is_empty() {}
+    m.commit().unwrap();
+    t.delete_group("audit").unwrap();
+    drop(m);
+    log.close().unwrap();
+    let journal = std::fs::read(dir.path().join("manifest.log")).unwrap();
+    let mut seeds = Vec::new();
+    let mut s = vec![0u8];
+    s.extend(&journal);
+    seeds.push(s);
+    let log = Log::open(dir.path(), opts(1)).unwrap();
+    let t = log.topic("orders").unwrap();
+    let g = t.group("billing", GroupOptions::default()).unwrap();
+    let mut m = g.join(member).unwrap();
+    m.poll(3).unwrap();
+    m.commit().unwrap();
+    drop(m);
     log.close().unwrap();
     let snap = std::fs::read(dir.path().join("manifest.snap")).unwrap();
     let mut s = vec![2u8];

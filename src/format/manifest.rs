@@ -23,8 +23,13 @@ use crate::config::TopicConfig;
 pub const JOURNAL_MAGIC: [u8; 8] = *b"FSNLMAN\0";
 /// Snapshot magic.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"FSNLSNP\0";
-/// Manifest format version.
-pub const MANIFEST_VERSION: u16 = 1;
+/// Manifest format version this build writes. Version 2 added consumer
+/// group records ([`ManifestRecord::GroupCommit`], [`TopicRecord::groups`]);
+/// a build that reads only version 1 refuses a version 2 file rather than
+/// cut the group records it cannot parse as damage.
+pub const MANIFEST_VERSION: u16 = 2;
+/// Oldest manifest format version this build reads.
+pub const MANIFEST_MIN_VERSION: u16 = 1;
 /// File header length.
 pub const MANIFEST_HEADER_LEN: usize = 16;
 /// Frame header length.
@@ -83,6 +88,45 @@ pub struct TopicRecord {
     pub next_partition_id: u32,
     /// Every partition that still holds data or is active.
     pub partitions: Vec<PartitionRecord>,
+    /// Consumer groups of the topic with their committed positions
+    /// (format version 2; absent before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupRecord>,
+}
+
+/// A consumer group's committed positions in one topic, in the form of a
+/// reader's cut: the next offset per partition of the group's frontier,
+/// and the partitions read to their seal whose children are not all
+/// listed yet. Every ancestor of a listed partition counts as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupRecord {
+    /// Group name.
+    pub name: String,
+    /// Highest member generation that committed: a restarted log hands out
+    /// generations above it, so a member of an earlier run is fenced.
+    pub generation: u64,
+    /// Next offset to consume per partition.
+    pub positions: std::collections::BTreeMap<u32, u64>,
+    /// Per listed partition, the fingerprint of the record before its
+    /// position (see the reader's cut): tells a committed position that
+    /// crash recovery cut below from one still naming what was consumed.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub last_records: std::collections::BTreeMap<u32, u64>,
+    /// Partitions read to their seal whose children are not all listed.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub drained: std::collections::BTreeSet<u32>,
+}
+
+/// One partition's part of a [`ManifestRecord::GroupCommit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupPosition {
+    /// Partition id.
+    pub partition: u32,
+    /// Next offset to consume.
+    pub offset: u64,
+    /// Fingerprint of the record before `offset`, when one was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_record: Option<u64>,
 }
 
 /// One committed topology change.
@@ -129,6 +173,30 @@ pub enum ManifestRecord {
         /// New configuration.
         config: TopicConfig,
     },
+    /// A consumer group committed positions (creating the group if it is
+    /// new): atomic across every partition it names.
+    GroupCommit {
+        /// Topic id.
+        topic_id: u32,
+        /// Group name.
+        group: String,
+        /// Generation of the member that committed.
+        generation: u64,
+        /// New positions.
+        positions: Vec<GroupPosition>,
+        /// Partitions read to their seal: they leave the positions.
+        drained: Vec<u32>,
+        /// Drained partitions that no longer need listing (their children
+        /// are all listed now).
+        pruned: Vec<u32>,
+    },
+    /// A consumer group was deleted with its positions.
+    DeleteGroup {
+        /// Topic id.
+        topic_id: u32,
+        /// Group name.
+        group: String,
+    },
 }
 
 /// The whole topology (snapshot payload).
@@ -155,6 +223,21 @@ pub fn newer_version(buf: &[u8], magic: [u8; 8]) -> Option<u16> {
     (buf[..8] == magic && version > MANIFEST_VERSION).then_some(version)
 }
 
+/// The format version a manifest file's header names (None: too short).
+pub fn file_version(buf: &[u8]) -> Option<u16> {
+    Some(u16::from_le_bytes([*buf.get(8)?, *buf.get(9)?]))
+}
+
+impl ManifestRecord {
+    /// The oldest manifest format version that can hold this record.
+    pub fn min_version(&self) -> u16 {
+        match self {
+            ManifestRecord::GroupCommit { .. } | ManifestRecord::DeleteGroup { .. } => 2,
+            _ => 1,
+        }
+    }
+}
+
 /// Checks a file header; returns a reason when it is wrong.
 pub fn check_file_header(buf: &[u8], magic: [u8; 8]) -> Result<(), String> {
     if buf.len() < MANIFEST_HEADER_LEN {
@@ -164,7 +247,7 @@ pub fn check_file_header(buf: &[u8], magic: [u8; 8]) -> Result<(), String> {
         return Err("bad magic".into());
     }
     let version = u16::from_le_bytes([buf[8], buf[9]]);
-    if version != MANIFEST_VERSION {
+    if !(MANIFEST_MIN_VERSION..=MANIFEST_VERSION).contains(&version) {
         return Err(format!("unsupported manifest version {version}"));
     }
     Ok(())

@@ -102,6 +102,9 @@ pub struct RecoveryReport {
     pub files: Vec<FileReport>,
     /// Salvage holes: (topic, partition, first lost offset, end).
     pub holes: Vec<(String, u32, u64, u64)>,
+    /// Consumer group positions past what recovery kept: moved back to the
+    /// partition's end (durably, before any append) and reported here.
+    pub group_positions_lost: Vec<crate::group::LostGroupPosition>,
     /// Wall time of open.
     #[serde(serialize_with = "ser_duration_ms")]
     pub duration: Duration,
@@ -126,5 +129,6 @@ impl RecoveryReport {
             .any(|f| !matches!(f.action, FileAction::ForeignFile | FileAction::RebuiltIndex))
             || self.manifest.torn_tail.is_some()
             || self.manifest.corruption_truncated.is_some()
+            || !self.group_positions_lost.is_empty()
     }
 }

@@ -38,6 +38,8 @@ pub struct Manifest {
     journal: File,
     seq: u64,
     since_snapshot: u32,
+    /// Format version of the journal file's header.
+    version: u16,
     hook: Arc<dyn IoHook>,
 }
 
@@ -158,6 +160,7 @@ impl Manifest {
             journal: f,
             seq: 0,
             since_snapshot: 0,
+            version: fmt::MANIFEST_VERSION,
             hook,
         })
     }
@@ -201,12 +204,18 @@ impl Manifest {
             sync_file(&*hook, IoOp::SyncManifestFile, &f, &path, false)?;
         }
         let since = report.records_replayed as u32;
+        let version = match fmt::file_version(&buf) {
+            Some(v) if buf.len() >= fmt::MANIFEST_HEADER_LEN => v,
+            // Rewritten above with this build's header.
+            _ => fmt::MANIFEST_VERSION,
+        };
         Ok((
             Manifest {
                 dir: dir.to_path_buf(),
                 journal: f,
                 seq,
                 since_snapshot: since,
+                version,
                 hook,
             },
             state,
@@ -241,6 +250,13 @@ impl Manifest {
         self.seq += 1;
         self.since_snapshot += 1;
         Ok(())
+    }
+
+    /// Format version of the journal on disk. A record newer than it is
+    /// committed only after a compaction rewrote both files at this
+    /// build's version ([`Manifest::compact`]).
+    pub fn version(&self) -> u16 {
+        self.version
     }
 
     /// Whether the journal is long enough to compact.
@@ -279,6 +295,7 @@ impl Manifest {
             .open(&jpath)
             .at(&jpath)?;
         self.since_snapshot = 0;
+        self.version = fmt::MANIFEST_VERSION;
         sync_dir(&*self.hook, IoOp::SyncManifestDir, &self.dir)
     }
 }

@@ -3,8 +3,43 @@
 //! manifests through it).
 
 use crate::format::manifest::{
-    ManifestRecord, ManifestState, PartitionRecord, PartitionState, TopicRecord,
+    GroupRecord, ManifestRecord, ManifestState, PartitionRecord, PartitionState, TopicRecord,
 };
+
+/// Checks a topic's consumer groups: valid unique names, and partition ids
+/// the topic handed out.
+fn check_groups(t: &TopicRecord) -> Result<(), String> {
+    let mut names: Vec<&str> = t.groups.iter().map(|g| g.name.as_str()).collect();
+    names.sort_unstable();
+    if names.windows(2).any(|w| w[0] == w[1]) {
+        return Err(format!("topic {}: duplicate group name", t.name));
+    }
+    for g in &t.groups {
+        crate::topic_name::validate(&g.name)
+            .map_err(|e| format!("topic {}: group name: {e}", t.name))?;
+        let ids = g
+            .positions
+            .keys()
+            .chain(g.last_records.keys())
+            .chain(&g.drained);
+        if let Some(id) = ids.copied().find(|&id| id >= t.next_partition_id) {
+            return Err(format!(
+                "topic {}: group {} names partition {id}, never handed out",
+                t.name, g.name
+            ));
+        }
+        if g.last_records
+            .keys()
+            .any(|id| !g.positions.contains_key(id))
+        {
+            return Err(format!(
+                "topic {}: group {} has a fingerprint without a position",
+                t.name, g.name
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// Checks a topic's partitions: unique ids below `next_partition_id`,
 /// well-formed ranges, parents known or removed, and active ranges tiling
@@ -63,7 +98,7 @@ pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
             t.name
         ));
     }
-    Ok(())
+    check_groups(t)
 }
 
 fn topic_mut(state: &mut ManifestState, id: u32) -> Result<&mut TopicRecord, String> {
@@ -205,9 +240,69 @@ fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result<(),
                     c.removed_parents.push((*partition, end_offset));
                 }
             }
+            // A group's position in it is gone with it (what the group had
+            // not consumed was retention's); its children count it read.
+            for g in &mut t.groups {
+                g.positions.remove(partition);
+                g.last_records.remove(partition);
+                g.drained.remove(partition);
+            }
         }
         ManifestRecord::UpdateConfig { topic_id, config } => {
             topic_mut(state, *topic_id)?.config = config.clone();
+        }
+        ManifestRecord::GroupCommit {
+            topic_id,
+            group,
+            generation,
+            positions,
+            drained,
+            pruned,
+        } => {
+            let t = topic_mut(state, *topic_id)?;
+            let i = match t.groups.iter().position(|g| &g.name == group) {
+                Some(i) => i,
+                None => {
+                    t.groups.push(GroupRecord {
+                        name: group.clone(),
+                        ..Default::default()
+                    });
+                    t.groups.len() - 1
+                }
+            };
+            let g = &mut t.groups[i];
+            g.generation = g.generation.max(*generation);
+            for p in positions {
+                if drained.contains(&p.partition) {
+                    return Err(format!(
+                        "group {group}: partition {} is both positioned and drained",
+                        p.partition
+                    ));
+                }
+                g.positions.insert(p.partition, p.offset);
+                match p.last_record {
+                    Some(f) => g.last_records.insert(p.partition, f),
+                    None => g.last_records.remove(&p.partition),
+                };
+                g.drained.remove(&p.partition);
+            }
+            for &d in drained {
+                g.positions.remove(&d);
+                g.last_records.remove(&d);
+                g.drained.insert(d);
+            }
+            for d in pruned {
+                g.drained.remove(d);
+            }
+            check_groups(t)?;
+        }
+        ManifestRecord::DeleteGroup { topic_id, group } => {
+            let t = topic_mut(state, *topic_id)?;
+            let before = t.groups.len();
+            t.groups.retain(|g| &g.name != group);
+            if t.groups.len() == before {
+                return Err(format!("unknown group {group}"));
+            }
         }
     }
     Ok(())
@@ -281,6 +376,7 @@ mod tests {
             hash_key: [0, 0],
             next_partition_id: 1,
             partitions: vec![part(0, (0, u64::MAX), vec![])],
+            groups: Vec::new(),
         };
         apply(&mut state, &ManifestRecord::CreateTopic(topic)).unwrap();
         apply(&mut state, &split(0, (1, 2), (0, u64::MAX))).unwrap();

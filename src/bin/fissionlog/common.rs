@@ -96,6 +96,7 @@ impl From<Error> for Failure {
             | Error::UnsupportedVersion { .. }
             | Error::InvalidTopicName { .. }
             | Error::UnknownTopic(_)
+            | Error::UnknownGroup(_)
             | Error::UnknownPartition { .. }
             | Error::OffsetOutOfRange { .. }
             | Error::InvalidConfig(_)

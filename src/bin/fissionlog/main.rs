@@ -1,11 +1,12 @@
 //! The `fissionlog` command-line tool: produce, dump, inspect, verify,
-//! recover, split, merge and simulate on a log directory.
+//! recover, split, merge, groups and simulate on a log directory.
 //!
 //! Exit codes: 0 success or clean, 1 problems found or refused, 2 usage
 //! error or unusable directory. Errors are one sentence on stderr.
 
 mod common;
 mod dump;
+mod groups;
 mod inspect;
 mod merge;
 mod produce;
@@ -49,6 +50,8 @@ enum Command {
     Merge(merge::MergeArgs),
     /// Simulate a workload and show how partitions split and merge.
     Simulate(simulate::SimulateArgs),
+    /// Show consumer groups: committed positions and lag (or delete one).
+    Groups(groups::GroupsArgs),
 }
 
 /// Prints panics as one line (a bug in fissionlog), never a backtrace.
@@ -80,6 +83,7 @@ fn main() -> ExitCode {
         Command::Split(a) => common::finish("split", split::run(a)),
         Command::Merge(a) => common::finish("merge", merge::run(a)),
         Command::Simulate(a) => simulate::run(a),
+        Command::Groups(a) => common::finish("groups", groups::run(a)),
     });
     ran.unwrap_or(ExitCode::from(common::EXIT_PROBLEM))
 }

@@ -20,6 +20,7 @@
 //! static partitioning into the initial partitions would have given.
 
 mod check;
+mod group;
 mod live;
 mod report;
 mod workload;
@@ -119,6 +120,27 @@ pub struct SimulateArgs {
     /// Print one JSON document instead of the live view and table.
     #[arg(long)]
     pub json: bool,
+    /// Read the topic with a consumer group of N members (threads) instead
+    /// of one reader; the summary adds rebalances, pauses, end-to-end
+    /// latency and failure detection.
+    #[arg(long, value_name = "N")]
+    pub consumers: Option<u32>,
+    /// Member 0 of the group processes this many times slower than the
+    /// others (with --processing-us).
+    #[arg(long, value_name = "FACTOR", requires = "consumers")]
+    pub slow_consumer: Option<f64>,
+    /// The last member of the group stops without leaving this many
+    /// seconds into the run (needs at least 2 consumers).
+    #[arg(long, value_name = "SECONDS", requires = "consumers")]
+    pub kill_consumer_at: Option<f64>,
+    /// Simulated processing time per record of each member, microseconds.
+    #[arg(long, value_name = "US", requires = "consumers")]
+    pub processing_us: Option<f64>,
+    /// Limit the producers to this many records/s in total (default: as
+    /// fast as they go). Without a --target-*, the balancer's target is
+    /// then this rate over twice the initial partitions (no calibration).
+    #[arg(long, value_name = "RECORDS_PER_SEC")]
+    pub rate: Option<f64>,
 }
 
 /// Runs the simulation; exit 0 when no order violation, missing or
@@ -202,6 +224,8 @@ struct Plan {
     balance: bool,
     phases: bool,
     json: bool,
+    group: Option<group::GroupPlan>,
+    rate: Option<f64>,
 }
 
 impl Plan {
@@ -263,6 +287,47 @@ impl Plan {
             (None, Some(s)) => Stop::After(Duration::from_secs_f64(s)),
             (None, None) => Stop::After(Duration::from_secs(if a.phases { 30 } else { 10 })),
         };
+        if let Some(r) = a.rate {
+            if !(r.is_finite() && r >= 1.0) {
+                return Err(format!("--rate must be at least 1 record/s, not {r}"));
+            }
+        }
+        let group = match a.consumers {
+            None => None,
+            Some(n) if n == 0 || n > 64 => {
+                return Err(format!("--consumers must be between 1 and 64, not {n}"));
+            }
+            Some(n) => {
+                let slow_factor = a.slow_consumer.unwrap_or(1.0);
+                if !(slow_factor.is_finite() && slow_factor >= 1.0) {
+                    return Err(format!(
+                        "--slow-consumer must be a factor of at least 1, not {slow_factor}"
+                    ));
+                }
+                let processing_us = a.processing_us.unwrap_or(0.0);
+                if !(processing_us.is_finite() && (0.0..=1e6).contains(&processing_us)) {
+                    return Err(format!(
+                        "--processing-us must be between 0 and 1000000, not {processing_us}"
+                    ));
+                }
+                let kill_at = match a.kill_consumer_at {
+                    None => None,
+                    Some(_) if n < 2 => {
+                        return Err("--kill-consumer-at needs at least 2 consumers".into())
+                    }
+                    Some(s) if !(s.is_finite() && s > 0.0 && s <= 86_400.0) => {
+                        return Err(format!("--kill-consumer-at must be in (0, 86400], not {s}"));
+                    }
+                    Some(s) => Some(Duration::from_secs_f64(s)),
+                };
+                Some(group::GroupPlan {
+                    consumers: n,
+                    slow_factor,
+                    kill_at,
+                    processing_us,
+                })
+            }
+        };
         let seed = a.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -286,6 +351,8 @@ impl Plan {
             balance: !a.no_balance,
             phases: a.phases,
             json: a.json,
+            group,
+            rate: a.rate,
         })
     }
 
@@ -338,6 +405,10 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
     let mut calibrated = None;
     let (mut target_records, target_bytes) =
         (plan.target_records_per_sec, plan.target_bytes_per_sec);
+    if let (Some(rate), true, None, None) = (plan.rate, plan.balance, target_records, target_bytes)
+    {
+        target_records = Some((rate / (2.0 * f64::from(plan.partitions))).max(1.0));
+    }
     if plan.balance && target_records.is_none() && target_bytes.is_none() {
         if !plan.json {
             println!("calibrating for {} s ...", CALIBRATION.as_secs_f64());
@@ -446,6 +517,7 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
         phases: outcome.phases,
         events: tally.notes,
         partitions,
+        group: outcome.group,
     })
 }
 
@@ -585,6 +657,7 @@ struct Outcome {
     tally: Tally,
     phases: Option<PhasesReport>,
     errors: Vec<String>,
+    group: Option<group::GroupReport>,
 }
 
 /// The index of the initial range holding each key's hash.
@@ -610,17 +683,23 @@ fn drive(plan: &Plan, topic: &Topic, events: &Receiver<TopologyEvent>) -> Result
         Stop::After(_) => None,
     };
     let shared = Shared::new(budget, ranges);
+    if let Some(rate) = plan.rate {
+        shared.set_limit_per_producer(rate / f64::from(plan.workload.producers.max(1)));
+    }
     let consumer_shared = ConsumerShared::default();
     let mut monitor = Monitor::new(plan);
     monitor.sample(topic, &shared);
     std::thread::scope(|s| {
         let consumer = s.spawn(|| {
-            consume(
-                topic,
+            let (producers, keys) = (
                 plan.workload.producers as usize,
                 plan.workload.keys as usize + 1,
-                &consumer_shared,
-            )
+            );
+            match plan.group {
+                Some(g) => group::consume_group(topic, g, producers, keys, &consumer_shared)
+                    .map(|(c, r)| (c, Some(r))),
+                None => consume(topic, producers, keys, &consumer_shared).map(|c| (c, None)),
+            }
         });
         let producers: Vec<_> = (0..plan.workload.producers)
             .map(|p| {
@@ -660,7 +739,7 @@ fn drive(plan: &Plan, topic: &Topic, events: &Receiver<TopologyEvent>) -> Result
                 "producers stopped after {records} records; draining the consumer ..."
             ));
         }
-        let checker = match consumer.join() {
+        let (checker, group) = match consumer.join() {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(Failure::Run(e)),
             Err(_) => return Err(Failure::Run("the consumer thread panicked".into())),
@@ -683,6 +762,7 @@ fn drive(plan: &Plan, topic: &Topic, events: &Receiver<TopologyEvent>) -> Result
             tally: monitor.tally,
             phases,
             errors,
+            group,
         })
     })
 }
@@ -817,8 +897,13 @@ impl Monitor {
             Some(_) => "surge ",
             None => "",
         };
+        let status = consumer
+            .status
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
         let headline = format!(
-            "{phase}{} rec/s  {} active  {} splits  {} merges  {} hot keys  consumer lag {}",
+            "{phase}{} rec/s  {} active  {} splits  {} merges  {} hot keys  consumer lag {}{status}",
             report::si(recent.records_per_sec),
             self.active.len(),
             self.tally.splits,

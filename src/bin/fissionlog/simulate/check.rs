@@ -128,6 +128,8 @@ pub struct ConsumerShared {
     pub final_acked: AtomicU64,
     /// Stop reading at once, without draining (calibration).
     pub stop_now: AtomicBool,
+    /// A line about the consumer group for the live view (empty without one).
+    pub status: std::sync::Mutex<String>,
 }
 
 /// Reads `topic` from the earliest records until the producers are done and

@@ -228,6 +228,10 @@ pub fn produce(
             next_seq[k as usize] += 1;
             let v = &mut values[i * w.value_bytes..(i + 1) * w.value_bytes];
             encode_header(v, producer, k, seq);
+            if let Some(stamp) = v.get_mut(16..24) {
+                // Append time, for the consumers' end-to-end latency.
+                stamp.copy_from_slice(&super::group::stamp_micros().to_le_bytes());
+            }
             key_lens[i] = write_key(&mut keys[i], k);
             payload += (key_lens[i] + w.value_bytes) as u64;
         }

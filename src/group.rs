@@ -1,0 +1,2134 @@
+//! Consumer groups: members share the reading of one topic, each partition
+//! owned by one live member at a time (C9), with committed positions stored
+//! in the manifest under the same power-loss rules as the topology.
+//!
+//! # The model
+//!
+//! The group's committed positions have the form of a reader's cut
+//! ([`crate::Cut`]): the next offset per partition of the group's
+//! *frontier*, and the partitions read to their seal whose children are not
+//! all listed yet. A partition is *ready* when it is not committed as read
+//! and all its parents are (or were removed). Ready partitions are what the
+//! coordinator assigns, each to one member.
+//!
+//! - **Split-aware.** The owner of a ready partition also reads its split
+//!   children (one parent) as soon as it has handed out the parent up to its
+//!   seal: the children are *pinned* to the parent's owner until the group
+//!   commits the parent as read. So the records of one key never cross
+//!   members while their order matters, and children are readable at once.
+//!   Once the parent is committed, the children are ready partitions of
+//!   their own and may move.
+//! - **Merges.** A merge child becomes ready only when both parents are
+//!   committed as read, and goes to the member whose commit completed the
+//!   last parent.
+//! - **Cooperative.** A move revokes one partition from its owner: the owner
+//!   stops receiving it at once and the partition moves when the owner's
+//!   commits cover what it handed out (at once if they do already), or when
+//!   the processing timeout passes (the owner is stuck; what it handed out
+//!   and did not commit is delivered again). Members that neither gain nor
+//!   lose a partition are never paused.
+//! - **Two clocks.** No heartbeat for `session_timeout`: dead, fenced, its
+//!   partitions go to the others from the committed positions. Heartbeats
+//!   but no poll or commit for `processing_timeout`: slow, first relieved
+//!   of half its partitions, then of all of them if it stays stuck; it stays
+//!   a member and gets partitions again once it moves.
+//! - **Load.** The coordinator balances members by load, not by partition
+//!   count: a partition weighs its append rate plus its lag spread over a
+//!   few seconds, so a member falling behind sheds partitions to the others.
+//!
+//! Delivery is at least once. Records are delivered again only from an
+//! uncommitted window: what a member handed out and did not commit before
+//! it died, left, was relieved while stuck, or was replaced by a static
+//! rejoin. [`GroupStats::redelivered`] counts them.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::format::manifest::{GroupPosition, GroupRecord, ManifestRecord};
+use crate::read::{OwnedRecord, ReadIsolation};
+use crate::reader::{fingerprint, RetainedRange};
+use crate::topic::Topic;
+use crate::topology::lineage::Lineage;
+
+/// Bytes of batches one read of a partition takes (at least one batch).
+const READ_BYTES: usize = 256 * 1024;
+/// Least lag (records) for which a member falling behind is relieved.
+const RELIEF_LAG: u64 = 1000;
+/// A member is over its share when its load exceeds the mean by this factor.
+const IMBALANCE: f64 = 1.25;
+/// Pauses kept in [`GroupStats::pauses_ms`] (the latest).
+const MAX_PAUSES: usize = 4096;
+/// Rate estimates decay with this time constant.
+const RATE_TAU_S: f64 = 2.0;
+
+/// Where a new group starts reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GroupStart {
+    /// From the oldest data.
+    #[default]
+    Earliest,
+    /// Only records appended after the group was created.
+    Latest,
+}
+
+/// Options of a group, given when a handle is taken.
+#[derive(Debug, Clone)]
+pub struct GroupOptions {
+    /// Where a group that has no committed positions yet starts.
+    pub start: GroupStart,
+    /// Least time between two load-driven moves of partitions (dead or slow
+    /// members and unowned partitions are handled at once).
+    pub rebalance_interval: Duration,
+    /// A partition moved by load is not moved by load again for this long.
+    pub move_cooldown: Duration,
+}
+
+impl Default for GroupOptions {
+    fn default() -> Self {
+        GroupOptions {
+            start: GroupStart::Earliest,
+            rebalance_interval: Duration::from_secs(1),
+            move_cooldown: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Options of one member.
+#[derive(Debug, Clone)]
+pub struct MemberOptions {
+    /// No heartbeat for this long: the member is dead and fenced.
+    pub session_timeout: Duration,
+    /// Heartbeats but no poll or commit for this long: the member is slow.
+    pub processing_timeout: Duration,
+    /// A stable identity across restarts (static membership): a member that
+    /// joins with the instance id of a member still within its session
+    /// timeout takes over its assignment, and nobody else's changes.
+    pub instance_id: Option<String>,
+    /// Heartbeat from a background thread at this interval while the
+    /// [`Member`] handle lives, independently of processing. `None`: the
+    /// caller heartbeats (a broker relaying its clients' heartbeats).
+    pub background_heartbeat: Option<Duration>,
+}
+
+impl Default for MemberOptions {
+    fn default() -> Self {
+        MemberOptions {
+            session_timeout: Duration::from_secs(10),
+            processing_timeout: Duration::from_secs(30),
+            instance_id: None,
+            background_heartbeat: Some(Duration::from_secs(1)),
+        }
+    }
+}
+
+/// A member's liveness as the coordinator sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberState {
+    /// Heartbeating and making progress.
+    Active,
+    /// Heartbeating, no poll or commit for its processing timeout.
+    Slow,
+}
+
+/// One member in a [`GroupDescription`].
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberDescription {
+    /// Member id.
+    pub id: u64,
+    /// Static instance id, if any.
+    pub instance_id: Option<String>,
+    /// Liveness.
+    pub state: MemberState,
+    /// Ready partitions it owns (revoking ones included).
+    pub partitions: Vec<u32>,
+    /// Records of its partitions past the committed positions.
+    pub lag_records: u64,
+    /// Records it handed out per second (decayed).
+    pub processing_rate: f64,
+    /// Milliseconds since its last heartbeat.
+    pub since_heartbeat_ms: u64,
+    /// Milliseconds since its last poll or commit.
+    pub since_progress_ms: u64,
+}
+
+/// One ready partition in a [`GroupDescription`].
+#[derive(Debug, Clone, Serialize)]
+pub struct AssignmentDescription {
+    /// Partition id.
+    pub partition: u32,
+    /// Owner (none: waiting for a member).
+    pub member: Option<u64>,
+    /// Generation in which it was assigned to its owner.
+    pub generation: u64,
+    /// Being moved away from its owner.
+    pub revoking: bool,
+    /// Committed position (next offset).
+    pub committed: u64,
+    /// Records past the committed position.
+    pub lag_records: u64,
+    /// Appends per second (decayed).
+    pub append_rate: f64,
+}
+
+/// Counters of a group since the handle's coordinator started.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GroupStats {
+    /// Ownership changes that moved at least one partition between members.
+    pub rebalances: u64,
+    /// Partitions moved between members.
+    pub moves: u64,
+    /// Per moved partition, how long nobody read it: from its revocation
+    /// until its new owner's next poll took it (milliseconds; the latest
+    /// 4,096).
+    pub pauses_ms: Vec<f64>,
+    /// Members declared dead (no heartbeat for the session timeout).
+    pub dead_detected: u64,
+    /// Members declared slow (no progress for the processing timeout).
+    pub slow_detected: u64,
+    /// Members relieved of partitions because they fell behind.
+    pub lag_relieved: u64,
+    /// Records handed out and not committed by a member that lost them
+    /// (dead, left, stuck, replaced): they are delivered again.
+    pub redelivered: u64,
+    /// Commits applied.
+    pub commits: u64,
+}
+
+/// A snapshot of a group: members, assignments, positions and lag.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupDescription {
+    /// Group name.
+    pub name: String,
+    /// Current generation (moves with every ownership change).
+    pub generation: u64,
+    /// Live members.
+    pub members: Vec<MemberDescription>,
+    /// Ready partitions.
+    pub assignments: Vec<AssignmentDescription>,
+    /// Total lag in records.
+    pub lag_records: u64,
+    /// Counters.
+    pub stats: GroupStats,
+}
+
+/// What a member owns, as of a generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// Generation the assignment was read at.
+    pub generation: u64,
+    /// Ready partitions the member reads (with their split children).
+    pub partitions: Vec<u32>,
+}
+
+/// The committed positions, as in the manifest.
+#[derive(Debug, Clone, Default)]
+struct Committed {
+    positions: BTreeMap<u32, u64>,
+    last_records: BTreeMap<u32, u64>,
+    drained: BTreeSet<u32>,
+}
+
+impl Committed {
+    fn from_record(g: &GroupRecord) -> Committed {
+        Committed {
+            positions: g.positions.clone(),
+            last_records: g.last_records.clone(),
+            drained: g.drained.clone(),
+        }
+    }
+
+    /// Every partition the group has read to its seal: those listed as
+    /// drained and every ancestor of a listed one.
+    fn all_drained(&self, lineage: &Lineage) -> BTreeSet<u32> {
+        let mut out: BTreeSet<u32> = self.drained.clone();
+        out.extend(lineage.ancestors(self.positions.keys().chain(&self.drained).copied()));
+        out
+    }
+
+    /// Ready partitions: listed with a position, or not drained with every
+    /// parent drained (or removed).
+    fn ready(&self, lineage: &Lineage) -> BTreeSet<u32> {
+        let drained = self.all_drained(lineage);
+        let mut out: BTreeSet<u32> = self
+            .positions
+            .keys()
+            .copied()
+            .filter(|&p| lineage.contains(p) && !drained.contains(&p))
+            .collect();
+        let mut candidates: Vec<u32> = lineage.roots().collect();
+        for &d in &drained {
+            candidates.extend_from_slice(lineage.children(d));
+        }
+        for c in candidates {
+            if drained.contains(&c) || out.contains(&c) {
+                continue;
+            }
+            if lineage
+                .parents(c)
+                .iter()
+                .all(|q| drained.contains(q) || !lineage.contains(*q))
+            {
+                out.insert(c);
+            }
+        }
+        out
+    }
+
+    /// Drops what the topology no longer has (retention removed it), as the
+    /// manifest's `RemovePartition` does.
+    fn forget_removed(&mut self, lineage: &Lineage) {
+        self.positions.retain(|p, _| lineage.contains(*p));
+        self.last_records.retain(|p, _| lineage.contains(*p));
+        self.drained.retain(|p| lineage.contains(*p));
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Revoke {
+    since_nanos: u64,
+    /// Where it goes once released (None: whoever the balancer picks).
+    to: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct Owner {
+    member: Option<u64>,
+    generation: u64,
+    /// Tenure: a new value every time the partition is given to a member,
+    /// kept when a split child becomes ready with its parent's owner. A
+    /// member's reading state for it is valid only within one tenure.
+    epoch: u64,
+    revoking: Option<Revoke>,
+    /// When it last lost an owner, for the pause of its next owner.
+    unowned_since: Option<u64>,
+    /// When it was last moved by load (cooldown).
+    moved_nanos: Option<u64>,
+    /// Moved and not taken by its new owner yet: since when nobody reads it.
+    pause_from: Option<u64>,
+}
+
+#[derive(Debug)]
+struct MemberEntry {
+    instance_id: Option<String>,
+    opts: MemberOptions,
+    last_heartbeat: u64,
+    last_progress: u64,
+    state: MemberState,
+    slow_since: u64,
+    /// Handed out: per partition it reads, the next offset and the
+    /// fingerprint of the last record handed out there.
+    delivered: BTreeMap<u32, (u64, Option<u64>)>,
+    /// Partitions it handed out up to their seal (not committed yet).
+    delivered_drained: BTreeSet<u32>,
+    /// Records handed out, and the decayed rate of that.
+    handed_out: u64,
+    rate: f64,
+    rate_at: u64,
+    /// Not given more partitions by load before this time.
+    relieved_until: u64,
+    /// Its lag at the last balancing.
+    last_lag: u64,
+}
+
+#[derive(Debug, Default)]
+struct PartitionRate {
+    end: u64,
+    at: u64,
+    rate: f64,
+}
+
+#[derive(Debug)]
+struct GroupState {
+    generation: u64,
+    next_member: u64,
+    members: BTreeMap<u64, MemberEntry>,
+    committed: Committed,
+    owners: BTreeMap<u32, Owner>,
+    lineage: Arc<Lineage>,
+    rates: HashMap<u32, PartitionRate>,
+    last_balance: u64,
+    /// Next [`Owner::epoch`].
+    next_epoch: u64,
+    /// When the append rates were last folded.
+    last_rates: u64,
+    stats: GroupStats,
+    /// Deleted: no member joins or commits through this coordinator again.
+    deleted: bool,
+}
+
+/// The coordinator of one group in one topic.
+#[derive(Debug)]
+pub(crate) struct GroupShared {
+    topic: Topic,
+    name: String,
+    options: GroupOptions,
+    st: Mutex<GroupState>,
+}
+
+/// A consumer group of one topic (cheap to clone). Take one with
+/// [`Topic::group`]; members join through it.
+#[derive(Debug, Clone)]
+pub struct Group {
+    shared: Arc<GroupShared>,
+}
+
+/// One member of a group: polls records of the partitions it owns, commits
+/// what it processed, heartbeats. Dropping it without [`Member::leave`]
+/// stops its heartbeats: it is declared dead after its session timeout
+/// (unless a member with its instance id rejoins first).
+#[derive(Debug)]
+pub struct Member {
+    shared: Arc<GroupShared>,
+    id: u64,
+    generation: u64,
+    lineage: Arc<Lineage>,
+    /// Ready partitions owned, as of `generation`.
+    owned: BTreeSet<u32>,
+    /// Next offset to hand out per partition being read (owned ones and
+    /// their pinned split children).
+    positions: BTreeMap<u32, u64>,
+    last_records: BTreeMap<u32, u64>,
+    /// Read to their seal, not committed yet.
+    drained: BTreeSet<u32>,
+    pending: VecDeque<OwnedRecord>,
+    next_rr: u32,
+    retained: Vec<RetainedRange>,
+    /// Partitions being moved away: not read any more, their handed-out
+    /// positions kept for the commit that releases them.
+    paused: BTreeSet<u32>,
+    /// Per ready partition owned, the tenure ([`Owner::epoch`]) its
+    /// reading state belongs to.
+    tenure: BTreeMap<u32, u64>,
+    heartbeat: Option<HeartbeatThread>,
+}
+
+#[derive(Debug)]
+struct HeartbeatThread {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for HeartbeatThread {
+    fn drop(&mut self) {
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn millis(nanos: u64) -> u64 {
+    nanos / 1_000_000
+}
+
+impl Topic {
+    /// The consumer group `name` of this topic, created (durably, with its
+    /// starting positions) if it does not exist. Every handle of one group
+    /// in one log shares one coordinator.
+    pub fn group(&self, name: &str, options: GroupOptions) -> Result<Group> {
+        self.inner.core.check_not_closed()?;
+        crate::topic_name::validate(name).map_err(|e| match e {
+            Error::InvalidTopicName { reason, .. } => {
+                Error::InvalidConfig(format!("group name {name:?}: {reason}"))
+            }
+            other => other,
+        })?;
+        let mut groups = self.inner.groups.lock();
+        if let Some(g) = groups.get(name) {
+            return Ok(Group { shared: g.clone() });
+        }
+        let record = self.group_record(name);
+        let lineage = self.lineage();
+        let (committed, generation) = match record {
+            Some(g) => (Committed::from_record(&g), g.generation),
+            None => {
+                let c = self.initial_positions(&lineage, options.start)?;
+                self.commit_group(name, 0, &c, &[], &[])?;
+                (c, 0)
+            }
+        };
+        let mut committed = committed;
+        committed.forget_removed(&lineage);
+        let shared = Arc::new(GroupShared {
+            topic: self.clone(),
+            name: name.to_string(),
+            options,
+            st: Mutex::new(GroupState {
+                generation: generation + 1,
+                next_member: member_id_base(),
+                members: BTreeMap::new(),
+                committed,
+                owners: BTreeMap::new(),
+                lineage,
+                rates: HashMap::new(),
+                last_balance: 0,
+                next_epoch: 1,
+                last_rates: 0,
+                stats: GroupStats::default(),
+                deleted: false,
+            }),
+        });
+        shared.refresh(&mut shared.st.lock());
+        groups.insert(name.to_string(), shared.clone());
+        Ok(Group { shared })
+    }
+
+    /// Names of the topic's consumer groups.
+    pub fn groups(&self) -> Vec<String> {
+        let topo = self.inner.core.topology.lock();
+        topo.state
+            .topics
+            .iter()
+            .find(|t| t.id == self.id())
+            .map(|t| t.groups.iter().map(|g| g.name.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Deletes a group and its committed positions. Members of it that are
+    /// still alive are fenced.
+    pub fn delete_group(&self, name: &str) -> Result<()> {
+        let mut groups = self.inner.groups.lock();
+        if self.group_record(name).is_none() {
+            return Err(Error::UnknownGroup(name.to_string()));
+        }
+        // The coordinator's lock is held across the record: a member's
+        // commit (which creates the group if it is missing) cannot land
+        // after it and bring the group back.
+        let shared = groups.get(name).cloned();
+        let mut st = shared.as_ref().map(|g| g.st.lock());
+        {
+            let core = &self.inner.core;
+            let mut topo = core.topology.lock();
+            core.commit(
+                &mut topo,
+                ManifestRecord::DeleteGroup {
+                    topic_id: self.id(),
+                    group: name.to_string(),
+                },
+            )?;
+        }
+        if let Some(st) = st.as_mut() {
+            st.members.clear();
+            st.owners.clear();
+            st.deleted = true;
+        }
+        drop(st);
+        groups.remove(name);
+        Ok(())
+    }
+
+    pub(crate) fn group_record(&self, name: &str) -> Option<GroupRecord> {
+        let topo = self.inner.core.topology.lock();
+        topo.state
+            .topics
+            .iter()
+            .find(|t| t.id == self.id())
+            .and_then(|t| t.groups.iter().find(|g| g.name == name).cloned())
+    }
+
+    fn initial_positions(&self, lineage: &Lineage, start: GroupStart) -> Result<Committed> {
+        let mut c = Committed::default();
+        if start == GroupStart::Latest {
+            for id in lineage.active() {
+                let end = self.partition(id)?.end_offset();
+                let (pos, last) = self.latest_position(id, end)?;
+                c.positions.insert(id, pos);
+                if let Some(f) = last {
+                    c.last_records.insert(id, f);
+                }
+            }
+        }
+        Ok(c)
+    }
+
+    /// Writes a group commit to the manifest: durable when this returns.
+    fn commit_group(
+        &self,
+        group: &str,
+        generation: u64,
+        c: &Committed,
+        drained: &[u32],
+        pruned: &[u32],
+    ) -> Result<()> {
+        let positions = c
+            .positions
+            .iter()
+            .map(|(&partition, &offset)| GroupPosition {
+                partition,
+                offset,
+                last_record: c.last_records.get(&partition).copied(),
+            })
+            .collect();
+        let core = &self.inner.core;
+        let mut topo = core.topology.lock();
+        core.commit(
+            &mut topo,
+            ManifestRecord::GroupCommit {
+                topic_id: self.id(),
+                group: group.to_string(),
+                generation,
+                positions,
+                drained: drained.to_vec(),
+                pruned: pruned.to_vec(),
+            },
+        )
+    }
+}
+
+/// Member ids are unique across runs of a log (the run's start time in the
+/// high bits), so a member of an earlier run is never taken for one of
+/// this run.
+fn member_id_base() -> u64 {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    (secs & 0xFFFF_FFFF) << 24
+}
+
+impl GroupShared {
+    fn now(&self) -> u64 {
+        self.topic.inner.core.clock.now_nanos()
+    }
+
+    fn fenced(&self, member: u64, reason: &str) -> Error {
+        Error::Fenced {
+            group: self.name.clone(),
+            member,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Takes a new lineage if the topology moved: forgets removed
+    /// partitions and recomputes the ready set, keeping owners.
+    fn refresh(&self, st: &mut GroupState) {
+        if self.topic.topology_generation() != st.lineage.generation || st.owners.is_empty() {
+            st.lineage = self.topic.lineage();
+            let lineage = st.lineage.clone();
+            st.committed.forget_removed(&lineage);
+            self.recompute_ready(st, None);
+        }
+    }
+
+    /// Brings `owners` to the ready set. A partition that became ready goes
+    /// to `heir` (the member whose commit made it ready), else to the owner
+    /// of a parent, else stays unowned for the balancer.
+    fn recompute_ready(&self, st: &mut GroupState, heir: Option<u64>) {
+        let ready = st.committed.ready(&st.lineage);
+        let old = std::mem::take(&mut st.owners);
+        let generation = st.generation;
+        for p in ready {
+            if let Some(o) = old.get(&p) {
+                st.owners.insert(p, o.clone());
+                continue;
+            }
+            let parent_owners: Vec<(u64, u64)> = st
+                .lineage
+                .parents(p)
+                .iter()
+                .filter_map(|q| old.get(q).and_then(|o| Some((o.member?, o.epoch))))
+                .collect();
+            let member = heir
+                .filter(|m| st.members.contains_key(m))
+                .or(parent_owners.first().map(|x| x.0))
+                .filter(|m| st.members.contains_key(m));
+            // A split descendant that stays with the owner of its nearest
+            // ready ancestor continues that tenure: the owner has been
+            // reading it already (pinned), through any number of splits.
+            let mut up = p;
+            let pinned_to = loop {
+                let parents = st.lineage.parents(up);
+                if parents.len() != 1 {
+                    break None;
+                }
+                up = parents[0];
+                if let Some(o) = old.get(&up) {
+                    break o.member.map(|m| (m, o.epoch));
+                }
+            };
+            let epoch = match pinned_to {
+                Some((m, e)) if Some(m) == member => e,
+                _ => {
+                    st.next_epoch += 1;
+                    st.next_epoch
+                }
+            };
+            st.owners.insert(
+                p,
+                Owner {
+                    member,
+                    generation,
+                    epoch,
+                    revoking: None,
+                    unowned_since: None,
+                    moved_nanos: None,
+                    pause_from: None,
+                },
+            );
+        }
+    }
+
+    /// Runs the timeouts and the balancer: dead members, slow members,
+    /// overdue revocations, unowned partitions, load.
+    fn tick(&self, st: &mut GroupState, now: u64) {
+        self.tick_with(st, now, false);
+    }
+
+    /// [`GroupShared::tick`], balancing at once (ignoring the interval and
+    /// the move cooldown) when the membership just changed.
+    fn tick_with(&self, st: &mut GroupState, now: u64, membership_changed: bool) {
+        if st.deleted {
+            return;
+        }
+        self.refresh(st);
+        self.update_rates(st, now);
+        let mut changed = false;
+        let mut membership_changed = membership_changed;
+        // Dead: no heartbeat for the session timeout.
+        let dead: Vec<u64> = st
+            .members
+            .iter()
+            .filter(|(_, m)| {
+                now.saturating_sub(m.last_heartbeat) > m.opts.session_timeout.as_nanos() as u64
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in dead {
+            st.stats.dead_detected += 1;
+            self.remove_member(st, id, now);
+            changed = true;
+            membership_changed = true;
+        }
+        // Slow: heartbeats, no progress.
+        let ids: Vec<u64> = st.members.keys().copied().collect();
+        for id in ids {
+            let m = &st.members[&id];
+            let stuck_for = now.saturating_sub(m.last_progress);
+            let limit = m.opts.processing_timeout.as_nanos() as u64;
+            if stuck_for <= limit {
+                continue;
+            }
+            match m.state {
+                MemberState::Active => {
+                    st.stats.slow_detected += 1;
+                    let m = st.members.get_mut(&id).expect("listed");
+                    m.state = MemberState::Slow;
+                    m.slow_since = now;
+                    // Relief: half of its partitions, the most behind first.
+                    let mut owned = self.owned_by(st, id);
+                    owned.sort_by_key(|&p| std::cmp::Reverse(self.lag(st, p)));
+                    let n = owned.len() / 2;
+                    for p in owned.into_iter().take(n) {
+                        changed |= self.revoke(st, p, None, now);
+                    }
+                }
+                MemberState::Slow => {
+                    // Stuck for another processing timeout: everything it
+                    // owns moves now (what it handed out and did not
+                    // commit is delivered again).
+                    if now.saturating_sub(m.slow_since) > limit {
+                        let all: Vec<u32> = st
+                            .owners
+                            .iter()
+                            .filter(|(_, o)| o.member == Some(id))
+                            .map(|(&p, _)| p)
+                            .collect();
+                        for p in all {
+                            if let Some(o) = st.owners.get_mut(&p) {
+                                o.revoking.get_or_insert(Revoke {
+                                    since_nanos: now,
+                                    to: None,
+                                });
+                            }
+                            self.release(st, p, now);
+                            changed = true;
+                        }
+                    }
+                }
+            }
+        }
+        // Revocations the owner did not settle within its processing timeout.
+        let overdue: Vec<u32> = st
+            .owners
+            .iter()
+            .filter_map(|(&p, o)| {
+                let r = o.revoking.as_ref()?;
+                let m = st.members.get(&o.member?)?;
+                (now.saturating_sub(r.since_nanos) > m.opts.processing_timeout.as_nanos() as u64)
+                    .then_some(p)
+            })
+            .collect();
+        for p in overdue {
+            self.release(st, p, now);
+            changed = true;
+        }
+        changed |= self.assign_unowned(st, now);
+        if membership_changed
+            || now.saturating_sub(st.last_balance)
+                >= self.options.rebalance_interval.as_nanos() as u64
+        {
+            st.last_balance = now;
+            changed |= self.balance_load(st, now, membership_changed);
+        }
+        if changed {
+            st.generation += 1;
+        }
+    }
+
+    fn owned_by(&self, st: &GroupState, id: u64) -> Vec<u32> {
+        st.owners
+            .iter()
+            .filter(|(_, o)| o.member == Some(id) && o.revoking.is_none())
+            .map(|(&p, _)| p)
+            .collect()
+    }
+
+    /// Partitions read by the owner of ready `p`: `p` and its split
+    /// descendants (pinned to it until the group commits `p` as read).
+    fn closure(lineage: &Lineage, p: u32) -> Vec<u32> {
+        let mut out = vec![p];
+        let mut i = 0;
+        while i < out.len() {
+            let x = out[i];
+            for &c in lineage.children(x) {
+                if lineage.parents(c).len() == 1 {
+                    out.push(c);
+                }
+            }
+            i += 1;
+        }
+        out
+    }
+
+    fn end_offset(&self, p: u32) -> u64 {
+        self.topic.partition(p).map_or(0, |x| x.end_offset())
+    }
+
+    fn committed_position(st: &GroupState, p: u32) -> u64 {
+        st.committed.positions.get(&p).copied().unwrap_or(0)
+    }
+
+    /// Records of ready `p` (with its pinned children) past the committed
+    /// positions.
+    fn lag(&self, st: &GroupState, p: u32) -> u64 {
+        Self::closure(&st.lineage, p)
+            .into_iter()
+            .map(|x| {
+                let end = self.end_offset(x);
+                let start = if x == p {
+                    Self::committed_position(st, p)
+                } else {
+                    0
+                };
+                end.saturating_sub(start)
+            })
+            .sum()
+    }
+
+    fn update_rates(&self, st: &mut GroupState, now: u64) {
+        // At most every 100 ms: a tick runs on every member call.
+        if now.saturating_sub(st.last_rates) < 100_000_000 && st.rates.len() == st.owners.len() {
+            return;
+        }
+        st.last_rates = now;
+        let ready: Vec<u32> = st.owners.keys().copied().collect();
+        for p in ready {
+            let end: u64 = Self::closure(&st.lineage, p)
+                .into_iter()
+                .map(|x| self.end_offset(x))
+                .sum();
+            let r = st.rates.entry(p).or_insert(PartitionRate {
+                end,
+                at: now,
+                rate: 0.0,
+            });
+            let dt = now.saturating_sub(r.at) as f64 / 1e9;
+            if dt >= 0.1 {
+                let inst = end.saturating_sub(r.end) as f64 / dt;
+                let a = 1.0 - (-dt / RATE_TAU_S).exp();
+                r.rate += a * (inst - r.rate);
+                r.end = end;
+                r.at = now;
+            }
+        }
+        st.rates.retain(|p, _| st.owners.contains_key(p));
+    }
+
+    /// Load of ready `p` for balancing: appends per second (plus one, so
+    /// idle partitions still spread by count).
+    fn weight(&self, st: &GroupState, p: u32) -> f64 {
+        st.rates.get(&p).map_or(0.0, |r| r.rate) + 1.0
+    }
+
+    /// Marks ready `p` as moving away from its owner (to `to`, or to the
+    /// balancer's pick). Released at once when its owner has nothing
+    /// uncommitted in it. Returns whether anything changed.
+    fn revoke(&self, st: &mut GroupState, p: u32, to: Option<u64>, now: u64) -> bool {
+        let Some(o) = st.owners.get_mut(&p) else {
+            return false;
+        };
+        if o.revoking.is_some() || o.member.is_none() {
+            return false;
+        }
+        o.revoking = Some(Revoke {
+            since_nanos: now,
+            to,
+        });
+        o.moved_nanos = Some(now);
+        self.try_release(st, p, now);
+        true
+    }
+
+    /// Releases revoking `p` if its owner's commits cover what it handed
+    /// out there.
+    fn try_release(&self, st: &mut GroupState, p: u32, now: u64) {
+        let Some(o) = st.owners.get(&p) else { return };
+        if o.revoking.is_none() {
+            return;
+        }
+        let Some(m) = o.member.and_then(|id| st.members.get(&id)) else {
+            self.release(st, p, now);
+            return;
+        };
+        if self.uncommitted(st, m, p) == 0 {
+            self.release(st, p, now);
+        }
+    }
+
+    /// Records `m` handed out in ready `p` (with its pinned children) that
+    /// the group has not committed.
+    fn uncommitted(&self, st: &GroupState, m: &MemberEntry, p: u32) -> u64 {
+        Self::closure(&st.lineage, p)
+            .into_iter()
+            .map(|x| {
+                let committed = if x == p {
+                    Self::committed_position(st, p)
+                } else {
+                    st.committed.positions.get(&x).copied().unwrap_or(0)
+                };
+                match m.delivered.get(&x) {
+                    Some(&(pos, _)) => pos.saturating_sub(committed),
+                    None if m.delivered_drained.contains(&x) => st
+                        .lineage
+                        .sealed_at(x)
+                        .unwrap_or(0)
+                        .saturating_sub(committed),
+                    None => 0,
+                }
+            })
+            .sum()
+    }
+
+    /// Takes ready `p` from its owner (whatever it handed out and did not
+    /// commit is delivered again) and gives it to the revocation's target
+    /// or leaves it for the balancer.
+    fn release(&self, st: &mut GroupState, p: u32, now: u64) {
+        let Some(o) = st.owners.get(&p).cloned() else {
+            return;
+        };
+        if let Some(m) = o.member.and_then(|id| st.members.get(&id)) {
+            st.stats.redelivered += self.uncommitted(st, m, p);
+        }
+        if let Some(id) = o.member {
+            if let Some(m) = st.members.get_mut(&id) {
+                for x in Self::closure(&st.lineage, p) {
+                    m.delivered.remove(&x);
+                    m.delivered_drained.remove(&x);
+                }
+            }
+        }
+        let to = o
+            .revoking
+            .as_ref()
+            .and_then(|r| r.to)
+            .filter(|t| st.members.contains_key(t));
+        let since = o.revoking.as_ref().map_or(now, |r| r.since_nanos);
+        let entry = st.owners.get_mut(&p).expect("present");
+        entry.revoking = None;
+        entry.member = None;
+        entry.unowned_since = Some(since);
+        if let Some(t) = to {
+            self.give(st, p, t, now);
+        }
+    }
+
+    /// Gives unowned ready `p` to member `to`.
+    fn give(&self, st: &mut GroupState, p: u32, to: u64, now: u64) {
+        let generation = st.generation + 1;
+        st.next_epoch += 1;
+        let epoch = st.next_epoch;
+        let entry = st.owners.get_mut(&p).expect("present");
+        entry.member = Some(to);
+        entry.generation = generation;
+        entry.epoch = epoch;
+        // A move: its pause lasts until the new owner takes it (see
+        // `Member::sync`).
+        if let Some(since) = entry.unowned_since.take() {
+            entry.pause_from = Some(since);
+            st.stats.moves += 1;
+        }
+        let _ = now;
+    }
+
+    fn remove_member(&self, st: &mut GroupState, id: u64, now: u64) {
+        let owned: Vec<u32> = st
+            .owners
+            .iter()
+            .filter(|(_, o)| o.member == Some(id))
+            .map(|(&p, _)| p)
+            .collect();
+        for p in owned {
+            if let Some(o) = st.owners.get_mut(&p) {
+                if o.revoking.is_none() {
+                    o.revoking = Some(Revoke {
+                        since_nanos: now,
+                        to: None,
+                    });
+                }
+            }
+            self.release(st, p, now);
+        }
+        st.members.remove(&id);
+        // Revocations aimed at it go to the balancer.
+        for o in st.owners.values_mut() {
+            if let Some(r) = &mut o.revoking {
+                if r.to == Some(id) {
+                    r.to = None;
+                }
+            }
+        }
+    }
+
+    fn member_loads(&self, st: &GroupState) -> BTreeMap<u64, f64> {
+        let mut loads: BTreeMap<u64, f64> = st.members.keys().map(|&id| (id, 0.0)).collect();
+        for (&p, o) in &st.owners {
+            if let Some(m) = o.member {
+                *loads.entry(m).or_default() += self.weight(st, p);
+            }
+        }
+        loads
+    }
+
+    /// Members that may receive partitions: active, not recently relieved.
+    fn receivers(st: &GroupState, now: u64) -> Vec<u64> {
+        st.members
+            .iter()
+            .filter(|(_, m)| m.state == MemberState::Active && m.relieved_until <= now)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Gives every unowned ready partition to the least loaded receiver.
+    fn assign_unowned(&self, st: &mut GroupState, now: u64) -> bool {
+        let unowned: Vec<u32> = st
+            .owners
+            .iter()
+            .filter(|(_, o)| o.member.is_none())
+            .map(|(&p, _)| p)
+            .collect();
+        if unowned.is_empty() {
+            return false;
+        }
+        let mut receivers = Self::receivers(st, now);
+        if receivers.is_empty() {
+            // Everyone is slow or relieved: better a slow reader than none.
+            receivers = st.members.keys().copied().collect();
+        }
+        if receivers.is_empty() {
+            return false;
+        }
+        let mut loads = self.member_loads(st);
+        let mut weights: Vec<(u32, f64)> =
+            unowned.iter().map(|&p| (p, self.weight(st, p))).collect();
+        weights.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        for (p, w) in weights {
+            let to = *receivers
+                .iter()
+                .min_by(|a, b| loads[a].total_cmp(&loads[b]).then(a.cmp(b)))
+                .expect("non-empty");
+            *loads.get_mut(&to).expect("member") += w;
+            self.give(st, p, to, now);
+        }
+        st.stats.rebalances += 1;
+        true
+    }
+
+    /// Two rules, at most one move per member per balancing:
+    ///
+    /// - **Relief.** A member whose lag grew since the last balancing and
+    ///   is at least [`RELIEF_LAG`] records and twice the lag of the least
+    ///   lagging receiver gives its most lagging partition to that receiver
+    ///   (even its last one), and gets nothing by load for the move
+    ///   cooldown: it processes more slowly than its partitions fill.
+    /// - **Load.** A member over [`IMBALANCE`] × the mean append load gives
+    ///   the least loaded receiver the partition whose move leaves the two
+    ///   closest, when that lowers the larger of the two loads.
+    ///
+    /// `membership_changed`: a member joined or left, so partitions moved
+    /// recently may move again (the cooldown is against load noise).
+    fn balance_load(&self, st: &mut GroupState, now: u64, membership_changed: bool) -> bool {
+        if st.members.len() < 2 {
+            return false;
+        }
+        let cooldown = self.options.move_cooldown.as_nanos() as u64;
+        let load_cooldown = if membership_changed { 0 } else { cooldown };
+        let mut moved = false;
+        // Relief by lag.
+        let lags: BTreeMap<u64, u64> = st
+            .members
+            .keys()
+            .map(|&id| {
+                let lag = self.owned_by(st, id).iter().map(|&p| self.lag(st, p)).sum();
+                (id, lag)
+            })
+            .collect();
+        let receivers = Self::receivers(st, now);
+        let mut gave: BTreeSet<u64> = BTreeSet::new();
+        for (&id, &lag) in &lags {
+            let grew = lag > st.members[&id].last_lag;
+            let Some(&to) = receivers
+                .iter()
+                .filter(|&&r| r != id && !gave.contains(&r))
+                .min_by_key(|&&r| (lags[&r], r))
+            else {
+                continue;
+            };
+            if !grew || lag < RELIEF_LAG || lag < 2 * lags[&to].max(1) {
+                continue;
+            }
+            let Some(p) = self
+                .owned_by(st, id)
+                .into_iter()
+                .max_by_key(|&p| (self.lag(st, p), std::cmp::Reverse(p)))
+            else {
+                continue;
+            };
+            if self.revoke(st, p, Some(to), now) {
+                st.stats.lag_relieved += 1;
+                if let Some(m) = st.members.get_mut(&id) {
+                    m.relieved_until = now + cooldown;
+                }
+                gave.insert(to);
+                gave.insert(id);
+                moved = true;
+            }
+        }
+        for (&id, &lag) in &lags {
+            if let Some(m) = st.members.get_mut(&id) {
+                m.last_lag = lag;
+            }
+        }
+        // Load: the most loaded member over its share gives one partition
+        // to the least loaded receiver, while that lowers the larger load.
+        let receivers = Self::receivers(st, now);
+        let mut loads = self.member_loads(st);
+        let mean = loads.values().sum::<f64>() / loads.len().max(1) as f64;
+        let mut moved_now: BTreeSet<u32> = BTreeSet::new();
+        for _ in 0..st.owners.len() {
+            let Some((id, lf)) = loads
+                .iter()
+                .filter(|(id, _)| !gave.contains(id))
+                .map(|(&id, &l)| (id, l))
+                .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+            else {
+                break;
+            };
+            if lf <= mean * IMBALANCE {
+                break;
+            }
+            let Some(to) = receivers
+                .iter()
+                .copied()
+                .filter(|&r| r != id && !gave.contains(&r))
+                .min_by(|a, b| loads[a].total_cmp(&loads[b]).then(a.cmp(b)))
+            else {
+                break;
+            };
+            let lt = loads[&to];
+            let best = self
+                .owned_by(st, id)
+                .into_iter()
+                .filter(|p| {
+                    !moved_now.contains(p)
+                        && st.owners[p]
+                            .moved_nanos
+                            .is_none_or(|t| now.saturating_sub(t) >= load_cooldown)
+                })
+                .map(|p| (p, self.weight(st, p)))
+                .min_by(|a, b| {
+                    let ka = (lf - a.1).max(lt + a.1);
+                    let kb = (lf - b.1).max(lt + b.1);
+                    ka.total_cmp(&kb).then(a.0.cmp(&b.0))
+                });
+            let Some((p, w)) = best else { break };
+            if (lf - w).max(lt + w) >= lf * 0.95 {
+                break;
+            }
+            if !self.revoke(st, p, Some(to), now) {
+                break;
+            }
+            moved_now.insert(p);
+            *loads.get_mut(&id).expect("member") -= w;
+            *loads.get_mut(&to).expect("member") += w;
+            moved = true;
+        }
+        if moved {
+            st.stats.rebalances += 1;
+        }
+        moved
+    }
+}
+
+impl Group {
+    /// Group name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Joins the group. With an `instance_id` naming a member still within
+    /// its session timeout, the new member takes over that member's
+    /// partitions (the old one is fenced) and nobody else's assignment
+    /// changes; it resumes from the committed positions.
+    pub fn join(&self, options: MemberOptions) -> Result<Member> {
+        let s = &self.shared;
+        s.topic.inner.core.check_not_closed()?;
+        if options.session_timeout.is_zero() || options.processing_timeout.is_zero() {
+            return Err(Error::InvalidConfig(
+                "session and processing timeouts must be positive".into(),
+            ));
+        }
+        let now = s.now();
+        let mut st = s.st.lock();
+        if st.deleted {
+            return Err(Error::UnknownGroup(s.name.clone()));
+        }
+        s.tick(&mut st, now);
+        let id = st.next_member;
+        st.next_member += 1;
+        let previous = options.instance_id.as_ref().and_then(|iid| {
+            st.members
+                .iter()
+                .find(|(_, m)| m.instance_id.as_ref() == Some(iid))
+                .map(|(&id, _)| id)
+        });
+        let entry = MemberEntry {
+            instance_id: options.instance_id.clone(),
+            opts: options.clone(),
+            last_heartbeat: now,
+            last_progress: now,
+            state: MemberState::Active,
+            slow_since: 0,
+            delivered: BTreeMap::new(),
+            delivered_drained: BTreeSet::new(),
+            handed_out: 0,
+            rate: 0.0,
+            rate_at: now,
+            relieved_until: 0,
+            // No growth is measured before one balancing saw its lag.
+            last_lag: u64::MAX,
+        };
+        st.members.insert(id, entry);
+        if let Some(old) = previous {
+            // Static rejoin: the partitions change hands directly; what the
+            // old incarnation handed out and did not commit comes again.
+            let generation = st.generation + 1;
+            let ids: Vec<u32> = st
+                .owners
+                .iter()
+                .filter(|(_, o)| o.member == Some(old))
+                .map(|(&p, _)| p)
+                .collect();
+            for p in ids {
+                let old_m = &st.members[&old];
+                st.stats.redelivered += s.uncommitted(&st, old_m, p);
+                st.next_epoch += 1;
+                let epoch = st.next_epoch;
+                let o = st.owners.get_mut(&p).expect("listed");
+                o.member = Some(id);
+                o.generation = generation;
+                o.epoch = epoch;
+                o.revoking = None;
+            }
+            st.members.remove(&old);
+            st.generation = generation;
+        } else {
+            // Others keep reading; the newcomer gets unowned partitions and
+            // its share of the load at once (each moved partition as soon
+            // as its owner's commits cover it).
+            s.tick_with(&mut st, now, true);
+        }
+        drop(st);
+        let heartbeat = options
+            .background_heartbeat
+            .map(|every| spawn_heartbeat(Arc::downgrade(&self.shared), id, every));
+        let mut m = Member {
+            shared: self.shared.clone(),
+            id,
+            generation: 0,
+            lineage: s.topic.lineage(),
+            owned: BTreeSet::new(),
+            positions: BTreeMap::new(),
+            last_records: BTreeMap::new(),
+            drained: BTreeSet::new(),
+            pending: VecDeque::new(),
+            next_rr: 0,
+            retained: Vec::new(),
+            paused: BTreeSet::new(),
+            tenure: BTreeMap::new(),
+            heartbeat,
+        };
+        m.sync()?;
+        Ok(m)
+    }
+
+    /// Runs the coordinator now: timeouts (dead and slow members, overdue
+    /// revocations), unowned partitions, load balancing. Members' calls
+    /// run it too; a broker may call it from a timer.
+    pub fn tick(&self) {
+        let now = self.shared.now();
+        let mut st = self.shared.st.lock();
+        self.shared.tick(&mut st, now);
+    }
+
+    /// Members, assignments, committed positions, lag and counters.
+    pub fn describe(&self) -> GroupDescription {
+        let s = &self.shared;
+        let now = s.now();
+        let mut st = s.st.lock();
+        s.tick(&mut st, now);
+        let st = &*st;
+        let assignments: Vec<AssignmentDescription> = st
+            .owners
+            .iter()
+            .map(|(&p, o)| AssignmentDescription {
+                partition: p,
+                member: o.member,
+                generation: o.generation,
+                revoking: o.revoking.is_some(),
+                committed: GroupShared::committed_position(st, p),
+                lag_records: s.lag(st, p),
+                append_rate: st.rates.get(&p).map_or(0.0, |r| r.rate),
+            })
+            .collect();
+        let members = st
+            .members
+            .iter()
+            .map(|(&id, m)| MemberDescription {
+                id,
+                instance_id: m.instance_id.clone(),
+                state: m.state,
+                partitions: assignments
+                    .iter()
+                    .filter(|a| a.member == Some(id))
+                    .map(|a| a.partition)
+                    .collect(),
+                lag_records: assignments
+                    .iter()
+                    .filter(|a| a.member == Some(id))
+                    .map(|a| a.lag_records)
+                    .sum(),
+                processing_rate: m.rate,
+                since_heartbeat_ms: millis(now.saturating_sub(m.last_heartbeat)),
+                since_progress_ms: millis(now.saturating_sub(m.last_progress)),
+            })
+            .collect();
+        GroupDescription {
+            name: s.name.clone(),
+            generation: st.generation,
+            members,
+            lag_records: assignments.iter().map(|a| a.lag_records).sum(),
+            assignments,
+            stats: st.stats.clone(),
+        }
+    }
+
+    /// The committed positions as a reader's cut: a plain [`crate::Reader`]
+    /// started from it reads what the group has not committed.
+    pub fn committed(&self) -> crate::Cut {
+        let st = self.shared.st.lock();
+        crate::Cut {
+            topic_id: self.shared.topic.id(),
+            positions: st.committed.positions.clone(),
+            drained: st.committed.drained.clone(),
+            last_records: st.committed.last_records.clone(),
+            removed_before: BTreeSet::new(),
+        }
+    }
+}
+
+fn spawn_heartbeat(
+    shared: std::sync::Weak<GroupShared>,
+    id: u64,
+    every: Duration,
+) -> HeartbeatThread {
+    let stop = Arc::new((Mutex::new(false), Condvar::new()));
+    let stop2 = stop.clone();
+    let handle = std::thread::Builder::new()
+        .name("fissionlog-heartbeat".into())
+        .spawn(move || loop {
+            {
+                let mut stopped = stop2.0.lock();
+                if *stopped {
+                    return;
+                }
+                stop2.1.wait_for(&mut stopped, every);
+                if *stopped {
+                    return;
+                }
+            }
+            let Some(s) = shared.upgrade() else { return };
+            if s.heartbeat(id).is_err() {
+                return;
+            }
+        })
+        .ok();
+    HeartbeatThread { stop, handle }
+}
+
+impl GroupShared {
+    fn heartbeat(&self, id: u64) -> Result<()> {
+        let now = self.now();
+        let mut st = self.st.lock();
+        self.tick(&mut st, now);
+        let m = st
+            .members
+            .get_mut(&id)
+            .ok_or_else(|| self.fenced(id, "not a member (dead, left or replaced)"))?;
+        m.last_heartbeat = now;
+        Ok(())
+    }
+}
+
+impl Member {
+    /// Member id (unique across runs of the log).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The generation of the assignment this member last saw.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The ready partitions this member reads (with their split children),
+    /// as of its last poll.
+    pub fn assignment(&self) -> Assignment {
+        Assignment {
+            generation: self.generation,
+            partitions: self.owned.iter().copied().collect(),
+        }
+    }
+
+    /// Ranges passed over because retention had removed them first.
+    pub fn retained(&self) -> &[RetainedRange] {
+        &self.retained
+    }
+
+    /// Tells the coordinator this member is alive (independently of
+    /// processing). [`Error::Fenced`] if it was declared dead.
+    pub fn heartbeat(&self) -> Result<()> {
+        self.shared.heartbeat(self.id)
+    }
+
+    /// Takes the current assignment: drops partitions moved away, starts
+    /// new ones at the committed positions. Called under no lock.
+    fn sync(&mut self) -> Result<()> {
+        let s = self.shared.clone();
+        let now = s.now();
+        let mut st = s.st.lock();
+        s.tick(&mut st, now);
+        let Some(m) = st.members.get_mut(&self.id) else {
+            return Err(s.fenced(self.id, "not a member (dead, left or replaced)"));
+        };
+        m.last_heartbeat = now;
+        m.last_progress = now;
+        if m.state == MemberState::Slow {
+            m.state = MemberState::Active;
+        }
+        // Report what was handed out since the last sync.
+        self.report(&mut st);
+        self.take_assignment(&st);
+        // Partitions moved here end their pause now.
+        for p in self.owned.iter() {
+            if let Some(o) = st.owners.get_mut(p) {
+                if let Some(from) = o.pause_from.take() {
+                    let pauses = &mut st.stats.pauses_ms;
+                    if pauses.len() >= MAX_PAUSES {
+                        pauses.remove(0);
+                    }
+                    pauses.push(now.saturating_sub(from) as f64 / 1e6);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings the member's reading state to the coordinator's assignment
+    /// (under the group lock): drops partitions moved away or read and
+    /// committed, pauses those being revoked, starts new ones at their
+    /// committed positions.
+    fn take_assignment(&mut self, st: &GroupState) {
+        self.lineage = st.lineage.clone();
+        let lineage = self.lineage.clone();
+        // Ours, in a tenure this member's reading state belongs to (the
+        // same one, or its parent's for a split child it kept). A
+        // partition taken away and given back since is read again from
+        // the committed position: someone else may have read and
+        // committed past what this member remembers.
+        let held: BTreeSet<u64> = self.tenure.values().copied().collect();
+        let mut mine: BTreeMap<u32, bool> = BTreeMap::new();
+        let mut fresh: Vec<u32> = Vec::new();
+        let mut tenure = BTreeMap::new();
+        for (&p, o) in &st.owners {
+            if o.member != Some(self.id) {
+                continue;
+            }
+            mine.insert(p, o.revoking.is_some());
+            tenure.insert(p, o.epoch);
+            if !held.contains(&o.epoch) {
+                fresh.push(p);
+            }
+        }
+        self.tenure = tenure;
+        let keep: BTreeSet<u32> = mine
+            .keys()
+            .filter(|p| !fresh.contains(p))
+            .flat_map(|&p| GroupShared::closure(&lineage, p))
+            .collect();
+        self.paused = mine
+            .iter()
+            .filter(|(_, &revoking)| revoking)
+            .flat_map(|(&p, _)| GroupShared::closure(&lineage, p))
+            .collect();
+        self.positions.retain(|p, _| keep.contains(p));
+        self.drained.retain(|p| keep.contains(p));
+        self.last_records.retain(|p, _| keep.contains(p));
+        let paused = &self.paused;
+        self.pending
+            .retain(|r| keep.contains(&r.partition) && !paused.contains(&r.partition));
+        let owned: BTreeSet<u32> = mine
+            .iter()
+            .filter(|(_, &revoking)| !revoking)
+            .map(|(&p, _)| p)
+            .collect();
+        for &p in &owned {
+            if self.positions.contains_key(&p) || self.drained.contains(&p) {
+                continue;
+            }
+            // New to this member: from the committed position.
+            let pos = GroupShared::committed_position(st, p);
+            self.positions.insert(p, pos);
+            if let Some(&f) = st.committed.last_records.get(&p) {
+                self.last_records.insert(p, f);
+            }
+        }
+        self.owned = owned;
+        self.generation = st.generation;
+    }
+
+    /// Publishes what this member handed out (under the group lock).
+    fn report(&self, st: &mut GroupState) {
+        let Some(m) = st.members.get_mut(&self.id) else {
+            return;
+        };
+        m.delivered = self
+            .positions
+            .iter()
+            .map(|(&p, &pos)| (p, (pos, self.last_records.get(&p).copied())))
+            .collect();
+        m.delivered_drained = self.drained.clone();
+    }
+
+    /// Up to `max_records` records of this member's partitions that are
+    /// available now. Per key, records come in append order, through
+    /// splits and merges. [`Error::Fenced`] if the member was declared dead.
+    pub fn poll(&mut self, max_records: usize) -> Result<Vec<OwnedRecord>> {
+        let mut out = Vec::new();
+        // A few rounds when a round only passed empty sealed partitions:
+        // committing those lets merge children become ready.
+        for _ in 0..8 {
+            self.sync()?;
+            self.take(&mut out, max_records)?;
+            self.advance();
+            if !out.is_empty() || !self.settle_empty_drains()? {
+                break;
+            }
+        }
+        self.advance();
+        let s = self.shared.clone();
+        let mut st = s.st.lock();
+        // Records are handed out only from partitions still this member's
+        // as the coordinator learns of them: one released meanwhile (its
+        // new owner starts at the committed position) gives nothing here,
+        // so no record reaches two live members.
+        if !st.members.contains_key(&self.id) {
+            return Err(s.fenced(self.id, "not a member (dead, left or replaced)"));
+        }
+        let lineage = st.lineage.clone();
+        let held: BTreeSet<u64> = self.tenure.values().copied().collect();
+        let mine: BTreeSet<u32> = st
+            .owners
+            .iter()
+            .filter(|(_, o)| o.member == Some(self.id) && held.contains(&o.epoch))
+            .flat_map(|(&p, _)| GroupShared::closure(&lineage, p))
+            .collect();
+        if out.iter().any(|r| !mine.contains(&r.partition)) {
+            out.retain(|r| mine.contains(&r.partition));
+            self.positions.retain(|p, _| mine.contains(p));
+            self.last_records.retain(|p, _| mine.contains(p));
+            self.drained.retain(|p| mine.contains(p));
+            self.pending.retain(|r| mine.contains(&r.partition));
+        }
+        if let Some(m) = st.members.get_mut(&self.id) {
+            m.handed_out += out.len() as u64;
+            let now = s.now();
+            let dt = now.saturating_sub(m.rate_at) as f64 / 1e9;
+            if dt >= 0.1 {
+                let inst = m.handed_out as f64 / dt;
+                let a = 1.0 - (-dt / RATE_TAU_S).exp();
+                m.rate += a * (inst - m.rate);
+                m.handed_out = 0;
+                m.rate_at = now;
+            }
+        }
+        self.report(&mut st);
+        Ok(out)
+    }
+
+    /// Hands out pending and newly read records into `out`, up to `max`.
+    fn take(&mut self, out: &mut Vec<OwnedRecord>, max: usize) -> Result<()> {
+        while out.len() < max {
+            if self.pending.is_empty() {
+                match self.fill() {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(e) if out.is_empty() => return Err(e),
+                    Err(_) => break,
+                }
+            }
+            let n = (max - out.len()).min(self.pending.len());
+            out.extend(self.pending.drain(..n));
+            if let Some(r) = out.last().filter(|_| n > 0) {
+                self.positions.insert(r.partition, r.offset + 1);
+                let f = fingerprint(r.offset, r.timestamp, r.key.as_deref(), &r.value);
+                self.last_records.insert(r.partition, f);
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits as read the partitions this member read to their seal that
+    /// hold nothing past the group's committed position (empty sealed
+    /// partitions, or all committed already): no record is at stake, and
+    /// without it a consumer that commits only after records would never
+    /// let a merge child behind them become ready. Returns whether the
+    /// group's positions moved.
+    fn settle_empty_drains(&mut self) -> Result<bool> {
+        let done: Vec<u32> = {
+            let st = self.shared.st.lock();
+            let candidates: Vec<u32> = self
+                .drained
+                .iter()
+                .copied()
+                .filter(|&d| {
+                    let seal = self.lineage.sealed_at(d).unwrap_or(u64::MAX);
+                    let end = self
+                        .shared
+                        .topic
+                        .partition(d)
+                        .map_or(seal, |p| p.end_offset().min(seal));
+                    let committed = st.committed.positions.get(&d).copied().unwrap_or(0);
+                    committed >= end && !st.committed.drained.contains(&d)
+                })
+                .collect();
+            // Parents first: a split child only with (or after) its
+            // parents committed as read.
+            let read = st.committed.all_drained(&self.lineage);
+            let mut done: Vec<u32> = Vec::new();
+            loop {
+                let before = done.len();
+                for &d in &candidates {
+                    if !done.contains(&d)
+                        && self.lineage.parents(d).iter().all(|q| {
+                            read.contains(q) || done.contains(q) || !self.lineage.contains(*q)
+                        })
+                    {
+                        done.push(d);
+                    }
+                }
+                if done.len() == before {
+                    break done;
+                }
+            }
+        };
+        if done.is_empty() {
+            return Ok(false);
+        }
+        let before = self.shared.st.lock().stats.commits;
+        self.commit_inner(&[], &done)?;
+        Ok(self.shared.st.lock().stats.commits > before)
+    }
+
+    /// Like [`Member::poll`], but waits up to `timeout` for records.
+    pub fn poll_wait(&mut self, max_records: usize, timeout: Duration) -> Result<Vec<OwnedRecord>> {
+        let deadline = Instant::now() + timeout;
+        let wake = self.shared.topic.inner.wake.clone();
+        loop {
+            let got = self.poll(max_records)?;
+            let now = Instant::now();
+            if !got.is_empty() || now >= deadline {
+                return Ok(got);
+            }
+            // Wake at least every 50 ms to run the coordinator's timeouts.
+            let until = deadline.min(now + Duration::from_millis(50));
+            wake.wait_until(until, || self.can_move());
+        }
+    }
+
+    fn can_move(&self) -> bool {
+        if !self.pending.is_empty() {
+            return true;
+        }
+        self.positions.iter().any(|(&id, &pos)| {
+            self.shared.topic.partition(id).map_or(true, |p| {
+                p.visible_end(p.default_isolation()) > pos || self.is_drained_at(id, pos)
+            })
+        })
+    }
+
+    fn is_drained_at(&self, id: u32, pos: u64) -> bool {
+        let Some(sealed_at) = self.lineage.sealed_at(id) else {
+            return false;
+        };
+        pos >= sealed_at
+            || self
+                .shared
+                .topic
+                .partition(id)
+                .is_ok_and(|p| pos >= p.end_offset())
+    }
+
+    /// Moves partitions handed out to their seal into `drained` and opens
+    /// their split children. Merge children wait for the group's commit.
+    fn advance(&mut self) -> bool {
+        let mut changed = false;
+        loop {
+            let done: Vec<u32> = self
+                .positions
+                .iter()
+                .filter(|(&id, &pos)| {
+                    self.is_drained_at(id, pos) && !self.pending.iter().any(|r| r.partition == id)
+                })
+                .map(|(&id, _)| id)
+                .collect();
+            if done.is_empty() {
+                return changed;
+            }
+            changed = true;
+            for id in done {
+                self.positions.remove(&id);
+                self.last_records.remove(&id);
+                self.drained.insert(id);
+                for &c in self.lineage.children(id) {
+                    if self.lineage.parents(c).len() == 1 && !self.positions.contains_key(&c) {
+                        self.positions.insert(c, 0);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads the next partition (in turn) with records into `pending`.
+    fn fill(&mut self) -> Result<bool> {
+        let mut moved = self.advance();
+        let ids: Vec<u32> = self
+            .positions
+            .range(self.next_rr..)
+            .chain(self.positions.range(..self.next_rr))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            if self.paused.contains(&id) {
+                continue;
+            }
+            let pos = self.positions[&id];
+            let part = match self.shared.topic.partition(id) {
+                Ok(p) => p,
+                Err(Error::UnknownPartition { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            let iso: ReadIsolation = part.default_isolation();
+            if pos >= part.visible_end(iso) {
+                continue;
+            }
+            let batch = match part.read_with(pos, READ_BYTES, iso) {
+                Ok(b) => b,
+                Err(Error::Hole { end, .. }) => {
+                    self.positions.insert(id, end);
+                    self.last_records.remove(&id);
+                    moved = true;
+                    continue;
+                }
+                Err(Error::Retained { start, end, .. }) => {
+                    self.retained.push(RetainedRange {
+                        partition: id,
+                        start,
+                        end,
+                    });
+                    self.positions.insert(id, end);
+                    self.last_records.remove(&id);
+                    moved = true;
+                    continue;
+                }
+                Err(Error::OffsetOutOfRange { offset, start, .. }) if offset < start => {
+                    self.positions.insert(id, start);
+                    self.last_records.remove(&id);
+                    moved = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            self.next_rr = id.wrapping_add(1);
+            for r in batch.try_iter() {
+                match r {
+                    Ok(r) if r.offset >= pos => self.pending.push_back(OwnedRecord {
+                        partition: id,
+                        offset: r.offset,
+                        timestamp: r.timestamp,
+                        key: r.key.map(<[u8]>::to_vec),
+                        value: r.value.to_vec(),
+                    }),
+                    Ok(_) => {}
+                    Err(e) if self.pending.is_empty() => return Err(e),
+                    Err(_) => break,
+                }
+            }
+            if self.pending.is_empty() && batch.next_offset() > pos {
+                self.positions.insert(id, batch.next_offset());
+            }
+            return Ok(true);
+        }
+        Ok(moved)
+    }
+
+    /// Commits everything this member has handed out, atomically across its
+    /// partitions, durably (in the manifest) when this returns. Refused
+    /// with [`Error::Fenced`] if the member was declared dead; a partition
+    /// revoked in the meantime moves to its new owner once committed.
+    pub fn commit(&mut self) -> Result<()> {
+        let positions: Vec<(u32, u64)> = self.positions.iter().map(|(&p, &o)| (p, o)).collect();
+        let drained: Vec<u32> = self.drained.iter().copied().collect();
+        self.commit_inner(&positions, &drained)
+    }
+
+    /// Commits the given next offsets (each at most what was handed out),
+    /// atomically. A partition must be one this member reads; a split child
+    /// only together with (or after) its parent read to its seal, else the
+    /// commit is refused ([`Error::InvalidConfig`]). A partition named twice
+    /// commits the higher offset.
+    pub fn commit_positions(&mut self, positions: &[(u32, u64)]) -> Result<()> {
+        let mut highest: BTreeMap<u32, u64> = BTreeMap::new();
+        for &(p, o) in positions {
+            let e = highest.entry(p).or_insert(o);
+            *e = (*e).max(o);
+        }
+        let mut pos = Vec::new();
+        let mut drained = Vec::new();
+        for (p, o) in highest {
+            let handed = match self.positions.get(&p) {
+                Some(&h) => h,
+                None if self.drained.contains(&p) => self.lineage.sealed_at(p).unwrap_or(0),
+                None => {
+                    return Err(Error::NotAssigned {
+                        group: self.shared.name.clone(),
+                        member: self.id,
+                        partition: p,
+                    })
+                }
+            };
+            if o > handed {
+                return Err(Error::InvalidConfig(format!(
+                    "commit of offset {o} in partition {p} past what was handed out ({handed})"
+                )));
+            }
+            if self.drained.contains(&p) && o >= handed {
+                drained.push(p);
+            } else {
+                pos.push((p, o));
+            }
+        }
+        self.commit_inner(&pos, &drained)
+    }
+
+    fn commit_inner(&mut self, positions: &[(u32, u64)], drained: &[u32]) -> Result<()> {
+        let s = self.shared.clone();
+        let now = s.now();
+        let mut st = s.st.lock();
+        // The timeouts first: a member past its session timeout is fenced
+        // here, not allowed to commit until something else notices.
+        s.tick(&mut st, now);
+        if !st.members.contains_key(&self.id) {
+            return Err(s.fenced(self.id, "not a member (dead, left or replaced)"));
+        }
+        self.report(&mut st);
+        let lineage = st.lineage.clone();
+        // Which ready partition each named one belongs to.
+        // Only partitions held in the tenure this member's state belongs
+        // to: one taken away and given back since is not committed from
+        // what this member remembers of it.
+        let held: BTreeSet<u64> = self.tenure.values().copied().collect();
+        let mut root_of: BTreeMap<u32, u32> = BTreeMap::new();
+        for (&p, o) in &st.owners {
+            if o.member == Some(self.id) && held.contains(&o.epoch) {
+                for x in GroupShared::closure(&lineage, p) {
+                    root_of.insert(x, p);
+                }
+            }
+        }
+        let all_drained = st.committed.all_drained(&lineage);
+        let drained_now: BTreeSet<u32> = drained.iter().copied().collect();
+        let mut delta = Committed::default();
+        let all_drained_before = st.committed.all_drained(&lineage);
+        let child_before_parent = |p: u32| {
+            Error::InvalidConfig(format!(
+                "commit of split child {p} before its parents are committed as read"
+            ))
+        };
+        let lost = |p: u32, o: u64| -> Result<()> {
+            // Moved away: fine when the group committed this far already
+            // (the partition was released with nothing pending), refused
+            // when records handed out here would be lost to the commit.
+            // A partition retention removed has nothing left to commit.
+            let committed = st.committed.positions.get(&p).copied();
+            if all_drained_before.contains(&p)
+                || committed.is_some_and(|c| c >= o)
+                || o == 0
+                || !lineage.contains(p)
+            {
+                Ok(())
+            } else {
+                Err(Error::NotAssigned {
+                    group: s.name.clone(),
+                    member: self.id,
+                    partition: p,
+                })
+            }
+        };
+        for &(p, o) in positions {
+            if !root_of.contains_key(&p) {
+                lost(p, o)?;
+            }
+        }
+        for &d in drained {
+            if !root_of.contains_key(&d) {
+                lost(d, self.lineage.sealed_at(d).unwrap_or(u64::MAX))?;
+            }
+        }
+        for &(p, o) in positions {
+            if !root_of.contains_key(&p) {
+                continue;
+            }
+            // A split child only once its parent is (being) read: refused
+            // rather than left out of a commit that reports success.
+            let parents_read = lineage.parents(p).iter().all(|q| {
+                all_drained.contains(q) || drained_now.contains(q) || !lineage.contains(*q)
+            });
+            if !parents_read {
+                return Err(child_before_parent(p));
+            }
+            if st.committed.positions.get(&p).is_some_and(|&c| c > o) {
+                // Never backwards (a commit of older positions after a
+                // newer one).
+                continue;
+            }
+            delta.positions.insert(p, o);
+            let f = if self.positions.get(&p) == Some(&o) {
+                self.last_records.get(&p).copied()
+            } else {
+                None
+            };
+            if let Some(f) = f {
+                delta.last_records.insert(p, f);
+            }
+        }
+        for &d in drained {
+            if !root_of.contains_key(&d) {
+                continue;
+            }
+            let parents_read = lineage.parents(d).iter().all(|q| {
+                all_drained.contains(q) || drained_now.contains(q) || !lineage.contains(*q)
+            });
+            if !parents_read {
+                return Err(child_before_parent(d));
+            }
+            if !all_drained.contains(&d) {
+                delta.drained.insert(d);
+            }
+        }
+        // A drained partition's split children are listed (at 0 if unread)
+        // so the parent can be pruned and the children become ready.
+        for &d in &delta.drained.clone() {
+            for &c in lineage.children(d) {
+                if lineage.parents(c).len() == 1
+                    && !delta.positions.contains_key(&c)
+                    && !delta.drained.contains(&c)
+                    && !st.committed.positions.contains_key(&c)
+                {
+                    delta.positions.insert(c, 0);
+                }
+            }
+        }
+        if delta.positions.is_empty() && delta.drained.is_empty() {
+            st.members.get_mut(&self.id).expect("member").last_progress = now;
+            self.take_assignment(&st);
+            return Ok(());
+        }
+        // The state after the commit, and which drained ids it can prune.
+        let mut next = st.committed.clone();
+        for (&p, &o) in &delta.positions {
+            next.positions.insert(p, o);
+            match delta.last_records.get(&p) {
+                Some(&f) => next.last_records.insert(p, f),
+                None => next.last_records.remove(&p),
+            };
+            next.drained.remove(&p);
+        }
+        for &d in &delta.drained {
+            next.positions.remove(&d);
+            next.last_records.remove(&d);
+            next.drained.insert(d);
+        }
+        let pruned: Vec<u32> = next
+            .drained
+            .iter()
+            .copied()
+            .filter(|&d| {
+                let children = lineage.children(d);
+                !children.is_empty()
+                    && children
+                        .iter()
+                        .all(|c| next.positions.contains_key(c) || next.drained.contains(c))
+            })
+            .collect();
+        for d in &pruned {
+            next.drained.remove(d);
+        }
+        let drained_list: Vec<u32> = delta.drained.iter().copied().collect();
+        let generation = st.generation;
+        s.topic
+            .commit_group(&s.name, generation, &delta, &drained_list, &pruned)?;
+        st.committed = next;
+        st.stats.commits += 1;
+        if let Some(m) = st.members.get_mut(&self.id) {
+            m.last_progress = now;
+            if m.state == MemberState::Slow {
+                m.state = MemberState::Active;
+            }
+        }
+        // Partitions read and committed leave the ready set; their children
+        // become ready with this member.
+        let before: BTreeSet<u32> = st.owners.keys().copied().collect();
+        s.recompute_ready(&mut st, Some(self.id));
+        if st.owners.keys().copied().collect::<BTreeSet<u32>>() != before {
+            st.generation += 1;
+        }
+        // Revoked partitions whose handed-out records are now committed move.
+        let revoking: Vec<u32> = st
+            .owners
+            .iter()
+            .filter(|(_, o)| o.member == Some(self.id) && o.revoking.is_some())
+            .map(|(&p, _)| p)
+            .collect();
+        for p in revoking {
+            s.try_release(&mut st, p, now);
+        }
+        s.assign_unowned(&mut st, now);
+        self.take_assignment(&st);
+        Ok(())
+    }
+
+    /// Leaves the group: its partitions go to the others at once, from the
+    /// committed positions (commit first, or what was handed out since the
+    /// last commit is delivered again).
+    pub fn leave(mut self) -> Result<()> {
+        self.heartbeat.take();
+        let s = self.shared.clone();
+        let now = s.now();
+        let mut st = s.st.lock();
+        if !st.members.contains_key(&self.id) {
+            return Err(s.fenced(self.id, "not a member (dead, left or replaced)"));
+        }
+        self.report(&mut st);
+        s.remove_member(&mut st, self.id, now);
+        s.tick_with(&mut st, now, true);
+        st.generation += 1;
+        Ok(())
+    }
+}
+
+/// Stops the heartbeat: without [`Member::leave`], the member is declared
+/// dead once its session timeout passes.
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.heartbeat.take();
+    }
+}
+
+/// What a crash recovery cut under a group's committed position.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LostGroupPosition {
+    /// Topic name.
+    pub topic: String,
+    /// Group name.
+    pub group: String,
+    /// Partition id.
+    pub partition: u32,
+    /// The committed position.
+    pub committed: u64,
+    /// Where the partition ends now; the group resumes here.
+    pub end: u64,
+}
+
+/// After recovery: every group position past its partition's recovered end
+/// (records the group consumed that a power loss cut, whose offsets new
+/// appends would reuse) is moved back to the end, durably, and reported,
+/// before anything can be appended.
+pub(crate) fn check_group_positions(topics: &[Topic]) -> Result<Vec<LostGroupPosition>> {
+    let mut lost = Vec::new();
+    for t in topics {
+        for name in t.groups() {
+            let Some(g) = t.group_record(&name) else {
+                continue;
+            };
+            let mut rewind = Committed::default();
+            for (&p, &pos) in &g.positions {
+                let Ok(part) = t.partition(p) else { continue };
+                let end = part.end_offset();
+                if pos > end {
+                    let (at, last) = t.latest_position(p, end)?;
+                    rewind.positions.insert(p, at);
+                    if let Some(f) = last {
+                        rewind.last_records.insert(p, f);
+                    }
+                    lost.push(LostGroupPosition {
+                        topic: t.name().to_string(),
+                        group: name.clone(),
+                        partition: p,
+                        committed: pos,
+                        end,
+                    });
+                }
+            }
+            if !rewind.positions.is_empty() {
+                t.commit_group(&name, g.generation, &rewind, &[], &[])?;
+            }
+        }
+    }
+    Ok(lost)
+}

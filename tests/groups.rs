@@ -1,0 +1,818 @@
+//! Consumer groups in simulated time: a `ManualClock` is injected, members
+//! heartbeat by hand (no background thread), and every timeout is crossed
+//! by advancing the clock.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fissionlog::{
+    Error, GroupOptions, GroupStart, Log, LogOptions, ManualClock, Member, MemberOptions,
+    MemberState, OwnedRecord, SplitPlan, SyncPolicy, Topic, TopicConfig,
+};
+
+const SESSION: Duration = Duration::from_secs(10);
+const PROCESSING: Duration = Duration::from_secs(30);
+
+fn options(clock: &Arc<ManualClock>) -> LogOptions {
+    LogOptions {
+        clock: clock.clone(),
+        balancer: false,
+        ..LogOptions::default()
+    }
+}
+
+fn config(partitions: u32) -> TopicConfig {
+    TopicConfig {
+        partitions,
+        segment_bytes: 1 << 20,
+        sync: SyncPolicy::Never,
+        ..TopicConfig::default()
+    }
+}
+
+fn member_opts() -> MemberOptions {
+    MemberOptions {
+        session_timeout: SESSION,
+        processing_timeout: PROCESSING,
+        instance_id: None,
+        background_heartbeat: None,
+    }
+}
+
+fn static_opts(id: &str) -> MemberOptions {
+    MemberOptions {
+        instance_id: Some(id.to_string()),
+        ..member_opts()
+    }
+}
+
+/// Appends `n` records with keys `k0..k{keys}` and values `key:seq`.
+fn append(topic: &Topic, keys: u32, from: u64, n: u64) {
+    for i in from..from + n {
+        let key = format!("k{}", i % u64::from(keys));
+        topic
+            .append(Some(key.as_bytes()), format!("{key}:{i}").as_bytes())
+            .unwrap();
+    }
+}
+
+/// Appends `n` records without keys, spread round-robin (every partition
+/// gets its share whatever the topic's random hash key), values `r:seq`.
+fn append_rr(topic: &Topic, from: u64, n: u64) {
+    for i in from..from + n {
+        topic.append(None, format!("r:{i}").as_bytes()).unwrap();
+    }
+}
+
+fn seq(r: &OwnedRecord) -> u64 {
+    let v = std::str::from_utf8(&r.value).unwrap();
+    v.split(':').nth(1).unwrap().parse().unwrap()
+}
+
+/// Polls until a poll returns nothing.
+fn drain(m: &mut Member) -> Vec<OwnedRecord> {
+    let mut out = Vec::new();
+    loop {
+        let got = m.poll(1000).unwrap();
+        if got.is_empty() {
+            return out;
+        }
+        out.extend(got);
+    }
+}
+
+/// Per key, the sequence numbers must rise.
+fn assert_key_order(records: &[OwnedRecord]) {
+    let mut last: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    for r in records {
+        let s = seq(r);
+        let k = r.key.clone().unwrap();
+        if let Some(&prev) = last.get(&k) {
+            assert!(
+                s > prev,
+                "key {:?}: {s} after {prev}",
+                String::from_utf8_lossy(&k)
+            );
+        }
+        last.insert(k, s);
+    }
+}
+
+fn seqs(records: &[OwnedRecord]) -> BTreeSet<u64> {
+    records.iter().map(seq).collect()
+}
+
+fn open(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Log {
+    Log::open(dir, options(clock)).unwrap()
+}
+
+#[test]
+fn one_member_reads_everything_and_resumes_exactly_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(4)).unwrap();
+    append(&topic, 64, 0, 1000);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = group.join(member_opts()).unwrap();
+    assert_eq!(m.assignment().partitions.len(), 4);
+    let first = m.poll(300).unwrap();
+    assert_eq!(first.len(), 300);
+    m.commit().unwrap();
+    // Handed out after the commit: not committed, delivered again.
+    let uncommitted = m.poll(50).unwrap();
+    assert_eq!(uncommitted.len(), 50);
+    drop(m);
+    log.close().unwrap();
+
+    let log = open(dir.path(), &clock);
+    let topic = log.topic("t").unwrap();
+    assert_eq!(topic.groups(), ["g"]);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = group.join(member_opts()).unwrap();
+    let rest = drain(&mut m);
+    assert_eq!(rest.len(), 700, "resumed exactly at the commit");
+    let mut all = seqs(&first);
+    assert!(seqs(&uncommitted).is_subset(&seqs(&rest)));
+    all.extend(seqs(&rest));
+    assert_eq!(all, (0..1000).collect());
+    let mut in_order = first.clone();
+    in_order.extend(rest);
+    assert_key_order(&in_order);
+    log.close().unwrap();
+}
+
+#[test]
+fn two_members_share_the_partitions_without_overlap() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(4)).unwrap();
+    append(&topic, 64, 0, 2000);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    // The newcomer's share is revoked from `a` and moves once `a` commits.
+    a.poll(0).unwrap();
+    a.commit().unwrap();
+    let mut got_a = Vec::new();
+    let mut got_b = Vec::new();
+    for _ in 0..50 {
+        got_a.extend(a.poll(100).unwrap());
+        a.commit().unwrap();
+        got_b.extend(b.poll(100).unwrap());
+        b.commit().unwrap();
+    }
+    let pa: BTreeSet<u32> = a.assignment().partitions.into_iter().collect();
+    let pb: BTreeSet<u32> = b.assignment().partitions.into_iter().collect();
+    assert!(pa.is_disjoint(&pb), "{pa:?} and {pb:?}");
+    assert_eq!(pa.len() + pb.len(), 4);
+    assert_eq!(pa.len(), 2, "balanced by load, idle partitions by count");
+    let sa = seqs(&got_a);
+    let sb = seqs(&got_b);
+    assert!(sa.is_disjoint(&sb), "no record went to both");
+    assert_eq!(sa.len() + sb.len(), 2000);
+    assert_key_order(&got_a);
+    assert_key_order(&got_b);
+    let d = group.describe();
+    assert_eq!(d.lag_records, 0);
+    assert_eq!(d.stats.redelivered, 0);
+    log.close().unwrap();
+}
+
+#[test]
+fn a_dead_member_is_fenced_and_its_partitions_resume_from_its_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    // 200 records per partition whatever the topic's hash key.
+    append_rr(&topic, 0, 400);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    a.commit().unwrap();
+    b.poll(0).unwrap();
+    assert_eq!(a.assignment().partitions.len(), 1);
+    assert_eq!(b.assignment().partitions.len(), 1);
+    let a_committed = a.poll(60).unwrap();
+    a.commit().unwrap();
+    let a_uncommitted = a.poll(40).unwrap();
+    assert_eq!(a_uncommitted.len(), 40);
+    // `a` stops heartbeating; `b` keeps going.
+    for _ in 0..11 {
+        clock.advance(Duration::from_secs(1));
+        b.heartbeat().unwrap();
+    }
+    let got_b = drain(&mut b);
+    assert_eq!(b.assignment().partitions.len(), 2);
+    let d = group.describe();
+    assert_eq!(d.stats.dead_detected, 1);
+    assert_eq!(d.stats.redelivered, 40);
+    assert_eq!(d.members.len(), 1);
+    // Everything `a` did not commit came to `b`, nothing it committed.
+    let sb = seqs(&got_b);
+    assert!(seqs(&a_uncommitted).is_subset(&sb));
+    assert!(seqs(&a_committed).is_disjoint(&sb));
+    assert_eq!(sb.len() + a_committed.len(), 400);
+    // The zombie is refused.
+    assert!(matches!(a.poll(10), Err(Error::Fenced { .. })));
+    assert!(matches!(a.commit(), Err(Error::Fenced { .. })));
+    assert!(matches!(a.heartbeat(), Err(Error::Fenced { .. })));
+    log.close().unwrap();
+}
+
+#[test]
+fn a_stall_shorter_than_the_session_timeout_is_not_death() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let b = group.join(member_opts()).unwrap();
+    a.poll(0).unwrap();
+    let before = a.assignment().partitions;
+    // A GC-like pause of 9.9 s: no heartbeat, while `b` ticks the group.
+    for _ in 0..99 {
+        clock.advance(Duration::from_millis(100));
+        b.heartbeat().unwrap();
+    }
+    a.heartbeat().unwrap();
+    a.poll(0).unwrap();
+    assert_eq!(a.assignment().partitions, before);
+    assert_eq!(group.describe().stats.dead_detected, 0);
+    log.close().unwrap();
+}
+
+#[test]
+fn a_slow_member_is_relieved_then_revoked_but_never_declared_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(4)).unwrap();
+    // Every partition holds 100 records, so which partition relief picks
+    // does not depend on the topic's hash key: the most behind, the one
+    // `slow` holds records of.
+    append_rr(&topic, 0, 400);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut slow = group.join(member_opts()).unwrap();
+    let mut fast = group.join(member_opts()).unwrap();
+    slow.commit().unwrap();
+    fast.poll(0).unwrap();
+    assert_eq!(slow.assignment().partitions.len(), 2);
+    // `slow` takes records and then only heartbeats.
+    let held = slow.poll(20).unwrap();
+    assert_eq!(held.len(), 20);
+    let mut fast_got = Vec::new();
+    for _ in 0..31 {
+        clock.advance(Duration::from_secs(1));
+        slow.heartbeat().unwrap();
+        fast_got.extend(fast.poll(1000).unwrap());
+        fast.commit().unwrap();
+    }
+    let d = group.describe();
+    assert_eq!(d.stats.slow_detected, 1);
+    assert_eq!(d.stats.dead_detected, 0);
+    let slow_desc = d.members.iter().find(|m| m.id == slow.id()).unwrap();
+    assert_eq!(slow_desc.state, MemberState::Slow);
+    // The relieved partition is still listed while it waits for the
+    // records `slow` holds there (if any) to be committed or to time out.
+    assert!(!slow_desc.partitions.is_empty());
+    let reading = d
+        .assignments
+        .iter()
+        .filter(|a| a.member == Some(slow.id()) && !a.revoking)
+        .count();
+    assert_eq!(reading, 1, "relieved of half first");
+    // Still stuck after another processing timeout: everything moves.
+    for _ in 0..31 {
+        clock.advance(Duration::from_secs(1));
+        slow.heartbeat().unwrap();
+        fast_got.extend(fast.poll(1000).unwrap());
+        fast.commit().unwrap();
+    }
+    let d = group.describe();
+    assert_eq!(d.stats.dead_detected, 0);
+    assert!(
+        d.members.iter().any(|m| m.id == slow.id()),
+        "still a member"
+    );
+    assert_eq!(fast.assignment().partitions.len(), 4);
+    // The records it held and never committed were delivered again.
+    assert!(seqs(&held).is_subset(&seqs(&fast_got)));
+    assert_eq!(seqs(&fast_got).len(), 400);
+    // Its late commit names partitions it no longer owns, which the group
+    // has committed past: nothing to refuse, and nothing moves back.
+    let committed = group.committed();
+    slow.commit().unwrap();
+    assert_eq!(group.committed(), committed);
+    // Once it moves again it is active and takes a share again.
+    slow.poll(0).unwrap();
+    let d = group.describe();
+    let slow_desc = d.members.iter().find(|m| m.id == slow.id()).unwrap();
+    assert_eq!(slow_desc.state, MemberState::Active);
+    log.close().unwrap();
+}
+
+#[test]
+fn a_static_member_rejoining_within_its_session_gets_its_partitions_back_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(4)).unwrap();
+    append(&topic, 64, 0, 200);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(static_opts("a")).unwrap();
+    let mut b = group.join(static_opts("b")).unwrap();
+    a.commit().unwrap();
+    b.poll(0).unwrap();
+    let a_parts = a.assignment().partitions;
+    let b_parts = b.assignment().partitions;
+    let got = a.poll(30).unwrap();
+    a.commit().unwrap();
+    let rebalances = group.describe().stats.rebalances;
+    let old_id = a.id();
+    drop(a); // a restart: no leave
+    clock.advance(Duration::from_secs(5));
+    b.heartbeat().unwrap();
+    let mut a2 = group.join(static_opts("a")).unwrap();
+    assert_ne!(a2.id(), old_id);
+    assert_eq!(a2.assignment().partitions, a_parts);
+    b.poll(0).unwrap();
+    assert_eq!(b.assignment().partitions, b_parts, "nobody else moved");
+    let d = group.describe();
+    assert_eq!(d.stats.rebalances, rebalances);
+    assert_eq!(d.members.len(), 2);
+    let rest = drain(&mut a2);
+    assert!(
+        seqs(&got).is_disjoint(&seqs(&rest)),
+        "resumed at the commit"
+    );
+    // The old incarnation is fenced.
+    log.close().unwrap();
+}
+
+#[test]
+fn split_children_stay_with_the_parents_owner_until_the_parent_is_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append(&topic, 64, 0, 100);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    b.poll(0).unwrap();
+    a.poll(0).unwrap();
+    assert_eq!(a.assignment().partitions, [0]);
+    let mut got = a.poll(50).unwrap();
+    let children = topic.split(0, SplitPlan::Even).unwrap();
+    append(&topic, 64, 100, 100);
+    // `a` reads the parent to its seal, then the children, in key order.
+    got.extend(drain(&mut a));
+    assert_eq!(seqs(&got), (0..200).collect());
+    assert_key_order(&got);
+    assert!(
+        b.poll(100).unwrap().is_empty(),
+        "children are pinned to the parent's owner"
+    );
+    a.commit().unwrap();
+    // The parent is committed as read: the children are ready partitions of
+    // their own, with `a`, and the balancer may now move one to `b`.
+    let a_parts: BTreeSet<u32> = a.assignment().partitions.into_iter().collect();
+    a.poll(0).unwrap();
+    let now: BTreeSet<u32> = a.assignment().partitions.into_iter().collect();
+    assert!(a_parts.contains(&0) || now.is_subset(&children.iter().copied().collect()));
+    clock.advance(Duration::from_secs(2));
+    group.tick();
+    a.commit().unwrap();
+    b.poll(0).unwrap();
+    a.poll(0).unwrap();
+    let pa: BTreeSet<u32> = a.assignment().partitions.into_iter().collect();
+    let pb: BTreeSet<u32> = b.assignment().partitions.into_iter().collect();
+    assert_eq!(
+        pa.union(&pb).copied().collect::<BTreeSet<u32>>(),
+        children.iter().copied().collect::<BTreeSet<u32>>()
+    );
+    assert_eq!(
+        pb.len(),
+        1,
+        "one child moved to the idle member: {pa:?} {pb:?}"
+    );
+    append(&topic, 64, 200, 100);
+    let more_a = drain(&mut a);
+    let more_b = drain(&mut b);
+    assert!(seqs(&more_a).is_disjoint(&seqs(&more_b)));
+    assert_eq!(seqs(&more_a).len() + seqs(&more_b).len(), 100);
+    log.close().unwrap();
+}
+
+#[test]
+fn a_merge_child_goes_to_the_member_that_drains_the_last_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append(&topic, 64, 0, 100);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    a.commit().unwrap();
+    b.poll(0).unwrap();
+    let pa = a.assignment().partitions;
+    let pb = b.assignment().partitions;
+    assert_eq!((pa.len(), pb.len()), (1, 1));
+    let child = topic.merge(0, 1).unwrap();
+    append(&topic, 64, 100, 100);
+    let mut got_a = drain(&mut a);
+    a.commit().unwrap();
+    // `a`'s parent is read, `b`'s not yet: nobody reads the child.
+    assert!(drain(&mut a).is_empty());
+    let mut got_b = drain(&mut b);
+    b.commit().unwrap();
+    assert_eq!(b.assignment().partitions, [child]);
+    got_b.extend(drain(&mut b));
+    got_a.extend(drain(&mut a));
+    let sa = seqs(&got_a);
+    let sb = seqs(&got_b);
+    assert!(sa.is_disjoint(&sb));
+    assert_eq!(sa.len() + sb.len(), 200);
+    assert_key_order(&got_b);
+    // Per key across both: every key's parent records precede its child ones.
+    let child_min: BTreeMap<Vec<u8>, u64> =
+        got_b
+            .iter()
+            .filter(|r| r.partition == child)
+            .fold(BTreeMap::new(), |mut m, r| {
+                m.entry(r.key.clone().unwrap()).or_insert(seq(r));
+                m
+            });
+    for r in got_a.iter().chain(&got_b).filter(|r| r.partition != child) {
+        if let Some(&c) = child_min.get(r.key.as_ref().unwrap()) {
+            assert!(seq(r) < c);
+        }
+    }
+    log.close().unwrap();
+}
+
+#[test]
+fn a_joining_member_pauses_only_what_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(6)).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    a.commit().unwrap();
+    b.poll(0).unwrap();
+    a.poll(0).unwrap();
+    let (pa, pb) = (a.assignment().partitions, b.assignment().partitions);
+    assert_eq!((pa.len(), pb.len()), (3, 3));
+    let moves = group.describe().stats.moves;
+    let pauses = group.describe().stats.pauses_ms.len();
+    let mut c = group.join(member_opts()).unwrap();
+    a.commit().unwrap();
+    b.commit().unwrap();
+    c.poll(0).unwrap();
+    a.poll(0).unwrap();
+    b.poll(0).unwrap();
+    let (na, nb, nc) = (
+        a.assignment().partitions,
+        b.assignment().partitions,
+        c.assignment().partitions,
+    );
+    assert_eq!(na.len() + nb.len() + nc.len(), 6);
+    assert_eq!(nc.len(), 2, "{na:?} {nb:?} {nc:?}");
+    // Only moved partitions changed hands; nobody gained one from another
+    // survivor.
+    assert!(na.iter().all(|p| pa.contains(p)));
+    assert!(nb.iter().all(|p| pb.contains(p)));
+    let d = group.describe();
+    assert_eq!(d.stats.moves - moves, 2);
+    // Each moved partition was released at its owner's next commit: no
+    // simulated time passed.
+    assert_eq!(d.stats.pauses_ms.len() - pauses, 2);
+    assert!(
+        d.stats.pauses_ms.iter().all(|&p| p == 0.0),
+        "{:?}",
+        d.stats.pauses_ms
+    );
+    log.close().unwrap();
+}
+
+#[test]
+fn commits_are_atomic_and_durable_through_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log
+        .topic_or_create(
+            "t",
+            TopicConfig {
+                sync: SyncPolicy::Always,
+                ..config(3)
+            },
+        )
+        .unwrap();
+    append(&topic, 64, 0, 300);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = group.join(member_opts()).unwrap();
+    let got = m.poll(250).unwrap();
+    m.commit().unwrap();
+    let committed = group.committed();
+    log.abandon();
+    let log = open(dir.path(), &clock);
+    let topic = log.topic("t").unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    assert_eq!(group.committed().positions, committed.positions);
+    let mut m = group.join(member_opts()).unwrap();
+    let rest = drain(&mut m);
+    assert!(seqs(&got).is_disjoint(&seqs(&rest)));
+    assert_eq!(got.len() + rest.len(), 300);
+    log.close().unwrap();
+}
+
+#[test]
+fn a_group_created_latest_reads_only_new_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append(&topic, 64, 0, 50);
+    let group = topic
+        .group(
+            "g",
+            GroupOptions {
+                start: GroupStart::Latest,
+                ..GroupOptions::default()
+            },
+        )
+        .unwrap();
+    let mut m = group.join(member_opts()).unwrap();
+    assert!(m.poll(100).unwrap().is_empty());
+    append(&topic, 64, 50, 10);
+    assert_eq!(seqs(&drain(&mut m)), (50..60).collect());
+    log.close().unwrap();
+}
+
+#[test]
+fn bad_group_input_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    assert!(matches!(
+        topic.group("bad/name", GroupOptions::default()),
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(topic.groups().is_empty());
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    assert!(matches!(
+        group.join(MemberOptions {
+            session_timeout: Duration::ZERO,
+            ..member_opts()
+        }),
+        Err(Error::InvalidConfig(_))
+    ));
+    let mut m = group.join(member_opts()).unwrap();
+    assert!(matches!(
+        m.commit_positions(&[(7, 0)]),
+        Err(Error::NotAssigned { partition: 7, .. })
+    ));
+    assert!(matches!(
+        m.commit_positions(&[(0, 5)]),
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        topic.delete_group("nope"),
+        Err(Error::UnknownGroup(_))
+    ));
+    topic.delete_group("g").unwrap();
+    assert!(topic.groups().is_empty());
+    assert!(matches!(m.poll(1), Err(Error::Fenced { .. })));
+    log.close().unwrap();
+}
+
+#[test]
+fn a_committed_position_past_what_a_power_loss_kept_is_reported_and_rewound() {
+    use common::crash::DirImage;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append(&topic, 64, 0, 100);
+    log.sync().unwrap();
+    let durable = DirImage::capture(dir.path()).unwrap();
+    // Appended, read and committed by the group, never synced.
+    append(&topic, 64, 100, 50);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = group.join(member_opts()).unwrap();
+    assert_eq!(drain(&mut m).len(), 150);
+    m.commit().unwrap();
+    let current = DirImage::capture(dir.path()).unwrap();
+    drop(m);
+    log.abandon();
+    // The power loss keeps the synced data and the (fsynced) manifest.
+    let mut image = durable.clone();
+    for (path, bytes) in &current.files {
+        if path.to_string_lossy().starts_with("manifest") {
+            image.insert_file(path.clone(), bytes.clone());
+        }
+    }
+    let lost_dir = tempfile::tempdir().unwrap();
+    image.write_to(lost_dir.path()).unwrap();
+
+    let log = open(lost_dir.path(), &clock);
+    let lost = &log.recovery_report().group_positions_lost;
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!((lost[0].committed, lost[0].end), (150, 100));
+    assert_eq!(lost[0].group, "g");
+    let topic = log.topic("t").unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    assert_eq!(group.committed().positions[&0], 100);
+    // New appends reuse offsets 100..; the group reads them all.
+    append(&topic, 64, 1000, 10);
+    let mut m = group.join(member_opts()).unwrap();
+    let got = drain(&mut m);
+    assert_eq!(seqs(&got), (1000..1010).collect());
+    drop(m);
+    log.close().unwrap();
+    // Reported once: the rewind is durable.
+    let log = open(lost_dir.path(), &clock);
+    assert!(log.recovery_report().group_positions_lost.is_empty());
+    log.close().unwrap();
+}
+
+#[test]
+fn groups_survive_manifest_compaction_and_a_deleted_topic_takes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let opts = LogOptions {
+        manifest_compact_records: 3,
+        ..options(&clock)
+    };
+    let log = Log::open(dir.path(), opts.clone()).unwrap();
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append(&topic, 64, 0, 100);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = group.join(member_opts()).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        got.extend(m.poll(7).unwrap());
+        m.commit().unwrap();
+    }
+    let committed = group.committed();
+    drop(m);
+    log.close().unwrap();
+    let log = Log::open(dir.path(), opts.clone()).unwrap();
+    let topic = log.topic("t").unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    assert_eq!(group.committed(), committed);
+    let mut m = group.join(member_opts()).unwrap();
+    let rest = drain(&mut m);
+    assert_eq!(got.len() + rest.len(), 100);
+    drop(m);
+    log.delete_topic("t").unwrap();
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    assert!(topic.groups().is_empty());
+    log.close().unwrap();
+}
+
+#[test]
+fn empty_sealed_parents_do_not_hold_back_a_merge_child() {
+    // A consumer that commits only after records: the parents of a merge
+    // are read to their (empty) seals, which the member commits by itself.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = group.join(member_opts()).unwrap();
+    assert!(m.poll(10).unwrap().is_empty());
+    let child = topic.merge(0, 1).unwrap();
+    append(&topic, 64, 0, 20);
+    let got = drain(&mut m);
+    assert_eq!(seqs(&got), (0..20).collect());
+    assert_eq!(m.assignment().partitions, [child]);
+    log.close().unwrap();
+}
+
+#[test]
+fn members_racing_rebalances_never_get_a_record_twice_outside_a_counted_window() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+    // Real threads and the system clock: four members poll and commit
+    // while a fifth joins and leaves over and over, so partitions keep
+    // moving between members in the middle of their polls.
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(
+        dir.path(),
+        LogOptions {
+            balancer: false,
+            ..LogOptions::default()
+        },
+    )
+    .unwrap();
+    let topic = log.topic_or_create("t", config(8)).unwrap();
+    let total = 12_000u64;
+    append(&topic, 64, 0, total);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let seen: Mutex<BTreeMap<u64, u32>> = Mutex::new(BTreeMap::new());
+    let record = |got: &[OwnedRecord]| {
+        let mut seen = seen.lock().unwrap();
+        for r in got {
+            *seen.entry(seq(r)).or_default() += 1;
+        }
+    };
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                let mut m = group.join(member_opts()).unwrap();
+                while !stop.load(Ordering::Acquire) {
+                    record(&m.poll(97).unwrap());
+                    match m.commit() {
+                        Ok(()) | Err(Error::NotAssigned { .. }) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                m.leave().unwrap();
+            });
+        }
+        s.spawn(|| {
+            while seen.lock().unwrap().len() < total as usize {
+                let mut m = group.join(member_opts()).unwrap();
+                record(&m.poll(13).unwrap());
+                let _ = m.commit();
+                m.leave().unwrap();
+            }
+            stop.store(true, Ordering::Release);
+        });
+    });
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(seen.len() as u64, total);
+    let again: u64 = seen.values().map(|&n| u64::from(n - 1)).sum();
+    let d = group.describe();
+    assert!(
+        d.stats.moves > 10,
+        "partitions moved {} times",
+        d.stats.moves
+    );
+    assert!(
+        again <= d.stats.redelivered,
+        "{again} records delivered again, {} counted as an uncommitted window",
+        d.stats.redelivered
+    );
+    log.close().unwrap();
+}
+
+#[test]
+fn a_partition_given_back_is_read_from_the_committed_position_not_from_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append(&topic, 64, 0, 400);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut got_a = a.poll(10_000).unwrap();
+    a.commit().unwrap();
+    assert_eq!(got_a.len(), 400);
+    append(&topic, 64, 400, 400);
+    // `b` joins: one partition moves to it at once (`a` has nothing
+    // uncommitted). `b` reads it, commits, and leaves before `a` polls
+    // again: the partition goes back to `a`.
+    let mut b = group.join(member_opts()).unwrap();
+    let got_b = drain(&mut b);
+    b.commit().unwrap();
+    assert!(!got_b.is_empty());
+    b.leave().unwrap();
+    got_a.extend(drain(&mut a));
+    let sa = seqs(&got_a);
+    let sb = seqs(&got_b);
+    assert!(sa.is_disjoint(&sb), "a read again what b had committed");
+    assert_eq!(sa.len() + sb.len(), 800);
+    log.close().unwrap();
+}
+
+#[test]
+fn a_member_past_its_session_timeout_cannot_commit_even_if_nothing_else_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append(&topic, 64, 0, 10);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    assert_eq!(a.poll(5).unwrap().len(), 5);
+    // Nobody calls the group for longer than the session timeout.
+    clock.advance(SESSION + Duration::from_secs(1));
+    assert!(matches!(a.commit(), Err(Error::Fenced { .. })));
+    assert!(group.committed().positions.is_empty());
+    log.close().unwrap();
+}

@@ -397,7 +397,7 @@ impl Log {
         drop(topo);
         self.core.topics.write().remove(name);
         // A `Durable` future waiting on the topic fails now, not never.
-        topic.inner.wake.notify();
+        topic.inner.wake.notify_all();
         self.core.ck_cache.lock().remove_topic(topic.id());
         let tdir = topic_dir(&self.core.dir, topic.id());
         std::fs::remove_dir_all(&tdir).at(&tdir)?;

@@ -97,13 +97,13 @@ impl ReadBatch {
         // boundary) are not included.
         let data = segment.committed();
         while pos < end_pos && next.is_none_or(|n| n < limit) {
-            let header = match batch::validate(data.from(pos), next) {
+            let header = match batch::validate_fields(data.from(pos), next) {
                 Ok(h) => h,
                 Err(e) => return Err(batch_error(&segment, pos, e)),
             };
-            if batch::is_hole(&header) {
-                let hole_start = header.base_offset.get();
-                let hole_end = hole_start + u64::from(header.record_count.get());
+            if header.is_hole() {
+                let hole_start = header.base_offset;
+                let hole_end = hole_start + u64::from(header.record_count);
                 if next.is_none() {
                     return Err(Error::Hole {
                         partition,
@@ -113,8 +113,8 @@ impl ReadBatch {
                 }
                 break;
             }
-            next = Some(header.base_offset.get() + u64::from(header.record_count.get()));
-            pos += u64::from(header.batch_len.get());
+            next = Some(header.base_offset + u64::from(header.record_count));
+            pos += u64::from(header.batch_len);
             if (pos - start) as usize >= max_bytes {
                 break;
             }
@@ -283,9 +283,9 @@ impl<'a> Records<'a> {
         // Only bytes of this read's range: a batch must not run past it.
         let bytes = self.data.range(pos, self.end);
         let parsed = if self.check_crc {
-            batch::validate(bytes, self.expected)
+            batch::validate_fields(bytes, self.expected)
         } else {
-            batch::parse_header(bytes)
+            batch::header_fields(bytes)
         };
         let header = match parsed {
             Ok(h) => h,
@@ -294,14 +294,14 @@ impl<'a> Records<'a> {
                 return None;
             }
         };
-        if self.expected.is_some_and(|x| x != header.base_offset.get()) || batch::is_hole(&header) {
+        if self.expected.is_some_and(|x| x != header.base_offset) || header.is_hole() {
             self.failed = Some((pos, Failure::Changed));
             return None;
         }
-        let len = header.batch_len.get() as usize;
-        self.expected = Some(header.base_offset.get() + u64::from(header.record_count.get()));
+        let len = header.batch_len as usize;
+        self.expected = Some(header.base_offset + u64::from(header.record_count));
         self.pos += len as u64;
-        Some(RecordIter::new(&bytes[..len], &header))
+        Some(RecordIter::from_fields(&bytes[..len], &header))
     }
 
     /// The next record; `None` at the end of the range or once the

@@ -147,6 +147,7 @@ impl Log {
             sync_failure: Mutex::new(None),
             failed_partitions: Mutex::new(BTreeMap::new()),
             manifest_failure: Mutex::new(None),
+            manifest_failed: AtomicBool::new(false),
             dirty: Arc::default(),
             ck_cache: Mutex::default(),
             compact_every: options.manifest_compact_records.max(1),

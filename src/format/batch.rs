@@ -346,8 +346,9 @@ pub fn validate(buf: &[u8], expected_offset: Option<u64>) -> Result<BatchHeader,
     validate_fields(buf, expected_offset).map(|f| f.header())
 }
 
-/// [`validate`], returning the fields.
-#[inline]
+/// [`validate`], returning the fields. Always inlined, as
+/// [`header_fields`].
+#[inline(always)]
 pub fn validate_fields(
     buf: &[u8],
     expected_offset: Option<u64>,

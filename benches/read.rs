@@ -143,6 +143,69 @@ fn cold_mapping_summary(raw: &std::path::Path, n: usize) {
     );
 }
 
+/// W4 of the peers bench: 1 KiB records appended one per call (so one
+/// record per batch), read back in 1 MiB reads, against the raw mapping
+/// walk over the same records. Alternating, `runs()` times each.
+fn single_record_batches_summary(dir: &std::path::Path) {
+    const LEN: usize = 1024;
+    let n = std::env::var("FISSIONLOG_BENCH_W4_RECORDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000usize);
+    let log_dir = dir.join("w4");
+    let log = Log::open(&log_dir, LogOptions::default()).expect("open log");
+    let topic = log
+        .create_topic(
+            "w4",
+            TopicConfig {
+                partitions: 1,
+                segment_bytes: 1 << 30,
+                ..Default::default()
+            },
+        )
+        .expect("create topic");
+    let vals = values(1024, LEN);
+    for i in 0..n {
+        topic
+            .append_to(
+                0,
+                &[NewRecord {
+                    key: None,
+                    value: &vals[i % vals.len()],
+                    timestamp: None,
+                }],
+            )
+            .expect("append_to");
+    }
+    let raw_dir = dir.join("w4-raw");
+    std::fs::create_dir_all(&raw_dir).expect("raw dir");
+    let raw = raw_file_for_read(&raw_dir, n, LEN);
+    let map = map_read(&raw);
+    let end = n as u64;
+    assert_eq!(engine_read(&topic, end, 1 << 20).0, end);
+    assert_eq!(raw_read(&map).0, end);
+    let (mut eng, mut base) = (vec![], vec![]);
+    for _ in 0..runs() {
+        let t0 = Instant::now();
+        black_box(engine_read(&topic, end, 1 << 20));
+        eng.push(t0.elapsed());
+        let t0 = Instant::now();
+        black_box(raw_read(&map));
+        base.push(t0.elapsed());
+    }
+    row_rate(
+        &format!("W4: {n} x 1 KiB, 1 per batch, read 1 MiB"),
+        "rec",
+        n as f64,
+        &eng,
+        &base,
+    );
+    drop(topic);
+    log.abandon();
+    remove_dir(&log_dir);
+    remove_dir(&raw_dir);
+}
+
 fn criterion_groups(c: &mut Criterion, topic: &Topic, raw: &std::path::Path) {
     let map = map_read(raw);
     let end = topic.partition(0).expect("partition 0").end_offset();
@@ -191,6 +254,7 @@ fn main() {
     if bench {
         summary(&topic, &raw, n);
         cold_mapping_summary(&raw, n);
+        single_record_batches_summary(&dir);
     }
     let mut c = Criterion::default()
         .sample_size(10)

@@ -65,6 +65,9 @@ pub(crate) struct Core {
     /// handle is the file a replay reads. Every later topology change,
     /// append and sync is refused until reopen.
     pub manifest_failure: Mutex<Option<String>>,
+    /// Whether `manifest_failure` is set: `check_open` runs on every
+    /// append, and loads this instead of taking the lock.
+    pub manifest_failed: AtomicBool,
     /// Partitions with something for the next sync round to do.
     pub dirty: Arc<DirtyList>,
     /// The checkpoint's entries between rounds.
@@ -87,10 +90,14 @@ impl Core {
     /// by a manifest failure.
     pub fn check_open(&self) -> Result<()> {
         self.check_not_closed()?;
-        if let Some(reason) = &*self.manifest_failure.lock() {
-            return Err(Error::LogPoisoned {
-                reason: reason.clone(),
-            });
+        // Acquire, paired with `poison_manifest`'s Release store made after
+        // the reason: a set flag finds the reason under the lock.
+        if self.manifest_failed.load(Ordering::Acquire) {
+            if let Some(reason) = &*self.manifest_failure.lock() {
+                return Err(Error::LogPoisoned {
+                    reason: reason.clone(),
+                });
+            }
         }
         Ok(())
     }
@@ -100,6 +107,7 @@ impl Core {
         self.manifest_failure
             .lock()
             .get_or_insert_with(|| e.to_string());
+        self.manifest_failed.store(true, Ordering::Release);
     }
 
     /// Poisons a partition whose fsync failed and keeps it out of every
@@ -354,7 +362,7 @@ impl Core {
             // for one fails now, not never.
             let topics: Vec<_> = self.topics.read().values().cloned().collect();
             for t in topics {
-                t.inner.wake.notify();
+                t.inner.wake.notify_all();
             }
             return Err(e);
         }

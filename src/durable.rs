@@ -8,8 +8,10 @@
 //! watermark: the future resolves once a completed sync round covers the
 //! offset (`Partition::durable_end_offset` passed it). It needs no runtime
 //! (a plain `std::future::Future`): the sync round that raises the
-//! watermark wakes it, as do a failed fsync that poisons the partition and
-//! the log closing, which resolve it with an error.
+//! watermark of its partition wakes it (a round moving other partitions
+//! does not, nor does an append), as do a failed fsync that poisons the
+//! partition, a seal, and the log closing or the topic being deleted,
+//! which resolve it with an error.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -80,7 +82,9 @@ impl Future for Durable {
         if let Some(r) = self.check() {
             return Poll::Ready(r);
         }
-        self.topic.inner.wake.register(cx.waker());
+        // With this partition's wakers: a sync round wakes the futures of
+        // the partitions whose durable end it moved, and no others.
+        self.topic.inner.wake.register(self.partition, cx.waker());
         // Checked again after registering: a sync round that raised the
         // watermark in between either is seen here or wakes the waker.
         match self.check() {

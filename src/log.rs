@@ -148,6 +148,7 @@ impl Log {
             sync_failure: Mutex::new(None),
             failed_partitions: Mutex::new(BTreeMap::new()),
             manifest_failure: Mutex::new(None),
+            manifest_failed: AtomicBool::new(false),
             dirty: Arc::default(),
             ck_cache: Mutex::default(),
             compact_every: options.manifest_compact_records.max(1),
@@ -407,7 +408,7 @@ impl Log {
             deleted.push(Arc::downgrade(&topic.inner));
         }
         // A `Durable` future waiting on the topic fails now, not never.
-        topic.inner.wake.notify();
+        topic.inner.wake.notify_all();
         self.core.ck_cache.lock().remove_topic(topic.id());
         let tdir = topic_dir(&self.core.dir, topic.id());
         std::fs::remove_dir_all(&tdir).at(&tdir)?;

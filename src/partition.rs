@@ -35,7 +35,9 @@ pub(crate) struct PartitionParams {
     /// What `read` and `wait_for` see unless told otherwise.
     pub isolation: ReadIsolation,
     /// The topic's reader wake-up: signalled on every append, durable end
-    /// moved and seal, after the partition's own condition variable.
+    /// moved and seal, after the partition's own condition variable (the
+    /// `Durable` futures of this partition only on a durable end moved, a
+    /// seal or a poisoning).
     pub wake: Arc<TailWake>,
 }
 
@@ -397,7 +399,7 @@ impl Partition {
         self.is_poisoned.store(true, Ordering::SeqCst);
         drop(g);
         // A `Durable` future waiting here fails now, not never.
-        self.p.wake.notify();
+        self.p.wake.notify_partition(self.p.id);
     }
 
     /// Checks sizes before taking the lock. Returns the batch length.
@@ -569,7 +571,7 @@ impl Partition {
             let _g = self.tail_lock.lock();
             self.tail_cv.notify_all();
         }
-        self.p.wake.notify();
+        self.p.wake.notify_partition(self.p.id);
         Ok(out)
     }
 
@@ -820,7 +822,7 @@ impl Partition {
                     let _g = self.tail_lock.lock();
                     self.tail_cv.notify_all();
                 }
-                self.p.wake.notify();
+                self.p.wake.notify_partition(self.p.id);
             }
         } else {
             if cap.sync_dir {

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::format::batch::{self, BatchHeader, RecordIter};
+use crate::format::batch::{self, RecordIter};
 use crate::storage::lock::DirLock;
 use crate::storage::segment::{Committed, Segment};
 
@@ -95,11 +95,15 @@ impl ReadBatch {
         let mut next: Option<u64> = None;
         // Batches whose records lie past `limit` (the visible end, a batch
         // boundary) are not included.
+        let data = segment.committed();
         while pos < end_pos && next.is_none_or(|n| n < limit) {
-            let header = verify(&segment, pos, next)?;
-            if batch::is_hole(&header) {
-                let hole_start = header.base_offset.get();
-                let hole_end = hole_start + u64::from(header.record_count.get());
+            let header = match batch::validate_fields(data.from(pos), next) {
+                Ok(h) => h,
+                Err(e) => return Err(batch_error(&segment, pos, e)),
+            };
+            if header.is_hole() {
+                let hole_start = header.base_offset;
+                let hole_end = hole_start + u64::from(header.record_count);
                 if next.is_none() {
                     return Err(Error::Hole {
                         partition,
@@ -109,8 +113,8 @@ impl ReadBatch {
                 }
                 break;
             }
-            next = Some(header.base_offset.get() + u64::from(header.record_count.get()));
-            pos += u64::from(header.batch_len.get());
+            next = Some(header.base_offset + u64::from(header.record_count));
+            pos += u64::from(header.batch_len);
             if (pos - start) as usize >= max_bytes {
                 break;
             }
@@ -160,7 +164,7 @@ impl ReadBatch {
     /// the bytes no longer parse (something outside fissionlog changed the
     /// file); [`ReadBatch::try_iter`] reports that as an error.
     pub fn iter(&self) -> impl Iterator<Item = Record<'_>> + '_ {
-        self.records(false).map_while(Result::ok)
+        Iter(self.records(false))
     }
 
     /// Iterates the records from the requested offset on, checking every
@@ -168,7 +172,7 @@ impl ReadBatch {
     /// give one `Err` item ([`Error::ChecksumMismatch`] or
     /// [`Error::Corruption`]), then the iteration ends.
     pub fn try_iter(&self) -> impl Iterator<Item = Result<Record<'_>>> + '_ {
-        self.records(true)
+        TryIter(self.records(true))
     }
 
     fn records(&self, check_crc: bool) -> Records<'_> {
@@ -181,7 +185,7 @@ impl ReadBatch {
             expected: None,
             check_crc,
             current: None,
-            done: false,
+            failed: None,
         }
     }
 
@@ -227,19 +231,11 @@ impl ReadBatch {
     }
 }
 
-/// Validates the batch at `pos`: a checksum failure after open is a typed
-/// error, never wrong bytes.
-fn verify(segment: &Segment, pos: u64, expected: Option<u64>) -> Result<BatchHeader> {
-    verify_bytes(segment, segment.committed().from(pos), pos, expected)
-}
-
-fn verify_bytes(
-    segment: &Segment,
-    bytes: &[u8],
-    pos: u64,
-    expected: Option<u64>,
-) -> Result<BatchHeader> {
-    batch::validate(bytes, expected).map_err(|e| match e {
+/// The typed error for a batch at `pos` that did not validate: a checksum
+/// failure after open is [`Error::ChecksumMismatch`], never wrong bytes.
+#[cold]
+fn batch_error(segment: &Segment, pos: u64, e: batch::BatchError) -> Error {
+    match e {
         batch::BatchError::BadCrc { expected, actual } => Error::ChecksumMismatch {
             file: segment.path().to_path_buf(),
             position: pos,
@@ -247,7 +243,17 @@ fn verify_bytes(
             actual,
         },
         other => Error::corruption(segment.path(), pos, other.to_string()),
-    })
+    }
+}
+
+/// Why an iteration ended early, kept small so that the per-record path
+/// moves only records; turned into an [`Error`] by [`TryIter`].
+#[derive(Debug)]
+enum Failure {
+    /// The batch at the position no longer validates or parses.
+    Batch(batch::BatchError),
+    /// It parses, but is not the batch that was read there.
+    Changed,
 }
 
 /// The records of a batch range, parsed again as they are iterated.
@@ -261,76 +267,120 @@ struct Records<'a> {
     /// Base offset the next batch must have (after the first).
     expected: Option<u64>,
     check_crc: bool,
+    /// The batch being iterated and its file position.
     current: Option<(u64, RecordIter<'a>)>,
-    done: bool,
+    /// Set when the iteration ended early (it then yields nothing more).
+    failed: Option<(u64, Failure)>,
 }
 
 impl<'a> Records<'a> {
-    /// The next batch's records, or the error that ends the iteration.
-    fn next_batch(&mut self) -> Result<(u64, RecordIter<'a>)> {
+    /// Opens the next batch of the range; on failure records why. Inlined:
+    /// returned through memory, the iterator cost a store-forwarding stall
+    /// per batch.
+    #[inline(always)]
+    fn next_batch(&mut self) -> Option<RecordIter<'a>> {
         let pos = self.pos;
         // Only bytes of this read's range: a batch must not run past it.
         let bytes = self.data.range(pos, self.end);
-        let header = if self.check_crc {
-            verify_bytes(self.segment, bytes, pos, self.expected)?
+        let parsed = if self.check_crc {
+            batch::validate_fields(bytes, self.expected)
         } else {
-            batch::parse_header(bytes)
-                .map_err(|e| Error::corruption(self.segment.path(), pos, e.to_string()))?
+            batch::header_fields(bytes)
         };
-        if self.expected.is_some_and(|x| x != header.base_offset.get()) || batch::is_hole(&header) {
-            return Err(Error::corruption(
-                self.segment.path(),
-                pos,
-                "batch changed since it was read",
-            ));
-        }
-        let len = header.batch_len.get() as usize;
-        self.expected = Some(header.base_offset.get() + u64::from(header.record_count.get()));
-        self.pos += len as u64;
-        Ok((pos, RecordIter::new(&bytes[..len], &header)))
-    }
-}
-
-impl<'a> Iterator for Records<'a> {
-    type Item = Result<Record<'a>>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if self.done {
+        let header = match parsed {
+            Ok(h) => h,
+            Err(e) => {
+                self.failed = Some((pos, Failure::Batch(e)));
                 return None;
             }
+        };
+        if self.expected.is_some_and(|x| x != header.base_offset) || header.is_hole() {
+            self.failed = Some((pos, Failure::Changed));
+            return None;
+        }
+        let len = header.batch_len as usize;
+        self.expected = Some(header.base_offset + u64::from(header.record_count));
+        self.pos += len as u64;
+        Some(RecordIter::from_fields(&bytes[..len], &header))
+    }
+
+    /// The next record; `None` at the end of the range or once the
+    /// iteration failed (see `failed`).
+    #[inline]
+    fn next_record(&mut self) -> Option<Record<'a>> {
+        loop {
             if let Some((pos, it)) = &mut self.current {
                 match it.next() {
                     Some(Ok(r)) if r.offset < self.from => continue,
                     Some(Ok(r)) => {
-                        return Some(Ok(Record {
+                        return Some(Record {
                             offset: r.offset,
                             timestamp: r.timestamp,
                             key: r.key,
                             value: r.value,
-                        }))
+                        })
                     }
                     Some(Err(e)) => {
-                        self.done = true;
-                        return Some(Err(Error::corruption(
-                            self.segment.path(),
-                            *pos,
-                            e.to_string(),
-                        )));
+                        self.failed = Some((*pos, Failure::Batch(e)));
+                        self.current = None;
+                        self.pos = self.end;
+                        return None;
                     }
                     None => self.current = None,
                 }
             }
-            if self.pos >= self.end {
+            if self.pos >= self.end || self.failed.is_some() {
                 return None;
             }
+            let pos = self.pos;
             match self.next_batch() {
-                Ok(b) => self.current = Some(b),
-                Err(e) => {
-                    self.done = true;
-                    return Some(Err(e));
+                Some(it) => self.current = Some((pos, it)),
+                None => {
+                    self.pos = self.end;
+                    return None;
                 }
             }
+        }
+    }
+
+    /// The error that ended the iteration, once.
+    #[cold]
+    fn take_error(&mut self) -> Option<Error> {
+        let (pos, f) = self.failed.take()?;
+        Some(match f {
+            Failure::Batch(e) => batch_error(self.segment, pos, e),
+            Failure::Changed => {
+                Error::corruption(self.segment.path(), pos, "batch changed since it was read")
+            }
+        })
+    }
+}
+
+/// [`ReadBatch::iter`]: records until the end or bytes that no longer
+/// parse.
+struct Iter<'a>(Records<'a>);
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = Record<'a>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Record<'a>> {
+        self.0.next_record()
+    }
+}
+
+/// [`ReadBatch::try_iter`]: records, then one `Err` item if the bytes no
+/// longer check.
+struct TryIter<'a>(Records<'a>);
+
+impl<'a> Iterator for TryIter<'a> {
+    type Item = Result<Record<'a>>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Result<Record<'a>>> {
+        match self.0.next_record() {
+            Some(r) => Some(Ok(r)),
+            None => self.0.take_error().map(Err),
         }
     }
 }

@@ -291,7 +291,7 @@ impl Topic {
         *self.inner.lineage.lock() = None;
         *self.inner.lock.lock() = None;
         // Readers blocked in `poll_wait` return `Error::Closed` now.
-        self.inner.wake.notify();
+        self.inner.wake.notify_all();
     }
 
     pub(crate) fn all_partition_handles(&self) -> Vec<Arc<Partition>> {
@@ -998,7 +998,7 @@ impl Topic {
         }
         core.ck_cache.lock().remove_partition(self.inner.id, id);
         // A reader waiting on the removed partition moves on.
-        self.inner.wake.notify();
+        self.inner.wake.notify_partition(id);
         core.events.emit(TopologyEvent::PartitionRemoved {
             topic: self.name().into(),
             partition: id,

@@ -6,8 +6,12 @@
 //!
 //! Each partition still has its own condition variable for
 //! [`crate::Partition::wait_for`]; this one is for [`crate::Reader::poll_wait`]
-//! and for the wakers of [`crate::Durable`] futures.
+//! and for the wakers of [`crate::Durable`] futures. Those wakers are kept
+//! per partition: a sync round wakes only the futures of partitions whose
+//! durable end it moved, and an append wakes none of them (it moves no
+//! durable end).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::Waker;
 use std::time::Instant;
@@ -26,18 +30,21 @@ pub(crate) struct TailWake {
     epoch: AtomicU64,
     lock: Mutex<()>,
     cv: Condvar,
-    /// Wakers of pending futures, woken and dropped by the next
-    /// notification (a future polled again registers again).
-    wakers: Mutex<Vec<Waker>>,
-    /// `wakers.len()`, stored under its lock; notifiers touch the lock
-    /// only while it is non-zero.
+    /// Wakers of pending futures by partition, woken and dropped by the
+    /// next notification of their partition (or of every partition); a
+    /// future polled again registers again.
+    wakers: Mutex<HashMap<u32, Vec<Waker>>>,
+    /// Wakers held in `wakers`, stored under its lock; notifiers touch the
+    /// lock only while it is non-zero.
     registered: AtomicUsize,
 }
 
 impl TailWake {
-    /// Wakes every waiter. The caller must have published what waiters
-    /// check with a `SeqCst` store or read-modify-write before this call
-    /// (see [`TailWake::wait_until`]).
+    /// Wakes every waiting reader (not the futures: nothing a
+    /// [`crate::Durable`] future checks moves without
+    /// [`TailWake::notify_partition`] or [`TailWake::notify_all`]). The
+    /// caller must have published what waiters check with a `SeqCst` store
+    /// or read-modify-write before this call (see [`TailWake::wait_until`]).
     pub(crate) fn notify(&self) {
         if self.waiters.load(Ordering::SeqCst) > 0 {
             let _g = self.lock.lock();
@@ -46,30 +53,66 @@ impl TailWake {
             self.epoch.fetch_add(1, Ordering::SeqCst);
             self.cv.notify_all();
         }
+    }
+
+    /// Wakes every waiting reader and the futures registered for
+    /// `partition` (its durable end moved, it was sealed, poisoned or
+    /// removed). Published state as for [`TailWake::notify`].
+    pub(crate) fn notify_partition(&self, partition: u32) {
+        self.notify();
         if self.registered.load(Ordering::SeqCst) > 0 {
             let wakers = {
                 let mut w = self.wakers.lock();
-                self.registered.store(0, Ordering::SeqCst);
-                std::mem::take(&mut *w)
+                let Some(list) = w.remove(&partition) else {
+                    return;
+                };
+                self.registered.fetch_sub(list.len(), Ordering::SeqCst);
+                list
             };
+            // Outside the lock: a waker may poll the future again at once,
+            // which registers again.
             for w in wakers {
                 w.wake();
             }
         }
     }
 
-    /// Has the next notification wake `waker`. The caller checks its
-    /// condition again afterwards, with `SeqCst` loads of what notifiers
-    /// publish: the registration is a `SeqCst` store followed by those
-    /// loads, the notifier's publication a `SeqCst` store followed by its
-    /// load of `registered` (Dekker, as in [`TailWake::wait_until`]), so
-    /// either the check sees the new state or the notifier sees the waker.
-    pub(crate) fn register(&self, waker: &Waker) {
-        let mut w = self.wakers.lock();
-        if !w.iter().any(|x| x.will_wake(waker)) {
-            w.push(waker.clone());
+    /// Wakes every waiting reader and every registered future (the log
+    /// closed, the topic was deleted, sync rounds fail for good).
+    pub(crate) fn notify_all(&self) {
+        self.notify();
+        if self.registered.load(Ordering::SeqCst) > 0 {
+            let wakers = {
+                let mut w = self.wakers.lock();
+                self.registered.store(0, Ordering::SeqCst);
+                std::mem::take(&mut *w)
+            };
+            for w in wakers.into_values().flatten() {
+                w.wake();
+            }
         }
-        self.registered.store(w.len(), Ordering::SeqCst);
+    }
+
+    /// Has the next notification of `partition` (or of every partition)
+    /// wake `waker`. The caller checks its condition again afterwards,
+    /// with `SeqCst` loads of what notifiers publish: the registration is
+    /// a `SeqCst` store of `registered` (under the lock, after the push)
+    /// followed by those loads, the notifier's publication a `SeqCst` store
+    /// followed by its load of `registered` (Dekker, as in
+    /// [`TailWake::wait_until`]). Either the check sees the new state, or
+    /// the notifier sees a non-zero count and takes the lock, which it can
+    /// only get after the push. (Under the lock the count always equals the
+    /// wakers held, so it is non-zero while this one is held.)
+    pub(crate) fn register(&self, partition: u32, waker: &Waker) {
+        let mut w = self.wakers.lock();
+        let list = w.entry(partition).or_default();
+        if !list.iter().any(|x| x.will_wake(waker)) {
+            list.push(waker.clone());
+            self.registered.fetch_add(1, Ordering::SeqCst);
+        }
+        // Already registered: that registration's count is still in
+        // `registered`, so a notifier that publishes after it takes the
+        // lock and wakes it.
     }
 
     /// Returns at once when `ready()` holds; otherwise sleeps until a

@@ -338,6 +338,41 @@ fn bytes_changed_under_a_read_batch_are_an_error_not_a_panic() {
     assert!(batch.to_owned_records().is_err());
 }
 
+/// A record's bytes changed under a live batch (its batch header intact):
+/// `try_iter` yields the records before it, then exactly one
+/// `ChecksumMismatch` naming the changed batch, then nothing; `iter`
+/// stops before the changed batch.
+#[test]
+fn a_changed_record_ends_try_iter_with_one_checksum_error() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let t = log.create_topic("t", TopicConfig::default()).unwrap();
+    for i in 0..3u8 {
+        put(&t, &[i; 100]);
+    }
+    let batch = t.read(0, 0, 1 << 20).unwrap();
+    let seg = &t.partition(0).unwrap().segment_infos()[0];
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&seg.path)
+        .unwrap();
+    // One value byte of the second batch (past its 40-byte header and the
+    // record's 16-byte header).
+    let second = 64 + batch.len_bytes() / 3;
+    file.write_all_at(&[0xA5], second + 40 + 16 + 10).unwrap();
+    let offsets: Vec<u64> = batch.iter().map(|r| r.offset).collect();
+    assert_eq!(offsets, vec![0, 1, 2], "iter does not check the CRC");
+    let mut items = batch.try_iter();
+    assert_eq!(items.next().unwrap().unwrap().offset, 0);
+    match items.next() {
+        Some(Err(Error::ChecksumMismatch { position, .. })) => assert_eq!(position, second),
+        other => panic!("expected a checksum mismatch, got {other:?}"),
+    }
+    assert!(items.next().is_none(), "one error, then the end");
+    assert!(items.next().is_none());
+}
+
 fn put(t: &fissionlog::Topic, value: &[u8]) -> u64 {
     t.append_to(
         0,

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fissionlog::{BalancePolicy, Decision, ManualClock};
+use fissionlog::{BalancePolicy, Decision, ManualClock, SplitAt};
 use fissionlog::{Error, Log, LogOptions, NewRecord, SplitPlan, Topic, TopicConfig, TopologyEvent};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -450,4 +450,97 @@ fn rates_survive_a_clean_reopen() {
         "every window restored: {:?}",
         topic.partitions()[0]
     );
+}
+
+/// Appends `per_sec` records per simulated second, each under a key never
+/// used before, for `secs` seconds in `TICK` steps (fractional rates are
+/// spread: one record every `1 / per_sec` s), running a balancer pass per
+/// tick. Returns the decisions applied, with the second they came at.
+fn distinct_keys_for(
+    log: &Log,
+    topic: &Topic,
+    clock: &ManualClock,
+    per_sec: f64,
+    secs: u64,
+) -> Vec<(u64, Decision)> {
+    let mut written = 0u64;
+    let mut applied = Vec::new();
+    let value = [7u8; 100];
+    for tick in 1..=secs * TICKS_PER_SEC {
+        let due = (per_sec * tick as f64 / TICKS_PER_SEC as f64).floor() as u64;
+        let keys: Vec<Vec<u8>> = (written..due)
+            .map(|i| format!("distinct-{i}").into_bytes())
+            .collect();
+        written = due;
+        let recs: Vec<NewRecord<'_>> = keys
+            .iter()
+            .map(|k| NewRecord {
+                key: Some(k.as_slice()),
+                value: &value,
+                timestamp: None,
+            })
+            .collect();
+        if !recs.is_empty() {
+            topic.append_batch(&recs).unwrap();
+        }
+        clock.advance(TICK);
+        let sec = tick / TICKS_PER_SEC;
+        applied.extend(log.balance_now().unwrap().into_iter().map(|d| (sec, d)));
+    }
+    applied
+}
+
+#[test]
+fn keys_written_once_are_never_hot_at_any_rate() {
+    // All keys distinct, 4 x the target in total: the partition is hot and
+    // may split, but no key is hot (each is written once), and once split
+    // the topology settles instead of splitting and merging back.
+    for per_sec in [1.0, 2.0, 10.0, 100.0] {
+        let case = format!("{per_sec} records/s");
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let log = Log::open(dir.path(), options(&clock)).unwrap();
+        let pol = BalancePolicy {
+            target_records_per_sec: Some(per_sec / 4.0),
+            ..BalancePolicy::default()
+        };
+        let topic = log.create_topic("distinct", config(1, pol)).unwrap();
+        let decisions = distinct_keys_for(&log, &topic, &clock, per_sec, 600);
+        let hot: Vec<_> = decisions
+            .iter()
+            .filter(|(_, d)| {
+                matches!(
+                    d,
+                    Decision::HotKey { .. }
+                        | Decision::Split {
+                            at: SplitAt::IsolateKey(_),
+                            ..
+                        }
+                )
+            })
+            .collect();
+        assert!(
+            hot.is_empty(),
+            "{case}: keys written once taken as hot: {hot:?}"
+        );
+        let merges = decisions
+            .iter()
+            .filter(|(_, d)| matches!(d, Decision::Merge { .. }))
+            .count();
+        let splits = decisions.len() - merges;
+        assert!(
+            merges == 0 && splits <= 6,
+            "{case}: churn, {splits} splits and {merges} merges: {decisions:?}"
+        );
+        let late: Vec<_> = decisions.iter().filter(|(sec, _)| *sec >= 300).collect();
+        assert!(
+            late.is_empty(),
+            "{case}: still changing after 300 s: {late:?}"
+        );
+        assert!(
+            topic.partitions().iter().all(|p| !p.hot_key),
+            "{case}: a partition reported hot"
+        );
+        log.close().unwrap();
+    }
 }

@@ -542,3 +542,61 @@ fn keys_written_once_are_never_hot_at_any_rate() {
         log.close().unwrap();
     }
 }
+
+#[test]
+fn stale_rates_after_a_reopen_neither_split_blind_nor_linger() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = 5_000_000_000u64;
+    let run = 120 * TICK.as_nanos() as u64;
+    let before;
+    {
+        // 200 records/s into partition 0 (4 x the target), no balancer pass.
+        let clock = Arc::new(ManualClock::new(start));
+        let log = Log::open(dir.path(), options(&clock)).unwrap();
+        let topic = log.create_topic("stale", config(2, policy(50.0))).unwrap();
+        for _ in 0..120 {
+            let recs = vec![
+                NewRecord {
+                    value: b"payload-payload",
+                    ..Default::default()
+                };
+                50
+            ];
+            topic.append_to(0, &recs).unwrap();
+            clock.advance(TICK);
+        }
+        before = long_window_records_per_sec(&topic, 0);
+        assert!(before > 150.0, "busy: {before}");
+        log.close().unwrap();
+    }
+    // Reopened at once: the rates are what they were, but nothing is
+    // appended, and an empty load map gives no reason to cut anywhere.
+    {
+        let clock = Arc::new(ManualClock::new(start + run));
+        let log = Log::open(dir.path(), options(&clock)).unwrap();
+        let topic = log.topic("stale").unwrap();
+        for sec in 0..30 {
+            for _ in 0..TICKS_PER_SEC {
+                clock.advance(TICK);
+                let d = log.balance_now().unwrap();
+                assert!(
+                    !d.iter().any(is_topology_change),
+                    "second {sec} after the reopen, no appends: {d:?}"
+                );
+            }
+        }
+        assert_eq!(topic.active_partitions(), vec![0, 1]);
+        log.close().unwrap();
+    }
+    // Reopened ten minutes after that close: the saved rates are decayed
+    // by the downtime (to exp(-10) of the 60 s rate), not taken as current.
+    let closed_at = start + run + 30 * 1_000_000_000;
+    let clock = Arc::new(ManualClock::new(closed_at + 600 * 1_000_000_000));
+    let log = Log::open(dir.path(), options(&clock)).unwrap();
+    let topic = log.topic("stale").unwrap();
+    let after = long_window_records_per_sec(&topic, 0);
+    assert!(
+        after < before * 1e-3,
+        "rates after 10 min of downtime: {after} (before {before})"
+    );
+}

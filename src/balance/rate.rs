@@ -79,7 +79,6 @@ impl RateSnapshot {
     /// The snapshot as it would read after `elapsed` more time without any
     /// appends: for a restore when the downtime is known (e.g. from
     /// wall-clock timestamps in the manifest).
-    #[allow(dead_code, reason = "introspection for unit tests and tools")]
     pub fn decayed(&self, elapsed: Duration) -> RateSnapshot {
         let elapsed_nanos = duration_nanos(elapsed);
         let windows = self

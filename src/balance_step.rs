@@ -41,7 +41,7 @@ impl Topic {
                     (
                         w.rates.rates(now),
                         w.load.split_point(),
-                        w.load.hot_key(policy.hot_key_share),
+                        w.load.hot_key(0.0),
                     )
                 });
                 PartitionLoad {

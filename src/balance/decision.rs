@@ -36,7 +36,10 @@ pub struct PartitionLoad {
     /// multi-value range means an empty load map: [`decide`] does not
     /// split such a partition (it would cut blind).
     pub split_point: Option<u64>,
-    /// [`super::LoadMap::hot_key`] of the partition.
+    /// The partition's top key, [`super::LoadMap::hot_key`] with a low
+    /// `min_share` (0 is fine): [`decide`] isolates it when it carries more
+    /// than `hot_key_share` of the partition's load, or on its own at least
+    /// [`KEY_FILL`] of a target.
     pub hot_key: Option<HotKey>,
     /// Whether this single-value partition was already reported hot.
     pub hot_key_reported: bool,
@@ -237,8 +240,9 @@ fn heat(policy: &BalancePolicy, p: &PartitionLoad) -> Option<f64> {
         if let Some(r) = at_least(rate_of, short).filter(|&r| r > short_limit) {
             consider(r / short_limit);
         }
-        if let Some(r) = at_least(rate_of, long).filter(|&r| r > target) {
-            consider(r / target);
+        let long_limit = LONG_HOT_MARGIN * target;
+        if let Some(r) = at_least(rate_of, long).filter(|&r| r > long_limit) {
+            consider(r / long_limit);
         }
     }
     hottest
@@ -249,24 +253,57 @@ const MAX_PIECES: u64 = 8;
 
 /// The load a split aims to leave on each child, as a fraction of the
 /// target: children cut to exactly the target would sit on the hot
-/// threshold, and noise would split them again.
-const FILL: f64 = 0.8;
+/// threshold, and noise would split them again. Not much lower either:
+/// every extra partition lowers the mean load, and a partition that cannot
+/// be split (one hot key) then stands out further above it.
+const FILL: f64 = 0.9;
 
 /// A window whose noise ([`uncertainty`]) is at most this says what the
 /// load is now.
 const SETTLED_UNCERTAINTY: f64 = 0.25;
 
-/// How many partitions of at most `FILL` × the target the load needs: the
-/// shortest window that holds enough records to be trusted says what the
-/// load is now (the longest one if none does).
-fn pieces_needed(policy: &BalancePolicy, p: &PartitionLoad) -> u64 {
+/// The longest window makes a partition hot above this many targets, not
+/// at the target itself: load quantiles cut from a 64-bucket histogram
+/// miss by a few percent, so a child aimed at [`FILL`] of the target can
+/// land just above it, and its noise would split it minutes later.
+const LONG_HOT_MARGIN: f64 = 1.05;
+
+/// A key carrying at least this fraction of a target on its own is
+/// isolated into `[h, h]` whatever its share of its partition: no cut of
+/// its partition into pieces of at most [`FILL`] × the target can leave it
+/// with company, and isolating it first lets the next split cut the rest
+/// evenly (a key of 13 % of the load in a partition of 30 % is below half
+/// of it, but a median split would leave it in a child as loaded as the
+/// parent was).
+pub(crate) const KEY_FILL: f64 = FILL;
+
+/// The window that says what the load is now: the shortest one that holds
+/// enough records to be trusted (the longest one if none does).
+fn current(p: &PartitionLoad) -> Option<&WindowRate> {
     let mut windows: Vec<&WindowRate> = p.rates.iter().collect();
     windows.sort_by_key(|r| r.window);
-    let Some(now) = windows
+    windows
         .iter()
         .find(|r| uncertainty(r) <= SETTLED_UNCERTAINTY)
         .or(windows.last())
-    else {
+        .copied()
+}
+
+/// Whether a key with `share` of `p`'s current load carries at least
+/// [`KEY_FILL`] of a set target.
+fn fills_a_partition(policy: &BalancePolicy, p: &PartitionLoad, share: f64) -> bool {
+    let Some(now) = current(p) else {
+        return false;
+    };
+    policy.targets().into_iter().any(|(rate_of, target)| {
+        known(rate_of(now)).is_some_and(|r| r * share >= KEY_FILL * target)
+    })
+}
+
+/// How many partitions of at most `FILL` × the target the current load
+/// needs (see [`current`]).
+fn pieces_needed(policy: &BalancePolicy, p: &PartitionLoad) -> u64 {
+    let Some(now) = current(p) else {
         return 2;
     };
     policy
@@ -323,7 +360,9 @@ fn split_for(policy: &BalancePolicy, p: &PartitionLoad, budget: u64) -> Option<(
         at,
     };
     let hot_key = p.hot_key.filter(|k| {
-        k.share.is_finite() && k.share > policy.hot_key_share && (start..=end).contains(&k.hash)
+        k.share.is_finite()
+            && (k.share > policy.hot_key_share || fills_a_partition(policy, p, k.share))
+            && (start..=end).contains(&k.hash)
     });
     if let Some(HotKey { hash, .. }) = hot_key {
         let needed = u64::from(hash > start) + u64::from(hash < end);
@@ -539,6 +578,29 @@ mod tests {
         assert!(
             decide(&policy(), NOW, &[single]).is_empty(),
             "never split [h, h]"
+        );
+    }
+
+    #[test]
+    fn a_key_filling_a_partition_is_isolated_below_the_share_rule() {
+        // 2.5 targets of load, its top key 40 % of it: one target alone.
+        let mut p = part(1, 0, 999, 2.5 * TARGET, 2.5 * TARGET);
+        p.hot_key = Some(HotKey {
+            hash: 600,
+            share: 0.4,
+        });
+        assert_eq!(
+            decide(&policy(), NOW, &[p.clone()]),
+            vec![split(1, SplitAt::IsolateKey(600))]
+        );
+        // 20 % of it (half a target) fits in a piece: load quantiles.
+        p.hot_key = Some(HotKey {
+            hash: 600,
+            share: 0.2,
+        });
+        assert_eq!(
+            decide(&policy(), NOW, &[p]),
+            vec![split(1, SplitAt::Quantiles(3))]
         );
     }
 

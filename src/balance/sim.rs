@@ -168,7 +168,7 @@ impl Sim {
                 rates: p.rates.rates(self.now),
                 last_change_nanos: p.last_change_nanos,
                 split_point: p.map.split_point(),
-                hot_key: p.map.hot_key(self.policy.hot_key_share),
+                hot_key: p.map.hot_key(0.0),
                 hot_key_reported: p.hot_key_reported,
             })
             .collect();

@@ -490,6 +490,32 @@ fn distinct_keys_for(
     applied
 }
 
+/// No decision undoes an earlier one: a merge of two children of the same
+/// split, or a split of the child of a merge.
+fn assert_no_thrash(topic: &Topic, decisions: &[(u64, Decision)], case: &str) {
+    let parts = topic.partitions();
+    let parents_of = |id: u32| -> Vec<u32> {
+        let p = parts.iter().find(|p| p.id == id).expect("known partition");
+        p.parents.clone()
+    };
+    for (sec, d) in decisions {
+        match *d {
+            Decision::Merge { left, right } => {
+                let (l, r) = (parents_of(left), parents_of(right));
+                assert!(
+                    l.len() != 1 || l != r,
+                    "{case}: second {sec}: merged the two halves of a split: {decisions:?}"
+                );
+            }
+            Decision::Split { partition, .. } => assert!(
+                parents_of(partition).len() < 2,
+                "{case}: second {sec}: split the child of a merge: {decisions:?}"
+            ),
+            Decision::HotKey { .. } => {}
+        }
+    }
+}
+
 #[test]
 fn keys_written_once_are_never_hot_at_any_rate() {
     // All keys distinct, 4 x the target in total: the partition is hot and
@@ -524,17 +550,14 @@ fn keys_written_once_are_never_hot_at_any_rate() {
             hot.is_empty(),
             "{case}: keys written once taken as hot: {hot:?}"
         );
-        let merges = decisions
-            .iter()
-            .filter(|(_, d)| matches!(d, Decision::Merge { .. }))
-            .count();
-        let splits = decisions.len() - merges;
-        // A split may take a second round (quantiles cut from a few dozen
-        // samples are rough), but nothing is ever merged back.
+        // A split may take a second round, and a child cut too thin from a
+        // few dozen samples may merge with a cold neighbour, but nothing is
+        // undone: no merge of two halves of one split, no split of a merge.
         assert!(
-            merges == 0 && (1..=8).contains(&splits),
-            "{case}: churn, {splits} splits and {merges} merges: {decisions:?}"
+            (1..=8).contains(&decisions.len()),
+            "{case}: churn: {decisions:?}"
         );
+        assert_no_thrash(&topic, &decisions, &case);
         assert!(
             topic.partitions().iter().all(|p| !p.hot_key),
             "{case}: a partition reported hot"

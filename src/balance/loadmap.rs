@@ -104,6 +104,125 @@ struct Counter {
     samples: f64,
 }
 
+/// A stretch of a [`LoadMap`]'s range with its load (see `segments`).
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    lo: u64,
+    hi: u64,
+    mass: f64,
+    /// One tracked key (`lo == hi`), which a cut cannot divide.
+    point: bool,
+    /// Load of every segment up to and including this one.
+    cum_after: f64,
+}
+
+/// Cuts (each the last hash of a piece) that fill pieces from the left up to
+/// `limit` each: a tracked key is never divided (a piece ends before it if
+/// it would not fit), a uniform stretch is cut where the piece is full.
+fn greedy_cuts(segments: &[Segment], limit: f64) -> Vec<u64> {
+    let mut cuts = Vec::new();
+    let mut acc = 0.0;
+    for s in segments {
+        if s.point {
+            if acc > 0.0 && acc + s.mass > limit {
+                cuts.push(s.lo.wrapping_sub(1));
+                acc = 0.0;
+            }
+            acc += s.mass;
+            continue;
+        }
+        let width = (u128::from(s.hi - s.lo) + 1) as f64;
+        let per_value = s.mass / width;
+        let mut from = 0.0; // values of this segment already placed
+        let mut left = s.mass;
+        while acc + left > limit && per_value > 0.0 {
+            // Whole values that still fit the current piece; at least one
+            // when the piece is empty (a value heavier than the limit
+            // cannot be divided).
+            let mut values = ((limit - acc).max(0.0) / per_value).floor();
+            if values < 1.0 && acc == 0.0 {
+                values = 1.0;
+            }
+            let at = from + values;
+            if at >= width {
+                break;
+            }
+            // The piece ends before value `at`: at the previous segment's
+            // end when no value of this one fits.
+            if at > 0.0 || s.lo > 0 {
+                cuts.push(value_before(s.lo, at));
+            }
+            from = at;
+            left = per_value * (width - from);
+            acc = 0.0;
+        }
+        acc += left;
+    }
+    cuts
+}
+
+/// The hash just before value `at` (counted from 0) of a segment starting
+/// at `lo`: the last hash of a piece that ends there.
+fn value_before(lo: u64, at: f64) -> u64 {
+    let at = at as u128; // f64 -> u128 saturates; `at` is below 2^64 here
+    u64::try_from((u128::from(lo) + at).saturating_sub(1)).unwrap_or(u64::MAX)
+}
+
+/// `pieces - 1` cuts that make pieces of about equal load, none above
+/// `cap`: each piece aims at an equal share of what is left, a tracked key
+/// goes to the piece whose end it brings closer to that aim (never past
+/// `cap`), a uniform stretch is cut at the aim. The last piece takes the
+/// rest.
+fn balanced_cuts(segments: &[Segment], pieces: usize, cap: f64) -> Vec<u64> {
+    let total = segments.last().map_or(0.0, |s| s.cum_after);
+    let mut cuts: Vec<u64> = Vec::new();
+    let mut done = 0.0;
+    let mut acc = 0.0;
+    let aim = |done: f64, made: usize| ((total - done) / (pieces - made) as f64).min(cap);
+    for s in segments {
+        if cuts.len() + 1 >= pieces {
+            break;
+        }
+        if s.point {
+            let g = aim(done, cuts.len());
+            if acc > 0.0 && (acc + s.mass > cap || acc + s.mass - g > g - acc) {
+                cuts.push(s.lo.wrapping_sub(1));
+                done += acc;
+                acc = 0.0;
+            }
+            acc += s.mass;
+            continue;
+        }
+        let width = (u128::from(s.hi - s.lo) + 1) as f64;
+        let per_value = s.mass / width;
+        let mut from = 0.0;
+        let mut left = s.mass;
+        while cuts.len() + 1 < pieces && per_value > 0.0 {
+            let g = aim(done, cuts.len());
+            if acc + left <= g {
+                break;
+            }
+            let mut values = ((g - acc).max(0.0) / per_value).round();
+            if values < 1.0 && acc == 0.0 {
+                values = 1.0;
+            }
+            let at = from + values;
+            if at >= width {
+                break;
+            }
+            if at > 0.0 || s.lo > 0 {
+                cuts.push(value_before(s.lo, at));
+            }
+            done += acc + per_value * (at - from);
+            acc = 0.0;
+            from = at;
+            left = per_value * (width - from);
+        }
+        acc += left;
+    }
+    cuts
+}
+
 /// Decayed load distribution over one partition's hash range.
 #[derive(Debug, Clone)]
 pub struct LoadMap {
@@ -254,28 +373,104 @@ impl LoadMap {
     /// up to `pieces - 1` strictly increasing points `m` with
     /// `start <= m < end`, each the last hash of a part. Fewer (possibly
     /// none) when the load is too concentrated to cut that finely.
+    ///
+    /// Keys the sketch tracks are point masses at their hash (a cut never
+    /// splits a key: it goes just before or just after it, whichever is
+    /// closer to the goal); the rest of each bucket is uniform over it.
+    /// Under a skewed (Zipf) load a bucket can hold a key carrying more
+    /// than a whole piece, and a cut placed as if that load were spread
+    /// over the bucket would leave one child with the key and most of the
+    /// bucket's remainder.
     pub fn quantile_points(&self, pieces: usize) -> Vec<u64> {
-        let mut out: Vec<u64> = Vec::new();
-        if self.start == self.end || pieces < 2 {
-            return out;
+        if self.start == self.end || pieces < 2 || self.is_empty() {
+            return Vec::new();
         }
-        let sum: f64 = self.buckets.iter().sum();
+        let segments = self.segments();
+        let sum = segments.last().map_or(0.0, |s| s.cum_after);
         if !(sum.is_finite() && sum > 0.0) {
-            return out;
+            return Vec::new();
         }
-        for j in 1..pieces {
-            let goal = sum * j as f64 / pieces as f64;
-            let mut before = 0.0;
-            for (i, &w) in self.buckets.iter().enumerate() {
-                if w > 0.0 && before + w >= goal {
-                    let fraction = ((goal - before) / w).clamp(0.0, 1.0);
-                    let m = self.point_in_bucket(i, fraction);
-                    if out.last().is_none_or(|&l| m > l) && m < self.end {
-                        out.push(m);
-                    }
+        // The smallest largest piece that `pieces` pieces can achieve: at
+        // least an equal share and at least the heaviest key.
+        let heaviest = segments
+            .iter()
+            .filter(|s| s.point)
+            .map(|s| s.mass)
+            .fold(0.0, f64::max);
+        let (mut lo, mut hi) = ((sum / pieces as f64).max(heaviest), sum);
+        if greedy_cuts(&segments, lo).len() >= pieces {
+            for _ in 0..48 {
+                let mid = (lo + hi) / 2.0;
+                if greedy_cuts(&segments, mid).len() < pieces {
+                    hi = mid;
+                } else {
+                    lo = mid;
+                }
+            }
+            lo = hi;
+        }
+        let mut out: Vec<u64> = Vec::new();
+        for m in balanced_cuts(&segments, pieces, lo * (1.0 + 1e-9)) {
+            if m >= self.start && m < self.end && out.last().is_none_or(|&l| m > l) {
+                out.push(m);
+            }
+        }
+        out.truncate(pieces - 1);
+        out
+    }
+
+    /// The load as consecutive segments over the range, in hash order:
+    /// each tracked key a point segment with its guaranteed weight, each
+    /// stretch of a bucket between keys a uniform segment with its share of
+    /// the bucket's remaining weight.
+    fn segments(&self) -> Vec<Segment> {
+        let mut keys: Vec<(u64, f64)> = self
+            .counters
+            .iter()
+            .map(|c| (c.hash, (c.weight - c.error).max(0.0)))
+            .collect();
+        keys.sort_by_key(|k| k.0);
+        let mut out = Vec::with_capacity(self.buckets.len() + 2 * keys.len());
+        let mut cum = 0.0;
+        let mut push = |lo: u64, hi: u64, mass: f64, point: bool, out: &mut Vec<Segment>| {
+            cum += mass;
+            out.push(Segment {
+                lo,
+                hi,
+                mass,
+                point,
+                cum_after: cum,
+            });
+        };
+        let mut k = 0;
+        for (i, &w) in self.buckets.iter().enumerate() {
+            let lo = self.start + self.bucket_lo(i) as u64;
+            let hi = self.start + (self.bucket_lo(i + 1) - 1) as u64;
+            let first = k;
+            while k < keys.len() && keys[k].0 <= hi {
+                k += 1;
+            }
+            let inside = &keys[first..k];
+            let width = (u128::from(hi - lo) + 1) as f64;
+            let spread = (w - inside.iter().map(|k| k.1).sum::<f64>()).max(0.0);
+            let mut from = lo;
+            for &(h, mass) in inside {
+                if h > from {
+                    let part = (u128::from(h - from)) as f64 / width;
+                    push(from, h - 1, spread * part, false, &mut out);
+                }
+                push(h, h, mass, true, &mut out);
+                from = h.saturating_add(1);
+                if h == u64::MAX {
                     break;
                 }
-                before += w;
+            }
+            if inside.last().is_some_and(|l| l.0 == u64::MAX) {
+                continue; // the key ends the range
+            }
+            if from <= hi {
+                let part = (u128::from(hi - from) + 1) as f64 / width;
+                push(from, hi, spread * part, false, &mut out);
             }
         }
         out
@@ -617,6 +812,38 @@ mod tests {
         assert!(LoadMap::with_config(7, 7, &unsampled(), 0)
             .quantile_points(4)
             .is_empty());
+    }
+
+    #[test]
+    fn quantile_cuts_go_around_heavy_keys() {
+        // Zipf-like: a key with 30 % of the load and one with 15 %, both
+        // in the same bucket as a slice of the uniform rest.
+        let mut map = LoadMap::with_config(0, u64::MAX, &unsampled(), 0);
+        let mut rng = Rng(9);
+        let (big, second) = (1u64 << 58, (1u64 << 58) + 1_000);
+        for i in 0..20_000 {
+            let hash = match i % 20 {
+                0..=5 => big,
+                6..=8 => second,
+                _ => rng.next(),
+            };
+            map.record(0, hash, 100);
+        }
+        let points = map.quantile_points(4);
+        let mut lo = 0u64;
+        let mut shares = Vec::new();
+        for &m in points.iter().chain(std::iter::once(&u64::MAX)) {
+            shares.push(map.child_share(lo, m).unwrap());
+            lo = m.saturating_add(1);
+        }
+        // No piece far above a quarter: only the 30 % key forces one above.
+        for (i, s) in shares.iter().enumerate() {
+            assert!(
+                *s <= 0.36,
+                "piece {i} carries {s}: {shares:?} at {points:x?}"
+            );
+        }
+        assert!(shares.iter().sum::<f64>() > 0.99, "{shares:?}");
     }
 
     #[test]

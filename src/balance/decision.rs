@@ -256,8 +256,7 @@ const MAX_PIECES: u64 = 8;
 /// threshold: a cut a few percent off plus noise split them again minutes
 /// later. Much lower is not better either: every extra partition lowers
 /// the mean load, and a partition that cannot be split (one hot key) then
-/// stands out further above it (0.8 left the default `simulate` with 11-13
-/// partitions at 0.6 x target beside a hot key at 0.95 x target).
+/// stands out further above it.
 const FILL: f64 = 0.9;
 
 /// A window whose noise ([`uncertainty`]) is at most this says what the

@@ -38,6 +38,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::cuts::{cut_points, Segment};
 use super::duration_nanos;
 
 /// Weights below this total are dropped entirely after a decay: the
@@ -102,125 +103,6 @@ struct Counter {
     weight: f64,
     error: f64,
     samples: f64,
-}
-
-/// A stretch of a [`LoadMap`]'s range with its load (see `segments`).
-#[derive(Debug, Clone, Copy)]
-struct Segment {
-    lo: u64,
-    hi: u64,
-    mass: f64,
-    /// One tracked key (`lo == hi`), which a cut cannot divide.
-    point: bool,
-    /// Load of every segment up to and including this one.
-    cum_after: f64,
-}
-
-/// Cuts (each the last hash of a piece) that fill pieces from the left up to
-/// `limit` each: a tracked key is never divided (a piece ends before it if
-/// it would not fit), a uniform stretch is cut where the piece is full.
-fn greedy_cuts(segments: &[Segment], limit: f64) -> Vec<u64> {
-    let mut cuts = Vec::new();
-    let mut acc = 0.0;
-    for s in segments {
-        if s.point {
-            if acc > 0.0 && acc + s.mass > limit {
-                cuts.push(s.lo.wrapping_sub(1));
-                acc = 0.0;
-            }
-            acc += s.mass;
-            continue;
-        }
-        let width = (u128::from(s.hi - s.lo) + 1) as f64;
-        let per_value = s.mass / width;
-        let mut from = 0.0; // values of this segment already placed
-        let mut left = s.mass;
-        while acc + left > limit && per_value > 0.0 {
-            // Whole values that still fit the current piece; at least one
-            // when the piece is empty (a value heavier than the limit
-            // cannot be divided).
-            let mut values = ((limit - acc).max(0.0) / per_value).floor();
-            if values < 1.0 && acc == 0.0 {
-                values = 1.0;
-            }
-            let at = from + values;
-            if at >= width {
-                break;
-            }
-            // The piece ends before value `at`: at the previous segment's
-            // end when no value of this one fits.
-            if at > 0.0 || s.lo > 0 {
-                cuts.push(value_before(s.lo, at));
-            }
-            from = at;
-            left = per_value * (width - from);
-            acc = 0.0;
-        }
-        acc += left;
-    }
-    cuts
-}
-
-/// The hash just before value `at` (counted from 0) of a segment starting
-/// at `lo`: the last hash of a piece that ends there.
-fn value_before(lo: u64, at: f64) -> u64 {
-    let at = at as u128; // f64 -> u128 saturates; `at` is below 2^64 here
-    u64::try_from((u128::from(lo) + at).saturating_sub(1)).unwrap_or(u64::MAX)
-}
-
-/// `pieces - 1` cuts that make pieces of about equal load, none above
-/// `cap`: each piece aims at an equal share of what is left, a tracked key
-/// goes to the piece whose end it brings closer to that aim (never past
-/// `cap`), a uniform stretch is cut at the aim. The last piece takes the
-/// rest.
-fn balanced_cuts(segments: &[Segment], pieces: usize, cap: f64) -> Vec<u64> {
-    let total = segments.last().map_or(0.0, |s| s.cum_after);
-    let mut cuts: Vec<u64> = Vec::new();
-    let mut done = 0.0;
-    let mut acc = 0.0;
-    let aim = |done: f64, made: usize| ((total - done) / (pieces - made) as f64).min(cap);
-    for s in segments {
-        if cuts.len() + 1 >= pieces {
-            break;
-        }
-        if s.point {
-            let g = aim(done, cuts.len());
-            if acc > 0.0 && (acc + s.mass > cap || acc + s.mass - g > g - acc) {
-                cuts.push(s.lo.wrapping_sub(1));
-                done += acc;
-                acc = 0.0;
-            }
-            acc += s.mass;
-            continue;
-        }
-        let width = (u128::from(s.hi - s.lo) + 1) as f64;
-        let per_value = s.mass / width;
-        let mut from = 0.0;
-        let mut left = s.mass;
-        while cuts.len() + 1 < pieces && per_value > 0.0 {
-            let g = aim(done, cuts.len());
-            if acc + left <= g {
-                break;
-            }
-            let mut values = ((g - acc).max(0.0) / per_value).round();
-            if values < 1.0 && acc == 0.0 {
-                values = 1.0;
-            }
-            let at = from + values;
-            if at >= width {
-                break;
-            }
-            if at > 0.0 || s.lo > 0 {
-                cuts.push(value_before(s.lo, at));
-            }
-            done += acc + per_value * (at - from);
-            acc = 0.0;
-            from = at;
-            left = per_value * (width - from);
-        }
-        acc += left;
-    }
-    cuts
 }
 
 /// Decayed load distribution over one partition's hash range.
@@ -386,37 +268,10 @@ impl LoadMap {
             return Vec::new();
         }
         let segments = self.segments();
-        let sum = segments.last().map_or(0.0, |s| s.cum_after);
-        if !(sum.is_finite() && sum > 0.0) {
-            return Vec::new();
-        }
-        // The smallest largest piece that `pieces` pieces can achieve: at
-        // least an equal share and at least the heaviest key.
-        let heaviest = segments
-            .iter()
-            .filter(|s| s.point)
-            .map(|s| s.mass)
-            .fold(0.0, f64::max);
-        let (mut lo, mut hi) = ((sum / pieces as f64).max(heaviest), sum);
-        if greedy_cuts(&segments, lo).len() >= pieces {
-            for _ in 0..48 {
-                let mid = (lo + hi) / 2.0;
-                if greedy_cuts(&segments, mid).len() < pieces {
-                    hi = mid;
-                } else {
-                    lo = mid;
-                }
-            }
-            lo = hi;
-        }
-        let mut out: Vec<u64> = Vec::new();
-        for m in balanced_cuts(&segments, pieces, lo * (1.0 + 1e-9)) {
-            if m >= self.start && m < self.end && out.last().is_none_or(|&l| m > l) {
-                out.push(m);
-            }
-        }
-        out.truncate(pieces - 1);
-        out
+        cut_points(&segments, pieces)
+            .into_iter()
+            .filter(|&m| m >= self.start && m < self.end)
+            .collect()
     }
 
     /// The load as consecutive segments over the range, in hash order:

@@ -432,7 +432,7 @@ mod tests {
 
     #[test]
     fn static_imbalance_places_keys_in_even_ranges() {
-        let hashes = [0, u64::MAX / 4, u64::MAX / 2 + 1, u64::MAX];
+        let hashes = [0, 1 << 62, u64::MAX / 2 + 1, u64::MAX];
         let counts = [30, 10, 20, 20];
         // 2 ranges: 40 and 40.
         assert_eq!(static_imbalance(&hashes, &counts, 2), Some(1.0));

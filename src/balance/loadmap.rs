@@ -47,9 +47,12 @@ use super::duration_nanos;
 const NEGLIGIBLE_TOTAL: f64 = 1e-9;
 
 /// Below this many decayed samples the map records every append (see the
-/// module notes): at the default 10 s half-life that is about 18 samples/s,
-/// so sampling 1 in `sample_every` only starts above that rate.
-pub(crate) const DENSE_SAMPLES: f64 = 256.0;
+/// module notes): at the default 10 s half-life that is about 70 appends/s,
+/// so sampling 1 in `sample_every` only starts above that rate, and load
+/// quantiles of a partition at a few dozen records/s come from ~1,000
+/// samples (with 256, the stationary-load test of `tests/balance.rs` once
+/// left a piece over target that split again minutes after converging).
+pub(crate) const DENSE_SAMPLES: f64 = 1024.0;
 
 /// Decayed samples of its own a key needs before it can be a hot key.
 pub(crate) const MIN_HOT_KEY_SAMPLES: f64 = 8.0;

@@ -1,9 +1,12 @@
 //! Applying the balance policy to a topic: gather loads, decide, commit.
 
-use crate::balance::{decide, Decision, PartitionLoad, SplitAt};
+use std::sync::Arc;
+
+use crate::balance::{decide, Decision, LoadMap, PartitionLoad, RateTracker, SplitAt};
 use crate::error::Result;
 use crate::events::TopologyEvent;
 use crate::format::manifest::PartitionState;
+use crate::partition::Partition;
 use crate::topic::{SplitPlan, Topic};
 
 impl Topic {
@@ -38,7 +41,7 @@ impl Topic {
                     (
                         w.rates.rates(now),
                         w.load.split_point(),
-                        w.load.hot_key(policy.hot_key_share),
+                        w.load.hot_key(0.0),
                     )
                 });
                 PartitionLoad {
@@ -83,5 +86,49 @@ impl Topic {
             }
         }
         Ok(applied)
+    }
+}
+
+impl Topic {
+    /// Seeds the rates and load maps of the children of a committed split
+    /// or merge from their sealed parents: each child of a split inherits
+    /// its share of the parent's load (by the parent's load map, or an even
+    /// share if it is empty), the child of a merge the sum of both. Without
+    /// it a child starts at zero: its long windows look cold for a minute
+    /// (a merge right after the split) and its empty load map knows nothing
+    /// about where to cut next. Appends the children took since the commit
+    /// are kept (added to the seed).
+    pub(crate) fn seed_children(&self, parents: &[&Arc<Partition>], children: &[u32]) {
+        let now = self.inner.core.clock.now_nanos();
+        let kids: Vec<(u64, u64, Arc<Partition>)> = {
+            let st = self.inner.state.read();
+            children
+                .iter()
+                .filter_map(|id| st.nodes.get(id))
+                .map(|n| (n.rec.start, n.rec.end, n.part.clone()))
+                .collect()
+        };
+        if kids.len() != children.len() {
+            return; // changed again meanwhile: nothing sensible to seed
+        }
+        // Parents are sealed: their trackers no longer move.
+        let seeds: Vec<(RateTracker, LoadMap)> = parents
+            .iter()
+            .map(|p| p.with_writer(|w| (w.rates.clone(), w.load.clone())))
+            .collect();
+        let even = 1.0 / kids.len() as f64;
+        for (start, end, kid) in kids {
+            kid.with_writer(|w| {
+                for (rates, load) in &seeds {
+                    let share = if parents.len() == 1 {
+                        load.child_share(start, end).unwrap_or(even)
+                    } else {
+                        1.0
+                    };
+                    w.rates = rates.scaled(share, now).merged(&w.rates, now);
+                    w.load.absorb(load);
+                }
+            });
+        }
     }
 }

@@ -311,7 +311,7 @@ impl Core {
             }
             if self.checkpoint_due(requested) {
                 if let Some(entries) = cache.entries_to_write() {
-                    match ck.write(false, entries, &*self.hook) {
+                    match ck.write((false, self.clock.wall_millis()), entries, &*self.hook) {
                         Ok(t) => {
                             targets.push(t);
                             owner.push(None);
@@ -382,7 +382,7 @@ impl Core {
                     e
                 })
                 .collect();
-            let t = ck.write(clean, entries, &*self.hook)?;
+            let t = ck.write((clean, self.clock.wall_millis()), entries, &*self.hook)?;
             if let Some(Err(e)) = self.syncer.sync_all(std::slice::from_ref(&t)).pop() {
                 return Err(Error::io(&t.path, e));
             }

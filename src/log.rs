@@ -588,6 +588,14 @@ fn load_topic(
     let tdir = topic_dir(&core.dir, rec.id);
     let mut st = TopicState::default();
     let now = core.clock.now_nanos();
+    // Saved rates decay by the time since they were saved (nothing was
+    // appended meanwhile). A version 1 checkpoint has no save time: its
+    // rates come back as saved, and the balancer still never splits on
+    // them alone (an empty load map is no reason to cut anywhere).
+    let downtime = match checkpoint.saved_at_ms {
+        0 => std::time::Duration::ZERO,
+        saved => std::time::Duration::from_millis(core.clock.wall_millis().saturating_sub(saved)),
+    };
     for p in &rec.partitions {
         let pdir = partition_dir(&tdir, p.id);
         let params = chain_params(
@@ -677,6 +685,7 @@ fn load_topic(
                     .collect(),
             };
             if !snap.windows.is_empty() {
+                let snap = snap.decayed(downtime);
                 part.with_writer(|w| w.rates = crate::balance::RateTracker::restore(&snap, now));
             }
         }

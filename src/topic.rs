@@ -821,6 +821,7 @@ impl Topic {
         });
         match result {
             Ok(seal_offset) => {
+                self.seed_children(&[&parent], &ids);
                 core.events.emit(TopologyEvent::Split {
                     topic: self.name().into(),
                     parent: partition,
@@ -913,6 +914,7 @@ impl Topic {
         });
         match result {
             Ok(parents) => {
+                self.seed_children(&[&left.2, &right.2], &[id]);
                 core.events.emit(TopologyEvent::Merge {
                     topic: self.name().into(),
                     parents,

@@ -247,6 +247,7 @@ fn checkpoint_seeds() -> Vec<Vec<u8>> {
         encode_checkpoint(&Checkpoint {
             seq: 7,
             clean: true,
+            saved_at_ms: 1_764_547_200_000,
             partitions: vec![p(0, 0, 3), p(0, 1, 0), p(2, 5, 1)],
         }),
     ]

@@ -46,8 +46,12 @@ fn short_run_reads_back_everything_in_order() {
         "splits",
         "merges",
         "hot_keys",
+        "hot_key_reports",
         "imbalance",
         "imbalance_static",
+        "imbalance_static_same_count",
+        "busiest_over_target",
+        "converged_after_s",
         "first_split_after_secs",
         "order_violations",
         "missing_records",
@@ -62,6 +66,15 @@ fn short_run_reads_back_everything_in_order() {
     assert_eq!(doc["missing_records"], 0);
     assert_eq!(doc["duplicate_records"], 0);
     assert_eq!(doc["partitions_initial"], 2);
+    // The hot-key count agrees with the topology: one per isolated key.
+    let flagged = doc["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["hot_key"] == true)
+        .count();
+    assert_eq!(doc["hot_keys"], doc["single_key_partitions"], "{doc:#}");
+    assert_eq!(doc["hot_keys"].as_u64(), Some(flagged as u64), "{doc:#}");
     let parts = doc["partitions"].as_array().unwrap();
     assert_eq!(
         parts.len() as u64,

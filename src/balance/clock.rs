@@ -19,11 +19,25 @@ pub trait Clock: Send + Sync + fmt::Debug {
     /// Nanoseconds since this clock's origin. A real clock never goes
     /// backwards; consumers nevertheless clamp if it does.
     fn now_nanos(&self) -> u64;
+
+    /// Wall-clock milliseconds since the Unix epoch (0 if unknown). Unlike
+    /// [`Clock::now_nanos`] it means the same across restarts: saved rates
+    /// are stamped with it, so a reopen can decay them by the downtime.
+    /// The default reads the system's real-time clock.
+    fn wall_millis(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for Arc<C> {
     fn now_nanos(&self) -> u64 {
         (**self).now_nanos()
+    }
+
+    fn wall_millis(&self) -> u64 {
+        (**self).wall_millis()
     }
 }
 
@@ -106,6 +120,13 @@ impl Clock for ManualClock {
     fn now_nanos(&self) -> u64 {
         self.nanos.load(Ordering::SeqCst)
     }
+
+    /// The same reading in milliseconds: a test that reopens a log with a
+    /// new `ManualClock` set later than the old one simulates that much
+    /// downtime.
+    fn wall_millis(&self) -> u64 {
+        self.now_nanos() / 1_000_000
+    }
 }
 
 #[cfg(test)]
@@ -122,6 +143,20 @@ mod tests {
         assert_eq!(clock.now_nanos(), u64::MAX);
         clock.set_nanos(7);
         assert_eq!(clock.now_nanos(), 7, "set_nanos may go backwards");
+    }
+
+    #[test]
+    fn wall_clocks_are_epoch_milliseconds() {
+        let manual = ManualClock::new(3_000_000_123);
+        assert_eq!(manual.wall_millis(), 3_000);
+        let shared: Arc<dyn Clock> = Arc::new(manual);
+        assert_eq!(shared.wall_millis(), 3_000);
+        // After 2020-01-01 and before 2200-01-01.
+        let real = SystemClock.wall_millis();
+        assert!(
+            (1_577_836_800_000..7_258_118_400_000).contains(&real),
+            "{real}"
+        );
     }
 
     #[test]

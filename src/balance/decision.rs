@@ -14,6 +14,7 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
+use super::policy::RateOf;
 use super::{duration_nanos, BalancePolicy, HotKey, WindowRate};
 
 /// What [`decide`] knows about one active partition.
@@ -31,9 +32,14 @@ pub struct PartitionLoad {
     /// After a restart, use the reopen time: a value in the future counts
     /// as age zero.
     pub last_change_nanos: u64,
-    /// [`super::LoadMap::split_point`] of the partition.
+    /// [`super::LoadMap::split_point`] of the partition. `None` for a
+    /// multi-value range means an empty load map: [`decide`] does not
+    /// split such a partition (it would cut blind).
     pub split_point: Option<u64>,
-    /// [`super::LoadMap::hot_key`] of the partition.
+    /// The partition's top key, [`super::LoadMap::hot_key`] with a low
+    /// `min_share` (0 is fine): [`decide`] isolates it when it carries more
+    /// than `hot_key_share` of the partition's load, or on its own at least
+    /// [`KEY_FILL`] of a target.
     pub hot_key: Option<HotKey>,
     /// Whether this single-value partition was already reported hot.
     pub hot_key_reported: bool,
@@ -185,6 +191,37 @@ fn known(rate: f64) -> Option<f64> {
     (rate.is_finite() && rate >= 0.0).then_some(rate)
 }
 
+/// How many standard deviations of sampling noise a rate must clear before
+/// it counts as hot or cold (see [`uncertainty`]).
+const NOISE_SIGMAS: f64 = 3.0;
+
+/// The relative standard deviation of a window's rate, times
+/// [`NOISE_SIGMAS`]. Records arrive at random: an EWMA with time constant
+/// `w` over `n` records/s behaves like a count of about `2 n w` records,
+/// whose relative deviation is `1 / sqrt(2 n w)`. At a few records per
+/// second one record lifts the 1 s EWMA far above any target for a moment;
+/// that is noise, not load, and splitting on it (then merging the cold
+/// children back) is churn. At thousands of records per second the margin
+/// is a few percent. Unknown counts are as uncertain as one record.
+fn uncertainty(r: &WindowRate) -> f64 {
+    // A window of a tracker only `h` old has seen `h` of history, not the
+    // `2 w` of a settled EWMA; this blends the two smoothly.
+    let span = 2.0 * r.window.as_secs_f64();
+    let seen = span * -(-r.history.as_secs_f64() / span).exp_m1();
+    let records = known(r.records_per_sec).unwrap_or(0.0) * seen;
+    NOISE_SIGMAS / records.max(1.0).sqrt()
+}
+
+/// `rate_of(r)` lowered by its noise: what the rate is at least.
+fn at_least(rate_of: RateOf, r: &WindowRate) -> Option<f64> {
+    known(rate_of(r)).map(|v| v * (1.0 - uncertainty(r)).max(0.0))
+}
+
+/// `rate_of(r)` raised by its noise: what the rate is at most.
+fn at_most(rate_of: RateOf, r: &WindowRate) -> Option<f64> {
+    known(rate_of(r)).map(|v| v * (1.0 + uncertainty(r)))
+}
+
 /// The rates of the shortest and longest windows.
 fn short_and_long(rates: &[WindowRate]) -> Option<(&WindowRate, &WindowRate)> {
     let short = rates.iter().min_by_key(|r| r.window)?;
@@ -200,39 +237,92 @@ fn heat(policy: &BalancePolicy, p: &PartitionLoad) -> Option<f64> {
     let mut consider = |score: f64| hottest = Some(hottest.map_or(score, |h| h.max(score)));
     for (rate_of, target) in policy.targets() {
         let short_limit = policy.hot_factor * target;
-        if let Some(r) = known(rate_of(short)).filter(|&r| r > short_limit) {
+        if let Some(r) = at_least(rate_of, short).filter(|&r| r > short_limit) {
             consider(r / short_limit);
         }
-        if let Some(r) = known(rate_of(long)).filter(|&r| r > target) {
-            consider(r / target);
+        let long_limit = LONG_HOT_MARGIN * target;
+        if let Some(r) = at_least(rate_of, long).filter(|&r| r > long_limit) {
+            consider(r / long_limit);
         }
     }
     hottest
 }
 
-/// Every window of every set target known and below `cold_fraction`.
 /// Most children one split creates.
-const MAX_PIECES: u64 = 4;
+const MAX_PIECES: u64 = 8;
 
-/// How many partitions of at most the target the short-window load needs.
+/// The load a split aims to leave on each child at most, as a fraction of
+/// the target. Children cut to exactly the target (1.0) sit on the hot
+/// threshold: a cut a few percent off plus noise split them again minutes
+/// later. Much lower is not better either: every extra partition lowers
+/// the mean load, and a partition that cannot be split (one hot key) then
+/// stands out further above it.
+const FILL: f64 = 0.9;
+
+/// A window whose noise ([`uncertainty`]) is at most this says what the
+/// load is now.
+const SETTLED_UNCERTAINTY: f64 = 0.25;
+
+/// The longest window makes a partition hot above this many targets, not
+/// at the target itself: load quantiles cut from a 64-bucket histogram
+/// miss by a few percent, so a child aimed at [`FILL`] of the target can
+/// land just above it, and its noise would split it minutes later.
+const LONG_HOT_MARGIN: f64 = 1.05;
+
+/// A key carrying at least this fraction of a target on its own is
+/// isolated into `[h, h]` whatever its share of its partition: no cut of
+/// its partition into pieces of at most [`FILL`] × the target can leave it
+/// with company, and isolating it first lets the next split cut the rest
+/// evenly (a key of 13 % of the load in a partition of 30 % is below half
+/// of it, but a median split would leave it in a child as loaded as the
+/// parent was).
+pub(crate) const KEY_FILL: f64 = FILL;
+
+/// The window that says what the load is now: the shortest one that holds
+/// enough records to be trusted (the longest one if none does).
+fn current(p: &PartitionLoad) -> Option<&WindowRate> {
+    let mut windows: Vec<&WindowRate> = p.rates.iter().collect();
+    windows.sort_by_key(|r| r.window);
+    windows
+        .iter()
+        .find(|r| uncertainty(r) <= SETTLED_UNCERTAINTY)
+        .or(windows.last())
+        .copied()
+}
+
+/// Whether a key with `share` of `p`'s current load carries at least
+/// [`KEY_FILL`] of a set target.
+fn fills_a_partition(policy: &BalancePolicy, p: &PartitionLoad, share: f64) -> bool {
+    let Some(now) = current(p) else {
+        return false;
+    };
+    policy.targets().into_iter().any(|(rate_of, target)| {
+        known(rate_of(now)).is_some_and(|r| r * share >= KEY_FILL * target)
+    })
+}
+
+/// How many partitions of at most `FILL` × the target the current load
+/// needs (see [`current`]).
 fn pieces_needed(policy: &BalancePolicy, p: &PartitionLoad) -> u64 {
-    let Some((short, _)) = short_and_long(&p.rates) else {
+    let Some(now) = current(p) else {
         return 2;
     };
     policy
         .targets()
         .into_iter()
-        .filter_map(|(rate_of, target)| known(rate_of(short)).map(|r| (r / target).ceil()))
+        .filter_map(|(rate_of, target)| known(rate_of(now)).map(|r| (r / (FILL * target)).ceil()))
         .fold(2.0_f64, f64::max)
         .min(MAX_PIECES as f64) as u64
 }
 
+/// Every window of every set target known and below `cold_fraction`, by
+/// more than its noise.
 fn is_cold(policy: &BalancePolicy, p: &PartitionLoad) -> bool {
     !p.rates.is_empty()
         && policy.targets().into_iter().all(|(rate_of, target)| {
             p.rates
                 .iter()
-                .all(|r| known(rate_of(r)).is_some_and(|v| v < policy.cold_fraction * target))
+                .all(|r| at_most(rate_of, r).is_some_and(|v| v < policy.cold_fraction * target))
         })
 }
 
@@ -271,7 +361,9 @@ fn split_for(policy: &BalancePolicy, p: &PartitionLoad, budget: u64) -> Option<(
         at,
     };
     let hot_key = p.hot_key.filter(|k| {
-        k.share.is_finite() && k.share > policy.hot_key_share && (start..=end).contains(&k.hash)
+        k.share.is_finite()
+            && (k.share > policy.hot_key_share || fills_a_partition(policy, p, k.share))
+            && (start..=end).contains(&k.hash)
     });
     if let Some(HotKey { hash, .. }) = hot_key {
         let needed = u64::from(hash > start) + u64::from(hash < end);
@@ -289,6 +381,12 @@ fn split_for(policy: &BalancePolicy, p: &PartitionLoad, budget: u64) -> Option<(
     if budget == 0 {
         return None;
     }
+    // An empty load map (nothing appended since the partition was created
+    // or the log reopened) knows nothing about where the load lands: the
+    // heat can only come from rates restored from before the reopen, and a
+    // split now would cut blind at the middle of the range. Wait for
+    // appends; a partition that is really hot gets them at once.
+    p.split_point?;
     let pieces = pieces_needed(policy, p)
         .min(budget.saturating_add(1))
         .min(MAX_PIECES);
@@ -326,7 +424,9 @@ mod tests {
             .map(|(secs, bytes_per_sec)| WindowRate {
                 window: Duration::from_secs(secs),
                 bytes_per_sec,
-                records_per_sec: 0.0,
+                // 100-byte records.
+                records_per_sec: bytes_per_sec / 100.0,
+                history: Duration::MAX,
             })
             .collect()
     }
@@ -338,7 +438,7 @@ mod tests {
             end,
             rates: rates(short, long),
             last_change_nanos: 0,
-            split_point: None,
+            split_point: (start < end).then(|| start + (end - start) / 2),
             hot_key: None,
             hot_key_reported: false,
         }
@@ -350,18 +450,19 @@ mod tests {
 
     #[test]
     fn hot_by_short_or_long_window_splits_at_the_split_point() {
-        // 2.5 targets of load: cut once into the 3 pieces it needs.
-        let mut by_short = part(1, 0, 999, 2.5 * TARGET, 0.0);
+        // 2.2 targets of load: cut once into the 3 pieces of at most 0.8
+        // targets it needs.
+        let mut by_short = part(1, 0, 999, 2.2 * TARGET, 0.0);
         by_short.split_point = Some(300);
         assert_eq!(
             decide(&policy(), NOW, &[by_short.clone()]),
             vec![split(1, SplitAt::Quantiles(3))]
         );
-        // Never more than 4 children at once, and never past max_partitions.
+        // Never more than 8 children at once, and never past max_partitions.
         by_short.rates = rates(10.0 * TARGET, 0.0);
         assert_eq!(
             decide(&policy(), NOW, &[by_short.clone()]),
-            vec![split(1, SplitAt::Quantiles(4))]
+            vec![split(1, SplitAt::Quantiles(8))]
         );
         let capped = BalancePolicy {
             max_partitions: 2,
@@ -386,15 +487,46 @@ mod tests {
     }
 
     #[test]
+    fn a_window_holding_a_few_records_is_not_evidence_of_heat() {
+        // One 4 KB record lifts the 1 s EWMA to ~4 KB/s against a 1 KB/s
+        // target: 4 x the target, but less than one record in the window.
+        let policy = BalancePolicy {
+            target_bytes_per_sec: Some(1_000.0),
+            ..BalancePolicy::default()
+        };
+        let mut p = part(1, 0, 999, 0.0, 0.0);
+        p.rates[0].bytes_per_sec = 3_800.0;
+        p.rates[0].records_per_sec = 0.95;
+        assert!(decide(&policy, NOW, &[p.clone()]).is_empty());
+        // The 60 s window with 60 records of the same load is evidence.
+        p.rates[2].bytes_per_sec = 4_000.0;
+        p.rates[2].records_per_sec = 1.0;
+        assert_eq!(decide(&policy, NOW, &[p]).len(), 1);
+    }
+
+    #[test]
     fn invalid_split_point_falls_back_to_the_middle() {
-        for bad in [Some(999), Some(5_000), None] {
-            let mut p = part(1, 0, 999, 0.0, 2.0 * TARGET);
+        for bad in [Some(999), Some(5_000)] {
+            let mut p = part(1, 0, 999, 0.0, 1.5 * TARGET);
             p.split_point = bad;
             assert_eq!(
                 decide(&policy(), NOW, &[p]),
                 vec![split(1, SplitAt::Point(499))]
             );
         }
+    }
+
+    #[test]
+    fn an_empty_load_map_is_never_split_blind() {
+        // Hot by rates restored at a reopen, nothing appended since.
+        let mut p = part(1, 0, 999, 0.0, 4.0 * TARGET);
+        p.split_point = None;
+        assert!(decide(&policy(), NOW, &[p.clone()]).is_empty());
+        p.split_point = Some(300);
+        assert_eq!(
+            decide(&policy(), NOW, &[p]),
+            vec![split(1, SplitAt::Quantiles(5))]
+        );
     }
 
     #[test]
@@ -425,6 +557,8 @@ mod tests {
             share: 0.4,
         });
         p.split_point = Some(400);
+        // The 1 s window (one target) says two pieces are enough now.
+        p.rates = rates(TARGET, 3.0 * TARGET);
         assert_eq!(
             decide(&policy(), NOW, &[p]),
             vec![split(1, SplitAt::Point(400))]
@@ -445,6 +579,29 @@ mod tests {
         assert!(
             decide(&policy(), NOW, &[single]).is_empty(),
             "never split [h, h]"
+        );
+    }
+
+    #[test]
+    fn a_key_filling_a_partition_is_isolated_below_the_share_rule() {
+        // 2.5 targets of load, its top key 40 % of it: one target alone.
+        let mut p = part(1, 0, 999, 2.5 * TARGET, 2.5 * TARGET);
+        p.hot_key = Some(HotKey {
+            hash: 600,
+            share: 0.4,
+        });
+        assert_eq!(
+            decide(&policy(), NOW, &[p.clone()]),
+            vec![split(1, SplitAt::IsolateKey(600))]
+        );
+        // 20 % of it (half a target) fits in a piece: load quantiles.
+        p.hot_key = Some(HotKey {
+            hash: 600,
+            share: 0.2,
+        });
+        assert_eq!(
+            decide(&policy(), NOW, &[p]),
+            vec![split(1, SplitAt::Quantiles(3))]
         );
     }
 
@@ -527,7 +684,7 @@ mod tests {
     fn split_and_merge_never_touch_the_same_partition() {
         let cold = 0.1 * TARGET;
         let parts = [
-            part(1, 0, 99, 0.0, 2.0 * TARGET),
+            part(1, 0, 99, 0.0, 1.5 * TARGET),
             part(2, 100, 199, cold, cold),
             part(3, 200, 299, cold, cold),
             part(4, 300, 399, cold, cold),

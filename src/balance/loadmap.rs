@@ -23,17 +23,39 @@
 //! producer cycling through keys with a period dividing N would alias: one
 //! key would be sampled every time and look like 100 % of the load. The
 //! generator is a xorshift seeded from the range, so runs are reproducible.
+//!
+//! Low rates: while the map holds fewer than [`DENSE_SAMPLES`] decayed
+//! samples, every append is recorded (weight 1): at a few records per
+//! second, 1 in 16 would leave the map with one or two samples, and the
+//! latest would carry most of the decayed weight (a key written once looked
+//! like more than half of the load). Mixing the two rates stays unbiased:
+//! each sample is weighted by the inverse of the probability it was taken
+//! with. A key also needs [`MIN_HOT_KEY_SAMPLES`] decayed samples of its own
+//! before [`LoadMap::hot_key`] names it: a share computed from one sample
+//! is not evidence.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::cuts::{cut_points, Segment};
 use super::duration_nanos;
 
 /// Weights below this total are dropped entirely after a decay: the
 /// partition has been idle for many half-lives and old samples would only
 /// steer a future split with stale information.
 const NEGLIGIBLE_TOTAL: f64 = 1e-9;
+
+/// Below this many decayed samples the map records every append (see the
+/// module notes): at the default 10 s half-life that is about 70 appends/s,
+/// so sampling 1 in `sample_every` only starts above that rate, and load
+/// quantiles of a partition at a few dozen records/s come from ~1,000
+/// samples (with 256, the stationary-load test of `tests/balance.rs` once
+/// left a piece over target that split again minutes after converging).
+pub(crate) const DENSE_SAMPLES: f64 = 1024.0;
+
+/// Decayed samples of its own a key needs before it can be a hot key.
+pub(crate) const MIN_HOT_KEY_SAMPLES: f64 = 8.0;
 
 /// Tunables of a [`LoadMap`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -75,12 +97,15 @@ pub struct HotKey {
 }
 
 /// One Space-Saving counter: `weight` overestimates the key's true weight
-/// by at most `error` (the weight of the counter it evicted).
+/// by at most `error` (the weight of the counter it evicted); `samples` is
+/// the decayed number of samples of this key itself (inherited ones don't
+/// count).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Counter {
     hash: u64,
     weight: f64,
     error: f64,
+    samples: f64,
 }
 
 /// Decayed load distribution over one partition's hash range.
@@ -92,6 +117,8 @@ pub struct LoadMap {
     counters: Vec<Counter>,
     top_k: usize,
     total: f64,
+    /// Decayed number of samples recorded (not weighted by bytes).
+    samples: f64,
     half_life_nanos: u64,
     tick_nanos: u64,
     /// The moment the stored weights are expressed at.
@@ -131,6 +158,7 @@ impl LoadMap {
             counters: Vec::with_capacity(config.top_k.max(1)),
             top_k: config.top_k.max(1),
             total: 0.0,
+            samples: 0.0,
             half_life_nanos: duration_nanos(config.half_life).max(1_000_000),
             tick_nanos: duration_nanos(config.tick).max(1),
             decayed_nanos: now_nanos,
@@ -159,10 +187,14 @@ impl LoadMap {
     }
 
     /// The append-path entry point: samples one in `sample_every` appends
-    /// and records the sampled ones with weight `bytes * sample_every`.
+    /// and records the sampled ones with weight `bytes * sample_every`, or
+    /// every append with weight `bytes` while the map holds fewer than
+    /// [`DENSE_SAMPLES`] decayed samples (low rates).
     #[inline]
     pub fn observe(&mut self, now_nanos: u64, key_hash: u64, bytes: u64) {
-        if self.should_sample() {
+        if self.samples < DENSE_SAMPLES {
+            self.record(now_nanos, key_hash, bytes);
+        } else if self.should_sample() {
             let weight = bytes.saturating_mul(u64::from(self.sample_every));
             self.record(now_nanos, key_hash, weight);
         }
@@ -179,6 +211,7 @@ impl LoadMap {
         let bucket = self.bucket_of(hash);
         self.buckets[bucket] += weight;
         self.total += weight;
+        self.samples += 1.0;
         self.count_key(hash, weight);
     }
 
@@ -225,44 +258,103 @@ impl LoadMap {
     /// up to `pieces - 1` strictly increasing points `m` with
     /// `start <= m < end`, each the last hash of a part. Fewer (possibly
     /// none) when the load is too concentrated to cut that finely.
+    ///
+    /// Keys the sketch tracks are point masses at their hash (a cut never
+    /// splits a key: it goes just before or just after it, whichever is
+    /// closer to the goal); the rest of each bucket is uniform over it.
+    /// Under a skewed (Zipf) load a bucket can hold a key carrying more
+    /// than a whole piece, and a cut placed as if that load were spread
+    /// over the bucket would leave one child with the key and most of the
+    /// bucket's remainder.
     pub fn quantile_points(&self, pieces: usize) -> Vec<u64> {
-        let mut out: Vec<u64> = Vec::new();
-        if self.start == self.end || pieces < 2 {
-            return out;
+        if self.start == self.end || pieces < 2 || self.is_empty() {
+            return Vec::new();
         }
-        let sum: f64 = self.buckets.iter().sum();
-        if !(sum.is_finite() && sum > 0.0) {
-            return out;
-        }
-        for j in 1..pieces {
-            let goal = sum * j as f64 / pieces as f64;
-            let mut before = 0.0;
-            for (i, &w) in self.buckets.iter().enumerate() {
-                if w > 0.0 && before + w >= goal {
-                    let fraction = ((goal - before) / w).clamp(0.0, 1.0);
-                    let m = self.point_in_bucket(i, fraction);
-                    if out.last().is_none_or(|&l| m > l) && m < self.end {
-                        out.push(m);
-                    }
+        let segments = self.segments();
+        cut_points(&segments, pieces)
+            .into_iter()
+            .filter(|&m| m >= self.start && m < self.end)
+            .collect()
+    }
+
+    /// The load as consecutive segments over the range, in hash order:
+    /// each tracked key a point segment with its guaranteed weight, each
+    /// stretch of a bucket between keys a uniform segment with its share of
+    /// the bucket's remaining weight.
+    fn segments(&self) -> Vec<Segment> {
+        let mut keys: Vec<(u64, f64)> = self
+            .counters
+            .iter()
+            .map(|c| (c.hash, (c.weight - c.error).max(0.0)))
+            .collect();
+        keys.sort_by_key(|k| k.0);
+        let mut out = Vec::with_capacity(self.buckets.len() + 2 * keys.len());
+        let mut cum = 0.0;
+        let mut push = |lo: u64, hi: u64, mass: f64, point: bool, out: &mut Vec<Segment>| {
+            cum += mass;
+            out.push(Segment {
+                lo,
+                hi,
+                mass,
+                point,
+                cum_after: cum,
+            });
+        };
+        let mut k = 0;
+        for (i, &w) in self.buckets.iter().enumerate() {
+            let lo = self.start + self.bucket_lo(i) as u64;
+            let hi = self.start + (self.bucket_lo(i + 1) - 1) as u64;
+            let first = k;
+            while k < keys.len() && keys[k].0 <= hi {
+                k += 1;
+            }
+            let inside = &keys[first..k];
+            let width = (u128::from(hi - lo) + 1) as f64;
+            let spread = (w - inside.iter().map(|k| k.1).sum::<f64>()).max(0.0);
+            let mut from = lo;
+            for &(h, mass) in inside {
+                if h > from {
+                    let part = (u128::from(h - from)) as f64 / width;
+                    push(from, h - 1, spread * part, false, &mut out);
+                }
+                push(h, h, mass, true, &mut out);
+                from = h.saturating_add(1);
+                if h == u64::MAX {
                     break;
                 }
-                before += w;
+            }
+            if inside.last().is_some_and(|l| l.0 == u64::MAX) {
+                continue; // the key ends the range
+            }
+            if from <= hi {
+                let part = (u128::from(hi - from) + 1) as f64 / width;
+                push(from, hi, spread * part, false, &mut out);
             }
         }
         out
     }
 
+    /// Whether nothing was recorded (or it all decayed away): the map
+    /// knows nothing about where the load lands.
+    pub fn is_empty(&self) -> bool {
+        !(self.total.is_finite() && self.total > 0.0)
+    }
+
     /// The key with the largest guaranteed share of the load, if that share
     /// exceeds `min_share`. The guaranteed weight of a Space-Saving counter
     /// is `weight - error`: a key that merely inherited an evicted
-    /// counter's weight is not reported.
+    /// counter's weight is not reported. Only keys with at least
+    /// [`MIN_HOT_KEY_SAMPLES`] decayed samples of their own count: under
+    /// decay, the latest sample of a key written once can carry most of
+    /// the weight of a map fed at a few records per second.
     pub fn hot_key(&self, min_share: f64) -> Option<HotKey> {
-        if !(self.total.is_finite() && self.total > 0.0) {
+        if self.is_empty() {
             return None;
         }
         let best = self
             .counters
             .iter()
+            .filter(|c| c.samples >= MIN_HOT_KEY_SAMPLES)
             .max_by(|a, b| (a.weight - a.error).total_cmp(&(b.weight - b.error)))?;
         let share = ((best.weight - best.error) / self.total).clamp(0.0, 1.0);
         (share > min_share).then_some(HotKey {
@@ -293,6 +385,124 @@ impl LoadMap {
         (inside / sum).clamp(0.0, 1.0)
     }
 
+    /// The decayed weight (as of the last decay) on hashes in `[lo, hi]`.
+    /// Keys the sketch tracks count as points at their hash with their
+    /// guaranteed weight; the rest of each bucket is taken as uniform over
+    /// it. A one-value range `[h, h]` of a hot key therefore gets the key's
+    /// weight, not a bucket's sliver.
+    fn load_in(&self, lo: u64, hi: u64) -> f64 {
+        if self.is_empty() || lo > hi || hi < self.start || lo > self.end {
+            return 0.0;
+        }
+        let (lo, hi) = (lo.max(self.start), hi.min(self.end));
+        let mut points = vec![0.0; self.buckets.len()];
+        let mut inside = 0.0;
+        for c in &self.counters {
+            let guaranteed = (c.weight - c.error).max(0.0);
+            points[self.bucket_of(c.hash)] += guaranteed;
+            if (lo..=hi).contains(&c.hash) {
+                inside += guaranteed;
+            }
+        }
+        let lo_off = u128::from(lo - self.start);
+        let hi_off = u128::from(hi - self.start) + 1; // exclusive
+        for (i, (&w, &p)) in self.buckets.iter().zip(&points).enumerate() {
+            let (b_lo, b_hi) = (self.bucket_lo(i), self.bucket_lo(i + 1));
+            let overlap = b_hi.min(hi_off).saturating_sub(b_lo.max(lo_off));
+            if overlap > 0 {
+                inside += (w - p).max(0.0) * (overlap as f64 / (b_hi - b_lo) as f64);
+            }
+        }
+        inside
+    }
+
+    /// The share of the load on `[lo, hi]` by [`LoadMap::load_in`]: what a
+    /// child of a split over that range inherits. `None` for an empty map.
+    pub fn child_share(&self, lo: u64, hi: u64) -> Option<f64> {
+        (!self.is_empty()).then(|| (self.load_in(lo, hi) / self.total).clamp(0.0, 1.0))
+    }
+
+    /// Adds what `other` knows about the hashes this map covers, decayed to
+    /// this map's time: seeds the child of a split (from its parent) or a
+    /// merge (from both parents), so the child neither starts blind nor
+    /// looks cold. Bucket loads are re-binned (uniform within a bucket),
+    /// tracked keys are carried over with their weights and samples.
+    pub fn absorb(&mut self, other: &LoadMap) {
+        if other.is_empty() || other.end < self.start || other.start > self.end {
+            return;
+        }
+        // Both maps expressed at the later of their two times.
+        let now = self.decayed_nanos.max(other.decayed_nanos);
+        let mine = self.decay_factor(now - self.decayed_nanos);
+        self.scale(mine);
+        self.decayed_nanos = now;
+        let factor = other.decay_factor(now - other.decayed_nanos);
+        let before = self.total;
+        for i in 0..self.buckets.len() {
+            let lo = self.start + (self.bucket_lo(i) as u64);
+            let hi = self.start + (self.bucket_lo(i + 1) - 1) as u64;
+            let w = other.load_in(lo, hi) * factor;
+            self.buckets[i] += w;
+            self.total += w;
+        }
+        let covered = other.child_share(self.start, self.end).unwrap_or(0.0);
+        self.samples += other.samples * covered * factor;
+        for c in &other.counters {
+            if !(self.start..=self.end).contains(&c.hash) {
+                continue;
+            }
+            let moved = Counter {
+                hash: c.hash,
+                weight: c.weight * factor,
+                error: c.error * factor,
+                samples: c.samples * factor,
+            };
+            if let Some(mine) = self.counters.iter_mut().find(|m| m.hash == c.hash) {
+                mine.weight += moved.weight;
+                mine.error += moved.error;
+                mine.samples += moved.samples;
+            } else if self.counters.len() < self.top_k {
+                self.counters.push(moved);
+            } else if let Some(min) = self
+                .counters
+                .iter_mut()
+                .min_by(|a, b| a.weight.total_cmp(&b.weight))
+                .filter(|m| m.weight < moved.weight)
+            {
+                let floor = min.weight;
+                *min = Counter {
+                    weight: moved.weight + floor,
+                    error: moved.error + floor,
+                    ..moved
+                };
+            }
+        }
+        if !(self.total.is_finite() && self.total >= before) {
+            // Only reachable with absurd weights; start over rather than
+            // carry a NaN into every later decision.
+            self.scale(0.0);
+        }
+    }
+
+    /// Multiplies every weight and count by `factor` (0 empties the map).
+    fn scale(&mut self, factor: f64) {
+        self.total *= factor;
+        self.samples *= factor;
+        if self.total.is_nan() || self.total <= NEGLIGIBLE_TOTAL {
+            self.total = 0.0;
+            self.samples = 0.0;
+            self.buckets.iter_mut().for_each(|w| *w = 0.0);
+            self.counters.clear();
+            return;
+        }
+        self.buckets.iter_mut().for_each(|w| *w *= factor);
+        for c in &mut self.counters {
+            c.weight *= factor;
+            c.error *= factor;
+            c.samples *= factor;
+        }
+    }
+
     /// `2^(-elapsed / half_life)`.
     fn decay_factor(&self, elapsed_nanos: u64) -> f64 {
         (-(elapsed_nanos as f64) / self.half_life_nanos as f64).exp2()
@@ -305,19 +515,7 @@ impl LoadMap {
             return;
         }
         self.decayed_nanos = now_nanos;
-        let factor = self.decay_factor(elapsed);
-        self.total *= factor;
-        if self.total.is_nan() || self.total <= NEGLIGIBLE_TOTAL {
-            self.total = 0.0;
-            self.buckets.iter_mut().for_each(|w| *w = 0.0);
-            self.counters.clear();
-            return;
-        }
-        self.buckets.iter_mut().for_each(|w| *w *= factor);
-        for c in &mut self.counters {
-            c.weight *= factor;
-            c.error *= factor;
-        }
+        self.scale(self.decay_factor(elapsed));
     }
 
     /// Space-Saving update: bump the key's counter, else take a free one,
@@ -325,6 +523,7 @@ impl LoadMap {
     fn count_key(&mut self, hash: u64, weight: f64) {
         if let Some(c) = self.counters.iter_mut().find(|c| c.hash == hash) {
             c.weight += weight;
+            c.samples += 1.0;
             return;
         }
         if self.counters.len() < self.top_k {
@@ -332,6 +531,7 @@ impl LoadMap {
                 hash,
                 weight,
                 error: 0.0,
+                samples: 1.0,
             });
             return;
         }
@@ -345,6 +545,7 @@ impl LoadMap {
                 hash,
                 weight: floor + weight,
                 error: floor,
+                samples: 1.0,
             };
         }
     }
@@ -472,6 +673,38 @@ mod tests {
     }
 
     #[test]
+    fn quantile_cuts_go_around_heavy_keys() {
+        // Zipf-like: a key with 30 % of the load and one with 15 %, both
+        // in the same bucket as a slice of the uniform rest.
+        let mut map = LoadMap::with_config(0, u64::MAX, &unsampled(), 0);
+        let mut rng = Rng(9);
+        let (big, second) = (1u64 << 58, (1u64 << 58) + 1_000);
+        for i in 0..20_000 {
+            let hash = match i % 20 {
+                0..=5 => big,
+                6..=8 => second,
+                _ => rng.next(),
+            };
+            map.record(0, hash, 100);
+        }
+        let points = map.quantile_points(4);
+        let mut lo = 0u64;
+        let mut shares = Vec::new();
+        for &m in points.iter().chain(std::iter::once(&u64::MAX)) {
+            shares.push(map.child_share(lo, m).unwrap());
+            lo = m.saturating_add(1);
+        }
+        // No piece far above a quarter: only the 30 % key forces one above.
+        for (i, s) in shares.iter().enumerate() {
+            assert!(
+                *s <= 0.36,
+                "piece {i} carries {s}: {shares:?} at {points:x?}"
+            );
+        }
+        assert!(shares.iter().sum::<f64>() > 0.99, "{shares:?}");
+    }
+
+    #[test]
     fn skewed_load_splits_where_the_load_is() {
         // 90 % of the load on [0, 2^60), 10 % spread over the rest.
         let mut map = LoadMap::with_config(0, u64::MAX, &unsampled(), 0);
@@ -586,9 +819,14 @@ mod tests {
         let now = clock.now_nanos();
         let ratio = map.total_load_at(now + 10 * SEC) / map.total_load_at(now);
         assert!((ratio - 0.5).abs() < 1e-9, "one half-life halves the load");
-        // Long idle: everything decays away on the next sample.
+        // Long idle: everything decays away on the next sample, and one
+        // sample is no evidence of a hot key; a few more are.
         map.record(now + 10_000 * SEC, 3, 1);
         assert_eq!(map.total_load(), 1.0);
+        assert_eq!(map.hot_key(0.5), None);
+        for _ in 0..MIN_HOT_KEY_SAMPLES as usize {
+            map.record(now + 10_000 * SEC, 3, 1);
+        }
         assert_eq!(map.hot_key(0.5).map(|k| k.hash), Some(3));
     }
 
@@ -606,6 +844,35 @@ mod tests {
         assert_eq!(map.hot_key(0.2), None, "a period-16 key must not alias");
         let samples = (0..1_600).filter(|_| map.should_sample()).count();
         assert!((50..=150).contains(&samples), "{samples} of 1600 sampled");
+    }
+
+    #[test]
+    fn keys_written_once_at_low_rates_are_not_hot() {
+        // One record per second, every key new: with 1-in-16 sampling and a
+        // 10 s half-life the latest sample used to carry over half of the
+        // decayed weight.
+        let clock = ManualClock::new(0);
+        let mut map = LoadMap::new(0, u64::MAX, 0);
+        let mut rng = Rng(7);
+        for _ in 0..600 {
+            clock.advance(Duration::from_secs(1));
+            map.observe(clock.now_nanos(), rng.next(), 4_096);
+            assert_eq!(map.hot_key(0.5), None);
+            assert_eq!(map.hot_key(0.05), None);
+        }
+        // Dense at this rate: about 14 decayed samples, each weighted 1.
+        assert!(
+            (10.0..20.0).contains(&map.samples),
+            "{} samples",
+            map.samples
+        );
+        // The same rate on one key is a hot key once it has the samples.
+        let hot = 99u64;
+        for _ in 0..30 {
+            clock.advance(Duration::from_secs(1));
+            map.observe(clock.now_nanos(), hot, 4_096);
+        }
+        assert_eq!(map.hot_key(0.3).map(|k| k.hash), Some(hot));
     }
 
     #[test]

@@ -26,6 +26,7 @@
 use std::time::Duration;
 
 mod clock;
+mod cuts;
 mod decision;
 mod loadmap;
 mod policy;

@@ -50,6 +50,11 @@ pub struct WindowRate {
     pub bytes_per_sec: f64,
     /// Smoothed records per second.
     pub records_per_sec: f64,
+    /// How much history the rate is computed from: the tracker's age when
+    /// it is younger than the window (the rate is then corrected for the
+    /// missing history, see [`RateTracker::rates`]), `Duration::MAX` for a
+    /// tracker with full history (restored, or seeded from a parent).
+    pub history: Duration,
 }
 
 /// One window of a [`RateSnapshot`], in plain serializable fields.
@@ -74,7 +79,6 @@ impl RateSnapshot {
     /// The snapshot as it would read after `elapsed` more time without any
     /// appends: for a restore when the downtime is known (e.g. from
     /// wall-clock timestamps in the manifest).
-    #[allow(dead_code, reason = "introspection for unit tests and tools")]
     pub fn decayed(&self, elapsed: Duration) -> RateSnapshot {
         let elapsed_nanos = duration_nanos(elapsed);
         let windows = self
@@ -140,11 +144,28 @@ impl Ewma {
         }
     }
 
-    fn window_rate(&self) -> WindowRate {
+    /// The rate, divided by `1 - exp(-age / window)` when the tracker is
+    /// only `age` old (`None`: full history): an EWMA started at zero
+    /// reaches `(1 - exp(-age / window))` of a constant rate after `age`,
+    /// so the division makes a young tracker's long windows say what the
+    /// load is instead of lagging a minute behind it.
+    fn window_rate(&self, age_nanos: Option<u64>) -> WindowRate {
+        let window = Duration::from_nanos(self.window_nanos);
+        let Some(age) = age_nanos else {
+            return WindowRate {
+                window,
+                bytes_per_sec: self.bytes_per_sec,
+                records_per_sec: self.records_per_sec,
+                history: Duration::MAX,
+            };
+        };
+        let seen = -(-(age as f64) / self.window_nanos as f64).exp_m1();
+        let correct = |r: f64| if seen > 0.0 { r / seen } else { 0.0 };
         WindowRate {
-            window: Duration::from_nanos(self.window_nanos),
-            bytes_per_sec: self.bytes_per_sec,
-            records_per_sec: self.records_per_sec,
+            window,
+            bytes_per_sec: correct(self.bytes_per_sec),
+            records_per_sec: correct(self.records_per_sec),
+            history: Duration::from_nanos(age),
         }
     }
 }
@@ -162,6 +183,9 @@ pub struct RateTracker {
     folded_nanos: u64,
     pending_records: u64,
     pending_bytes: u64,
+    /// When the tracker started from nothing; `None` when it carries full
+    /// history (restored from a snapshot).
+    born_nanos: Option<u64>,
 }
 
 impl RateTracker {
@@ -197,6 +221,7 @@ impl RateTracker {
             folded_nanos: now_nanos,
             pending_records: 0,
             pending_bytes: 0,
+            born_nanos: Some(now_nanos),
         }
     }
 
@@ -232,13 +257,18 @@ impl RateTracker {
     /// The rates at `now_nanos`, shortest window first, including pending
     /// amounts and the decay through any idle time since the last fold.
     /// Does not mutate: it computes what a fold at `now_nanos` would give.
+    /// A tracker younger than a window reports that window's rate corrected
+    /// for the history it lacks (see [`WindowRate::history`]).
     pub fn rates(&self, now_nanos: u64) -> Vec<WindowRate> {
         let elapsed = now_nanos.saturating_sub(self.folded_nanos);
+        let age = self
+            .born_nanos
+            .map(|b| now_nanos.max(self.folded_nanos).saturating_sub(b));
         self.ewmas
             .iter()
             .map(|e| {
                 e.advanced(elapsed, self.pending_records, self.pending_bytes)
-                    .window_rate()
+                    .window_rate(age)
             })
             .collect()
     }
@@ -254,6 +284,8 @@ impl RateTracker {
 
     /// The persistent form of the rates at `now_nanos`.
     pub fn snapshot(&self, now_nanos: u64) -> RateSnapshot {
+        // The corrected rates: a restored tracker has full history, so it
+        // must get what this one believes, not its raw young EWMAs.
         let windows = self
             .rates(now_nanos)
             .into_iter()
@@ -286,16 +318,13 @@ impl RateTracker {
         ewmas.sort_by_key(|e| e.window_nanos);
         ewmas.dedup_by_key(|e| e.window_nanos);
         tracker.ewmas = ewmas;
+        tracker.born_nanos = None;
         tracker
     }
 
     /// A new tracker whose rates are this one's times `factor` (NaN or
     /// negative factors count as 0): seeds the children of a split with
     /// their share of the parent's load, so they don't start out "cold".
-    #[allow(
-        dead_code,
-        reason = "for seeding split and merge children; not wired in yet"
-    )]
     pub fn scaled(&self, factor: f64, now_nanos: u64) -> RateTracker {
         let factor = sanitize(factor);
         let mut out = self.clone();
@@ -310,23 +339,26 @@ impl RateTracker {
     /// A new tracker with this one's windows whose rates are the sum of both
     /// trackers' rates for the same window (a window `other` lacks adds
     /// nothing): seeds the child of a merge.
-    #[allow(
-        dead_code,
-        reason = "for seeding split and merge children; not wired in yet"
-    )]
     pub fn merged(&self, other: &RateTracker, now_nanos: u64) -> RateTracker {
         let mut out = self.clone();
         out.fold(now_nanos);
-        for theirs in other.rates(now_nanos) {
-            let window_nanos = duration_nanos(theirs.window);
-            if let Some(e) = out
-                .ewmas
-                .iter_mut()
-                .find(|e| e.window_nanos == window_nanos)
-            {
-                e.bytes_per_sec += theirs.bytes_per_sec;
-                e.records_per_sec += theirs.records_per_sec;
+        // The older history of the two (full history wins); both trackers'
+        // corrected rates are summed and expressed on that history.
+        out.born_nanos = match (self.born_nanos, other.born_nanos) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            _ => None,
+        };
+        let age = out.born_nanos.map(|b| now_nanos.saturating_sub(b));
+        let theirs = other.rates(now_nanos);
+        for (e, mine) in out.ewmas.iter_mut().zip(self.rates(now_nanos)) {
+            let seen = age.map_or(1.0, |a| -(-(a as f64) / e.window_nanos as f64).exp_m1());
+            let (mut bytes, mut records) = (mine.bytes_per_sec, mine.records_per_sec);
+            if let Some(t) = theirs.iter().find(|t| t.window == mine.window) {
+                bytes += t.bytes_per_sec;
+                records += t.records_per_sec;
             }
+            e.bytes_per_sec = bytes * seen;
+            e.records_per_sec = records * seen;
         }
         out
     }
@@ -381,13 +413,22 @@ mod tests {
         feed(&mut t, &clock, 5, 1_000_000);
         let r = t.rates(clock.now_nanos());
         assert!(r[0].bytes_per_sec > 0.98e6, "1 s window: {:?}", r[0]);
-        // 1 - exp(-5/60) ~ 0.08 of the way.
+        // The raw 60 s EWMA is 1 - exp(-5/60) ~ 0.08 of the way ...
         assert_close(
-            r[2].bytes_per_sec,
+            t.ewmas[2].bytes_per_sec,
             1e6 * (1.0 - (-5.0f64 / 60.0).exp()),
             0.03,
             "60 s",
         );
+        let raw = t.snapshot(clock.now_nanos());
+        // ... and the tracker, 5 s old, corrects for the history it lacks.
+        assert_close(r[2].bytes_per_sec, 1e6, 0.03, "60 s corrected");
+        assert_eq!(r[2].history, Duration::from_secs(5));
+        // A restored tracker has full history and resumes with what this
+        // one believes.
+        let restored = RateTracker::restore(&raw, 0);
+        assert_eq!(restored.rates(0)[2].history, Duration::MAX);
+        assert_close(restored.rates(0)[2].bytes_per_sec, 1e6, 0.03, "restored");
     }
 
     #[test]
@@ -443,6 +484,8 @@ mod tests {
         let mut t = RateTracker::new(&DEFAULT_WINDOWS, 0);
         feed(&mut t, &clock, 30, 500_000);
         let now = clock.now_nanos();
+        // With full history (a young tracker's correction changes as it ages).
+        let t = RateTracker::restore(&t.snapshot(now), now);
         let snap = t.snapshot(now).decayed(Duration::from_secs(20));
         let idle = t.snapshot(now + 20 * SEC);
         for (a, b) in snap.windows.iter().zip(&idle.windows) {

@@ -67,6 +67,8 @@ struct Sim {
     /// Every decision applied, with its time.
     log: Vec<(u64, Decision)>,
     max_active: usize,
+    /// Load-map samples per uniform piece, per partition, per step.
+    samples: u64,
 }
 
 impl Sim {
@@ -82,6 +84,7 @@ impl Sim {
             rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
             log: Vec::new(),
             max_active: 0,
+            samples: SAMPLES,
         };
         let n = u128::from(initial);
         for i in 0..n {
@@ -136,7 +139,7 @@ impl Sim {
             let Some((lo, hi, bytes_per_sec)) = overlap(&l, start, end) else {
                 continue;
             };
-            let n = if lo == hi { 1 } else { SAMPLES };
+            let n = if lo == hi { 1 } else { self.samples };
             for _ in 0..n {
                 let width = u128::from(hi - lo) + 1;
                 let hash = lo + ((u128::from(self.next_random()) * width) >> 64) as u64;
@@ -168,7 +171,7 @@ impl Sim {
                 rates: p.rates.rates(self.now),
                 last_change_nanos: p.last_change_nanos,
                 split_point: p.map.split_point(),
-                hot_key: p.map.hot_key(self.policy.hot_key_share),
+                hot_key: p.map.hot_key(0.0),
                 hot_key_reported: p.hot_key_reported,
             })
             .collect();
@@ -387,4 +390,80 @@ fn hot_key_below_isolation_share_is_isolated_after_a_median_split() {
     assert_eq!(isolations, 1, "{log:?}");
     assert!(sim.parts.iter().any(|p| p.start == h && p.end == h));
     assert!(sim.run(10 * MINUTE).is_empty());
+}
+
+/// A Zipf-like load as `simulate` writes it: the head key carries 13.5 %
+/// of the records, the next keys 6.3, 4.1, 3.0 and 2.4 %, the rest is
+/// spread evenly. The target is sized so the head key fits under it
+/// (0.85 x target), as `simulate` calibrates it.
+fn zipf_like(seed: u64, total: f64) -> Vec<Load> {
+    let mut rng = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let heads = [0.135, 0.063, 0.041, 0.030, 0.024];
+    let mut load: Vec<Load> = heads
+        .iter()
+        .map(|share| {
+            let h = next();
+            uniform(h, h, share * total)
+        })
+        .collect();
+    let rest = 1.0 - heads.iter().sum::<f64>();
+    load.push(uniform(0, u64::MAX, rest * total));
+    load
+}
+
+/// Converged within 5 s, then ten minutes without a change, every partition
+/// at most 1.1 x target, and more even than static hashing into as many
+/// partitions. (Not yet max/mean <= 1.2: cutting around the head key leaves
+/// slivers next to it, 1.38-1.55 for these seeds against 2.06-2.49 static.)
+#[test]
+fn zipf_head_converges_in_seconds_to_balanced_partitions_under_target() {
+    for seed in [11, 12, 13, 14] {
+        let total = 10.0 * MB;
+        let target = 0.135 * total / 0.85;
+        let policy = BalancePolicy {
+            target_bytes_per_sec: Some(target),
+            min_age: Duration::from_secs(1),
+            hot_factor: 1.3,
+            ..BalancePolicy::default()
+        };
+        let mut sim = Sim::new(seed, policy, zipf_like(seed, total), 4);
+        sim.samples = 64;
+        let converging = sim.run(Duration::from_secs(5));
+        assert!(!converging.is_empty(), "seed {seed}: never split");
+        let settled: Vec<(u64, u64)> = sim.parts.iter().map(|p| (p.start, p.end)).collect();
+        let quiet = sim.run(10 * MINUTE);
+        assert!(
+            quiet.is_empty(),
+            "seed {seed}: still deciding after 5 s: {quiet:?}"
+        );
+        let now: Vec<(u64, u64)> = sim.parts.iter().map(|p| (p.start, p.end)).collect();
+        assert_eq!(now, settled, "seed {seed}");
+        let loads = sim.loads();
+        for l in &loads {
+            assert!(
+                *l <= 1.1 * target,
+                "seed {seed}: {l} over 1.1 x target: {loads:?}"
+            );
+        }
+        let mean = loads.iter().sum::<f64>() / loads.len() as f64;
+        let max = loads.iter().copied().fold(0.0, f64::max);
+        let n = u128::from(loads.len() as u32);
+        let even: Vec<f64> = (0..n)
+            .map(|i| sim.true_load(((i << 64) / n) as u64, (((i + 1) << 64) / n - 1) as u64))
+            .collect();
+        let static_max = even.iter().copied().fold(0.0, f64::max);
+        assert!(
+            max / mean < static_max / mean,
+            "seed {seed}: imbalance {} over {} partitions, static {}: {loads:?}",
+            max / mean,
+            loads.len(),
+            static_max / mean
+        );
+    }
 }

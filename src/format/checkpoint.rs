@@ -12,12 +12,18 @@
 //! 16  crc          u32   CRC of bytes 8..16 and 20..32+payload_len
 //! 20  reserved     u32
 //! 24  seq          u64
-//! 32  payload: entry count u32, then per partition:
+//! 32  payload: (version 2) saved_at_ms u64, then
+//!       entry count u32, then per partition:
 //!       topic_id u32, partition_id u32, segment_base u64, position u64,
 //!       end_offset u64, start_offset u64 (retention floor),
 //!       window count u32, per window:
 //!       window_ms u32, bytes_per_sec f64, records_per_sec f64
 //! ```
+//!
+//! Version 2 added `saved_at_ms`, the wall-clock time the rates were taken
+//! at (Unix epoch milliseconds, 0 if unknown), so a reopen decays them by
+//! the downtime instead of taking minutes-old rates as current. Version 1
+//! files (no such field) still decode, with `saved_at_ms` 0.
 //!
 //! A position in a checkpoint was durable when the checkpoint was written:
 //! the engine writes the positions of the previous completed sync, so data
@@ -26,8 +32,10 @@
 
 /// Checkpoint magic.
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"FSNLCKP\0";
-/// Checkpoint format version.
-pub const CHECKPOINT_VERSION: u16 = 1;
+/// Checkpoint format version written (and the newest read).
+pub const CHECKPOINT_VERSION: u16 = 2;
+/// The oldest checkpoint version still read.
+const CHECKPOINT_VERSION_MIN: u16 = 1;
 /// Header length.
 pub const CHECKPOINT_HEADER_LEN: usize = 32;
 const MAX_WINDOWS: u32 = 64;
@@ -70,13 +78,17 @@ pub struct Checkpoint {
     pub seq: u64,
     /// Written by a clean shutdown: positions are exact ends.
     pub clean: bool,
+    /// Wall-clock time the rates were taken at, Unix epoch milliseconds;
+    /// 0 if unknown (a version 1 file).
+    pub saved_at_ms: u64,
     /// One entry per partition with data.
     pub partitions: Vec<PartitionCheckpoint>,
 }
 
 /// Encodes a checkpoint.
 pub fn encode_checkpoint(c: &Checkpoint) -> Vec<u8> {
-    let mut payload = Vec::with_capacity(4 + c.partitions.len() * 64);
+    let mut payload = Vec::with_capacity(12 + c.partitions.len() * 64);
+    payload.extend_from_slice(&c.saved_at_ms.to_le_bytes());
     payload.extend_from_slice(&(c.partitions.len() as u32).to_le_bytes());
     for p in &c.partitions {
         payload.extend_from_slice(&p.topic_id.to_le_bytes());
@@ -153,7 +165,7 @@ pub fn decode_checkpoint(buf: &[u8]) -> Result<Checkpoint, String> {
         return Err("bad checkpoint magic".into());
     }
     let version = u16::from_le_bytes([buf[8], buf[9]]);
-    if version != CHECKPOINT_VERSION {
+    if !(CHECKPOINT_VERSION_MIN..=CHECKPOINT_VERSION).contains(&version) {
         return Err(format!("unsupported checkpoint version {version}"));
     }
     let flags = u16::from_le_bytes([buf[10], buf[11]]);
@@ -169,6 +181,7 @@ pub fn decode_checkpoint(buf: &[u8]) -> Result<Checkpoint, String> {
     let mut seq = [0u8; 8];
     seq.copy_from_slice(&buf[24..32]);
     let mut cur = Cursor(&whole[CHECKPOINT_HEADER_LEN..]);
+    let saved_at_ms = if version >= 2 { cur.u64()? } else { 0 };
     let count = cur.u32()?;
     let mut partitions = Vec::new();
     for _ in 0..count {
@@ -200,6 +213,7 @@ pub fn decode_checkpoint(buf: &[u8]) -> Result<Checkpoint, String> {
     Ok(Checkpoint {
         seq: u64::from_le_bytes(seq),
         clean: flags & 1 == 1,
+        saved_at_ms,
         partitions,
     })
 }
@@ -212,6 +226,7 @@ mod tests {
         Checkpoint {
             seq: 42,
             clean: true,
+            saved_at_ms: 1_764_547_200_000,
             partitions: vec![PartitionCheckpoint {
                 topic_id: 1,
                 partition_id: 2,
@@ -236,6 +251,36 @@ mod tests {
         let mut b = encode_checkpoint(&c);
         b.extend_from_slice(&[7; 30]);
         assert_eq!(decode_checkpoint(&b).unwrap(), c);
+    }
+
+    /// A version 1 file as the previous format wrote it: no save time.
+    fn encode_v1(c: &Checkpoint) -> Vec<u8> {
+        let mut b = encode_checkpoint(c);
+        b.drain(CHECKPOINT_HEADER_LEN..CHECKPOINT_HEADER_LEN + 8);
+        b[8..10].copy_from_slice(&1u16.to_le_bytes());
+        let len = (b.len() - CHECKPOINT_HEADER_LEN) as u32;
+        b[12..16].copy_from_slice(&len.to_le_bytes());
+        let crc = crc_of(&b);
+        b[16..20].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn version_1_files_still_decode_without_a_save_time() {
+        let c = sample();
+        let old = decode_checkpoint(&encode_v1(&c)).unwrap();
+        assert_eq!(
+            old,
+            Checkpoint {
+                saved_at_ms: 0,
+                ..c.clone()
+            }
+        );
+        assert_eq!(newer_version(&encode_v1(&c)), None);
+        let mut newer = encode_checkpoint(&c);
+        newer[8..10].copy_from_slice(&3u16.to_le_bytes());
+        assert_eq!(newer_version(&newer), Some(3));
+        assert!(decode_checkpoint(&newer).is_err());
     }
 
     #[test]

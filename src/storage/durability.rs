@@ -322,7 +322,7 @@ impl CheckpointFiles {
     /// would leave none.
     pub fn write(
         &mut self,
-        clean: bool,
+        (clean, saved_at_ms): (bool, u64),
         partitions: Vec<PartitionCheckpoint>,
         hook: &dyn IoHook,
     ) -> Result<SyncTarget> {
@@ -331,6 +331,7 @@ impl CheckpointFiles {
         let bytes = checkpoint::encode_checkpoint(&Checkpoint {
             seq,
             clean,
+            saved_at_ms,
             partitions,
         });
         let path = &self.paths[slot];

@@ -10,8 +10,11 @@
 //! `measured records/s / (2 × initial partitions)`: the initial partitions
 //! then run at twice the target on average, so the hottest ones split (a
 //! topic config is fixed at creation, so calibrating inside the real topic
-//! is not possible). The Log's background thread runs the balancer every
-//! `check_interval`.
+//! is not possible). The target is raised, if needed, so that the hottest
+//! key (the Zipf head, or `--hot-key-share`) fits under it: a key is never
+//! spread over partitions (per-key order), so a target below one key's rate
+//! leaves that key's partition above target whatever the balancer does.
+//! The Log's background thread runs the balancer every `check_interval`.
 //!
 //! Imbalance is max/mean records/s of the active partitions over the last
 //! (up to) 3 seconds of producing, from partition end-offset deltas;
@@ -57,6 +60,10 @@ const IMBALANCE_WINDOW_SECS: f64 = 3.0;
 const CALM_SHARE: f64 = 0.05;
 /// Share of the run spent in the surge with `--phases`.
 const SURGE_SHARE: f64 = 1.0 / 3.0;
+/// The calibrated target is at least the hottest key's rate over this: the
+/// key's partition then runs under the target, with room for the
+/// balancer's split fill (0.9 x target) and a little company.
+const HEAD_KEY_FILL: f64 = 0.85;
 
 /// Arguments of `fissionlog simulate`.
 #[derive(clap::Args, Debug)]
@@ -415,7 +422,9 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
         }
         let measured = calibrate(&log, plan)?;
         calibrated = Some(measured);
-        target_records = Some((measured / (2.0 * f64::from(plan.partitions))).max(1.0));
+        let spread = measured / (2.0 * f64::from(plan.partitions));
+        let head = measured * plan.workload.head_share() / HEAD_KEY_FILL;
+        target_records = Some(spread.max(head).max(1.0));
     }
     let policy = BalancePolicy {
         enabled: plan.balance,
@@ -433,6 +442,7 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
     if !plan.json {
         println!("simulating into {} ...", dir.display());
     }
+    let hashes = key_hashes(&topic, plan.workload.keys);
     let outcome = drive(plan, &topic, &events)?;
     let mut errors = outcome.errors;
     if let Err(e) = log.close() {
@@ -468,12 +478,21 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
                 bytes: p.bytes,
                 records_per_sec: rate,
                 share: rate.filter(|_| total_rate > 0.0).map(|r| r / total_rate),
-                hot_key: p.hot_key,
+                // Isolated by the balancer, whether or not still reported hot.
+                hot_key: p.hot_key || p.start == p.end,
             }
         })
         .collect();
     let bytes: u64 = infos.iter().map(|p| p.bytes).sum();
     let seconds = outcome.seconds.max(1e-9);
+    let mut per_key = vec![0u64; hashes.len()];
+    for producer in &outcome.acked {
+        for (total, n) in per_key.iter_mut().zip(producer) {
+            *total += n;
+        }
+    }
+    let max_partition_records_per_sec = load.rates.values().copied().reduce(f64::max);
+    let single_key_partitions = active.iter().filter(|p| p.start == p.end).count();
     let cmp = outcome.checker.compare(&outcome.acked);
     let tally = outcome.tally;
     Ok(Report {
@@ -498,12 +517,18 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
         partitions_active: active.len(),
         splits: tally.splits,
         merges: tally.merges,
-        hot_keys: tally.hot_keys,
-        single_key_partitions: active.iter().filter(|p| p.start == p.end).count(),
+        hot_keys: single_key_partitions,
+        hot_key_reports: tally.hot_keys,
+        single_key_partitions,
         imbalance: load.imbalance,
         imbalance_static: load.imbalance_static,
+        imbalance_static_same_count: report::static_imbalance(&hashes, &per_key, active.len()),
+        busiest_over_target: max_partition_records_per_sec
+            .zip(target_records)
+            .map(|(r, t)| r / t),
+        converged_after_s: plan.balance.then(|| tally.last_change.unwrap_or(0.0)),
         imbalance_without_hot_keys,
-        max_partition_records_per_sec: load.rates.values().copied().reduce(f64::max),
+        max_partition_records_per_sec,
         max_partition_records_per_sec_static: load.static_max_records_per_sec,
         imbalance_window_secs: load.window_secs,
         first_split_after_secs: tally.first_split,
@@ -578,6 +603,8 @@ struct Tally {
     merges: u64,
     hot_keys: u64,
     first_split: Option<f64>,
+    /// Time of the last split or merge.
+    last_change: Option<f64>,
     notes: Vec<EventNote>,
 }
 
@@ -595,6 +622,7 @@ impl Tally {
                 } if topic == TOPIC => {
                     self.splits += 1;
                     self.first_split.get_or_insert(t);
+                    self.last_change = Some(t);
                     EventNote {
                         t,
                         kind: "split",
@@ -607,6 +635,7 @@ impl Tally {
                     child,
                 } if topic == TOPIC => {
                     self.merges += 1;
+                    self.last_change = Some(t);
                     let ids: Vec<u32> = parents.iter().map(|p| p.0).collect();
                     EventNote {
                         t,
@@ -660,17 +689,24 @@ struct Outcome {
     group: Option<group::GroupReport>,
 }
 
+/// The routing hash of every key id `0..=keys`.
+fn key_hashes(topic: &Topic, keys: u32) -> Vec<u64> {
+    let mut key = [0u8; 24];
+    (0..=keys)
+        .map(|k| {
+            let len = write_key(&mut key, k);
+            topic.hash(&key[..len])
+        })
+        .collect()
+}
+
 /// The index of the initial range holding each key's hash.
 fn initial_range_of_keys(topic: &Topic, keys: u32) -> (Vec<u32>, usize) {
     let mut starts: Vec<u64> = topic.partitions().iter().map(|p| p.start).collect();
     starts.sort_unstable();
-    let mut key = [0u8; 24];
-    let table = (0..=keys)
-        .map(|k| {
-            let len = write_key(&mut key, k);
-            let h = topic.hash(&key[..len]);
-            (starts.partition_point(|&s| s <= h).max(1) - 1) as u32
-        })
+    let table = key_hashes(topic, keys)
+        .into_iter()
+        .map(|h| (starts.partition_point(|&s| s <= h).max(1) - 1) as u32)
         .collect();
     (table, starts.len())
 }

@@ -199,14 +199,29 @@ pub struct Report {
     pub splits: u64,
     /// Merges during the run.
     pub merges: u64,
-    /// Hot keys reported (single-value partitions still hot).
-    pub hot_keys: u64,
+    /// Hot keys: keys the balancer isolated into a partition of their own
+    /// (`[h, h]`), active at the end. Agrees with `single_key_partitions`
+    /// and with the `hot_key` flags of `partitions`.
+    pub hot_keys: usize,
+    /// `HotKey` events: single-key partitions still hot after isolation
+    /// (the balancer cannot help those further).
+    pub hot_key_reports: u64,
     /// Partitions of a single hash value `[h, h]` at the end.
     pub single_key_partitions: usize,
     /// max / mean load of the active partitions over the last seconds.
     pub imbalance: Option<f64>,
     /// The same for static partitioning into the initial even ranges.
     pub imbalance_static: Option<f64>,
+    /// Static partitioning into as many even ranges as there are active
+    /// partitions at the end, for the records of the whole run (per-key
+    /// counts: the key distribution does not change during a run).
+    pub imbalance_static_same_count: Option<f64>,
+    /// Records/s of the busiest active partition over the window, divided
+    /// by the records/s target.
+    pub busiest_over_target: Option<f64>,
+    /// Seconds from the start of the load to the last split or merge: the
+    /// topology did not change after it (0 when it never changed).
+    pub converged_after_s: Option<f64>,
     /// `imbalance` leaving out single-key partitions `[h, h]` (a key's load
     /// cannot be divided without breaking its order).
     pub imbalance_without_hot_keys: Option<f64>,
@@ -289,13 +304,16 @@ impl Report {
             ),
         }
         println!(
-            "partitions: {} initial, {} active; {} splits, {} merges, {} hot keys; first split after {}",
+            "partitions: {} initial, {} active; {} splits, {} merges, {} hot keys isolated; first split after {}, last change after {}",
             self.partitions_initial,
             self.partitions_active,
             self.splits,
             self.merges,
             self.hot_keys,
             self.first_split_after_secs
+                .map(|t| format!("{t:.2} s"))
+                .unwrap_or_else(|| "-".into()),
+            self.converged_after_s
                 .map(|t| format!("{t:.2} s"))
                 .unwrap_or_else(|| "-".into())
         );
@@ -331,11 +349,13 @@ impl Report {
         }
         println!();
         println!(
-            "imbalance (max/mean load, last {:.1} s): {} with splitting, {} static ({} even ranges)",
+            "imbalance (max/mean load, last {:.1} s): {} with splitting, {} static ({} even ranges), {} static ({} even ranges)",
             self.imbalance_window_secs,
             opt2(self.imbalance),
             opt2(self.imbalance_static),
-            self.partitions_initial
+            self.partitions_initial,
+            opt2(self.imbalance_static_same_count),
+            self.partitions_active
         );
         if self.single_key_partitions > 0 {
             println!(
@@ -344,10 +364,11 @@ impl Report {
             );
         }
         println!(
-            "busiest partition: {} records/s with splitting, {} records/s static",
+            "busiest partition: {} records/s with splitting ({} x target), {} records/s static",
             self.max_partition_records_per_sec
                 .map(si)
                 .unwrap_or_else(|| "-".into()),
+            opt2(self.busiest_over_target),
             self.max_partition_records_per_sec_static
                 .map(si)
                 .unwrap_or_else(|| "-".into())
@@ -406,6 +427,21 @@ fn opt2(v: Option<f64>) -> String {
     v.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
 }
 
+/// max / mean of the records per range when `hashes[k]` (the routing hash
+/// of key `k`, which has `counts[k]` records) is placed by static
+/// partitioning into `ranges` even ranges of the hash space.
+pub fn static_imbalance(hashes: &[u64], counts: &[u64], ranges: usize) -> Option<f64> {
+    if ranges == 0 {
+        return None;
+    }
+    let mut per_range = vec![0.0f64; ranges];
+    for (&h, &c) in hashes.iter().zip(counts) {
+        let i = ((u128::from(h) * ranges as u128) >> 64) as usize;
+        per_range[i.min(ranges - 1)] += c as f64;
+    }
+    max_over_mean(per_range.into_iter())
+}
+
 /// A rate with an SI suffix: `1.23M`.
 pub fn si(v: f64) -> String {
     if v >= 1e6 {
@@ -428,6 +464,17 @@ mod tests {
             initial_ranges: ranges.to_vec(),
             acked: ranges.iter().sum(),
         }
+    }
+
+    #[test]
+    fn static_imbalance_places_keys_in_even_ranges() {
+        let hashes = [0, 1 << 62, u64::MAX / 2 + 1, u64::MAX];
+        let counts = [30, 10, 20, 20];
+        // 2 ranges: 40 and 40.
+        assert_eq!(static_imbalance(&hashes, &counts, 2), Some(1.0));
+        // 4 ranges: 30, 10, 20, 20 -> max 30 over mean 20.
+        assert_eq!(static_imbalance(&hashes, &counts, 4), Some(1.5));
+        assert_eq!(static_imbalance(&hashes, &counts, 0), None);
     }
 
     #[test]

@@ -44,6 +44,18 @@ pub struct Workload {
     pub seed: u64,
 }
 
+impl Workload {
+    /// The share of all records the most frequent key gets: the Zipf head
+    /// `1 / H(keys, s)`, or the extra hot key's share if that is larger.
+    pub fn head_share(&self) -> f64 {
+        let harmonic: f64 = (1..=self.keys)
+            .map(|k| f64::from(k).powf(-self.zipf_exponent))
+            .sum();
+        let hot = self.hot_key_share.unwrap_or(0.0);
+        hot.max((1.0 - hot) / harmonic.max(1.0))
+    }
+}
+
 /// The key of key id `k`, written into `buf`; returns its length.
 pub fn write_key(buf: &mut [u8; 24], k: u32) -> usize {
     let mut cursor = std::io::Cursor::new(&mut buf[..]);

@@ -59,6 +59,9 @@ use crate::topology::lineage::Lineage;
 const READ_BYTES: usize = 256 * 1024;
 /// Least lag (records) for which a member falling behind is relieved.
 const RELIEF_LAG: u64 = 1000;
+/// Balancings in a row a partition's lag must grow before the group splits
+/// it for lag.
+const LAG_SPLIT_ROUNDS: u32 = 3;
 /// A member is over its share when its load exceeds the mean by this factor.
 const IMBALANCE: f64 = 1.25;
 /// Pauses kept in [`GroupStats::pauses_ms`] (the latest).
@@ -86,6 +89,15 @@ pub struct GroupOptions {
     pub rebalance_interval: Duration,
     /// A partition moved by load is not moved by load again for this long.
     pub move_cooldown: Duration,
+    /// Split a partition that alone outruns its member: its lag grew at
+    /// each of the last three balancings, it is its owner's only partition
+    /// (moving it would move the problem), another member has no lag, and
+    /// its append rate is under the topic's split target but not under its
+    /// merge floor (so the write-side balancer neither splits it anyway nor
+    /// merges the children back). The children stay with the owner until
+    /// it has read the parent, then one can move to the idle member. At
+    /// most one such split per move cooldown.
+    pub split_lagging: bool,
 }
 
 impl Default for GroupOptions {
@@ -94,6 +106,7 @@ impl Default for GroupOptions {
             start: GroupStart::Earliest,
             rebalance_interval: Duration::from_secs(1),
             move_cooldown: Duration::from_secs(10),
+            split_lagging: true,
         }
     }
 }
@@ -193,6 +206,9 @@ pub struct GroupStats {
     pub slow_detected: u64,
     /// Members relieved of partitions because they fell behind.
     pub lag_relieved: u64,
+    /// Partitions the group split because one member alone fell behind
+    /// them (see [`GroupOptions::split_lagging`]).
+    pub lag_splits: u64,
     /// Records handed out and not committed by a member that lost them
     /// (dead, left, stuck, replaced): they are delivered again.
     pub redelivered: u64,
@@ -341,6 +357,10 @@ struct PartitionRate {
     end: u64,
     at: u64,
     rate: f64,
+    /// Its lag at the last balancing, and for how many balancings in a
+    /// row it grew.
+    lag: u64,
+    lag_rounds: u32,
 }
 
 #[derive(Debug)]
@@ -357,6 +377,8 @@ struct GroupState {
     next_epoch: u64,
     /// When the append rates were last folded.
     last_rates: u64,
+    /// When the group last split a partition for lag.
+    last_lag_split: Option<u64>,
     stats: GroupStats,
     /// Deleted: no member joins or commits through this coordinator again.
     deleted: bool,
@@ -471,6 +493,7 @@ impl Topic {
                 last_balance: 0,
                 next_epoch: 1,
                 last_rates: 0,
+                last_lag_split: None,
                 stats: GroupStats::default(),
                 deleted: false,
             }),
@@ -775,6 +798,9 @@ impl GroupShared {
         {
             st.last_balance = now;
             changed |= self.balance_load(st, now, membership_changed);
+            if self.options.split_lagging {
+                self.split_for_lag(st, now);
+            }
         }
         if changed {
             st.generation += 1;
@@ -847,6 +873,8 @@ impl GroupShared {
                 end,
                 at: now,
                 rate: 0.0,
+                lag: 0,
+                lag_rounds: 0,
             });
             let dt = now.saturating_sub(r.at) as f64 / 1e9;
             if dt >= 0.1 {
@@ -1059,13 +1087,80 @@ impl GroupShared {
         true
     }
 
+    /// See [`GroupOptions::split_lagging`]. The split changes the topology;
+    /// the next refresh takes the children (pinned to the owner).
+    fn split_for_lag(&self, st: &mut GroupState, now: u64) {
+        // Lag trend per ready partition.
+        let ready: Vec<u32> = st.owners.keys().copied().collect();
+        for p in ready {
+            let lag = self.lag(st, p);
+            if let Some(r) = st.rates.get_mut(&p) {
+                r.lag_rounds = if lag > r.lag { r.lag_rounds + 1 } else { 0 };
+                r.lag = lag;
+            }
+        }
+        let cooldown = self.options.move_cooldown.as_nanos() as u64;
+        if st
+            .last_lag_split
+            .is_some_and(|t| now.saturating_sub(t) < cooldown)
+        {
+            return;
+        }
+        let config = self.topic.config().balance;
+        let active = st.lineage.active().count() as u32;
+        if active >= config.max_partitions {
+            return;
+        }
+        let receivers = Self::receivers(st, now);
+        let idle = |st: &GroupState, id: u64| {
+            self.owned_by(st, id)
+                .iter()
+                .map(|&q| self.lag(st, q))
+                .sum::<u64>()
+                == 0
+        };
+        let candidate = st.owners.iter().find_map(|(&p, o)| {
+            let owner = o.member?;
+            let r = st.rates.get(&p)?;
+            let only = self.owned_by(st, owner) == [p] && o.revoking.is_none();
+            let sealed = st.lineage.sealed_at(p).is_some();
+            let in_band = match (config.target_records_per_sec, config.target_bytes_per_sec) {
+                (Some(t), _) => r.rate < t && r.rate >= config.merge_fraction * t,
+                // Only a bytes target: the group sees records, not bytes.
+                (None, Some(_)) => false,
+                (None, None) => true,
+            };
+            let spare = receivers.iter().any(|&m| m != owner && idle(st, m));
+            (only
+                && !sealed
+                && in_band
+                && spare
+                && r.lag_rounds >= LAG_SPLIT_ROUNDS
+                && r.lag >= RELIEF_LAG)
+                .then_some(p)
+        });
+        let Some(p) = candidate else { return };
+        if self
+            .topic
+            .split(p, crate::topic::SplitPlan::LoadMedian)
+            .is_ok()
+        {
+            st.stats.lag_splits += 1;
+            st.last_lag_split = Some(now);
+            if let Some(r) = st.rates.get_mut(&p) {
+                r.lag_rounds = 0;
+            }
+        }
+    }
+
     /// Two rules, at most one move per member per balancing:
     ///
     /// - **Relief.** A member whose lag grew since the last balancing and
     ///   is at least [`RELIEF_LAG`] records and twice the lag of the least
     ///   lagging receiver gives its most lagging partition to that receiver
-    ///   (even its last one), and gets nothing by load for the move
-    ///   cooldown: it processes more slowly than its partitions fill.
+    ///   (its last one only if the receiver hands out records at least
+    ///   twice as fast), and gets nothing by load for the move cooldown: it
+    ///   processes more slowly than its partitions fill.
     /// - **Load.** A member over [`IMBALANCE`] × the mean append load gives
     ///   the least loaded receiver the partition whose move leaves the two
     ///   closest, when that lowers the larger of the two loads.
@@ -1100,6 +1195,13 @@ impl GroupShared {
                 continue;
             };
             if !grew || lag < RELIEF_LAG || lag < 2 * lags[&to].max(1) {
+                continue;
+            }
+            // Its only partition moves only to a member measurably faster:
+            // otherwise the receiver would fall behind it the same way (a
+            // partition hotter than one member is split for lag instead).
+            let single = self.owned_by(st, id).len() == 1;
+            if single && st.members[&id].rate >= 0.5 * st.members[&to].rate {
                 continue;
             }
             let Some(p) = self

@@ -816,3 +816,93 @@ fn a_member_past_its_session_timeout_cannot_commit_even_if_nothing_else_ran() {
     assert!(group.committed().positions.is_empty());
     log.close().unwrap();
 }
+
+#[test]
+fn a_partition_that_alone_outruns_its_member_is_split_and_shared() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    a.poll(0).unwrap();
+    b.poll(0).unwrap();
+    let (owner, idle) = if a.assignment().partitions.is_empty() {
+        (&mut b, &mut a)
+    } else {
+        (&mut a, &mut b)
+    };
+    // 2,000 records/s arrive; the owner handles 200 per second.
+    let mut next = 0;
+    let mut got = Vec::new();
+    for _ in 0..6 {
+        append(&topic, 64, next, 2000);
+        next += 2000;
+        clock.advance(Duration::from_secs(1));
+        got.extend(owner.poll(200).unwrap());
+        owner.commit().unwrap();
+        assert!(idle.poll(100).unwrap().is_empty());
+    }
+    let d = group.describe();
+    assert_eq!(d.stats.lag_splits, 1, "{:?}", d.stats);
+    assert_eq!(topic.active_partitions().len(), 2);
+    // The owner reads the parent to its seal, then the children; once the
+    // parent is committed, one child moves to the idle member.
+    loop {
+        let more = owner.poll(5000).unwrap();
+        if more.is_empty() {
+            break;
+        }
+        got.extend(more);
+        owner.commit().unwrap();
+    }
+    clock.advance(Duration::from_secs(2));
+    group.tick();
+    owner.commit().unwrap();
+    got.extend(idle.poll(5000).unwrap());
+    assert_eq!(idle.assignment().partitions.len(), 1);
+    assert_eq!(owner.assignment().partitions.len(), 1);
+    append(&topic, 64, next, 1000);
+    got.extend(drain(owner));
+    got.extend(drain(idle));
+    assert_eq!(seqs(&got), (0..next + 1000).collect());
+    assert_eq!(got.len() as u64, next + 1000, "no record twice");
+    // Within the cooldown nothing else is split.
+    assert_eq!(group.describe().stats.lag_splits, 1);
+    log.close().unwrap();
+}
+
+#[test]
+fn a_lagging_partition_under_the_merge_floor_is_not_split() {
+    // With a target, a partition appending under merge_fraction × target
+    // would be merged back by the write-side balancer: the group relieves
+    // the member instead of splitting.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let mut cfg = config(1);
+    cfg.balance.target_records_per_sec = Some(1_000_000.0);
+    let topic = log.topic_or_create("t", cfg).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    a.poll(0).unwrap();
+    b.poll(0).unwrap();
+    let owner = if a.assignment().partitions.is_empty() {
+        &mut b
+    } else {
+        &mut a
+    };
+    let mut next = 0;
+    for _ in 0..6 {
+        append(&topic, 64, next, 2000);
+        next += 2000;
+        clock.advance(Duration::from_secs(1));
+        owner.poll(200).unwrap();
+        owner.commit().unwrap();
+    }
+    assert_eq!(group.describe().stats.lag_splits, 0);
+    assert_eq!(topic.active_partitions().len(), 1);
+    log.close().unwrap();
+}

@@ -163,6 +163,8 @@ pub struct GroupReport {
     pub slow_consumers_detected: u64,
     /// Members relieved of partitions because they fell behind.
     pub lagging_consumers_relieved: u64,
+    /// Partitions split because one member alone fell behind them.
+    pub lag_splits: u64,
     /// Seconds from the kill of a member to its partitions being read
     /// again by the others.
     pub failover_secs: Option<f64>,
@@ -367,6 +369,7 @@ pub fn consume_group(
         dead_consumers_detected: d.stats.dead_detected,
         slow_consumers_detected: d.stats.slow_detected,
         lagging_consumers_relieved: d.stats.lag_relieved,
+        lag_splits: d.stats.lag_splits,
         failover_secs: failover,
         first_relief_secs: first_relief,
         lag_max_records: lag_max,

@@ -14,6 +14,15 @@ use std::sync::Arc;
 
 use common::crash::DirImage;
 use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
+
+/// Tests of this file run one at a time: one spawns processes, and a
+/// process forked while another test holds a log's `flock` keeps that lock
+/// until it execs, so a following open or verify by that test could see
+/// `Locked`.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 use fissionlog::{IoHook, IoOp};
 
 const RECORDS: u64 = 300;
@@ -121,6 +130,7 @@ fn errno_of(e: &Error) -> Option<i32> {
 /// directory changes, and a later open keeps every synced record.
 #[test]
 fn transient_open_error_deletes_nothing() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let pristine = root.path().join("pristine");
     synced_log(&pristine);
@@ -206,6 +216,7 @@ fn run_limited(args: &[&str], dir: &Path, nofile: u64) -> std::process::Output {
 /// nothing, change no byte, and a later normal open keeps every record.
 #[test]
 fn descriptor_shortage_in_the_cli_is_named_and_changes_nothing() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     synced_log(&dir);
@@ -242,6 +253,7 @@ fn descriptor_shortage_in_the_cli_is_named_and_changes_nothing() {
 /// damage, so it is never cut, set aside or overwritten.
 #[test]
 fn newer_format_version_is_refused_and_changes_nothing() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let pristine = root.path().join("pristine");
     synced_log(&pristine);

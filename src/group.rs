@@ -50,13 +50,11 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::format::manifest::{GroupPosition, GroupRecord, ManifestRecord};
-use crate::read::{OwnedRecord, ReadIsolation};
-use crate::reader::{fingerprint, RetainedRange};
+use crate::read::OwnedRecord;
+use crate::reader::{fingerprint, read_step, take_batch, ReadStep, RetainedRange};
 use crate::topic::Topic;
 use crate::topology::lineage::Lineage;
 
-/// Bytes of batches one read of a partition takes (at least one batch).
-const READ_BYTES: usize = 256 * 1024;
 /// Least lag (records) for which a member falling behind is relieved.
 const RELIEF_LAG: u64 = 1000;
 /// Balancings in a row a partition's lag must grow before the group splits
@@ -1865,54 +1863,20 @@ impl Member {
                 Err(Error::UnknownPartition { .. }) => continue,
                 Err(e) => return Err(e),
             };
-            let iso: ReadIsolation = part.default_isolation();
-            if pos >= part.visible_end(iso) {
-                continue;
-            }
-            let batch = match part.read_with(pos, READ_BYTES, iso) {
-                Ok(b) => b,
-                Err(Error::Hole { end, .. }) => {
-                    self.positions.insert(id, end);
+            let batch = match read_step(&part, pos, part.default_isolation())? {
+                ReadStep::Nothing => continue,
+                ReadStep::Skip { to, retained } => {
+                    self.retained.extend(retained);
+                    self.positions.insert(id, to);
                     self.last_records.remove(&id);
                     moved = true;
                     continue;
                 }
-                Err(Error::Retained { start, end, .. }) => {
-                    self.retained.push(RetainedRange {
-                        partition: id,
-                        start,
-                        end,
-                    });
-                    self.positions.insert(id, end);
-                    self.last_records.remove(&id);
-                    moved = true;
-                    continue;
-                }
-                Err(Error::OffsetOutOfRange { offset, start, .. }) if offset < start => {
-                    self.positions.insert(id, start);
-                    self.last_records.remove(&id);
-                    moved = true;
-                    continue;
-                }
-                Err(e) => return Err(e),
+                ReadStep::Batch(b) => b,
             };
             self.next_rr = id.wrapping_add(1);
-            for r in batch.try_iter() {
-                match r {
-                    Ok(r) if r.offset >= pos => self.pending.push_back(OwnedRecord {
-                        partition: id,
-                        offset: r.offset,
-                        timestamp: r.timestamp,
-                        key: r.key.map(<[u8]>::to_vec),
-                        value: r.value.to_vec(),
-                    }),
-                    Ok(_) => {}
-                    Err(e) if self.pending.is_empty() => return Err(e),
-                    Err(_) => break,
-                }
-            }
-            if self.pending.is_empty() && batch.next_offset() > pos {
-                self.positions.insert(id, batch.next_offset());
+            if let Some(to) = take_batch(&mut self.pending, id, pos, &batch)? {
+                self.positions.insert(id, to);
             }
             return Ok(true);
         }

@@ -100,6 +100,93 @@ pub struct RetainedRange {
     pub end: u64,
 }
 
+/// What one read of a partition at a consumer's position gave.
+pub(crate) enum ReadStep {
+    /// Nothing visible past the position.
+    Nothing,
+    /// Batches from the position.
+    Batch(ReadBatch),
+    /// Nothing to read from the position up to `to`: a salvage hole, what
+    /// retention removed (`retained`, to report), or what recovery cut
+    /// below the first offset held (recovery reported it). Go on there.
+    Skip {
+        /// Where the data resumes.
+        to: u64,
+        /// The range retention removed, if that is why.
+        retained: Option<RetainedRange>,
+    },
+}
+
+/// Reads up to [`READ_BYTES`] of `part` at `pos` for a consumer (a
+/// [`Reader`] or a group member), telling holes and retained ranges from
+/// errors.
+pub(crate) fn read_step(
+    part: &crate::partition::Partition,
+    pos: u64,
+    iso: ReadIsolation,
+) -> Result<ReadStep> {
+    if pos >= part.visible_end(iso) {
+        return Ok(ReadStep::Nothing);
+    }
+    match part.read_with(pos, READ_BYTES, iso) {
+        Ok(b) => Ok(ReadStep::Batch(b)),
+        Err(Error::Hole { end, .. }) => Ok(ReadStep::Skip {
+            to: end,
+            retained: None,
+        }),
+        // Gone before the consumer got there: say so, and go on where the
+        // data resumes (a sealed partition retention emptied is then
+        // drained).
+        Err(Error::Retained { start, end, .. }) => Ok(ReadStep::Skip {
+            to: end,
+            retained: Some(RetainedRange {
+                partition: part.id(),
+                start,
+                end,
+            }),
+        }),
+        // Below the first offset held, but not by retention: recovery
+        // reports what it lost; resume at the start.
+        Err(Error::OffsetOutOfRange { offset, start, .. }) if offset < start => {
+            Ok(ReadStep::Skip {
+                to: start,
+                retained: None,
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Copies a batch's records at or after `pos` into `pending`. Bytes
+/// changed under the batch are an error once no record before them is
+/// left to hand out (the position stays, so nothing is skipped). Returns
+/// where to move the position when the batch held no record at or after
+/// `pos` (none are written that way): step over it rather than read it
+/// again.
+pub(crate) fn take_batch(
+    pending: &mut VecDeque<OwnedRecord>,
+    id: u32,
+    pos: u64,
+    batch: &ReadBatch,
+) -> Result<Option<u64>> {
+    let before = pending.len();
+    for r in batch.try_iter() {
+        match r {
+            Ok(r) if r.offset >= pos => pending.push_back(OwnedRecord {
+                partition: id,
+                offset: r.offset,
+                timestamp: r.timestamp,
+                key: r.key.map(<[u8]>::to_vec),
+                value: r.value.to_vec(),
+            }),
+            Ok(_) => {}
+            Err(e) if pending.is_empty() => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok((pending.len() == before && batch.next_offset() > pos).then(|| batch.next_offset()))
+}
+
 /// `RetainedRange::end` of a partition removed from the topology.
 const REMOVED_END: u64 = u64::MAX;
 
@@ -652,37 +739,15 @@ impl Reader {
                 Err(e) => return Err(e),
             };
             let iso = self.isolation.unwrap_or(part.default_isolation());
-            if pos >= part.visible_end(iso) {
-                continue;
-            }
-            let batch = match part.read_with(pos, READ_BYTES, iso) {
-                Ok(b) => b,
-                Err(Error::Hole { end, .. }) => {
-                    self.skip_to(id, end);
+            let batch = match read_step(&part, pos, iso)? {
+                ReadStep::Nothing => continue,
+                ReadStep::Skip { to, retained } => {
+                    self.retained.extend(retained);
+                    self.skip_to(id, to);
                     moved = true;
                     continue;
                 }
-                // Gone before this reader got there: say so, and go on
-                // where the data resumes (a sealed partition retention
-                // emptied is then drained).
-                Err(Error::Retained { start, end, .. }) => {
-                    self.retained.push(RetainedRange {
-                        partition: id,
-                        start,
-                        end,
-                    });
-                    self.skip_to(id, end);
-                    moved = true;
-                    continue;
-                }
-                // Below the first offset held, but not by retention:
-                // recovery reports what it lost; resume at the start.
-                Err(Error::OffsetOutOfRange { offset, start, .. }) if offset < start => {
-                    self.skip_to(id, start);
-                    moved = true;
-                    continue;
-                }
-                Err(e) => return Err(e),
+                ReadStep::Batch(b) => b,
             };
             self.next_rr = id.wrapping_add(1);
             self.take_batch(id, pos, &batch)?;
@@ -696,27 +761,10 @@ impl Reader {
         self.last_records.remove(&id);
     }
 
-    /// Copies a batch's records into `pending`. Bytes changed under the
-    /// batch are an error once no record before them is left to hand out
-    /// (the position stays, so nothing is skipped).
+    /// Copies a batch's records into `pending` (see [`take_batch`]).
     fn take_batch(&mut self, id: u32, pos: u64, batch: &ReadBatch) -> Result<()> {
-        for r in batch.try_iter() {
-            match r {
-                Ok(r) => self.pending.push_back(OwnedRecord {
-                    partition: id,
-                    offset: r.offset,
-                    timestamp: r.timestamp,
-                    key: r.key.map(<[u8]>::to_vec),
-                    value: r.value.to_vec(),
-                }),
-                Err(e) if self.pending.is_empty() => return Err(e),
-                Err(_) => return Ok(()),
-            }
-        }
-        if self.pending.is_empty() && batch.next_offset() > pos {
-            // Batches without a record at or after `pos` (none are written
-            // that way): step over them rather than read them again.
-            self.skip_to(id, batch.next_offset());
+        if let Some(to) = take_batch(&mut self.pending, id, pos, batch)? {
+            self.skip_to(id, to);
         }
         Ok(())
     }

@@ -5,63 +5,16 @@
 
 mod common;
 
+use common::groups::*;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use fissionlog::{
     Error, GroupOptions, GroupStart, Log, LogOptions, ManualClock, Member, MemberOptions,
-    NewRecord, OwnedRecord, SplitPlan, SyncPolicy, Topic, TopicConfig,
+    NewRecord, OwnedRecord, SplitPlan, TopicConfig,
 };
-
-const SESSION: Duration = Duration::from_secs(10);
-const PROCESSING: Duration = Duration::from_secs(30);
-
-fn options(clock: &Arc<ManualClock>) -> LogOptions {
-    LogOptions {
-        clock: clock.clone(),
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
-
-fn config(partitions: u32) -> TopicConfig {
-    TopicConfig {
-        partitions,
-        segment_bytes: 1 << 20,
-        sync: SyncPolicy::Never,
-        ..TopicConfig::default()
-    }
-}
-
-fn member_opts() -> MemberOptions {
-    MemberOptions {
-        session_timeout: SESSION,
-        processing_timeout: PROCESSING,
-        instance_id: None,
-        background_heartbeat: None,
-    }
-}
-
-/// Appends `n` records with keys `k0..k{keys}` and values `key:seq`.
-fn append(topic: &Topic, keys: u32, from: u64, n: u64) {
-    for i in from..from + n {
-        let key = format!("k{}", i % u64::from(keys));
-        topic
-            .append(Some(key.as_bytes()), format!("{key}:{i}").as_bytes())
-            .unwrap();
-    }
-}
-
-/// Appends `n` records without keys (spread round-robin, so every
-/// partition gets its share whatever the topic's hash key) with values
-/// `r:seq`.
-fn append_rr(topic: &Topic, from: u64, n: u64) {
-    for i in from..from + n {
-        topic.append(None, format!("r:{i}").as_bytes()).unwrap();
-    }
-}
 
 /// Per partition, offsets handed out rise.
 fn assert_partition_order(records: &[OwnedRecord]) {
@@ -77,31 +30,6 @@ fn assert_partition_order(records: &[OwnedRecord]) {
         }
         last.insert(r.partition, r.offset);
     }
-}
-
-fn seq(r: &OwnedRecord) -> u64 {
-    let v = std::str::from_utf8(&r.value).unwrap();
-    v.split(':').nth(1).unwrap().parse().unwrap()
-}
-
-fn seqs(records: &[OwnedRecord]) -> BTreeSet<u64> {
-    records.iter().map(seq).collect()
-}
-
-/// Polls until a poll returns nothing.
-fn drain(m: &mut Member) -> Vec<OwnedRecord> {
-    let mut out = Vec::new();
-    loop {
-        let got = m.poll(1000).unwrap();
-        if got.is_empty() {
-            return out;
-        }
-        out.extend(got);
-    }
-}
-
-fn open(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Log {
-    Log::open(dir, options(clock)).unwrap()
 }
 
 /// Advances the clock in steps of a second, heartbeating `beat` and
@@ -558,23 +486,6 @@ fn by_partition(records: &[OwnedRecord]) -> BTreeMap<u32, Vec<u64>> {
         out.entry(r.partition).or_default().push(r.offset);
     }
     out
-}
-
-/// Per key, the sequence numbers must rise.
-fn assert_key_order(records: &[OwnedRecord]) {
-    let mut last: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-    for r in records {
-        let s = seq(r);
-        let k = r.key.clone().unwrap();
-        if let Some(&prev) = last.get(&k) {
-            assert!(
-                s > prev,
-                "key {:?}: {s} after {prev}",
-                String::from_utf8_lossy(&k)
-            );
-        }
-        last.insert(k, s);
-    }
 }
 
 /// A partition being revoked (its owner has uncommitted records in it) is

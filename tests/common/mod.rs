@@ -1,5 +1,6 @@
 #![allow(dead_code)]
 pub mod crash;
 pub mod durable;
+pub mod groups;
 pub mod model_hook;
 pub mod tmpfs;

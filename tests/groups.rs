@@ -651,7 +651,12 @@ fn members_racing_rebalances_never_get_a_record_twice_outside_a_counted_window()
             });
         }
         s.spawn(|| {
-            while seen.lock().unwrap().len() < total as usize {
+            // Bounded: a record never delivered fails the test below
+            // instead of hanging it.
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while seen.lock().unwrap().len() < total as usize
+                && std::time::Instant::now() < deadline
+            {
                 let mut m = group.join(member_opts()).unwrap();
                 record(&m.poll(13).unwrap());
                 let _ = m.commit();

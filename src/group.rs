@@ -1670,20 +1670,22 @@ impl Member {
         if !st.members.contains_key(&self.id) {
             return Err(s.fenced(self.id, "not a member (dead, left or replaced)"));
         }
-        let lineage = st.lineage.clone();
-        let held: BTreeSet<u64> = self.tenure.values().copied().collect();
-        let mine: BTreeSet<u32> = st
-            .owners
-            .iter()
-            .filter(|(_, o)| o.member == Some(self.id) && held.contains(&o.epoch))
-            .flat_map(|(&p, _)| GroupShared::closure(&lineage, p))
-            .collect();
-        if out.iter().any(|r| !mine.contains(&r.partition)) {
-            out.retain(|r| mine.contains(&r.partition));
-            self.positions.retain(|p, _| mine.contains(p));
-            self.last_records.retain(|p, _| mine.contains(p));
-            self.drained.retain(|p| mine.contains(p));
-            self.pending.retain(|r| mine.contains(&r.partition));
+        if !out.is_empty() {
+            let lineage = st.lineage.clone();
+            let held: BTreeSet<u64> = self.tenure.values().copied().collect();
+            let mine: BTreeSet<u32> = st
+                .owners
+                .iter()
+                .filter(|(_, o)| o.member == Some(self.id) && held.contains(&o.epoch))
+                .flat_map(|(&p, _)| GroupShared::closure(&lineage, p))
+                .collect();
+            if out.iter().any(|r| !mine.contains(&r.partition)) {
+                out.retain(|r| mine.contains(&r.partition));
+                self.positions.retain(|p, _| mine.contains(p));
+                self.last_records.retain(|p, _| mine.contains(p));
+                self.drained.retain(|p| mine.contains(p));
+                self.pending.retain(|r| mine.contains(&r.partition));
+            }
         }
         if let Some(m) = st.members.get_mut(&self.id) {
             m.handed_out += out.len() as u64;

@@ -1,0 +1,612 @@
+//! Consumer-group edge cases, second round: tenures (partial commits across
+//! a hand-over and back, a partition released and given back within one
+//! poll), static rejoins while a partition is revoking, split-then-merge
+//! chains while members die, and a seeded simulation that also commits
+//! partial positions, rejoins statically and checks that no committed
+//! record is delivered again.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fissionlog::{
+    Error, GroupOptions, Log, LogOptions, ManualClock, Member, MemberOptions, OwnedRecord,
+    SplitPlan, SyncPolicy, Topic, TopicConfig,
+};
+
+const SESSION: Duration = Duration::from_secs(10);
+const PROCESSING: Duration = Duration::from_secs(30);
+
+fn options(clock: &Arc<ManualClock>) -> LogOptions {
+    LogOptions {
+        clock: clock.clone(),
+        balancer: false,
+        background_retention: false,
+        ..LogOptions::default()
+    }
+}
+
+fn config(partitions: u32) -> TopicConfig {
+    TopicConfig {
+        partitions,
+        segment_bytes: 1 << 20,
+        sync: SyncPolicy::Never,
+        ..TopicConfig::default()
+    }
+}
+
+fn member_opts() -> MemberOptions {
+    MemberOptions {
+        session_timeout: SESSION,
+        processing_timeout: PROCESSING,
+        instance_id: None,
+        background_heartbeat: None,
+    }
+}
+
+/// Appends `n` records with keys `k0..k{keys}` and values `key:seq`.
+fn append(topic: &Topic, keys: u32, from: u64, n: u64) {
+    for i in from..from + n {
+        let key = format!("k{}", i % u64::from(keys));
+        topic
+            .append(Some(key.as_bytes()), format!("{key}:{i}").as_bytes())
+            .unwrap();
+    }
+}
+
+/// Appends `n` records without keys (spread round-robin, so every
+/// partition gets its share whatever the topic's hash key) with values
+/// `r:seq`.
+fn append_rr(topic: &Topic, from: u64, n: u64) {
+    for i in from..from + n {
+        topic.append(None, format!("r:{i}").as_bytes()).unwrap();
+    }
+}
+
+/// Per partition, offsets handed out rise.
+fn assert_partition_order(records: &[OwnedRecord]) {
+    let mut last: BTreeMap<u32, u64> = BTreeMap::new();
+    for r in records {
+        if let Some(&prev) = last.get(&r.partition) {
+            assert!(
+                r.offset > prev,
+                "partition {}: {} after {prev}",
+                r.partition,
+                r.offset
+            );
+        }
+        last.insert(r.partition, r.offset);
+    }
+}
+
+fn seq(r: &OwnedRecord) -> u64 {
+    let v = std::str::from_utf8(&r.value).unwrap();
+    v.split(':').nth(1).unwrap().parse().unwrap()
+}
+
+fn seqs(records: &[OwnedRecord]) -> BTreeSet<u64> {
+    records.iter().map(seq).collect()
+}
+
+/// Polls until a poll returns nothing.
+fn drain(m: &mut Member) -> Vec<OwnedRecord> {
+    let mut out = Vec::new();
+    loop {
+        let got = m.poll(1000).unwrap();
+        if got.is_empty() {
+            return out;
+        }
+        out.extend(got);
+    }
+}
+
+fn open(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Log {
+    Log::open(dir, options(clock)).unwrap()
+}
+
+/// Advances the clock in steps of a second, heartbeating `beat` and
+/// polling (zero records) `progress` at every step.
+fn pass(clock: &ManualClock, total: Duration, beat: &[&Member], progress: &mut [&mut Member]) {
+    let mut left = total;
+    while !left.is_zero() {
+        let step = left.min(Duration::from_secs(1));
+        clock.advance(step);
+        left -= step;
+        for m in beat {
+            m.heartbeat().unwrap();
+        }
+        for m in progress.iter_mut() {
+            m.poll(0).unwrap();
+        }
+    }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn static_opts(instance: &str) -> MemberOptions {
+    MemberOptions {
+        instance_id: Some(instance.to_string()),
+        ..member_opts()
+    }
+}
+
+/// How many times each sequence number was delivered beyond the first.
+fn extra_deliveries(all: &[&[OwnedRecord]]) -> (BTreeSet<u64>, u64) {
+    let mut n = 0u64;
+    let mut unique = BTreeSet::new();
+    for rs in all {
+        for r in rs.iter() {
+            n += 1;
+            unique.insert(seq(r));
+        }
+    }
+    let extra = n - unique.len() as u64;
+    (unique, extra)
+}
+
+/// `a` hands out 60 records, gets stuck and loses its only partition to
+/// `b`, which reads 80 and commits 40, then leaves: the partition comes
+/// back to `a` before `a` polls again. A partial `commit_positions` from
+/// what `a` remembers of its earlier tenure (50, past the group's 40) is
+/// refused, never applied; `a` then reads from the committed 40, and every
+/// extra delivery is counted.
+#[test]
+fn a_partial_commit_from_an_earlier_tenure_is_refused_and_reading_resumes_at_the_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append_rr(&topic, 0, 100);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let first_a = a.poll(60).unwrap();
+    assert_eq!(first_a.len(), 60);
+    let mut b = group.join(member_opts()).unwrap();
+    pass(
+        &clock,
+        PROCESSING * 2 + Duration::from_secs(3),
+        &[&a],
+        &mut [&mut b],
+    );
+    let got_b = b.poll(80).unwrap();
+    assert_eq!(seqs(&got_b), (0..80).collect(), "moved to `b` from 0");
+    b.commit_positions(&[(0, 40)]).unwrap();
+    b.leave().unwrap();
+    assert_eq!(group.committed().positions.get(&0), Some(&40));
+    // `a` has not polled since: it remembers 60 handed out in partition 0.
+    let r = a.commit_positions(&[(0, 50)]);
+    assert!(
+        matches!(r, Err(Error::NotAssigned { .. })),
+        "a commit from an earlier tenure: {r:?}"
+    );
+    assert_eq!(group.committed().positions.get(&0), Some(&40));
+    let r = a.commit();
+    assert!(matches!(r, Err(Error::NotAssigned { .. })), "{r:?}");
+    let again_a = drain(&mut a);
+    assert_eq!(seqs(&again_a), (40..100).collect());
+    a.commit().unwrap();
+    assert_eq!(group.committed().positions.get(&0), Some(&100));
+    let (unique, extra) = extra_deliveries(&[&first_a, &got_b, &again_a]);
+    assert_eq!(unique, (0..100).collect());
+    let d = group.describe();
+    assert!(
+        extra <= d.stats.redelivered,
+        "{extra} extra deliveries, {} counted",
+        d.stats.redelivered
+    );
+    log.close().unwrap();
+}
+
+/// The only member is stuck past twice its processing timeout: the
+/// coordinator releases its partition and gives it straight back (there
+/// is nobody else). Its next poll reads from the committed position, the
+/// window is counted once, and the partition is not moved over and over
+/// while it stays stuck.
+#[test]
+fn a_partition_released_and_given_back_to_a_stuck_sole_member_is_counted_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append_rr(&topic, 0, 100);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let first = a.poll(50).unwrap();
+    a.commit_positions(&[(0, 20)]).unwrap();
+    pass(
+        &clock,
+        PROCESSING * 2 + Duration::from_secs(10),
+        &[&a],
+        &mut [],
+    );
+    let again = drain(&mut a);
+    assert_eq!(seqs(&again), (20..100).collect());
+    let d = group.describe();
+    assert_eq!(d.stats.redelivered, 30, "{d:#?}");
+    let (_, extra) = extra_deliveries(&[&first, &again]);
+    assert_eq!(extra, 30);
+    assert!(
+        d.stats.moves <= 1,
+        "a partition with one possible owner moved {} times",
+        d.stats.moves
+    );
+    log.close().unwrap();
+}
+
+/// A static member rejoins while one of its partitions is being revoked
+/// towards a newcomer: the new incarnation takes both (reading from the
+/// committed positions), the old handle is fenced, the newcomer gets its
+/// share at the next balancing, and nothing is read by two members at once
+/// or lost.
+#[test]
+fn a_static_rejoin_while_a_partition_is_revoking_keeps_one_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append_rr(&topic, 0, 200);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(static_opts("a")).unwrap();
+    let mut first_a = Vec::new();
+    for _ in 0..3 {
+        first_a.extend(a.poll(20).unwrap());
+    }
+    let mut b = group.join(member_opts()).unwrap();
+    let d = group.describe();
+    assert_eq!(d.assignments.iter().filter(|x| x.revoking).count(), 1);
+    assert!(b.poll(10).unwrap().is_empty(), "not released yet");
+    let mut a2 = group.join(static_opts("a")).unwrap();
+    assert!(matches!(a.poll(1), Err(Error::Fenced { .. })));
+    assert!(matches!(a.commit(), Err(Error::Fenced { .. })));
+    let d = group.describe();
+    assert!(d.assignments.iter().all(|x| !x.revoking), "{d:#?}");
+    let mut got_a2 = Vec::new();
+    let mut got_b = Vec::new();
+    for _ in 0..6 {
+        clock.advance(Duration::from_millis(700));
+        got_a2.extend(a2.poll(15).unwrap());
+        a2.commit().unwrap();
+        got_b.extend(b.poll(15).unwrap());
+        b.commit().unwrap();
+    }
+    got_a2.extend(drain(&mut a2));
+    got_b.extend(drain(&mut b));
+    a2.commit().unwrap();
+    b.commit().unwrap();
+    assert!(!got_b.is_empty(), "the newcomer never got a partition");
+    assert_partition_order(&got_a2);
+    assert_partition_order(&got_b);
+    assert!(seqs(&got_a2).is_disjoint(&seqs(&got_b)));
+    let (unique, extra) = extra_deliveries(&[&first_a, &got_a2, &got_b]);
+    assert_eq!(unique, (0..200).collect());
+    let d = group.describe();
+    assert!(
+        extra <= d.stats.redelivered,
+        "{extra} > {}",
+        d.stats.redelivered
+    );
+    assert_eq!(d.lag_records, 0);
+    log.close().unwrap();
+}
+
+/// A partition is split, its children merged, and the merge child split
+/// again, while the member reading the chain dies at each stage in turn:
+/// everything is delivered, extra deliveries are counted, and the last
+/// partitions end up read (nothing waits forever).
+#[test]
+fn split_then_merge_chains_while_members_die_lose_nothing_and_finish() {
+    for die_at in 0..4 {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let log = open(dir.path(), &clock);
+        let topic = log.topic_or_create("t", config(1)).unwrap();
+        let group = topic.group("g", GroupOptions::default()).unwrap();
+        let mut appended = 0u64;
+        let mut deliveries: Vec<OwnedRecord> = Vec::new();
+        let mut members: Vec<Member> = vec![group.join(member_opts()).unwrap()];
+        let mut stage = 0;
+        let mut step = |topic: &Topic, members: &mut Vec<Member>, deliveries: &mut Vec<_>| {
+            append(topic, 8, appended, 40);
+            appended += 40;
+            for m in members.iter_mut() {
+                deliveries.extend(m.poll(25).unwrap());
+                let _ = m.commit();
+                deliveries.extend(m.poll(10).unwrap());
+            }
+            if stage == die_at {
+                // The first member dies with a window; a new one joins.
+                let dead = members.remove(0);
+                drop(dead);
+                members.push(group.join(member_opts()).unwrap());
+            }
+            stage += 1;
+        };
+        step(&topic, &mut members, &mut deliveries);
+        let kids = topic.split(0, SplitPlan::Even).unwrap();
+        step(&topic, &mut members, &mut deliveries);
+        let m = topic.merge(kids[0], kids[1]).unwrap();
+        step(&topic, &mut members, &mut deliveries);
+        topic.split(m, SplitPlan::Even).unwrap();
+        step(&topic, &mut members, &mut deliveries);
+        for _ in 0..(SESSION.as_secs() + 5) {
+            clock.advance(Duration::from_secs(1));
+            for m in members.iter_mut() {
+                deliveries.extend(drain(m));
+                match m.commit() {
+                    Ok(()) | Err(Error::NotAssigned { .. }) => {}
+                    Err(e) => panic!("die_at {die_at}: {e}"),
+                }
+            }
+        }
+        let (unique, extra) = extra_deliveries(&[&deliveries]);
+        let missing: Vec<u64> = (0..appended).filter(|s| !unique.contains(s)).collect();
+        assert!(missing.is_empty(), "die_at {die_at}: missing {missing:?}");
+        let d = group.describe();
+        assert!(
+            extra <= d.stats.redelivered,
+            "die_at {die_at}: {extra} extra, {} counted",
+            d.stats.redelivered
+        );
+        assert_eq!(d.lag_records, 0, "die_at {die_at}: {d:#?}");
+        drop(members);
+        log.close().unwrap();
+    }
+}
+
+struct Sim {
+    member: Member,
+    instance: Option<String>,
+    frozen: bool,
+    /// Per partition, the next offset after the last record it got.
+    handed: BTreeMap<u32, u64>,
+}
+
+/// Like the seeded simulation of `group_probes`, with static members that
+/// rejoin (replacing a live incarnation), partial `commit_positions`, and
+/// a check that no record below the group's committed position is ever
+/// delivered.
+#[test]
+fn seeded_simulation_with_rejoins_and_partial_commits_never_delivers_a_committed_record() {
+    let seeds = std::env::var("GROUP_SIM2_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8u64);
+    for seed in 0..seeds {
+        simulate(seed);
+    }
+}
+
+fn simulate(seed: u64) {
+    let mut rng = Rng(seed ^ 0x5eed);
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut members: Vec<Sim> = Vec::new();
+    let mut appended = 0u64;
+    let mut deliveries: Vec<u64> = Vec::new();
+    let mut next_instance = 0u32;
+    let check_committed = |got: &[OwnedRecord], before: &fissionlog::Cut, what: &str| {
+        for r in got {
+            if let Some(&c) = before.positions.get(&r.partition) {
+                assert!(
+                    r.offset >= c,
+                    "seed {seed}: {what}: partition {} offset {} delivered, committed {c}",
+                    r.partition,
+                    r.offset
+                );
+            }
+            assert!(
+                !before.drained.contains(&r.partition),
+                "seed {seed}: {what}: partition {} committed as read, offset {} delivered",
+                r.partition,
+                r.offset
+            );
+        }
+    };
+    let poll = |s: &mut Sim, n: usize, deliveries: &mut Vec<u64>| {
+        let before = group.committed();
+        let got = s.member.poll(n).unwrap();
+        check_committed(&got, &before, "poll");
+        for r in &got {
+            s.handed.insert(r.partition, r.offset + 1);
+        }
+        deliveries.extend(got.iter().map(seq));
+    };
+    for _step in 0..400 {
+        match rng.below(110) {
+            0..=19 => {
+                let n = 1 + rng.below(20);
+                append_rr(&topic, appended, n);
+                appended += n;
+            }
+            20..=44 if !members.is_empty() => {
+                let i = rng.below(members.len() as u64) as usize;
+                if !members[i].frozen {
+                    let n = 1 + rng.below(40) as usize;
+                    poll(&mut members[i], n, &mut deliveries);
+                }
+            }
+            45..=54 if !members.is_empty() => {
+                let i = rng.below(members.len() as u64) as usize;
+                if !members[i].frozen {
+                    match members[i].member.commit() {
+                        Ok(()) | Err(Error::NotAssigned { .. }) => {}
+                        Err(e) => panic!("seed {seed}: commit: {e}"),
+                    }
+                }
+            }
+            55..=59 if !members.is_empty() => {
+                let i = rng.below(members.len() as u64) as usize;
+                let s = &mut members[i];
+                if !s.frozen && !s.handed.is_empty() {
+                    let k = rng.below(s.handed.len() as u64) as usize;
+                    let (&p, &h) = s.handed.iter().nth(k).unwrap();
+                    let o = rng.below(h + 1);
+                    match s.member.commit_positions(&[(p, o)]) {
+                        Ok(()) | Err(Error::NotAssigned { .. }) | Err(Error::InvalidConfig(_)) => {}
+                        Err(e) => panic!("seed {seed}: commit_positions: {e}"),
+                    }
+                }
+            }
+            60..=74 => {
+                clock.advance(Duration::from_secs(1 + rng.below(3)));
+                for m in &members {
+                    m.member.heartbeat().unwrap();
+                }
+                group.tick();
+            }
+            75..=79 if members.len() < 3 => {
+                let instance = (rng.below(2) == 0).then(|| {
+                    next_instance += 1;
+                    format!("i{next_instance}")
+                });
+                let opts = MemberOptions {
+                    instance_id: instance.clone(),
+                    ..member_opts()
+                };
+                members.push(Sim {
+                    member: group.join(opts).unwrap(),
+                    instance,
+                    frozen: false,
+                    handed: BTreeMap::new(),
+                });
+            }
+            80..=84 if !members.is_empty() => {
+                let i = rng.below(members.len() as u64) as usize;
+                let m = members.remove(i);
+                if rng.below(2) == 0 && !m.frozen {
+                    let _ = m.member.leave();
+                } else {
+                    drop(m);
+                }
+            }
+            85..=88 if !members.is_empty() => {
+                let i = rng.below(members.len() as u64) as usize;
+                members[i].frozen = !members[i].frozen;
+            }
+            89..=92 => {
+                let active: Vec<u32> = topic
+                    .partitions()
+                    .into_iter()
+                    .filter(|p| p.sealed_at.is_none())
+                    .map(|p| p.id)
+                    .collect();
+                if active.len() < 6 {
+                    let p = active[rng.below(active.len() as u64) as usize];
+                    topic.split(p, SplitPlan::Even).unwrap();
+                }
+            }
+            93..=96 => {
+                let mut active: Vec<(u64, u32)> = topic
+                    .partitions()
+                    .into_iter()
+                    .filter(|p| p.sealed_at.is_none())
+                    .map(|p| (p.start, p.id))
+                    .collect();
+                active.sort_unstable();
+                if active.len() > 1 {
+                    let i = rng.below(active.len() as u64 - 1) as usize;
+                    topic.merge(active[i].1, active[i + 1].1).unwrap();
+                }
+            }
+            97..=104 => {
+                // A static member rejoins: its old incarnation (maybe
+                // frozen, maybe mid-window) is replaced.
+                let statics: Vec<usize> = members
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| m.instance.is_some())
+                    .map(|(i, _)| i)
+                    .collect();
+                if !statics.is_empty() {
+                    let i = statics[rng.below(statics.len() as u64) as usize];
+                    let instance = members[i].instance.clone();
+                    let old = members.remove(i);
+                    let opts = MemberOptions {
+                        instance_id: instance.clone(),
+                        ..member_opts()
+                    };
+                    // The old incarnation may have been declared dead
+                    // already: then this is a plain join.
+                    let member = group.join(opts).unwrap();
+                    let mut old = old;
+                    assert!(
+                        old.member.poll(1).is_err(),
+                        "seed {seed}: a replaced incarnation still polls"
+                    );
+                    members.push(Sim {
+                        member,
+                        instance,
+                        frozen: false,
+                        handed: BTreeMap::new(),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    for m in &mut members {
+        m.frozen = false;
+    }
+    if members.is_empty() {
+        members.push(Sim {
+            member: group.join(member_opts()).unwrap(),
+            instance: None,
+            frozen: false,
+            handed: BTreeMap::new(),
+        });
+    }
+    for _ in 0..40 {
+        clock.advance(Duration::from_secs(1));
+        for m in &mut members {
+            m.member.heartbeat().unwrap();
+            loop {
+                let before = deliveries.len();
+                poll(m, 1000, &mut deliveries);
+                if deliveries.len() == before {
+                    break;
+                }
+            }
+            match m.member.commit() {
+                Ok(()) | Err(Error::NotAssigned { .. }) => {}
+                Err(e) => panic!("seed {seed}: final commit: {e}"),
+            }
+        }
+    }
+    let unique: BTreeSet<u64> = deliveries.iter().copied().collect();
+    let missing: Vec<u64> = (0..appended).filter(|s| !unique.contains(s)).collect();
+    assert!(
+        missing.is_empty(),
+        "seed {seed}: {} records never delivered: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(20)]
+    );
+    let extra = deliveries.len() as u64 - unique.len() as u64;
+    let d = group.describe();
+    assert!(
+        extra <= d.stats.redelivered,
+        "seed {seed}: {extra} extra deliveries, {} counted as redelivered",
+        d.stats.redelivered
+    );
+    assert_eq!(d.lag_records, 0, "seed {seed}: {d:#?}");
+    drop(members);
+    log.close().unwrap();
+}

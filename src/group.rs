@@ -749,6 +749,12 @@ impl GroupShared {
                             self.release(st, p, now);
                             changed = true;
                         }
+                        // What it gets back (nobody else can take it) is
+                        // not moved again on the next tick: only after
+                        // another processing timeout without progress.
+                        if let Some(m) = st.members.get_mut(&id) {
+                            m.slow_since = now;
+                        }
                     }
                 }
             }

@@ -394,6 +394,7 @@ fn seeded_simulation_with_rejoins_and_partial_commits_never_delivers_a_committed
 
 fn simulate(seed: u64) {
     let mut rng = Rng(seed ^ 0x5eed);
+    let keyed = seed % 2 == 1;
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let log = open(dir.path(), &clock);
@@ -421,12 +422,30 @@ fn simulate(seed: u64) {
             );
         }
     };
-    let poll = |s: &mut Sim, n: usize, deliveries: &mut Vec<u64>| {
+    // Per key, the latest sequence number delivered for the first time:
+    // a key's records are first delivered in append order (through
+    // splits, merges and moves), whoever gets them.
+    let mut first: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let mut seen: BTreeSet<u64> = BTreeSet::new();
+    let mut poll = |s: &mut Sim, n: usize, deliveries: &mut Vec<u64>| {
         let before = group.committed();
         let got = s.member.poll(n).unwrap();
         check_committed(&got, &before, "poll");
         for r in &got {
             s.handed.insert(r.partition, r.offset + 1);
+            let q = seq(r);
+            if seen.insert(q) {
+                if let Some(k) = &r.key {
+                    if let Some(&prev) = first.get(k) {
+                        assert!(
+                            q > prev,
+                            "seed {seed}: key {:?}: {q} first delivered after {prev}",
+                            String::from_utf8_lossy(k)
+                        );
+                    }
+                    first.insert(k.clone(), q);
+                }
+            }
         }
         deliveries.extend(got.iter().map(seq));
     };
@@ -434,7 +453,11 @@ fn simulate(seed: u64) {
         match rng.below(110) {
             0..=19 => {
                 let n = 1 + rng.below(20);
-                append_rr(&topic, appended, n);
+                if keyed {
+                    append(&topic, 6, appended, n);
+                } else {
+                    append_rr(&topic, appended, n);
+                }
                 appended += n;
             }
             20..=44 if !members.is_empty() => {

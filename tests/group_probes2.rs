@@ -774,3 +774,55 @@ fn members_racing_splits_merges_and_churn_keep_every_group_promise() {
     );
     log.close().unwrap();
 }
+
+/// A member's commit from the reading state of an earlier tenure is
+/// refused, but it publishes that stale state as what the member handed
+/// out. A partition revoked from the member just then waits for records
+/// the member no longer holds: its next poll drops the stale state, and
+/// the partition must move then, not only when the processing timeout
+/// runs out.
+#[test]
+fn a_revocation_waiting_on_stale_handed_out_state_settles_at_the_next_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append_rr(&topic, 0, 200);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut first_a = Vec::new();
+    for _ in 0..3 {
+        first_a.extend(a.poll(20).unwrap());
+    }
+    // Stuck past twice the processing timeout, alone: both partitions are
+    // released and given back in new tenures.
+    pass(
+        &clock,
+        PROCESSING * 2 + Duration::from_secs(3),
+        &[&a],
+        &mut [],
+    );
+    assert!(matches!(a.commit(), Err(Error::NotAssigned { .. })));
+    let mut b = group.join(member_opts()).unwrap();
+    let d = group.describe();
+    let revoking = d.assignments.iter().filter(|x| x.revoking).count();
+    // `a` polls (nothing: it keeps the records for later) and so drops
+    // what it remembered of the earlier tenures.
+    a.poll(0).unwrap();
+    clock.advance(Duration::from_millis(10));
+    let got_b = b.poll(10).unwrap();
+    let d = group.describe();
+    assert!(
+        revoking == 0 || !got_b.is_empty(),
+        "the revoked partition still waits after the owner's poll: {d:#?}"
+    );
+    assert_eq!(
+        d.assignments
+            .iter()
+            .filter(|x| x.member == Some(b.id()))
+            .count(),
+        1,
+        "{d:#?}"
+    );
+    log.close().unwrap();
+}

@@ -1457,9 +1457,14 @@ impl Member {
         if m.state == MemberState::Slow {
             m.state = MemberState::Active;
         }
-        // Report what was handed out since the last sync.
-        self.report(&mut st);
+        // Report what was handed out since the last sync, once the
+        // assignment has dropped the state of tenures that ended (else a
+        // revocation would wait on records this member no longer holds).
         self.take_assignment(&st);
+        self.report(&mut st);
+        if self.settle_revoked(&s, &mut st, now) {
+            self.take_assignment(&st);
+        }
         // Partitions moved here end their pause now.
         for p in self.owned.iter() {
             if let Some(o) = st.owners.get_mut(p) {
@@ -1538,6 +1543,28 @@ impl Member {
         self.generation = st.generation;
     }
 
+    /// Releases this member's revoked partitions whose handed-out records
+    /// are all committed (what it publishes can shrink without a commit:
+    /// a poll drops the state of tenures that ended). Returns whether any
+    /// moved.
+    fn settle_revoked(&self, s: &GroupShared, st: &mut GroupState, now: u64) -> bool {
+        let revoking: Vec<u32> = st
+            .owners
+            .iter()
+            .filter(|(_, o)| o.member == Some(self.id) && o.revoking.is_some())
+            .map(|(&p, _)| p)
+            .collect();
+        let mut moved = false;
+        for p in revoking {
+            s.try_release(st, p, now);
+            moved |= st.owners.get(&p).is_some_and(|o| o.member != Some(self.id));
+        }
+        if moved {
+            st.generation += 1;
+        }
+        moved
+    }
+
     /// Publishes what this member handed out (under the group lock).
     fn report(&self, st: &mut GroupState) {
         let Some(m) = st.members.get_mut(&self.id) else {
@@ -1604,6 +1631,7 @@ impl Member {
             }
         }
         self.report(&mut st);
+        self.settle_revoked(&s, &mut st, s.now());
         Ok(out)
     }
 

@@ -826,3 +826,38 @@ fn a_revocation_waiting_on_stale_handed_out_state_settles_at_the_next_poll() {
     );
     log.close().unwrap();
 }
+
+/// A partition moves to a member that dies before it ever polls, and then
+/// to a third member: nobody read it from its first revocation until the
+/// third member's poll, and its pause says so (not only the time since
+/// the second owner was declared dead).
+#[test]
+fn a_pause_spans_every_owner_that_never_took_the_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(1)).unwrap();
+    append_rr(&topic, 0, 50);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let a = group.join(member_opts()).unwrap();
+    let b = group.join(member_opts()).unwrap();
+    // `a` owns the partition; it leaves and the partition goes to `b`,
+    // which never polls again and stops heartbeating.
+    assert_eq!(a.assignment().partitions, [0]);
+    a.leave().unwrap();
+    drop(b);
+    let mut c = group.join(member_opts()).unwrap();
+    // `c` polls all along; `b` is declared dead after its session timeout.
+    pass(&clock, SESSION + Duration::from_secs(2), &[], &mut [&mut c]);
+    assert_eq!(c.assignment().partitions, [0]);
+    let d = group.describe();
+    assert_eq!(d.stats.dead_detected, 1);
+    let longest = d.stats.pauses_ms.iter().copied().fold(0.0, f64::max);
+    assert!(
+        longest >= SESSION.as_millis() as f64,
+        "nobody read the partition for over {} ms; longest pause {longest} ms: {:?}",
+        SESSION.as_millis(),
+        d.stats.pauses_ms
+    );
+    log.close().unwrap();
+}

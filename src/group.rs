@@ -958,7 +958,9 @@ impl GroupShared {
         let entry = st.owners.get_mut(&p).expect("present");
         entry.revoking = None;
         entry.member = None;
-        entry.unowned_since = Some(since);
+        // An owner that never took it did not end the pause that began
+        // before it was given the partition.
+        entry.unowned_since = Some(entry.pause_from.take().map_or(since, |f| f.min(since)));
         if let Some(t) = to {
             self.give(st, p, t, now);
         }

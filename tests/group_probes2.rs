@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fissionlog::{
-    Error, GroupOptions, Log, LogOptions, ManualClock, Member, MemberOptions, OwnedRecord,
-    SplitPlan, SyncPolicy, Topic, TopicConfig,
+    Error, GroupOptions, Log, LogOptions, ManualClock, Member, MemberOptions, NewRecord,
+    OwnedRecord, SplitPlan, SyncPolicy, Topic, TopicConfig,
 };
 
 const SESSION: Duration = Duration::from_secs(10);
@@ -859,5 +859,115 @@ fn a_pause_spans_every_owner_that_never_took_the_partition() {
         SESSION.as_millis(),
         d.stats.pauses_ms
     );
+    log.close().unwrap();
+}
+
+fn append_old(topic: &Topic, from: u64, n: u64) {
+    for i in from..from + n {
+        let value = format!("r:{i}");
+        topic
+            .append_batch(&[NewRecord {
+                key: None,
+                value: value.as_bytes(),
+                timestamp: Some(1_000),
+            }])
+            .unwrap();
+    }
+}
+
+/// Both parents of a merge are removed by retention while two members
+/// hold them with uncommitted records: the merge child becomes ready at
+/// once, goes to one of them, is read from its start, and both members'
+/// commits of what they handed out in the removed parents succeed.
+#[test]
+fn a_merge_child_of_parents_retention_removed_under_their_owners_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log
+        .topic_or_create(
+            "t",
+            TopicConfig {
+                segment_bytes: 4096,
+                retention_age: Some(Duration::from_secs(3600)),
+                ..config(2)
+            },
+        )
+        .unwrap();
+    append_old(&topic, 0, 80);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    a.commit().unwrap();
+    let got_a = a.poll(10).unwrap();
+    let got_b = b.poll(10).unwrap();
+    assert_eq!((got_a.len(), got_b.len()), (10, 10));
+    let m = topic.merge(0, 1).unwrap();
+    append_rr(&topic, 80, 30);
+    let removed = log.enforce_retention().unwrap();
+    assert!(removed > 0);
+    assert!(topic.partition(0).is_err() && topic.partition(1).is_err());
+    a.commit().unwrap();
+    b.commit().unwrap();
+    let mut rest = drain(&mut a);
+    rest.extend(drain(&mut b));
+    assert_eq!(
+        seqs(&rest),
+        (80..110).collect(),
+        "the merge child's records"
+    );
+    assert_eq!(rest.len(), 30);
+    a.commit().unwrap();
+    b.commit().unwrap();
+    let c = group.committed();
+    assert_eq!(c.positions.get(&m), Some(&30), "{c:?}");
+    assert_eq!(group.describe().lag_records, 0);
+    log.close().unwrap();
+}
+
+/// Split children are read by two members, then merged, and retention
+/// removes their parent: the merge child becomes ready once both children
+/// are committed as read, and every record is delivered.
+#[test]
+fn a_merge_of_split_children_whose_parent_retention_removed_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log
+        .topic_or_create(
+            "t",
+            TopicConfig {
+                segment_bytes: 4096,
+                retention_age: Some(Duration::from_secs(3600)),
+                ..config(1)
+            },
+        )
+        .unwrap();
+    append_old(&topic, 0, 60);
+    let kids = topic.split(0, SplitPlan::Even).unwrap();
+    append_rr(&topic, 60, 40);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut got = drain(&mut a);
+    a.commit().unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    b.poll(0).unwrap();
+    got.extend(drain(&mut a));
+    a.commit().unwrap();
+    let m = topic.merge(kids[0], kids[1]).unwrap();
+    append_rr(&topic, 100, 20);
+    log.enforce_retention().unwrap();
+    assert!(topic.partition(0).is_err(), "the old parent is gone");
+    let mut got_b = Vec::new();
+    for _ in 0..3 {
+        got.extend(drain(&mut a));
+        a.commit().unwrap();
+        got_b.extend(drain(&mut b));
+        b.commit().unwrap();
+    }
+    let all: BTreeSet<u64> = seqs(&got).union(&seqs(&got_b)).copied().collect();
+    assert_eq!(all, (0..120).collect());
+    let c = group.committed();
+    assert_eq!(c.positions.get(&m), Some(&20), "{c:?}");
     log.close().unwrap();
 }

@@ -971,3 +971,41 @@ fn a_merge_of_split_children_whose_parent_retention_removed_is_read() {
     assert_eq!(c.positions.get(&m), Some(&20), "{c:?}");
     log.close().unwrap();
 }
+
+/// A consumer loop commits after every poll, also when the poll returned
+/// nothing: such a commit changes no position and must not cost a manifest
+/// record and its fsync (the journal would grow by one record per idle
+/// poll of every member).
+#[test]
+fn a_commit_with_nothing_new_writes_no_manifest_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append_rr(&topic, 0, 40);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    assert_eq!(drain(&mut a).len(), 40);
+    a.commit().unwrap();
+    let journal = dir.path().join(fissionlog::layout::JOURNAL_FILE);
+    let size = std::fs::metadata(&journal).unwrap().len();
+    let commits = group.describe().stats.commits;
+    for _ in 0..5 {
+        assert!(a.poll(100).unwrap().is_empty());
+        a.commit().unwrap();
+    }
+    assert_eq!(group.describe().stats.commits, commits);
+    assert_eq!(
+        std::fs::metadata(&journal).unwrap().len(),
+        size,
+        "idle commits wrote manifest records"
+    );
+    // A commit that moves something still writes.
+    append_rr(&topic, 40, 4);
+    assert_eq!(drain(&mut a).len(), 4);
+    a.commit().unwrap();
+    assert_eq!(group.describe().stats.commits, commits + 1);
+    let c = group.committed();
+    assert_eq!(c.positions.values().sum::<u64>(), 44);
+    log.close().unwrap();
+}

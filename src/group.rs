@@ -1978,9 +1978,11 @@ impl Member {
             if !parents_read {
                 return Err(child_before_parent(p));
             }
-            if st.committed.positions.get(&p).is_some_and(|&c| c > o) {
+            if GroupShared::committed_position(&st, p) >= o {
                 // Never backwards (a commit of older positions after a
-                // newer one).
+                // newer one), and nothing to write for a position the
+                // group has already (an idle consumer loop commits after
+                // every empty poll: each would cost a manifest fsync).
                 continue;
             }
             delta.positions.insert(p, o);
@@ -2022,6 +2024,7 @@ impl Member {
         }
         if delta.positions.is_empty() && delta.drained.is_empty() {
             st.members.get_mut(&self.id).expect("member").last_progress = now;
+            self.settle_revoked(&s, &mut st, now);
             self.take_assignment(&st);
             return Ok(());
         }

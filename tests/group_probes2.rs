@@ -1144,3 +1144,47 @@ fn members_racing_static_rejoins_and_crashes_keep_every_group_promise() {
     );
     log.close().unwrap();
 }
+
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0);
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// `poll_wait` while one of the member's partitions is being revoked and
+/// has records past what the member handed out there: the member may not
+/// read them, so there is nothing to wake for; the wait must sleep, not
+/// spin on the paused partition until its timeout.
+#[test]
+fn poll_wait_does_not_spin_on_a_revoking_partition_with_new_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append_rr(&topic, 0, 40);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    assert_eq!(drain(&mut a).len(), 40);
+    let _b = group.join(member_opts()).unwrap();
+    let d = group.describe();
+    assert_eq!(d.assignments.iter().filter(|x| x.revoking).count(), 1);
+    append_rr(&topic, 40, 20);
+    let got = a.poll_wait(100, Duration::from_millis(50)).unwrap();
+    assert_eq!(got.len(), 10, "the partition it keeps");
+    let cpu = thread_cpu();
+    let wall = std::time::Instant::now();
+    let got = a.poll_wait(100, Duration::from_millis(400)).unwrap();
+    let used = thread_cpu() - cpu;
+    assert!(got.is_empty());
+    assert!(wall.elapsed() >= Duration::from_millis(400));
+    assert!(
+        used < Duration::from_millis(150),
+        "poll_wait burned {used:?} of CPU in 400 ms waiting for nothing"
+    );
+    log.close().unwrap();
+}

@@ -1731,10 +1731,13 @@ impl Member {
         if !self.pending.is_empty() {
             return true;
         }
+        // Partitions being revoked are not read: records there are no
+        // reason to wake (the wait would spin until its timeout).
         self.positions.iter().any(|(&id, &pos)| {
-            self.shared.topic.partition(id).map_or(true, |p| {
-                p.visible_end(p.default_isolation()) > pos || self.is_drained_at(id, pos)
-            })
+            !self.paused.contains(&id)
+                && self.shared.topic.partition(id).map_or(true, |p| {
+                    p.visible_end(p.default_isolation()) > pos || self.is_drained_at(id, pos)
+                })
         })
     }
 

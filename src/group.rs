@@ -1981,11 +1981,12 @@ impl Member {
             if !parents_read {
                 return Err(child_before_parent(p));
             }
-            if GroupShared::committed_position(&st, p) >= o {
+            if st.committed.positions.get(&p).is_some_and(|&c| c >= o) {
                 // Never backwards (a commit of older positions after a
                 // newer one), and nothing to write for a position the
-                // group has already (an idle consumer loop commits after
-                // every empty poll: each would cost a manifest fsync).
+                // group lists already (an idle consumer loop commits after
+                // every empty poll: each would cost a manifest fsync). An
+                // unlisted partition is listed once, even at 0.
                 continue;
             }
             delta.positions.insert(p, o);

@@ -770,6 +770,12 @@ impl GroupShared {
                             self.release(st, p, now);
                             changed = true;
                         }
+                        // What it gets back (nobody else can take it) is
+                        // not moved again on the next tick: only after
+                        // another processing timeout without progress.
+                        if let Some(m) = st.members.get_mut(&id) {
+                            m.slow_since = now;
+                        }
                     }
                 }
             }
@@ -978,7 +984,9 @@ impl GroupShared {
         let entry = st.owners.get_mut(&p).expect("present");
         entry.revoking = None;
         entry.member = None;
-        entry.unowned_since = Some(since);
+        // An owner that never took it did not end the pause that began
+        // before it was given the partition.
+        entry.unowned_since = Some(entry.pause_from.take().map_or(since, |f| f.min(since)));
         if let Some(t) = to {
             self.give(st, p, t, now);
         }
@@ -1551,9 +1559,14 @@ impl Member {
         if m.state == MemberState::Slow {
             m.state = MemberState::Active;
         }
-        // Report what was handed out since the last sync.
-        self.report(&mut st);
+        // Report what was handed out since the last sync, once the
+        // assignment has dropped the state of tenures that ended (else a
+        // revocation would wait on records this member no longer holds).
         self.take_assignment(&st);
+        self.report(&mut st);
+        if self.settle_revoked(&s, &mut st, now) {
+            self.take_assignment(&st);
+        }
         // Partitions moved here end their pause now.
         for p in self.owned.iter() {
             if let Some(o) = st.owners.get_mut(p) {
@@ -1632,6 +1645,28 @@ impl Member {
         self.generation = st.generation;
     }
 
+    /// Releases this member's revoked partitions whose handed-out records
+    /// are all committed (what it publishes can shrink without a commit:
+    /// a poll drops the state of tenures that ended). Returns whether any
+    /// moved.
+    fn settle_revoked(&self, s: &GroupShared, st: &mut GroupState, now: u64) -> bool {
+        let revoking: Vec<u32> = st
+            .owners
+            .iter()
+            .filter(|(_, o)| o.member == Some(self.id) && o.revoking.is_some())
+            .map(|(&p, _)| p)
+            .collect();
+        let mut moved = false;
+        for p in revoking {
+            s.try_release(st, p, now);
+            moved |= st.owners.get(&p).is_some_and(|o| o.member != Some(self.id));
+        }
+        if moved {
+            st.generation += 1;
+        }
+        moved
+    }
+
     /// Publishes what this member handed out (under the group lock).
     fn report(&self, st: &mut GroupState) {
         let Some(m) = st.members.get_mut(&self.id) else {
@@ -1700,6 +1735,7 @@ impl Member {
             }
         }
         self.report(&mut st);
+        self.settle_revoked(&s, &mut st, s.now());
         Ok(out)
     }
 
@@ -1797,10 +1833,13 @@ impl Member {
         if !self.pending.is_empty() {
             return true;
         }
+        // Partitions being revoked are not read: records there are no
+        // reason to wake (the wait would spin until its timeout).
         self.positions.iter().any(|(&id, &pos)| {
-            self.shared.topic.partition(id).map_or(true, |p| {
-                p.visible_end(p.default_isolation()) > pos || self.is_drained_at(id, pos)
-            })
+            !self.paused.contains(&id)
+                && self.shared.topic.partition(id).map_or(true, |p| {
+                    p.visible_end(p.default_isolation()) > pos || self.is_drained_at(id, pos)
+                })
         })
     }
 
@@ -2010,9 +2049,12 @@ impl Member {
             if !parents_read {
                 return Err(child_before_parent(p));
             }
-            if st.committed.positions.get(&p).is_some_and(|&c| c > o) {
+            if st.committed.positions.get(&p).is_some_and(|&c| c >= o) {
                 // Never backwards (a commit of older positions after a
-                // newer one).
+                // newer one), and nothing to write for a position the
+                // group lists already (an idle consumer loop commits after
+                // every empty poll: each would cost a manifest fsync). An
+                // unlisted partition is listed once, even at 0.
                 continue;
             }
             delta.positions.insert(p, o);
@@ -2054,6 +2096,7 @@ impl Member {
         }
         if delta.positions.is_empty() && delta.drained.is_empty() {
             st.members.get_mut(&self.id).expect("member").last_progress = now;
+            self.settle_revoked(&s, &mut st, now);
             self.take_assignment(&st);
             return Ok(());
         }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::crash::SplitMix64;
 use common::groups::*;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,39 +16,6 @@ use fissionlog::{
     Error, GroupOptions, GroupStart, Log, LogOptions, ManualClock, Member, MemberOptions,
     NewRecord, OwnedRecord, SplitPlan, TopicConfig,
 };
-
-/// Per partition, offsets handed out rise.
-fn assert_partition_order(records: &[OwnedRecord]) {
-    let mut last: BTreeMap<u32, u64> = BTreeMap::new();
-    for r in records {
-        if let Some(&prev) = last.get(&r.partition) {
-            assert!(
-                r.offset > prev,
-                "partition {}: {} after {prev}",
-                r.partition,
-                r.offset
-            );
-        }
-        last.insert(r.partition, r.offset);
-    }
-}
-
-/// Advances the clock in steps of a second, heartbeating `beat` and
-/// polling (zero records) `progress` at every step.
-fn pass(clock: &ManualClock, total: Duration, beat: &[&Member], progress: &mut [&mut Member]) {
-    let mut left = total;
-    while !left.is_zero() {
-        let step = left.min(Duration::from_secs(1));
-        clock.advance(step);
-        left -= step;
-        for m in beat {
-            m.heartbeat().unwrap();
-        }
-        for m in progress.iter_mut() {
-            m.poll(0).unwrap();
-        }
-    }
-}
 
 /// A member stuck long enough to lose its partition, which then comes back
 /// to it after another member read and committed further, resumes at the
@@ -917,23 +885,6 @@ fn a_group_positioned_in_a_parent_retention_removed_goes_on_after_reopen() {
     log.close().unwrap();
 }
 
-/// SplitMix64, for the seeded simulation below.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 struct Sim {
     member: Member,
     /// Heartbeats but makes no progress (slow, then stuck).
@@ -959,7 +910,7 @@ fn seeded_group_simulation_loses_nothing_and_duplicates_only_windows() {
 }
 
 fn simulate(seed: u64) {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let log = open(dir.path(), &clock);

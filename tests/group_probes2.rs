@@ -7,144 +7,17 @@
 
 mod common;
 
+use common::crash::SplitMix64;
+use common::groups::*;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use fissionlog::{
     Error, GroupOptions, Log, LogOptions, ManualClock, Member, MemberOptions, NewRecord,
-    OwnedRecord, SplitPlan, SyncPolicy, Topic, TopicConfig,
+    OwnedRecord, SplitPlan, Topic, TopicConfig,
 };
-
-const SESSION: Duration = Duration::from_secs(10);
-const PROCESSING: Duration = Duration::from_secs(30);
-
-fn options(clock: &Arc<ManualClock>) -> LogOptions {
-    LogOptions {
-        clock: clock.clone(),
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
-
-fn config(partitions: u32) -> TopicConfig {
-    TopicConfig {
-        partitions,
-        segment_bytes: 1 << 20,
-        sync: SyncPolicy::Never,
-        ..TopicConfig::default()
-    }
-}
-
-fn member_opts() -> MemberOptions {
-    MemberOptions {
-        session_timeout: SESSION,
-        processing_timeout: PROCESSING,
-        instance_id: None,
-        background_heartbeat: None,
-    }
-}
-
-/// Appends `n` records with keys `k0..k{keys}` and values `key:seq`.
-fn append(topic: &Topic, keys: u32, from: u64, n: u64) {
-    for i in from..from + n {
-        let key = format!("k{}", i % u64::from(keys));
-        topic
-            .append(Some(key.as_bytes()), format!("{key}:{i}").as_bytes())
-            .unwrap();
-    }
-}
-
-/// Appends `n` records without keys (spread round-robin, so every
-/// partition gets its share whatever the topic's hash key) with values
-/// `r:seq`.
-fn append_rr(topic: &Topic, from: u64, n: u64) {
-    for i in from..from + n {
-        topic.append(None, format!("r:{i}").as_bytes()).unwrap();
-    }
-}
-
-/// Per partition, offsets handed out rise.
-fn assert_partition_order(records: &[OwnedRecord]) {
-    let mut last: BTreeMap<u32, u64> = BTreeMap::new();
-    for r in records {
-        if let Some(&prev) = last.get(&r.partition) {
-            assert!(
-                r.offset > prev,
-                "partition {}: {} after {prev}",
-                r.partition,
-                r.offset
-            );
-        }
-        last.insert(r.partition, r.offset);
-    }
-}
-
-fn seq(r: &OwnedRecord) -> u64 {
-    let v = std::str::from_utf8(&r.value).unwrap();
-    v.split(':').nth(1).unwrap().parse().unwrap()
-}
-
-fn seqs(records: &[OwnedRecord]) -> BTreeSet<u64> {
-    records.iter().map(seq).collect()
-}
-
-/// Polls until a poll returns nothing.
-fn drain(m: &mut Member) -> Vec<OwnedRecord> {
-    let mut out = Vec::new();
-    loop {
-        let got = m.poll(1000).unwrap();
-        if got.is_empty() {
-            return out;
-        }
-        out.extend(got);
-    }
-}
-
-fn open(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Log {
-    Log::open(dir, options(clock)).unwrap()
-}
-
-/// Advances the clock in steps of a second, heartbeating `beat` and
-/// polling (zero records) `progress` at every step.
-fn pass(clock: &ManualClock, total: Duration, beat: &[&Member], progress: &mut [&mut Member]) {
-    let mut left = total;
-    while !left.is_zero() {
-        let step = left.min(Duration::from_secs(1));
-        clock.advance(step);
-        left -= step;
-        for m in beat {
-            m.heartbeat().unwrap();
-        }
-        for m in progress.iter_mut() {
-            m.poll(0).unwrap();
-        }
-    }
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
-fn static_opts(instance: &str) -> MemberOptions {
-    MemberOptions {
-        instance_id: Some(instance.to_string()),
-        ..member_opts()
-    }
-}
 
 /// How many times each sequence number was delivered beyond the first.
 fn extra_deliveries(all: &[&[OwnedRecord]]) -> (BTreeSet<u64>, u64) {
@@ -393,7 +266,7 @@ fn seeded_simulation_with_rejoins_and_partial_commits_never_delivers_a_committed
 }
 
 fn simulate(seed: u64) {
-    let mut rng = Rng(seed ^ 0x5eed);
+    let mut rng = SplitMix64::new(seed ^ 0x5eed);
     let keyed = seed % 2 == 1;
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(1_000_000_000));

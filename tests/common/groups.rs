@@ -110,3 +110,36 @@ pub fn assert_key_order(records: &[OwnedRecord]) {
 pub fn open(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Log {
     Log::open(dir, options(clock)).unwrap()
 }
+
+/// Per partition, offsets handed out rise.
+pub fn assert_partition_order(records: &[OwnedRecord]) {
+    let mut last: BTreeMap<u32, u64> = BTreeMap::new();
+    for r in records {
+        if let Some(&prev) = last.get(&r.partition) {
+            assert!(
+                r.offset > prev,
+                "partition {}: {} after {prev}",
+                r.partition,
+                r.offset
+            );
+        }
+        last.insert(r.partition, r.offset);
+    }
+}
+
+/// Advances the clock in steps of a second, heartbeating `beat` and
+/// polling (zero records) `progress` at every step.
+pub fn pass(clock: &ManualClock, total: Duration, beat: &[&Member], progress: &mut [&mut Member]) {
+    let mut left = total;
+    while !left.is_zero() {
+        let step = left.min(Duration::from_secs(1));
+        clock.advance(step);
+        left -= step;
+        for m in beat {
+            m.heartbeat().unwrap();
+        }
+        for m in progress.iter_mut() {
+            m.poll(0).unwrap();
+        }
+    }
+}

@@ -51,7 +51,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::format::manifest::{GroupPosition, GroupRecord, ManifestRecord};
 use crate::read::OwnedRecord;
-use crate::reader::{fingerprint, read_step, take_batch, ReadStep, RetainedRange};
+use crate::reader::{drained_at, fingerprint, read_step, take_batch, ReadStep, RetainedRange};
 use crate::topic::Topic;
 use crate::topology::lineage::Lineage;
 
@@ -1844,15 +1844,7 @@ impl Member {
     }
 
     fn is_drained_at(&self, id: u32, pos: u64) -> bool {
-        let Some(sealed_at) = self.lineage.sealed_at(id) else {
-            return false;
-        };
-        pos >= sealed_at
-            || self
-                .shared
-                .topic
-                .partition(id)
-                .is_ok_and(|p| pos >= p.end_offset())
+        drained_at(&self.shared.topic, &self.lineage, id, pos)
     }
 
     /// Moves partitions handed out to their seal into `drained` and opens
@@ -2001,7 +1993,6 @@ impl Member {
         let all_drained = st.committed.all_drained(&lineage);
         let drained_now: BTreeSet<u32> = drained.iter().copied().collect();
         let mut delta = Committed::default();
-        let all_drained_before = st.committed.all_drained(&lineage);
         let child_before_parent = |p: u32| {
             Error::InvalidConfig(format!(
                 "commit of split child {p} before its parents are committed as read"
@@ -2013,7 +2004,7 @@ impl Member {
             // when records handed out here would be lost to the commit.
             // A partition retention removed has nothing left to commit.
             let committed = st.committed.positions.get(&p).copied();
-            if all_drained_before.contains(&p)
+            if all_drained.contains(&p)
                 || committed.is_some_and(|c| c >= o)
                 || o == 0
                 || !lineage.contains(p)
@@ -2027,27 +2018,27 @@ impl Member {
                 })
             }
         };
-        for &(p, o) in positions {
+        // Every named partition: one not held is fine only if nothing
+        // handed out there would be lost; one held is a split child only
+        // once its parent is (being) read, refused rather than left out of
+        // a commit that reports success.
+        let named = positions.iter().copied().chain(
+            drained
+                .iter()
+                .map(|&d| (d, self.lineage.sealed_at(d).unwrap_or(u64::MAX))),
+        );
+        for (p, o) in named {
             if !root_of.contains_key(&p) {
                 lost(p, o)?;
-            }
-        }
-        for &d in drained {
-            if !root_of.contains_key(&d) {
-                lost(d, self.lineage.sealed_at(d).unwrap_or(u64::MAX))?;
+            } else if !lineage.parents(p).iter().all(|q| {
+                all_drained.contains(q) || drained_now.contains(q) || !lineage.contains(*q)
+            }) {
+                return Err(child_before_parent(p));
             }
         }
         for &(p, o) in positions {
             if !root_of.contains_key(&p) {
                 continue;
-            }
-            // A split child only once its parent is (being) read: refused
-            // rather than left out of a commit that reports success.
-            let parents_read = lineage.parents(p).iter().all(|q| {
-                all_drained.contains(q) || drained_now.contains(q) || !lineage.contains(*q)
-            });
-            if !parents_read {
-                return Err(child_before_parent(p));
             }
             if st.committed.positions.get(&p).is_some_and(|&c| c >= o) {
                 // Never backwards (a commit of older positions after a
@@ -2068,16 +2059,7 @@ impl Member {
             }
         }
         for &d in drained {
-            if !root_of.contains_key(&d) {
-                continue;
-            }
-            let parents_read = lineage.parents(d).iter().all(|q| {
-                all_drained.contains(q) || drained_now.contains(q) || !lineage.contains(*q)
-            });
-            if !parents_read {
-                return Err(child_before_parent(d));
-            }
-            if !all_drained.contains(&d) {
+            if root_of.contains_key(&d) && !all_drained.contains(&d) {
                 delta.drained.insert(d);
             }
         }

@@ -187,6 +187,19 @@ pub(crate) fn take_batch(
     Ok((pending.len() == before && batch.next_offset() > pos).then(|| batch.next_offset()))
 }
 
+/// Whether a consumer at `pos` in partition `id` has nothing more to read
+/// there: the partition is sealed and `pos` is at its seal. After a power
+/// loss a sealed parent may hold less than its recorded seal offset (its
+/// unsynced tail is gone): what it holds is all there will ever be, so it
+/// is drained at its end, not left blocking its children. (Recovery records
+/// the lower end, so this only matters for a topology changed since.)
+pub(crate) fn drained_at(topic: &Topic, lineage: &Lineage, id: u32, pos: u64) -> bool {
+    let Some(sealed_at) = lineage.sealed_at(id) else {
+        return false;
+    };
+    pos >= sealed_at || topic.partition(id).is_ok_and(|p| pos >= p.end_offset())
+}
+
 /// `RetainedRange::end` of a partition removed from the topology.
 const REMOVED_END: u64 = u64::MAX;
 
@@ -586,19 +599,7 @@ impl Reader {
 
     /// Whether open partition `id` at `pos` has nothing more to give.
     fn is_drained_at(&self, id: u32, pos: u64) -> bool {
-        let Some(sealed_at) = self.lineage.sealed_at(id) else {
-            return false;
-        };
-        // After a power loss a sealed parent may hold less than its
-        // recorded seal offset (its unsynced tail is gone): what it holds
-        // is all there will ever be, so it is drained at its end, not left
-        // blocking its children. (Recovery records the lower end, so this
-        // only matters for a topology changed since.)
-        pos >= sealed_at
-            || self
-                .topic
-                .partition(id)
-                .is_ok_and(|p| pos >= p.end_offset())
+        drained_at(&self.topic, &self.lineage, id, pos)
     }
 
     /// Whether `c` is neither open nor drained and all its parents are

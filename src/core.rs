@@ -160,8 +160,9 @@ impl Core {
     /// journal handle may no longer be the file a replay reads.
     pub fn commit(&self, topo: &mut Topology, rec: ManifestRecord) -> Result<()> {
         self.check_open()?;
+        // One copy: `next` is dropped if the record does not apply.
         let mut next = topo.state.clone();
-        model::apply(&mut next, &rec).map_err(Error::Refused)?;
+        model::apply_in_place(&mut next, &rec).map_err(Error::Refused)?;
         if rec.min_version() > topo.manifest.version() {
             // A journal of an older format gets records of the newer one
             // only once a compaction rewrote it (and the snapshot) with

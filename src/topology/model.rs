@@ -145,7 +145,9 @@ pub fn apply(state: &mut ManifestState, rec: &ManifestRecord) -> Result<(), Stri
     Ok(())
 }
 
-fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result<(), String> {
+/// Applies one record to `state` itself; on error `state` may be partly
+/// changed, so callers apply to a copy they drop on error.
+pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result<(), String> {
     match rec {
         ManifestRecord::CreateTopic(t) => {
             if t.id < state.next_topic_id || state.topics.iter().any(|x| x.name == t.name) {

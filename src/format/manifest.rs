@@ -92,6 +92,24 @@ pub struct TopicRecord {
     /// (format version 2; absent before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupRecord>,
+    /// Partitions retention emptied and removed, with their parents and
+    /// seal: what a reader resuming before them needs to report each one,
+    /// also once no partition left names it. Absent in manifests written
+    /// before it existed (a build that does not know it ignores it, and
+    /// reports less, as it did).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<RemovedPartition>,
+}
+
+/// A partition removed from the topology (see [`TopicRecord::removed`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemovedPartition {
+    /// Its id (never reused).
+    pub id: u32,
+    /// Its parents.
+    pub parents: Vec<u32>,
+    /// The offset it was sealed at.
+    pub end_offset: u64,
 }
 
 /// A consumer group's committed positions in one topic, in the form of a

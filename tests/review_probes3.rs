@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;

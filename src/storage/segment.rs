@@ -64,11 +64,6 @@
 //! out a torn tail (it reads as zeros, and is allocated again before the
 //! writer stores there). A segment that takes no more appends is truncated
 //! to its data.
-//!
-//! Unless syncs keep up with the writer, each chunk the writer allocates is
-//! also populated in the page cache and mapped writable in one call
-//! ([`Segment::populate_for_write`]), so the writer's stores do not take
-//! the zero-filling page faults one at a time.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -383,44 +378,6 @@ impl Segment {
         self.file_len.fetch_max(target, Ordering::AcqRel);
         self.allocated.store(target, Ordering::Release);
         Ok(())
-    }
-
-    /// Maps the pages of `[from, to)` writable ahead of the writer, in one
-    /// call (`MADV_POPULATE_WRITE`, Linux 5.14; an error, an older kernel
-    /// among them, only leaves the writer to fault them in itself). The
-    /// range is allocated and below the end of the file, so this neither
-    /// allocates nor raises SIGBUS, and it changes no byte.
-    ///
-    /// A store into a page of the mapping that is not in the page cache
-    /// faults, and the fault zero-fills the page (and its readahead
-    /// window) before the store: on the benchmark VM the single-record
-    /// appends of W1/W2 spent most of their time there, and far more often
-    /// when the writer took those faults one at a time than when the pages
-    /// of a whole allocation chunk were populated at once
-    /// (docs/PERFORMANCE.md, Run 7). The populated pages are dirty zeros: a sync before the
-    /// writer reaches them writes them out, and the writer's stores dirty
-    /// them again. So the writer populates only when no sync covered the
-    /// last allocation step it wrote (`SegmentWriter::reserve`); a
-    /// partition synced as it is written (`SyncPolicy::Always`) never
-    /// does.
-    fn populate_for_write(&self, from: u64, to: u64) {
-        let from = from & !4095;
-        debug_assert!(to <= self.allocated() && to <= self.capacity);
-        if to <= from {
-            return;
-        }
-        // SAFETY: `[from, to)` lies inside the mapping (`to <= capacity`)
-        // and is allocated and below the file's end (`to <= allocated`,
-        // rule 3), so populating it cannot fault past EOF; the advice
-        // changes no byte of the mapping, so concurrent readers (below
-        // `committed_pos`) see the same data.
-        let _ = unsafe {
-            libc::madvise(
-                self.map.as_mut_ptr().add(from as usize).cast(),
-                (to - from) as usize,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
     }
 
     /// Truncates the file to its data once the segment takes no more
@@ -1192,12 +1149,6 @@ impl SegmentWriter {
                     .grow(page_up(need).min(capacity))
                     .map_err(|_| e)?;
             }
-        }
-        // Unless syncs keep up with the writer (nothing is populated then:
-        // see `Segment::populate_for_write`).
-        if self.write_pos - self.segment.synced_pos().min(self.write_pos) >= step {
-            self.segment
-                .populate_for_write(allocated, self.segment.allocated());
         }
         Ok(())
     }

@@ -292,6 +292,7 @@ impl Log {
             next_partition_id: partitions.len() as u32,
             partitions,
             groups: Vec::new(),
+            tail_moves: Vec::new(),
         };
         // Files first; the manifest record commits the topic.
         let build = || -> Result<Topic> {
@@ -720,6 +721,18 @@ fn load_topic(
     for (par, child) in links {
         if let Some(n) = st.nodes.get_mut(&par) {
             n.children.push(child);
+        }
+    }
+    // Tail-split parents end, for readers, where their moved range starts.
+    st.tails = crate::tail::load_tails(&tdir, &rec.tail_moves)?;
+    for (id, t) in &st.tails {
+        if let Some(n) = st.nodes.get_mut(id) {
+            n.part.set_logical_end(t.index.from);
+            if let PartitionState::Sealed { end_offset } = n.rec.state {
+                n.rec.state = PartitionState::Sealed {
+                    end_offset: end_offset.min(t.index.from),
+                };
+            }
         }
     }
     *topic.inner.write_state() = st;

@@ -28,6 +28,9 @@ pub(crate) struct Lineage {
     /// Partitions removed from the topology (retention emptied them), with
     /// the offset each was sealed at, as their children record it.
     pub removed_seals: HashMap<u32, u64>,
+    /// Committed tail splits by parent: where a position past a parent's
+    /// logical end continues in its children.
+    pub tails: HashMap<u32, std::sync::Arc<crate::tail::TailInfo>>,
 }
 
 impl Lineage {
@@ -111,6 +114,7 @@ mod tests {
         Lineage {
             generation: 7,
             removed_seals: HashMap::new(),
+            tails: HashMap::new(),
             nodes: HashMap::from([
                 (0, node(&[], &[1, 2], Some(5))),
                 (1, node(&[0], &[3], Some(2))),

@@ -3,7 +3,8 @@
 //! manifests through it).
 
 use crate::format::manifest::{
-    GroupRecord, ManifestRecord, ManifestState, PartitionRecord, PartitionState, TopicRecord,
+    GroupRecord, ManifestRecord, ManifestState, PartitionRecord, PartitionState, TailMove,
+    TopicRecord,
 };
 
 /// Checks a topic's consumer groups: valid unique names, and partition ids
@@ -191,6 +192,76 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
             add_children(t, children)?;
             check_topic(t)?;
         }
+        ManifestRecord::TailSplit {
+            topic_id,
+            parent,
+            from,
+            seal_offset,
+            children,
+            counts,
+            index_crc,
+            groups,
+        } => {
+            // As a split, sealed at the physical end.
+            apply_in_place(
+                state,
+                &ManifestRecord::Split {
+                    topic_id: *topic_id,
+                    parent: *parent,
+                    seal_offset: *seal_offset,
+                    children: children.clone(),
+                },
+            )?;
+            let t = topic_mut(state, *topic_id)?;
+            if from > seal_offset
+                || counts.len() != children.len()
+                || counts.iter().try_fold(0u64, |a, &c| a.checked_add(c))
+                    != Some(seal_offset - from)
+            {
+                return Err(format!(
+                    "tail split of partition {parent}: moved counts do not add up to {from}..{seal_offset}"
+                ));
+            }
+            let mut ids: Vec<(u64, u32)> = children.iter().map(|c| (c.start, c.id)).collect();
+            ids.sort_unstable();
+            t.tail_moves.push(TailMove {
+                parent: *parent,
+                from: *from,
+                seal_offset: *seal_offset,
+                children: children.iter().map(|c| c.id).collect(),
+                counts: counts.clone(),
+                index_crc: *index_crc,
+                reclaimed: false,
+            });
+            for gm in groups {
+                let g = t
+                    .groups
+                    .iter_mut()
+                    .find(|g| g.name == gm.group)
+                    .ok_or_else(|| format!("tail split moves unknown group {}", gm.group))?;
+                g.positions.remove(parent);
+                g.last_records.remove(parent);
+                for &(c, off) in &gm.positions {
+                    if !children.iter().any(|x| x.id == c) {
+                        return Err(format!(
+                            "tail split moves group {} to a non-child",
+                            gm.group
+                        ));
+                    }
+                    g.positions.entry(c).or_insert(off);
+                }
+            }
+            check_groups(t)?;
+        }
+        ManifestRecord::TailReclaimed { topic_id, parent } => {
+            let t = topic_mut(state, *topic_id)?;
+            let m = t
+                .tail_moves
+                .iter_mut()
+                .find(|m| m.parent == *parent)
+                .ok_or_else(|| format!("partition {parent} has no tail split to reclaim"))?;
+            m.reclaimed = true;
+        }
         ManifestRecord::Merge {
             topic_id,
             parents,
@@ -236,6 +307,12 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
             let removed = t.partitions.remove(i);
             let PartitionState::Sealed { end_offset } = removed.state else {
                 unreachable!("checked sealed above");
+            };
+            // A tail-split parent ends, for its readers, where its moved
+            // range starts.
+            let end_offset = match t.tail_moves.iter().position(|m| m.parent == *partition) {
+                Some(m) => t.tail_moves.remove(m).from,
+                None => end_offset,
             };
             for c in t.partitions.iter_mut() {
                 if c.parents.contains(partition) {
@@ -379,6 +456,7 @@ mod tests {
             next_partition_id: 1,
             partitions: vec![part(0, (0, u64::MAX), vec![])],
             groups: Vec::new(),
+            tail_moves: Vec::new(),
         };
         apply(&mut state, &ManifestRecord::CreateTopic(topic)).unwrap();
         apply(&mut state, &split(0, (1, 2), (0, u64::MAX))).unwrap();

@@ -202,25 +202,34 @@ pub(crate) fn drained_at(topic: &Topic, lineage: &Lineage, id: u32, pos: u64) ->
 
 /// Moves every position past a tail-split parent's logical end to the
 /// parent's children: per child, its first moved record at or after the
-/// position (a child already listed keeps its own position). The parent
-/// leaves the positions: it is an ancestor of its children, so drained.
+/// position (a child already listed keeps its own position), and so on
+/// down through children tail-split in turn. The parent leaves the
+/// positions: it is an ancestor of its children, so drained.
 pub(crate) fn translate_tails(
     lineage: &Lineage,
     positions: &mut BTreeMap<u32, u64>,
     last_records: &mut BTreeMap<u32, u64>,
 ) -> bool {
-    let moved: Vec<(u32, Vec<(u32, u64)>)> = positions
-        .iter()
-        .filter_map(|(&id, &pos)| Some((id, Topic::translate_tail(lineage, id, pos)?)))
-        .collect();
-    for (id, kids) in &moved {
-        positions.remove(id);
-        last_records.remove(id);
-        for &(c, off) in kids {
-            positions.entry(c).or_insert(off);
+    let mut any = false;
+    // Until nothing moves: a child may itself have been tail-split past
+    // the position it was given.
+    loop {
+        let moved: Vec<(u32, Vec<(u32, u64)>)> = positions
+            .iter()
+            .filter_map(|(&id, &pos)| Some((id, Topic::translate_tail(lineage, id, pos)?)))
+            .collect();
+        if moved.is_empty() {
+            return any;
+        }
+        any = true;
+        for (id, kids) in &moved {
+            positions.remove(id);
+            last_records.remove(id);
+            for &(c, off) in kids {
+                positions.entry(c).or_insert(off);
+            }
         }
     }
-    !moved.is_empty()
 }
 
 /// `RetainedRange::end` of a partition removed from the topology.

@@ -998,8 +998,11 @@ impl Topic {
         {
             // Through `write_state`: the topology generation moves, so
             // readers take a lineage without the removed partition.
+            // A tail split's index stays for this run: a reader still
+            // positioned past the removed parent's logical end is
+            // translated at its next look, not sent back to the children's
+            // first offsets.
             let mut st = self.inner.write_state();
-            st.tails.remove(&id);
             if let Some(n) = st.nodes.remove(&id) {
                 // As the record did in the manifest (with the seal readers
                 // used: the recovered end, where that is lower).

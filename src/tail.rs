@@ -3,10 +3,10 @@
 //!
 //! The children are created unrouted; the parent's records from `from` on
 //! are copied into them (each into the child owning its key hash) while
-//! appends to the parent go on, in rounds that catch up with its end; then
-//! the parent's writer lock is taken for the last short range, the
-//! children, the descendant index and the parent are synced, and one
-//! `TailSplit` manifest record commits it all. From then on the parent
+//! appends to the parent go on, in rounds that catch up with its end, and
+//! synced; then the parent's writer lock is taken for the last short
+//! range, the rest of the children, the descendant index and the parent
+//! are synced, and one `TailSplit` manifest record commits it all. From then on the parent
 //! logically ends at `from`, and its offsets `from..seal` live in the
 //! children, before anything appended to them.
 
@@ -382,6 +382,10 @@ impl Topic {
         };
         let index_path =
             partition_dir(&self.inner.dir, ids[0]).join(tail_index::file_name(partition));
+        // The bulk of the children's bytes is synced before the parent's
+        // writer lock is taken: under it only the last round's remain.
+        let caught_up =
+            caught_up.and_then(|()| kids.iter().try_for_each(|k| k.sync_now(&core.syncer)));
         let result = caught_up.and_then(|()| {
             parent.seal_with(&core.syncer, |seal_offset| {
                 copier.copy_to(seal_offset, false)?;

@@ -445,14 +445,13 @@ impl Topic {
                 })
             }
             Err(e) => {
-                drop(kids);
                 // After a failed commit the record may be on disk: keep the
                 // children for the replay (an open that does not find the
                 // record removes them as orphans).
+                // Otherwise the parent's sync may have failed (it is then
+                // poisoned): log-wide syncs report it.
                 if !matches!(e, Error::LogPoisoned { .. }) {
-                    if parent.is_sealed() {
-                        core.note_poisoned(&parent);
-                    }
+                    core.note_poisoned(&parent);
                     self.remove_partition_files(&ids);
                 }
                 Err(e)

@@ -1081,4 +1081,7 @@ fn tail_split_moves_the_backlog_and_dump_prints_every_record_once() {
     }
     values.sort_unstable();
     assert_eq!(values, (0..40).collect::<Vec<u64>>());
+    // The descendant index is no foreign file, the moved range no damage.
+    let o = run(&["verify"], &dir);
+    expect_code(&o, 0, "verify after a tail split");
 }

@@ -592,3 +592,34 @@ fn random_tail_splits_keep_every_record_exactly_once_and_key_order() {
         random_run(seed);
     }
 }
+
+/// Under `SyncPolicy::Always` readers see durable records only: the moved
+/// records, synced before the record committed, are visible in the
+/// children at once, and the parent up to its logical end.
+#[test]
+fn durable_readers_see_the_moved_records_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                sync: SyncPolicy::Always,
+                ..config()
+            },
+        )
+        .unwrap();
+    append(&topic, 0, 300);
+    let (before, cut) = read_some(&topic, 250);
+    let out = topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(100))
+        .unwrap();
+    for (&c, &m) in out.children.iter().zip(&out.moved) {
+        assert_eq!(topic.partition(c).unwrap().durable_end_offset(), m);
+    }
+    check_exactly_once(&read_all(&topic), 300, "durable earliest");
+    let mut r = topic.reader(StartAt::Cut(cut)).unwrap();
+    let mut seen = before;
+    drain(&mut r, &mut seen);
+    check_exactly_once(&seen, 300, "durable cut");
+}

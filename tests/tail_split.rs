@@ -623,3 +623,110 @@ fn durable_readers_see_the_moved_records_at_once() {
     drain(&mut r, &mut seen);
     check_exactly_once(&seen, 300, "durable cut");
 }
+
+// ---- fault injection -------------------------------------------------
+
+fn partition_dirs(log_dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(log_dir.join("topics/t0"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Faults at each stage of a tail split: ENOSPC creating a child, ENOSPC
+/// while the copy rolls a child's segment (both before the commit: an
+/// error, no files left, the parent unchanged and still taking appends),
+/// and a failed manifest write (unknown outcome: the log is poisoned, the
+/// children kept for the replay; the next open finds no record, removes
+/// them as orphans and reports them). Every record is read exactly once
+/// throughout, and a retried tail split works.
+#[test]
+fn faults_before_and_at_the_commit_leave_the_old_layout() {
+    #[derive(Default)]
+    struct Faults {
+        fail_manifest: bool,
+        fail_create_segment_after: Option<u32>,
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let hook = model_hook(dir.path());
+    let faults = Arc::new(parking_lot::Mutex::new(Faults::default()));
+    let f = faults.clone();
+    hook.set_fault(Some(Box::new(move |op, _path| {
+        let mut s = f.lock();
+        if s.fail_manifest && op == IoOp::WriteManifest {
+            return Err(std::io::Error::other("injected manifest write failure"));
+        }
+        if op == IoOp::CreateSegment {
+            match s.fail_create_segment_after {
+                Some(0) => return Err(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+                Some(n) => s.fail_create_segment_after = Some(n - 1),
+                None => {}
+            }
+        }
+        Ok(())
+    })));
+    let small = TopicConfig {
+        segment_bytes: 8 * 1024,
+        ..config()
+    };
+    let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
+    let topic = log.create_topic("t", small).unwrap();
+    append(&topic, 0, 2000);
+    let dirs = partition_dirs(dir.path());
+    assert_eq!(dirs, BTreeSet::from(["p0".to_string()]));
+
+    // ENOSPC creating the second child.
+    faults.lock().fail_create_segment_after = Some(1);
+    let err = topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(100))
+        .unwrap_err();
+    assert!(matches!(err, Error::NoSpace { .. }), "{err:?}");
+    // ENOSPC when the copy rolls a child to its second segment (8 KiB
+    // segments: 2,000 moved records need several).
+    faults.lock().fail_create_segment_after = Some(2);
+    let err = topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(0))
+        .unwrap_err();
+    assert!(matches!(err, Error::NoSpace { .. }), "{err:?}");
+    faults.lock().fail_create_segment_after = None;
+    assert_eq!(partition_dirs(dir.path()), dirs, "no files left behind");
+    assert_eq!(topic.active_partitions(), vec![0]);
+    append(&topic, 2000, 50);
+    check_exactly_once(&read_all(&topic), 2050, "after refused copies");
+
+    // The manifest write fails: outcome unknown, the log is poisoned.
+    faults.lock().fail_manifest = true;
+    let err = topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(100))
+        .unwrap_err();
+    assert!(matches!(err, Error::LogPoisoned { .. }), "{err:?}");
+    faults.lock().fail_manifest = false;
+    assert_eq!(topic.active_partitions(), vec![0]);
+    assert_eq!(
+        partition_dirs(dir.path()).len(),
+        3,
+        "the children a replay could reference are kept"
+    );
+    drop(topic);
+    log.close().unwrap();
+
+    let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
+    assert_eq!(
+        orphans_removed(&log),
+        2,
+        "orphan children removed and reported"
+    );
+    assert_eq!(partition_dirs(dir.path()), dirs);
+    let topic = log.topic("t").unwrap();
+    let info = topic.partitions();
+    assert_eq!(info.len(), 1);
+    assert!(info[0].moved.is_none() && info[0].sealed_at.is_none());
+    check_exactly_once(&read_all(&topic), 2050, "reopened after the failed commit");
+    // A retry works.
+    let out = topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(100))
+        .unwrap();
+    assert_eq!((out.from, out.seal_offset), (100, 2050));
+    check_exactly_once(&read_all(&topic), 2050, "after the retried split");
+}

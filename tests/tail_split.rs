@@ -730,3 +730,51 @@ fn faults_before_and_at_the_commit_leave_the_old_layout() {
     assert_eq!((out.from, out.seal_offset), (100, 2050));
     check_exactly_once(&read_all(&topic), 2050, "after the retried split");
 }
+
+/// A parent moved whole (from its first offset) holds nothing for readers:
+/// retention's pass removes it like any emptied sealed partition, which
+/// releases its bytes. A cut saved inside the moved range before the split
+/// still resumes exactly once after the removal, also after a reopen (the
+/// descendant index stays with the first child).
+#[test]
+fn a_wholly_moved_parent_is_removed_and_old_cuts_still_resume_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    // Retention's pass removes emptied partitions only on topics with a
+    // retention policy (this one never expires a record).
+    let cfg = TopicConfig {
+        retention_bytes: Some(1 << 30),
+        ..config()
+    };
+    let topic = log.create_topic("t", cfg).unwrap();
+    append(&topic, 0, 500);
+    let (before, cut) = read_some(&topic, 200);
+    let out = topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(0))
+        .unwrap();
+    assert_eq!((out.from, out.seal_offset), (0, 500));
+    log.enforce_retention().unwrap();
+    assert!(
+        topic.partitions().iter().all(|p| p.id != 0),
+        "parent removed"
+    );
+    assert!(
+        !dir.path().join("topics/t0/p0").exists(),
+        "its bytes released"
+    );
+    append(&topic, 500, 100);
+    check_exactly_once(&read_all(&topic), 600, "after the removal");
+    let resume = |topic: &Topic, ctx: &str| {
+        let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
+        let mut seen = before.clone();
+        drain(&mut r, &mut seen);
+        check_exactly_once(&seen, 600, ctx);
+    };
+    resume(&topic, "cut, same run");
+    drop(topic);
+    log.close().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.topic("t").unwrap();
+    check_exactly_once(&read_all(&topic), 600, "reopened");
+    resume(&topic, "cut, after a reopen");
+}

@@ -309,11 +309,16 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
                 unreachable!("checked sealed above");
             };
             // A tail-split parent ends, for its readers, where its moved
-            // range starts.
-            let end_offset = match t.tail_moves.iter().position(|m| m.parent == *partition) {
-                Some(m) => t.tail_moves.remove(m).from,
-                None => end_offset,
-            };
+            // range starts. Its tail entry stays while its first child
+            // (which holds the descendant index) does: a saved position
+            // past its logical end is still translated after it left.
+            let end_offset = t
+                .tail_moves
+                .iter()
+                .find(|m| m.parent == *partition)
+                .map_or(end_offset, |m| m.from);
+            t.tail_moves
+                .retain(|m| m.children.first() != Some(partition));
             for c in t.partitions.iter_mut() {
                 if c.parents.contains(partition) {
                     c.removed_parents.push((*partition, end_offset));

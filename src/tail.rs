@@ -140,7 +140,8 @@ impl TailInfo {
 /// the parent).
 const CHUNK_BYTES: usize = 256 * 1024;
 /// Catch-up stops when at most this many records are left for the sealed
-/// round, or after `MAX_ROUNDS` rounds.
+/// round, after `MAX_ROUNDS` rounds, or when a round did not shrink what
+/// is left (appends outrun the copy).
 const CATCH_UP_RECORDS: u64 = 4096;
 const MAX_ROUNDS: u32 = 16;
 
@@ -370,11 +371,16 @@ impl Topic {
             throttle: options.throttle_bytes_per_sec,
         };
         let mut rounds = 0;
+        let mut last_gap = u64::MAX;
         let caught_up = loop {
             let target = parent.end_offset();
-            if target.saturating_sub(copier.pos) <= CATCH_UP_RECORDS || rounds >= MAX_ROUNDS {
+            let gap = target.saturating_sub(copier.pos);
+            // A round that did not shrink the gap means appends outrun the
+            // copy (its budget): the rest goes in the sealed round.
+            if gap <= CATCH_UP_RECORDS || rounds >= MAX_ROUNDS || gap >= last_gap {
                 break Ok(());
             }
+            last_gap = gap;
             rounds += 1;
             if let Err(e) = copier.copy_to(target, true) {
                 break Err(e);

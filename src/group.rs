@@ -51,7 +51,9 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::format::manifest::{GroupPosition, GroupRecord, ManifestRecord};
 use crate::read::OwnedRecord;
-use crate::reader::{drained_at, fingerprint, read_step, take_batch, ReadStep, RetainedRange};
+use crate::reader::{
+    drained_at, fingerprint, read_step, take_batch, translate_tails, ReadStep, RetainedRange,
+};
 use crate::topic::Topic;
 use crate::topology::lineage::Lineage;
 
@@ -632,6 +634,10 @@ impl GroupShared {
         if self.topic.topology_generation() != st.lineage.generation || st.owners.is_empty() {
             st.lineage = self.topic.lineage();
             let lineage = st.lineage.clone();
+            // Committed positions past a tail-split parent's logical end
+            // continue in its children (as its record did in the manifest).
+            let c = &mut st.committed;
+            translate_tails(&lineage, &mut c.positions, &mut c.last_records);
             st.committed.forget_removed(&lineage);
             self.recompute_ready(st, None);
         }
@@ -1459,7 +1465,9 @@ impl Group {
     /// The committed positions as a reader's cut: a plain [`crate::Reader`]
     /// started from it reads what the group has not committed.
     pub fn committed(&self) -> crate::Cut {
-        let st = self.shared.st.lock();
+        let mut st = self.shared.st.lock();
+        // A tail split since the last look translates positions.
+        self.shared.refresh(&mut st);
         crate::Cut {
             topic_id: self.shared.topic.id(),
             positions: st.committed.positions.clone(),
@@ -1589,6 +1597,15 @@ impl Member {
     fn take_assignment(&mut self, st: &GroupState) {
         self.lineage = st.lineage.clone();
         let lineage = self.lineage.clone();
+        // A tail split moved what this member read past its parent's
+        // logical end: read it from the children, at translated positions.
+        self.pending.retain(|r| {
+            lineage
+                .tails
+                .get(&r.partition)
+                .is_none_or(|t| r.offset < t.index.from)
+        });
+        translate_tails(&lineage, &mut self.positions, &mut self.last_records);
         // Ours, in a tenure this member's reading state belongs to (the
         // same one, or its parent's for a split child it kept). A
         // partition taken away and given back since is read again from

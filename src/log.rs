@@ -293,6 +293,7 @@ impl Log {
             partitions,
             groups: Vec::new(),
             removed: Vec::new(),
+            tail_moves: Vec::new(),
         };
         // Files first; the manifest record commits the topic.
         let build = || -> Result<Topic> {
@@ -724,6 +725,18 @@ fn load_topic(
         }
     }
     st.removed = rec.removed.clone();
+    // Tail-split parents end, for readers, where their moved range starts.
+    st.tails = crate::tail::load_tails(&tdir, &rec.tail_moves)?;
+    for (id, t) in &st.tails {
+        if let Some(n) = st.nodes.get_mut(id) {
+            n.part.set_logical_end(t.index.from);
+            if let PartitionState::Sealed { end_offset } = n.rec.state {
+                n.rec.state = PartitionState::Sealed {
+                    end_offset: end_offset.min(t.index.from),
+                };
+            }
+        }
+    }
     *topic.inner.write_state() = st;
     Ok(topic)
 }

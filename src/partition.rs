@@ -114,6 +114,9 @@ pub struct Partition {
     /// Retention floor: segments starting below it are retired. Recorded
     /// in the checkpoint before their files are unlinked.
     retired_below: AtomicU64,
+    /// Logical end of a tail-split parent (`u64::MAX`: none); see
+    /// [`Partition::set_logical_end`].
+    logical_end: AtomicU64,
     /// Left the topology ([`Partition::mark_removed`]): its directory is
     /// about to go, so no sync round touches it and no checkpoint names it.
     removed: AtomicBool,
@@ -253,6 +256,7 @@ impl Partition {
             dir_synced_rolls: AtomicU64::new(0),
             checkpointed_bases: Mutex::new((durable.0, durable.0)),
             retired_below: AtomicU64::new(0),
+            logical_end: AtomicU64::new(u64::MAX),
             removed: AtomicBool::new(false),
             durable: Mutex::new(DurablePos {
                 segment_base: durable.0,
@@ -280,9 +284,27 @@ impl Partition {
         &self.p.dir
     }
 
-    /// Offset the next appended record gets (exclusive end).
+    /// Offset the next appended record gets (exclusive end). For the
+    /// parent of a tail split, its logical end: the records past it were
+    /// moved to the children.
     pub fn end_offset(&self) -> u64 {
-        self.end_offset.load(Ordering::Acquire)
+        self.end_offset
+            .load(Ordering::Acquire)
+            .min(self.logical_end.load(Ordering::Acquire))
+    }
+
+    /// Caps what reads see at `end` (a tail split moved the records from
+    /// there on into the children). Set before the topology generation
+    /// moves, so a reader that sees the new lineage reads up to `end` only.
+    pub(crate) fn set_logical_end(&self, end: u64) {
+        self.logical_end.store(end, Ordering::SeqCst);
+    }
+
+    /// Syncs everything written so far (the children of a tail split
+    /// before its record commits).
+    pub(crate) fn sync_now(&self, syncer: &Syncer) -> Result<()> {
+        let w = self.writer.lock();
+        self.sync_locked(&w, syncer)
     }
 
     /// End of the records a completed sync covered (exclusive).
@@ -300,10 +322,11 @@ impl Partition {
 
     /// End (exclusive) of what a read with `isolation` may see.
     pub fn visible_end(&self, isolation: ReadIsolation) -> u64 {
-        match isolation {
+        let end = match isolation {
             ReadIsolation::Durable => self.durable_end_offset(),
             ReadIsolation::Written => self.end_offset.load(Ordering::SeqCst),
-        }
+        };
+        end.min(self.logical_end.load(Ordering::SeqCst))
     }
 
     /// First offset still held (older segments may have been deleted by
@@ -976,6 +999,19 @@ impl Partition {
     /// fsync of live data.
     pub(crate) fn mark_removed(&self) {
         self.removed.store(true, Ordering::Release);
+    }
+
+    /// Undoes [`Partition::mark_removed`] for a partition built before it
+    /// entered the topology (a tail split's child, once its record commits).
+    pub(crate) fn unmark_removed(&self) {
+        self.removed.store(false, Ordering::Release);
+        // A sync round may have dropped it from the dirty list meanwhile
+        // (as removed) with its dirty flag still set: list it again.
+        self.dirty.store(true, Ordering::Release);
+        let mut list = self.dirty_list.0.lock();
+        if !list.iter().any(|w| w.ptr_eq(&self.me)) {
+            list.push(self.me.clone());
+        }
     }
 
     /// See [`Partition::mark_removed`].

@@ -160,6 +160,13 @@ impl ReadBatch {
         })
     }
 
+    /// The first offset of the first batch read (at or below the requested
+    /// offset; the requested offset if the batch no longer parses).
+    pub(crate) fn first_batch_base(&self) -> u64 {
+        batch::header_fields(self.segment.committed().range(self.start, self.end))
+            .map_or(self.from_offset, |h| h.base_offset.min(self.from_offset))
+    }
+
     /// Iterates the records from the requested offset on. Stops early if
     /// the bytes no longer parse (something outside fissionlog changed the
     /// file); [`ReadBatch::try_iter`] reports that as an error.

@@ -200,6 +200,38 @@ pub(crate) fn drained_at(topic: &Topic, lineage: &Lineage, id: u32, pos: u64) ->
     pos >= sealed_at || topic.partition(id).is_ok_and(|p| pos >= p.end_offset())
 }
 
+/// Moves every position past a tail-split parent's logical end to the
+/// parent's children: per child, its first moved record at or after the
+/// position (a child already listed keeps its own position), and so on
+/// down through children tail-split in turn. The parent leaves the
+/// positions: it is an ancestor of its children, so drained.
+pub(crate) fn translate_tails(
+    lineage: &Lineage,
+    positions: &mut BTreeMap<u32, u64>,
+    last_records: &mut BTreeMap<u32, u64>,
+) -> bool {
+    let mut any = false;
+    // Until nothing moves: a child may itself have been tail-split past
+    // the position it was given.
+    loop {
+        let moved: Vec<(u32, Vec<(u32, u64)>)> = positions
+            .iter()
+            .filter_map(|(&id, &pos)| Some((id, Topic::translate_tail(lineage, id, pos)?)))
+            .collect();
+        if moved.is_empty() {
+            return any;
+        }
+        any = true;
+        for (id, kids) in &moved {
+            positions.remove(id);
+            last_records.remove(id);
+            for &(c, off) in kids {
+                positions.entry(c).or_insert(off);
+            }
+        }
+    }
+}
+
 /// `RetainedRange::end` of a partition removed from the topology.
 const REMOVED_END: u64 = u64::MAX;
 
@@ -305,6 +337,8 @@ impl Topic {
                         )));
                     }
                 }
+                let mut cut = cut;
+                translate_tails(&lineage, &mut cut.positions, &mut cut.last_records);
                 for (&id, &pos) in &cut.positions {
                     if lineage.contains(id) {
                         self.check_position(id, pos, cut.last_records.get(&id).copied())?;
@@ -441,6 +475,17 @@ impl Reader {
     fn refresh_lineage(&mut self) {
         if self.topic.topology_generation() != self.lineage.generation {
             self.lineage = self.topic.lineage();
+            // Records of a tail-split parent read before its split committed
+            // and not handed out yet: those past its logical end are read
+            // again from the children.
+            let lineage = self.lineage.clone();
+            self.pending.retain(|r| {
+                lineage
+                    .tails
+                    .get(&r.partition)
+                    .is_none_or(|t| r.offset < t.index.from)
+            });
+            translate_tails(&lineage, &mut self.positions, &mut self.last_records);
             self.drop_removed();
             // No partition will name a removed one no partition names now.
             let named = &self.lineage.removed_named;

@@ -76,6 +76,11 @@ pub struct PartitionInfo {
     pub rates: Vec<WindowRate>,
     /// Reported as carrying one hot key.
     pub hot_key: bool,
+    /// For the parent of a tail split: the range moved to its children
+    /// (`sealed_at` and `end_offset` are then its logical end, the range's
+    /// start).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moved: Option<crate::tail::MovedRange>,
 }
 
 /// One step of a key's lineage: the partition and the offsets where the key
@@ -133,6 +138,8 @@ pub(crate) struct TopicState {
     /// Partitions retention removed, earliest first, as the manifest's
     /// `TopicRecord::removed` records them.
     pub removed: Vec<crate::format::manifest::RemovedPartition>,
+    /// Committed tail splits by parent (while the parent is in the topology).
+    pub tails: BTreeMap<u32, Arc<crate::tail::TailInfo>>,
 }
 
 #[derive(Debug)]
@@ -525,7 +532,11 @@ impl Topic {
             let st = self.inner.state.read();
             st.nodes
                 .values()
-                .map(|n| (self.info_of(n), n.part.clone()))
+                .map(|n| {
+                    let mut info = self.info_of(n);
+                    info.moved = st.tails.get(&n.rec.id).map(|t| t.moved_range());
+                    (info, n.part.clone())
+                })
                 .collect()
         };
         snapshot
@@ -556,6 +567,7 @@ impl Topic {
             segments: n.part.segments().len(),
             rates: Vec::new(),
             hot_key: n.hot_key_reported,
+            moved: None,
         }
     }
 
@@ -629,6 +641,7 @@ impl Topic {
                         m
                     },
                 ),
+                tails: st.tails.iter().map(|(&k, v)| (k, v.clone())).collect(),
             })
         };
         let mut cache = self.inner.lineage.lock();
@@ -706,7 +719,7 @@ impl Topic {
     /// Creates the directories and empty first segments of new partitions.
     /// On failure, removes whatever it created (ids are reused by the next
     /// attempt, so no half-built directory may stay behind).
-    fn create_partition_files(&self, ids: &[u32]) -> Result<Vec<Arc<Segment>>> {
+    pub(crate) fn create_partition_files(&self, ids: &[u32]) -> Result<Vec<Arc<Segment>>> {
         let result = self.try_create_partition_files(ids);
         if result.is_err() {
             self.remove_partition_files(ids);
@@ -736,7 +749,7 @@ impl Topic {
         Ok(out)
     }
 
-    fn remove_partition_files(&self, ids: &[u32]) {
+    pub(crate) fn remove_partition_files(&self, ids: &[u32]) {
         for &id in ids {
             let _ = std::fs::remove_dir_all(partition_dir(&self.inner.dir, id));
         }
@@ -1012,6 +1025,10 @@ impl Topic {
         {
             // Through `write_state`: the topology generation moves, so
             // readers take a lineage without the removed partition.
+            // A tail split's index stays for this run: a reader still
+            // positioned past the removed parent's logical end is
+            // translated at its next look, not sent back to the children's
+            // first offsets.
             let mut st = self.inner.write_state();
             if let Some(n) = st.nodes.remove(&id) {
                 // As the record did in the manifest (with the seal readers
@@ -1064,12 +1081,22 @@ impl Topic {
         children: &[PartitionRecord],
         segs: Vec<Arc<Segment>>,
     ) {
-        let now = self.inner.core.clock.now_nanos();
         let parts: Vec<Arc<Partition>> = children
             .iter()
             .zip(segs)
             .map(|(c, s)| self.make_partition(c.id, vec![s], (c.start, c.end), false, (0, 64, 0)))
             .collect();
+        self.install_children_with(parents, children, parts);
+    }
+
+    /// [`Topic::install_children`] with the children's partitions built.
+    pub(crate) fn install_children_with(
+        &self,
+        parents: &[(u32, u64)],
+        children: &[PartitionRecord],
+        parts: Vec<Arc<Partition>>,
+    ) {
+        let now = self.inner.core.clock.now_nanos();
         let mut st = self.inner.write_state();
         for &(pid, end_offset) in parents {
             if let Some(n) = st.nodes.get_mut(&pid) {
@@ -1097,7 +1124,7 @@ impl Topic {
 }
 
 /// Children ranges for a split plan.
-fn split_ranges(
+pub(crate) fn split_ranges(
     start: u64,
     end: u64,
     plan: SplitPlan,

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use fissionlog::{
-    Cut, Error, Log, LogOptions, NewRecord, OwnedRecord, SplitPlan, StartAt, Topic, TopicConfig,
+    Cut, Error, Log, LogOptions, NewRecord, OwnedRecord, SplitPlan, StartAt, TailSplitOptions,
+    Topic, TopicConfig,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -135,6 +136,9 @@ struct Mix {
     merge: u32,
     reopen: u32,
     chain_keys: usize,
+    /// Of the splits, how many per mille are tail splits (from a random
+    /// offset of the partition).
+    tail: u32,
 }
 
 /// What a random run did.
@@ -142,6 +146,7 @@ struct Mix {
 struct Stats {
     records: u64,
     splits: u32,
+    tail_splits: u32,
     merges: u32,
     reopens: u32,
 }
@@ -185,7 +190,7 @@ impl Run {
         self.stats.records += n as u64;
     }
 
-    fn split(&mut self, topic: &Topic) {
+    fn split(&mut self, topic: &Topic, tail: u32) {
         let infos = topic.partitions();
         let active: Vec<_> = infos.iter().filter(|p| p.sealed_at.is_none()).collect();
         let p = active[self.rng.random_range(0..active.len())];
@@ -205,13 +210,27 @@ impl Run {
             _ if p.start < p.end => SplitPlan::At(self.rng.random_range(p.start..p.end)),
             _ => SplitPlan::Even,
         };
-        match topic.split(p.id, plan) {
+        let tail_from = (self.rng.random_range(0..1000) < tail)
+            .then(|| self.rng.random_range(p.start_offset..=p.end_offset));
+        let result = match tail_from {
+            None => topic.split(p.id, plan),
+            Some(x) => topic
+                .split_tail(p.id, plan, TailSplitOptions::from_offset(x))
+                .map(|out| {
+                    self.stats.tail_splits += 1;
+                    out.children
+                }),
+        };
+        match result {
             Ok(children) => {
                 assert!(children.len() >= 2);
                 self.stats.splits += 1;
             }
             Err(Error::Refused(_)) => {}
-            Err(e) => panic!("seed {}: split {} {plan:?}: {e}", self.seed, p.id),
+            Err(e) => panic!(
+                "seed {}: split {} {plan:?} tail {tail_from:?}: {e}",
+                self.seed, p.id
+            ),
         }
     }
 
@@ -247,7 +266,7 @@ fn lineage_run(seed: u64, ops: u32, batch_max: usize, keys: u32, mix: Mix) -> St
     for op in 0..ops {
         let dice = run.rng.random_range(0..1000);
         if dice < mix.split {
-            run.split(&topic);
+            run.split(&topic, mix.tail);
         } else if dice < mix.split + mix.merge {
             run.merge(&topic);
         } else if dice >= mix.split + mix.merge + mix.reopen {
@@ -321,10 +340,32 @@ fn per_key_order_through_random_splits_merges_and_reopens() {
             merge: 120,
             reopen: 60,
             chain_keys: usize::MAX,
+            tail: 0,
         };
         let stats = lineage_run(seed, 400, 64, 40, mix);
         assert!(
             stats.splits >= 10 && stats.merges >= 10 && stats.reopens >= 3,
+            "seed {seed}: {stats:?}"
+        );
+    }
+}
+
+/// The same with half of the splits tail splits from a random offset:
+/// moved records read once, in per-key order, by every consumer and along
+/// every key chain, across clean and killed reopens.
+#[test]
+fn per_key_order_through_random_tail_splits_merges_and_reopens() {
+    for seed in [11u64, 0x7A11] {
+        let mix = Mix {
+            split: 120,
+            merge: 120,
+            reopen: 60,
+            chain_keys: usize::MAX,
+            tail: 500,
+        };
+        let stats = lineage_run(seed, 160, 64, 40, mix);
+        assert!(
+            stats.tail_splits >= 3 && stats.merges >= 3 && stats.reopens >= 2,
             "seed {seed}: {stats:?}"
         );
     }
@@ -378,7 +419,7 @@ fn concurrent_reader_during_splits_and_merges() {
     for _ in 0..300 {
         match run.rng.random_range(0..10) {
             0..=5 => run.append(&topic, 50),
-            6..=7 => run.split(&topic),
+            6..=7 => run.split(&topic, 0),
             _ => run.merge(&topic),
         }
         assert!(
@@ -403,6 +444,7 @@ fn million_records_keep_per_key_order() {
         merge: 25,
         reopen: 5,
         chain_keys: 50,
+        tail: 0,
     };
     let stats = lineage_run(0x1_000_000, 2_000, 1_200, 1000, mix);
     let elapsed = started.elapsed();

@@ -26,8 +26,10 @@ pub const SNAPSHOT_MAGIC: [u8; 8] = *b"FSNLSNP\0";
 /// Manifest format version this build writes. Version 2 added consumer
 /// group records ([`ManifestRecord::GroupCommit`], [`TopicRecord::groups`]);
 /// a build that reads only version 1 refuses a version 2 file rather than
-/// cut the group records it cannot parse as damage.
-pub const MANIFEST_VERSION: u16 = 2;
+/// cut the group records it cannot parse as damage. Version 3 added tail
+/// splits ([`ManifestRecord::TailSplit`], [`TopicRecord::tail_moves`],
+/// [`ManifestRecord::TailReclaimed`]).
+pub const MANIFEST_VERSION: u16 = 3;
 /// Oldest manifest format version this build reads.
 pub const MANIFEST_MIN_VERSION: u16 = 1;
 /// File header length.
@@ -99,6 +101,11 @@ pub struct TopicRecord {
     /// reports less, as it did).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub removed: Vec<RemovedPartition>,
+    /// Tail splits whose parent is still in the topology: where each
+    /// parent logically ends and where its moved records went (format
+    /// version 3; absent before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tail_moves: Vec<TailMove>,
 }
 
 /// A partition removed from the topology (see [`TopicRecord::removed`]).
@@ -110,6 +117,47 @@ pub struct RemovedPartition {
     pub parents: Vec<u32>,
     /// The offset it was sealed at.
     pub end_offset: u64,
+}
+
+/// A committed tail split, as the topic remembers it while its parent is
+/// in the topology. The parent is sealed at `seal_offset` (its physical
+/// end, what recovery checks its files against) but logically ends at
+/// `from`: its records `from..seal_offset` were copied into `children`,
+/// child `children[i]` holding `counts[i]` of them at its offsets
+/// `0..counts[i]`, in their parent order. Which child holds which parent
+/// offset is the descendant index, a file in the first child's directory
+/// (see `docs/FORMAT.md`) whose CRC-32 is `index_crc`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TailMove {
+    /// The parent partition.
+    pub parent: u32,
+    /// First moved offset: the parent's logical end.
+    pub from: u64,
+    /// The parent's physical end (its seal).
+    pub seal_offset: u64,
+    /// Children in range order.
+    pub children: Vec<u32>,
+    /// Moved records per child (same order as `children`).
+    pub counts: Vec<u64>,
+    /// CRC-32 (IEEE) of the descendant index file.
+    pub index_crc: u32,
+    /// The parent's bytes past `from` were released (a
+    /// [`ManifestRecord::TailReclaimed`] record): from then on its files
+    /// may end anywhere in `from..seal_offset`, and that is not a loss.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reclaimed: bool,
+}
+
+/// A consumer group's committed position translated by a tail split: the
+/// position it had in the parent, past the parent's new logical end,
+/// becomes one position per child (the first moved record at or after
+/// it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TailGroupMove {
+    /// Group name.
+    pub group: String,
+    /// Position per child.
+    pub positions: Vec<(u32, u64)>,
 }
 
 /// A consumer group's committed positions in one topic, in the form of a
@@ -208,6 +256,39 @@ pub enum ManifestRecord {
         /// are all listed now).
         pruned: Vec<u32>,
     },
+    /// A tail split: the parent is sealed at `seal_offset` and replaced by
+    /// `children` (as [`ManifestRecord::Split`]), and its records
+    /// `from..seal_offset` were copied into the children before the record
+    /// (synced, with the descendant index file): the parent logically
+    /// ends at `from` (format version 3).
+    TailSplit {
+        /// Topic id.
+        topic_id: u32,
+        /// The split partition.
+        parent: u32,
+        /// First moved offset (the parent's logical end from now on).
+        from: u64,
+        /// Its physical end offset.
+        seal_offset: u64,
+        /// Children, tiling the parent's range.
+        children: Vec<PartitionRecord>,
+        /// Moved records per child, in `children` order.
+        counts: Vec<u64>,
+        /// CRC-32 (IEEE) of the descendant index file.
+        index_crc: u32,
+        /// Group positions inside the moved range, translated.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        groups: Vec<TailGroupMove>,
+    },
+    /// The bytes of a tail-split parent past its logical end were released
+    /// (format version 3): recovery takes a parent ending anywhere in its
+    /// moved range for reclaimed, not lost.
+    TailReclaimed {
+        /// Topic id.
+        topic_id: u32,
+        /// The tail-split parent.
+        parent: u32,
+    },
     /// A consumer group was deleted with its positions.
     DeleteGroup {
         /// Topic id.
@@ -251,6 +332,7 @@ impl ManifestRecord {
     pub fn min_version(&self) -> u16 {
         match self {
             ManifestRecord::GroupCommit { .. } | ManifestRecord::DeleteGroup { .. } => 2,
+            ManifestRecord::TailSplit { .. } | ManifestRecord::TailReclaimed { .. } => 3,
             _ => 1,
         }
     }

@@ -6,3 +6,4 @@ pub(crate) mod checkpoint;
 pub(crate) mod index;
 pub(crate) mod manifest;
 pub(crate) mod segment;
+pub(crate) mod tail_index;

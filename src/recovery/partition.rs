@@ -135,8 +135,12 @@ fn list_segments(dir: &Path) -> Result<Listing> {
         let name = entry.file_name().to_string_lossy().into_owned();
         if let Some(base) = parse_segment_file_name(&name) {
             out.segments.push((base, entry.path()));
-        } else if name.ends_with(".idx") && name.len() == 24 || name.ends_with(".idx.tmp") {
-            // Index caches (and interrupted index writes) belong to us.
+        } else if name.ends_with(".idx") && name.len() == 24
+            || name.ends_with(".idx.tmp")
+            || crate::format::tail_index::is_file_name(&name)
+        {
+            // Index caches (and interrupted index writes) and tail splits'
+            // descendant indexes belong to us.
         } else {
             if let Some(base) = name
                 .strip_suffix(".damaged")

@@ -38,6 +38,9 @@ pub(crate) struct Lineage {
     /// `removed_before` lists only these, so it stays bounded by the
     /// topology).
     pub removed_named: HashSet<u32>,
+    /// Committed tail splits by parent: where a position past a parent's
+    /// logical end continues in its children.
+    pub tails: HashMap<u32, std::sync::Arc<crate::tail::TailInfo>>,
 }
 
 impl Lineage {
@@ -165,6 +168,7 @@ mod tests {
             removed: HashMap::new(),
             removed_children: HashMap::new(),
             removed_named: HashSet::new(),
+            tails: HashMap::new(),
             nodes: HashMap::from([
                 (0, node(&[], &[1, 2], Some(5))),
                 (1, node(&[0], &[3], Some(2))),

@@ -4,6 +4,7 @@
 
 use crate::format::manifest::{
     GroupRecord, ManifestRecord, ManifestState, PartitionRecord, PartitionState, RemovedPartition,
+    TailMove,
     TopicRecord,
 };
 
@@ -221,6 +222,76 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
             add_children(t, children)?;
             check_topic(t)?;
         }
+        ManifestRecord::TailSplit {
+            topic_id,
+            parent,
+            from,
+            seal_offset,
+            children,
+            counts,
+            index_crc,
+            groups,
+        } => {
+            // As a split, sealed at the physical end.
+            apply_in_place(
+                state,
+                &ManifestRecord::Split {
+                    topic_id: *topic_id,
+                    parent: *parent,
+                    seal_offset: *seal_offset,
+                    children: children.clone(),
+                },
+            )?;
+            let t = topic_mut(state, *topic_id)?;
+            if from > seal_offset
+                || counts.len() != children.len()
+                || counts.iter().try_fold(0u64, |a, &c| a.checked_add(c))
+                    != Some(seal_offset - from)
+            {
+                return Err(format!(
+                    "tail split of partition {parent}: moved counts do not add up to {from}..{seal_offset}"
+                ));
+            }
+            let mut ids: Vec<(u64, u32)> = children.iter().map(|c| (c.start, c.id)).collect();
+            ids.sort_unstable();
+            t.tail_moves.push(TailMove {
+                parent: *parent,
+                from: *from,
+                seal_offset: *seal_offset,
+                children: children.iter().map(|c| c.id).collect(),
+                counts: counts.clone(),
+                index_crc: *index_crc,
+                reclaimed: false,
+            });
+            for gm in groups {
+                let g = t
+                    .groups
+                    .iter_mut()
+                    .find(|g| g.name == gm.group)
+                    .ok_or_else(|| format!("tail split moves unknown group {}", gm.group))?;
+                g.positions.remove(parent);
+                g.last_records.remove(parent);
+                for &(c, off) in &gm.positions {
+                    if !children.iter().any(|x| x.id == c) {
+                        return Err(format!(
+                            "tail split moves group {} to a non-child",
+                            gm.group
+                        ));
+                    }
+                    g.positions.entry(c).or_insert(off);
+                }
+            }
+            check_groups(t)?;
+        }
+        ManifestRecord::TailReclaimed { topic_id, parent } => {
+            let t = topic_mut(state, *topic_id)?;
+            let m = t
+                .tail_moves
+                .iter_mut()
+                .find(|m| m.parent == *parent)
+                .ok_or_else(|| format!("partition {parent} has no tail split to reclaim"))?;
+            m.reclaimed = true;
+        }
         ManifestRecord::Merge {
             topic_id,
             parents,
@@ -267,6 +338,17 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
             let PartitionState::Sealed { end_offset } = removed.state else {
                 unreachable!("checked sealed above");
             };
+            // A tail-split parent ends, for its readers, where its moved
+            // range starts. Its tail entry stays while its first child
+            // (which holds the descendant index) does: a saved position
+            // past its logical end is still translated after it left.
+            let end_offset = t
+                .tail_moves
+                .iter()
+                .find(|m| m.parent == *partition)
+                .map_or(end_offset, |m| m.from);
+            t.tail_moves
+                .retain(|m| m.children.first() != Some(partition));
             for c in t.partitions.iter_mut() {
                 if c.parents.contains(partition) {
                     c.removed_parents.push((*partition, end_offset));
@@ -416,6 +498,7 @@ mod tests {
             partitions: vec![part(0, (0, u64::MAX), vec![])],
             groups: Vec::new(),
             removed: Vec::new(),
+            tail_moves: Vec::new(),
         };
         apply(&mut state, &ManifestRecord::CreateTopic(topic)).unwrap();
         apply(&mut state, &split(0, (1, 2), (0, u64::MAX))).unwrap();
@@ -476,6 +559,7 @@ mod tests {
             next_partition_id: max + 1,
             partitions: vec![part(0, (0, u64::MAX), vec![])],
             groups: Vec::new(),
+            tail_moves: Vec::new(),
             removed: (1..=max)
                 .map(|id| RemovedPartition {
                     id,

@@ -55,6 +55,16 @@ fn partition_json(p: &PartitionInfo) -> Value {
         "segments": p.segments,
         "hot_key": p.hot_key,
         "rates": rates,
+        "moved": p.moved.as_ref().map(|m| json!({
+            "from": m.from,
+            "to": m.to,
+            "children": m
+                .children
+                .iter()
+                .map(|&(id, records)| json!({"id": id, "records": records}))
+                .collect::<Vec<_>>(),
+            "reclaimed": m.reclaimed,
+        })),
     })
 }
 
@@ -93,8 +103,22 @@ fn partition_line(p: &PartitionInfo) -> String {
         })
         .unwrap_or_default();
     let hot = if p.hot_key { ", hot key" } else { "" };
+    let moved = p.moved.as_ref().map_or(String::new(), |m| {
+        let to: Vec<String> = m
+            .children
+            .iter()
+            .map(|(id, n)| format!("{n} to p{id}"))
+            .collect();
+        format!(
+            ", moved {}..{} ({}){}",
+            m.from,
+            m.to,
+            to.join(", "),
+            if m.reclaimed { ", reclaimed" } else { "" }
+        )
+    });
     format!(
-        "p{} [{}..={}] {state}, offsets {}..{}, {} bytes in {} segment(s){rate}{hot}",
+        "p{} [{}..={}] {state}, offsets {}..{}, {} bytes in {} segment(s){rate}{hot}{moved}",
         p.id,
         hex(p.start),
         hex(p.end),

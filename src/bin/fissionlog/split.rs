@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use fissionlog::{PartitionInfo, SplitPlan, Topic};
+use fissionlog::{PartitionInfo, SplitPlan, TailFrom, TailSplitOptions, Topic};
 use serde_json::{json, Value};
 
 use crate::common::{
@@ -37,6 +37,21 @@ pub struct SplitArgs {
     /// (the middle when no load was recorded since the log was opened).
     #[arg(long, value_name = "KEY")]
     pub hot_key: Option<String>,
+    /// Tail split: also move the partition's records from this offset on
+    /// into the children (rounded down to the start of its batch), so the
+    /// backlog is spread over them. `slowest-group` moves from the slowest
+    /// committed position of the topic's consumer groups.
+    #[arg(long, value_name = "OFFSET|slowest-group")]
+    pub tail_from: Option<String>,
+    /// Copy budget of a tail split while appends go on, in bytes per
+    /// second (0: unlimited).
+    #[arg(
+        long,
+        value_name = "BYTES",
+        default_value_t = 0,
+        requires = "tail_from"
+    )]
+    pub throttle: u64,
     /// Print exactly one JSON document.
     #[arg(long)]
     pub json: bool,
@@ -67,17 +82,42 @@ pub fn run(args: &SplitArgs) -> CmdResult {
         (_, _, Some(k)) => SplitPlan::IsolateHash(topic.hash(k.as_bytes())),
         _ => SplitPlan::LoadMedian,
     };
-    let children = topic.split(args.partition, plan)?;
+    let (children, tail) = match &args.tail_from {
+        None => (topic.split(args.partition, plan)?, None),
+        Some(from) => {
+            let from = if from == "slowest-group" {
+                TailFrom::SlowestGroup
+            } else {
+                TailFrom::Offset(from.parse().map_err(|_| {
+                    Failure::usage(format!(
+                        "--tail-from takes an offset or slowest-group, not {from:?}"
+                    ))
+                })?)
+            };
+            let options = TailSplitOptions {
+                from,
+                throttle_bytes_per_sec: args.throttle,
+            };
+            let out = topic.split_tail(args.partition, plan, options)?;
+            (out.children.clone(), Some(out))
+        }
+    };
     let (cj, ct) = describe_children(&topic, &children);
     drop(topic);
     log.close()?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     if args.json {
-        write_json(
-            &mut out,
-            &json!({"topic": args.topic, "parent": args.partition, "children": cj}),
-        )?;
+        let mut doc = json!({"topic": args.topic, "parent": args.partition, "children": cj});
+        if let Some(t) = &tail {
+            doc["moved"] = json!({
+                "from": t.from,
+                "to": t.seal_offset,
+                "records": t.moved,
+                "copied_bytes": t.copied_bytes,
+            });
+        }
+        write_json(&mut out, &doc)?;
     } else {
         writeln!(
             out,
@@ -87,6 +127,14 @@ pub fn run(args: &SplitArgs) -> CmdResult {
             ct.join(", ")
         )
         .map_err(Failure::output)?;
+        if let Some(t) = &tail {
+            writeln!(
+                out,
+                "moved offsets {}..{} of the parent into the children ({:?} records each)",
+                t.from, t.seal_offset, t.moved
+            )
+            .map_err(Failure::output)?;
+        }
     }
     out.flush().map_err(Failure::output)?;
     Ok(ExitCode::SUCCESS)

@@ -1,0 +1,587 @@
+//! Tail splits: a split that also moves the parent's backlog from an offset
+//! on into the children (see `docs/TAIL_SPLIT.md`).
+//!
+//! The children are created unrouted; the parent's records from `from` on
+//! are copied into them (each into the child owning its key hash) while
+//! appends to the parent go on, in rounds that catch up with its end, and
+//! synced; then the parent's writer lock is taken for the last short
+//! range, the rest of the children, the descendant index and the parent
+//! are synced, and one `TailSplit` manifest record commits it all. From then on the parent
+//! logically ends at `from`, and its offsets `from..seal` live in the
+//! children, before anything appended to them.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::error::{Error, IoContext, Result};
+use crate::events::TopologyEvent;
+use crate::format::batch::RecordIn;
+use crate::format::manifest::{
+    ManifestRecord, PartitionRecord, PartitionState, TailGroupMove, TailMove,
+};
+use crate::format::tail_index::{self, TailIndex};
+use crate::partition::{now_ms, Partition};
+use crate::read::ReadIsolation;
+use crate::storage::fault::IoOp;
+use crate::storage::{sync_dir, sync_file};
+use crate::topic::{key_hash, partition_dir, split_ranges, SplitPlan, Topic};
+use crate::topology::lineage::Lineage;
+
+/// Where a tail split starts moving the parent's records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TailFrom {
+    /// From this offset (rounded down to the start of the batch holding
+    /// it: batches are never cut). The parent's end moves everything
+    /// appended so far; nothing is moved then, as in a forward split.
+    Offset(u64),
+    /// From the slowest committed position of the topic's consumer groups
+    /// in the partition (a group with no position there counts as at the
+    /// partition's first offset). Refused when the topic has no group.
+    SlowestGroup,
+}
+
+/// Options of [`Topic::split_tail`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailSplitOptions {
+    /// Where the move starts.
+    pub from: TailFrom,
+    /// Copy budget in bytes per second for the rounds that run while
+    /// appends to the parent go on (0: no limit). The final round, under
+    /// the parent's writer lock, is not throttled.
+    pub throttle_bytes_per_sec: u64,
+}
+
+impl TailSplitOptions {
+    /// From an offset, unthrottled.
+    pub fn from_offset(offset: u64) -> TailSplitOptions {
+        TailSplitOptions {
+            from: TailFrom::Offset(offset),
+            throttle_bytes_per_sec: 0,
+        }
+    }
+}
+
+/// What a tail split did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TailSplitOutcome {
+    /// Children, in range order.
+    pub children: Vec<u32>,
+    /// First moved offset of the parent: its logical end now.
+    pub from: u64,
+    /// The parent's physical end (its seal).
+    pub seal_offset: u64,
+    /// Moved records per child (in `children` order).
+    pub moved: Vec<u64>,
+    /// Bytes of batches read from the parent and copied.
+    pub copied_bytes: u64,
+    /// Copy rounds run before the parent was sealed.
+    pub rounds: u32,
+}
+
+/// A committed tail split, as readers need it: where the parent's moved
+/// range went.
+#[derive(Debug)]
+pub(crate) struct TailInfo {
+    pub children: Vec<u32>,
+    pub index: TailIndex,
+    pub reclaimed: bool,
+}
+
+impl TailInfo {
+    /// Where a position `pos` of the parent continues: `None` if it is at
+    /// or below the logical end (the parent holds it), else per child the
+    /// first moved record at or after it.
+    pub(crate) fn translate(&self, pos: u64) -> Option<Vec<(u32, u64)>> {
+        (pos > self.index.from).then(|| {
+            self.children
+                .iter()
+                .copied()
+                .zip(self.index.translate(pos))
+                .collect()
+        })
+    }
+}
+
+/// A partition's moved range, as `Topic::partitions` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MovedRange {
+    /// First moved offset (the logical end).
+    pub from: u64,
+    /// End of the moved range (the physical seal).
+    pub to: u64,
+    /// The children holding it, with how many records each.
+    pub children: Vec<(u32, u64)>,
+    /// The parent's bytes of the range were released.
+    pub reclaimed: bool,
+}
+
+impl TailInfo {
+    pub(crate) fn moved_range(&self) -> MovedRange {
+        MovedRange {
+            from: self.index.from,
+            to: self.index.seal,
+            children: self
+                .children
+                .iter()
+                .copied()
+                .zip(self.index.counts())
+                .collect(),
+            reclaimed: self.reclaimed,
+        }
+    }
+}
+
+/// Records copied at once into one child (and the most read at once from
+/// the parent).
+const CHUNK_BYTES: usize = 256 * 1024;
+/// Catch-up stops when at most this many records are left for the sealed
+/// round, after `MAX_ROUNDS` rounds, or when a round did not shrink what
+/// is left (appends outrun the copy).
+const CATCH_UP_RECORDS: u64 = 4096;
+const MAX_ROUNDS: u32 = 16;
+
+/// Copies records `pos..to` of the parent into the children.
+struct Copier<'a> {
+    topic: &'a Topic,
+    parent: &'a Partition,
+    kids: &'a [Arc<Partition>],
+    ranges: &'a [(u64, u64)],
+    /// Next parent offset to copy.
+    pos: u64,
+    slots: Vec<u8>,
+    bytes: u64,
+    started: Instant,
+    throttle: u64,
+}
+
+impl Copier<'_> {
+    fn slot(&self, hash: Option<u64>, offset: u64) -> usize {
+        match hash {
+            // Keyed: the child owning the hash (ranges tile the parent's).
+            Some(h) => self.ranges.partition_point(|&(s, _)| s <= h) - 1,
+            // Keyless records have no order to keep: spread by offset.
+            None => (offset % self.ranges.len() as u64) as usize,
+        }
+    }
+
+    fn copy_to(&mut self, to: u64, throttled: bool) -> Result<()> {
+        let n = self.kids.len();
+        while self.pos < to {
+            let batch = match self
+                .parent
+                .read_with(self.pos, CHUNK_BYTES, ReadIsolation::Written)
+            {
+                Ok(b) => b,
+                Err(Error::Hole { start, end, .. }) => {
+                    return Err(Error::Refused(format!(
+                        "offsets {start}..{end} of the moved range are a salvage hole: \
+                         a tail split moves only contiguous records"
+                    )))
+                }
+                Err(e) => return Err(e),
+            };
+            let mut per: Vec<(Vec<RecordIn<'_>>, Vec<Option<u64>>, usize)> =
+                (0..n).map(|_| (Vec::new(), Vec::new(), 0)).collect();
+            let mut next = self.pos;
+            for r in batch.try_iter() {
+                let r = r?;
+                if r.offset < self.pos {
+                    continue;
+                }
+                if r.offset >= to {
+                    break;
+                }
+                if r.offset != next {
+                    return Err(Error::Refused(format!(
+                        "offset {next} of the moved range is missing"
+                    )));
+                }
+                let hash = r.key.map(|k| key_hash(self.topic.inner.hash_key, k));
+                let s = self.slot(hash, r.offset);
+                self.slots.push(s as u8);
+                let rec = RecordIn {
+                    key: r.key,
+                    value: r.value,
+                    timestamp: r.timestamp,
+                };
+                let size = rec.encoded_len();
+                let (recs, hashes, bytes) = &mut per[s];
+                if *bytes + size > CHUNK_BYTES && !recs.is_empty() {
+                    self.kids[s].append(recs, hashes)?;
+                    recs.clear();
+                    hashes.clear();
+                    *bytes = 0;
+                }
+                recs.push(rec);
+                hashes.push(hash);
+                *bytes += size;
+                next = r.offset + 1;
+            }
+            if next == self.pos {
+                return Err(Error::Refused(format!(
+                    "no record at offset {} of the moved range",
+                    self.pos
+                )));
+            }
+            for (s, (recs, hashes, _)) in per.iter().enumerate() {
+                if !recs.is_empty() {
+                    self.kids[s].append(recs, hashes)?;
+                }
+            }
+            self.bytes += batch.len_bytes();
+            self.pos = next;
+            if throttled && self.throttle > 0 {
+                let due = Duration::from_secs_f64(self.bytes as f64 / self.throttle as f64);
+                let spent = self.started.elapsed();
+                if due > spent {
+                    std::thread::sleep(due - spent);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The first offset of the batch holding `offset` in `part` (`offset`
+/// itself at the end).
+fn batch_start(part: &Partition, offset: u64) -> Result<u64> {
+    if offset >= part.end_offset() {
+        return Ok(offset);
+    }
+    let b = part.read_with(offset, 1, ReadIsolation::Written)?;
+    Ok(b.first_batch_base())
+}
+
+impl Topic {
+    /// Splits an active partition as [`Topic::split`] does, and also moves
+    /// its records from an offset on into the children, so the backlog is
+    /// spread over them instead of waiting in the parent.
+    ///
+    /// Each moved record goes to the child owning its key's hash (keyless
+    /// records by their offset modulo the number of children), and lands
+    /// there before anything appended to the child later: per-key order
+    /// holds. The copy runs while appends to the parent go on (throttled by
+    /// [`TailSplitOptions::throttle_bytes_per_sec`]), then a short final
+    /// round runs with appends to the parent waiting; one durable manifest
+    /// record commits the move. From then on the parent logically ends at
+    /// the returned `from`: reads, readers, `key_chain` and consumer
+    /// groups continue in the children (positions inside the moved range
+    /// are translated to the children's).
+    ///
+    /// Errors, with nothing changed: [`Error::UnknownPartition`],
+    /// [`Error::Sealed`] (the partition is sealed),
+    /// [`Error::OffsetOutOfRange`] (the offset is past the partition's end
+    /// or below its first offset held), [`Error::Refused`] (as for
+    /// [`Topic::split`], or no consumer group for
+    /// [`TailFrom::SlowestGroup`]).
+    pub fn split_tail(
+        &self,
+        partition: u32,
+        plan: SplitPlan,
+        options: TailSplitOptions,
+    ) -> Result<TailSplitOutcome> {
+        let _change = self.inner.change.lock();
+        self.inner.core.check_open()?;
+        let (start, end, parent) = {
+            let st = self.inner.state.read();
+            let n = st
+                .nodes
+                .get(&partition)
+                .ok_or_else(|| Error::UnknownPartition {
+                    topic: self.name().into(),
+                    partition,
+                })?;
+            if n.rec.state != PartitionState::Active {
+                return Err(Error::Sealed {
+                    topic: self.name().into(),
+                    partition,
+                });
+            }
+            (n.rec.start, n.rec.end, n.part.clone())
+        };
+        let wanted = match options.from {
+            TailFrom::Offset(x) => x,
+            TailFrom::SlowestGroup => self.slowest_group_position(partition, &parent)?,
+        };
+        let (held, now_end) = (parent.start_offset(), parent.end_offset());
+        if wanted > now_end || wanted < held {
+            return Err(Error::OffsetOutOfRange {
+                partition,
+                offset: wanted,
+                start: held,
+                end: now_end,
+            });
+        }
+        let from = batch_start(&parent, wanted)?;
+        let ranges = split_ranges(start, end, plan, &parent)?;
+        if ranges.len() > usize::from(u8::MAX) {
+            return Err(Error::Refused("too many children".into()));
+        }
+        let max = self.config().balance.max_partitions as usize;
+        let active = self.inner.state.read().routes.len();
+        if active - 1 + ranges.len() > max {
+            return Err(Error::Refused(format!(
+                "split would exceed max_partitions ({max})"
+            )));
+        }
+        let first_id = self.next_partition_id();
+        let ids: Vec<u32> = (0..ranges.len() as u32).map(|i| first_id + i).collect();
+        let segs = self.create_partition_files(&ids)?;
+        // Unrouted until the record commits: no sync round or checkpoint
+        // may name them before (their ids are reused if this fails).
+        let kids: Vec<Arc<Partition>> = ids
+            .iter()
+            .zip(&ranges)
+            .zip(segs)
+            .map(|((&id, &r), s)| {
+                let p = self.make_partition(id, vec![s], r, false, (0, 64, 0));
+                p.mark_removed();
+                p
+            })
+            .collect();
+        let created = now_ms();
+        let children: Vec<PartitionRecord> = ids
+            .iter()
+            .zip(&ranges)
+            .map(|(&id, &(s, e))| PartitionRecord {
+                id,
+                start: s,
+                end: e,
+                parents: vec![partition],
+                state: PartitionState::Active,
+                created_ms: created,
+                removed_parents: Vec::new(),
+            })
+            .collect();
+        let core = self.inner.core.clone();
+        let mut copier = Copier {
+            topic: self,
+            parent: &parent,
+            kids: &kids,
+            ranges: &ranges,
+            pos: from,
+            slots: Vec::new(),
+            bytes: 0,
+            started: Instant::now(),
+            throttle: options.throttle_bytes_per_sec,
+        };
+        let mut rounds = 0;
+        let mut last_gap = u64::MAX;
+        let caught_up = loop {
+            let target = parent.end_offset();
+            let gap = target.saturating_sub(copier.pos);
+            // A round that did not shrink the gap means appends outrun the
+            // copy (its budget): the rest goes in the sealed round.
+            if gap <= CATCH_UP_RECORDS || rounds >= MAX_ROUNDS || gap >= last_gap {
+                break Ok(());
+            }
+            last_gap = gap;
+            rounds += 1;
+            if let Err(e) = copier.copy_to(target, true) {
+                break Err(e);
+            }
+        };
+        let index_path =
+            partition_dir(&self.inner.dir, ids[0]).join(tail_index::file_name(partition));
+        // The bulk of the children's bytes is synced before the parent's
+        // writer lock is taken: under it only the last round's remain.
+        let caught_up =
+            caught_up.and_then(|()| kids.iter().try_for_each(|k| k.sync_now(&core.syncer)));
+        let result = caught_up.and_then(|()| {
+            parent.seal_with(&core.syncer, |seal_offset| {
+                copier.copy_to(seal_offset, false)?;
+                for k in &kids {
+                    k.sync_now(&core.syncer)?;
+                }
+                let slots = std::mem::take(&mut copier.slots);
+                let index = TailIndex::new(partition, from, ids.len(), slots);
+                let bytes = index.encode();
+                write_index(self, &index_path, &bytes)?;
+                let counts = index.counts();
+                let info = Arc::new(TailInfo {
+                    children: ids.clone(),
+                    index,
+                    reclaimed: false,
+                });
+                let mut topo = core.topology.lock();
+                let groups = translate_groups(&topo.state, self.inner.id, partition, &info);
+                let rec = ManifestRecord::TailSplit {
+                    topic_id: self.inner.id,
+                    parent: partition,
+                    from,
+                    seal_offset,
+                    children: children.clone(),
+                    counts: counts.clone(),
+                    index_crc: TailIndex::crc(&bytes),
+                    groups,
+                };
+                core.commit(&mut topo, rec)?;
+                drop(topo);
+                for k in &kids {
+                    k.unmark_removed();
+                }
+                // Before the generation moves: a reader seeing the new
+                // lineage reads the parent up to `from` only.
+                parent.set_logical_end(from);
+                self.install_tail_children(partition, from, &children, kids.clone(), info);
+                Ok((seal_offset, counts))
+            })
+        });
+        match result {
+            Ok((seal_offset, moved)) => {
+                self.seed_children(&[&parent], &ids);
+                core.events.emit(TopologyEvent::Split {
+                    topic: self.name().into(),
+                    parent: partition,
+                    seal_offset: from,
+                    children: ids.clone(),
+                });
+                Ok(TailSplitOutcome {
+                    children: ids,
+                    from,
+                    seal_offset,
+                    moved,
+                    copied_bytes: copier.bytes,
+                    rounds,
+                })
+            }
+            Err(e) => {
+                // After a failed commit the record may be on disk: keep the
+                // children for the replay (an open that does not find the
+                // record removes them as orphans).
+                // Otherwise the parent's sync may have failed (it is then
+                // poisoned): log-wide syncs report it.
+                if !matches!(e, Error::LogPoisoned { .. }) {
+                    core.note_poisoned(&parent);
+                    self.remove_partition_files(&ids);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The slowest committed position of the topic's groups in `id`.
+    fn slowest_group_position(&self, id: u32, part: &Partition) -> Result<u64> {
+        let topo = self.inner.core.topology.lock();
+        let t = topo
+            .state
+            .topics
+            .iter()
+            .find(|t| t.id == self.inner.id)
+            .ok_or_else(|| Error::UnknownTopic(self.name().into()))?;
+        if t.groups.is_empty() {
+            return Err(Error::Refused(
+                "no consumer group reads the topic: give the offset to move from".into(),
+            ));
+        }
+        Ok(t.groups
+            .iter()
+            .map(|g| {
+                g.positions
+                    .get(&id)
+                    .copied()
+                    .unwrap_or_else(|| part.start_offset())
+            })
+            .min()
+            .expect("at least one group"))
+    }
+
+    /// Updates the in-memory topology after a committed tail split: the
+    /// parent sealed at its logical end, the children routed.
+    fn install_tail_children(
+        &self,
+        parent: u32,
+        from: u64,
+        children: &[PartitionRecord],
+        kids: Vec<Arc<Partition>>,
+        info: Arc<TailInfo>,
+    ) {
+        self.install_children_with(&[(parent, from)], children, kids);
+        self.inner.write_state().tails.insert(parent, info);
+    }
+
+    /// Where a position of a tail-split parent continues (see
+    /// [`TailInfo::translate`]).
+    pub(crate) fn translate_tail(lineage: &Lineage, id: u32, pos: u64) -> Option<Vec<(u32, u64)>> {
+        lineage.tails.get(&id).and_then(|t| t.translate(pos))
+    }
+}
+
+/// Writes the descendant index durably: the file, then its directory.
+fn write_index(topic: &Topic, path: &PathBuf, bytes: &[u8]) -> Result<()> {
+    let hook = &*topic.inner.core.hook;
+    hook.before(IoOp::WriteIndex, path).at(path)?;
+    let mut f = std::fs::File::create(path).at(path)?;
+    f.write_all(bytes).at(path)?;
+    sync_file(hook, IoOp::SyncNewSegment, &f, path, true)?;
+    let dir = path.parent().expect("a partition directory");
+    sync_dir(hook, IoOp::SyncNewDir, dir)
+}
+
+/// Group positions of `parent` inside the moved range, translated.
+fn translate_groups(
+    state: &crate::format::manifest::ManifestState,
+    topic_id: u32,
+    parent: u32,
+    info: &TailInfo,
+) -> Vec<TailGroupMove> {
+    let Some(t) = state.topics.iter().find(|t| t.id == topic_id) else {
+        return Vec::new();
+    };
+    t.groups
+        .iter()
+        .filter_map(|g| {
+            let pos = *g.positions.get(&parent)?;
+            Some(TailGroupMove {
+                group: g.name.clone(),
+                positions: info.translate(pos)?,
+            })
+        })
+        .collect()
+}
+
+/// Loads a topic's committed tail splits at open: reads and checks each
+/// descendant index. Returns them by parent.
+pub(crate) fn load_tails(
+    topic_dir: &std::path::Path,
+    moves: &[TailMove],
+) -> Result<BTreeMap<u32, Arc<TailInfo>>> {
+    let mut out = BTreeMap::new();
+    for m in moves {
+        let Some(&first) = m.children.first() else {
+            continue;
+        };
+        let path = partition_dir(topic_dir, first).join(tail_index::file_name(m.parent));
+        let bytes = std::fs::read(&path).at(&path)?;
+        let bad = |reason: String| Error::Corruption {
+            file: path.clone(),
+            position: 0,
+            reason,
+        };
+        if TailIndex::crc(&bytes) != m.index_crc {
+            return Err(bad(
+                "descendant index does not match its manifest record".into()
+            ));
+        }
+        let index = TailIndex::decode(&bytes).map_err(bad)?;
+        if index.from != m.from || index.seal != m.seal_offset || index.counts() != m.counts {
+            return Err(bad(
+                "descendant index does not match its manifest record".into()
+            ));
+        }
+        out.insert(
+            m.parent,
+            Arc::new(TailInfo {
+                children: m.children.clone(),
+                index,
+                reclaimed: m.reclaimed,
+            }),
+        );
+    }
+    Ok(out)
+}

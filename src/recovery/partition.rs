@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::config::RecoveryMode;
 use crate::error::{Error, IoContext, Result};
+use crate::format::batch::BATCH_HEADER_LEN;
 use crate::format::checkpoint::PartitionCheckpoint;
 use crate::format::segment::{SegmentInfo, SEGMENT_HEADER_LEN};
 use crate::recovery::scan::{scan_segment, CorruptAction, ScanParams, ScanStop};
@@ -545,32 +546,37 @@ pub fn repair_chain(
                 // success.
                 seg.sync_data(p.hook)?;
             }
+            // A rolled segment that ends below its seal, however the scan
+            // stopped (a torn batch, a cut exactly at a batch boundary, or
+            // damage with nothing valid after it in synced data): the
+            // segment after it starts at the seal, so what follows the end
+            // is known to end there. Salvage keeps the later segments
+            // (valid records after damage) and fills the segment up to its
+            // seal with one hole batch, as it does for damage inside a
+            // segment. The seal must leave room for a hole batch's header
+            // and its length and lost offsets must fit the batch fields.
+            let reseal = info.seal.filter(|&(off, pos)| {
+                p.mode.write
+                    && p.mode.recovery == RecoveryMode::Salvage
+                    && off > outcome.end_offset
+                    && pos >= outcome.end_pos + BATCH_HEADER_LEN as u64
+                    && u32::try_from(off - outcome.end_offset).is_ok()
+                    && u32::try_from(pos - outcome.end_pos).is_ok()
+            });
             match &outcome.stop {
-                ScanStop::End => {}
-                ScanStop::Torn { position, .. }
-                    if p.mode.write
-                        && p.mode.recovery == RecoveryMode::Salvage
-                        && info.seal.is_some_and(|(off, pos)| {
-                            off > outcome.end_offset && pos > *position
-                        }) =>
-                {
-                    // A rolled segment torn below its seal: the segment
-                    // after it starts at the seal, so what follows the tear
-                    // is known to end there. Salvage keeps the later
-                    // segments (valid records after damage) and fills the
-                    // segment up to its seal with a hole, as it does for
-                    // damage inside a segment.
-                    let (seal_offset, seal_pos) = info.seal.expect("guarded");
+                _ if reseal.is_some() => {
+                    let (seal_offset, seal_pos) = reseal.expect("guarded");
+                    let position = outcome.end_pos;
                     let hole = (outcome.end_offset, seal_offset);
                     report.add(
                         &path,
                         FileAction::Salvaged {
-                            position: *position,
+                            position,
                             lost_offsets: hole,
                         },
                     );
                     out.holes.push(hole);
-                    seg.write_hole(*position, seal_pos - *position, hole.0, hole.1 - hole.0)?;
+                    seg.write_hole(position, seal_pos - position, hole.0, hole.1 - hole.0)?;
                     seg.sync_data(p.hook)?;
                     if seal_pos > seg.capacity() {
                         // The tear shortened the file: the hole batch
@@ -579,6 +585,7 @@ pub fn repair_chain(
                     }
                     resealed = Some((seal_offset, seal_pos));
                 }
+                ScanStop::End => {}
                 ScanStop::Torn {
                     position,
                     reason,

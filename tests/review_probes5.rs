@@ -341,3 +341,162 @@ fn salvage_of_a_tear_just_below_a_seal_too_close_for_a_hole_batch_opens() {
     let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
     assert_eq!(read_all(&log, 80), holes);
 }
+
+/// `verify` (read-only) of a torn rolled segment reports a problem and
+/// changes no file; after the Salvage repair (a tear inside a batch, or at
+/// a batch boundary), `verify` finds the directory consistent.
+#[test]
+fn verify_reports_a_torn_rolled_segment_and_accepts_its_salvage() {
+    for boundary in [false, true] {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("log");
+        torn_sealed_log(&dir, 60, boundary);
+        let before = common::crash::DirImage::capture(&dir).unwrap();
+        let (_, problems) = fissionlog::verify(&dir).unwrap();
+        assert!(!problems.is_empty(), "boundary {boundary}");
+        let after = common::crash::DirImage::capture(&dir).unwrap();
+        assert!(before == after, "{}", before.diff_summary(&after));
+        let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+        let holes = read_all(&log, 80);
+        log.close().unwrap();
+        let (_, problems) = fissionlog::verify(&dir).unwrap();
+        assert!(
+            problems.is_empty(),
+            "boundary {boundary}: {problems:?} after salvage ({holes:?})"
+        );
+    }
+}
+
+// ---- Readers over partitions retention removed ----
+
+const OLD_TS: i64 = 1_000;
+
+/// Appends `n` records to partition `p` through a key routed there, with an
+/// expired timestamp when `old`.
+fn fill(topic: &Topic, p: u32, n: u32, old: bool) {
+    let k = (0..)
+        .map(|k| format!("key-{k}"))
+        .find(|k| topic.route(k.as_bytes()) == p)
+        .unwrap();
+    for i in 0..n {
+        topic
+            .append_batch(&[NewRecord {
+                key: Some(k.as_bytes()),
+                value: format!("{p}:{i}").as_bytes(),
+                timestamp: old.then_some(OLD_TS),
+            }])
+            .unwrap();
+    }
+}
+
+/// Polls until three polls in a row return nothing (a poll that moves
+/// on to children may return nothing).
+fn drain(r: &mut fissionlog::Reader) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut empty = 0;
+    loop {
+        let got = r.poll(1000).unwrap();
+        if got.is_empty() {
+            empty += 1;
+            if empty == 3 {
+                return out;
+            }
+            continue;
+        }
+        empty = 0;
+        out.extend(
+            got.iter()
+                .map(|r| String::from_utf8(r.value.clone()).unwrap()),
+        );
+    }
+}
+
+fn lost(r: &fissionlog::Reader) -> Vec<(u32, u64, u64)> {
+    let mut v: Vec<_> = r
+        .retained()
+        .iter()
+        .map(|g| (g.partition, g.start, g.end))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Partition 0 is split into a and b, which merge into m, which is split
+/// into live partitions; 0, a, b and m hold only expired records and are
+/// removed together (a whole lineage, m reached from both parents). A
+/// reader from a cut inside 0 reports 0 from its position and a, b and m
+/// whole, each once; a reader that had read 0, a and b to their ends
+/// before the merge reports only m (nothing it read); a reader starting
+/// after the removal reports nothing. The same after a reopen.
+#[test]
+fn a_removed_merge_below_a_removed_split_is_reported_once_and_nothing_read_is() {
+    let root = tempfile::tempdir().unwrap();
+    let log = Log::open(root.path(), opts(RecoveryMode::Strict)).unwrap();
+    let cfg = TopicConfig {
+        partitions: 1,
+        segment_bytes: 4096,
+        retention_age: Some(Duration::from_secs(3600)),
+        ..TopicConfig::default()
+    };
+    let topic = log.create_topic("t", cfg).unwrap();
+    fill(&topic, 0, 40, true);
+    let mut inside = topic.reader(fissionlog::StartAt::Earliest).unwrap();
+    assert_eq!(inside.poll(10).unwrap().len(), 10);
+    let cut = inside.cut();
+    let g1 = topic.split(0, SplitPlan::Even).unwrap();
+    for &c in &g1 {
+        fill(&topic, c, 10, true);
+    }
+    log.sync().unwrap();
+    let mut read_all_before = topic.reader(fissionlog::StartAt::Earliest).unwrap();
+    assert_eq!(drain(&mut read_all_before).len(), 60);
+    let m = topic.merge(g1[0], g1[1]).unwrap();
+    fill(&topic, m, 10, true);
+    let g3 = topic.split(m, SplitPlan::Even).unwrap();
+    for &c in &g3 {
+        fill(&topic, c, 5, false);
+    }
+    log.sync().unwrap();
+    assert!(log.enforce_retention().unwrap() > 0);
+    for p in [0, g1[0], g1[1], m] {
+        assert!(topic.partition(p).is_err(), "partition {p} was removed");
+    }
+    let mut want = vec![(0, 10, 40), (g1[0], 0, 10), (g1[1], 0, 10), (m, 0, 10)];
+    want.sort_unstable();
+    let check = |topic: &Topic| {
+        let mut r = topic.reader(fissionlog::StartAt::Cut(cut.clone())).unwrap();
+        assert_eq!(drain(&mut r).len(), 10, "the live children");
+        assert_eq!(lost(&r), want, "from the cut");
+        let mut fresh = topic.reader(fissionlog::StartAt::Earliest).unwrap();
+        assert_eq!(drain(&mut fresh).len(), 10);
+        assert!(fresh.retained().is_empty(), "{:?}", fresh.retained());
+    };
+    check(&topic);
+    // The live reader may still hand out records of partition 0 it had
+    // read before the removal; what it does not hand out, it reports.
+    let got = drain(&mut inside);
+    let of_0 = got.iter().filter(|v| v.starts_with("0:")).count();
+    let want_inside: Vec<_> = if of_0 == 30 {
+        want[1..].to_vec()
+    } else {
+        assert_eq!(of_0, 0, "{got:?}");
+        want.clone()
+    };
+    assert_eq!(got.len() - of_0, 10, "{got:?}");
+    assert_eq!(lost(&inside), want_inside, "the live reader");
+    assert_eq!(drain(&mut read_all_before).len(), 10);
+    assert_eq!(
+        lost(&read_all_before),
+        vec![(m, 0, 10)],
+        "only what it never read"
+    );
+    // Polled again: nothing reported twice.
+    assert!(drain(&mut inside).is_empty());
+    assert_eq!(lost(&inside), want_inside, "reported once");
+    drop(topic);
+    drop(inside);
+    drop(read_all_before);
+    log.close().unwrap();
+    let log = Log::open(root.path(), opts(RecoveryMode::Strict)).unwrap();
+    check(&log.topic("t").unwrap());
+}

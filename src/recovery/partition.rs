@@ -553,11 +553,17 @@ pub fn repair_chain(
             // is known to end there. Salvage keeps the later segments
             // (valid records after damage) and fills the segment up to its
             // seal with one hole batch, as it does for damage inside a
-            // segment. The seal must leave room for a hole batch's header
-            // and its length and lost offsets must fit the batch fields.
+            // segment. Only for data known synced up to the seal (a
+            // checkpoint past the segment, or a split or merge that sealed
+            // the partition, which syncs it first): otherwise the end below
+            // the seal is a power loss of unsynced writes, which leaves a
+            // prefix (C3) and is cut as in Truncate. The seal must leave
+            // room for a hole batch's header and its length and lost
+            // offsets must fit the batch fields.
             let reseal = info.seal.filter(|&(off, pos)| {
                 p.mode.write
                     && p.mode.recovery == RecoveryMode::Salvage
+                    && (durable_segment || p.sealed.is_some())
                     && off > outcome.end_offset
                     && pos >= outcome.end_pos + BATCH_HEADER_LEN as u64
                     && u32::try_from(off - outcome.end_offset).is_ok()

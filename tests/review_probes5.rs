@@ -727,3 +727,129 @@ fn removed_partitions_survive_manifest_compaction() {
     assert!(drain(&mut r2).is_empty());
     assert!(r2.retained().is_empty(), "{:?}", r2.retained());
 }
+
+/// An active partition closed cleanly (its checkpoint past the rolled
+/// segments) whose first segment is then cut inside its last batch:
+/// Salvage fills it to its seal and keeps the later segments; appends go
+/// on after the old end; a Strict reopen finds the same records and hole;
+/// a lineage reader hands out every record but the lost one, once each.
+#[test]
+fn appends_after_salvaging_an_active_partition_survive_a_strict_reopen() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    {
+        let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+        let t = log.create_topic("t", config(1)).unwrap();
+        for i in 0..80 {
+            append(&t, 0, i);
+        }
+        drop(t);
+        log.close().unwrap();
+    }
+    let segs = segments(&dir.join("topics/t0/p0"));
+    assert!(segs.len() >= 3, "{segs:?}");
+    let len = std::fs::metadata(&segs[0]).unwrap().len();
+    cut_file(&segs[0], len - 60);
+    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    let holes = read_all(&log, 80);
+    assert_eq!(holes.len(), 1, "{holes:?}");
+    assert_eq!(holes[0].1 - holes[0].0, 1, "{holes:?}");
+    let t = log.topic("t").unwrap();
+    for i in 80..100 {
+        assert_eq!(append(&t, 0, i), i);
+    }
+    drop(t);
+    log.close().unwrap();
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    assert_eq!(read_all(&log, 100), holes);
+    let t = log.topic("t").unwrap();
+    let mut r = t.reader(fissionlog::StartAt::Earliest).unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        match r.poll(1000) {
+            Ok(got) => seen.extend(got.iter().map(|x| x.offset)),
+            Err(Error::Hole { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let want: Vec<u64> = (0..100)
+        .filter(|o| !(holes[0].0..holes[0].1).contains(o))
+        .collect();
+    assert_eq!(seen, want);
+}
+
+/// A sealed partition (its segments synced by the split, no checkpoint
+/// since) whose `torn`-th segment file is cut inside its header: the
+/// header does not decode. That is damage, not a torn creation (the split
+/// synced every segment): Salvage keeps the segments after it, so only
+/// that segment's offsets are lost.
+fn salvage_of_a_segment_torn_inside_its_header(torn: usize) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    sealed_log(&dir, 80, false);
+    let segs = segments(&dir.join("topics/t0/p0"));
+    assert!(segs.len() >= 4, "{segs:?}");
+    let base = |p: &Path| -> u64 { p.file_stem().unwrap().to_str().unwrap().parse().unwrap() };
+    let lost = (base(&segs[torn]), base(&segs[torn + 1]));
+    cut_file(&segs[torn], 30);
+    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    // The later segments' files are still there (kept, or set aside).
+    let names: Vec<String> = std::fs::read_dir(dir.join("topics/t0/p0"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for s in &segs[torn + 1..] {
+        let stem = s.file_stem().unwrap().to_string_lossy().into_owned();
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with(&stem) && n.contains(".seg")),
+            "synced segment {stem} was deleted: {names:?}"
+        );
+    }
+    let holes = read_all(&log, 80);
+    assert_eq!(holes, vec![lost], "only segment {torn} is lost");
+    drop(log);
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    assert_eq!(read_all(&log, 80), vec![lost]);
+}
+
+#[test]
+fn salvage_keeps_the_segments_after_a_first_segment_torn_inside_its_header() {
+    salvage_of_a_segment_torn_inside_its_header(0);
+}
+
+#[test]
+fn salvage_keeps_the_segments_after_a_middle_segment_torn_inside_its_header() {
+    salvage_of_a_segment_torn_inside_its_header(1);
+}
+
+/// Truncate on the same state (a sealed partition's middle segment cut
+/// inside its header): Truncate cuts there, but the later segments hold
+/// synced records (the split synced them), so it must set them aside as
+/// it does after other damage in synced data, never delete them.
+#[test]
+#[ignore = "open: Truncate takes an unreadable segment header in a sealed partition for a torn creation and deletes every later (synced) segment file"]
+fn truncate_sets_aside_the_synced_segments_after_a_segment_torn_inside_its_header() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    sealed_log(&dir, 80, false);
+    let segs = segments(&dir.join("topics/t0/p0"));
+    assert!(segs.len() >= 4, "{segs:?}");
+    cut_file(&segs[1], 30);
+    let log = Log::open(&dir, opts(RecoveryMode::Truncate)).unwrap();
+    let names: Vec<String> = std::fs::read_dir(dir.join("topics/t0/p0"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for s in &segs[2..] {
+        let stem = s.file_stem().unwrap().to_string_lossy().into_owned();
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with(&stem) && n.contains(".seg")),
+            "synced segment {stem} was deleted: {names:?}"
+        );
+    }
+    drop(log);
+}

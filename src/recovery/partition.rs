@@ -318,6 +318,7 @@ pub fn repair_chain(
     for (base, path, mut file) in std::mem::take(&mut opened.files) {
         let durable_segment = cp.is_some_and(|c| base < c.segment_base);
         let cp_segment = cp.filter(|c| c.segment_base == base);
+        let sealed_repair = p.sealed.is_some() && p.mode.recovery == RecoveryMode::Salvage;
         if cut && synced_cut {
             // A segment a synced cut leaves out held offsets from `base`
             // on (to its seal, or to its last valid batch when it has no
@@ -365,7 +366,12 @@ pub fn repair_chain(
                 continue;
             }
             SegmentFile::Opened(seg, info) => (seg, info),
-            SegmentFile::Damaged(e) if durable_segment || cp_segment.is_some() => {
+            // In a sealed partition every segment is synced (the split or
+            // merge that sealed it synced them first): Salvage takes an
+            // unreadable one for damage, never a torn creation, and keeps
+            // the segments after it (Strict refuses the partition below its
+            // seal after the chain, naming the offsets; Truncate cuts).
+            SegmentFile::Damaged(e) if durable_segment || cp_segment.is_some() || sealed_repair => {
                 let what = format!("unreadable segment in synced data: {e}");
                 let decision = corrupt(p, &path, 0, what, &mut out)?;
                 set_aside(p, &path, "damaged", report)?;
@@ -427,7 +433,8 @@ pub fn repair_chain(
                 .last()
                 .is_some_and(|s| s.is_sealed() && s.end_offset() == exp);
             if base != exp {
-                if !durable_segment && cp_segment.is_none() && !(after_complete && base > exp) {
+                let known_synced = durable_segment || cp_segment.is_some() || sealed_repair;
+                if !(known_synced || (after_complete && base > exp)) {
                     // Written after the last checkpointed sync: the previous
                     // segment's unsynced tail was lost, so this one is too.
                     let what = format!("segment starts at offset {base}, expected {exp}");

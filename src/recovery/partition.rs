@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::config::RecoveryMode;
 use crate::error::{Error, IoContext, Result};
+use crate::format::batch::BATCH_HEADER_LEN;
 use crate::format::checkpoint::PartitionCheckpoint;
 use crate::format::segment::{SegmentInfo, SEGMENT_HEADER_LEN};
 use crate::recovery::scan::{scan_segment, CorruptAction, ScanParams, ScanStop};
@@ -321,6 +322,7 @@ pub fn repair_chain(
     for (base, path, mut file) in std::mem::take(&mut opened.files) {
         let durable_segment = cp.is_some_and(|c| base < c.segment_base);
         let cp_segment = cp.filter(|c| c.segment_base == base);
+        let sealed_repair = p.sealed.is_some() && p.mode.recovery == RecoveryMode::Salvage;
         if cut && synced_cut {
             // A segment a synced cut leaves out held offsets from `base`
             // on (to its seal, or to its last valid batch when it has no
@@ -368,7 +370,12 @@ pub fn repair_chain(
                 continue;
             }
             SegmentFile::Opened(seg, info) => (seg, info),
-            SegmentFile::Damaged(e) if durable_segment || cp_segment.is_some() => {
+            // In a sealed partition every segment is synced (the split or
+            // merge that sealed it synced them first): Salvage takes an
+            // unreadable one for damage, never a torn creation, and keeps
+            // the segments after it (Strict refuses the partition below its
+            // seal after the chain, naming the offsets; Truncate cuts).
+            SegmentFile::Damaged(e) if durable_segment || cp_segment.is_some() || sealed_repair => {
                 let what = format!("unreadable segment in synced data: {e}");
                 let decision = corrupt(p, &path, 0, what, &mut out)?;
                 set_aside(p, &path, "damaged", report)?;
@@ -430,7 +437,8 @@ pub fn repair_chain(
                 .last()
                 .is_some_and(|s| s.is_sealed() && s.end_offset() == exp);
             if base != exp {
-                if !durable_segment && cp_segment.is_none() && !(after_complete && base > exp) {
+                let known_synced = durable_segment || cp_segment.is_some() || sealed_repair;
+                if !(known_synced || (after_complete && base > exp)) {
                     // Written after the last checkpointed sync: the previous
                     // segment's unsynced tail was lost, so this one is too.
                     let what = format!("segment starts at offset {base}, expected {exp}");
@@ -549,32 +557,43 @@ pub fn repair_chain(
                 // success.
                 seg.sync_data(p.hook)?;
             }
+            // A rolled segment that ends below its seal, however the scan
+            // stopped (a torn batch, a cut exactly at a batch boundary, or
+            // damage with nothing valid after it in synced data): the
+            // segment after it starts at the seal, so what follows the end
+            // is known to end there. Salvage keeps the later segments
+            // (valid records after damage) and fills the segment up to its
+            // seal with one hole batch, as it does for damage inside a
+            // segment. Only for data known synced up to the seal (a
+            // checkpoint past the segment, or a split or merge that sealed
+            // the partition, which syncs it first): otherwise the end below
+            // the seal is a power loss of unsynced writes, which leaves a
+            // prefix (C3) and is cut as in Truncate. The seal must leave
+            // room for a hole batch's header and its length and lost
+            // offsets must fit the batch fields.
+            let reseal = info.seal.filter(|&(off, pos)| {
+                p.mode.write
+                    && p.mode.recovery == RecoveryMode::Salvage
+                    && (durable_segment || p.sealed.is_some())
+                    && off > outcome.end_offset
+                    && pos >= outcome.end_pos + BATCH_HEADER_LEN as u64
+                    && u32::try_from(off - outcome.end_offset).is_ok()
+                    && u32::try_from(pos - outcome.end_pos).is_ok()
+            });
             match &outcome.stop {
-                ScanStop::End => {}
-                ScanStop::Torn { position, .. }
-                    if p.mode.write
-                        && p.mode.recovery == RecoveryMode::Salvage
-                        && info.seal.is_some_and(|(off, pos)| {
-                            off > outcome.end_offset && pos > *position
-                        }) =>
-                {
-                    // A rolled segment torn below its seal: the segment
-                    // after it starts at the seal, so what follows the tear
-                    // is known to end there. Salvage keeps the later
-                    // segments (valid records after damage) and fills the
-                    // segment up to its seal with a hole, as it does for
-                    // damage inside a segment.
-                    let (seal_offset, seal_pos) = info.seal.expect("guarded");
+                _ if reseal.is_some() => {
+                    let (seal_offset, seal_pos) = reseal.expect("guarded");
+                    let position = outcome.end_pos;
                     let hole = (outcome.end_offset, seal_offset);
                     report.add(
                         &path,
                         FileAction::Salvaged {
-                            position: *position,
+                            position,
                             lost_offsets: hole,
                         },
                     );
                     out.holes.push(hole);
-                    seg.write_hole(*position, seal_pos - *position, hole.0, hole.1 - hole.0)?;
+                    seg.write_hole(position, seal_pos - position, hole.0, hole.1 - hole.0)?;
                     seg.sync_data(p.hook)?;
                     if seal_pos > seg.capacity() {
                         // The tear shortened the file: the hole batch
@@ -583,6 +602,7 @@ pub fn repair_chain(
                     }
                     resealed = Some((seal_offset, seal_pos));
                 }
+                ScanStop::End => {}
                 ScanStop::Torn {
                     position,
                     reason,

@@ -79,6 +79,7 @@ mod format;
 #[cfg(feature = "internals")]
 mod fuzz_checks;
 mod group;
+mod hot_keys;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
@@ -95,8 +96,8 @@ mod wake;
 
 pub use balance::{BalancePolicy, Clock, Decision, ManualClock, SplitAt, SystemClock, WindowRate};
 pub use config::{
-    LogOptions, RecoveryMode, SyncPolicy, TopicConfig, ACTIVE_HEADROOM_MAX_BYTES,
-    MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
+    HotKeyMode, HotKeyPolicy, LogOptions, RecoveryMode, SyncPolicy, TopicConfig,
+    ACTIVE_HEADROOM_MAX_BYTES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
 };
 pub use durable::Durable;
 pub use error::{Error, Result};
@@ -105,6 +106,7 @@ pub use group::{
     Assignment, AssignmentDescription, Group, GroupDescription, GroupOptions, GroupStart,
     GroupStats, LostGroupPosition, Member, MemberDescription, MemberOptions, MemberState,
 };
+pub use hot_keys::{KeyEra, KeyLane, KeyLanes, KeyRecord};
 pub use log::{verify, Log};
 pub use partition::{Partition, SegmentInfo};
 pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};

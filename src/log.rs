@@ -292,6 +292,7 @@ impl Log {
             next_partition_id: partitions.len() as u32,
             partitions,
             groups: Vec::new(),
+            hot_keys: Vec::new(),
         };
         // Files first; the manifest record commits the topic.
         let build = || -> Result<Topic> {
@@ -524,6 +525,7 @@ fn new_topic(core: &Arc<Core>, lock: &Arc<DirLock>, rec: &TopicRecord) -> Topic 
             sync_always: rec.config.sync == SyncPolicy::Always,
             dir: topic_dir(&core.dir, rec.id),
             groups: Mutex::default(),
+            hot: crate::hot_keys::HotKeys::from_records(&rec.hot_keys),
         }),
     }
 }

@@ -290,8 +290,9 @@ fn a_version_1_manifest_takes_groups_after_an_upgrade() {
     append(&topic, 8, 50, 10);
     assert_eq!(header_version(&journal), 1, "no upgrade without a group");
     let group = topic.group("g", GroupOptions::default()).unwrap();
-    assert_eq!(header_version(&journal), 2);
-    assert_eq!(header_version(&snap), 2);
+    // The build's version: 2 brought group records, later ones keep them.
+    assert!(header_version(&journal) >= 2);
+    assert!(header_version(&snap) >= 2);
     let mut m = group.join(member_opts()).unwrap();
     let got = m.poll(30).unwrap();
     m.commit().unwrap();

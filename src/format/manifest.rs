@@ -26,8 +26,9 @@ pub const SNAPSHOT_MAGIC: [u8; 8] = *b"FSNLSNP\0";
 /// Manifest format version this build writes. Version 2 added consumer
 /// group records ([`ManifestRecord::GroupCommit`], [`TopicRecord::groups`]);
 /// a build that reads only version 1 refuses a version 2 file rather than
-/// cut the group records it cannot parse as damage.
-pub const MANIFEST_VERSION: u16 = 2;
+/// cut the group records it cannot parse as damage. Version 3 added hot-key
+/// mode records ([`ManifestRecord::HotKeyMode`], [`TopicRecord::hot_keys`]).
+pub const MANIFEST_VERSION: u16 = 3;
 /// Oldest manifest format version this build reads.
 pub const MANIFEST_MIN_VERSION: u16 = 1;
 /// File header length.
@@ -92,6 +93,47 @@ pub struct TopicRecord {
     /// (format version 2; absent before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupRecord>,
+    /// Keys given a hot-key mode, with every mode era they went through
+    /// (format version 3; absent before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hot_keys: Vec<HotKeyRecord>,
+}
+
+/// One period of a hot key's routing, from a mode change to the next.
+///
+/// Lanes are hash points: a lane's records go to the active partition
+/// owning its point, so a lane follows splits and merges exactly like a
+/// key with that hash would (its lineage chain keeps its order). `starts`
+/// bounds the era in offsets: at the change, no append of the key was in
+/// flight, and each partition listed then held this many records; the
+/// key's records of this era in a listed partition sit at or above it,
+/// those of the previous era below it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HotKeyEra {
+    /// The mode of the era.
+    pub mode: crate::config::HotKeyMode,
+    /// Lane hash points; `lanes[0]` is the key's own hash (so `Strict` is
+    /// `[hash]`).
+    pub lanes: Vec<u64>,
+    /// Windowed: every record of the era carries a timestamp at or above
+    /// this (ms since the epoch), and its first window is the one holding
+    /// it: window `w` (timestamp / window length) goes to lane
+    /// `(w - first window) mod lanes`.
+    pub from_ms: i64,
+    /// End offset, at the change, of every active partition that owned a
+    /// lane point of this era or of the previous one.
+    pub starts: Vec<(u32, u64)>,
+}
+
+/// A key (by routing hash) that was given a hot-key mode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HotKeyRecord {
+    /// The key's routing hash (keys sharing a hash share their mode, as
+    /// they share their partition).
+    pub hash: u64,
+    /// Its eras, oldest first; the last is in force. Before the first,
+    /// the key was `Strict`.
+    pub eras: Vec<HotKeyEra>,
 }
 
 /// A consumer group's committed positions in one topic, in the form of a
@@ -190,6 +232,15 @@ pub enum ManifestRecord {
         /// are all listed now).
         pruned: Vec<u32>,
     },
+    /// A key entered a new hot-key mode era (format version 3).
+    HotKeyMode {
+        /// Topic id.
+        topic_id: u32,
+        /// The key's routing hash.
+        hash: u64,
+        /// The new era.
+        era: HotKeyEra,
+    },
     /// A consumer group was deleted with its positions.
     DeleteGroup {
         /// Topic id.
@@ -233,6 +284,7 @@ impl ManifestRecord {
     pub fn min_version(&self) -> u16 {
         match self {
             ManifestRecord::GroupCommit { .. } | ManifestRecord::DeleteGroup { .. } => 2,
+            ManifestRecord::HotKeyMode { .. } => 3,
             _ => 1,
         }
     }

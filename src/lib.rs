@@ -97,7 +97,7 @@ mod wake;
 pub use balance::{BalancePolicy, Clock, Decision, ManualClock, SplitAt, SystemClock, WindowRate};
 pub use config::{
     HotKeyMode, HotKeyPolicy, LogOptions, RecoveryMode, SyncPolicy, TopicConfig,
-    ACTIVE_HEADROOM_MAX_BYTES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
+    ACTIVE_HEADROOM_MAX_BYTES, MAX_HOT_KEY_LANES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
 };
 pub use durable::Durable;
 pub use error::{Error, Result};

@@ -349,6 +349,18 @@ impl Topic {
             .iter()
             .map(|(id, p)| (*id, p.with_writer(|_| p.end_offset())))
             .collect();
+        // The record names these offsets, so they must be durable before
+        // it: a power loss that cut a lane owner below its start would
+        // hand offsets the record gives to the earlier era to records of
+        // this one. (The key's appends wait on `run`: nothing of it moves.)
+        let parts: Vec<&crate::partition::Partition> = owners.iter().map(|(_, p)| &**p).collect();
+        if let Err(e) = self.inner.core.sync_covering(&parts) {
+            if fresh {
+                hot.map.write().remove(&hash);
+                hot.any.store(!hot.map.read().is_empty(), Ordering::SeqCst);
+            }
+            return Err(e);
+        }
         // The rotation's anchor only: records keep their own timestamps.
         let from_ms = now_ms();
         let era = HotKeyEra {

@@ -182,7 +182,9 @@ pub struct KeyRecord {
     pub value: Vec<u8>,
     /// Index of its era in [`KeyLanes::eras`].
     pub era: usize,
-    /// Its lane in the era.
+    /// Its lane in the era. Exact for strict and windowed eras; a spread
+    /// record in a partition several lanes share (after a merge) carries
+    /// the first of them (spread records do not name their lane).
     pub lane: usize,
     /// Its window, in a windowed era.
     pub window: Option<i64>,

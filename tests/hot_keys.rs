@@ -701,3 +701,120 @@ fn appends_racing_mode_changes_land_in_one_era_each_in_order() {
         );
     }
 }
+
+/// Seeded random histories: appends of the key (clock jumps both ways
+/// included), mode changes, splits, merges and reopens, checked after
+/// every reopen and at the end against the oracle: every record once; per
+/// key order outside spread eras; eras hold consecutive runs; each window
+/// in one lane.
+#[test]
+fn random_histories_keep_the_oracle() {
+    let seeds: u64 = std::env::var("FISSIONLOG_HOT_KEY_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6);
+    for seed in 0..seeds {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = SplitMix64::new(seed);
+        let cfg = TopicConfig {
+            balance: BalancePolicy {
+                max_partitions: 12,
+                ..BalancePolicy::default()
+            },
+            ..config(2, true, true)
+        };
+        let mut log = Log::open(dir.path(), opts()).unwrap();
+        let mut topic = log.create_topic("t", cfg).unwrap();
+        let mut next = 0u64;
+        let mut ts = T0;
+        let mut ops = Vec::new();
+        for _ in 0..30 {
+            match rng.below(10) {
+                0..=4 => {
+                    let n = 1 + rng.below(25);
+                    // Mostly forward, sometimes a jump back of up to 2 s.
+                    ts += if rng.below(8) == 0 {
+                        -(rng.below(2000) as i64)
+                    } else {
+                        rng.below(200) as i64
+                    };
+                    let base = ts;
+                    let step = rng.below(15) as i64;
+                    append_hot(&topic, next..next + n, |s| base + step * (s - next) as i64);
+                    next += n;
+                    ops.push(format!("append {n} at {base} step {step}"));
+                }
+                5 => {
+                    let lanes = 1 + rng.below(4) as u32;
+                    let mode = match rng.below(3) {
+                        0 => HotKeyMode::Strict,
+                        1 => HotKeyMode::Windowed(Duration::from_millis(1 + rng.below(50))),
+                        _ => HotKeyMode::Spread,
+                    };
+                    topic.set_hot_key_mode_lanes(HOT, mode, lanes).unwrap();
+                    ops.push(format!("mode {mode:?} x{lanes}"));
+                }
+                6 => {
+                    let act = topic.active_partitions();
+                    let p = act[rng.below(act.len() as u64) as usize];
+                    let r = topic.split(p, SplitPlan::Even);
+                    ops.push(format!("split {p}: {r:?}"));
+                }
+                7 => {
+                    let act = topic.active_partitions();
+                    if act.len() > 1 {
+                        let i = rng.below(act.len() as u64 - 1) as usize;
+                        let r = topic.merge(act[i], act[i + 1]);
+                        ops.push(format!("merge {} {}: {r:?}", act[i], act[i + 1]));
+                    }
+                }
+                _ => {
+                    log.close().unwrap();
+                    log = Log::open(dir.path(), opts()).unwrap();
+                    topic = log.topic("t").unwrap();
+                    ops.push("reopen".into());
+                    check_oracle(&topic, next, &format!("seed {seed} after {ops:?}"));
+                }
+            }
+        }
+        check_oracle(&topic, next, &format!("seed {seed}: {ops:?}"));
+    }
+}
+
+fn check_oracle(topic: &Topic, n: u64, case: &str) {
+    let records = topic.read_key(HOT).unwrap();
+    let lanes = topic.key_lanes(HOT);
+    let mut all: Vec<u64> = records.iter().map(|r| seq_of(&r.value)).collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..n).collect::<Vec<_>>(), "{case}: every record once");
+    let ordered: Vec<u64> = records
+        .iter()
+        .filter(|r| lanes.eras[r.era].mode != HotKeyMode::Spread)
+        .map(|r| seq_of(&r.value))
+        .collect();
+    assert!(
+        ordered.windows(2).all(|p| p[0] < p[1]),
+        "{case}: per-key order outside spread eras"
+    );
+    let mut span: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
+    for r in &records {
+        let q = seq_of(&r.value);
+        let x = span.entry(r.era).or_insert((q, q));
+        *x = (x.0.min(q), x.1.max(q));
+    }
+    let spans: Vec<(u64, u64)> = span.values().copied().collect();
+    assert!(
+        spans.windows(2).all(|p| p[0].1 < p[1].0),
+        "{case}: eras overlap {span:?}"
+    );
+    assert_window_order(&records, case);
+    // Windowed timestamps only go forward within an era.
+    for e in 0..lanes.eras.len() {
+        let ts: Vec<i64> = records
+            .iter()
+            .filter(|r| r.era == e && r.window.is_some())
+            .map(|r| r.timestamp)
+            .collect();
+        assert!(ts.windows(2).all(|p| p[0] <= p[1]), "{case}: era {e} times");
+    }
+}

@@ -169,6 +169,35 @@ pub struct KeyLanes {
     pub eras: Vec<KeyEra>,
 }
 
+/// One link of a key's chain ([`Topic::key_chain`]): a partition that
+/// held, or holds, the key's records of one era and lane, with the offsets
+/// bounding that era in it. A key never given a mode has one era (0,
+/// `Strict`, one lane) whose links are its hash's chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct KeyLink {
+    /// Partition id.
+    pub partition: u32,
+    /// End offset when sealed; None for the active partition at the end.
+    pub sealed_at: Option<u64>,
+    /// The era (index in [`KeyLanes::eras`]; 0 is before any mode).
+    pub era: usize,
+    /// The era's mode.
+    pub mode: HotKeyMode,
+    /// The lane this link belongs to.
+    pub lane: usize,
+    /// The era's number of lanes.
+    pub lanes: usize,
+    /// Windowed: the era's first window; window `w` is in lane
+    /// `(w - first_window) mod lanes`, so a link of lane `j` holds only
+    /// those windows (the partition may hold other lanes' too).
+    pub first_window: Option<i64>,
+    /// The era's records start at this offset here (0: from the start).
+    pub from_offset: u64,
+    /// The next era starts at this offset here (None: the era runs to the
+    /// seal, or on for the active partition).
+    pub until_offset: Option<u64>,
+}
+
 /// A record of one key, as [`Topic::read_key`] returns it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct KeyRecord {
@@ -506,9 +535,56 @@ impl Topic {
         sink: &mut dyn FnMut(KeyRecord),
     ) -> Result<()> {
         let era = &eras[e];
-        let next = eras.get(e + 1);
         let mut got: Vec<((i64, usize, usize, u64), KeyRecord)> = Vec::new();
         let mut seen: HashSet<(u32, u64)> = HashSet::new();
+        let links = self.era_links(eras, e);
+        for (li, link) in links.iter().enumerate() {
+            let j = link.lane;
+            let hi = link.until_offset.unwrap_or(u64::MAX);
+            self.read_key_range(
+                key,
+                link.partition,
+                link.from_offset,
+                hi,
+                |offset, ts, value| {
+                    let window = window_ms(era).map(|w| window_of(ts, w));
+                    if let Some(w) = window {
+                        if lane_of_window(era, w) != j {
+                            return; // another lane's window, read there
+                        }
+                    }
+                    if era.mode == HotKeyMode::Spread && !seen.insert((link.partition, offset)) {
+                        return;
+                    }
+                    got.push((
+                        (window.unwrap_or(0), j, li, offset),
+                        KeyRecord {
+                            partition: link.partition,
+                            offset,
+                            timestamp: ts,
+                            value: value.to_vec(),
+                            era: e,
+                            lane: j,
+                            window,
+                        },
+                    ));
+                },
+            )?;
+        }
+        // Windows in sequence; within one, its lane's chain order. A lane's
+        // links come oldest partition first, so (lane, link, offset) is
+        // that order.
+        got.sort_by_key(|g| g.0);
+        got.into_iter().for_each(|g| sink(g.1));
+        Ok(())
+    }
+
+    /// The links of era `e` of `eras`: per lane, the partitions of the lane
+    /// point's chain that hold the era, with the offsets bounding it.
+    fn era_links(&self, eras: &[HotKeyEra], e: usize) -> Vec<KeyLink> {
+        let era = &eras[e];
+        let next = eras.get(e + 1);
+        let mut out = Vec::new();
         for (j, &x) in era.lanes.iter().enumerate() {
             let chain = self.hash_chain(x);
             let at = |starts: &[(u32, u64)]| {
@@ -533,48 +609,37 @@ impl Topic {
                 },
             };
             for (ci, link) in chain.iter().enumerate().take(end_idx).skip(first) {
-                let lo = if ci == first && e > 0 {
+                let from_offset = if ci == first && e > 0 {
                     lookup(&era.starts, link.partition).unwrap_or(0)
                 } else {
                     0
                 };
-                let hi = match next {
-                    Some(n) if bounded && ci + 1 == end_idx => {
-                        lookup(&n.starts, link.partition).unwrap_or(u64::MAX)
-                    }
-                    _ => u64::MAX,
+                let until_offset = match next {
+                    Some(n) if bounded && ci + 1 == end_idx => lookup(&n.starts, link.partition),
+                    _ => None,
                 };
-                self.read_key_range(key, link.partition, lo, hi, |offset, ts, value| {
-                    let window = window_ms(era).map(|w| window_of(ts, w));
-                    if let Some(w) = window {
-                        if lane_of_window(era, w) != j {
-                            return; // another lane's window, read there
-                        }
-                    }
-                    if era.mode == HotKeyMode::Spread && !seen.insert((link.partition, offset)) {
-                        return;
-                    }
-                    got.push((
-                        (window.unwrap_or(0), j, ci, offset),
-                        KeyRecord {
-                            partition: link.partition,
-                            offset,
-                            timestamp: ts,
-                            value: value.to_vec(),
-                            era: e,
-                            lane: j,
-                            window,
-                        },
-                    ));
-                })?;
+                out.push(KeyLink {
+                    partition: link.partition,
+                    sealed_at: link.sealed_at,
+                    era: e,
+                    mode: era.mode,
+                    lane: j,
+                    lanes: era.lanes.len(),
+                    first_window: window_ms(era).map(|w| window_of(era.from_ms, w)),
+                    from_offset,
+                    until_offset,
+                });
             }
         }
-        // Windows in sequence; within one, its lane's chain order. A lane
-        // is read oldest partition first, so (lane, chain index, offset) is
-        // that order.
-        got.sort_by_key(|g| g.0);
-        got.into_iter().for_each(|g| sink(g.1));
-        Ok(())
+        out
+    }
+
+    /// [`Topic::key_chain`]: every era's links, in era order.
+    pub(crate) fn key_links(&self, key: &[u8]) -> Vec<KeyLink> {
+        let eras = self.all_eras(self.hash(key));
+        (0..eras.len())
+            .flat_map(|e| self.era_links(&eras, e))
+            .collect()
     }
 
     /// Calls `f` for each record of `key` in `[lo, hi)` of a partition.

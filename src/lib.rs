@@ -106,7 +106,7 @@ pub use group::{
     Assignment, AssignmentDescription, Group, GroupDescription, GroupOptions, GroupStart,
     GroupStats, LostGroupPosition, Member, MemberDescription, MemberOptions, MemberState,
 };
-pub use hot_keys::{KeyEra, KeyLane, KeyLanes, KeyRecord};
+pub use hot_keys::{KeyEra, KeyLane, KeyLanes, KeyLink, KeyRecord};
 pub use log::{verify, Log};
 pub use partition::{Partition, SegmentInfo};
 pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};

@@ -713,8 +713,14 @@ impl Topic {
 
     /// The partitions that have held `key`, oldest first, each with its seal
     /// offset: reading them in this order returns the key's records in order.
-    pub fn key_chain(&self, key: &[u8]) -> Vec<ChainLink> {
-        self.hash_chain(self.hash(key))
+    ///
+    /// For a key given a hot-key mode (docs/HOT_KEYS.md), the links come
+    /// era by era and, inside an era, lane by lane, each with its mode,
+    /// lane, first window and the offsets bounding the era in it: reading
+    /// each era's lanes and taking windows in sequence (as
+    /// [`Topic::read_key`] does) returns the key's records in order.
+    pub fn key_chain(&self, key: &[u8]) -> Vec<crate::hot_keys::KeyLink> {
+        self.key_links(key)
     }
 
     /// [`Topic::key_chain`] for a hash value.

@@ -162,6 +162,27 @@ fn windowed_key_rotates_windows_over_lanes_and_reads_back_in_order() {
     assert!(records[..50]
         .iter()
         .all(|r| r.era == 0 && r.partition == own));
+    // key_chain reports the eras, lanes and windows with the offsets that
+    // bound each era: the strict era ends in the key's own partition where
+    // the windowed era's lane 0 begins.
+    let chain = topic.key_chain(HOT);
+    let strict: Vec<_> = chain.iter().filter(|l| l.era == 0).collect();
+    assert_eq!(strict.len(), 1, "{chain:?}");
+    assert_eq!(
+        (strict[0].partition, strict[0].mode, strict[0].lanes),
+        (own, HotKeyMode::Strict, 1)
+    );
+    let windowed: Vec<_> = chain.iter().filter(|l| l.era == 1).collect();
+    assert_eq!(windowed.len(), 4, "one link per lane: {chain:?}");
+    for (j, l) in windowed.iter().enumerate() {
+        assert_eq!((l.lane, l.lanes, l.mode), (j, 4, W100));
+        assert_eq!(l.first_window, era.first_window);
+        assert_eq!(l.until_offset, None);
+    }
+    assert_eq!(windowed[0].partition, own);
+    assert_eq!(strict[0].until_offset, Some(windowed[0].from_offset));
+    let last_strict = records[49].offset;
+    assert!(windowed[0].from_offset > last_strict, "{chain:?}");
 }
 
 #[test]

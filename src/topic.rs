@@ -426,13 +426,20 @@ impl Topic {
                     (g.hash, g)
                 })
                 .collect();
-        let mut hot_routed = vec![false; records.len()];
-        for i in 0..records.len() {
+        // Empty (no allocation) when no key of the batch has a mode.
+        let mut hot_routed: Vec<bool> = Vec::new();
+        let n_hot_scan = if hot_guards.is_empty() {
+            0
+        } else {
+            records.len()
+        };
+        for i in 0..n_hot_scan {
             if let Some(run) = hashes[i].and_then(|h| hot_guards.get_mut(&h)) {
                 let (point, ts) =
                     self.hot_route(run, ins[i].key.unwrap_or_default(), ins[i].timestamp);
                 hashes[i] = Some(point);
                 ins[i].timestamp = ts;
+                hot_routed.resize(records.len(), false);
                 hot_routed[i] = true;
             }
         }
@@ -499,8 +506,9 @@ impl Topic {
                 let hs: Vec<Option<u64>> = idxs.iter().map(|&i| hashes[i]).collect();
                 // Groups of keys routed by mode are under their keys' locks;
                 // the others are fenced against a mode change.
-                let fenced = (!idxs.iter().all(|&i| hot_routed[i]))
-                    .then_some((&self.inner.hot.fence, fence));
+                let is_hot = |i: usize| hot_routed.get(i).copied().unwrap_or(false);
+                let fenced =
+                    (!idxs.iter().all(|&i| is_hot(i))).then_some((&self.inner.hot.fence, fence));
                 match part.append_fenced(&recs, &hs, fenced) {
                     Ok(base) => {
                         wrote_any = true;
@@ -522,7 +530,8 @@ impl Topic {
             // it now (its lock is taken in hash order, at the start): the
             // caller appends it again.
             if retry.iter().any(|&i| {
-                !hot_routed[i] && hashes[i].is_some_and(|h| self.inner.hot.get(h).is_some())
+                !hot_routed.get(i).copied().unwrap_or(false)
+                    && hashes[i].is_some_and(|h| self.inner.hot.get(h).is_some())
             }) {
                 let e = Error::Refused(
                     "a key of the batch changed hot-key mode during the append; append the records not landed again".into(),

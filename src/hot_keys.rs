@@ -4,7 +4,7 @@
 //! and a reader that gives back full per-key order. Design and reasoning:
 //! docs/HOT_KEYS.md.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -97,11 +97,11 @@ pub(crate) fn lane_points(hash: u64, k: u32) -> Vec<u64> {
 }
 
 /// The window of a timestamp, for a window length in ms.
-fn window_of(ts: i64, window_ms: i64) -> i64 {
+pub(crate) fn window_of(ts: i64, window_ms: i64) -> i64 {
     ts.div_euclid(window_ms)
 }
 
-fn window_ms(era: &HotKeyEra) -> Option<i64> {
+pub(crate) fn window_ms(era: &HotKeyEra) -> Option<i64> {
     match era.mode {
         HotKeyMode::Windowed(d) => Some(i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)),
         _ => None,
@@ -109,7 +109,7 @@ fn window_ms(era: &HotKeyEra) -> Option<i64> {
 }
 
 /// The lane of window `w` in a windowed era.
-fn lane_of_window(era: &HotKeyEra, w: i64) -> usize {
+pub(crate) fn lane_of_window(era: &HotKeyEra, w: i64) -> usize {
     let wm = window_ms(era).expect("a windowed era");
     let first = window_of(era.from_ms, wm);
     (w - first).rem_euclid(era.lanes.len() as i64) as usize
@@ -465,12 +465,14 @@ impl Topic {
     /// comes first in [`Topic::read_key`]'s numbering).
     fn recovered_high_ms(&self, key: &[u8], recorded: &[HotKeyEra]) -> i64 {
         let eras = with_first_era(self.hash(key), recorded);
-        let mut high = i64::MIN;
+        let last = eras.len() - 1;
         // Best effort: a read error here leaves the bound at what was
         // read; the append itself reports I/O trouble.
-        let last = eras.len() - 1;
-        let _ = self.read_era(key, &eras, last, &mut |r| high = high.max(r.timestamp));
-        high
+        self.key_reader_of(key, eras, last)
+            .map_while(|r| r.ok())
+            .map(|r| r.timestamp)
+            .max()
+            .unwrap_or(i64::MIN)
     }
 
     /// The lanes and windows of `key`: its mode, and per era the lanes with
@@ -504,84 +506,16 @@ impl Topic {
     }
 
     /// Every era of `hash`, the implicit strict one first.
-    fn all_eras(&self, hash: u64) -> Vec<HotKeyEra> {
+    pub(crate) fn all_eras(&self, hash: u64) -> Vec<HotKeyEra> {
         match self.inner.hot.get(hash) {
             Some(s) => with_first_era(hash, &s.run.lock().eras),
             None => with_first_era(hash, &[]),
         }
     }
 
-    /// Every record of `key` still held, in per-key order: era by era, and
-    /// in a windowed era window by window (each window from its one lane,
-    /// in lane order). A spread era's records come lane by lane: that mode
-    /// promises no order. Reads every partition on the key's lanes (the
-    /// whole history a strict consumer of the key would read).
-    pub fn read_key(&self, key: &[u8]) -> Result<Vec<KeyRecord>> {
-        let hash = self.hash(key);
-        let eras = self.all_eras(hash);
-        let mut out = Vec::new();
-        for e in 0..eras.len() {
-            self.read_era(key, &eras, e, &mut |r| out.push(r))?;
-        }
-        Ok(out)
-    }
-
-    /// The records of `key` in era `e` of `eras`, in order, to `sink`.
-    fn read_era(
-        &self,
-        key: &[u8],
-        eras: &[HotKeyEra],
-        e: usize,
-        sink: &mut dyn FnMut(KeyRecord),
-    ) -> Result<()> {
-        let era = &eras[e];
-        let mut got: Vec<((i64, usize, usize, u64), KeyRecord)> = Vec::new();
-        let mut seen: HashSet<(u32, u64)> = HashSet::new();
-        let links = self.era_links(eras, e);
-        for (li, link) in links.iter().enumerate() {
-            let j = link.lane;
-            let hi = link.until_offset.unwrap_or(u64::MAX);
-            self.read_key_range(
-                key,
-                link.partition,
-                link.from_offset,
-                hi,
-                |offset, ts, value| {
-                    let window = window_ms(era).map(|w| window_of(ts, w));
-                    if let Some(w) = window {
-                        if lane_of_window(era, w) != j {
-                            return; // another lane's window, read there
-                        }
-                    }
-                    if era.mode == HotKeyMode::Spread && !seen.insert((link.partition, offset)) {
-                        return;
-                    }
-                    got.push((
-                        (window.unwrap_or(0), j, li, offset),
-                        KeyRecord {
-                            partition: link.partition,
-                            offset,
-                            timestamp: ts,
-                            value: value.to_vec(),
-                            era: e,
-                            lane: j,
-                            window,
-                        },
-                    ));
-                },
-            )?;
-        }
-        // Windows in sequence; within one, its lane's chain order. A lane's
-        // links come oldest partition first, so (lane, link, offset) is
-        // that order.
-        got.sort_by_key(|g| g.0);
-        got.into_iter().for_each(|g| sink(g.1));
-        Ok(())
-    }
-
     /// The links of era `e` of `eras`: per lane, the partitions of the lane
     /// point's chain that hold the era, with the offsets bounding it.
-    fn era_links(&self, eras: &[HotKeyEra], e: usize) -> Vec<KeyLink> {
+    pub(crate) fn era_links(&self, eras: &[HotKeyEra], e: usize) -> Vec<KeyLink> {
         let era = &eras[e];
         let next = eras.get(e + 1);
         let mut out = Vec::new();
@@ -640,39 +574,6 @@ impl Topic {
         (0..eras.len())
             .flat_map(|e| self.era_links(&eras, e))
             .collect()
-    }
-
-    /// Calls `f` for each record of `key` in `[lo, hi)` of a partition.
-    fn read_key_range(
-        &self,
-        key: &[u8],
-        partition: u32,
-        lo: u64,
-        hi: u64,
-        mut f: impl FnMut(u64, i64, &[u8]),
-    ) -> Result<()> {
-        let part = self.partition(partition)?;
-        let end = part.visible_end(part.default_isolation()).min(hi);
-        let mut off = lo.max(part.start_offset());
-        while off < end {
-            match part.read(off, 1 << 20) {
-                Ok(b) => {
-                    for r in b.iter() {
-                        if r.offset >= end {
-                            break;
-                        }
-                        if r.key == Some(key) {
-                            f(r.offset, r.timestamp, r.value);
-                        }
-                    }
-                    off = b.next_offset();
-                }
-                Err(Error::Hole { end: next, .. }) => off = next,
-                Err(Error::Retained { end: next, .. }) => off = next,
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
     }
 }
 

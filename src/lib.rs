@@ -83,6 +83,7 @@ mod hot_keys;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
+mod key_reader;
 mod log;
 mod partition;
 mod read;
@@ -107,6 +108,7 @@ pub use group::{
     GroupStats, LostGroupPosition, Member, MemberDescription, MemberOptions, MemberState,
 };
 pub use hot_keys::{KeyEra, KeyLane, KeyLanes, KeyLink, KeyRecord};
+pub use key_reader::KeyReader;
 pub use log::{verify, Log};
 pub use partition::{Partition, SegmentInfo};
 pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};

@@ -644,13 +644,14 @@ fn hot_key_summary(
     key: &[u8],
     mode: HotKeyMode,
 ) -> fissionlog::Result<HotKeySummary> {
-    let records = topic.read_key(key)?;
     let last_era = topic.key_lanes(key).eras.len() - 1;
     let lanes = topic.key_lanes(key).eras[last_era].lanes.len();
     let mut lane_loads = vec![0u64; lanes];
     let mut next: BTreeMap<u32, u64> = BTreeMap::new();
     let mut violations = 0u64;
-    for r in &records {
+    // Streamed: the key's whole history never sits in memory at once.
+    for r in topic.key_reader(key) {
+        let r = r?;
         if r.era == last_era {
             lane_loads[r.lane] += 1;
         }

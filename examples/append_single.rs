@@ -10,6 +10,10 @@
 //! `raw-write` (a 1 MiB buffer written with write(2) to a file that grows,
 //! the baseline) or `raw-mmap` (stores into a shared mapping of a
 //! 1 GiB fallocated file, as the engine's segments are).
+//!
+//! With `FISSIONLOG_APPEND_SYNC=1` the timed part ends with a sync, as
+//! the peers bench's W1/W2 do: `Log::sync` for the engine, `fdatasync`
+//! for `raw-write`.
 
 use std::time::Instant;
 
@@ -49,6 +53,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..n {
         topic.append(None, &value)?;
     }
+    if sync_at_end() {
+        log.sync()?;
+    }
     let secs = started.elapsed().as_secs_f64();
     println!(
         "{n} records in {secs:.3} s: {:.2} M records/s, {:.0} ns/record, {} minor faults in the appending thread",
@@ -59,6 +66,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     log.abandon();
     std::fs::remove_dir_all(&dir)?;
     Ok(())
+}
+
+/// Whether the timed part ends with a sync (`FISSIONLOG_APPEND_SYNC=1`).
+fn sync_at_end() -> bool {
+    std::env::var("FISSIONLOG_APPEND_SYNC").is_ok_and(|v| v == "1")
 }
 
 /// Minor page faults taken by the calling thread so far.
@@ -108,6 +120,10 @@ fn raw(
                 w.write_all(&buf)?;
             }
             w.flush()?;
+            drop(w);
+            if sync_at_end() {
+                file.sync_data()?;
+            }
         }
         "raw-mmap" => {
             let len = 1u64 << 30;

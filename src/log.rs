@@ -292,6 +292,7 @@ impl Log {
             next_partition_id: partitions.len() as u32,
             partitions,
             groups: Vec::new(),
+            removed: Vec::new(),
             hot_keys: Vec::new(),
         };
         // Files first; the manifest record commits the topic.
@@ -724,6 +725,7 @@ fn load_topic(
             n.children.push(child);
         }
     }
+    st.removed = rec.removed.clone();
     *topic.inner.write_state() = st;
     Ok(topic)
 }

@@ -265,7 +265,7 @@ impl Topic {
         let mut drained = BTreeSet::new();
         let mut last_records = BTreeMap::new();
         // Gone before a reader from the oldest data or from now started.
-        let mut removed_before: BTreeSet<u32> = lineage.removed_seals.keys().copied().collect();
+        let mut removed_before: BTreeSet<u32> = lineage.removed_named.iter().copied().collect();
         match start {
             StartAt::Earliest => {
                 for id in lineage.roots() {
@@ -410,7 +410,7 @@ impl Reader {
             removed_before: self
                 .removed_before
                 .iter()
-                .filter(|id| self.lineage.removed_seals.contains_key(id))
+                .filter(|id| self.lineage.removed_named.contains(id))
                 .copied()
                 .collect(),
         }
@@ -443,8 +443,8 @@ impl Reader {
             self.lineage = self.topic.lineage();
             self.drop_removed();
             // No partition will name a removed one no partition names now.
-            let named = &self.lineage.removed_seals;
-            self.removed_before.retain(|id| named.contains_key(id));
+            let named = &self.lineage.removed_named;
+            self.removed_before.retain(|id| named.contains(id));
         }
     }
 
@@ -467,6 +467,14 @@ impl Reader {
         if gone.is_empty() {
             return;
         }
+        // Removed partitions behind what the reader holds: read, or passed.
+        let behind = lineage.removed_ancestors(
+            self.positions
+                .keys()
+                .chain(&self.drained)
+                .filter(|id| !gone.contains(id))
+                .copied(),
+        );
         let mut opened = Vec::new();
         for &id in &gone {
             if let Some(start) = self.positions.remove(&id) {
@@ -492,6 +500,29 @@ impl Reader {
                     self.positions.insert(c, 0);
                     opened.push(c);
                 }
+            }
+        }
+        // Removed partitions below a gone one that no partition left names
+        // (retention removed a whole generation): the reader never got to
+        // them, so all they held is reported.
+        for &id in &gone {
+            for q in lineage.removed_descendants(id) {
+                if gone.contains(&q) || behind.contains(&q) || self.removed_before.contains(&q) {
+                    continue;
+                }
+                let end = lineage
+                    .removed_seals
+                    .get(&q)
+                    .copied()
+                    .unwrap_or(REMOVED_END);
+                if end > 0 {
+                    self.retained.push(RetainedRange {
+                        partition: q,
+                        start: 0,
+                        end,
+                    });
+                }
+                self.removed_before.insert(q);
             }
         }
         // Descendants whose whole ancestry is gone too (retention removed

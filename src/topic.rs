@@ -1,6 +1,6 @@
 //! A topic: routing keys to partitions, appends, reads, splits and merges.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hasher;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -135,6 +135,9 @@ pub(crate) struct TopicState {
     pub nodes: BTreeMap<u32, Node>,
     /// Active partitions by range start.
     pub routes: BTreeMap<u64, u32>,
+    /// Partitions retention removed, earliest first, as the manifest's
+    /// `TopicRecord::removed` records them.
+    pub removed: Vec<crate::format::manifest::RemovedPartition>,
 }
 
 #[derive(Debug)]
@@ -699,10 +702,34 @@ impl Topic {
                     })
                     .collect(),
                 removed_seals: st
+                    .removed
+                    .iter()
+                    .map(|r| (r.id, r.end_offset))
+                    .chain(
+                        st.nodes
+                            .values()
+                            .flat_map(|n| n.rec.removed_parents.iter().copied()),
+                    )
+                    .collect(),
+                removed: st
+                    .removed
+                    .iter()
+                    .map(|r| (r.id, r.parents.clone()))
+                    .collect(),
+                removed_named: st
                     .nodes
                     .values()
-                    .flat_map(|n| n.rec.removed_parents.iter().copied())
+                    .flat_map(|n| n.rec.removed_parents.iter().map(|r| r.0))
                     .collect(),
+                removed_children: st.removed.iter().fold(
+                    HashMap::new(),
+                    |mut m: HashMap<u32, Vec<u32>>, r| {
+                        for &q in &r.parents {
+                            m.entry(q).or_default().push(r.id);
+                        }
+                        m
+                    },
+                ),
             })
         };
         let mut cache = self.inner.lineage.lock();
@@ -1102,6 +1129,12 @@ impl Topic {
                             child.rec.removed_parents.push((id, end_offset));
                         }
                     }
+                    st.removed.push(crate::format::manifest::RemovedPartition {
+                        id,
+                        parents: n.rec.parents.clone(),
+                        end_offset,
+                    });
+                    crate::topology::model::bound_removed(&mut st.removed);
                 }
             }
         }

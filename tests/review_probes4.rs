@@ -613,17 +613,48 @@ fn strict_refusing_a_sealed_partition_torn_before_its_last_segment_changes_nothi
 
 /// Salvage of the same state: the records of the segments after the torn
 /// one are intact on disk, and Salvage is the mode that keeps valid
-/// records after damage; it cuts at the torn segment instead and reads
-/// every offset from the tear up to the seal as one hole.
+/// records after damage: only the torn segment's tail (up to its seal)
+/// becomes a hole, and a second open finds the repaired chain as it was.
 #[test]
-#[ignore = "open: Salvage drops the intact segments after a torn rolled segment (reads them as a hole)"]
 fn salvage_keeps_the_segments_after_a_torn_rolled_segment() {
     let dir = strict_refusal_changes_nothing(80, 0);
-    let log = Log::open(dir.path().join("log"), opts(RecoveryMode::Salvage)).unwrap();
-    let p = log.topic("t").unwrap().partition(0).unwrap();
-    assert_eq!(p.end_offset(), 80);
-    let batch = p.read(30, 1 << 20).unwrap();
-    assert_eq!(batch.iter().next().unwrap().offset, 30);
+    let path = dir.path().join("log");
+    let log = Log::open(&path, opts(RecoveryMode::Salvage)).unwrap();
+    let holes = log.recovery_report().holes.clone();
+    assert_eq!(holes.len(), 1, "{holes:?}");
+    let (_, partition, start, end) = holes[0].clone();
+    assert_eq!(partition, 0);
+    // The tear cost the last batches of the first segment only.
+    assert!(start > 0 && end <= 40 && start < end, "{holes:?}");
+    let check = |log: &Log| {
+        let p = log.topic("t").unwrap().partition(0).unwrap();
+        assert_eq!(p.end_offset(), 80);
+        let mut offset = 0;
+        while offset < 80 {
+            match p.read(offset, 1 << 20) {
+                Ok(batch) => {
+                    for r in batch.iter() {
+                        assert_eq!(r.offset, offset);
+                        let want: Vec<u8> = (0..100).map(|j| (offset * 31 + j) as u8).collect();
+                        assert_eq!(r.value, &want[..], "offset {offset}");
+                        offset += 1;
+                    }
+                }
+                Err(fissionlog::Error::Hole {
+                    start: s, end: e, ..
+                }) => {
+                    assert_eq!((s, e), (start, end));
+                    offset = e;
+                }
+                Err(e) => panic!("offset {offset}: {e}"),
+            }
+        }
+    };
+    check(&log);
+    drop(log);
+    // The repair is durable and complete: a Strict open accepts it.
+    let log = Log::open(&path, opts(RecoveryMode::Strict)).unwrap();
+    check(&log);
 }
 
 /// A sealed partition (no checkpoint since the split) whose second

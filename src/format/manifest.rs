@@ -93,10 +93,28 @@ pub struct TopicRecord {
     /// (format version 2; absent before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupRecord>,
+    /// Partitions retention emptied and removed, with their parents and
+    /// seal: what a reader resuming before them needs to report each one,
+    /// also once no partition left names it. Absent in manifests written
+    /// before it existed (a build that does not know it ignores it, and
+    /// reports less, as it did).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<RemovedPartition>,
     /// Keys given a hot-key mode, with every mode era they went through
     /// (format version 3; absent before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hot_keys: Vec<HotKeyRecord>,
+}
+
+/// A partition removed from the topology (see [`TopicRecord::removed`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemovedPartition {
+    /// Its id (never reused).
+    pub id: u32,
+    /// Its parents.
+    pub parents: Vec<u32>,
+    /// The offset it was sealed at.
+    pub end_offset: u64,
 }
 
 /// One period of a hot key's routing, from a mode change to the next.
@@ -115,10 +133,9 @@ pub struct HotKeyEra {
     /// Lane hash points; `lanes[0]` is the key's own hash (so `Strict` is
     /// `[hash]`).
     pub lanes: Vec<u64>,
-    /// Windowed: every record of the era carries a timestamp at or above
-    /// this (ms since the epoch), and its first window is the one holding
-    /// it: window `w` (timestamp / window length) goes to lane
-    /// `(w - first window) mod lanes`.
+    /// Windowed: the rotation's anchor (ms since the epoch, the time of
+    /// the change): window `w` (timestamp / window length) goes to lane
+    /// `(w - window of from_ms) mod lanes`.
     pub from_ms: i64,
     /// End offset, at the change, of every active partition that owned a
     /// lane point of this era or of the previous one.

@@ -513,6 +513,8 @@ pub fn repair_chain(
                 index_interval: p.index_interval,
             };
             let outcome = scan_segment(seg.raw_for_recovery(), &params);
+            // Set when Salvage completes a torn rolled segment to its seal.
+            let mut resealed = None;
             report.bytes_scanned += outcome.end_pos - from_pos;
             report.records_scanned += outcome.records;
             for h in &outcome.holes {
@@ -545,6 +547,38 @@ pub fn repair_chain(
             }
             match &outcome.stop {
                 ScanStop::End => {}
+                ScanStop::Torn { position, .. }
+                    if p.mode.write
+                        && p.mode.recovery == RecoveryMode::Salvage
+                        && info.seal.is_some_and(|(off, pos)| {
+                            off > outcome.end_offset && pos > *position
+                        }) =>
+                {
+                    // A rolled segment torn below its seal: the segment
+                    // after it starts at the seal, so what follows the tear
+                    // is known to end there. Salvage keeps the later
+                    // segments (valid records after damage) and fills the
+                    // segment up to its seal with a hole, as it does for
+                    // damage inside a segment.
+                    let (seal_offset, seal_pos) = info.seal.expect("guarded");
+                    let hole = (outcome.end_offset, seal_offset);
+                    report.add(
+                        &path,
+                        FileAction::Salvaged {
+                            position: *position,
+                            lost_offsets: hole,
+                        },
+                    );
+                    out.holes.push(hole);
+                    seg.write_hole(*position, seal_pos - *position, hole.0, hole.1 - hole.0)?;
+                    seg.sync_data(p.hook)?;
+                    if seal_pos > seg.capacity() {
+                        // The tear shortened the file: the hole batch
+                        // extended it past the mapping, so map it again.
+                        (seg, _) = Segment::open_with(&path, true, p.hook)?;
+                    }
+                    resealed = Some((seal_offset, seal_pos));
+                }
                 ScanStop::Torn {
                     position,
                     reason,
@@ -607,25 +641,28 @@ pub fn repair_chain(
             // Past the synced region, stale bytes may lie beyond the end
             // (unsynced batches a crash half kept): clear them so they can
             // never validate after later appends.
+            let (end_pos, end_offset) =
+                resealed.map_or((outcome.end_pos, outcome.end_offset), |(o, pos)| (pos, o));
             if p.mode.write && (cut || !p.clean) {
-                tail_cleared = seg.clear_tail(outcome.end_pos)?;
+                tail_cleared = seg.clear_tail(end_pos)?;
             }
             if from_pos == SEGMENT_HEADER_LEN as u64 {
                 *seg.index.lock() = IndexState::Loaded(outcome.index.clone());
                 // A full scan (`recover`) also rewrites an index file
                 // that does not match (a power loss at a roll can leave
-                // it stale); it is a cache, so failing to is no error.
+                // it stale); it is a cache, so failing to is no error. So
+                // does a salvaged tear: the file may name batches past it.
                 if p.mode.write
-                    && p.mode.full_scan
+                    && (p.mode.full_scan || resealed.is_some())
                     && matches!(seg.repair_index_file(p.hook), Ok(true))
                 {
                     report.add(seg.index_path(), FileAction::RebuiltIndex);
                 }
             }
             (
-                outcome.end_pos,
-                outcome.end_offset,
-                info.seal.is_some() && !cut && outcome.end_pos == info.seal.map_or(0, |s| s.1),
+                end_pos,
+                end_offset,
+                info.seal.is_some() && !cut && end_pos == info.seal.map_or(0, |s| s.1),
             )
         };
         let synced = if tail_cleared {

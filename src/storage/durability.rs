@@ -349,10 +349,22 @@ impl CheckpointFiles {
 }
 
 /// Group-commit coordination: concurrent appenders share one round.
+///
+/// A caller waits for round `started + 1` (the first to start after its
+/// call), on the condition variable of that round's parity: while round
+/// `n` runs, the threads still waiting are those of round `n` (they came
+/// while `n - 1` ran, and one of them leads `n`) and those of round
+/// `n + 1`. A finished round wakes its own waiters, which are done, and
+/// one waiter of the next round, which leads it; the others of the next
+/// round sleep on until it completes. Waking every waiter at the end of
+/// each round (as this did) woke the next round's waiters only for all
+/// but one to contend for the mutex and go back to sleep
+/// (docs/PERFORMANCE.md, Run 7).
 #[derive(Debug, Default)]
 pub struct GroupCommit {
     state: Mutex<GroupState>,
-    cv: Condvar,
+    /// Waiters for round `n` wait on `rounds[n % 2]`.
+    rounds: [Condvar; 2],
 }
 
 #[derive(Debug, Default)]
@@ -392,10 +404,17 @@ impl GroupCommit {
                 if let Err(e) = &result {
                     g.last_error = Some((gen, e.to_string()));
                 }
-                self.cv.notify_all();
+                // This round's waiters are done; one of the next round's
+                // leads it (or a caller arriving first does, and the woken
+                // one waits for that round to complete).
+                self.rounds[(gen % 2) as usize].notify_all();
+                self.rounds[((gen + 1) % 2) as usize].notify_one();
                 return result;
             }
-            self.cv.wait(&mut g);
+            // Rounds `target - 1` and `target` are the only ones running or
+            // pending here; every waiter of `target - 2` (the same
+            // condition variable) was woken when it completed.
+            self.rounds[(target % 2) as usize].wait(&mut g);
         }
     }
 }
@@ -408,6 +427,46 @@ mod tests {
     use std::time::{Duration, Instant};
 
     extern "C" fn ignore_signal(_: libc::c_int) {}
+
+    /// Every `GroupCommit::sync` returns only after a round that began
+    /// after its call completed, and every caller gets through: 8 threads
+    /// × 300 calls, rounds that sleep a little so callers pile up behind
+    /// them and the lead passes between threads.
+    #[test]
+    fn group_commit_waits_for_a_round_begun_after_the_call() {
+        let gc = GroupCommit::default();
+        let begun = AtomicU64::new(0);
+        let done = AtomicU64::new(0);
+        let rounds_led = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for t in 0..8u64 {
+                let (gc, begun, done, rounds_led) = (&gc, &begun, &done, &rounds_led);
+                s.spawn(move || {
+                    for i in 0..300u64 {
+                        let before = begun.load(Ordering::SeqCst);
+                        gc.sync(|| {
+                            begun.fetch_add(1, Ordering::SeqCst);
+                            rounds_led.fetch_add(1, Ordering::Relaxed);
+                            if (i + t) % 3 == 0 {
+                                std::thread::sleep(Duration::from_micros(50));
+                            }
+                            done.fetch_add(1, Ordering::SeqCst);
+                            Ok(())
+                        })
+                        .unwrap();
+                        let after = done.load(Ordering::SeqCst);
+                        assert!(
+                            after > before,
+                            "thread {t} call {i} returned with {after} rounds done, {before} begun before it"
+                        );
+                    }
+                });
+            }
+        });
+        let led = rounds_led.load(Ordering::Relaxed);
+        assert_eq!(led, done.load(Ordering::SeqCst));
+        assert!((1..=2400).contains(&led), "{led} rounds");
+    }
 
     /// Whether target `i` of round `round` gets a bad fd (EBADF expected).
     /// The pattern changes every round, so a completion from one round

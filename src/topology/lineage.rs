@@ -28,6 +28,16 @@ pub(crate) struct Lineage {
     /// Partitions removed from the topology (retention emptied them), with
     /// the offset each was sealed at, as their children record it.
     pub removed_seals: HashMap<u32, u64>,
+    /// Partitions removed from the topology, with their parents: the
+    /// lineage below a removed partition that no partition left names.
+    pub removed: HashMap<u32, Vec<u32>>,
+    /// The removed partitions naming each partition as a parent.
+    pub removed_children: HashMap<u32, Vec<u32>>,
+    /// Removed partitions a partition in the topology names as a parent:
+    /// the ones a reader may still have to report or skip by id (a cut's
+    /// `removed_before` lists only these, so it stays bounded by the
+    /// topology).
+    pub removed_named: HashSet<u32>,
 }
 
 impl Lineage {
@@ -58,6 +68,47 @@ impl Lineage {
             .collect();
         out.sort_unstable();
         out
+    }
+
+    /// Removed partitions that name `id` as a parent, and the removed
+    /// partitions below those, transitively (a removed partition's
+    /// parents were removed before it: retention removes oldest first).
+    pub(crate) fn removed_descendants(&self, id: u32) -> Vec<u32> {
+        let mut out = HashSet::new();
+        let mut stack = vec![id];
+        while let Some(q) = stack.pop() {
+            for &c in self.removed_children.get(&q).map_or(&[][..], Vec::as_slice) {
+                if out.insert(c) {
+                    stack.push(c);
+                }
+            }
+        }
+        let mut out: Vec<u32> = out.into_iter().collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Every removed partition that is a strict ancestor of `ids`, through
+    /// partitions still in the topic and removed ones alike.
+    pub(crate) fn removed_ancestors(&self, ids: impl IntoIterator<Item = u32>) -> HashSet<u32> {
+        let parents_of = |id: u32| -> &[u32] {
+            match self.nodes.get(&id) {
+                Some(n) => &n.parents,
+                None => self.removed.get(&id).map_or(&[], Vec::as_slice),
+            }
+        };
+        let mut seen = HashSet::new();
+        let mut stack: Vec<u32> = ids
+            .into_iter()
+            .flat_map(|id| parents_of(id).to_vec())
+            .collect();
+        while let Some(id) = stack.pop() {
+            if seen.insert(id) {
+                stack.extend_from_slice(parents_of(id));
+            }
+        }
+        seen.retain(|id| self.removed.contains_key(id));
+        seen
     }
 
     /// Partitions none of whose parents is still in the topic: where every
@@ -111,6 +162,9 @@ mod tests {
         Lineage {
             generation: 7,
             removed_seals: HashMap::new(),
+            removed: HashMap::new(),
+            removed_children: HashMap::new(),
+            removed_named: HashSet::new(),
             nodes: HashMap::from([
                 (0, node(&[], &[1, 2], Some(5))),
                 (1, node(&[0], &[3], Some(2))),

@@ -3,7 +3,8 @@
 //! manifests through it).
 
 use crate::format::manifest::{
-    GroupRecord, ManifestRecord, ManifestState, PartitionRecord, PartitionState, TopicRecord,
+    GroupRecord, ManifestRecord, ManifestState, PartitionRecord, PartitionState, RemovedPartition,
+    TopicRecord,
 };
 
 /// Checks a topic's consumer groups: valid unique names, and partition ids
@@ -46,7 +47,13 @@ fn check_groups(t: &TopicRecord) -> Result<(), String> {
 /// `[0, u64::MAX]` exactly.
 pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
     crate::topic_name::validate(&t.name).map_err(|e| e.to_string())?;
-    let mut ids: Vec<u32> = t.partitions.iter().map(|p| p.id).collect();
+    // Removed partitions share the id space: an id is never reused.
+    let mut ids: Vec<u32> = t
+        .partitions
+        .iter()
+        .map(|p| p.id)
+        .chain(t.removed.iter().map(|r| r.id))
+        .collect();
     ids.sort_unstable();
     if ids.windows(2).any(|w| w[0] == w[1]) {
         return Err(format!("topic {}: duplicate partition id", t.name));
@@ -76,6 +83,15 @@ pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
             ));
         }
     }
+    if t.removed
+        .iter()
+        .any(|r| r.parents.len() > 2 || r.parents.iter().any(|&q| q >= r.id))
+    {
+        return Err(format!(
+            "topic {}: a removed partition has invalid parents",
+            t.name
+        ));
+    }
     let mut active: Vec<&PartitionRecord> = t
         .partitions
         .iter()
@@ -99,6 +115,20 @@ pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
         ));
     }
     check_groups(t)
+}
+
+/// How many removed partitions a topic remembers ([`TopicRecord::removed`]):
+/// the earliest removed are forgotten first. A reader resuming from a position
+/// older than this many removals still reports the partitions it held and
+/// the removed parents of those it opens, but not every forgotten one in
+/// between. Bounds the manifest snapshot (about 50 bytes each).
+pub const MAX_REMOVED_KEPT: usize = 4096;
+
+/// Forgets the earliest removed partitions beyond [`MAX_REMOVED_KEPT`].
+pub(crate) fn bound_removed(removed: &mut Vec<RemovedPartition>) {
+    if let Some(excess) = removed.len().checked_sub(MAX_REMOVED_KEPT) {
+        removed.drain(..excess);
+    }
 }
 
 fn topic_mut(state: &mut ManifestState, id: u32) -> Result<&mut TopicRecord, String> {
@@ -242,6 +272,12 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
                     c.removed_parents.push((*partition, end_offset));
                 }
             }
+            t.removed.push(RemovedPartition {
+                id: *partition,
+                parents: removed.parents.clone(),
+                end_offset,
+            });
+            bound_removed(&mut t.removed);
             // A group's position in it is gone with it (what the group had
             // not consumed was retention's); its children count it read.
             for g in &mut t.groups {
@@ -423,6 +459,7 @@ mod tests {
             next_partition_id: 1,
             partitions: vec![part(0, (0, u64::MAX), vec![])],
             groups: Vec::new(),
+            removed: Vec::new(),
             hot_keys: Vec::new(),
         };
         apply(&mut state, &ManifestRecord::CreateTopic(topic)).unwrap();
@@ -447,7 +484,60 @@ mod tests {
             .map(|p| p.removed_parents.as_slice())
             .collect();
         assert_eq!(removed, [&[(0, 10)][..], &[(1, 10)], &[(1, 10)]]);
+        // The topic remembers both, with their parents.
+        assert_eq!(
+            t.removed,
+            [
+                RemovedPartition {
+                    id: 0,
+                    parents: vec![],
+                    end_offset: 10
+                },
+                RemovedPartition {
+                    id: 1,
+                    parents: vec![0],
+                    end_offset: 10
+                }
+            ]
+        );
         assert_eq!(t.next_partition_id, 5);
+        check_state(&state).unwrap();
+        // A removed id may not come back as a partition.
+        let mut bad = state.clone();
+        bad.topics[0].partitions[0].id = 1;
+        assert!(check_state(&bad).is_err());
+    }
+
+    /// The list of removed partitions keeps the newest `MAX_REMOVED_KEPT`.
+    #[test]
+    fn removed_partitions_are_bounded() {
+        let max = MAX_REMOVED_KEPT as u32;
+        let mut state = ManifestState::default();
+        let topic = TopicRecord {
+            id: 0,
+            name: "t".into(),
+            config: TopicConfig::default(),
+            hash_key: [0, 0],
+            next_partition_id: max + 1,
+            partitions: vec![part(0, (0, u64::MAX), vec![])],
+            groups: Vec::new(),
+            hot_keys: Vec::new(),
+            removed: (1..=max)
+                .map(|id| RemovedPartition {
+                    id,
+                    parents: vec![],
+                    end_offset: 1,
+                })
+                .collect(),
+        };
+        apply(&mut state, &ManifestRecord::CreateTopic(topic)).unwrap();
+        apply(&mut state, &split(0, (max + 1, max + 2), (0, u64::MAX))).unwrap();
+        apply(&mut state, &remove(0)).unwrap();
+        let t = &state.topics[0];
+        assert_eq!(t.removed.len(), MAX_REMOVED_KEPT);
+        // The earliest removed (id 1) is forgotten; the newest (0) kept.
+        assert_eq!(t.removed[0].id, 2);
+        assert_eq!(t.removed.last().map(|r| r.id), Some(0));
         check_state(&state).unwrap();
     }
 }

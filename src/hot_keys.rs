@@ -72,7 +72,7 @@ impl HotKeys {
         }
     }
 
-    /// The state of `hash` if it has a mode. One relaxed load when no key
+    /// The state of `hash` if it has a mode. One atomic load when no key
     /// of the topic has one.
     pub(crate) fn get(&self, hash: u64) -> Option<Arc<HotKeyState>> {
         if !self.any.load(Ordering::SeqCst) {

@@ -78,6 +78,7 @@ impl Topic {
                         partition,
                         hash,
                     });
+                    self.auto_window(hash);
                     true
                 }
             };
@@ -90,6 +91,29 @@ impl Topic {
 }
 
 impl Topic {
+    /// The hot-key rule: a key alone in its partition and still above the
+    /// target goes windowed over `max_lanes` lanes when the topic's
+    /// `hot_keys.auto_window` says so. Only from `Strict` (a key never
+    /// set, or set back by a broker): the balancer never changes a mode it
+    /// or a broker chose, so a key's mode cannot flap.
+    fn auto_window(&self, hash: u64) {
+        let cfg = self.config().hot_keys;
+        let Some(window) = cfg.auto_window.filter(|_| cfg.allow_windowed) else {
+            return;
+        };
+        // A key with a mode already, or one of such a key's lanes (its
+        // records reach the load map under the lane's hash point): never
+        // changed by the balancer.
+        if self.hot_keys().iter().any(|k| k.0 == hash) || self.is_lane_point(hash) {
+            return;
+        }
+        let _ = self.set_hash_mode(
+            hash,
+            crate::config::HotKeyMode::Windowed(window),
+            cfg.max_lanes,
+        );
+    }
+
     /// Seeds the rates and load maps of the children of a committed split
     /// or merge from their sealed parents: each child of a split inherits
     /// its share of the parent's load (by the parent's load map, or an even

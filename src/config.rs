@@ -54,6 +54,80 @@ pub struct TopicConfig {
     /// Automatic splitting and merging.
     #[serde(default)]
     pub balance: BalancePolicy,
+    /// Which hot-key modes the topic allows, and over how many lanes
+    /// (see [`HotKeyMode`] and docs/HOT_KEYS.md). Absent in manifests
+    /// written before hot-key modes existed: strict only.
+    #[serde(default)]
+    pub hot_keys: HotKeyPolicy,
+}
+
+/// How much order a hot key's records keep, and so how far they spread.
+/// Set per key with [`crate::Topic::set_hot_key_mode`] (or by the balancer,
+/// see [`HotKeyPolicy::auto_window`]); a key never set is `Strict`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum HotKeyMode {
+    /// All the key's records go to one lane (the partition owning its
+    /// hash), in order: today's routing.
+    #[default]
+    Strict,
+    /// Records are grouped into time windows of this length by their
+    /// timestamp; all records of one window go to one lane in order, and
+    /// successive windows rotate over the key's lanes. Reading the windows
+    /// in sequence ([`crate::Topic::read_key`]) gives full per-key order.
+    Windowed(Duration),
+    /// Round-robin over the key's lanes: no order at all.
+    Spread,
+}
+
+/// A topic's rules for hot-key modes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HotKeyPolicy {
+    /// `Windowed` may be set on a key (default false).
+    pub allow_windowed: bool,
+    /// `Spread` may be set on a key (default false).
+    pub allow_spread: bool,
+    /// Most lanes one key spreads over, 1..=64 (default 4).
+    pub max_lanes: u32,
+    /// When set (and `allow_windowed`), the balancer puts a key whose
+    /// single-value partition is still above target into `Windowed` with
+    /// this window and `max_lanes` lanes, once (default none).
+    pub auto_window: Option<Duration>,
+}
+
+impl Default for HotKeyPolicy {
+    fn default() -> Self {
+        HotKeyPolicy {
+            allow_windowed: false,
+            allow_spread: false,
+            max_lanes: 4,
+            auto_window: None,
+        }
+    }
+}
+
+/// Most lanes a hot key may spread over.
+pub const MAX_HOT_KEY_LANES: u32 = 64;
+
+impl HotKeyPolicy {
+    /// Checks the fields; the message names the offending one.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if !(1..=MAX_HOT_KEY_LANES).contains(&self.max_lanes) {
+            return Err(format!(
+                "hot_keys.max_lanes must be 1..={MAX_HOT_KEY_LANES}, not {}",
+                self.max_lanes
+            ));
+        }
+        if let Some(w) = self.auto_window {
+            if w.as_millis() == 0 {
+                return Err("hot_keys.auto_window must be at least 1 ms".into());
+            }
+            if !self.allow_windowed {
+                return Err("hot_keys.auto_window needs allow_windowed".into());
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for TopicConfig {
@@ -67,6 +141,7 @@ impl Default for TopicConfig {
             retention_age: None,
             retention_bytes: None,
             balance: BalancePolicy::default(),
+            hot_keys: HotKeyPolicy::default(),
         }
     }
 }
@@ -116,7 +191,8 @@ impl TopicConfig {
                 return bad("sync interval must be > 0".into());
             }
         }
-        self.balance.validate().map_err(Error::InvalidConfig)
+        self.balance.validate().map_err(Error::InvalidConfig)?;
+        self.hot_keys.validate().map_err(Error::InvalidConfig)
     }
 }
 

@@ -253,6 +253,18 @@ pub enum Error {
     /// No consumer group of that name in the topic.
     #[error("no consumer group {0:?}")]
     UnknownGroup(String),
+    /// A hot-key mode the topic's [`crate::HotKeyPolicy`] does not allow,
+    /// or with invalid parameters (zero lanes, more than `max_lanes`, a
+    /// zero window). Nothing was changed.
+    #[error("hot-key mode {mode:?} refused in topic {topic:?}: {reason}")]
+    HotKeyMode {
+        /// Topic name.
+        topic: String,
+        /// The mode asked for.
+        mode: crate::config::HotKeyMode,
+        /// Why it was refused.
+        reason: String,
+    },
 }
 
 impl Error {

@@ -79,9 +79,11 @@ mod format;
 #[cfg(feature = "internals")]
 mod fuzz_checks;
 mod group;
+mod hot_keys;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
+mod key_reader;
 mod log;
 mod partition;
 mod read;
@@ -96,8 +98,8 @@ mod wake;
 
 pub use balance::{BalancePolicy, Clock, Decision, ManualClock, SplitAt, SystemClock, WindowRate};
 pub use config::{
-    LogOptions, RecoveryMode, SyncPolicy, TopicConfig, ACTIVE_HEADROOM_MAX_BYTES,
-    MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
+    HotKeyMode, HotKeyPolicy, LogOptions, RecoveryMode, SyncPolicy, TopicConfig,
+    ACTIVE_HEADROOM_MAX_BYTES, MAX_HOT_KEY_LANES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
 };
 pub use durable::Durable;
 pub use error::{Error, Result};
@@ -106,6 +108,8 @@ pub use group::{
     Assignment, AssignmentDescription, Group, GroupDescription, GroupOptions, GroupStart,
     GroupStats, LostGroupPosition, Member, MemberDescription, MemberOptions, MemberState,
 };
+pub use hot_keys::{KeyEra, KeyLane, KeyLanes, KeyLink, KeyRecord};
+pub use key_reader::KeyReader;
 pub use log::{verify, Log};
 pub use partition::{Partition, SegmentInfo};
 pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};

@@ -294,6 +294,7 @@ impl Log {
             groups: Vec::new(),
             removed: Vec::new(),
             tail_moves: Vec::new(),
+            hot_keys: Vec::new(),
         };
         // Files first; the manifest record commits the topic.
         let build = || -> Result<Topic> {
@@ -526,6 +527,7 @@ fn new_topic(core: &Arc<Core>, lock: &Arc<DirLock>, rec: &TopicRecord) -> Topic 
             sync_always: rec.config.sync == SyncPolicy::Always,
             dir: topic_dir(&core.dir, rec.id),
             groups: Mutex::default(),
+            hot: crate::hot_keys::HotKeys::from_records(&rec.hot_keys),
         }),
     }
 }

@@ -456,10 +456,33 @@ impl Partition {
     /// Appends a batch; returns the offset of its first record.
     /// `hashes` (one per record, keyed records only) feed the load map.
     pub(crate) fn append(&self, records: &[RecordIn<'_>], hashes: &[Option<u64>]) -> Result<u64> {
+        self.append_fenced(records, hashes, None)
+    }
+
+    /// [`Partition::append`] that refuses, as if sealed (so the caller
+    /// routes again), when `fence` no longer holds the value the caller
+    /// routed under. Checked under the writer lock: a hot-key mode change
+    /// moves the fence and then takes this lock to read the partition's
+    /// end, so every append routed before the change is either below that
+    /// end or routed again under the new mode.
+    pub(crate) fn append_fenced(
+        &self,
+        records: &[RecordIn<'_>],
+        hashes: &[Option<u64>],
+        fence: Option<(&AtomicU64, u64)>,
+    ) -> Result<u64> {
         let len = self.check_batch(records)?;
         let base = {
             let mut w = self.writer.lock();
             self.check_writable()?;
+            if let Some((f, seen)) = fence {
+                if f.load(Ordering::SeqCst) != seen {
+                    return Err(Error::Sealed {
+                        topic: self.p.topic.to_string(),
+                        partition: self.p.id,
+                    });
+                }
+            }
             if (len as u64) > w.writer.remaining() {
                 self.roll(&mut w)?;
             }

@@ -160,12 +160,24 @@ struct Copier<'a> {
 }
 
 impl Copier<'_> {
-    fn slot(&self, hash: Option<u64>, offset: u64) -> usize {
+    fn slot(&self, hash: Option<u64>, offset: u64) -> Result<usize> {
         match hash {
             // Keyed: the child owning the hash (ranges tile the parent's).
-            Some(h) => self.ranges.partition_point(|&(s, _)| s <= h) - 1,
+            // A record whose key hash lies outside the parent's range was
+            // routed to a hot key's lane point; `split_tail` refuses
+            // partitions holding such lanes, so this is never expected.
+            Some(h) => self
+                .ranges
+                .partition_point(|&(s, _)| s <= h)
+                .checked_sub(1)
+                .filter(|&i| h <= self.ranges[i].1)
+                .ok_or_else(|| {
+                    Error::Refused(format!(
+                        "the record at offset {offset} has a key hash outside the partition's range (a hot key's lane)"
+                    ))
+                }),
             // Keyless records have no order to keep: spread by offset.
-            None => (offset % self.ranges.len() as u64) as usize,
+            None => Ok((offset % self.ranges.len() as u64) as usize),
         }
     }
 
@@ -202,7 +214,7 @@ impl Copier<'_> {
                     )));
                 }
                 let hash = r.key.map(|k| key_hash(self.topic.inner.hash_key, k));
-                let s = self.slot(hash, r.offset);
+                let s = self.slot(hash, r.offset)?;
                 self.slots.push(s as u8);
                 let rec = RecordIn {
                     key: r.key,
@@ -318,6 +330,18 @@ impl Topic {
             });
         }
         let from = batch_start(&parent, wanted)?;
+        if self
+            .inner
+            .hot
+            .blocks_tail_split(partition, (start, end), from)
+        {
+            // A windowed or spread key's records sit at its lane points,
+            // not at its hash, and an era boundary is an offset of the
+            // partition: moving them by key hash would break both.
+            return Err(Error::Refused(format!(
+                "partition {partition} holds lanes of a windowed or spread hot key, or a hot-key mode change past offset {from}"
+            )));
+        }
         let ranges = split_ranges(start, end, plan, &parent)?;
         if ranges.len() > usize::from(u8::MAX) {
             return Err(Error::Refused("too many children".into()));

@@ -120,6 +120,11 @@ pub(crate) struct Node {
 
 impl TopicState {
     /// The active partition owning hash `h`.
+    pub(crate) fn owner_of(&self, h: u64) -> u32 {
+        self.owner(h)
+    }
+
+    /// The active partition owning hash `h`.
     fn owner(&self, h: u64) -> u32 {
         *self
             .routes
@@ -170,6 +175,8 @@ pub(crate) struct TopicInner {
     pub dir: PathBuf,
     /// Coordinators of the topic's consumer groups taken so far.
     pub groups: Mutex<std::collections::HashMap<String, Arc<crate::group::GroupShared>>>,
+    /// Keys with a hot-key mode (docs/HOT_KEYS.md).
+    pub hot: crate::hot_keys::HotKeys,
 }
 
 impl TopicInner {
@@ -325,15 +332,51 @@ impl Topic {
         }];
         let hashes = [hash];
         // Route and take the partition under one read of the state; an
-        // append that raced a split's seal is routed again (to the child).
+        // append that raced a split's seal (or a hot-key mode change) is
+        // routed again (to the child, or by the key's new mode).
         for _ in 0..1000 {
+            let fence = self.inner.hot.fence.load(Ordering::SeqCst);
+            if let Some(st) = hash.and_then(|h| self.inner.hot.get(h)) {
+                return self.append_hot(&st, record[0]);
+            }
             let (partition, part) = {
                 let st = self.inner.state.read();
                 let pid = hash.map_or_else(|| self.next_keyless(&st), |h| st.owner(h));
                 (pid, st.nodes[&pid].part.clone())
             };
+            match part.append_fenced(&record, &hashes, Some((&self.inner.hot.fence, fence))) {
+                Ok(offset) => {
+                    self.after_append(&[&part])?;
+                    return Ok(Appended { partition, offset });
+                }
+                Err(Error::Sealed { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Refused(
+            "the partition kept being sealed under this append".into(),
+        ))
+    }
+
+    /// Appends one record of a key with a hot-key mode, holding the key's
+    /// lock from routing to the write.
+    fn append_hot(&self, st: &crate::hot_keys::HotKeyState, rec: RecordIn<'_>) -> Result<Appended> {
+        let mut run = st.run.lock();
+        let (point, ts) = self.hot_route(&mut run, rec.key.unwrap_or_default(), rec.timestamp);
+        let record = [RecordIn {
+            timestamp: ts,
+            ..rec
+        }];
+        let hashes = [Some(point)];
+        for _ in 0..1000 {
+            let (partition, part) = {
+                let st = self.inner.state.read();
+                let pid = st.owner(point);
+                (pid, st.nodes[&pid].part.clone())
+            };
             match part.append(&record, &hashes) {
                 Ok(offset) => {
+                    drop(run);
                     self.after_append(&[&part])?;
                     return Ok(Appended { partition, offset });
                 }
@@ -359,11 +402,11 @@ impl Topic {
     pub fn append_batch(&self, records: &[NewRecord<'_>]) -> Result<Vec<Appended>> {
         self.inner.core.check_open()?;
         let now = now_ms();
-        let hashes: Vec<Option<u64>> = records
+        let mut hashes: Vec<Option<u64>> = records
             .iter()
             .map(|r| r.key.map(|k| self.hash(k)))
             .collect();
-        let ins: Vec<RecordIn<'_>> = records
+        let mut ins: Vec<RecordIn<'_>> = records
             .iter()
             .map(|r| RecordIn {
                 key: r.key,
@@ -371,6 +414,45 @@ impl Topic {
                 timestamp: r.timestamp.unwrap_or(now),
             })
             .collect();
+        // Keys with a hot-key mode: locked (in hash order) for the whole
+        // batch, routed to their lane points in input order. The fence is
+        // read first: a key that gets a mode after it is refused below.
+        let mut fence = self.inner.hot.fence.load(Ordering::SeqCst);
+        let hot_states: Vec<Arc<crate::hot_keys::HotKeyState>> = if self.inner.hot.any() {
+            let mut hs: Vec<u64> = hashes.iter().flatten().copied().collect();
+            hs.sort_unstable();
+            hs.dedup();
+            hs.into_iter()
+                .filter_map(|h| self.inner.hot.get(h))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut hot_guards: BTreeMap<u64, parking_lot::MutexGuard<'_, crate::hot_keys::KeyRun>> =
+            hot_states
+                .iter()
+                .map(|s| {
+                    let g = s.run.lock();
+                    (g.hash, g)
+                })
+                .collect();
+        // Empty (no allocation) when no key of the batch has a mode.
+        let mut hot_routed: Vec<bool> = Vec::new();
+        let n_hot_scan = if hot_guards.is_empty() {
+            0
+        } else {
+            records.len()
+        };
+        for i in 0..n_hot_scan {
+            if let Some(run) = hashes[i].and_then(|h| hot_guards.get_mut(&h)) {
+                let (point, ts) =
+                    self.hot_route(run, ins[i].key.unwrap_or_default(), ins[i].timestamp);
+                hashes[i] = Some(point);
+                ins[i].timestamp = ts;
+                hot_routed.resize(records.len(), false);
+                hot_routed[i] = true;
+            }
+        }
         let mut landed: Vec<Option<Appended>> = vec![None; records.len()];
         // Which first-round group each record belongs to. A record re-routed
         // after a seal only joins records of its own first-round group, so
@@ -432,7 +514,12 @@ impl Topic {
             for ((pid, _), (part, idxs), recs) in batches {
                 touched.push(part.clone());
                 let hs: Vec<Option<u64>> = idxs.iter().map(|&i| hashes[i]).collect();
-                match part.append(&recs, &hs) {
+                // Groups of keys routed by mode are under their keys' locks;
+                // the others are fenced against a mode change.
+                let is_hot = |i: usize| hot_routed.get(i).copied().unwrap_or(false);
+                let fenced =
+                    (!idxs.iter().all(|&i| is_hot(i))).then_some((&self.inner.hot.fence, fence));
+                match part.append_fenced(&recs, &hs, fenced) {
                     Ok(base) => {
                         wrote_any = true;
                         for (k, &i) in idxs.iter().enumerate() {
@@ -448,9 +535,23 @@ impl Topic {
                 }
             }
             retry.sort_unstable();
+            fence = self.inner.hot.fence.load(Ordering::SeqCst);
+            // A key given a mode since the batch began cannot be routed by
+            // it now (its lock is taken in hash order, at the start): the
+            // caller appends it again.
+            if retry.iter().any(|&i| {
+                !hot_routed.get(i).copied().unwrap_or(false)
+                    && hashes[i].is_some_and(|h| self.inner.hot.get(h).is_some())
+            }) {
+                let e = Error::Refused(
+                    "a key of the batch changed hot-key mode during the append; append the records not landed again".into(),
+                );
+                return Err(partial(landed, wrote_any, e));
+            }
             pending = retry;
             attempts += 1;
         }
+        drop(hot_guards);
         let out: Vec<Appended> = landed
             .iter()
             .map(|l| l.expect("every record landed when nothing is pending"))
@@ -661,8 +762,14 @@ impl Topic {
 
     /// The partitions that have held `key`, oldest first, each with its seal
     /// offset: reading them in this order returns the key's records in order.
-    pub fn key_chain(&self, key: &[u8]) -> Vec<ChainLink> {
-        self.hash_chain(self.hash(key))
+    ///
+    /// For a key given a hot-key mode (docs/HOT_KEYS.md), the links come
+    /// era by era and, inside an era, lane by lane, each with its mode,
+    /// lane, first window and the offsets bounding the era in it: reading
+    /// each era's lanes and taking windows in sequence (as
+    /// [`Topic::read_key`] does) returns the key's records in order.
+    pub fn key_chain(&self, key: &[u8]) -> Vec<crate::hot_keys::KeyLink> {
+        self.key_links(key)
     }
 
     /// [`Topic::key_chain`] for a hash value.

@@ -119,3 +119,75 @@ fn splits_during_a_timed_run_keep_per_key_order() {
     assert_eq!(doc["duplicate_records"], 0);
     assert_eq!(doc["records_read"], doc["records"]);
 }
+
+/// `--hot-key-mode`: the hot key's records come back through the strict
+/// key reader in per-key order, spread over one lane per partition, and the
+/// consumer checks the order each mode promises (per window, none).
+#[test]
+fn hot_key_modes_report_lanes_and_keep_the_promised_order() {
+    for (mode, lanes) in [("strict", 1), ("windowed", 4), ("spread", 4)] {
+        let dir = tempfile::tempdir().unwrap();
+        let log_dir = dir.path().join("log");
+        let (code, doc, stderr) = simulate(&[
+            "--dir",
+            log_dir.to_str().unwrap(),
+            "--records",
+            "20000",
+            "--rate",
+            "40000",
+            "--keys",
+            "1000",
+            "--partitions",
+            "4",
+            "--hot-key-share",
+            "0.6",
+            "--hot-key-mode",
+            mode,
+            "--hot-key-window-ms",
+            "20",
+            "--no-balance",
+        ]);
+        let ctx = format!("{mode}: report {doc:#}\nstderr: {stderr}");
+        assert_eq!(code, 0, "{ctx}");
+        assert_eq!(doc["order_violations"], 0, "{ctx}");
+        assert_eq!(doc["hot_key_lanes"], lanes, "{ctx}");
+        let loads: Vec<u64> = doc["hot_key_lane_loads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        assert_eq!(loads.len(), lanes, "{ctx}");
+        let hot: u64 = loads.iter().sum();
+        assert!(hot > 10_000, "about 60% of 20000 on the hot key: {ctx}");
+        assert!(
+            doc["hot_key_mode"].as_str().unwrap().starts_with(mode),
+            "{ctx}"
+        );
+        if mode == "spread" {
+            assert!(doc["hot_key_read_order_violations"].is_null(), "{ctx}");
+            assert!(loads.iter().all(|&l| l.abs_diff(hot / 4) <= 1), "{ctx}");
+        } else {
+            assert_eq!(doc["hot_key_read_order_violations"], 0, "{ctx}");
+        }
+        if mode == "windowed" {
+            assert!(
+                loads.iter().all(|&l| l > 0),
+                "every lane took windows: {ctx}"
+            );
+        }
+    }
+}
+
+#[test]
+fn hot_key_mode_needs_a_hot_key() {
+    let out = Command::new(env!("CARGO_BIN_EXE_fissionlog"))
+        .args(["simulate", "--hot-key-mode", "windowed", "--records", "10"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "usage error without --hot-key-share"
+    );
+}

@@ -28,7 +28,8 @@ pub const SNAPSHOT_MAGIC: [u8; 8] = *b"FSNLSNP\0";
 /// a build that reads only version 1 refuses a version 2 file rather than
 /// cut the group records it cannot parse as damage. Version 3 added tail
 /// splits ([`ManifestRecord::TailSplit`], [`TopicRecord::tail_moves`],
-/// [`ManifestRecord::TailReclaimed`]).
+/// [`ManifestRecord::TailReclaimed`]) and hot-key mode records
+/// ([`ManifestRecord::HotKeyMode`], [`TopicRecord::hot_keys`]).
 pub const MANIFEST_VERSION: u16 = 3;
 /// Oldest manifest format version this build reads.
 pub const MANIFEST_MIN_VERSION: u16 = 1;
@@ -106,6 +107,10 @@ pub struct TopicRecord {
     /// version 3; absent before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tail_moves: Vec<TailMove>,
+    /// Keys given a hot-key mode, with every mode era they went through
+    /// (format version 3; absent before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hot_keys: Vec<HotKeyRecord>,
 }
 
 /// A partition removed from the topology (see [`TopicRecord::removed`]).
@@ -158,6 +163,42 @@ pub struct TailGroupMove {
     pub group: String,
     /// Position per child.
     pub positions: Vec<(u32, u64)>,
+}
+
+/// One period of a hot key's routing, from a mode change to the next.
+///
+/// Lanes are hash points: a lane's records go to the active partition
+/// owning its point, so a lane follows splits and merges exactly like a
+/// key with that hash would (its lineage chain keeps its order). `starts`
+/// bounds the era in offsets: at the change, no append of the key was in
+/// flight, and each partition listed then held this many records; the
+/// key's records of this era in a listed partition sit at or above it,
+/// those of the previous era below it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HotKeyEra {
+    /// The mode of the era.
+    pub mode: crate::config::HotKeyMode,
+    /// Lane hash points; `lanes[0]` is the key's own hash (so `Strict` is
+    /// `[hash]`).
+    pub lanes: Vec<u64>,
+    /// Windowed: the rotation's anchor (ms since the epoch, the time of
+    /// the change): window `w` (timestamp / window length) goes to lane
+    /// `(w - window of from_ms) mod lanes`.
+    pub from_ms: i64,
+    /// End offset, at the change, of every active partition that owned a
+    /// lane point of this era or of the previous one.
+    pub starts: Vec<(u32, u64)>,
+}
+
+/// A key (by routing hash) that was given a hot-key mode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HotKeyRecord {
+    /// The key's routing hash (keys sharing a hash share their mode, as
+    /// they share their partition).
+    pub hash: u64,
+    /// Its eras, oldest first; the last is in force. Before the first,
+    /// the key was `Strict`.
+    pub eras: Vec<HotKeyEra>,
 }
 
 /// A consumer group's committed positions in one topic, in the form of a
@@ -289,6 +330,15 @@ pub enum ManifestRecord {
         /// The tail-split parent.
         parent: u32,
     },
+    /// A key entered a new hot-key mode era (format version 3).
+    HotKeyMode {
+        /// Topic id.
+        topic_id: u32,
+        /// The key's routing hash.
+        hash: u64,
+        /// The new era.
+        era: HotKeyEra,
+    },
     /// A consumer group was deleted with its positions.
     DeleteGroup {
         /// Topic id.
@@ -332,7 +382,9 @@ impl ManifestRecord {
     pub fn min_version(&self) -> u16 {
         match self {
             ManifestRecord::GroupCommit { .. } | ManifestRecord::DeleteGroup { .. } => 2,
-            ManifestRecord::TailSplit { .. } | ManifestRecord::TailReclaimed { .. } => 3,
+            ManifestRecord::TailSplit { .. }
+            | ManifestRecord::TailReclaimed { .. }
+            | ManifestRecord::HotKeyMode { .. } => 3,
             _ => 1,
         }
     }

@@ -4,8 +4,7 @@
 
 use crate::format::manifest::{
     GroupRecord, ManifestRecord, ManifestState, PartitionRecord, PartitionState, RemovedPartition,
-    TailMove,
-    TopicRecord,
+    TailMove, TopicRecord,
 };
 
 /// Checks a topic's consumer groups: valid unique names, and partition ids
@@ -416,6 +415,21 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
             }
             check_groups(t)?;
         }
+        ManifestRecord::HotKeyMode {
+            topic_id,
+            hash,
+            era,
+        } => {
+            let t = topic_mut(state, *topic_id)?;
+            check_hot_key_era(*hash, era)?;
+            match t.hot_keys.iter_mut().find(|k| k.hash == *hash) {
+                Some(k) => k.eras.push(era.clone()),
+                None => t.hot_keys.push(crate::format::manifest::HotKeyRecord {
+                    hash: *hash,
+                    eras: vec![era.clone()],
+                }),
+            }
+        }
         ManifestRecord::DeleteGroup { topic_id, group } => {
             let t = topic_mut(state, *topic_id)?;
             let before = t.groups.len();
@@ -426,6 +440,30 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
         }
     }
     Ok(())
+}
+
+/// Checks one hot-key era: lanes start at the key's hash, are distinct and
+/// at most [`crate::config::MAX_HOT_KEY_LANES`]; strict has exactly one,
+/// a window is at least 1 ms.
+fn check_hot_key_era(hash: u64, era: &crate::format::manifest::HotKeyEra) -> Result<(), String> {
+    use crate::config::{HotKeyMode, MAX_HOT_KEY_LANES};
+    let n = era.lanes.len();
+    if n == 0 || n > MAX_HOT_KEY_LANES as usize || era.lanes[0] != hash {
+        return Err(format!("hot key {hash:#x}: bad lanes {:?}", era.lanes));
+    }
+    let mut sorted = era.lanes.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    if sorted.len() != n {
+        return Err(format!("hot key {hash:#x}: repeated lanes"));
+    }
+    match era.mode {
+        HotKeyMode::Strict if n != 1 => Err(format!("hot key {hash:#x}: strict has one lane")),
+        HotKeyMode::Windowed(w) if w.as_millis() == 0 => {
+            Err(format!("hot key {hash:#x}: zero window"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Checks a whole state (a snapshot) for consistency.
@@ -443,6 +481,11 @@ pub fn check_state(state: &ManifestState) -> Result<(), String> {
             ));
         }
         check_topic(t)?;
+        for k in &t.hot_keys {
+            k.eras
+                .iter()
+                .try_for_each(|e| check_hot_key_era(k.hash, e))?;
+        }
     }
     Ok(())
 }
@@ -499,6 +542,7 @@ mod tests {
             groups: Vec::new(),
             removed: Vec::new(),
             tail_moves: Vec::new(),
+            hot_keys: Vec::new(),
         };
         apply(&mut state, &ManifestRecord::CreateTopic(topic)).unwrap();
         apply(&mut state, &split(0, (1, 2), (0, u64::MAX))).unwrap();
@@ -560,6 +604,7 @@ mod tests {
             partitions: vec![part(0, (0, u64::MAX), vec![])],
             groups: Vec::new(),
             tail_moves: Vec::new(),
+            hot_keys: Vec::new(),
             removed: (1..=max)
                 .map(|id| RemovedPartition {
                     id,

@@ -36,8 +36,11 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use fissionlog::BalancePolicy;
-use fissionlog::{Log, LogOptions, PartitionInfo, SyncPolicy, Topic, TopicConfig, TopologyEvent};
+use fissionlog::{BalancePolicy, HotKeyMode, HotKeyPolicy};
+use fissionlog::{
+    Log, LogOptions, PartitionInfo, SyncPolicy, Topic, TopicConfig, TopologyEvent,
+    MAX_HOT_KEY_LANES,
+};
 
 use check::{consume, ConsumerShared};
 use live::{Live, LiveRow};
@@ -148,6 +151,26 @@ pub struct SimulateArgs {
     /// then this rate over twice the initial partitions (no calibration).
     #[arg(long, value_name = "RECORDS_PER_SEC")]
     pub rate: Option<f64>,
+    /// How much order the hot key of --hot-key-share keeps: strict (one
+    /// lane), windowed (time windows rotating over one lane per initial
+    /// partition, in order within each window) or spread (round-robin, no
+    /// order).
+    #[arg(long, value_enum, default_value_t = HotKeyModeArg::Strict, requires = "hot_key_share")]
+    pub hot_key_mode: HotKeyModeArg,
+    /// Window length of --hot-key-mode windowed, in ms.
+    #[arg(long, value_name = "MS", default_value_t = 100)]
+    pub hot_key_window_ms: u64,
+}
+
+/// `--hot-key-mode`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HotKeyModeArg {
+    /// One lane, per-key order.
+    Strict,
+    /// Time windows over lanes, order within each window.
+    Windowed,
+    /// Round-robin over lanes, no order.
+    Spread,
 }
 
 /// Runs the simulation; exit 0 when no order violation, missing or
@@ -233,6 +256,8 @@ struct Plan {
     json: bool,
     group: Option<group::GroupPlan>,
     rate: Option<f64>,
+    /// The hot key's mode (strict without a hot key).
+    hot_key_mode: HotKeyMode,
 }
 
 impl Plan {
@@ -335,6 +360,19 @@ impl Plan {
                 })
             }
         };
+        if a.hot_key_window_ms == 0 || a.hot_key_window_ms > 86_400_000 {
+            return Err(format!(
+                "--hot-key-window-ms must be between 1 and 86400000, not {}",
+                a.hot_key_window_ms
+            ));
+        }
+        let hot_key_mode = match a.hot_key_mode {
+            HotKeyModeArg::Strict => HotKeyMode::Strict,
+            HotKeyModeArg::Windowed => {
+                HotKeyMode::Windowed(Duration::from_millis(a.hot_key_window_ms))
+            }
+            HotKeyModeArg::Spread => HotKeyMode::Spread,
+        };
         let seed = a.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -360,6 +398,7 @@ impl Plan {
             json: a.json,
             group,
             rate: a.rate,
+            hot_key_mode,
         })
     }
 
@@ -369,7 +408,22 @@ impl Plan {
             segment_bytes: SEGMENT_BYTES,
             sync: SyncPolicy::Never,
             balance,
+            hot_keys: HotKeyPolicy {
+                allow_windowed: matches!(self.hot_key_mode, HotKeyMode::Windowed(_)),
+                allow_spread: self.hot_key_mode == HotKeyMode::Spread,
+                max_lanes: self.partitions.clamp(1, MAX_HOT_KEY_LANES),
+                auto_window: None,
+            },
             ..TopicConfig::default()
+        }
+    }
+
+    /// The order the checker holds the hot key to.
+    fn hot_order(&self) -> check::HotOrder {
+        match self.hot_key_mode {
+            HotKeyMode::Strict => check::HotOrder::Strict,
+            HotKeyMode::Windowed(d) => check::HotOrder::Windowed(d.as_millis() as i64),
+            HotKeyMode::Spread => check::HotOrder::Spread,
         }
     }
 
@@ -443,8 +497,24 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
         println!("simulating into {} ...", dir.display());
     }
     let hashes = key_hashes(&topic, plan.workload.keys);
+    let hot_key = hot_key_bytes();
+    if plan.workload.hot_key_share.is_some() && plan.hot_key_mode != HotKeyMode::Strict {
+        topic
+            .set_hot_key_mode(&hot_key, plan.hot_key_mode)
+            .map_err(|e| Failure::Setup(format!("cannot set the hot key's mode: {e}")))?;
+    }
     let outcome = drive(plan, &topic, &events)?;
     let mut errors = outcome.errors;
+    let hot = match plan.workload.hot_key_share {
+        Some(_) => match hot_key_summary(&topic, &hot_key, plan.hot_key_mode) {
+            Ok(h) => Some(h),
+            Err(e) => {
+                errors.push(format!("reading the hot key back failed: {e}"));
+                None
+            }
+        },
+        None => None,
+    };
     if let Err(e) = log.close() {
         errors.push(format!("closing the log failed: {e}"));
     }
@@ -532,6 +602,11 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
         max_partition_records_per_sec_static: load.static_max_records_per_sec,
         imbalance_window_secs: load.window_secs,
         first_split_after_secs: tally.first_split,
+        hot_key_mode: hot.as_ref().map(|h| h.mode.clone()),
+        hot_key_lanes: hot.as_ref().map(|h| h.lane_loads.len()),
+        hot_key_lane_loads: hot.as_ref().map(|h| h.lane_loads.clone()),
+        hot_key_lane_imbalance: hot.as_ref().and_then(|h| h.lane_imbalance),
+        hot_key_read_order_violations: hot.as_ref().and_then(|h| h.read_order_violations),
         order_violations: outcome.checker.order_violations,
         missing_records: cmp.missing,
         duplicate_records: outcome.checker.duplicates,
@@ -543,6 +618,62 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
         events: tally.notes,
         partitions,
         group: outcome.group,
+    })
+}
+
+/// The key bytes of the `--hot-key-share` key.
+fn hot_key_bytes() -> Vec<u8> {
+    let mut buf = [0u8; 24];
+    let n = write_key(&mut buf, workload::HOT_KEY_ID);
+    buf[..n].to_vec()
+}
+
+/// What reading the hot key back in per-key order found.
+struct HotKeySummary {
+    mode: String,
+    lane_loads: Vec<u64>,
+    lane_imbalance: Option<f64>,
+    read_order_violations: Option<u64>,
+}
+
+/// Reads the hot key back with the strict key reader: its records per lane
+/// of the mode's era, and (strict and windowed) how many came after a later
+/// record of their producer, which per-key order forbids.
+fn hot_key_summary(
+    topic: &Topic,
+    key: &[u8],
+    mode: HotKeyMode,
+) -> fissionlog::Result<HotKeySummary> {
+    let last_era = topic.key_lanes(key).eras.len() - 1;
+    let lanes = topic.key_lanes(key).eras[last_era].lanes.len();
+    let mut lane_loads = vec![0u64; lanes];
+    let mut next: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut violations = 0u64;
+    // Streamed: the key's whole history never sits in memory at once.
+    for r in topic.key_reader(key) {
+        let r = r?;
+        if r.era == last_era {
+            lane_loads[r.lane] += 1;
+        }
+        if let Some((p, _, seq)) = workload::decode_value(&r.value) {
+            let n = next.entry(p).or_default();
+            if seq < *n {
+                violations += 1;
+            }
+            *n = (*n).max(seq + 1);
+        }
+    }
+    let mean = lane_loads.iter().sum::<u64>() as f64 / lanes as f64;
+    let max = lane_loads.iter().copied().max().unwrap_or(0) as f64;
+    Ok(HotKeySummary {
+        mode: match mode {
+            HotKeyMode::Strict => "strict".into(),
+            HotKeyMode::Windowed(d) => format!("windowed({} ms)", d.as_millis()),
+            HotKeyMode::Spread => "spread".into(),
+        },
+        lane_loads,
+        lane_imbalance: (mean > 0.0).then(|| max / mean),
+        read_order_violations: (mode != HotKeyMode::Spread).then_some(violations),
     })
 }
 
@@ -722,7 +853,10 @@ fn drive(plan: &Plan, topic: &Topic, events: &Receiver<TopologyEvent>) -> Result
     if let Some(rate) = plan.rate {
         shared.set_limit_per_producer(rate / f64::from(plan.workload.producers.max(1)));
     }
-    let consumer_shared = ConsumerShared::default();
+    let consumer_shared = ConsumerShared {
+        hot_order: plan.hot_order(),
+        ..ConsumerShared::default()
+    };
     let mut monitor = Monitor::new(plan);
     monitor.sample(topic, &shared);
     std::thread::scope(|s| {

@@ -8,7 +8,20 @@ use std::time::{Duration, Instant};
 
 use fissionlog::{StartAt, Topic};
 
-use super::workload::decode_value;
+use super::workload::{decode_value, HOT_KEY_ID};
+
+/// The order the hot key's mode promises, which the checker holds its
+/// records to (every other key is checked per key).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HotOrder {
+    /// Per key (per producer stream).
+    #[default]
+    Strict,
+    /// Per time window of this many ms (by record timestamp).
+    Windowed(i64),
+    /// None.
+    Spread,
+}
 
 /// After the producers stop, the consumer gives up waiting for missing
 /// records once the topic has been quiet this long.
@@ -34,6 +47,10 @@ pub struct Checker {
     pub duplicates: u64,
     /// Records whose value or key did not decode, or named an unknown stream.
     pub malformed: u64,
+    /// The order the hot key (key 0) is checked for.
+    pub hot_order: HotOrder,
+    /// Windowed hot key: highest seq + 1 seen per (stream, window).
+    window_max: HashMap<(usize, i64), u64>,
 }
 
 /// What the final comparison with the producers' acknowledgements found.
@@ -59,11 +76,20 @@ impl Checker {
             order_violations: 0,
             duplicates: 0,
             malformed: 0,
+            hot_order: HotOrder::Strict,
+            window_max: HashMap::new(),
         }
     }
 
     /// Records one received value.
+    #[cfg(test)]
     pub fn receive(&mut self, value: &[u8]) {
+        self.receive_at(value, 0);
+    }
+
+    /// Records one received value with its timestamp (which places a
+    /// windowed hot key's record in its window).
+    pub fn receive_at(&mut self, value: &[u8], timestamp: i64) {
         self.received += 1;
         let Some((p, k, seq)) = decode_value(value) else {
             self.malformed += 1;
@@ -80,7 +106,20 @@ impl Checker {
             self.duplicates += 1;
             return;
         }
-        if seq < self.max_seen[s] {
+        let late = match (k as u32 == HOT_KEY_ID, self.hot_order) {
+            (true, HotOrder::Spread) => false,
+            (true, HotOrder::Windowed(ms)) => {
+                let m = self
+                    .window_max
+                    .entry((s, timestamp.div_euclid(ms.max(1))))
+                    .or_default();
+                let late = seq < *m;
+                *m = (*m).max(seq + 1);
+                late
+            }
+            _ => seq < self.max_seen[s],
+        };
+        if late {
             self.order_violations += 1;
         }
         self.max_seen[s] = self.max_seen[s].max(seq + 1);
@@ -130,6 +169,8 @@ pub struct ConsumerShared {
     pub stop_now: AtomicBool,
     /// A line about the consumer group for the live view (empty without one).
     pub status: std::sync::Mutex<String>,
+    /// The order the hot key is checked for.
+    pub hot_order: HotOrder,
 }
 
 /// Reads `topic` from the earliest records until the producers are done and
@@ -142,6 +183,7 @@ pub fn consume(
     shared: &ConsumerShared,
 ) -> Result<Checker, String> {
     let mut checker = Checker::new(producers, keys_per_producer);
+    checker.hot_order = shared.hot_order;
     let mut reader = topic
         .reader(StartAt::Earliest)
         .map_err(|e| format!("cannot open a reader: {e}"))?;
@@ -163,7 +205,7 @@ pub fn consume(
         }
         idle_since = None;
         for r in &records {
-            checker.receive(&r.value);
+            checker.receive_at(&r.value, r.timestamp);
         }
         shared
             .read
@@ -201,6 +243,27 @@ mod tests {
         // seq 5 was never acknowledged.
         assert_eq!(cmp.missing, 2);
         assert_eq!(cmp.unacknowledged, 1);
+    }
+
+    #[test]
+    fn a_windowed_hot_key_is_checked_per_window_and_spread_not_at_all() {
+        let hot = |seq| value(0, HOT_KEY_ID, seq);
+        let mut c = Checker::new(1, 2);
+        c.hot_order = HotOrder::Windowed(100);
+        // Window 1 read before window 0: no violation; inside window 1, 5
+        // after 6 is one.
+        for (seq, ts) in [(4, 100), (6, 150), (5, 140), (0, 0), (1, 10)] {
+            c.receive_at(&hot(seq), ts);
+        }
+        assert_eq!(c.order_violations, 1);
+        let mut c = Checker::new(1, 2);
+        c.hot_order = HotOrder::Spread;
+        for seq in [3, 0, 2, 1] {
+            c.receive_at(&hot(seq), 0);
+        }
+        assert_eq!((c.order_violations, c.duplicates), (0, 0));
+        c.receive_at(&hot(2), 0);
+        assert_eq!(c.duplicates, 1, "duplicates still count");
     }
 
     #[test]

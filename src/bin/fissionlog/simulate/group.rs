@@ -195,6 +195,7 @@ pub fn consume_group(
         .group("simulate", GroupOptions::default())
         .map_err(|e| format!("cannot create the consumer group: {e}"))?;
     let checker = Mutex::new(Checker::new(producers, keys_per_producer));
+    checker.lock().expect("not poisoned").hot_order = shared.hot_order;
     let started = Instant::now();
     let rebalance_until = AtomicU64::new(0);
     let done = AtomicBool::new(false);
@@ -277,7 +278,7 @@ pub fn consume_group(
                         {
                             let mut c = checker.lock().expect("not poisoned");
                             for r in &records {
-                                c.receive(&r.value);
+                                c.receive_at(&r.value, r.timestamp);
                                 if let Some(b) = r.value.get(16..24) {
                                     let at = u64::from_le_bytes(b.try_into().expect("8 bytes"));
                                     let us = now.saturating_sub(at);

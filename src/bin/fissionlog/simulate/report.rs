@@ -234,7 +234,21 @@ pub struct Report {
     pub imbalance_window_secs: f64,
     /// Seconds from the start of the run to the first split.
     pub first_split_after_secs: Option<f64>,
-    /// Records read after a later record of the same (producer, key).
+    /// `--hot-key-mode` of the hot key, when there is one.
+    pub hot_key_mode: Option<String>,
+    /// Lanes the hot key's mode spreads it over (1 for strict).
+    pub hot_key_lanes: Option<usize>,
+    /// The hot key's records per lane (of its mode, as the strict key
+    /// reader found them).
+    pub hot_key_lane_loads: Option<Vec<u64>>,
+    /// max / mean of `hot_key_lane_loads`.
+    pub hot_key_lane_imbalance: Option<f64>,
+    /// Records of the hot key that the strict key reader (`read_key`)
+    /// returned after a later record of their producer: per-key order
+    /// holds when 0 (none for spread, which keeps no order).
+    pub hot_key_read_order_violations: Option<u64>,
+    /// Records read after a later record of the same (producer, key); for
+    /// a windowed hot key, of the same window; never for a spread one.
     pub order_violations: u64,
     /// Acknowledged records never read back.
     pub missing_records: u64,
@@ -267,6 +281,7 @@ impl Report {
         // many duplicates are the documented at-least-once, no more.
         let allowed = self.group.as_ref().map_or(0, |g| g.redelivered_records);
         self.order_violations == 0
+            && self.hot_key_read_order_violations.unwrap_or(0) == 0
             && self.missing_records == 0
             && self.duplicate_records <= allowed
             && self.malformed_records == 0
@@ -385,6 +400,15 @@ impl Report {
                 String::new()
             }
         );
+        if let (Some(mode), Some(loads)) = (&self.hot_key_mode, &self.hot_key_lane_loads) {
+            println!(
+                "hot key: {mode} over {} lanes, records per lane {loads:?} (max/mean {}), strict key reader: {} order violations",
+                loads.len(),
+                opt2(self.hot_key_lane_imbalance),
+                self.hot_key_read_order_violations
+                    .map_or_else(|| "-".to_string(), |v| v.to_string())
+            );
+        }
         if let Some(g) = &self.group {
             let ms = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
             println!(

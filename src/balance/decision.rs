@@ -353,7 +353,6 @@ impl Plan<'_> {
             && left.end.checked_add(1) == Some(right.start);
         let siblings = left.parents.len() == 1 && left.parents == right.parents;
         if !adjacent
-            || siblings
             || left.id == right.id
             || self.decided.contains(&left.id)
             || self.decided.contains(&right.id)
@@ -370,7 +369,8 @@ impl Plan<'_> {
         ) else {
             return false;
         };
-        l.min(r) < FRAGMENT * g.piece && windows_fit(self.policy, left, right, GRID_FILL)
+        let fill = if siblings { SIBLING_FILL } else { GRID_FILL };
+        l.min(r) < FRAGMENT * g.piece && windows_fit(self.policy, left, right, fill)
     }
 
     fn mergeable(&self, left: &PartitionLoad, right: &PartitionLoad) -> bool {
@@ -603,6 +603,14 @@ fn split_for(policy: &BalancePolicy, p: &PartitionLoad, budget: u64) -> Option<(
         .unwrap_or(middle);
     Some((split(SplitAt::Point(point)), 1))
 }
+
+/// Two children of one split merge by the fit rule only if together they
+/// carry at most this fraction of the target in every window: the load has
+/// fallen well below what the split was cut for (a topic cut from a busy
+/// first second that then runs at half the rate), far enough below the
+/// target that the merged partition is not cut again when the load rises
+/// by a third.
+const SIBLING_FILL: f64 = 0.75;
 
 /// A partition below this many pieces of the grid is a fragment: the part
 /// of a piece that a partition boundary cut off.

@@ -443,8 +443,7 @@ fn zipf_like(seed: u64, total: f64) -> Vec<Load> {
 
 /// Converged within 5 s, then ten minutes without a change, every partition
 /// at most 1.1 x target, and more even than static hashing into as many
-/// partitions. (Not yet max/mean <= 1.2: cutting around the head key leaves
-/// slivers next to it, 1.38-1.55 for these seeds against 2.06-2.49 static.)
+/// partitions (max/mean 1.08-1.25 for these seeds, 7-8 partitions).
 #[test]
 fn zipf_head_converges_in_seconds_to_balanced_partitions_under_target() {
     for seed in [11, 12, 13, 14] {
@@ -599,4 +598,72 @@ fn zipf_defaults_converge_within_5_s_to_max_over_mean_under_1_2() {
         ours[ours.len() / 2] <= 1.2,
         "median max/mean over 1.2: (seed, partitions, max/mean, static 4, static same count): {results:?}"
     );
+}
+
+/// The load of a real `simulate` run on a busy machine: the first second
+/// runs at twice the rate the producers keep up afterwards. The first cut
+/// is made for the double rate; once the rate halves, partitions merge
+/// (fit rule) as their windows fall, never split again, and after two
+/// minutes nothing changes for ten. (Not max/mean <= 1.2: the children of
+/// one split merge back only below 0.75 x target, so half-filled pieces
+/// remain; 1.35-1.50 for these seeds, as in the real runs.)
+#[test]
+fn zipf_load_halving_after_the_first_cut_consolidates_without_thrash() {
+    for seed in [31, 32, 33] {
+        let total = 10.0 * MB;
+        let load = zipf_keys(seed, total, 100_000, 1.1, 300);
+        let head = load
+            .iter()
+            .filter(|l| l.lo == l.hi)
+            .map(|l| l.bytes_per_sec)
+            .fold(0.0, f64::max);
+        // Calibrated on the steady rate: the first second runs at 2 x.
+        let policy = simulate_policy(total, head, 4);
+        let target = policy.target_bytes_per_sec.unwrap_or(MB);
+        let doubled: Vec<Load> = load
+            .iter()
+            .map(|l| uniform(l.lo, l.hi, 2.0 * l.bytes_per_sec))
+            .collect();
+        let mut sim = Sim::new(seed, policy, doubled, 4);
+        sim.samples = 64;
+        sim.record_bytes = 100.0;
+        let first = sim.run(Duration::from_millis(1_500));
+        assert!(
+            first.iter().any(|d| matches!(d.1, Decision::Split { .. })),
+            "seed {seed}: {first:?}"
+        );
+        let after_cut = sim.parts.len();
+        sim.load = load;
+        let settling = sim.run(2 * MINUTE);
+        let quiet = sim.run(10 * MINUTE);
+        assert!(quiet.is_empty(), "seed {seed}: still deciding: {quiet:?}");
+        let merged: Vec<u32> = settling
+            .iter()
+            .filter_map(|d| match d.1 {
+                Decision::Merge { .. } => Some(d.0 as u32),
+                _ => None,
+            })
+            .collect();
+        assert!(!merged.is_empty(), "seed {seed}: never consolidated");
+        // Once merging started, nothing was split again.
+        let first_merge = settling
+            .iter()
+            .position(|d| matches!(d.1, Decision::Merge { .. }));
+        assert!(
+            settling[first_merge.unwrap_or(0)..]
+                .iter()
+                .all(|d| matches!(d.1, Decision::Merge { .. })),
+            "seed {seed}: thrash {settling:?}"
+        );
+        let loads = sim.loads();
+        assert!(loads.len() < after_cut, "seed {seed}");
+        for l in &loads {
+            assert!(*l <= 1.1 * target, "seed {seed}: {l} over 1.1 x target");
+        }
+        eprintln!(
+            "seed {seed}: {after_cut} partitions after the first cut, {} after the rate halved, max/mean {}",
+            loads.len(),
+            imbalance(&loads)
+        );
+    }
 }

@@ -37,11 +37,12 @@ impl Topic {
         let loads: Vec<PartitionLoad> = nodes
             .into_iter()
             .map(|(rec, last_change_nanos, hot_key_reported, part)| {
-                let (rates, split_point, hot_key) = part.with_writer(|w| {
+                let (rates, split_point, hot_key, profile) = part.with_writer(|w| {
                     (
                         w.rates.rates(now),
                         w.load.split_point(),
                         w.load.hot_key(0.0),
+                        w.load.profile(),
                     )
                 });
                 PartitionLoad {
@@ -53,6 +54,8 @@ impl Topic {
                     split_point,
                     hot_key,
                     hot_key_reported,
+                    profile,
+                    parents: rec.parents,
                 }
             })
             .collect();
@@ -65,6 +68,7 @@ impl Topic {
                         SplitAt::Point(p) => SplitPlan::At(p),
                         SplitAt::Quantiles(k) => SplitPlan::LoadQuantiles(k),
                         SplitAt::IsolateKey(h) => SplitPlan::IsolateHash(h),
+                        SplitAt::Cuts(points) => SplitPlan::Cuts(points),
                     };
                     self.split(partition, plan).is_ok()
                 }

@@ -96,7 +96,9 @@ mod topic_name;
 mod topology;
 mod wake;
 
-pub use balance::{BalancePolicy, Clock, Decision, ManualClock, SplitAt, SystemClock, WindowRate};
+pub use balance::{
+    BalancePolicy, Clock, CutPoints, Decision, ManualClock, SplitAt, SystemClock, WindowRate,
+};
 pub use config::{
     HotKeyMode, HotKeyPolicy, LogOptions, RecoveryMode, SyncPolicy, TopicConfig,
     ACTIVE_HEADROOM_MAX_BYTES, MAX_HOT_KEY_LANES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,

@@ -107,6 +107,9 @@ pub enum SplitPlan {
     LoadQuantiles(u8),
     /// Isolate the hash value of a key into `[h, h]`, remainder on each side.
     IsolateHash(u64),
+    /// At these points, each the last hash of a child (1 to 7 points,
+    /// strictly increasing, each inside `[start, end)`).
+    Cuts(crate::balance::CutPoints),
 }
 
 #[derive(Debug)]
@@ -1266,6 +1269,22 @@ pub(crate) fn split_ranges(
                 out.push((lo, end));
                 return Ok(out);
             }
+        }
+        SplitPlan::Cuts(points) => {
+            let points = points.points();
+            if points.is_empty() || points.iter().any(|&c| c < start || c >= end) {
+                return Err(Error::Refused(format!(
+                    "split points {points:x?} are not all inside [{start:#x}, {end:#x})"
+                )));
+            }
+            let mut out = Vec::with_capacity(points.len() + 1);
+            let mut lo = start;
+            for &c in points {
+                out.push((lo, c));
+                lo = c + 1;
+            }
+            out.push((lo, end));
+            return Ok(out);
         }
         SplitPlan::IsolateHash(h) => {
             if h < start || h > end {

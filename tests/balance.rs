@@ -623,3 +623,107 @@ fn stale_rates_after_a_reopen_neither_split_blind_nor_linger() {
         "rates after 10 min of downtime: {after} (before {before})"
     );
 }
+
+/// `simulate`'s default workload through the real `Log`: Zipf 1.1 over
+/// 100,000 keys at 100,000 records/s (seeded draws; the head key carries
+/// 13.5 % of the records),
+/// 4 initial partitions, the target as `simulate` calibrates it (the
+/// larger of total / 8 and the head key's rate / 0.85), `min_age` 1 s and
+/// `hot_factor` 1.3 as `simulate` sets them. The topology stops changing
+/// within 5 s of the load starting, then stays unchanged for 25 s;
+/// every active partition ends at most 1.1 x target and the busiest well
+/// below the busiest of static hashing into the 4 initial ranges.
+#[test]
+fn zipf_defaults_converge_within_5_s_and_never_thrash() {
+    const KEYS: usize = 100_000;
+    const PER_SEC: u64 = 100_000;
+    let weights: Vec<f64> = (1..=KEYS).map(|k| (k as f64).powf(-1.1)).collect();
+    let sum: f64 = weights.iter().sum();
+    let mut cumulative = Vec::with_capacity(KEYS);
+    let mut acc = 0.0;
+    for w in &weights {
+        acc += w / sum;
+        cumulative.push(acc);
+    }
+    let head = weights[0] / sum;
+    let keys: Vec<Vec<u8>> = (0..KEYS)
+        .map(|k| format!("zipf-{k}").into_bytes())
+        .collect();
+    let total = PER_SEC as f64;
+    let target = (total / 8.0).max(head * total / 0.85);
+    for seed in [41u64, 42] {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let log = Log::open(dir.path(), options(&clock)).unwrap();
+        let pol = BalancePolicy {
+            target_records_per_sec: Some(target),
+            min_age: Duration::from_secs(1),
+            hot_factor: 1.3,
+            ..policy(target)
+        };
+        let topic = log.create_topic("zipf", config(4, pol)).unwrap();
+        let initial: Vec<(u64, u64)> = topic
+            .partitions()
+            .iter()
+            .map(|p| (p.start, p.end))
+            .collect();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut static_counts = [0u64; 4];
+        let mut last_change = None;
+        let mut decisions = Vec::new();
+        for tick in 1..=30 * TICKS_PER_SEC {
+            let recs: Vec<NewRecord<'_>> = (0..PER_SEC / TICKS_PER_SEC)
+                .map(|_| {
+                    let u: f64 = rng.random();
+                    let k = cumulative.partition_point(|&c| c < u).min(KEYS - 1);
+                    if tick > 27 * TICKS_PER_SEC {
+                        let h = topic.hash(&keys[k]);
+                        let r = initial.iter().position(|&(s, e)| s <= h && h <= e);
+                        static_counts[r.unwrap_or(0)] += 1;
+                    }
+                    NewRecord {
+                        key: Some(keys[k].as_slice()),
+                        value: b"0123456789abcdef",
+                        timestamp: None,
+                    }
+                })
+                .collect();
+            topic.append_batch(&recs).unwrap();
+            clock.advance(TICK);
+            let d = log.balance_now().unwrap();
+            if d.iter().any(is_topology_change) {
+                last_change = Some(tick);
+            }
+            decisions.extend(d.into_iter().map(|d| (tick / TICKS_PER_SEC, d)));
+        }
+        let case = format!("seed {seed}");
+        let last = last_change.expect("never split");
+        assert!(
+            last <= 5 * TICKS_PER_SEC,
+            "{case}: last change at tick {last}: {decisions:?}"
+        );
+        assert_no_thrash(&topic, &decisions, &case);
+        let active: Vec<f64> = topic
+            .partitions()
+            .iter()
+            .filter(|p| p.sealed_at.is_none())
+            .map(|p| {
+                p.rates
+                    .iter()
+                    .min_by_key(|r| r.window)
+                    .map_or(0.0, |r| r.records_per_sec)
+            })
+            .collect();
+        let busiest = active.iter().copied().fold(0.0, f64::max);
+        assert!(
+            busiest <= 1.1 * target,
+            "{case}: busiest {busiest} over 1.1 x target {target}: {active:?}"
+        );
+        let static_busiest = *static_counts.iter().max().unwrap() as f64 / 3.0;
+        assert!(
+            busiest < 0.8 * static_busiest,
+            "{case}: busiest {busiest}, static {static_busiest}: {active:?}"
+        );
+        log.close().unwrap();
+    }
+}

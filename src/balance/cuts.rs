@@ -53,7 +53,7 @@ pub(super) fn cut_points(segments: &[Segment], pieces: usize) -> Vec<u64> {
 }
 
 /// The load of the largest piece that `cuts` make.
-fn largest_piece(segments: &[Segment], cuts: &[u64]) -> f64 {
+pub(super) fn largest_piece(segments: &[Segment], cuts: &[u64]) -> f64 {
     let sum = segments.last().map_or(0.0, |s| s.cum_after);
     let mut largest: f64 = 0.0;
     let mut before = 0.0;
@@ -66,7 +66,7 @@ fn largest_piece(segments: &[Segment], cuts: &[u64]) -> f64 {
 }
 
 /// The load on hashes `<= m`.
-fn load_up_to(segments: &[Segment], m: u64) -> f64 {
+pub(super) fn load_up_to(segments: &[Segment], m: u64) -> f64 {
     let mut total = 0.0;
     for s in segments {
         if s.hi <= m {
@@ -82,8 +82,8 @@ fn load_up_to(segments: &[Segment], m: u64) -> f64 {
 }
 
 /// A stretch of a load map's range with its load, in hash order.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Segment {
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Segment {
     /// First hash.
     pub lo: u64,
     /// Last hash.

@@ -14,6 +14,7 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
+use super::cuts::{cut_points, load_up_to, Segment};
 use super::policy::RateOf;
 use super::{duration_nanos, BalancePolicy, HotKey, WindowRate};
 
@@ -43,6 +44,53 @@ pub struct PartitionLoad {
     pub hot_key: Option<HotKey>,
     /// Whether this single-value partition was already reported hot.
     pub hot_key_reported: bool,
+    /// [`super::LoadMap::profile`] of the partition: where its load lands,
+    /// in hash order. [`decide`] lays the profiles of all partitions side
+    /// by side to cut the topic as a whole (see [`CutPoints`]); empty means
+    /// unknown, and a topic with a loaded partition of unknown profile is
+    /// only split partition by partition.
+    #[serde(skip)]
+    pub profile: Vec<Segment>,
+    /// The partitions it was made from: none for an initial partition, one
+    /// after a split, two after a merge. Children of one split are never
+    /// merged back by the grid's fit rule (only the cold rule may): a
+    /// split followed by a merge of its own children is thrash.
+    #[serde(default)]
+    pub parents: Vec<u32>,
+}
+
+/// The cut points of one split into up to eight children, each point the
+/// last hash of a child: children `[start, c1]`, `[c1 + 1, c2]`, ...,
+/// `[ck + 1, end]`. A fixed-size list so that [`Decision`] stays `Copy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CutPoints {
+    points: [u64; CutPoints::MAX],
+    len: u8,
+}
+
+impl CutPoints {
+    /// Most cut points of one split (eight children).
+    pub const MAX: usize = 7;
+
+    /// `None` unless `points` holds 1 to [`CutPoints::MAX`] strictly
+    /// increasing hashes.
+    pub fn new(points: &[u64]) -> Option<CutPoints> {
+        if points.is_empty() || points.len() > Self::MAX || points.windows(2).any(|w| w[0] >= w[1])
+        {
+            return None;
+        }
+        let mut out = CutPoints {
+            points: [0; Self::MAX],
+            len: points.len() as u8,
+        };
+        out.points[..points.len()].copy_from_slice(points);
+        Some(out)
+    }
+
+    /// The points, strictly increasing.
+    pub fn points(&self) -> &[u64] {
+        &self.points[..usize::from(self.len).min(Self::MAX)]
+    }
 }
 
 /// Where to split a partition `[start, end]`.
@@ -57,6 +105,11 @@ pub enum SplitAt {
     /// Children `[start, h - 1]` (if `h > start`), `[h, h]` and
     /// `[h + 1, end]` (if `h < end`).
     IsolateKey(u64),
+    /// At these points, chosen for the topic as a whole: the children line
+    /// up with pieces of about equal load across partition boundaries (a
+    /// child at the edge of the range may be a fragment of such a piece,
+    /// which merges with the fragment next to it on the other side).
+    Cuts(CutPoints),
 }
 
 /// A proposed topology change.
@@ -103,11 +156,16 @@ pub fn decide(
         policy,
         now_nanos,
         count: sorted.len() as u64,
+        added: 0,
         decided: HashSet::new(),
         out: Vec::new(),
     };
+    let grid = plan.grid(&sorted);
+    if let Some(g) = &grid {
+        plan.grid_splits(&sorted, g);
+    }
     plan.splits(&sorted);
-    plan.merges(&sorted);
+    plan.merges(&sorted, grid.as_ref());
     plan.out
 }
 
@@ -117,6 +175,8 @@ struct Plan<'a> {
     now_nanos: u64,
     /// Active partitions before any decision.
     count: u64,
+    /// Partitions the splits decided so far add.
+    added: u64,
     decided: HashSet<u32>,
     out: Vec<Decision>,
 }
@@ -135,27 +195,136 @@ impl Plan<'_> {
             .filter_map(|p| heat(self.policy, p).map(|h| (h, *p)))
             .collect();
         hot.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.id.cmp(&b.1.id)));
-        let mut budget = u64::from(self.policy.max_partitions).saturating_sub(self.count);
         for (_, p) in hot {
             if self.decided.contains(&p.id) {
                 continue;
             }
-            if let Some((decision, added)) = split_for(self.policy, p, budget) {
-                budget = budget.saturating_sub(added);
+            if let Some((decision, added)) = split_for(self.policy, p, self.budget()) {
+                self.added += added;
                 self.decided.insert(p.id);
                 self.out.push(decision);
             }
         }
     }
 
-    /// Adjacent cold pairs, left to right, down to `min_partitions`.
-    fn merges(&mut self, sorted: &[&PartitionLoad]) {
+    /// Room for this many more partitions.
+    fn budget(&self) -> u64 {
+        u64::from(self.policy.max_partitions)
+            .saturating_sub(self.count)
+            .saturating_sub(self.added)
+    }
+
+    /// The topic cut as a whole (see [`Grid`]); `None` when a partition's
+    /// load is unknown, a loaded partition has no profile, the ranges
+    /// overlap, or there is no load at all.
+    fn grid(&self, sorted: &[&PartitionLoad]) -> Option<Grid> {
+        let mut loads = Vec::with_capacity(sorted.len());
+        let mut prev_end: Option<u64> = None;
+        for p in sorted {
+            if p.start > p.end || prev_end.is_some_and(|e| p.start <= e) {
+                return None;
+            }
+            prev_end = Some(p.end);
+            let load = in_targets(self.policy, p)?;
+            let mass: f64 = p.profile.iter().map(|s| s.mass).sum();
+            if load > 0.0 && !(mass.is_finite() && mass > 0.0) {
+                return None;
+            }
+            loads.push(load);
+        }
+        let all = vec![true; sorted.len()];
+        let segments = layout(sorted, &loads, &all);
+        let total = segments.last().map_or(0.0, |s| s.cum_after);
+        if !(total.is_finite() && total > 0.0) {
+            return None;
+        }
+        let max = usize::try_from(self.policy.max_partitions).unwrap_or(usize::MAX);
+        let (n, _) = pieces_for(&segments, max);
+        let piece = total / n as f64;
+        let cuttable: Vec<bool> = sorted
+            .iter()
+            .zip(&loads)
+            .map(|(p, &load)| {
+                p.start < p.end
+                    && !p.profile.is_empty()
+                    && self.old_enough(p)
+                    && settled(p)
+                    && load >= self.policy.cold_fraction
+                    && (heat(self.policy, p).is_some()
+                        || p.parents.len() != 2
+                            && long_units(self.policy, p, as_is).is_some_and(|u| u > 1.0)
+                            && long_units(self.policy, p, at_least).is_some_and(|u| u > GRID_FILL))
+            })
+            .collect();
+        let (segments, cuts) = if cuttable.iter().any(|&c| c) {
+            let segments = layout(sorted, &loads, &cuttable);
+            let (_, cuts) = pieces_for(&segments, max);
+            (segments, cuts)
+        } else {
+            (segments, Vec::new())
+        };
+        Some(Grid {
+            segments,
+            cuts,
+            piece,
+            loads,
+            cuttable,
+        })
+    }
+
+    /// Splits the partitions the grid may cut at the grid's cuts inside
+    /// them, largest first, as the budget allows. A cut closer than
+    /// [`EDGE_TOLERANCE`] pieces to a partition's edge is left out (the
+    /// sliver stays with its neighbour piece).
+    fn grid_splits(&mut self, sorted: &[&PartitionLoad], g: &Grid) {
+        let mut order: Vec<usize> = (0..sorted.len()).filter(|&i| g.cuttable[i]).collect();
+        order.sort_by(|&a, &b| {
+            g.loads[b]
+                .total_cmp(&g.loads[a])
+                .then(sorted[a].id.cmp(&sorted[b].id))
+        });
+        let min_piece = EDGE_TOLERANCE * g.piece;
+        let upto = |h: u64| load_up_to(&g.segments, h);
+        for i in order {
+            let p = sorted[i];
+            if self.decided.contains(&p.id) {
+                continue;
+            }
+            let before = p.start.checked_sub(1).map_or(0.0, upto);
+            let through = upto(p.end);
+            let cuts: Vec<u64> = g
+                .cuts
+                .iter()
+                .copied()
+                .filter(|&c| p.start <= c && c < p.end)
+                .filter(|&c| upto(c) - before >= min_piece && through - upto(c) >= min_piece)
+                .collect();
+            let Some(points) = CutPoints::new(&cuts) else {
+                continue;
+            };
+            let added = cuts.len() as u64;
+            if added > self.budget() {
+                continue;
+            }
+            self.added += added;
+            self.decided.insert(p.id);
+            self.out.push(Decision::Split {
+                partition: p.id,
+                at: split_at(p, points),
+            });
+        }
+    }
+
+    /// Adjacent cold pairs, and adjacent pairs that fit one piece of the
+    /// grid, left to right, down to `min_partitions`.
+    fn merges(&mut self, sorted: &[&PartitionLoad], grid: Option<&Grid>) {
         let mut remaining = self.count;
         let floor = u64::from(self.policy.min_partitions.max(1));
         let mut i = 0;
         while i + 1 < sorted.len() && remaining > floor {
             let (left, right) = (sorted[i], sorted[i + 1]);
-            if self.mergeable(left, right) {
+            let fits = grid.is_some_and(|g| self.fit_together(left, right, g));
+            if self.mergeable(left, right) || fits {
                 self.decided.insert(left.id);
                 self.decided.insert(right.id);
                 self.out.push(Decision::Merge {
@@ -168,6 +337,40 @@ impl Plan<'_> {
                 i += 1;
             }
         }
+    }
+
+    /// Whether `left` and `right`, adjacent, make one piece of the grid
+    /// together: not children of one split, one of them a fragment (below
+    /// [`FRAGMENT`] pieces),
+    /// both loads are settled (see [`SETTLED_UNCERTAINTY`]), and together
+    /// they carry at most [`GRID_FILL`] of the target. The merged partition
+    /// is then neither hot (the long window must clear [`LONG_HOT_MARGIN`]
+    /// targets by its noise) nor above [`GRID_FILL`] by more than its
+    /// noise, so it is not cut again unless its load grows.
+    fn fit_together(&self, left: &PartitionLoad, right: &PartitionLoad, g: &Grid) -> bool {
+        let adjacent = left.start <= left.end
+            && right.start <= right.end
+            && left.end.checked_add(1) == Some(right.start);
+        let siblings = left.parents.len() == 1 && left.parents == right.parents;
+        if !adjacent
+            || left.id == right.id
+            || self.decided.contains(&left.id)
+            || self.decided.contains(&right.id)
+            || !self.old_enough(left)
+            || !self.old_enough(right)
+            || !settled(left)
+            || !settled(right)
+        {
+            return false;
+        }
+        let (Some(l), Some(r)) = (
+            in_targets(self.policy, left),
+            in_targets(self.policy, right),
+        ) else {
+            return false;
+        };
+        let fill = if siblings { SIBLING_FILL } else { GRID_FILL };
+        l.min(r) < FRAGMENT * g.piece && windows_fit(self.policy, left, right, fill)
     }
 
     fn mergeable(&self, left: &PartitionLoad, right: &PartitionLoad) -> bool {
@@ -401,6 +604,252 @@ fn split_for(policy: &BalancePolicy, p: &PartitionLoad, budget: u64) -> Option<(
     Some((split(SplitAt::Point(point)), 1))
 }
 
+/// Two children of one split merge by the fit rule only if together they
+/// carry at most this fraction of the target in every window: the load has
+/// fallen well below what the split was cut for (a topic cut from a busy
+/// first second that then runs at half the rate), far enough below the
+/// target that the merged partition is not cut again when the load rises
+/// by a third.
+const SIBLING_FILL: f64 = 0.75;
+
+/// A partition below this many pieces of the grid is a fragment: the part
+/// of a piece that a partition boundary cut off.
+const FRAGMENT: f64 = 0.6;
+
+/// The load the pieces of the grid carry at most, as a fraction of the
+/// target: a little above [`FILL`], because the grid cuts the whole topic at
+/// once from settled loads (a local split cuts one partition from its first
+/// second), and every piece more lowers the mean load against the piece
+/// that holds the heaviest key. Still far enough below the long window's
+/// hot threshold ([`LONG_HOT_MARGIN`]) that noise does not split it again.
+const GRID_FILL: f64 = 0.95;
+
+/// A cut of the grid closer than this many pieces to a partition's edge is
+/// not made: the sliver would only have to merge back.
+const EDGE_TOLERANCE: f64 = 0.1;
+
+/// The topic cut as a whole into pieces of about equal load, each at most
+/// [`GRID_FILL`] of the target unless it is a single key (or a partition that is
+/// not cut now): where the partitions would be if they had been cut
+/// together. Splitting partitions one by one into even pieces of their own
+/// load leaves the partition count rounded up once per partition and the
+/// pieces next to a heavy key at whatever is left; cutting at the grid
+/// lines up the children across partition boundaries, and the two
+/// fragments of a piece that straddles a boundary merge afterwards.
+struct Grid {
+    /// The topic's load in hash order, in targets: the partitions that may
+    /// be cut by their profiles, every other one as one indivisible block.
+    segments: Vec<Segment>,
+    /// Cut points of `segments` into the fewest pieces that fit.
+    cuts: Vec<u64>,
+    /// Mean load of a piece when every partition may be cut, in targets.
+    piece: f64,
+    /// Each partition's load in targets, in hash order.
+    loads: Vec<f64>,
+    /// Whether each partition (in hash order) is cut now: hot, or its
+    /// longest window above the target and above [`GRID_FILL`] by more than
+    /// its noise (a margin over [`GRID_FILL`], the most a merge or a cut of
+    /// the grid makes; and the longest window: a load that swings for a few
+    /// seconds must not cut what a merge made; the child of a merge is cut
+    /// only when hot), with a settled load, old enough.
+    cuttable: Vec<bool>,
+}
+
+/// The topic's load in hash order, in targets: each partition's profile
+/// scaled to its load if `cuttable`, otherwise one indivisible block.
+fn layout(sorted: &[&PartitionLoad], loads: &[f64], cuttable: &[bool]) -> Vec<Segment> {
+    let mut out: Vec<Segment> = Vec::new();
+    let mut cum = 0.0;
+    let mut push = |lo: u64, hi: u64, mass: f64, point: bool| {
+        cum += mass;
+        out.push(Segment {
+            lo,
+            hi,
+            mass,
+            point,
+            cum_after: cum,
+        });
+    };
+    for ((p, &load), &cut) in sorted.iter().zip(loads).zip(cuttable) {
+        let mass: f64 = p.profile.iter().map(|s| s.mass).sum();
+        if !(cut && mass.is_finite() && mass > 0.0) {
+            push(p.start, p.end, load, !cut);
+            continue;
+        }
+        let scale = load / mass;
+        for s in &p.profile {
+            let (lo, hi) = (s.lo.max(p.start), s.hi.min(p.end));
+            if lo <= hi && s.mass.is_finite() && s.mass >= 0.0 {
+                push(lo, hi, s.mass * scale, s.point);
+            }
+        }
+    }
+    out
+}
+
+/// The fewest pieces (at most `max`) that cut `segments` into pieces of at
+/// most [`GRID_FILL`] each, except a piece that is a single indivisible segment,
+/// with their cut points.
+fn pieces_for(segments: &[Segment], max: usize) -> (usize, Vec<u64>) {
+    let total = segments.last().map_or(0.0, |s| s.cum_after);
+    let heavy: Vec<f64> = segments
+        .iter()
+        .filter(|s| s.point && s.mass > GRID_FILL)
+        .map(|s| s.mass)
+        .collect();
+    let rest = (total - heavy.iter().sum::<f64>()).max(0.0);
+    let mut n = (heavy.len() + (rest / GRID_FILL).ceil() as usize).clamp(1, max.max(1));
+    loop {
+        let cuts = cut_points(segments, n);
+        if n >= max || fits(segments, &cuts) {
+            let cuts = without_slivers(segments, cuts);
+            return (cuts.len() + 1, cuts);
+        }
+        n += 1;
+    }
+}
+
+/// `cuts` without the cuts that leave a sliver: a piece below half the
+/// mean piece that fits into a neighbour piece within [`GRID_FILL`] joins
+/// the smaller such neighbour. Cutting into a fixed number of pieces around
+/// heavy keys can leave one (the pieces on either side of a key are
+/// whatever the key leaves), and a sliver is a partition more for the same
+/// load: it lowers the mean against the busiest piece.
+fn without_slivers(segments: &[Segment], mut cuts: Vec<u64>) -> Vec<u64> {
+    let total = segments.last().map_or(0.0, |s| s.cum_after);
+    let Some(last) = segments.last().map(|s| s.hi) else {
+        return cuts;
+    };
+    while !cuts.is_empty() {
+        let ends: Vec<u64> = cuts.iter().copied().chain([last]).collect();
+        let mut before = 0.0;
+        let loads: Vec<f64> = ends
+            .iter()
+            .map(|&e| {
+                let through = load_up_to(segments, e);
+                let load = through - before;
+                before = through;
+                load
+            })
+            .collect();
+        let mean = total / loads.len() as f64;
+        let mut best: Option<(f64, usize)> = None; // (joined load, cut index)
+        for (i, &l) in loads.iter().enumerate() {
+            if l >= 0.5 * mean {
+                continue;
+            }
+            // Joining piece i with piece i - 1 removes cut i - 1; with
+            // piece i + 1, cut i.
+            let left = (i > 0).then(|| (l + loads[i - 1], i - 1));
+            let right = (i + 1 < loads.len()).then(|| (l + loads[i + 1], i));
+            for (joined, cut) in left.into_iter().chain(right) {
+                if joined <= GRID_FILL && best.is_none_or(|b| joined < b.0) {
+                    best = Some((joined, cut));
+                }
+            }
+        }
+        let Some((_, cut)) = best else {
+            break;
+        };
+        cuts.remove(cut);
+    }
+    cuts
+}
+
+/// Whether every piece `cuts` makes carries at most [`GRID_FILL`], or is one
+/// indivisible segment and nothing else.
+fn fits(segments: &[Segment], cuts: &[u64]) -> bool {
+    let total = segments.last().map_or(0.0, |s| s.cum_after);
+    let slack = 1e-9 * total.max(1.0);
+    let mut lo = segments.first().map_or(0, |s| s.lo);
+    let mut before = 0.0;
+    let ends = cuts.iter().copied().chain(segments.last().map(|s| s.hi));
+    for hi in ends {
+        let through = load_up_to(segments, hi);
+        let load = through - before;
+        if load > GRID_FILL + slack {
+            let block = segments
+                .iter()
+                .filter(|s| s.point && s.lo >= lo && s.hi <= hi)
+                .map(|s| s.mass)
+                .fold(0.0, f64::max);
+            if load - block > slack.max(1e-6 * load) {
+                return false;
+            }
+        }
+        before = through;
+        lo = hi.wrapping_add(1);
+    }
+    true
+}
+
+/// The split of `p` at `points`, as the plainest [`SplitAt`].
+fn split_at(p: &PartitionLoad, points: CutPoints) -> SplitAt {
+    match *points.points() {
+        [c] => SplitAt::Point(c),
+        [a, h] if a.checked_add(1) == Some(h) && h > p.start => SplitAt::IsolateKey(h),
+        _ => SplitAt::Cuts(points),
+    }
+}
+
+/// Whether the window that says what `p`'s load is now holds enough
+/// records to be trusted (see [`current`]).
+fn settled(p: &PartitionLoad) -> bool {
+    current(p).is_some_and(|r| uncertainty(r) <= SETTLED_UNCERTAINTY)
+}
+
+/// `p`'s current load in targets: the largest ratio over the set targets.
+fn in_targets(policy: &BalancePolicy, p: &PartitionLoad) -> Option<f64> {
+    let now = current(p)?;
+    policy
+        .targets()
+        .into_iter()
+        .filter_map(|(rate_of, target)| known(rate_of(now)).map(|r| r / target))
+        .reduce(f64::max)
+}
+
+/// The load of `p`'s longest window in targets, as `bound` reads it (as
+/// is: `known`, or lowered by its noise: `at_least`).
+fn long_units(
+    policy: &BalancePolicy,
+    p: &PartitionLoad,
+    bound: fn(RateOf, &WindowRate) -> Option<f64>,
+) -> Option<f64> {
+    let (_, long) = short_and_long(&p.rates)?;
+    policy
+        .targets()
+        .into_iter()
+        .filter_map(|(rate_of, target)| bound(rate_of, long).map(|r| r / target))
+        .reduce(f64::max)
+}
+
+/// `rate_of(r)` as is, if known.
+fn as_is(rate_of: RateOf, r: &WindowRate) -> Option<f64> {
+    known(rate_of(r))
+}
+
+/// Every window of `left` plus the same window of `right` carries at most
+/// `fill` of every set target.
+fn windows_fit(
+    policy: &BalancePolicy,
+    left: &PartitionLoad,
+    right: &PartitionLoad,
+    fill: f64,
+) -> bool {
+    !left.rates.is_empty()
+        && policy.targets().into_iter().all(|(rate_of, target)| {
+            left.rates.iter().all(|l| {
+                right
+                    .rates
+                    .iter()
+                    .find(|r| r.window == l.window)
+                    .is_some_and(|r| {
+                        known(rate_of(l) + rate_of(r)).is_some_and(|s| s <= fill * target)
+                    })
+            })
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,6 +890,8 @@ mod tests {
             split_point: (start < end).then(|| start + (end - start) / 2),
             hot_key: None,
             hot_key_reported: false,
+            profile: Vec::new(),
+            parents: Vec::new(),
         }
     }
 
@@ -719,6 +1170,22 @@ mod tests {
         };
         assert!(decide(&disabled, NOW, &hot).is_empty());
         assert_eq!(decide(&policy(), NOW, &hot).len(), 1);
+    }
+
+    #[test]
+    fn cut_points_hold_one_to_seven_increasing_hashes() {
+        assert_eq!(
+            CutPoints::new(&[3, 9]).map(|c| c.points().to_vec()),
+            Some(vec![3, 9])
+        );
+        assert!(CutPoints::new(&[]).is_none());
+        assert!(CutPoints::new(&[9, 3]).is_none());
+        assert!(CutPoints::new(&[3, 3]).is_none());
+        assert!(CutPoints::new(&[1, 2, 3, 4, 5, 6, 7, 8]).is_none());
+        assert_eq!(
+            CutPoints::new(&[1, 2, 3, 4, 5, 6, 7]).map(|c| c.points().len()),
+            Some(7)
+        );
     }
 
     #[test]

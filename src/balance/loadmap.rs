@@ -280,7 +280,17 @@ impl LoadMap {
     /// The load as consecutive segments over the range, in hash order:
     /// each tracked key a point segment with its guaranteed weight, each
     /// stretch of a bucket between keys a uniform segment with its share of
-    /// the bucket's remaining weight.
+    /// the bucket's remaining weight. Empty when nothing was recorded: the
+    /// balancer lays the profiles of all partitions side by side to cut
+    /// the topic as a whole (see `balance::decide`).
+    pub(crate) fn profile(&self) -> Vec<Segment> {
+        if self.is_empty() {
+            return Vec::new();
+        }
+        self.segments()
+    }
+
+    /// See [`LoadMap::profile`].
     fn segments(&self) -> Vec<Segment> {
         let mut keys: Vec<(u64, f64)> = self
             .counters

@@ -35,7 +35,7 @@ mod rate;
 mod sim;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{decide, Decision, PartitionLoad, SplitAt};
+pub use decision::{decide, CutPoints, Decision, PartitionLoad, SplitAt};
 #[cfg(any(test, feature = "internals"))]
 pub use loadmap::LoadMapConfig;
 pub use loadmap::{HotKey, LoadMap};

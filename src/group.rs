@@ -2217,9 +2217,21 @@ pub(crate) fn check_group_positions(topics: &[Topic]) -> Result<Vec<LostGroupPos
                 continue;
             };
             let mut rewind = Committed::default();
+            let lineage = t.lineage();
             for (&p, &pos) in &g.positions {
                 let Ok(part) = t.partition(p) else { continue };
                 let end = part.end_offset();
+                // Past a tail-split parent's logical end, up to its seal, a
+                // position continues in the children (translated at the
+                // group's first look): a member committed it after the
+                // split, from records it was handed before. Not lost.
+                if lineage
+                    .tails
+                    .get(&p)
+                    .is_some_and(|tail| pos <= tail.index.seal)
+                {
+                    continue;
+                }
                 if pos > end {
                     let (at, last) = t.latest_position(p, end)?;
                     rewind.positions.insert(p, at);

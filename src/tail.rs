@@ -163,7 +163,12 @@ impl Copier<'_> {
     fn slot(&self, hash: Option<u64>, offset: u64) -> usize {
         match hash {
             // Keyed: the child owning the hash (ranges tile the parent's).
-            Some(h) => self.ranges.partition_point(|&(s, _)| s <= h) - 1,
+            // A record `append_to` put here with a hash below the range
+            // goes to the first child.
+            Some(h) => self
+                .ranges
+                .partition_point(|&(s, _)| s <= h)
+                .saturating_sub(1),
             // Keyless records have no order to keep: spread by offset.
             None => (offset % self.ranges.len() as u64) as usize,
         }

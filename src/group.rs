@@ -1605,7 +1605,12 @@ impl Member {
                 .get(&r.partition)
                 .is_none_or(|t| r.offset < t.index.from)
         });
-        translate_tails(&lineage, &mut self.positions, &mut self.last_records);
+        // The parents it read past their logical ends are read to the end
+        // this member needs: drained (else the parent, still this member's
+        // until a commit says otherwise, is read again from the committed
+        // position, and a commit naming the children is refused).
+        let left = translate_tails(&lineage, &mut self.positions, &mut self.last_records);
+        self.drained.extend(left);
         // Ours, in a tenure this member's reading state belongs to (the
         // same one, or its parent's for a split child it kept). A
         // partition taken away and given back since is read again from

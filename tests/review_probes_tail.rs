@@ -633,3 +633,112 @@ fn size_retention_after_a_tail_split_never_duplicates() {
         check(&read_all(&topic), "reopened");
     }
 }
+
+/// A member that read past the split offset without committing, then
+/// reads on in the children and commits: the commit is accepted, and a
+/// member joining after it left reads exactly the rest.
+#[test]
+fn a_member_reading_across_the_split_commits_child_positions() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    append(&topic, 0, 1000);
+    let g = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = g.join(member_opts()).unwrap();
+    let mut seen = poll_n(&mut m, 700);
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(400))
+        .unwrap();
+    seen.extend(poll_n(&mut m, 100));
+    m.commit().unwrap();
+    append(&topic, 1000, 200);
+    m.leave().unwrap();
+    let mut m2 = g.join(member_opts()).unwrap();
+    poll_all(&mut m2, &mut seen);
+    check_exactly_once(&seen, 1200, "after a commit across the split");
+}
+
+/// A member commits its stale parent position after the split, then
+/// reads on in the children and commits again.
+#[test]
+fn a_member_commits_again_after_a_stale_parent_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    append(&topic, 0, 1000);
+    let g = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = g.join(member_opts()).unwrap();
+    let mut seen = poll_n(&mut m, 700);
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(400))
+        .unwrap();
+    m.commit().unwrap();
+    seen.extend(poll_n(&mut m, 100));
+    m.commit().unwrap();
+    append(&topic, 1000, 200);
+    m.leave().unwrap();
+    let mut m2 = g.join(member_opts()).unwrap();
+    poll_all(&mut m2, &mut seen);
+    check_exactly_once(&seen, 1200, "after two commits");
+}
+
+/// A reader started at the latest position before the split reads only
+/// what is appended after it, once.
+#[test]
+fn a_latest_reader_from_before_the_split_reads_only_new_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    append(&topic, 0, 300);
+    let mut r = topic.reader(StartAt::Latest).unwrap();
+    let cut = r.cut();
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(100))
+        .unwrap();
+    append(&topic, 300, 50);
+    let mut got = Vec::new();
+    drain(&mut r, &mut got);
+    let mut want: Vec<u64> = got.iter().map(seq).collect();
+    want.sort_unstable();
+    assert_eq!(want, (300..350).collect::<Vec<_>>(), "live latest reader");
+    let mut r = topic.reader(StartAt::Cut(cut)).unwrap();
+    let mut got = Vec::new();
+    drain(&mut r, &mut got);
+    let mut want: Vec<u64> = got.iter().map(seq).collect();
+    want.sort_unstable();
+    assert_eq!(want, (300..350).collect::<Vec<_>>(), "cut at the end");
+}
+
+/// A member reads across a tail split and a tail split of a child, then
+/// commits; after a reopen the group goes on with exactly the rest.
+#[test]
+fn a_member_reading_across_chained_tail_splits_commits_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut seen;
+    {
+        let log = Log::open(dir.path(), options()).unwrap();
+        let topic = log.create_topic("t", config()).unwrap();
+        append(&topic, 0, 1000);
+        let g = topic.group("g", GroupOptions::default()).unwrap();
+        let mut m = g.join(member_opts()).unwrap();
+        seen = poll_n(&mut m, 900);
+        let out = topic
+            .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(300))
+            .unwrap();
+        let c = out.children[0];
+        topic
+            .split_tail(c, SplitPlan::Even, TailSplitOptions::from_offset(50))
+            .unwrap();
+        seen.extend(poll_n(&mut m, 50));
+        m.commit().unwrap();
+        append(&topic, 1000, 100);
+        drop((m, g, topic));
+        log.close().unwrap();
+    }
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.topic("t").unwrap();
+    let g = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = g.join(member_opts()).unwrap();
+    poll_all(&mut m, &mut seen);
+    check_exactly_once(&seen, 1100, "group across chained tail splits");
+}

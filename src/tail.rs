@@ -506,8 +506,7 @@ impl Topic {
         kids: Vec<Arc<Partition>>,
         info: Arc<TailInfo>,
     ) {
-        self.install_children_with(&[(parent, from)], children, kids);
-        self.inner.write_state().tails.insert(parent, info);
+        self.install_children_with(&[(parent, from)], children, kids, Some((parent, info)));
     }
 
     /// Where a position of a tail-split parent continues (see

@@ -1999,6 +1999,20 @@ impl Member {
         }
         self.report(&mut st);
         let lineage = st.lineage.clone();
+        // A position past a tail-split parent's logical end (records handed
+        // out before the split) is committed as what it means: the parent
+        // read, the children at the translated positions. Written as the
+        // parent's, it would be lost with the parent's removal.
+        let mut moved: BTreeMap<u32, u64> = positions.iter().copied().collect();
+        let left = translate_tails(&lineage, &mut moved, &mut BTreeMap::new());
+        let (moved_positions, moved_drained): (Vec<(u32, u64)>, Vec<u32>);
+        let (positions, drained) = if left.is_empty() {
+            (positions, drained)
+        } else {
+            moved_positions = moved.into_iter().collect();
+            moved_drained = drained.iter().copied().chain(left).collect();
+            (&moved_positions[..], &moved_drained[..])
+        };
         // Which ready partition each named one belongs to.
         // Only partitions held in the tenure this member's state belongs
         // to: one taken away and given back since is not committed from

@@ -801,3 +801,42 @@ fn reader_through_split_round() {
     poll_all(&mut m, &mut group_seen);
     check_exactly_once(&group_seen, total, "group member");
 }
+
+/// A member commits its pre-split parent position after a tail split
+/// that moved the parent whole; retention then removes the parent. After
+/// a reopen the group goes on with exactly the records not handed out.
+#[test]
+fn a_stale_parent_commit_survives_the_parents_removal_and_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TopicConfig {
+        retention_bytes: Some(1 << 30),
+        ..config()
+    };
+    let mut seen;
+    {
+        let log = Log::open(dir.path(), options()).unwrap();
+        let topic = log.create_topic("t", cfg).unwrap();
+        append(&topic, 0, 500);
+        let g = topic.group("g", GroupOptions::default()).unwrap();
+        let mut m = g.join(member_opts()).unwrap();
+        seen = poll_n(&mut m, 300);
+        topic
+            .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(0))
+            .unwrap();
+        m.commit().unwrap();
+        log.enforce_retention().unwrap();
+        assert!(
+            topic.partitions().iter().all(|p| p.id != 0),
+            "parent removed"
+        );
+        append(&topic, 500, 100);
+        drop((m, g, topic));
+        log.close().unwrap();
+    }
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.topic("t").unwrap();
+    let g = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = g.join(member_opts()).unwrap();
+    poll_all(&mut m, &mut seen);
+    check_exactly_once(&seen, 600, "group after the parent's removal and a reopen");
+}

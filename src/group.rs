@@ -1961,6 +1961,15 @@ impl Member {
         }
         let mut pos = Vec::new();
         let mut drained = Vec::new();
+        // Offsets of records handed out from a tail-split parent before the
+        // split, past its logical end: the children's translated positions,
+        // the parent read (as this member's positions were translated).
+        let lineage = self.lineage.clone();
+        for p in translate_tails(&lineage, &mut highest, &mut BTreeMap::new()) {
+            if self.drained.contains(&p) {
+                drained.push(p);
+            }
+        }
         for (p, o) in highest {
             let handed = match self.positions.get(&p) {
                 Some(&h) => h,

@@ -840,3 +840,36 @@ fn a_stale_parent_commit_survives_the_parents_removal_and_a_reopen() {
     poll_all(&mut m, &mut seen);
     check_exactly_once(&seen, 600, "group after the parent's removal and a reopen");
 }
+
+/// `commit_positions` with the offsets of records handed out from the
+/// parent before the split (past its logical end), after the member
+/// polled the children: accepted, and a member joining after it left
+/// reads exactly the rest.
+#[test]
+fn commit_positions_of_parent_records_handed_out_before_the_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    append(&topic, 0, 1000);
+    let g = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = g.join(member_opts()).unwrap();
+    let seen = poll_n(&mut m, 700);
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(400))
+        .unwrap();
+    // Nothing new yet: the poll only takes the new topology.
+    let more = m.poll(10).unwrap();
+    assert!(more.iter().all(|r| r.partition != 0), "{:?}", more.first());
+    let last = seen.last().unwrap();
+    assert_eq!(last.partition, 0);
+    m.commit_positions(&[(0, last.offset + 1)]).unwrap();
+    m.leave().unwrap();
+    let mut m2 = g.join(member_opts()).unwrap();
+    let mut rest = Vec::new();
+    poll_all(&mut m2, &mut rest);
+    // The member's records read after the split were not committed: the
+    // next member reads them.
+    let mut all = seen.clone();
+    all.extend(rest);
+    check_exactly_once(&all, 1000, "after commit_positions of parent offsets");
+}

@@ -982,3 +982,33 @@ fn two_members_share_the_children_after_a_tail_split() {
         }
     }
 }
+
+/// Reads of the parent from below the split offset with a large byte
+/// budget stop at its logical end: no moved record comes out of the
+/// parent.
+#[test]
+fn a_large_read_of_the_parent_stops_at_its_logical_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    append(&topic, 0, 1000);
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(400))
+        .unwrap();
+    let mut pos = 0;
+    let mut n = 0;
+    while pos < 400 {
+        let b = topic.read(0, pos, 1 << 24).unwrap();
+        for r in b.to_owned_records().unwrap() {
+            assert!(
+                r.offset < 400,
+                "moved record {} read from the parent",
+                r.offset
+            );
+            n += 1;
+        }
+        assert!(b.next_offset() <= 400, "next offset {}", b.next_offset());
+        pos = b.next_offset();
+    }
+    assert_eq!(n, 400);
+}

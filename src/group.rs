@@ -2251,8 +2251,8 @@ pub(crate) fn check_group_positions(topics: &[Topic]) -> Result<Vec<LostGroupPos
                 let end = part.end_offset();
                 // Past a tail-split parent's logical end, up to its seal, a
                 // position continues in the children (translated at the
-                // group's first look): a member committed it after the
-                // split, from records it was handed before. Not lost.
+                // group's first look): a commit that raced the split wrote
+                // it, from records handed out before. Not lost.
                 if lineage
                     .tails
                     .get(&p)

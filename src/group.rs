@@ -1605,7 +1605,12 @@ impl Member {
                 .get(&r.partition)
                 .is_none_or(|t| r.offset < t.index.from)
         });
-        translate_tails(&lineage, &mut self.positions, &mut self.last_records);
+        // The parents it read past their logical ends are read to the end
+        // this member needs: drained (else the parent, still this member's
+        // until a commit says otherwise, is read again from the committed
+        // position, and a commit naming the children is refused).
+        let left = translate_tails(&lineage, &mut self.positions, &mut self.last_records);
+        self.drained.extend(left);
         // Ours, in a tenure this member's reading state belongs to (the
         // same one, or its parent's for a split child it kept). A
         // partition taken away and given back since is read again from
@@ -1956,6 +1961,15 @@ impl Member {
         }
         let mut pos = Vec::new();
         let mut drained = Vec::new();
+        // Offsets of records handed out from a tail-split parent before the
+        // split, past its logical end: the children's translated positions,
+        // the parent read (as this member's positions were translated).
+        let lineage = self.lineage.clone();
+        for p in translate_tails(&lineage, &mut highest, &mut BTreeMap::new()) {
+            if self.drained.contains(&p) {
+                drained.push(p);
+            }
+        }
         for (p, o) in highest {
             let handed = match self.positions.get(&p) {
                 Some(&h) => h,
@@ -1994,6 +2008,20 @@ impl Member {
         }
         self.report(&mut st);
         let lineage = st.lineage.clone();
+        // A position past a tail-split parent's logical end (records handed
+        // out before the split) is committed as what it means: the parent
+        // read, the children at the translated positions. Written as the
+        // parent's, it would be lost with the parent's removal.
+        let mut moved: BTreeMap<u32, u64> = positions.iter().copied().collect();
+        let left = translate_tails(&lineage, &mut moved, &mut BTreeMap::new());
+        let (moved_positions, moved_drained): (Vec<(u32, u64)>, Vec<u32>);
+        let (positions, drained) = if left.is_empty() {
+            (positions, drained)
+        } else {
+            moved_positions = moved.into_iter().collect();
+            moved_drained = drained.iter().copied().chain(left).collect();
+            (&moved_positions[..], &moved_drained[..])
+        };
         // Which ready partition each named one belongs to.
         // Only partitions held in the tenure this member's state belongs
         // to: one taken away and given back since is not committed from
@@ -2217,9 +2245,21 @@ pub(crate) fn check_group_positions(topics: &[Topic]) -> Result<Vec<LostGroupPos
                 continue;
             };
             let mut rewind = Committed::default();
+            let lineage = t.lineage();
             for (&p, &pos) in &g.positions {
                 let Ok(part) = t.partition(p) else { continue };
                 let end = part.end_offset();
+                // Past a tail-split parent's logical end, up to its seal, a
+                // position continues in the children (translated at the
+                // group's first look): a commit that raced the split wrote
+                // it, from records handed out before. Not lost.
+                if lineage
+                    .tails
+                    .get(&p)
+                    .is_some_and(|tail| pos <= tail.index.seal)
+                {
+                    continue;
+                }
                 if pos > end {
                     let (at, last) = t.latest_position(p, end)?;
                     rewind.positions.insert(p, at);

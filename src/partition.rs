@@ -743,7 +743,14 @@ impl Partition {
     }
 
     /// First offset whose record timestamp is >= `ts` (None: none yet).
+    /// A tail-split parent answers below its logical end only: its records
+    /// past it were moved to the children.
     pub fn offset_for_time(&self, ts: i64) -> Result<Option<u64>> {
+        let found = self.physical_offset_for_time(ts)?;
+        Ok(found.filter(|&o| o < self.logical_end.load(Ordering::Acquire)))
+    }
+
+    fn physical_offset_for_time(&self, ts: i64) -> Result<Option<u64>> {
         let segments = self.segments();
         let Some(i) = segments.iter().position(|s| s.max_timestamp() >= ts) else {
             return Ok(None);

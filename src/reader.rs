@@ -204,13 +204,14 @@ pub(crate) fn drained_at(topic: &Topic, lineage: &Lineage, id: u32, pos: u64) ->
 /// parent's children: per child, its first moved record at or after the
 /// position (a child already listed keeps its own position), and so on
 /// down through children tail-split in turn. The parent leaves the
-/// positions: it is an ancestor of its children, so drained.
+/// positions: it is an ancestor of its children, so drained. Returns the
+/// partitions that left the positions so (every parent of the chain).
 pub(crate) fn translate_tails(
     lineage: &Lineage,
     positions: &mut BTreeMap<u32, u64>,
     last_records: &mut BTreeMap<u32, u64>,
-) -> bool {
-    let mut any = false;
+) -> Vec<u32> {
+    let mut left = Vec::new();
     // Until nothing moves: a child may itself have been tail-split past
     // the position it was given.
     loop {
@@ -219,10 +220,10 @@ pub(crate) fn translate_tails(
             .filter_map(|(&id, &pos)| Some((id, Topic::translate_tail(lineage, id, pos)?)))
             .collect();
         if moved.is_empty() {
-            return any;
+            return left;
         }
-        any = true;
         for (id, kids) in &moved {
+            left.push(*id);
             positions.remove(id);
             last_records.remove(id);
             for &(c, off) in kids {

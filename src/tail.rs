@@ -163,19 +163,15 @@ impl Copier<'_> {
     fn slot(&self, hash: Option<u64>, offset: u64) -> Result<usize> {
         match hash {
             // Keyed: the child owning the hash (ranges tile the parent's).
-            // A record whose key hash lies outside the parent's range was
-            // routed to a hot key's lane point; `split_tail` refuses
-            // partitions holding such lanes, so this is never expected.
-            Some(h) => self
+            // A record `append_to` put here whose hash lies outside the
+            // range (below it: the first child; above it: the last) has no
+            // routed order to keep. A hot key's lane records, which also
+            // lie outside, never get here: `split_tail` refuses partitions
+            // holding such lanes.
+            Some(h) => Ok(self
                 .ranges
                 .partition_point(|&(s, _)| s <= h)
-                .checked_sub(1)
-                .filter(|&i| h <= self.ranges[i].1)
-                .ok_or_else(|| {
-                    Error::Refused(format!(
-                        "the record at offset {offset} has a key hash outside the partition's range (a hot key's lane)"
-                    ))
-                }),
+                .saturating_sub(1)),
             // Keyless records have no order to keep: spread by offset.
             None => Ok((offset % self.ranges.len() as u64) as usize),
         }
@@ -525,8 +521,7 @@ impl Topic {
         kids: Vec<Arc<Partition>>,
         info: Arc<TailInfo>,
     ) {
-        self.install_children_with(&[(parent, from)], children, kids);
-        self.inner.write_state().tails.insert(parent, info);
+        self.install_children_with(&[(parent, from)], children, kids, Some((parent, info)));
     }
 
     /// Where a position of a tail-split parent continues (see

@@ -1196,7 +1196,7 @@ impl Topic {
             .zip(segs)
             .map(|(c, s)| self.make_partition(c.id, vec![s], (c.start, c.end), false, (0, 64, 0)))
             .collect();
-        self.install_children_with(parents, children, parts);
+        self.install_children_with(parents, children, parts, None);
     }
 
     /// [`Topic::install_children`] with the children's partitions built.
@@ -1205,9 +1205,17 @@ impl Topic {
         parents: &[(u32, u64)],
         children: &[PartitionRecord],
         parts: Vec<Arc<Partition>>,
+        tail: Option<(u32, Arc<crate::tail::TailInfo>)>,
     ) {
         let now = self.inner.core.clock.now_nanos();
         let mut st = self.inner.write_state();
+        // A tail split's entry goes in with the seal, under one write: a
+        // reader taking the lineage in between would see the parent sealed
+        // at its logical end without it, take a position past that end for
+        // drained, and read the moved records again from the children.
+        if let Some((parent, info)) = tail {
+            st.tails.insert(parent, info);
+        }
         for &(pid, end_offset) in parents {
             if let Some(n) = st.nodes.get_mut(&pid) {
                 n.rec.state = PartitionState::Sealed { end_offset };

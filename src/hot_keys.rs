@@ -103,7 +103,7 @@ pub(crate) fn window_of(ts: i64, window_ms: i64) -> i64 {
 
 pub(crate) fn window_ms(era: &HotKeyEra) -> Option<i64> {
     match era.mode {
-        HotKeyMode::Windowed(d) => Some(i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)),
+        HotKeyMode::Windowed(d) => Some(duration_ms(d)),
         _ => None,
     }
 }
@@ -111,8 +111,21 @@ pub(crate) fn window_ms(era: &HotKeyEra) -> Option<i64> {
 /// The lane of window `w` in a windowed era.
 pub(crate) fn lane_of_window(era: &HotKeyEra, w: i64) -> usize {
     let wm = window_ms(era).expect("a windowed era");
-    let first = window_of(era.from_ms, wm);
-    (w - first).rem_euclid(era.lanes.len() as i64) as usize
+    lane_after(w, window_of(era.from_ms, wm), era.lanes.len())
+}
+
+/// `(w - first) mod lanes`. Record timestamps may be anywhere in `i64`
+/// (the caller's), so the difference wraps: the lane written and the lane
+/// read are computed by this one function, and builds with and without
+/// overflow checks agree.
+fn lane_after(w: i64, first: i64, lanes: usize) -> usize {
+    w.wrapping_sub(first).rem_euclid(lanes as i64) as usize
+}
+
+/// A window length in ms as routing uses it: saturated to `i64::MAX`, at
+/// least 1.
+fn duration_ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
 }
 
 /// One era of a key as [`Topic::key_lanes`] reports it.
@@ -135,7 +148,9 @@ impl KeyEra {
     /// Windowed eras: the window of a record timestamp.
     pub fn window_of(&self, timestamp: i64) -> Option<i64> {
         match self.mode {
-            HotKeyMode::Windowed(d) => Some(timestamp.div_euclid((d.as_millis() as i64).max(1))),
+            // The conversion routing uses (a cast would cut a window
+            // longer than `i64::MAX` ms to its low bits).
+            HotKeyMode::Windowed(d) => Some(timestamp.div_euclid(duration_ms(d))),
             _ => None,
         }
     }
@@ -143,7 +158,7 @@ impl KeyEra {
     /// Windowed eras: the lane of window `w`.
     pub fn lane_of_window(&self, w: i64) -> Option<usize> {
         let first = self.first_window?;
-        Some((w - first).rem_euclid(self.lanes.len() as i64) as usize)
+        Some(lane_after(w, first, self.lanes.len()))
     }
 }
 

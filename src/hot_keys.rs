@@ -306,8 +306,17 @@ impl Topic {
                 reason,
             })
         };
-        let lanes = match mode {
-            HotKeyMode::Strict => return Ok(1),
+        // Checked for every mode, as documented: `Strict` takes one lane
+        // whatever it is given, but a count outside the range is still bad
+        // input (it was accepted and switched the key to strict).
+        if lanes == 0 || lanes > cfg.max_lanes {
+            return refuse(format!(
+                "{lanes} lanes; the topic allows 1 to {}",
+                cfg.max_lanes
+            ));
+        }
+        match mode {
+            HotKeyMode::Strict => Ok(1),
             HotKeyMode::Windowed(d) => {
                 if !cfg.allow_windowed {
                     return refuse("the topic does not allow windowed keys".into());
@@ -315,22 +324,15 @@ impl Topic {
                 if d.as_millis() == 0 {
                     return refuse("a window is at least 1 ms".into());
                 }
-                lanes
+                Ok(lanes)
             }
             HotKeyMode::Spread => {
                 if !cfg.allow_spread {
                     return refuse("the topic does not allow spread keys".into());
                 }
-                lanes
+                Ok(lanes)
             }
-        };
-        if lanes == 0 || lanes > cfg.max_lanes {
-            return refuse(format!(
-                "{lanes} lanes; the topic allows 1 to {}",
-                cfg.max_lanes
-            ));
         }
-        Ok(lanes)
     }
 
     /// [`Topic::set_hot_key_mode_lanes`] by routing hash.

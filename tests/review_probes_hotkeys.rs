@@ -597,3 +597,75 @@ fn dump_of_one_key_prints_a_windowed_key_in_per_key_order() {
     );
     assert!(dump_seqs(dir.path(), &["--key", "plain"], "the-hot-key").is_empty());
 }
+
+/// A mode change whose manifest fdatasync fails has an unknown outcome: the
+/// record may be on disk, and the next open then finds the new era. An
+/// append of the key that was waiting for the key's lock during the change
+/// went on afterwards under the old routing, into a partition above the
+/// era's start, and was acknowledged; after the reopen the reader
+/// attributed it to the new era and skipped it (its window belongs to a
+/// lane in another partition): an acknowledged record lost. Appends of the
+/// key must see the poisoned log once they hold the key's lock.
+///
+/// Reproduction: 2 partitions; `set_hot_key_mode_lanes(HOT, W100, 2)` with
+/// the manifest fdatasync failing; while it waits in that fsync, an
+/// `append_batch` of two `HOT` records in consecutive windows starts (it
+/// waits for the key's lock); the change fails (`LogPoisoned`), the batch
+/// returns `Ok`; reopen; `read_key` lacked one of the two.
+#[test]
+fn an_append_waiting_on_a_failed_mode_change_is_not_lost_after_reopen() {
+    use std::sync::{Arc, Mutex};
+    let dir = tempfile::tempdir().unwrap();
+    let hook = ModelHook::new(dir.path(), None);
+    let log = Log::open_with_hook(dir.path(), opts(), hook.clone()).unwrap();
+    let topic = log.create_topic("t", config(2, true, false)).unwrap();
+    put(&topic, HOT, 0, T0);
+    log.sync().unwrap();
+    type Waiter = std::thread::JoinHandle<fissionlog::Result<Vec<fissionlog::Appended>>>;
+    let waiter: Arc<Mutex<Option<Waiter>>> = Arc::default();
+    let armed = Arc::new(AtomicBool::new(true));
+    {
+        let (topic, waiter, armed) = (topic.clone(), waiter.clone(), armed.clone());
+        hook.set_fault(Some(Box::new(move |op, _| {
+            if op != fissionlog::IoOp::SyncManifest || !armed.swap(false, Ordering::SeqCst) {
+                return Ok(());
+            }
+            let t = topic.clone();
+            *waiter.lock().unwrap() = Some(std::thread::spawn(move || {
+                let (a, b) = (b"1".to_vec(), b"2".to_vec());
+                let now = 4_000_000_000_000; // far ahead: two windows, two lanes
+                t.append_batch(&[
+                    NewRecord {
+                        key: Some(HOT),
+                        value: &a,
+                        timestamp: Some(now),
+                    },
+                    NewRecord {
+                        key: Some(HOT),
+                        value: &b,
+                        timestamp: Some(now + 100),
+                    },
+                ])
+            }));
+            // Let it reach the key's lock (held by the change).
+            std::thread::sleep(Duration::from_millis(200));
+            Err(std::io::Error::other("injected fdatasync failure"))
+        })));
+    }
+    let r = topic.set_hot_key_mode_lanes(HOT, W100, 2);
+    assert!(matches!(r, Err(Error::LogPoisoned { .. })), "{r:?}");
+    let appended = waiter.lock().unwrap().take().unwrap().join().unwrap();
+    hook.set_fault(None);
+    drop(topic);
+    log.abandon();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let topic = log.topic("t").unwrap();
+    let kept = seqs(&topic.read_key(HOT).unwrap());
+    match appended {
+        Ok(_) => assert_eq!(kept, vec![0, 1, 2], "acknowledged records lost"),
+        Err(e) => {
+            assert!(matches!(e, Error::LogPoisoned { .. }), "{e}");
+            assert_eq!(kept, vec![0]);
+        }
+    }
+}

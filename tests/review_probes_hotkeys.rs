@@ -669,3 +669,121 @@ fn an_append_waiting_on_a_failed_mode_change_is_not_lost_after_reopen() {
         }
     }
 }
+
+/// Retention removes the sealed partitions that held a windowed era's first
+/// records (and the key's strict records before it): the key reader skips
+/// the eras whose bounding partitions are gone and returns exactly the
+/// records still held, in order, each with its era, window and lane.
+#[test]
+fn retention_removing_a_windowed_keys_old_lane_partitions_leaves_the_rest_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let topic = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                retention_age: Some(Duration::from_secs(3600)),
+                ..config(2, true, false)
+            },
+        )
+        .unwrap();
+    // Old records (2023): strict, then windowed over the two partitions.
+    for s in 0..5 {
+        put(&topic, HOT, s, T0 + s as i64);
+    }
+    topic.set_hot_key_mode_lanes(HOT, W100, 2).unwrap();
+    for s in 5..20 {
+        put(&topic, HOT, s, T0 + 100 * s as i64);
+    }
+    // Both lane owners split: the old records stay in sealed parents.
+    for p in topic.active_partitions() {
+        topic.split(p, fissionlog::SplitPlan::Even).unwrap();
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    for s in 20..40 {
+        put(&topic, HOT, s, now + 100 * s as i64);
+    }
+    topic.set_hot_key_mode(HOT, HotKeyMode::Strict).unwrap();
+    for s in 40..45 {
+        put(&topic, HOT, s, now);
+    }
+    assert_eq!(
+        seqs(&topic.read_key(HOT).unwrap()),
+        (0..45).collect::<Vec<_>>()
+    );
+    let removed = log.enforce_retention().unwrap();
+    assert!(removed >= 2, "the sealed parents were removed: {removed}");
+    let records = topic.read_key(HOT).unwrap();
+    assert_eq!(seqs(&records), (20..45).collect::<Vec<_>>());
+    let lanes = topic.key_lanes(HOT);
+    for r in &records {
+        let s = seq_of(&r.value);
+        assert_eq!(r.era, if s < 40 { 1 } else { 2 }, "era of {s}");
+        if let Some(w) = r.window {
+            assert_eq!(lanes.eras[r.era].lane_of_window(w), Some(r.lane));
+        }
+    }
+    let lanes_used: std::collections::BTreeSet<usize> = records
+        .iter()
+        .filter(|r| r.era == 1)
+        .map(|r| r.lane)
+        .collect();
+    assert_eq!(lanes_used.len(), 2);
+    // The same after a reopen.
+    log.close().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let topic = log.topic("t").unwrap();
+    assert_eq!(
+        seqs(&topic.read_key(HOT).unwrap()),
+        (20..45).collect::<Vec<_>>()
+    );
+}
+
+/// Windows straddling a merge of the two lane owners, then a split of the
+/// merge child, in a windowed era and in a spread era: the merged
+/// partition is on both lanes' chains; the windowed reader attributes each
+/// record by its window (per-key order), the spread reader reads it once
+/// (every record once).
+#[test]
+fn lanes_merged_into_one_partition_and_split_again_read_back_once() {
+    for mode in [W100, HotKeyMode::Spread] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Log::open(dir.path(), opts()).unwrap();
+        let topic = log.create_topic("t", config(2, true, true)).unwrap();
+        topic.set_hot_key_mode_lanes(HOT, mode, 2).unwrap();
+        let ts = |s: u64| T0 + 100 * s as i64;
+        for s in 0..10 {
+            put(&topic, HOT, s, ts(s));
+        }
+        let [a, b] = topic.active_partitions()[..] else {
+            panic!()
+        };
+        let m = topic.merge(a, b).unwrap();
+        for s in 10..20 {
+            put(&topic, HOT, s, ts(s));
+        }
+        topic.split(m, fissionlog::SplitPlan::Even).unwrap();
+        for s in 20..30 {
+            put(&topic, HOT, s, ts(s));
+        }
+        let check = |topic: &Topic, case: &str| {
+            let records = topic.read_key(HOT).unwrap();
+            let mut s = seqs(&records);
+            if mode == W100 {
+                assert_eq!(s, (0..30).collect::<Vec<_>>(), "{case}");
+            }
+            s.sort_unstable();
+            assert_eq!(s, (0..30).collect::<Vec<_>>(), "{case}: once each");
+            // Every link of the key's chain is a partition the key used.
+            let chain = topic.key_chain(HOT);
+            assert!(chain.iter().any(|l| l.partition == m), "{case}: {chain:?}");
+        };
+        check(&topic, &format!("{mode:?}"));
+        log.close().unwrap();
+        let log = Log::open(dir.path(), opts()).unwrap();
+        check(&log.topic("t").unwrap(), &format!("{mode:?} reopened"));
+    }
+}

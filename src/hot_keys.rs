@@ -198,7 +198,9 @@ pub struct KeyLink {
     pub era: usize,
     /// The era's mode.
     pub mode: HotKeyMode,
-    /// The lane this link belongs to.
+    /// The lane this link belongs to. In a spread era a partition on
+    /// several lanes' chains (after a merge of lane owners) is listed once,
+    /// for the first of them: its records are read once.
     pub lane: usize,
     /// The era's number of lanes.
     pub lanes: usize,
@@ -535,7 +537,7 @@ impl Topic {
     pub(crate) fn era_links(&self, eras: &[HotKeyEra], e: usize) -> Vec<KeyLink> {
         let era = &eras[e];
         let next = eras.get(e + 1);
-        let mut out = Vec::new();
+        let mut out: Vec<KeyLink> = Vec::new();
         for (j, &x) in era.lanes.iter().enumerate() {
             let chain = self.hash_chain(x);
             let at = |starts: &[(u32, u64)]| {
@@ -560,6 +562,15 @@ impl Topic {
                 },
             };
             for (ci, link) in chain.iter().enumerate().take(end_idx).skip(first) {
+                // A spread record names no lane: a partition on several
+                // lanes' chains (a merge of two lane owners) is listed
+                // once, for the first of them, or its records would be
+                // read once per lane.
+                if era.mode == HotKeyMode::Spread
+                    && out.iter().any(|l| l.partition == link.partition)
+                {
+                    continue;
+                }
                 let from_offset = if ci == first && e > 0 {
                     lookup(&era.starts, link.partition).unwrap_or(0)
                 } else {

@@ -1,7 +1,7 @@
 //! Reading one key back in per-key order, streaming: era by era, and in a
 //! windowed era window by window, merging the key's lanes (docs/HOT_KEYS.md).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use crate::config::HotKeyMode;
 use crate::error::{Error, Result};
@@ -88,20 +88,15 @@ impl Topic {
 
 impl KeyReader {
     /// The lane cursors of the current era. A spread era reads a partition
-    /// shared by several lanes once, for the first of them.
+    /// shared by several lanes once, for the first of them (its links list
+    /// it once).
     fn open_era(&self) -> Vec<LaneCursor> {
         let era = &self.eras[self.era];
         let links = self.topic.era_links(&self.eras, self.era);
-        let mut taken: HashSet<u32> = HashSet::new();
         (0..era.lanes.len())
             .map(|j| LaneCursor {
                 lane: j,
-                links: links
-                    .iter()
-                    .filter(|l| l.lane == j)
-                    .filter(|l| era.mode != HotKeyMode::Spread || taken.insert(l.partition))
-                    .copied()
-                    .collect(),
+                links: links.iter().filter(|l| l.lane == j).copied().collect(),
                 offset: 0,
                 buf: VecDeque::new(),
             })

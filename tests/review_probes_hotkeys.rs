@@ -787,3 +787,128 @@ fn lanes_merged_into_one_partition_and_split_again_read_back_once() {
         check(&log.topic("t").unwrap(), &format!("{mode:?} reopened"));
     }
 }
+
+/// Mode changes past the manifest's compaction threshold: the snapshot
+/// carries every era (with its starts and anchor), so a reopen reads the
+/// key back exactly as before, and the key continues in the mode in force.
+#[test]
+fn eras_survive_manifest_compaction_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = LogOptions {
+        manifest_compact_records: 4,
+        ..opts()
+    };
+    let log = Log::open(dir.path(), o.clone()).unwrap();
+    let topic = log.create_topic("t", config(3, true, true)).unwrap();
+    let modes = [
+        W100,
+        HotKeyMode::Spread,
+        HotKeyMode::Strict,
+        HotKeyMode::Windowed(Duration::from_millis(7)),
+    ];
+    let mut s = 0u64;
+    for i in 0..11 {
+        topic
+            .set_hot_key_mode_lanes(HOT, modes[i % modes.len()], 1 + (i as u32 % 4))
+            .unwrap();
+        for _ in 0..6 {
+            put(&topic, HOT, s, T0 + 50 * s as i64);
+            s += 1;
+        }
+    }
+    let before_lanes = topic.key_lanes(HOT);
+    let before = topic.read_key(HOT).unwrap();
+    assert_eq!(before.len() as u64, s);
+    log.close().unwrap();
+    let log = Log::open(dir.path(), o).unwrap();
+    let topic = log.topic("t").unwrap();
+    assert_eq!(topic.key_lanes(HOT), before_lanes);
+    assert_eq!(topic.read_key(HOT).unwrap(), before);
+    for q in s..s + 6 {
+        put(&topic, HOT, q, T0 + 50 * q as i64);
+    }
+    let after = topic.read_key(HOT).unwrap();
+    assert_eq!(after[..before.len()], before[..]);
+    assert_eq!(after.len() as u64, s + 6);
+    assert!(after[before.len()..].iter().all(|r| r.era == 11));
+}
+
+/// The records a `key_chain` link names, read as its docs say: the
+/// partition from `from_offset` to `until_offset` (else its seal, else its
+/// end), the key's records, and in a windowed era only the windows of the
+/// link's lane.
+fn read_links(topic: &Topic) -> Vec<(u32, u64)> {
+    let lanes = topic.key_lanes(HOT);
+    let mut out = Vec::new();
+    for l in topic.key_chain(HOT) {
+        let part = topic.partition(l.partition).unwrap();
+        let end = l
+            .until_offset
+            .or(l.sealed_at)
+            .unwrap_or_else(|| part.end_offset());
+        let mut off = l.from_offset.max(part.start_offset());
+        while off < end {
+            let b = topic.read(l.partition, off, 1 << 20).unwrap();
+            for r in b.iter().take_while(|r| r.offset < end) {
+                if r.key != Some(HOT) {
+                    continue;
+                }
+                let era = &lanes.eras[l.era];
+                if let Some(w) = era.window_of(r.timestamp) {
+                    if era.lane_of_window(w) != Some(l.lane) {
+                        continue;
+                    }
+                }
+                out.push((l.partition, r.offset));
+            }
+            off = b.next_offset();
+        }
+    }
+    out
+}
+
+/// `key_chain` reports where the key's records are: following its links
+/// as documented names every record `read_key` returns, once. After the
+/// two lane owners of a spread era merged, the merge child was listed under
+/// both lanes, so a reader following the links read its records twice.
+///
+/// Reproduction: 2 partitions, `HOT` spread over 2 lanes, records, merge of
+/// the two partitions, more records: `key_chain` held the merge child for
+/// lane 0 and lane 1.
+#[test]
+fn key_chain_links_name_each_record_once() {
+    for mode in [W100, HotKeyMode::Spread] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Log::open(dir.path(), opts()).unwrap();
+        let topic = log.create_topic("t", config(2, true, true)).unwrap();
+        for s in 0..4 {
+            put(&topic, HOT, s, T0 + 100 * s as i64);
+        }
+        topic.set_hot_key_mode_lanes(HOT, mode, 2).unwrap();
+        for s in 4..10 {
+            put(&topic, HOT, s, T0 + 100 * s as i64);
+        }
+        let [a, b] = topic.active_partitions()[..] else {
+            panic!()
+        };
+        topic.merge(a, b).unwrap();
+        for s in 10..16 {
+            put(&topic, HOT, s, T0 + 100 * s as i64);
+        }
+        topic.set_hot_key_mode(HOT, HotKeyMode::Strict).unwrap();
+        for s in 16..20 {
+            put(&topic, HOT, s, T0);
+        }
+        let mut named = read_links(&topic);
+        named.sort_unstable();
+        let mut read: Vec<(u32, u64)> = topic
+            .read_key(HOT)
+            .unwrap()
+            .iter()
+            .map(|r| (r.partition, r.offset))
+            .collect();
+        read.sort_unstable();
+        assert_eq!(read.len(), 20, "{mode:?}");
+        assert_eq!(named, read, "{mode:?}: {:#?}", topic.key_chain(HOT));
+    }
+}

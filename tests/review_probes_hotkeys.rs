@@ -1001,3 +1001,108 @@ fn two_power_losses_around_mode_changes_keep_eras_consistent() {
         assert_eq!(by_era(3), (200..205).collect::<Vec<_>>(), "seed {seed}");
     }
 }
+
+/// `append_batch` is atomic per partition, and a windowed key's batch spans
+/// its lanes' partitions. When the later window's partition takes its part
+/// and the earlier window's fails (an I/O error), `PartialBatch` names the
+/// later record as landed; appending the rest again, as the error says,
+/// puts the earlier record after it (its timestamp is raised to the key's
+/// newest, so it joins the later window): the key reader returns the
+/// batch's two records in the opposite order. A strict key cannot see this
+/// (its records of a batch are in one partition, all or none).
+///
+/// Reproduction: 2 partitions of 4 KiB segments, `HOT` windowed over 2
+/// lanes (one per partition); the lane partition of window `wA` filled so
+/// that its next batch must roll, and its segment creation failing once;
+/// `append_batch([HOT at wA, HOT at wA + 1])` lands only the second;
+/// appending the first again; `read_key` gives second, first.
+#[test]
+#[ignore = "open: a windowed key's records of one batch can land out of order when one lane partition fails (PartialBatch, then the retry joins the newer window)"]
+fn a_partial_batch_of_a_windowed_key_retried_keeps_the_batch_order() {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let hook = ModelHook::new(dir.path(), None);
+    let log = Log::open_with_hook(dir.path(), opts(), hook.clone()).unwrap();
+    let topic = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                segment_bytes: 4096,
+                ..config(2, true, false)
+            },
+        )
+        .unwrap();
+    topic.set_hot_key_mode_lanes(HOT, W100, 2).unwrap();
+    let era = topic.key_lanes(HOT).eras.pop().unwrap();
+    let lane_part: Vec<u32> = era
+        .lanes
+        .iter()
+        .map(|l| l.chain.last().unwrap().partition)
+        .collect();
+    assert_ne!(lane_part[0], lane_part[1], "one lane per partition");
+    let first = era.first_window.unwrap();
+    // Window A goes to the lane of the higher partition id (its group is
+    // written after the lower one's).
+    let high = *lane_part.iter().max().unwrap();
+    let j = lane_part.iter().position(|&p| p == high).unwrap() as i64;
+    let wa = first + 10 + j;
+    let (ta, tb) = (wa * 100, wa * 100 + 100);
+    // Fill the high partition so that one more record of this shape rolls.
+    let part = topic.partition(high).unwrap();
+    let filler = |ts: i64| NewRecord {
+        key: Some(b"the-hot-kez"),
+        value: b"x",
+        timestamp: Some(ts),
+    };
+    let data = |p: &fissionlog::Partition| p.segment_infos().last().unwrap().data_bytes;
+    let before = data(&part);
+    topic.append_to(high, &[filler(ta)]).unwrap();
+    let d = data(&part) - before;
+    while 4096 - 64 - data(&part) >= d {
+        topic.append_to(high, &[filler(ta)]).unwrap();
+    }
+    assert_eq!(part.segment_count(), 1);
+    let failed = Arc::new(AtomicBool::new(false));
+    {
+        let failed = failed.clone();
+        let p = format!("/p{high}/");
+        hook.set_fault(Some(Box::new(move |op, path| {
+            if op == fissionlog::IoOp::CreateSegment
+                && path.to_string_lossy().contains(&p)
+                && !failed.swap(true, Ordering::SeqCst)
+            {
+                return Err(std::io::Error::other("injected: no segment"));
+            }
+            Ok(())
+        })));
+    }
+    let (a, b) = (b"1".to_vec(), b"2".to_vec());
+    let r = topic.append_batch(&[
+        NewRecord {
+            key: Some(HOT),
+            value: &a,
+            timestamp: Some(ta),
+        },
+        NewRecord {
+            key: Some(HOT),
+            value: &b,
+            timestamp: Some(tb),
+        },
+    ]);
+    assert!(failed.load(Ordering::SeqCst), "the roll was attempted");
+    hook.set_fault(None);
+    match r {
+        Err(Error::PartialBatch { landed, .. }) => {
+            assert!(landed[0].is_none() && landed[1].is_some(), "{landed:?}");
+            topic
+                .append_batch(&[NewRecord {
+                    key: Some(HOT),
+                    value: &a,
+                    timestamp: Some(ta),
+                }])
+                .unwrap();
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(seqs(&topic.read_key(HOT).unwrap()), vec![1, 2]);
+}

@@ -436,11 +436,10 @@ impl Topic {
                     (g.hash, g)
                 })
                 .collect();
-        if !hot_guards.is_empty() {
-            // A mode change that failed under one of these locks poisoned
-            // the log first (see `append`).
-            self.inner.core.check_open()?;
-        }
+        // After the lookup and under the keys' locks: a mode change that
+        // failed under one of these locks, or took a new key back out of
+        // the map, poisoned the log first (see `append`).
+        self.inner.core.check_open()?;
         // Empty (no allocation) when no key of the batch has a mode.
         let mut hot_routed: Vec<bool> = Vec::new();
         let n_hot_scan = if hot_guards.is_empty() {

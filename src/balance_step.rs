@@ -97,9 +97,9 @@ impl Topic {
 impl Topic {
     /// The hot-key rule: a key alone in its partition and still above the
     /// target goes windowed over `max_lanes` lanes when the topic's
-    /// `hot_keys.auto_window` says so. Only from `Strict` (a key never
-    /// set, or set back by a broker): the balancer never changes a mode it
-    /// or a broker chose, so a key's mode cannot flap.
+    /// `hot_keys.auto_window` says so. Only a key never given a mode: one
+    /// with any era (even one a broker set back to `Strict`) keeps the mode
+    /// it or a broker chose, so a key's mode cannot flap.
     fn auto_window(&self, hash: u64) {
         let cfg = self.config().hot_keys;
         let Some(window) = cfg.auto_window.filter(|_| cfg.allow_windowed) else {

@@ -124,7 +124,7 @@ pub(crate) fn window_of(ts: i64, window_ms: i64) -> i64 {
 
 pub(crate) fn window_ms(era: &HotKeyEra) -> Option<i64> {
     match era.mode {
-        HotKeyMode::Windowed(d) => Some(i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)),
+        HotKeyMode::Windowed(d) => Some(duration_ms(d)),
         _ => None,
     }
 }
@@ -132,8 +132,21 @@ pub(crate) fn window_ms(era: &HotKeyEra) -> Option<i64> {
 /// The lane of window `w` in a windowed era.
 pub(crate) fn lane_of_window(era: &HotKeyEra, w: i64) -> usize {
     let wm = window_ms(era).expect("a windowed era");
-    let first = window_of(era.from_ms, wm);
-    (w - first).rem_euclid(era.lanes.len() as i64) as usize
+    lane_after(w, window_of(era.from_ms, wm), era.lanes.len())
+}
+
+/// `(w - first) mod lanes`. Record timestamps may be anywhere in `i64`
+/// (the caller's), so the difference wraps: the lane written and the lane
+/// read are computed by this one function, and builds with and without
+/// overflow checks agree.
+fn lane_after(w: i64, first: i64, lanes: usize) -> usize {
+    w.wrapping_sub(first).rem_euclid(lanes as i64) as usize
+}
+
+/// A window length in ms as routing uses it: saturated to `i64::MAX`, at
+/// least 1.
+fn duration_ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
 }
 
 /// One era of a key as [`Topic::key_lanes`] reports it.
@@ -156,7 +169,9 @@ impl KeyEra {
     /// Windowed eras: the window of a record timestamp.
     pub fn window_of(&self, timestamp: i64) -> Option<i64> {
         match self.mode {
-            HotKeyMode::Windowed(d) => Some(timestamp.div_euclid((d.as_millis() as i64).max(1))),
+            // The conversion routing uses (a cast would cut a window
+            // longer than `i64::MAX` ms to its low bits).
+            HotKeyMode::Windowed(d) => Some(timestamp.div_euclid(duration_ms(d))),
             _ => None,
         }
     }
@@ -164,7 +179,7 @@ impl KeyEra {
     /// Windowed eras: the lane of window `w`.
     pub fn lane_of_window(&self, w: i64) -> Option<usize> {
         let first = self.first_window?;
-        Some((w - first).rem_euclid(self.lanes.len() as i64) as usize)
+        Some(lane_after(w, first, self.lanes.len()))
     }
 }
 
@@ -204,7 +219,9 @@ pub struct KeyLink {
     pub era: usize,
     /// The era's mode.
     pub mode: HotKeyMode,
-    /// The lane this link belongs to.
+    /// The lane this link belongs to. In a spread era a partition on
+    /// several lanes' chains (after a merge of lane owners) is listed once,
+    /// for the first of them: its records are read once.
     pub lane: usize,
     /// The era's number of lanes.
     pub lanes: usize,
@@ -312,8 +329,17 @@ impl Topic {
                 reason,
             })
         };
-        let lanes = match mode {
-            HotKeyMode::Strict => return Ok(1),
+        // Checked for every mode, as documented: `Strict` takes one lane
+        // whatever it is given, but a count outside the range is still bad
+        // input (it was accepted and switched the key to strict).
+        if lanes == 0 || lanes > cfg.max_lanes {
+            return refuse(format!(
+                "{lanes} lanes; the topic allows 1 to {}",
+                cfg.max_lanes
+            ));
+        }
+        match mode {
+            HotKeyMode::Strict => Ok(1),
             HotKeyMode::Windowed(d) => {
                 if !cfg.allow_windowed {
                     return refuse("the topic does not allow windowed keys".into());
@@ -321,22 +347,15 @@ impl Topic {
                 if d.as_millis() == 0 {
                     return refuse("a window is at least 1 ms".into());
                 }
-                lanes
+                Ok(lanes)
             }
             HotKeyMode::Spread => {
                 if !cfg.allow_spread {
                     return refuse("the topic does not allow spread keys".into());
                 }
-                lanes
+                Ok(lanes)
             }
-        };
-        if lanes == 0 || lanes > cfg.max_lanes {
-            return refuse(format!(
-                "{lanes} lanes; the topic allows 1 to {}",
-                cfg.max_lanes
-            ));
         }
-        Ok(lanes)
     }
 
     /// [`Topic::set_hot_key_mode_lanes`] by routing hash.
@@ -539,7 +558,7 @@ impl Topic {
     pub(crate) fn era_links(&self, eras: &[HotKeyEra], e: usize) -> Vec<KeyLink> {
         let era = &eras[e];
         let next = eras.get(e + 1);
-        let mut out = Vec::new();
+        let mut out: Vec<KeyLink> = Vec::new();
         for (j, &x) in era.lanes.iter().enumerate() {
             let chain = self.hash_chain(x);
             let at = |starts: &[(u32, u64)]| {
@@ -564,6 +583,15 @@ impl Topic {
                 },
             };
             for (ci, link) in chain.iter().enumerate().take(end_idx).skip(first) {
+                // A spread record names no lane: a partition on several
+                // lanes' chains (a merge of two lane owners) is listed
+                // once, for the first of them, or its records would be
+                // read once per lane.
+                if era.mode == HotKeyMode::Spread
+                    && out.iter().any(|l| l.partition == link.partition)
+                {
+                    continue;
+                }
                 let from_offset = if ci == first && e > 0 {
                     lookup(&era.starts, link.partition).unwrap_or(0)
                 } else {

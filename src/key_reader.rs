@@ -1,7 +1,7 @@
 //! Reading one key back in per-key order, streaming: era by era, and in a
 //! windowed era window by window, merging the key's lanes (docs/HOT_KEYS.md).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use crate::config::HotKeyMode;
 use crate::error::{Error, Result};
@@ -22,6 +22,11 @@ pub struct KeyReader {
     eras: Vec<HotKeyEra>,
     era: usize,
     lanes: Option<Vec<LaneCursor>>,
+    /// Each partition's visible end when the reader was made (taken before
+    /// the eras): nothing at or above it is read, and a partition made
+    /// later is not read at all. `None`: no bound (the caller holds the
+    /// key's lock, so no era can begin meanwhile).
+    ends: Option<HashMap<u32, u64>>,
 }
 
 /// One lane of the era being read: its links, where it is, what it read.
@@ -38,16 +43,26 @@ impl Topic {
     /// era, and in a windowed era window by window, each window from its
     /// one lane (the lanes are merged by window: a lane's windows only
     /// increase along its chain). A spread era's records come lane by lane
-    /// (that mode promises no order). The eras and lanes are those of the
-    /// moment the reader is made; records appended meanwhile to the
-    /// partitions it reads may be returned too, in order.
+    /// (that mode promises no order). It reads the records visible when it
+    /// is made, with the eras of that moment; records appended afterwards
+    /// are not returned (after a mode change they would belong to an era
+    /// the reader does not know, and read as the older one's).
     pub fn key_reader(&self, key: &[u8]) -> KeyReader {
+        // The ends first, then the eras. A mode change installs its era
+        // before the key's first append in it (both under the key's lock),
+        // so a record below an end taken here belongs to an era read below.
+        let ends: HashMap<u32, u64> = self
+            .all_partition_handles()
+            .iter()
+            .map(|p| (p.id(), p.visible_end(p.default_isolation())))
+            .collect();
         KeyReader {
             topic: self.clone(),
             key: key.to_vec(),
             eras: self.all_eras(self.hash(key)),
             era: 0,
             lanes: None,
+            ends: Some(ends),
         }
     }
 
@@ -60,6 +75,7 @@ impl Topic {
             eras,
             era: from,
             lanes: None,
+            ends: None,
         }
     }
 
@@ -72,20 +88,15 @@ impl Topic {
 
 impl KeyReader {
     /// The lane cursors of the current era. A spread era reads a partition
-    /// shared by several lanes once, for the first of them.
+    /// shared by several lanes once, for the first of them (its links list
+    /// it once).
     fn open_era(&self) -> Vec<LaneCursor> {
         let era = &self.eras[self.era];
         let links = self.topic.era_links(&self.eras, self.era);
-        let mut taken: HashSet<u32> = HashSet::new();
         (0..era.lanes.len())
             .map(|j| LaneCursor {
                 lane: j,
-                links: links
-                    .iter()
-                    .filter(|l| l.lane == j)
-                    .filter(|l| era.mode != HotKeyMode::Spread || taken.insert(l.partition))
-                    .copied()
-                    .collect(),
+                links: links.iter().filter(|l| l.lane == j).copied().collect(),
                 offset: 0,
                 buf: VecDeque::new(),
             })
@@ -100,9 +111,14 @@ impl KeyReader {
                 return Ok(());
             };
             let part = self.topic.partition(link.partition)?;
+            let bound = self
+                .ends
+                .as_ref()
+                .map_or(u64::MAX, |e| e.get(&link.partition).copied().unwrap_or(0));
             let end = part
                 .visible_end(part.default_isolation())
-                .min(link.until_offset.unwrap_or(u64::MAX));
+                .min(link.until_offset.unwrap_or(u64::MAX))
+                .min(bound);
             let off = c.offset.max(link.from_offset).max(part.start_offset());
             if off >= end {
                 c.links.pop_front();

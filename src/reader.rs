@@ -1,6 +1,9 @@
 //! The order-keeping reader: drains a parent to its seal offset before it
 //! opens the children, and opens a merge child only when both parents are
-//! drained, so every key's records come out in append order (C4).
+//! drained, so every key's records come out in append order (C4). A key
+//! given a windowed or spread hot-key mode is the exception: its lanes are
+//! other hash points, so its records come out per lane, and
+//! [`crate::Topic::key_reader`] gives them back in per-key order.
 //!
 //! A reader's cost does not grow with the topic's history. It follows the
 //! lineage through a shared snapshot ([`Lineage`]) that is rebuilt only when

@@ -342,6 +342,13 @@ impl Topic {
             if let Some(st) = hash.and_then(|h| self.inner.hot.get(h)) {
                 return self.append_hot(&st, record[0]);
             }
+            // Again after the lookup: a mode change whose commit failed
+            // poisons the log before it takes a new key back out of the
+            // map, and its record may still be on disk (the next open then
+            // finds the era). An append routed by the old mode after that
+            // would land above the era's start and be read as the new
+            // era's.
+            self.inner.core.check_open()?;
             let (partition, part) = {
                 let st = self.inner.state.read();
                 let pid = hash.map_or_else(|| self.next_keyless(&st), |h| st.owner(h));
@@ -365,6 +372,9 @@ impl Topic {
     /// lock from routing to the write.
     fn append_hot(&self, st: &crate::hot_keys::HotKeyState, rec: RecordIn<'_>) -> Result<Appended> {
         let mut run = st.run.lock();
+        // A mode change that failed under this lock poisoned the log
+        // first; its era may be on disk even so (see `append`).
+        self.inner.core.check_open()?;
         let (point, ts) = self.hot_route(&mut run, rec.key.unwrap_or_default(), rec.timestamp);
         let record = [RecordIn {
             timestamp: ts,
@@ -439,6 +449,10 @@ impl Topic {
                     (g.hash, g)
                 })
                 .collect();
+        // After the lookup and under the keys' locks: a mode change that
+        // failed under one of these locks, or took a new key back out of
+        // the map, poisoned the log first (see `append`).
+        self.inner.core.check_open()?;
         // Empty (no allocation) when no key of the batch has a mode.
         let mut hot_routed: Vec<bool> = Vec::new();
         let n_hot_scan = if hot_guards.is_empty() {
@@ -550,6 +564,13 @@ impl Topic {
                     "a key of the batch changed hot-key mode during the append; append the records not landed again".into(),
                 );
                 return Err(partial(landed, wrote_any, e));
+            }
+            // After that lookup (see `append`): a failed mode change took
+            // its key back out of the map only after poisoning the log.
+            if !retry.is_empty() {
+                if let Err(e) = self.inner.core.check_open() {
+                    return Err(partial(landed, wrote_any, e));
+                }
             }
             pending = retry;
             attempts += 1;

@@ -181,9 +181,12 @@ pub struct HotKeyEra {
     /// Lane hash points; `lanes[0]` is the key's own hash (so `Strict` is
     /// `[hash]`).
     pub lanes: Vec<u64>,
-    /// Windowed: the rotation's anchor (ms since the epoch, the time of
-    /// the change): window `w` (timestamp / window length) goes to lane
-    /// `(w - window of from_ms) mod lanes`.
+    /// The time of the change (ms since the epoch). Windowed: the anchor
+    /// of the rotation, its first window being the one holding it: window
+    /// `w` (timestamp / window length) goes to lane `(w - first window)
+    /// mod lanes`, wrapping. Records may carry earlier timestamps (the
+    /// caller's, raised only to the key's newest in the era), which rotate
+    /// the same way.
     pub from_ms: i64,
     /// End offset, at the change, of every active partition that owned a
     /// lane point of this era or of the previous one.

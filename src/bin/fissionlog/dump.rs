@@ -27,9 +27,16 @@ pub struct DumpArgs {
     pub topic: String,
     /// Print only this partition, in offset order. Without it the whole
     /// topic is printed in lineage order (parents before children), so each
-    /// key's records appear in append order.
-    #[arg(long, value_name = "ID")]
+    /// key's records appear in append order, except those of a key with a
+    /// hot-key mode (windowed or spread: its lanes are in several
+    /// partitions; see --key).
+    #[arg(long, value_name = "ID", conflicts_with = "key")]
     pub partition: Option<u32>,
+    /// Print only the records of this key (UTF-8), in per-key order: era
+    /// by era and, for a windowed key, window by window across its lanes
+    /// (the key reader). A spread era's records come lane by lane.
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<String>,
     /// First offset to print (needs --partition); offsets below the
     /// partition's first held offset start at that offset.
     #[arg(long, value_name = "OFFSET", requires = "partition")]
@@ -124,6 +131,26 @@ fn dump_lineage(topic: &Topic, out: &mut impl Write, args: &DumpArgs) -> Result<
     Ok(())
 }
 
+fn dump_key(
+    topic: &Topic,
+    key: &[u8],
+    out: &mut impl Write,
+    args: &DumpArgs,
+) -> Result<(), Failure> {
+    for r in topic.key_reader(key) {
+        let r = r?;
+        let rec = OwnedRecord {
+            partition: r.partition,
+            offset: r.offset,
+            timestamp: r.timestamp,
+            key: Some(key.to_vec()),
+            value: r.value,
+        };
+        print_record(out, &rec, args.json)?;
+    }
+    Ok(())
+}
+
 /// Runs `dump`.
 pub fn run(args: &DumpArgs) -> CmdResult {
     check_topic_name(&args.topic)?;
@@ -131,9 +158,10 @@ pub fn run(args: &DumpArgs) -> CmdResult {
     let topic = log.topic(&args.topic)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    match args.partition {
-        Some(id) => dump_partition(&topic, id, args.from.unwrap_or(0), &mut out, args)?,
-        None => dump_lineage(&topic, &mut out, args)?,
+    match (&args.key, args.partition) {
+        (Some(key), _) => dump_key(&topic, key.as_bytes(), &mut out, args)?,
+        (None, Some(id)) => dump_partition(&topic, id, args.from.unwrap_or(0), &mut out, args)?,
+        (None, None) => dump_lineage(&topic, &mut out, args)?,
     }
     out.flush().map_err(Failure::output)?;
     drop(topic);

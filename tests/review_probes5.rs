@@ -829,7 +829,6 @@ fn salvage_keeps_the_segments_after_a_middle_segment_torn_inside_its_header() {
 /// synced records (the split synced them), so it must set them aside as
 /// it does after other damage in synced data, never delete them.
 #[test]
-#[ignore = "open: Truncate takes an unreadable segment header in a sealed partition for a torn creation and deletes every later (synced) segment file"]
 fn truncate_sets_aside_the_synced_segments_after_a_segment_torn_inside_its_header() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");

@@ -375,8 +375,20 @@ pub fn repair_chain(
             // unreadable one for damage, never a torn creation, and keeps
             // the segments after it (Strict refuses the partition below its
             // seal after the chain, naming the offsets; Truncate cuts).
-            SegmentFile::Damaged(e) if durable_segment || cp_segment.is_some() || sealed_repair => {
-                let what = format!("unreadable segment in synced data: {e}");
+            // A sealed partition's segments were all synced, headers
+            // included, before the split or merge that sealed it
+            // committed: an unreadable header there is damage, in every
+            // mode, never a torn creation (whose later segments would be
+            // deleted as unsynced).
+            SegmentFile::Damaged(e)
+                if durable_segment || cp_segment.is_some() || p.sealed.is_some() =>
+            {
+                let mut what = format!("unreadable segment in synced data: {e}");
+                if let Some(seal) = p.sealed.filter(|&s| s > base) {
+                    what.push_str(&format!(
+                        " (the sealed partition's offsets {base}..{seal} continue from this segment)"
+                    ));
+                }
                 let decision = corrupt(p, &path, 0, what, &mut out)?;
                 set_aside(p, &path, "damaged", report)?;
                 match decision {

@@ -11,7 +11,6 @@
 //! [`BalancePolicy`].
 
 use std::collections::HashSet;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -192,7 +191,7 @@ impl Plan<'_> {
     fn splits(&mut self, sorted: &[&PartitionLoad]) {
         let mut hot: Vec<(f64, &PartitionLoad)> = sorted
             .iter()
-            .filter(|p| p.start <= p.end && self.old_enough(p) && !unsettled_start(p))
+            .filter(|p| p.start <= p.end && self.old_enough(p))
             .filter_map(|p| heat(self.policy, p).map(|h| (h, *p)))
             .collect();
         hot.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.id.cmp(&b.1.id)));
@@ -249,7 +248,6 @@ impl Plan<'_> {
                 p.start < p.end
                     && !p.profile.is_empty()
                     && self.old_enough(p)
-                    && !unsettled_start(p)
                     && settled(p)
                     && load >= self.policy.cold_fraction
                     && (heat(self.policy, p).is_some()
@@ -794,22 +792,6 @@ fn split_at(p: &PartitionLoad, points: CutPoints) -> SplitAt {
     }
 }
 
-/// How much history an initial partition's rates need before it is cut.
-/// The first second of a topic can run at twice the rate its producers
-/// keep up afterwards (page cache still empty, producers not yet
-/// throttled): pieces cut for it run half-filled once the rate settles,
-/// and the children of one split merge back only far below the target
-/// ([`SIBLING_FILL`]). Waiting this long still leaves room for a cut and
-/// the merges of its fragments within the first 5 s.
-const FIRST_CUT_HISTORY: Duration = Duration::from_secs(3);
-
-/// Whether `p` is an initial partition whose rates have less than
-/// [`FIRST_CUT_HISTORY`] behind them: not cut yet, hot or not.
-fn unsettled_start(p: &PartitionLoad) -> bool {
-    p.parents.is_empty()
-        && short_and_long(&p.rates).is_some_and(|(short, _)| short.history < FIRST_CUT_HISTORY)
-}
-
 /// Whether the window that says what `p`'s load is now holds enough
 /// records to be trusted (see [`current`]).
 fn settled(p: &PartitionLoad) -> bool {
@@ -871,6 +853,7 @@ fn windows_fit(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     const SEC: u64 = 1_000_000_000;
     const NOW: u64 = 3_600 * SEC;

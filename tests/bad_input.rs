@@ -12,6 +12,15 @@ use fissionlog::FileAction;
 use fissionlog::{Error, Log, LogOptions, RecoveryMode, TopicConfig};
 use fissionlog::{IoHook, IoOp};
 
+/// Every test here holds this: `second_process_is_locked_out` forks a
+/// child, which holds copies of the parent's descriptors (a log's lock
+/// among them) until it execs; a test closing and reopening a log in that
+/// window would find its own directory locked.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn opts() -> LogOptions {
     LogOptions {
         balancer: false,
@@ -50,6 +59,7 @@ fn fill(log: &Log, from: u64, to: u64) {
 
 #[test]
 fn api_arguments() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path(), opts()).unwrap();
     let t = log.create_topic("t", config()).unwrap();
@@ -99,6 +109,7 @@ fn api_arguments() {
 
 #[test]
 fn not_a_log_foreign_file_and_lock() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("notes.txt"), b"hello").unwrap();
     assert!(matches!(
@@ -141,6 +152,7 @@ const IDX0: &str = "topics/t0/p0/00000000000000000000.idx";
 
 #[test]
 fn corrupt_index_is_rebuilt() {
+    let _serial = serial();
     let dir = closed_log(300);
     let idx = dir.path().join(IDX0);
     assert!(idx.exists());
@@ -158,6 +170,7 @@ fn corrupt_index_is_rebuilt() {
 
 #[test]
 fn corrupt_segment_header_is_an_error_naming_the_file() {
+    let _serial = serial();
     let dir = closed_log(300);
     flip_byte(dir.path(), Path::new(SEG0), 20);
     match Log::open(dir.path(), opts()) {
@@ -182,6 +195,7 @@ fn corrupt_segment_header_is_an_error_naming_the_file() {
 
 #[test]
 fn checkpoint_files() {
+    let _serial = serial();
     // One bad checkpoint: the other is used.
     let dir = closed_log(50);
     for name in ["checkpoint.0", "checkpoint.1"] {
@@ -210,6 +224,7 @@ fn checkpoint_files() {
 
 #[test]
 fn manifest_torn_tail_vs_mid_journal_corruption() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path(), opts()).unwrap();
     log.create_topic("t", config()).unwrap();
@@ -263,6 +278,7 @@ impl IoHook for FailOp {
 
 #[test]
 fn enospc_on_roll_is_no_space_and_loses_nothing() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let hook = Arc::new(FailOp {
         op: IoOp::CreateSegment,
@@ -299,6 +315,7 @@ fn enospc_on_roll_is_no_space_and_loses_nothing() {
 
 #[test]
 fn fsync_failure_poisons_and_keeps_synced_data() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let hook = Arc::new(FailOp {
         op: IoOp::SyncSegment,
@@ -325,6 +342,7 @@ fn fsync_failure_poisons_and_keeps_synced_data() {
 
 #[test]
 fn second_process_is_locked_out() {
+    let _serial = serial();
     if std::env::var_os("FISSIONLOG_LOCK_CHILD").is_some() {
         return;
     }

@@ -386,7 +386,7 @@ pub fn repair_chain(
                 let mut what = format!("unreadable segment in synced data: {e}");
                 if let Some(seal) = p.sealed.filter(|&s| s > base) {
                     what.push_str(&format!(
-                        " (the sealed partition's offsets {base}..{seal} continue from this segment)"
+                        " (offsets {base}..{seal} of the sealed partition are missing from here on)"
                     ));
                 }
                 let decision = corrupt(p, &path, 0, what, &mut out)?;

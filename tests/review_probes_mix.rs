@@ -1,0 +1,504 @@
+//! Probes of features working together: consumer groups and key readers
+//! over a windowed hot key whose lane partitions split forward, tail split
+//! and merge; many-way cut splits followed by a tail split of one child;
+//! retention removing a tail-split generation under a live member and a
+//! reader resumed from an old cut; power loss at every I/O step of a tail
+//! split on a topic with groups and a key that has eras; the command line
+//! on a directory using all of it.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::crash::{CrashOptions, DirImage};
+use common::model_hook::ModelHook;
+use fissionlog::{
+    CutPoints, GroupOptions, HotKeyMode, HotKeyPolicy, IoOp, Log, LogOptions, ManualClock,
+    MemberOptions, NewRecord, OwnedRecord, SplitPlan, StartAt, SyncPolicy, TailSplitOptions,
+    Topic, TopicConfig,
+};
+
+const HOT: &[u8] = b"the-hot-key";
+const KEYS: u64 = 7;
+/// A fixed base time (ms since the epoch).
+const T0: i64 = 1_700_000_000_000;
+
+fn options() -> LogOptions {
+    LogOptions {
+        balancer: false,
+        background_retention: false,
+        ..LogOptions::default()
+    }
+}
+
+fn config(partitions: u32) -> TopicConfig {
+    TopicConfig {
+        partitions,
+        segment_bytes: 64 * 1024,
+        sync: SyncPolicy::Never,
+        hot_keys: HotKeyPolicy {
+            allow_windowed: true,
+            allow_spread: true,
+            max_lanes: 4,
+            auto_window: None,
+        },
+        ..TopicConfig::default()
+    }
+}
+
+fn member_opts() -> MemberOptions {
+    MemberOptions {
+        session_timeout: Duration::from_secs(600),
+        processing_timeout: Duration::from_secs(600),
+        instance_id: None,
+        background_heartbeat: None,
+    }
+}
+
+/// Appends records `from..from + n`: every third is `HOT` (timestamp
+/// `T0 + 40 i` ms, so its windows of 100 ms rotate over the lanes), the
+/// others keys `k{i % KEYS}`, every tenth keyless. Value: `i`.
+fn append(topic: &Topic, from: u64, n: u64) {
+    for i in from..from + n {
+        let v = i.to_string();
+        if i % 3 == 0 {
+            topic
+                .append_batch(&[NewRecord {
+                    key: Some(HOT),
+                    value: v.as_bytes(),
+                    timestamp: Some(T0 + 40 * i as i64),
+                }])
+                .unwrap();
+        } else {
+            let key = format!("k{}", i % KEYS);
+            let key = (i % 10 != 1).then_some(key.as_bytes());
+            topic.append(key, v.as_bytes()).unwrap();
+        }
+    }
+}
+
+fn seq(r: &OwnedRecord) -> u64 {
+    std::str::from_utf8(&r.value).unwrap().parse().unwrap()
+}
+
+/// Every record `0..n` exactly once; per-key order for every key but the
+/// windowed one (whose lanes a group or reader reads independently).
+fn check_exactly_once(seen: &[OwnedRecord], n: u64, ctx: &str) {
+    let mut per_key: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    for r in seen {
+        if let Some(k) = &r.key {
+            if k.as_slice() == HOT {
+                continue;
+            }
+            let s = seq(r);
+            if let Some(&last) = per_key.get(k) {
+                assert!(s > last, "{ctx}: key {k:?}: {s} after {last}");
+            }
+            per_key.insert(k.clone(), s);
+        }
+    }
+    let mut all: Vec<u64> = seen.iter().map(seq).collect();
+    all.sort_unstable();
+    let dups: Vec<u64> = all.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]).collect();
+    assert!(dups.is_empty(), "{ctx}: duplicates {:?}", &dups[..dups.len().min(10)]);
+    let missing: Vec<u64> = (0..n).filter(|i| all.binary_search(i).is_err()).collect();
+    assert!(missing.is_empty(), "{ctx}: missing {:?} (of {n})", &missing[..missing.len().min(10)]);
+    assert_eq!(all.len() as u64, n, "{ctx}: count");
+}
+
+/// The windowed key in append order, once each.
+fn check_hot_key(topic: &Topic, n: u64, ctx: &str) {
+    let got: Vec<u64> = topic
+        .read_key(HOT)
+        .unwrap()
+        .iter()
+        .map(|r| std::str::from_utf8(&r.value).unwrap().parse().unwrap())
+        .collect();
+    let want: Vec<u64> = (0..n).filter(|i| i % 3 == 0).collect();
+    assert_eq!(got, want, "{ctx}: read_key");
+    let streamed: Vec<u64> = topic
+        .key_reader(HOT)
+        .map(|r| std::str::from_utf8(&r.unwrap().value).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(streamed, want, "{ctx}: key_reader");
+}
+
+fn drain(r: &mut fissionlog::Reader, out: &mut Vec<OwnedRecord>) {
+    loop {
+        let got = r.poll(61).unwrap();
+        if got.is_empty() {
+            return;
+        }
+        out.extend(got);
+    }
+}
+
+fn read_all(topic: &Topic) -> Vec<OwnedRecord> {
+    let mut r = topic.reader(StartAt::Earliest).unwrap();
+    let mut out = Vec::new();
+    drain(&mut r, &mut out);
+    out
+}
+
+fn poll_n(m: &mut fissionlog::Member, n: usize) -> Vec<OwnedRecord> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let got = m.poll(n - out.len()).unwrap();
+        assert!(!got.is_empty(), "only {} of {n}", out.len());
+        out.extend(got);
+    }
+    out
+}
+
+/// Polls until nothing is left, committing whenever a poll comes back
+/// empty (a merge child opens only after the group committed its parents
+/// drained).
+fn poll_all(m: &mut fissionlog::Member, out: &mut Vec<OwnedRecord>) {
+    let mut empty = 0;
+    while empty < 2 {
+        let got = m.poll(64).unwrap();
+        if got.is_empty() {
+            m.commit().unwrap();
+            empty += 1;
+        } else {
+            empty = 0;
+            out.extend(got);
+        }
+    }
+}
+
+fn verify_clean(dir: &Path, ctx: &str) {
+    let (_report, problems) = fissionlog::verify(dir).unwrap();
+    assert!(problems.is_empty(), "{ctx}: verify: {problems:?}");
+}
+
+fn active(topic: &Topic) -> Vec<fissionlog::PartitionInfo> {
+    topic
+        .partitions()
+        .into_iter()
+        .filter(|p| p.sealed_at.is_none())
+        .collect()
+}
+
+/// The active partition owning hash `h`.
+fn owner(topic: &Topic, h: u64) -> u32 {
+    active(topic)
+        .iter()
+        .find(|p| p.start <= h && h <= p.end)
+        .unwrap()
+        .id
+}
+
+/// Lane points of the windowed key's current era.
+fn lane_points(topic: &Topic) -> Vec<u64> {
+    let lanes = topic.key_lanes(HOT);
+    lanes
+        .eras
+        .iter()
+        .flat_map(|e| e.lanes.iter().map(|l| l.hash))
+        .collect()
+}
+
+/// A group reads a topic with a windowed key over 2 lanes while a lane
+/// partition splits forward, a child without a lane point splits its
+/// tail, and the tail children merge back. The group hands out every
+/// record once (also to a member joining after a reopen), per-key order
+/// holds for strict keys, and `read_key` gives the windowed key in append
+/// order throughout.
+#[test]
+fn a_group_and_a_key_reader_across_forward_and_tail_splits_and_a_merge_of_lane_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut seen;
+    let total;
+    {
+        let log = Log::open(dir.path(), options()).unwrap();
+        let topic = log.create_topic("t", config(2)).unwrap();
+        topic
+            .set_hot_key_mode_lanes(HOT, HotKeyMode::Windowed(Duration::from_millis(100)), 2)
+            .unwrap();
+        append(&topic, 0, 300);
+        let g = topic.group("g", GroupOptions::default()).unwrap();
+        let mut m = g.join(member_opts()).unwrap();
+        seen = poll_n(&mut m, 120);
+        m.commit().unwrap();
+        let lane0 = owner(&topic, topic.key_lanes(HOT).hash);
+        let kids = topic.split(lane0, SplitPlan::Even).unwrap();
+        append(&topic, 300, 300);
+        check_hot_key(&topic, 600, "after the forward split");
+        // A tail split of a child holding a lane point is refused; one of
+        // the two children holds none.
+        let points = lane_points(&topic);
+        let info = topic.partitions();
+        let free = kids
+            .iter()
+            .copied()
+            .find(|k| {
+                let p = info.iter().find(|p| p.id == *k).unwrap();
+                !points.iter().any(|h| p.start <= *h && *h <= p.end)
+            })
+            .expect("a child without a lane point");
+        let tail = topic
+            .split_tail(free, SplitPlan::Even, TailSplitOptions::from_offset(0))
+            .unwrap();
+        seen.extend(poll_n(&mut m, 100));
+        append(&topic, 600, 300);
+        topic.merge(tail.children[0], tail.children[1]).unwrap();
+        append(&topic, 900, 150);
+        m.commit().unwrap();
+        seen.extend(poll_n(&mut m, 200));
+        m.commit().unwrap();
+        total = 1050;
+        check_hot_key(&topic, total, "after the merge");
+        check_exactly_once(&read_all(&topic), total, "reader after the merge");
+        drop((m, g, topic));
+        log.close().unwrap();
+    }
+    verify_clean(dir.path(), "closed");
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.topic("t").unwrap();
+    check_hot_key(&topic, total, "reopened");
+    let g = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = g.join(member_opts()).unwrap();
+    poll_all(&mut m, &mut seen);
+    check_exactly_once(&seen, total, "group after the reopen");
+}
+
+/// `SplitPlan::Cuts` into 8 children, then a tail split of one child into
+/// 4 more by cuts, and a cut saved before each: readers from the oldest
+/// data and from both cuts read every record once in per-key order,
+/// before and after a reopen.
+#[test]
+fn a_tail_split_of_one_child_of_a_many_way_cut_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let step = u64::MAX / 8;
+    let pts: Vec<u64> = (1..8).map(|i| i * step).collect();
+    let cuts_before;
+    let cuts_mid;
+    let seen_before: Vec<OwnedRecord>;
+    let seen_mid: Vec<OwnedRecord>;
+    {
+        let log = Log::open(dir.path(), options()).unwrap();
+        let topic = log.create_topic("t", config(1)).unwrap();
+        append(&topic, 0, 200);
+        let mut r = topic.reader(StartAt::Earliest).unwrap();
+        let mut got = r.poll(70).unwrap();
+        seen_before = got.clone();
+        cuts_before = r.cut();
+        let kids = topic
+            .split(0, SplitPlan::Cuts(CutPoints::new(&pts).unwrap()))
+            .unwrap();
+        assert_eq!(kids.len(), 8);
+        append(&topic, 200, 800);
+        drain(&mut r, &mut got);
+        let mut r2 = topic.reader(StartAt::Cut(r.cut())).unwrap();
+        // The busiest child: split its tail from its first offset.
+        let info = topic.partitions();
+        let big = kids
+            .iter()
+            .copied()
+            .max_by_key(|k| info.iter().find(|p| p.id == *k).unwrap().end_offset)
+            .unwrap();
+        let p = info.iter().find(|p| p.id == big).unwrap();
+        let span = (p.end - p.start) / 4;
+        let sub: Vec<u64> = (1..4).map(|i| p.start + i * span).collect();
+        let mut mid = topic.reader(StartAt::Earliest).unwrap();
+        let mut m = mid.poll(500).unwrap();
+        seen_mid = m.clone();
+        cuts_mid = mid.cut();
+        let half = p.end_offset / 2;
+        let out = topic
+            .split_tail(
+                big,
+                SplitPlan::Cuts(CutPoints::new(&sub).unwrap()),
+                TailSplitOptions::from_offset(half),
+            )
+            .unwrap();
+        assert_eq!(out.children.len(), 4);
+        append(&topic, 1000, 400);
+        drain(&mut r, &mut got);
+        check_exactly_once(&got, 1400, "live reader across both splits");
+        drain(&mut mid, &mut m);
+        check_exactly_once(&m, 1400, "live reader mid-way");
+        let mut after = Vec::new();
+        drain(&mut r2, &mut after);
+        assert!(after.iter().all(|r| seq(r) >= 200), "cut after the first split");
+        check_exactly_once(&read_all(&topic), 1400, "earliest");
+        drop(topic);
+        log.close().unwrap();
+    }
+    verify_clean(dir.path(), "closed");
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.topic("t").unwrap();
+    check_exactly_once(&read_all(&topic), 1400, "earliest reopened");
+    check_hot_key(&topic, 1400, "reopened");
+    for (cut, seen, name) in [(cuts_before, seen_before, "before"), (cuts_mid, seen_mid, "mid")] {
+        let mut r = topic.reader(StartAt::Cut(cut)).unwrap();
+        let mut all = seen;
+        drain(&mut r, &mut all);
+        check_exactly_once(&all, 1400, &format!("cut {name} reopened"));
+    }
+}
+
+fn clock_options(clock: &Arc<ManualClock>) -> LogOptions {
+    LogOptions {
+        clock: clock.clone(),
+        ..options()
+    }
+}
+
+/// A member mid-way through a tail-split parent (it read past the split
+/// offset before the split, nothing committed since) while retention
+/// removes the parent moved whole: it reads on with exactly the records
+/// not handed out, and commits; a member joining later reads the rest.
+#[test]
+fn retention_removes_a_tail_split_parent_while_a_member_is_mid_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let cfg = TopicConfig {
+        retention_bytes: Some(1 << 30),
+        ..config(1)
+    };
+    let topic = log.create_topic("t", cfg).unwrap();
+    append(&topic, 0, 600);
+    let g = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = g.join(member_opts()).unwrap();
+    let mut seen = poll_n(&mut m, 100);
+    m.commit().unwrap();
+    seen.extend(poll_n(&mut m, 150));
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(0))
+        .unwrap();
+    log.enforce_retention().unwrap();
+    assert!(topic.partitions().iter().all(|p| p.id != 0), "parent removed");
+    append(&topic, 600, 100);
+    seen.extend(poll_n(&mut m, 200));
+    m.commit().unwrap();
+    m.leave().unwrap();
+    let mut m2 = g.join(member_opts()).unwrap();
+    poll_all(&mut m2, &mut seen);
+    check_exactly_once(&seen, 700, "members across the parent's removal");
+    check_hot_key(&topic, 700, "after the removal");
+}
+
+/// A cut saved inside the moved range of a tail-split parent, then the
+/// whole generation (parent and its tail children, sealed by forward
+/// splits) expires: a reader from the cut must either read or report
+/// (as retained) every record it had not read, and read each live record
+/// once.
+#[test]
+fn a_cut_across_a_tail_split_whose_generation_expires_reports_every_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000_000_000));
+    let cfg = TopicConfig {
+        retention_age: Some(Duration::from_secs(60)),
+        ..config(1)
+    };
+    let (cut, read_before) = {
+        let log = Log::open(dir.path(), clock_options(&clock)).unwrap();
+        let topic = log.create_topic("t", cfg).unwrap();
+        append(&topic, 0, 400);
+        let mut r = topic.reader(StartAt::Earliest).unwrap();
+        let got = r.poll(300).unwrap();
+        let cut = r.cut();
+        let out = topic
+            .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(100))
+            .unwrap();
+        append(&topic, 400, 100);
+        let mut grand = Vec::new();
+        for c in &out.children {
+            grand.extend(topic.split(*c, SplitPlan::Even).unwrap());
+        }
+        clock.advance(Duration::from_secs(3600));
+        append(&topic, 500, 100);
+        log.enforce_retention().unwrap();
+        let left: Vec<u32> = topic.partitions().iter().map(|p| p.id).collect();
+        assert!(
+            !left.contains(&0) && out.children.iter().all(|c| !left.contains(c)),
+            "generation removed: {left:?}"
+        );
+        drop(topic);
+        log.close().unwrap();
+        (cut, got.len() as u64)
+    };
+    assert_eq!(read_before, 300);
+    for reopen in [false, true] {
+        let log = Log::open(dir.path(), clock_options(&clock)).unwrap();
+        let topic = log.topic("t").unwrap();
+        let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
+        let mut got = Vec::new();
+        drain(&mut r, &mut got);
+        let mut s: Vec<u64> = got.iter().map(seq).collect();
+        s.sort_unstable();
+        let n = s.len();
+        s.dedup();
+        assert_eq!(s.len(), n, "reopen {reopen}: duplicates");
+        assert!(s.iter().all(|&x| x >= 400), "reopen {reopen}: expired record read: {s:?}");
+        let lost = r.retained();
+        assert!(
+            !lost.is_empty(),
+            "reopen {reopen}: records 300..500 were not read and nothing was reported: read {s:?}"
+        );
+        drop((r, topic));
+        log.close().unwrap();
+    }
+}
+
+/// A power loss before every I/O step of a tail split on a topic with a
+/// consumer group and a key with eras (windowed, then strict again):
+/// after the reopen the group reads exactly the records past its
+/// position, and `read_key` gives the key in append order.
+#[test]
+fn power_loss_during_a_tail_split_with_groups_and_hot_key_eras() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = ModelHook::new(dir.path(), None);
+    hook.grant_segment_headers(true);
+    let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
+    let topic = log.create_topic("t", config(1)).unwrap();
+    topic
+        .set_hot_key_mode_lanes(HOT, HotKeyMode::Windowed(Duration::from_millis(100)), 2)
+        .unwrap();
+    append(&topic, 0, 150);
+    topic.set_hot_key_mode(HOT, HotKeyMode::Strict).unwrap();
+    append(&topic, 150, 150);
+    let g = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = g.join(member_opts()).unwrap();
+    let consumed = poll_n(&mut m, 220);
+    m.commit().unwrap();
+    log.sync().unwrap();
+    let from = topic
+        .key_chain(HOT)
+        .last()
+        .map_or(0, |l| l.from_offset);
+    hook.record_steps(true);
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(from.max(160)))
+        .unwrap();
+    hook.record_steps(false);
+    let mut points = hook.take_steps();
+    points.push(hook.now(IoOp::SyncDir));
+    drop((m, g, topic));
+    log.abandon();
+    let opts = CrashOptions::default();
+    for (i, point) in points.iter().enumerate() {
+        let (image, trace): (DirImage, _) = point.image(i as u64 * 7 + 1, &opts);
+        let ctx = format!("step {i} (before {:?}): {}", point.op, trace.join("; "));
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("log");
+        image.write_to(&root).unwrap();
+        let log = Log::open(&root, options()).unwrap_or_else(|e| panic!("{ctx}: open: {e}"));
+        let topic = log.topic("t").unwrap();
+        check_hot_key(&topic, 300, &ctx);
+        let g = topic.group("g", GroupOptions::default()).unwrap();
+        let mut m = g.join(member_opts()).unwrap();
+        let mut seen = consumed.clone();
+        poll_all(&mut m, &mut seen);
+        check_exactly_once(&seen, 300, &ctx);
+        drop((m, g, topic));
+        log.close().unwrap();
+        verify_clean(&root, &ctx);
+    }
+}
+

@@ -10,15 +10,13 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::crash::{CrashOptions, DirImage};
 use common::model_hook::ModelHook;
 use fissionlog::{
-    CutPoints, GroupOptions, HotKeyMode, HotKeyPolicy, IoOp, Log, LogOptions, ManualClock,
-    MemberOptions, NewRecord, OwnedRecord, SplitPlan, StartAt, SyncPolicy, TailSplitOptions,
-    Topic, TopicConfig,
+    CutPoints, GroupOptions, HotKeyMode, HotKeyPolicy, IoOp, Log, LogOptions, MemberOptions,
+    NewRecord, OwnedRecord, SplitPlan, StartAt, SyncPolicy, TailSplitOptions, Topic, TopicConfig,
 };
 
 const HOT: &[u8] = b"the-hot-key";
@@ -62,6 +60,12 @@ fn member_opts() -> MemberOptions {
 /// `T0 + 40 i` ms, so its windows of 100 ms rotate over the lanes), the
 /// others keys `k{i % KEYS}`, every tenth keyless. Value: `i`.
 fn append(topic: &Topic, from: u64, n: u64) {
+    append_at(topic, from, n, None);
+}
+
+/// As [`append`], the keys other than `HOT` at timestamp `ts` (now when
+/// `None`).
+fn append_at(topic: &Topic, from: u64, n: u64, ts: Option<i64>) {
     for i in from..from + n {
         let v = i.to_string();
         if i % 3 == 0 {
@@ -75,7 +79,13 @@ fn append(topic: &Topic, from: u64, n: u64) {
         } else {
             let key = format!("k{}", i % KEYS);
             let key = (i % 10 != 1).then_some(key.as_bytes());
-            topic.append(key, v.as_bytes()).unwrap();
+            topic
+                .append_batch(&[NewRecord {
+                    key,
+                    value: v.as_bytes(),
+                    timestamp: ts,
+                }])
+                .unwrap();
         }
     }
 }
@@ -102,10 +112,22 @@ fn check_exactly_once(seen: &[OwnedRecord], n: u64, ctx: &str) {
     }
     let mut all: Vec<u64> = seen.iter().map(seq).collect();
     all.sort_unstable();
-    let dups: Vec<u64> = all.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]).collect();
-    assert!(dups.is_empty(), "{ctx}: duplicates {:?}", &dups[..dups.len().min(10)]);
+    let dups: Vec<u64> = all
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| w[0])
+        .collect();
+    assert!(
+        dups.is_empty(),
+        "{ctx}: duplicates {:?}",
+        &dups[..dups.len().min(10)]
+    );
     let missing: Vec<u64> = (0..n).filter(|i| all.binary_search(i).is_err()).collect();
-    assert!(missing.is_empty(), "{ctx}: missing {:?} (of {n})", &missing[..missing.len().min(10)]);
+    assert!(
+        missing.is_empty(),
+        "{ctx}: missing {:?} (of {n})",
+        &missing[..missing.len().min(10)]
+    );
     assert_eq!(all.len() as u64, n, "{ctx}: count");
 }
 
@@ -121,7 +143,12 @@ fn check_hot_key(topic: &Topic, n: u64, ctx: &str) {
     assert_eq!(got, want, "{ctx}: read_key");
     let streamed: Vec<u64> = topic
         .key_reader(HOT)
-        .map(|r| std::str::from_utf8(&r.unwrap().value).unwrap().parse().unwrap())
+        .map(|r| {
+            std::str::from_utf8(&r.unwrap().value)
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
         .collect();
     assert_eq!(streamed, want, "{ctx}: key_reader");
 }
@@ -324,7 +351,10 @@ fn a_tail_split_of_one_child_of_a_many_way_cut_split() {
         check_exactly_once(&m, 1400, "live reader mid-way");
         let mut after = Vec::new();
         drain(&mut r2, &mut after);
-        assert!(after.iter().all(|r| seq(r) >= 200), "cut after the first split");
+        assert!(
+            after.iter().all(|r| seq(r) >= 200),
+            "cut after the first split"
+        );
         check_exactly_once(&read_all(&topic), 1400, "earliest");
         drop(topic);
         log.close().unwrap();
@@ -334,18 +364,14 @@ fn a_tail_split_of_one_child_of_a_many_way_cut_split() {
     let topic = log.topic("t").unwrap();
     check_exactly_once(&read_all(&topic), 1400, "earliest reopened");
     check_hot_key(&topic, 1400, "reopened");
-    for (cut, seen, name) in [(cuts_before, seen_before, "before"), (cuts_mid, seen_mid, "mid")] {
+    for (cut, seen, name) in [
+        (cuts_before, seen_before, "before"),
+        (cuts_mid, seen_mid, "mid"),
+    ] {
         let mut r = topic.reader(StartAt::Cut(cut)).unwrap();
         let mut all = seen;
         drain(&mut r, &mut all);
         check_exactly_once(&all, 1400, &format!("cut {name} reopened"));
-    }
-}
-
-fn clock_options(clock: &Arc<ManualClock>) -> LogOptions {
-    LogOptions {
-        clock: clock.clone(),
-        ..options()
     }
 }
 
@@ -372,7 +398,10 @@ fn retention_removes_a_tail_split_parent_while_a_member_is_mid_poll() {
         .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(0))
         .unwrap();
     log.enforce_retention().unwrap();
-    assert!(topic.partitions().iter().all(|p| p.id != 0), "parent removed");
+    assert!(
+        topic.partitions().iter().all(|p| p.id != 0),
+        "parent removed"
+    );
     append(&topic, 600, 100);
     seen.extend(poll_n(&mut m, 200));
     m.commit().unwrap();
@@ -383,67 +412,90 @@ fn retention_removes_a_tail_split_parent_while_a_member_is_mid_poll() {
     check_hot_key(&topic, 700, "after the removal");
 }
 
-/// A cut saved inside the moved range of a tail-split parent, then the
-/// whole generation (parent and its tail children, sealed by forward
-/// splits) expires: a reader from the cut must either read or report
-/// (as retained) every record it had not read, and read each live record
-/// once.
-#[test]
-fn a_cut_across_a_tail_split_whose_generation_expires_reports_every_loss() {
+/// Saves a cut after reading `at` records of partition 0 (400 records,
+/// old timestamps), tail-splits it from offset 100, appends 100 more old
+/// records (to the children), seals the children by forward splits,
+/// appends 100 fresh ones and lets retention remove the whole expired
+/// generation (parent and tail children). A reader from the cut, live and
+/// after a reopen, must read each fresh record once, no expired one, and
+/// report as retained exactly the `500 - at` records it had not read.
+fn cut_across_an_expired_tail_split_generation(at: u64) {
     let dir = tempfile::tempdir().unwrap();
-    let clock = Arc::new(ManualClock::new(1_700_000_000_000_000_000));
     let cfg = TopicConfig {
         retention_age: Some(Duration::from_secs(60)),
         ..config(1)
     };
-    let (cut, read_before) = {
-        let log = Log::open(dir.path(), clock_options(&clock)).unwrap();
-        let topic = log.create_topic("t", cfg).unwrap();
-        append(&topic, 0, 400);
-        let mut r = topic.reader(StartAt::Earliest).unwrap();
-        let got = r.poll(300).unwrap();
-        let cut = r.cut();
-        let out = topic
-            .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(100))
-            .unwrap();
-        append(&topic, 400, 100);
-        let mut grand = Vec::new();
-        for c in &out.children {
-            grand.extend(topic.split(*c, SplitPlan::Even).unwrap());
-        }
-        clock.advance(Duration::from_secs(3600));
-        append(&topic, 500, 100);
-        log.enforce_retention().unwrap();
-        let left: Vec<u32> = topic.partitions().iter().map(|p| p.id).collect();
-        assert!(
-            !left.contains(&0) && out.children.iter().all(|c| !left.contains(c)),
-            "generation removed: {left:?}"
-        );
-        drop(topic);
-        log.close().unwrap();
-        (cut, got.len() as u64)
-    };
-    assert_eq!(read_before, 300);
-    for reopen in [false, true] {
-        let log = Log::open(dir.path(), clock_options(&clock)).unwrap();
-        let topic = log.topic("t").unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", cfg).unwrap();
+    append_at(&topic, 0, 400, Some(T0));
+    let mut r = topic.reader(StartAt::Earliest).unwrap();
+    let mut read = Vec::new();
+    while (read.len() as u64) < at {
+        read.extend(r.poll((at as usize) - read.len()).unwrap());
+    }
+    let cut = r.cut();
+    let out = topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(100))
+        .unwrap();
+    append_at(&topic, 400, 100, Some(T0));
+    for c in &out.children {
+        topic.split(*c, SplitPlan::Even).unwrap();
+    }
+    append(&topic, 500, 100);
+    log.enforce_retention().unwrap();
+    let left: Vec<u32> = topic.partitions().iter().map(|p| p.id).collect();
+    assert!(
+        !left.contains(&0) && out.children.iter().all(|c| !left.contains(c)),
+        "generation removed: {left:?}"
+    );
+    let check = |topic: &Topic, ctx: &str| {
         let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
         let mut got = Vec::new();
         drain(&mut r, &mut got);
-        let mut s: Vec<u64> = got.iter().map(seq).collect();
-        s.sort_unstable();
-        let n = s.len();
-        s.dedup();
-        assert_eq!(s.len(), n, "reopen {reopen}: duplicates");
-        assert!(s.iter().all(|&x| x >= 400), "reopen {reopen}: expired record read: {s:?}");
+        let s: Vec<u64> = got.iter().map(seq).collect();
+        let mut sorted = s.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (500..600).collect::<Vec<_>>(), "{ctx}: read");
         let lost = r.retained();
         assert!(
-            !lost.is_empty(),
-            "reopen {reopen}: records 300..500 were not read and nothing was reported: read {s:?}"
+            lost.iter().all(|l| l.end != u64::MAX),
+            "{ctx}: seals still recorded: {lost:?}"
         );
-        drop((r, topic));
-        log.close().unwrap();
-    }
+        let n: u64 = lost.iter().map(|l| l.end - l.start).sum();
+        assert_eq!(n, 500 - at, "{ctx}: records reported lost: {lost:?}");
+    };
+    check(&topic, "live");
+    drop(topic);
+    log.close().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    check(&log.topic("t").unwrap(), "reopened");
+}
+
+/// A cut below the split offset: the parent's rest and both children are
+/// reported, nothing twice.
+#[test]
+fn a_cut_below_a_tail_split_whose_generation_expires_reports_each_loss_once() {
+    cut_across_an_expired_tail_split_generation(50);
+}
+
+/// A cut inside the moved range (parent position 300, split from 100):
+/// right after retention the reader reports exactly the 200 unread
+/// records, but after a reopen it reports the children from offset 0, so
+/// the 200 moved records it had already read through the parent are
+/// reported lost as well (400 instead of 200). The position's translation
+/// needs the tail index, whose file went with the first child's
+/// directory; the removed list keeps only the children's seals.
+///
+/// Reproduction: 400 records with old timestamps in one partition
+/// (`retention_age` 60 s), a reader polls 300 and saves its cut,
+/// `split_tail(0, Even, from 100)`, 100 more old records, both children
+/// split forward, 100 fresh records, `enforce_retention`: a reader from the
+/// cut, after a reopen, reports `RetainedRange`s of children 1 and 2 from
+/// offset 0.
+#[test]
+#[ignore = "open: a cut inside a tail split's moved range over-reports retention losses after a reopen once the first child (with the index) is removed"]
+fn a_cut_inside_a_tail_splits_moved_range_whose_generation_expires_reports_only_unread_losses() {
+    cut_across_an_expired_tail_split_generation(300);
 }
 
 /// A power loss before every I/O step of a tail split on a topic with a
@@ -456,7 +508,7 @@ fn power_loss_during_a_tail_split_with_groups_and_hot_key_eras() {
     let hook = ModelHook::new(dir.path(), None);
     hook.grant_segment_headers(true);
     let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
-    let topic = log.create_topic("t", config(1)).unwrap();
+    let topic = log.create_topic("t", config(2)).unwrap();
     topic
         .set_hot_key_mode_lanes(HOT, HotKeyMode::Windowed(Duration::from_millis(100)), 2)
         .unwrap();
@@ -468,17 +520,23 @@ fn power_loss_during_a_tail_split_with_groups_and_hot_key_eras() {
     let consumed = poll_n(&mut m, 220);
     m.commit().unwrap();
     log.sync().unwrap();
+    // The owner of the key's hash, from the strict era's start there.
+    let own = owner(&topic, topic.key_lanes(HOT).hash);
     let from = topic
         .key_chain(HOT)
-        .last()
-        .map_or(0, |l| l.from_offset);
+        .iter()
+        .filter(|l| l.partition == own)
+        .map(|l| l.from_offset)
+        .max()
+        .unwrap();
     hook.record_steps(true);
     topic
-        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(from.max(160)))
+        .split_tail(own, SplitPlan::Even, TailSplitOptions::from_offset(from))
         .unwrap();
     hook.record_steps(false);
     let mut points = hook.take_steps();
     points.push(hook.now(IoOp::SyncDir));
+    assert!(points.len() > 5, "steps: {}", points.len());
     drop((m, g, topic));
     log.abandon();
     let opts = CrashOptions::default();
@@ -501,4 +559,3 @@ fn power_loss_during_a_tail_split_with_groups_and_hot_key_eras() {
         verify_clean(&root, &ctx);
     }
 }
-

@@ -559,3 +559,134 @@ fn power_loss_during_a_tail_split_with_groups_and_hot_key_eras() {
         verify_clean(&root, &ctx);
     }
 }
+
+fn cli(args: &[&str], dir: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_fissionlog"))
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// `verify`, `inspect --json`, `dump` and `dump --key` on a directory with
+/// a windowed key and a later strict era, a forward split, a tail split
+/// whose parent retention removed, a many-way cut split of a tail child,
+/// and a consumer group: verify is clean, inspect lists every partition
+/// of the topology (the removed parent among `removed_parents`), the dump
+/// prints every live record once, and the key dump gives the key in order.
+#[test]
+fn the_command_line_on_a_directory_with_every_feature() {
+    let dir = tempfile::tempdir().unwrap();
+    let (live, ids, removed, moved_child) = {
+        let log = Log::open(dir.path(), options()).unwrap();
+        let cfg = TopicConfig {
+            retention_bytes: Some(1 << 30),
+            ..config(4)
+        };
+        let topic = log.create_topic("t", cfg).unwrap();
+        topic
+            .set_hot_key_mode_lanes(HOT, HotKeyMode::Windowed(Duration::from_millis(100)), 2)
+            .unwrap();
+        append(&topic, 0, 300);
+        let g = topic.group("g", GroupOptions::default()).unwrap();
+        let mut m = g.join(member_opts()).unwrap();
+        poll_n(&mut m, 100);
+        m.commit().unwrap();
+        let own = owner(&topic, topic.key_lanes(HOT).hash);
+        let kids = topic.split(own, SplitPlan::Even).unwrap();
+        append(&topic, 300, 200);
+        let points = lane_points(&topic);
+        // A root holding no lane point (4 roots, 2 lanes).
+        let free = active(&topic)
+            .iter()
+            .find(|p| {
+                p.parents.is_empty()
+                    && !kids.contains(&p.id)
+                    && !points.iter().any(|h| p.start <= *h && *h <= p.end)
+            })
+            .unwrap()
+            .id;
+        let tail = topic
+            .split_tail(free, SplitPlan::Even, TailSplitOptions::from_offset(0))
+            .unwrap();
+        let c = tail.children[0];
+        let p = topic.partitions().into_iter().find(|p| p.id == c).unwrap();
+        let q = (p.end - p.start) / 4;
+        let pts: Vec<u64> = (1..4).map(|i| p.start + i * q).collect();
+        topic
+            .split(c, SplitPlan::Cuts(CutPoints::new(&pts).unwrap()))
+            .unwrap();
+        topic.set_hot_key_mode(HOT, HotKeyMode::Strict).unwrap();
+        append(&topic, 500, 200);
+        poll_n(&mut m, 100);
+        m.commit().unwrap();
+        log.enforce_retention().unwrap();
+        let ids: Vec<u32> = topic.partitions().iter().map(|p| p.id).collect();
+        assert!(!ids.contains(&free), "moved-whole parent removed: {ids:?}");
+        let live: Vec<u64> = read_all(&topic).iter().map(seq).collect();
+        drop((m, g, topic));
+        log.close().unwrap();
+        (live, ids, free, c)
+    };
+    let mut sorted = live.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..700).collect::<Vec<_>>(), "every record live");
+
+    let o = cli(&["verify"], dir.path());
+    assert_eq!(o.status.code(), Some(0), "verify: {o:?}");
+
+    let o = cli(&["inspect", "--json"], dir.path());
+    assert_eq!(o.status.code(), Some(0), "inspect: {o:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let parts = doc["topics"][0]["partitions"].as_array().unwrap();
+    let mut listed: Vec<u32> = parts
+        .iter()
+        .map(|p| p["id"].as_u64().unwrap() as u32)
+        .collect();
+    listed.sort_unstable();
+    let mut want = ids.clone();
+    want.sort_unstable();
+    assert_eq!(listed, want, "inspect lists the topology");
+    let child = parts
+        .iter()
+        .find(|p| p["id"].as_u64() == Some(u64::from(moved_child)))
+        .unwrap();
+    let rp = child["removed_parents"].as_array().unwrap();
+    assert!(
+        rp.iter()
+            .any(|r| r["id"].as_u64() == Some(u64::from(removed))),
+        "removed parent listed: {child}"
+    );
+
+    let o = cli(&["dump", "--topic", "t"], dir.path());
+    assert_eq!(o.status.code(), Some(0), "dump: {o:?}");
+    let text = String::from_utf8(o.stdout).unwrap();
+    let mut dumped: Vec<u64> = text
+        .lines()
+        .map(|l| l.rsplit('\t').next().unwrap().parse().unwrap())
+        .collect();
+    dumped.sort_unstable();
+    assert_eq!(
+        dumped,
+        (0..700).collect::<Vec<_>>(),
+        "dump: every record once"
+    );
+
+    let o = cli(
+        &["dump", "--topic", "t", "--key", "the-hot-key"],
+        dir.path(),
+    );
+    assert_eq!(o.status.code(), Some(0), "dump --key: {o:?}");
+    let text = String::from_utf8(o.stdout).unwrap();
+    let got: Vec<u64> = text
+        .lines()
+        .map(|l| l.rsplit('\t').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(
+        got,
+        (0..700).filter(|i| i % 3 == 0).collect::<Vec<_>>(),
+        "dump --key"
+    );
+}

@@ -690,3 +690,134 @@ fn the_command_line_on_a_directory_with_every_feature() {
         "dump --key"
     );
 }
+
+/// `TailFrom::SlowestGroup` on a child of an 8-way cut split, with one
+/// group reading the children (a member mid-poll) and one that committed
+/// only in the parent: the split starts at the child's first offset (the second group
+/// has no position there), and both groups then read every record once,
+/// also after a reopen.
+#[test]
+fn slowest_group_tail_split_of_a_cut_child_with_a_group_still_in_the_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let step = u64::MAX / 8;
+    let pts: Vec<u64> = (1..8).map(|i| i * step).collect();
+    let (mut seen_a, mut seen_b) = {
+        let log = Log::open(dir.path(), options()).unwrap();
+        let topic = log.create_topic("t", config(1)).unwrap();
+        append(&topic, 0, 200);
+        let ga = topic.group("a", GroupOptions::default()).unwrap();
+        let gb = topic.group("b", GroupOptions::default()).unwrap();
+        let mut a = ga.join(member_opts()).unwrap();
+        let mut b = gb.join(member_opts()).unwrap();
+        let mut seen_b = poll_n(&mut b, 50);
+        b.commit().unwrap();
+        let kids = topic
+            .split(0, SplitPlan::Cuts(CutPoints::new(&pts).unwrap()))
+            .unwrap();
+        append(&topic, 200, 800);
+        let mut seen_a = poll_n(&mut a, 600);
+        a.commit().unwrap();
+        let busiest = kids
+            .iter()
+            .copied()
+            .max_by_key(|k| {
+                topic
+                    .partitions()
+                    .iter()
+                    .find(|p| p.id == *k)
+                    .unwrap()
+                    .end_offset
+            })
+            .unwrap();
+        let out = topic
+            .split_tail(
+                busiest,
+                SplitPlan::Even,
+                TailSplitOptions {
+                    from: fissionlog::TailFrom::SlowestGroup,
+                    throttle_bytes_per_sec: 0,
+                },
+            )
+            .unwrap();
+        assert_eq!(out.from, 0, "group b has no position in the child");
+        append(&topic, 1000, 100);
+        poll_all(&mut a, &mut seen_a);
+        check_exactly_once(&seen_a, 1100, "group a");
+        seen_b.extend(poll_n(&mut b, 300));
+        b.commit().unwrap();
+        drop((a, b, ga, gb, topic));
+        log.close().unwrap();
+        (seen_a, seen_b)
+    };
+    verify_clean(dir.path(), "closed");
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.topic("t").unwrap();
+    append(&topic, 1100, 50);
+    for (name, seen) in [("a", &mut seen_a), ("b", &mut seen_b)] {
+        let g = topic.group(name, GroupOptions::default()).unwrap();
+        let mut m = g.join(member_opts()).unwrap();
+        poll_all(&mut m, seen);
+        check_exactly_once(seen, 1150, &format!("group {name} reopened"));
+    }
+    check_hot_key(&topic, 1150, "reopened");
+}
+
+/// A windowed key over 2 lanes whose lane owners merge (one partition on
+/// both lanes' chains), then a spread era over the merged partition split
+/// forward again: `read_key` gives the windowed era in append order and
+/// every spread record once, a group reads every record once, and a tail
+/// split of a partition holding a lane is refused with nothing changed.
+#[test]
+fn merged_lane_owners_then_a_spread_era_and_a_refused_tail_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config(2)).unwrap();
+    topic
+        .set_hot_key_mode_lanes(HOT, HotKeyMode::Windowed(Duration::from_millis(100)), 2)
+        .unwrap();
+    append(&topic, 0, 200);
+    let g = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = g.join(member_opts()).unwrap();
+    let mut seen = poll_n(&mut m, 150);
+    m.commit().unwrap();
+    let merged = topic.merge(0, 1).unwrap();
+    append(&topic, 200, 200);
+    check_hot_key(&topic, 400, "windowed over a merged owner");
+    topic.set_hot_key_mode(HOT, HotKeyMode::Spread).unwrap();
+    append(&topic, 400, 200);
+    let kids = topic.split(merged, SplitPlan::Even).unwrap();
+    append(&topic, 600, 100);
+    let before = topic.partitions().len();
+    for k in &kids {
+        let r = topic.split_tail(*k, SplitPlan::Even, TailSplitOptions::from_offset(0));
+        assert!(
+            matches!(r, Err(fissionlog::Error::Refused(_))),
+            "tail split of a lane owner: {r:?}"
+        );
+    }
+    assert_eq!(topic.partitions().len(), before, "nothing changed");
+    let got: Vec<u64> = topic
+        .read_key(HOT)
+        .unwrap()
+        .iter()
+        .map(|r| std::str::from_utf8(&r.value).unwrap().parse().unwrap())
+        .collect();
+    let windowed: Vec<u64> = (0..400).filter(|i| i % 3 == 0).collect();
+    assert_eq!(
+        &got[..windowed.len()],
+        &windowed[..],
+        "windowed eras in order"
+    );
+    let mut spread = got[windowed.len()..].to_vec();
+    spread.sort_unstable();
+    assert_eq!(
+        spread,
+        (400..700).filter(|i| i % 3 == 0).collect::<Vec<_>>(),
+        "spread era once each"
+    );
+    poll_all(&mut m, &mut seen);
+    check_exactly_once(&seen, 700, "group");
+    drop((m, g, topic));
+    log.close().unwrap();
+    verify_clean(dir.path(), "closed");
+}

@@ -197,8 +197,35 @@ fn poll_all(m: &mut fissionlog::Member, out: &mut Vec<OwnedRecord>) {
     }
 }
 
+/// Verifies `dir`, retried for up to 10 s while it reads as locked: the
+/// command-line probe spawns the binary from this process, and a child
+/// holds this process's open files (a just-closed log's lock among them)
+/// between its fork and its exec.
+/// Opens the log at `dir`, retried while locked (see [`verify_clean`]).
+fn open_log(dir: &Path) -> fissionlog::Result<Log> {
+    let mut tries = 0;
+    loop {
+        match Log::open(dir, options()) {
+            Err(fissionlog::Error::Locked { .. }) if tries < 500 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
+}
+
 fn verify_clean(dir: &Path, ctx: &str) {
-    let (_report, problems) = fissionlog::verify(dir).unwrap();
+    let mut tries = 0;
+    let (_report, problems) = loop {
+        match fissionlog::verify(dir) {
+            Err(fissionlog::Error::Locked { .. }) if tries < 500 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => break r.unwrap(),
+        }
+    };
     assert!(problems.is_empty(), "{ctx}: verify: {problems:?}");
 }
 
@@ -241,7 +268,7 @@ fn a_group_and_a_key_reader_across_forward_and_tail_splits_and_a_merge_of_lane_p
     let mut seen;
     let total;
     {
-        let log = Log::open(dir.path(), options()).unwrap();
+        let log = open_log(dir.path()).unwrap();
         let topic = log.create_topic("t", config(2)).unwrap();
         topic
             .set_hot_key_mode_lanes(HOT, HotKeyMode::Windowed(Duration::from_millis(100)), 2)
@@ -284,7 +311,7 @@ fn a_group_and_a_key_reader_across_forward_and_tail_splits_and_a_merge_of_lane_p
         log.close().unwrap();
     }
     verify_clean(dir.path(), "closed");
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = open_log(dir.path()).unwrap();
     let topic = log.topic("t").unwrap();
     check_hot_key(&topic, total, "reopened");
     let g = topic.group("g", GroupOptions::default()).unwrap();
@@ -307,7 +334,7 @@ fn a_tail_split_of_one_child_of_a_many_way_cut_split() {
     let seen_before: Vec<OwnedRecord>;
     let seen_mid: Vec<OwnedRecord>;
     {
-        let log = Log::open(dir.path(), options()).unwrap();
+        let log = open_log(dir.path()).unwrap();
         let topic = log.create_topic("t", config(1)).unwrap();
         append(&topic, 0, 200);
         let mut r = topic.reader(StartAt::Earliest).unwrap();
@@ -360,7 +387,7 @@ fn a_tail_split_of_one_child_of_a_many_way_cut_split() {
         log.close().unwrap();
     }
     verify_clean(dir.path(), "closed");
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = open_log(dir.path()).unwrap();
     let topic = log.topic("t").unwrap();
     check_exactly_once(&read_all(&topic), 1400, "earliest reopened");
     check_hot_key(&topic, 1400, "reopened");
@@ -382,7 +409,7 @@ fn a_tail_split_of_one_child_of_a_many_way_cut_split() {
 #[test]
 fn retention_removes_a_tail_split_parent_while_a_member_is_mid_poll() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = open_log(dir.path()).unwrap();
     let cfg = TopicConfig {
         retention_bytes: Some(1 << 30),
         ..config(1)
@@ -425,7 +452,7 @@ fn cut_across_an_expired_tail_split_generation(at: u64) {
         retention_age: Some(Duration::from_secs(60)),
         ..config(1)
     };
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = open_log(dir.path()).unwrap();
     let topic = log.create_topic("t", cfg).unwrap();
     append_at(&topic, 0, 400, Some(T0));
     let mut r = topic.reader(StartAt::Earliest).unwrap();
@@ -467,7 +494,7 @@ fn cut_across_an_expired_tail_split_generation(at: u64) {
     check(&topic, "live");
     drop(topic);
     log.close().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = open_log(dir.path()).unwrap();
     check(&log.topic("t").unwrap(), "reopened");
 }
 
@@ -546,7 +573,7 @@ fn power_loss_during_a_tail_split_with_groups_and_hot_key_eras() {
         let d = tempfile::tempdir().unwrap();
         let root = d.path().join("log");
         image.write_to(&root).unwrap();
-        let log = Log::open(&root, options()).unwrap_or_else(|e| panic!("{ctx}: open: {e}"));
+        let log = open_log(&root).unwrap_or_else(|e| panic!("{ctx}: open: {e}"));
         let topic = log.topic("t").unwrap();
         check_hot_key(&topic, 300, &ctx);
         let g = topic.group("g", GroupOptions::default()).unwrap();
@@ -560,14 +587,26 @@ fn power_loss_during_a_tail_split_with_groups_and_hot_key_eras() {
     }
 }
 
+/// Runs the binary, retried for up to 10 s while it reports the directory
+/// locked (see [`verify_clean`]).
 fn cli(args: &[&str], dir: &Path) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_fissionlog"))
-        .args(args)
-        .arg("--dir")
-        .arg(dir)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap()
+    let mut tries = 0;
+    loop {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_fissionlog"))
+            .args(args)
+            .arg("--dir")
+            .arg(dir)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        tries += 1;
+        let locked = o.status.code() == Some(2)
+            && String::from_utf8_lossy(&o.stderr).contains("is locked by another process");
+        if !locked || tries == 500 {
+            return o;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// `verify`, `inspect --json`, `dump` and `dump --key` on a directory with
@@ -580,7 +619,7 @@ fn cli(args: &[&str], dir: &Path) -> std::process::Output {
 fn the_command_line_on_a_directory_with_every_feature() {
     let dir = tempfile::tempdir().unwrap();
     let (live, ids, removed, moved_child) = {
-        let log = Log::open(dir.path(), options()).unwrap();
+        let log = open_log(dir.path()).unwrap();
         let cfg = TopicConfig {
             retention_bytes: Some(1 << 30),
             ..config(4)
@@ -703,7 +742,7 @@ fn slowest_group_tail_split_of_a_cut_child_with_a_group_still_in_the_parent() {
     let step = u64::MAX / 8;
     let pts: Vec<u64> = (1..8).map(|i| i * step).collect();
     let (mut seen_a, mut seen_b) = {
-        let log = Log::open(dir.path(), options()).unwrap();
+        let log = open_log(dir.path()).unwrap();
         let topic = log.create_topic("t", config(1)).unwrap();
         append(&topic, 0, 200);
         let ga = topic.group("a", GroupOptions::default()).unwrap();
@@ -751,7 +790,7 @@ fn slowest_group_tail_split_of_a_cut_child_with_a_group_still_in_the_parent() {
         (seen_a, seen_b)
     };
     verify_clean(dir.path(), "closed");
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = open_log(dir.path()).unwrap();
     let topic = log.topic("t").unwrap();
     append(&topic, 1100, 50);
     for (name, seen) in [("a", &mut seen_a), ("b", &mut seen_b)] {
@@ -771,7 +810,7 @@ fn slowest_group_tail_split_of_a_cut_child_with_a_group_still_in_the_parent() {
 #[test]
 fn merged_lane_owners_then_a_spread_era_and_a_refused_tail_split() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = open_log(dir.path()).unwrap();
     let topic = log.create_topic("t", config(2)).unwrap();
     topic
         .set_hot_key_mode_lanes(HOT, HotKeyMode::Windowed(Duration::from_millis(100)), 2)
@@ -875,7 +914,7 @@ fn size_retention_under_a_reader_and_a_member_below_a_tail_split_offset() {
         retention_bytes: Some(6 * 1024),
         ..config(1)
     };
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = open_log(dir.path()).unwrap();
     let topic = log.create_topic("t", cfg).unwrap();
     append(&topic, 0, 600);
     let mut r = topic.reader(StartAt::Earliest).unwrap();
@@ -907,7 +946,7 @@ fn size_retention_under_a_reader_and_a_member_below_a_tail_split_offset() {
     drop((r, g, topic));
     log.close().unwrap();
     verify_clean(dir.path(), "closed");
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = open_log(dir.path()).unwrap();
     let topic = log.topic("t").unwrap();
     let mut r = topic.reader(StartAt::Cut(cut)).unwrap();
     let mut got = Vec::new();
@@ -929,7 +968,7 @@ fn a_member_reports_the_unread_rest_of_a_parent_retention_removed() {
             retention_bytes: Some(1),
             ..config(1)
         };
-        let log = Log::open(dir.path(), options()).unwrap();
+        let log = open_log(dir.path()).unwrap();
         let topic = log.create_topic("t", cfg).unwrap();
         append(&topic, 0, 400);
         let g = topic.group("g", GroupOptions::default()).unwrap();

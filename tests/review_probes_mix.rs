@@ -1005,3 +1005,89 @@ fn a_member_reports_the_unread_rest_of_a_parent_retention_removed() {
         );
     }
 }
+
+/// Records read before, records read after, ranges reported lost, and
+/// where each record was before retention.
+type Outcome = (
+    Vec<OwnedRecord>,
+    Vec<OwnedRecord>,
+    Vec<fissionlog::RetainedRange>,
+    BTreeMap<u64, (u32, u64)>,
+);
+
+/// Scenario of the next two probes: a group commits 100 records of a
+/// parent, its member leaves (or the log reopens), the parent is split
+/// (forward or tail) and retention empties and removes it; a member
+/// joining afterwards reads the children. Returns what it read, what it
+/// reported and where each record was before retention.
+fn member_after_a_committed_parent_was_removed(reopen: bool) -> Outcome {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TopicConfig {
+        segment_bytes: 4096,
+        retention_bytes: Some(1),
+        ..config(1)
+    };
+    let log = open_log(dir.path()).unwrap();
+    let topic = log.create_topic("t", cfg).unwrap();
+    append(&topic, 0, 400);
+    let g = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = g.join(member_opts()).unwrap();
+    let prefix = poll_n(&mut m, 100);
+    m.commit().unwrap();
+    m.leave().unwrap();
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(300))
+        .unwrap();
+    append(&topic, 400, 100);
+    let locs: BTreeMap<u64, (u32, u64)> = read_all(&topic)
+        .iter()
+        .map(|r| (seq(r), (r.partition, r.offset)))
+        .collect();
+    let (log, topic, g) = if reopen {
+        drop((g, topic));
+        log.close().unwrap();
+        let log = open_log(dir.path()).unwrap();
+        let topic = log.topic("t").unwrap();
+        let g = topic.group("g", GroupOptions::default()).unwrap();
+        (log, topic, g)
+    } else {
+        (log, topic, g)
+    };
+    log.enforce_retention().unwrap();
+    assert!(
+        topic.partitions().iter().all(|p| p.id != 0),
+        "parent removed"
+    );
+    let mut m = g.join(member_opts()).unwrap();
+    let mut got = Vec::new();
+    poll_all(&mut m, &mut got);
+    let retained = m.retained().to_vec();
+    (prefix, got, retained, locs)
+}
+
+/// Nobody reports the parent's records 100..300 that the group never
+/// read: the group's committed position in the parent is forgotten when
+/// retention removes it (`Committed::forget_removed`), and the member
+/// that takes the children starts them at 0 with an empty `retained()`.
+/// The group would need to keep the loss until a member takes the
+/// children (a reader keeps it in its own state).
+///
+/// Reproduction: 400 records in one partition (4 KiB segments,
+/// `retention_bytes` 1), a member commits 100 and leaves,
+/// `split_tail(0, Even, from 300)`, 100 more records, `enforce_retention`
+/// (the parent is removed), a new member drains: 300 records read, none
+/// of 100..300 reported.
+#[test]
+#[ignore = "open: a group's committed position in a partition retention removes is forgotten without reporting the unread records to any member"]
+fn a_group_reports_the_unread_rest_of_a_committed_parent_retention_removed() {
+    let (prefix, got, retained, locs) = member_after_a_committed_parent_was_removed(false);
+    check_cover(&locs, &prefix, &got, &retained, "live");
+}
+
+/// As above, with the log reopened between the split and retention.
+#[test]
+#[ignore = "open: a group's committed position in a partition retention removes is forgotten without reporting the unread records to any member"]
+fn a_group_reports_the_unread_rest_of_a_committed_parent_removed_after_a_reopen() {
+    let (prefix, got, retained, locs) = member_after_a_committed_parent_was_removed(true);
+    check_cover(&locs, &prefix, &got, &retained, "reopened");
+}

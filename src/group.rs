@@ -53,6 +53,7 @@ use crate::format::manifest::{GroupPosition, GroupRecord, ManifestRecord};
 use crate::read::OwnedRecord;
 use crate::reader::{
     drained_at, fingerprint, read_step, take_batch, translate_tails, ReadStep, RetainedRange,
+    REMOVED_END,
 };
 use crate::topic::Topic;
 use crate::topology::lineage::Lineage;
@@ -1541,7 +1542,10 @@ impl Member {
         }
     }
 
-    /// Ranges passed over because retention had removed them first.
+    /// Ranges passed over because retention had removed them first,
+    /// including the unread rest of a partition this member was reading
+    /// when retention emptied it and removed it from the topology (up to
+    /// the seal its children record, `u64::MAX` when none does any more).
     pub fn retained(&self) -> &[RetainedRange] {
         &self.retained
     }
@@ -1611,6 +1615,37 @@ impl Member {
         // position, and a commit naming the children is refused).
         let left = translate_tails(&lineage, &mut self.positions, &mut self.last_records);
         self.drained.extend(left);
+        // Partitions this member was reading that retention emptied and
+        // removed: what it had not handed out is gone with their files, and
+        // is reported (up to the seal their children record) as a reader
+        // reports it, not dropped silently with the position below.
+        let gone: Vec<(u32, u64)> = self
+            .positions
+            .iter()
+            .filter(|(p, _)| !lineage.contains(**p))
+            .map(|(&p, &o)| (p, o))
+            .collect();
+        for (p, pos) in gone {
+            let start = self
+                .pending
+                .iter()
+                .filter(|r| r.partition == p)
+                .map(|r| r.offset)
+                .min()
+                .unwrap_or(pos);
+            let end = lineage
+                .removed_seals
+                .get(&p)
+                .copied()
+                .unwrap_or(REMOVED_END);
+            if start < end {
+                self.retained.push(RetainedRange {
+                    partition: p,
+                    start,
+                    end,
+                });
+            }
+        }
         // Ours, in a tenure this member's reading state belongs to (the
         // same one, or its parent's for a split child it kept). A
         // partition taken away and given back since is read again from

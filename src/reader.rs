@@ -237,7 +237,7 @@ pub(crate) fn translate_tails(
 }
 
 /// `RetainedRange::end` of a partition removed from the topology.
-const REMOVED_END: u64 = u64::MAX;
+pub(crate) const REMOVED_END: u64 = u64::MAX;
 
 /// A lineage-aware reader of one topic.
 ///

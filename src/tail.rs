@@ -25,7 +25,7 @@ use crate::format::manifest::{
     ManifestRecord, PartitionRecord, PartitionState, TailGroupMove, TailMove,
 };
 use crate::format::tail_index::{self, TailIndex};
-use crate::partition::{now_ms, Partition};
+use crate::partition::Partition;
 use crate::read::ReadIsolation;
 use crate::storage::fault::IoOp;
 use crate::storage::{sync_dir, sync_file};
@@ -364,20 +364,7 @@ impl Topic {
                 p
             })
             .collect();
-        let created = now_ms();
-        let children: Vec<PartitionRecord> = ids
-            .iter()
-            .zip(&ranges)
-            .map(|(&id, &(s, e))| PartitionRecord {
-                id,
-                start: s,
-                end: e,
-                parents: vec![partition],
-                state: PartitionState::Active,
-                created_ms: created,
-                removed_parents: Vec::new(),
-            })
-            .collect();
+        let children = crate::topic::child_records(partition, &ids, &ranges);
         let core = self.inner.core.clone();
         let mut copier = Copier {
             topic: self,

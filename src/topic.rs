@@ -962,20 +962,7 @@ impl Topic {
         let first_id = self.next_partition_id();
         let ids: Vec<u32> = (0..ranges.len() as u32).map(|i| first_id + i).collect();
         let segs = self.create_partition_files(&ids)?;
-        let created = now_ms();
-        let children: Vec<PartitionRecord> = ids
-            .iter()
-            .zip(&ranges)
-            .map(|(&id, &(s, e))| PartitionRecord {
-                id,
-                start: s,
-                end: e,
-                parents: vec![partition],
-                state: PartitionState::Active,
-                created_ms: created,
-                removed_parents: Vec::new(),
-            })
-            .collect();
+        let children = child_records(partition, &ids, &ranges);
         let core = self.inner.core.clone();
         let result = parent.seal_with(&core.syncer, |seal_offset| {
             let mut topo = core.topology.lock();
@@ -1260,6 +1247,28 @@ impl Topic {
             );
         }
     }
+}
+
+/// The records of the children of a split of `partition`: ids and hash
+/// ranges pairwise, active, created now.
+pub(crate) fn child_records(
+    partition: u32,
+    ids: &[u32],
+    ranges: &[(u64, u64)],
+) -> Vec<PartitionRecord> {
+    let created = now_ms();
+    ids.iter()
+        .zip(ranges)
+        .map(|(&id, &(start, end))| PartitionRecord {
+            id,
+            start,
+            end,
+            parents: vec![partition],
+            state: PartitionState::Active,
+            created_ms: created,
+            removed_parents: Vec::new(),
+        })
+        .collect()
 }
 
 /// Children ranges for a split plan.

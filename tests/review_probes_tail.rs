@@ -10,42 +10,16 @@ use std::path::Path;
 use common::crash::{CrashOptions, DirImage};
 use common::model_hook::ModelHook;
 use fissionlog::{
-    Error, GroupOptions, IoOp, Log, LogOptions, MemberOptions, NewRecord, OwnedRecord, SplitPlan,
-    StartAt, SyncPolicy, TailSplitOptions, Topic, TopicConfig,
+    Error, GroupOptions, IoOp, Log, MemberOptions, NewRecord, OwnedRecord, SplitPlan, StartAt,
+    TailSplitOptions, Topic, TopicConfig,
 };
 
 const KEYS: u64 = 11;
 
-fn options() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
+use common::tail::{config, drain, options, read_all, seq};
 
-fn config() -> TopicConfig {
-    TopicConfig {
-        partitions: 1,
-        segment_bytes: 64 * 1024,
-        sync: SyncPolicy::Never,
-        ..TopicConfig::default()
-    }
-}
-
-/// Appends records `from..from + n`, one per call, keys `k{i % KEYS}`,
-/// every fifth keyless, value `i`.
 fn append(topic: &Topic, from: u64, n: u64) {
-    for i in from..from + n {
-        let key = format!("k{}", i % KEYS);
-        let key = (i % 5 != 4).then_some(key.as_bytes());
-        topic.append(key, i.to_string().as_bytes()).unwrap();
-    }
-}
-
-fn seq(r: &OwnedRecord) -> u64 {
-    let v = std::str::from_utf8(&r.value).unwrap();
-    v.split(':').next().unwrap().parse().unwrap()
+    common::tail::append(topic, from, n, KEYS);
 }
 
 /// As [`append`], with values padded to about 1 KiB.
@@ -73,23 +47,6 @@ fn check_exactly_once(seen: &[OwnedRecord], n: u64, ctx: &str) {
     all.sort_unstable();
     assert_eq!(all.len() as u64, n, "{ctx}: count");
     assert_eq!(all, (0..n).collect::<Vec<_>>(), "{ctx}: exactly once");
-}
-
-fn drain(r: &mut fissionlog::Reader, out: &mut Vec<OwnedRecord>) {
-    loop {
-        let got = r.poll(89).unwrap();
-        if got.is_empty() {
-            return;
-        }
-        out.extend(got);
-    }
-}
-
-fn read_all(topic: &Topic) -> Vec<OwnedRecord> {
-    let mut r = topic.reader(StartAt::Earliest).unwrap();
-    let mut out = Vec::new();
-    drain(&mut r, &mut out);
-    out
 }
 
 fn member_opts() -> MemberOptions {

@@ -13,41 +13,16 @@ use std::sync::Arc;
 use common::crash::{CrashOptions, DirImage};
 use common::model_hook::{CrashPoint, ModelHook};
 use fissionlog::{
-    Cut, Error, FileAction, GroupOptions, IoOp, Log, LogOptions, MemberOptions, OwnedRecord,
-    SplitPlan, StartAt, SyncPolicy, TailFrom, TailSplitOptions, Topic, TopicConfig,
+    Cut, Error, FileAction, GroupOptions, IoOp, Log, MemberOptions, OwnedRecord, SplitPlan,
+    StartAt, SyncPolicy, TailFrom, TailSplitOptions, Topic, TopicConfig,
 };
 
 const KEYS: u64 = 13;
 
-fn options() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
+use common::tail::{config, drain, options, read_all, seq};
 
-fn config() -> TopicConfig {
-    TopicConfig {
-        partitions: 1,
-        segment_bytes: 64 * 1024,
-        sync: SyncPolicy::Never,
-        ..TopicConfig::default()
-    }
-}
-
-/// Appends records `from..from + n`, one per call (one batch each), with
-/// keys `k{i % KEYS}` and values `i`; every fifth record is keyless.
 fn append(topic: &Topic, from: u64, n: u64) {
-    for i in from..from + n {
-        let key = format!("k{}", i % KEYS);
-        let key = (i % 5 != 4).then_some(key.as_bytes());
-        topic.append(key, i.to_string().as_bytes()).unwrap();
-    }
-}
-
-fn seq(r: &OwnedRecord) -> u64 {
-    std::str::from_utf8(&r.value).unwrap().parse().unwrap()
+    common::tail::append(topic, from, n, KEYS);
 }
 
 /// Checks that `seen` holds `0..n` exactly once, and per key in order.
@@ -67,23 +42,6 @@ fn check_exactly_once(seen: &[OwnedRecord], n: u64, ctx: &str) {
     let want: Vec<u64> = (0..n).collect();
     assert_eq!(all.len(), want.len(), "{ctx}: count");
     assert_eq!(all, want, "{ctx}: every record exactly once");
-}
-
-fn drain(r: &mut fissionlog::Reader, out: &mut Vec<OwnedRecord>) {
-    loop {
-        let got = r.poll(97).unwrap();
-        if got.is_empty() {
-            return;
-        }
-        out.extend(got);
-    }
-}
-
-fn read_all(topic: &Topic) -> Vec<OwnedRecord> {
-    let mut r = topic.reader(StartAt::Earliest).unwrap();
-    let mut out = Vec::new();
-    drain(&mut r, &mut out);
-    out
 }
 
 /// Reads `n` records from a fresh reader and returns them with its cut.

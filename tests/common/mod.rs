@@ -3,4 +3,5 @@ pub mod crash;
 pub mod durable;
 pub mod groups;
 pub mod model_hook;
+pub mod tail;
 pub mod tmpfs;

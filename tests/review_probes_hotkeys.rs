@@ -13,36 +13,9 @@ use std::time::Duration;
 
 use common::crash::CrashOptions;
 use common::model_hook::ModelHook;
-use fissionlog::{
-    Error, HotKeyMode, HotKeyPolicy, KeyRecord, Log, LogOptions, NewRecord, Topic, TopicConfig,
-};
+use fissionlog::{Error, HotKeyMode, KeyRecord, Log, LogOptions, NewRecord, Topic, TopicConfig};
 
-const HOT: &[u8] = b"the-hot-key";
-const W100: HotKeyMode = HotKeyMode::Windowed(Duration::from_millis(100));
-/// A fixed base time (ms since the epoch) for explicit timestamps.
-const T0: i64 = 1_700_000_000_000;
-
-fn opts() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
-
-fn config(partitions: u32, windowed: bool, spread: bool) -> TopicConfig {
-    TopicConfig {
-        partitions,
-        segment_bytes: 1 << 20,
-        hot_keys: HotKeyPolicy {
-            allow_windowed: windowed,
-            allow_spread: spread,
-            max_lanes: 4,
-            auto_window: None,
-        },
-        ..TopicConfig::default()
-    }
-}
+use common::hot::{config, opts, HOT, T0, W100};
 
 /// Values are the sequence number in decimal (text, so `dump` prints it).
 fn seq_of(value: &[u8]) -> u64 {

@@ -2,6 +2,7 @@
 pub mod crash;
 pub mod durable;
 pub mod groups;
+pub mod hot;
 pub mod model_hook;
 pub mod tail;
 pub mod tmpfs;

@@ -326,7 +326,8 @@ impl Topic {
 
     /// Appends one record; returns where it landed.
     pub fn append(&self, key: Option<&[u8]>, value: &[u8]) -> Result<Appended> {
-        self.inner.core.check_open()?;
+        // A closed or poisoned log is refused below, after the hot-key
+        // lookup (and in `append_hot` under the key's lock), before any write.
         let hash = key.map(|k| self.hash(k));
         let record = [RecordIn {
             key,
@@ -413,7 +414,8 @@ impl Topic {
     /// were written returns [`Error::PartialBatch`], which names exactly the
     /// records that landed: retry only the others.
     pub fn append_batch(&self, records: &[NewRecord<'_>]) -> Result<Vec<Appended>> {
-        self.inner.core.check_open()?;
+        // A closed or poisoned log is refused below, after the hot-key
+        // lookup and under the keys' locks, before any write.
         let now = now_ms();
         let mut hashes: Vec<Option<u64>> = records
             .iter()

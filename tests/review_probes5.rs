@@ -184,6 +184,42 @@ fn salvage_keeps_the_later_segments_after_a_checkpointed_torn_rolled_segment() {
     assert_eq!(read_all(&log, 80), holes);
 }
 
+/// The checkpointed tear again, under the crash model: the checkpoint
+/// counts the segment synced up to its seal, so no sync round of the open
+/// covers the hole batch Salvage writes. A power loss right after the
+/// Salvage open returned must leave the repair it reported (C1, C7): a
+/// Strict open of that image accepts it, with the same hole and records.
+#[test]
+fn a_power_loss_after_salvaging_a_checkpointed_torn_rolled_segment_keeps_the_repair() {
+    use common::crash::CrashOptions;
+    use common::model_hook::ModelHook;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    sealed_log(&dir, 80, true);
+    let segs = segments(&dir.join("topics/t0/p0"));
+    let len = std::fs::metadata(&segs[0]).unwrap().len();
+    cut_file(&segs[0], len - 60);
+    let hook = ModelHook::new(&dir, None);
+    let log = Log::open_with_hook(&dir, opts(RecoveryMode::Salvage), hook.clone()).unwrap();
+    let holes = read_all(&log, 80);
+    assert_eq!(holes.len(), 1, "{holes:?}");
+    let point = hook.now(IoOp::SyncDir);
+    log.abandon();
+    for seed in 0..4 {
+        let (image, trace) = point.image(seed, &CrashOptions::default());
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path().join("log");
+        image.write_to(&r).unwrap();
+        let log = Log::open(&r, opts(RecoveryMode::Strict)).unwrap_or_else(|e| {
+            panic!(
+                "seed {seed}: the reported repair did not survive: {e}; {}",
+                trace.join("; ")
+            )
+        });
+        assert_eq!(read_all(&log, 80), holes, "seed {seed}");
+    }
+}
+
 /// The sealed partition of [`sealed_log`] without a checkpoint, its first
 /// segment cut to `len(segment) - cut` bytes; returns the first offset of
 /// the second segment (the first segment's seal).

@@ -565,6 +565,7 @@ fn chain_params<'a>(
         dir: pdir,
         ids: (rec.id, partition),
         index_interval: u64::from(rec.config.index_interval_bytes),
+        segment_bytes: rec.config.segment_bytes,
         checkpoint: cps.get(&(rec.id, partition)).copied(),
         clean: checkpoint.clean,
         sealed,
@@ -1009,6 +1010,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
                 dir: &pdir,
                 ids: (t.id, p.id),
                 index_interval: u64::from(t.config.index_interval_bytes),
+                segment_bytes: t.config.segment_bytes,
                 checkpoint: cps.get(&(t.id, p.id)).copied(),
                 clean: ck.clean,
                 sealed: match p.state {

@@ -184,6 +184,65 @@ fn salvage_keeps_the_later_segments_after_a_checkpointed_torn_rolled_segment() {
     assert_eq!(read_all(&log, 80), holes);
 }
 
+/// The checkpointed tear again, with the torn segment's seal rewritten to
+/// a position far past any segment of the topic (a valid seal CRC over
+/// impossible fields: bad input, C6). Salvage must not take the seal's
+/// word for a hole of that size: it does not write the file out to 1 GiB
+/// (nor allocate it). Without a usable seal it cuts the synced chain at
+/// the tear, as for damage with nothing valid after it: the offsets past
+/// the tear read as one reported hole, and the later segments' files are
+/// set aside, never deleted.
+#[test]
+fn salvage_does_not_fill_a_torn_segment_to_an_impossible_seal() {
+    use std::os::unix::fs::FileExt;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    sealed_log(&dir, 80, true);
+    let segs = segments(&dir.join("topics/t0/p0"));
+    assert!(segs.len() >= 3, "{segs:?}");
+    let len = std::fs::metadata(&segs[0]).unwrap().len();
+    cut_file(&segs[0], len - 60);
+    // The seal: CRC-32 of (end offset, end position), at byte 44.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&segs[0])
+        .unwrap();
+    let mut seal = [0u8; 20];
+    f.read_exact_at(&mut seal, 44).unwrap();
+    let end_offset = u64::from_le_bytes(seal[4..12].try_into().unwrap());
+    let far = 1u64 << 30;
+    seal[12..20].copy_from_slice(&far.to_le_bytes());
+    let crc = crc32fast::hash(&seal[4..20]);
+    seal[..4].copy_from_slice(&crc.to_le_bytes());
+    f.write_all_at(&seal, 44).unwrap();
+    drop(f);
+    let name: u64 = segs[1]
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(end_offset, name, "the seal names the next segment's base");
+    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    let size = std::fs::metadata(&segs[0]).unwrap().len();
+    assert!(size <= 4096, "the torn segment grew to {size} bytes");
+    let holes = read_all(&log, 80);
+    assert_eq!(holes.len(), 1, "{holes:?}");
+    assert!(holes[0].0 < end_offset, "{holes:?}");
+    for s in &segs[1..] {
+        let name = s.file_name().unwrap().to_str().unwrap();
+        let kept = std::fs::read_dir(s.parent().unwrap())
+            .unwrap()
+            .any(|e| e.unwrap().file_name().to_str().unwrap().starts_with(name));
+        assert!(kept, "{} was deleted", s.display());
+    }
+    drop(log);
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    assert_eq!(read_all(&log, 80), holes);
+}
+
 /// The checkpointed tear again, under the crash model: the checkpoint
 /// counts the segment synced up to its seal, so no sync round of the open
 /// covers the hole batch Salvage writes. A power loss right after the
@@ -887,4 +946,50 @@ fn truncate_sets_aside_the_synced_segments_after_a_segment_torn_inside_its_heade
         );
     }
     drop(log);
+}
+
+/// An active partition (never split) of three rolled segments and a clean
+/// close: the checkpoint lies past the first segment, so its data was
+/// synced. A cut inside it is damage in synced data, never a torn tail
+/// (README: damage a checkpoint covers is never silently cut): Strict
+/// refuses, naming the file, and changes no file; Salvage keeps every
+/// record of the later segments.
+#[test]
+fn strict_refuses_a_checkpointed_rolled_segment_cut_short() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    {
+        let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+        let t = log.create_topic("t", config(1)).unwrap();
+        for i in 0..80 {
+            append(&t, 0, i);
+        }
+        drop(t);
+        log.close().unwrap();
+    }
+    let pdir = dir.join("topics/t0/p0");
+    let segs = segments(&pdir);
+    assert!(segs.len() >= 3, "{segs:?}");
+    let len = std::fs::metadata(&segs[0]).unwrap().len();
+    cut_file(&segs[0], len - 60);
+    let before: Vec<_> = segs.iter().map(|s| std::fs::read(s).unwrap()).collect();
+    match Log::open(&dir, opts(RecoveryMode::Strict)) {
+        Err(fissionlog::Error::Corruption { file, .. }) => {
+            assert_eq!(file, segs[0], "names the cut segment");
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(log) => {
+            let p = log.topic("t").unwrap().partition(0).unwrap();
+            panic!(
+                "Strict opened a partition cut inside checkpointed data (end {})",
+                p.end_offset()
+            );
+        }
+    }
+    let after: Vec<_> = segs.iter().map(|s| std::fs::read(s).unwrap()).collect();
+    assert!(before == after, "a refusing open changed a segment file");
+    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    let holes = read_all(&log, 80);
+    assert_eq!(holes.len(), 1, "{holes:?}");
+    assert_eq!(holes[0].1 - holes[0].0, 1, "{holes:?}");
 }

@@ -160,13 +160,22 @@ pub fn is_hole(h: &BatchHeader) -> bool {
 /// Writes a hole batch over `dst` (at least [`BATCH_HEADER_LEN`] bytes):
 /// `lost` offsets starting at `base_offset` are gone; the payload is zeroed.
 pub fn encode_hole(dst: &mut [u8], base_offset: u64, lost: u32) {
+    let len = u32::try_from(dst.len()).expect("a batch is shorter than 4 GiB");
+    let header = hole_header(len, base_offset, lost);
+    dst.fill(0);
+    dst[..BATCH_HEADER_LEN].copy_from_slice(&header);
+}
+
+/// The header of a hole batch of `len` bytes whose payload is all zeros
+/// (see [`encode_hole`]), computed without the payload in memory, so a
+/// large hole can be written in bounded pieces.
+pub fn hole_header(len: u32, base_offset: u64, lost: u32) -> [u8; BATCH_HEADER_LEN] {
     assert!(
-        dst.len() >= BATCH_HEADER_LEN && lost > 0,
+        len as usize >= BATCH_HEADER_LEN && lost > 0,
         "a hole covers a header and at least one offset"
     );
-    dst.fill(0);
     let header = BatchHeader {
-        batch_len: U32::new(dst.len() as u32),
+        batch_len: U32::new(len),
         crc: U32::new(0),
         magic: U16::new(BATCH_MAGIC),
         flags: U16::new(FLAG_HOLE),
@@ -175,9 +184,19 @@ pub fn encode_hole(dst: &mut [u8], base_offset: u64, lost: u32) {
         first_ts: I64::new(0),
         max_ts: I64::new(i64::MIN),
     };
-    dst[..BATCH_HEADER_LEN].copy_from_slice(header.as_bytes());
-    let crc = crc32fast::hash(&dst[8..]);
-    dst[4..8].copy_from_slice(&crc.to_le_bytes());
+    let mut out = [0u8; BATCH_HEADER_LEN];
+    out.copy_from_slice(header.as_bytes());
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&out[8..]);
+    let zeros = [0u8; 4096];
+    let mut rest = len as usize - BATCH_HEADER_LEN;
+    while rest > 0 {
+        let n = rest.min(zeros.len());
+        crc.update(&zeros[..n]);
+        rest -= n;
+    }
+    out[4..8].copy_from_slice(&crc.finalize().to_le_bytes());
+    out
 }
 
 /// Why bytes at a position are not a valid batch.
@@ -586,6 +605,18 @@ mod tests {
         let mut b = buf.clone();
         b[99] = 1;
         assert!(validate(&b, Some(50)).is_err());
+    }
+
+    #[test]
+    fn a_hole_header_written_over_zeros_is_the_hole_batch() {
+        for len in [BATCH_HEADER_LEN, 100, 4096, 4097, 3 * 4096 + 17] {
+            let mut whole = vec![0x55; len];
+            encode_hole(&mut whole, 7, 3);
+            let mut pieces = vec![0u8; len];
+            pieces[..BATCH_HEADER_LEN].copy_from_slice(&hole_header(len as u32, 7, 3));
+            assert_eq!(pieces, whole, "{len} bytes");
+            assert!(validate(&pieces, Some(7)).is_ok());
+        }
     }
 
     #[test]

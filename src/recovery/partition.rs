@@ -64,6 +64,9 @@ pub struct ChainParams<'a> {
     pub ids: (u32, u32),
     /// Index spacing.
     pub index_interval: u64,
+    /// The topic's segment size: no segment of it holds data past this
+    /// position, so a seal that names a later one is damage.
+    pub segment_bytes: u64,
     /// Checkpoint entry, when the checkpoint has one.
     pub checkpoint: Option<&'a PartitionCheckpoint>,
     /// The checkpoint was written by a clean shutdown.
@@ -582,13 +585,16 @@ pub fn repair_chain(
             // the seal is a power loss of unsynced writes, which leaves a
             // prefix (C3) and is cut as in Truncate. The seal must leave
             // room for a hole batch's header and its length and lost
-            // offsets must fit the batch fields.
+            // offsets must fit the batch fields. A seal past the topic's
+            // segment size was never written by a roll: it is damage, and
+            // its word would have Salvage write gigabytes of hole.
             let reseal = info.seal.filter(|&(off, pos)| {
                 p.mode.write
                     && p.mode.recovery == RecoveryMode::Salvage
                     && (durable_segment || p.sealed.is_some())
                     && off > outcome.end_offset
                     && pos >= outcome.end_pos + BATCH_HEADER_LEN as u64
+                    && pos <= p.segment_bytes
                     && u32::try_from(off - outcome.end_offset).is_ok()
                     && u32::try_from(pos - outcome.end_pos).is_ok()
             });

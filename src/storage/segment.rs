@@ -698,11 +698,21 @@ impl Segment {
     ) -> Result<()> {
         let lost = u32::try_from(lost)
             .map_err(|_| Error::corruption(&self.path, pos, "hole spans too many offsets"))?;
-        let mut buf = vec![0u8; len as usize];
-        batch::encode_hole(&mut buf, first_offset, lost);
-        self.file()
-            .and_then(|f| f.write_all_at(&buf, pos))
-            .at(&self.path)
+        let len32 = u32::try_from(len)
+            .map_err(|_| Error::corruption(&self.path, pos, "hole longer than a batch"))?;
+        let header = batch::hole_header(len32, first_offset, lost);
+        let file = self.file().at(&self.path)?;
+        // The zeroed payload in pieces of at most 1 MiB: memory stays
+        // bounded whatever the hole's length.
+        let zeros = vec![0u8; (len as usize).min(1 << 20)];
+        let mut at = pos;
+        let end = pos + len;
+        while at < end {
+            let n = ((end - at) as usize).min(zeros.len());
+            file.write_all_at(&zeros[..n], at).at(&self.path)?;
+            at += n as u64;
+        }
+        file.write_all_at(&header, pos).at(&self.path)
     }
 
     /// Writes the seal (end offset and position) into the header.

@@ -359,11 +359,24 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
                 end_offset,
             });
             bound_removed(&mut t.removed);
-            // A group's position in it is gone with it (what the group had
-            // not consumed was retention's); its children count it read.
+            // A group's position in it stays: what the group had not
+            // consumed there is a loss the group reports to a member, and
+            // the position leaves with the commit of a member told of it
+            // (its children count it read meanwhile). Positions in removed
+            // partitions the topic no longer remembers go, so they stay
+            // bounded like `removed`. Its fingerprint and a drained entry
+            // (read to the seal: nothing lost) go now.
+            let kept: std::collections::HashSet<u32> = t
+                .partitions
+                .iter()
+                .map(|p| p.id)
+                .chain(t.removed.iter().map(|r| r.id))
+                .collect();
             for g in &mut t.groups {
-                g.positions.remove(partition);
-                g.last_records.remove(partition);
+                g.positions.retain(|p, _| kept.contains(p));
+                let positions = &g.positions;
+                g.last_records
+                    .retain(|p, _| p != partition && positions.contains_key(p));
                 g.drained.remove(partition);
             }
         }
@@ -622,5 +635,69 @@ mod tests {
         assert_eq!(t.removed[0].id, 2);
         assert_eq!(t.removed.last().map(|r| r.id), Some(0));
         check_state(&state).unwrap();
+    }
+
+    /// A group's position in a removed partition stays (the group reports
+    /// what it had not read there, then drops it with a commit) while the
+    /// topic remembers the partition; its fingerprint and a drained entry
+    /// go at once, and positions in partitions `removed` forgot go too.
+    #[test]
+    fn group_positions_in_removed_partitions_are_kept_while_remembered() {
+        let max = MAX_REMOVED_KEPT as u32;
+        let mut state = ManifestState::default();
+        let group = |name: &str, positions: &[(u32, u64)], drained: &[u32]| GroupRecord {
+            name: name.into(),
+            generation: 1,
+            positions: positions.iter().copied().collect(),
+            last_records: positions.iter().map(|&(p, _)| (p, 77)).collect(),
+            drained: drained.iter().copied().collect(),
+        };
+        let topic = TopicRecord {
+            id: 0,
+            name: "t".into(),
+            config: TopicConfig::default(),
+            hash_key: [0, 0],
+            next_partition_id: max + 1,
+            partitions: vec![part(0, (0, u64::MAX), vec![])],
+            groups: vec![
+                group("g", &[(0, 5), (1, 3), (2, 4)], &[]),
+                group("h", &[], &[0]),
+            ],
+            tail_moves: Vec::new(),
+            hot_keys: Vec::new(),
+            removed: (1..=max)
+                .map(|id| RemovedPartition {
+                    id,
+                    parents: vec![],
+                    end_offset: 9,
+                })
+                .collect(),
+        };
+        apply(&mut state, &ManifestRecord::CreateTopic(topic)).unwrap();
+        apply(&mut state, &split(0, (max + 1, max + 2), (0, u64::MAX))).unwrap();
+        apply(&mut state, &remove(0)).unwrap();
+        let t = &state.topics[0];
+        let g = &t.groups[0];
+        // 1 fell out of `removed`; 0 and 2 are remembered.
+        assert_eq!(g.positions.iter().collect::<Vec<_>>(), [(&0, &5), (&2, &4)]);
+        assert!(!g.last_records.contains_key(&0));
+        assert!(t.groups[1].drained.is_empty());
+        check_state(&state).unwrap();
+        // A commit naming it drained and pruned drops it.
+        apply(
+            &mut state,
+            &ManifestRecord::GroupCommit {
+                topic_id: 0,
+                group: "g".into(),
+                generation: 2,
+                positions: vec![],
+                drained: vec![0],
+                pruned: vec![0],
+            },
+        )
+        .unwrap();
+        let g = &state.topics[0].groups[0];
+        assert_eq!(g.positions.keys().collect::<Vec<_>>(), [&2]);
+        assert!(g.drained.is_empty());
     }
 }

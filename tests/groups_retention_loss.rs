@@ -1,0 +1,198 @@
+//! A group's committed position in a partition retention removes: the
+//! records the group had not read there are reported through
+//! `Member::retained()` to the member that takes over (C8), again after a
+//! reopen or a member's death until a member told of them commits, and
+//! never after that commit.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::groups::{drain, member_opts, open};
+use fissionlog::{
+    Group, GroupOptions, Log, ManualClock, Member, NewRecord, SplitPlan, StartAt, Topic,
+    TopicConfig,
+};
+
+/// Old enough for a one-hour retention age.
+const OLD_TS: i64 = 1_000;
+
+fn config() -> TopicConfig {
+    TopicConfig {
+        partitions: 1,
+        segment_bytes: 4096,
+        retention_age: Some(Duration::from_secs(3600)),
+        ..TopicConfig::default()
+    }
+}
+
+/// Appends `n` records routed to partition `p` (old ones when `old`).
+fn fill(topic: &Topic, p: u32, n: u32, old: bool) {
+    let k = (0..)
+        .map(|k| format!("key-{k}"))
+        .find(|k| topic.route(k.as_bytes()) == p)
+        .unwrap();
+    for i in 0..n {
+        topic
+            .append_batch(&[NewRecord {
+                key: Some(k.as_bytes()),
+                value: format!("{p}:{i}").as_bytes(),
+                timestamp: old.then_some(OLD_TS),
+            }])
+            .unwrap();
+    }
+}
+
+fn lost(m: &Member) -> Vec<(u32, u64, u64)> {
+    let mut v: Vec<_> = m
+        .retained()
+        .iter()
+        .map(|g| (g.partition, g.start, g.end))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// 40 old records in partition 0; a member reads and commits 10 and
+/// leaves; 0 is split into children with 5 fresh records each, and
+/// retention removes 0. Returns the log, topic and group.
+fn committed_then_removed(dir: &std::path::Path, clock: &Arc<ManualClock>) -> (Log, Topic, Group) {
+    let log = open(dir, clock);
+    let topic = log.create_topic("t", config()).unwrap();
+    fill(&topic, 0, 40, true);
+    log.sync().unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    assert_eq!(a.poll(10).unwrap().len(), 10);
+    a.commit().unwrap();
+    a.leave().unwrap();
+    for c in topic.split(0, SplitPlan::Even).unwrap() {
+        fill(&topic, c, 5, false);
+    }
+    log.sync().unwrap();
+    assert!(log.enforce_retention().unwrap() > 0);
+    assert!(topic.partition(0).is_err(), "partition 0 was removed");
+    (log, topic, group)
+}
+
+fn reopen(dir: &std::path::Path, clock: &Arc<ManualClock>) -> (Log, Topic, Group) {
+    let log = open(dir, clock);
+    let topic = log.topic("t").unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    (log, topic, group)
+}
+
+/// The loss is handed to a member that does not commit; after a reopen
+/// the group still holds the position in the removed partition and the
+/// next member is told again. Once a member commits, a reopen tells
+/// nobody, and the group's positions no longer name the partition.
+#[test]
+fn a_loss_is_reported_again_after_a_reopen_until_a_member_commits() {
+    let root = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let (log, topic, group) = committed_then_removed(root.path(), &clock);
+    let mut b = group.join(member_opts()).unwrap();
+    assert_eq!(drain(&mut b).len(), 10, "the children");
+    assert_eq!(lost(&b), vec![(0, 10, 40)]);
+    // Polled again: told once.
+    assert!(drain(&mut b).is_empty());
+    assert_eq!(lost(&b), vec![(0, 10, 40)], "reported once");
+    assert_eq!(group.committed().positions.get(&0), Some(&10));
+    // No commit: a crash or a clean close alike keeps the position.
+    drop((b, group, topic));
+    log.close().unwrap();
+
+    let (log, topic, group) = reopen(root.path(), &clock);
+    assert_eq!(group.committed().positions.get(&0), Some(&10));
+    let mut c = group.join(member_opts()).unwrap();
+    assert_eq!(drain(&mut c).len(), 10, "uncommitted: delivered again");
+    assert_eq!(lost(&c), vec![(0, 10, 40)], "told again after the reopen");
+    c.commit().unwrap();
+    assert_eq!(group.committed().positions.get(&0), None);
+    let mut r = topic.reader(StartAt::Cut(group.committed())).unwrap();
+    assert!(r.poll(1000).unwrap().is_empty());
+    assert!(r.retained().is_empty(), "{:?}", r.retained());
+    // A member joining now is told nothing.
+    c.leave().unwrap();
+    let mut d = group.join(member_opts()).unwrap();
+    assert!(drain(&mut d).is_empty());
+    assert!(lost(&d).is_empty(), "{:?}", lost(&d));
+    drop((d, group, topic));
+    log.close().unwrap();
+
+    let (log, topic, group) = reopen(root.path(), &clock);
+    assert_eq!(group.committed().positions.get(&0), None);
+    let mut e = group.join(member_opts()).unwrap();
+    assert!(drain(&mut e).is_empty(), "all committed");
+    assert!(lost(&e).is_empty(), "committed past: {:?}", lost(&e));
+    drop((e, group, topic));
+    log.close().unwrap();
+}
+
+/// A member that was told of the loss and died without committing leaves
+/// it to the next owner, who is told; after its commit, a later member is
+/// not.
+#[test]
+fn a_member_that_dies_before_committing_leaves_the_loss_to_the_next_owner() {
+    let root = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let (log, topic, group) = committed_then_removed(root.path(), &clock);
+    let mut b = group.join(member_opts()).unwrap();
+    assert_eq!(drain(&mut b).len(), 10);
+    assert_eq!(lost(&b), vec![(0, 10, 40)]);
+    // b stops heartbeating and is declared dead.
+    clock.advance(common::groups::SESSION + Duration::from_secs(1));
+    group.tick();
+    assert_eq!(group.describe().stats.dead_detected, 1);
+    assert_eq!(group.committed().positions.get(&0), Some(&10));
+    let mut c = group.join(member_opts()).unwrap();
+    assert_eq!(drain(&mut c).len(), 10);
+    assert_eq!(lost(&c), vec![(0, 10, 40)], "the next owner is told");
+    c.commit().unwrap();
+    c.leave().unwrap();
+    let mut d = group.join(member_opts()).unwrap();
+    assert!(drain(&mut d).is_empty());
+    assert!(lost(&d).is_empty(), "{:?}", lost(&d));
+    drop((b, d, group, topic));
+    log.close().unwrap();
+}
+
+/// A member reading partition 0 past the committed position when
+/// retention removes it reports the rest from its own position, once: the
+/// group's loss (from the committed position) is not reported to it on
+/// top, and its commit settles the group's.
+#[test]
+fn a_member_reading_the_removed_partition_reports_it_once_from_its_own_position() {
+    let root = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(root.path(), &clock);
+    let topic = log.create_topic("t", config()).unwrap();
+    fill(&topic, 0, 40, true);
+    log.sync().unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    assert_eq!(a.poll(10).unwrap().len(), 10);
+    a.commit().unwrap();
+    assert_eq!(a.poll(5).unwrap().len(), 5);
+    for c in topic.split(0, SplitPlan::Even).unwrap() {
+        fill(&topic, c, 5, false);
+    }
+    log.sync().unwrap();
+    assert!(log.enforce_retention().unwrap() > 0);
+    assert!(topic.partition(0).is_err());
+    assert_eq!(drain(&mut a).len(), 10, "the children");
+    assert_eq!(lost(&a), vec![(0, 15, 40)]);
+    a.commit().unwrap();
+    assert_eq!(group.committed().positions.get(&0), None);
+    assert!(drain(&mut a).is_empty());
+    assert_eq!(lost(&a), vec![(0, 15, 40)], "reported once");
+    drop((a, group, topic));
+    log.close().unwrap();
+    let (log, topic, group) = reopen(root.path(), &clock);
+    let mut b = group.join(member_opts()).unwrap();
+    assert!(drain(&mut b).is_empty());
+    assert!(lost(&b).is_empty(), "{:?}", lost(&b));
+    drop((b, group, topic));
+    log.close().unwrap();
+}

@@ -1607,7 +1607,9 @@ impl Group {
     }
 
     /// The committed positions as a reader's cut: a plain [`crate::Reader`]
-    /// started from it reads what the group has not committed.
+    /// started from it reads what the group has not committed, and
+    /// reports what retention removed under a committed position that no
+    /// member told of it has committed past yet.
     pub fn committed(&self) -> crate::Cut {
         let mut st = self.shared.st.lock();
         // A tail split since the last look translates positions.
@@ -1689,6 +1691,11 @@ impl Member {
     /// including the unread rest of a partition this member was reading
     /// when retention emptied it and removed it from the topology (up to
     /// the seal its children record, `u64::MAX` when none does any more).
+    /// Also what the group had not read of a partition retention removed
+    /// under its committed position (with the removed partitions below
+    /// it), when this member takes over what continues it: told again to
+    /// the next owner, also after a reopen, until a member told of it
+    /// commits.
     pub fn retained(&self) -> &[RetainedRange] {
         &self.retained
     }

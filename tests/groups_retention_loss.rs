@@ -196,3 +196,73 @@ fn a_member_reading_the_removed_partition_reports_it_once_from_its_own_position(
     drop((b, group, topic));
     log.close().unwrap();
 }
+
+/// A power loss before every I/O step of the commit that settles the
+/// loss: after the reopen the group either still holds the position in
+/// the removed partition and the next member is told of it (and reads the
+/// uncommitted children again), or the commit is durable and nobody is
+/// told or reads anything again. The commit is durable once it returned.
+#[test]
+fn a_power_loss_during_the_settling_commit_reports_the_loss_or_settles_it() {
+    use common::crash::CrashOptions;
+    use common::model_hook::ModelHook;
+    use fissionlog::IoOp;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    std::fs::create_dir_all(&dir).unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let hook = ModelHook::new(&dir, None);
+    hook.grant_segment_headers(true);
+    let log = Log::open_with_hook(&dir, common::groups::options(&clock), hook.clone()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    fill(&topic, 0, 40, true);
+    log.sync().unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    assert_eq!(a.poll(10).unwrap().len(), 10);
+    a.commit().unwrap();
+    a.leave().unwrap();
+    for c in topic.split(0, SplitPlan::Even).unwrap() {
+        fill(&topic, c, 5, false);
+    }
+    log.sync().unwrap();
+    assert!(log.enforce_retention().unwrap() > 0);
+    log.sync().unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    assert_eq!(drain(&mut b).len(), 10);
+    assert_eq!(lost(&b), vec![(0, 10, 40)]);
+    hook.record_steps(true);
+    b.commit().unwrap();
+    hook.record_steps(false);
+    let mut points = hook.take_steps();
+    points.push(hook.now(IoOp::SyncDir));
+    assert!(points.len() >= 2, "steps: {}", points.len());
+    drop((b, group, topic));
+    log.abandon();
+    let mut told = 0;
+    for (i, point) in points.iter().enumerate() {
+        let (image, trace) = point.image(i as u64 * 7 + 1, &CrashOptions::default());
+        let ctx = format!("step {i} (before {:?}): {}", point.op, trace.join("; "));
+        let d = tempfile::tempdir().unwrap();
+        let at = d.path().join("log");
+        image.write_to(&at).unwrap();
+        let (log, topic, group) = reopen(&at, &clock);
+        let held = group.committed().positions.contains_key(&0);
+        let mut m = group.join(member_opts()).unwrap();
+        let got = drain(&mut m);
+        if held {
+            told += 1;
+            assert_eq!(lost(&m), vec![(0, 10, 40)], "{ctx}");
+            assert_eq!(got.len(), 10, "{ctx}");
+        } else {
+            assert!(lost(&m).is_empty(), "{ctx}: {:?}", lost(&m));
+            assert!(got.is_empty(), "{ctx}: {} records again", got.len());
+        }
+        if i == points.len() - 1 {
+            assert!(!held, "{ctx}: the returned commit is durable");
+        }
+        drop((m, group, topic));
+        log.close().unwrap();
+    }
+    assert!(told > 0, "no step before the commit's record was durable");
+}

@@ -811,9 +811,14 @@ impl GroupShared {
             // A split descendant that stays with the owner of its nearest
             // ready ancestor continues that tenure: the owner has been
             // reading it already (pinned), through any number of splits.
+            // Through split parents retention removed too: their owner
+            // was reading this one as well.
             let mut up = p;
             let pinned_to = loop {
-                let parents = st.lineage.parents(up);
+                let parents = match st.lineage.removed.get(&up) {
+                    Some(removed) if !st.lineage.contains(up) => removed.as_slice(),
+                    _ => st.lineage.parents(up),
+                };
                 if parents.len() != 1 {
                     break None;
                 }
@@ -822,6 +827,10 @@ impl GroupShared {
                     break o.member.map(|m| (m, o.epoch));
                 }
             };
+            // Nobody else has a claim: the pinned owner keeps it.
+            let member = member
+                .or(pinned_to.map(|x| x.0))
+                .filter(|m| st.members.contains_key(m));
             let epoch = match pinned_to {
                 Some((m, e)) if Some(m) == member => e,
                 _ => {

@@ -266,3 +266,45 @@ fn a_power_loss_during_the_settling_commit_reports_the_loss_or_settles_it() {
     }
     assert!(told > 0, "no step before the commit's record was durable");
 }
+
+/// A member reads partition 0, its split child 1 and 1's children 3 and 4
+/// (pinned to it: nothing committed). Retention removes 0 and 1; the
+/// member keeps 3 and 4 in the same tenure, so it does not read their
+/// records again (none counted as redelivered), and nothing it read is
+/// reported lost.
+#[test]
+fn a_member_keeps_pinned_grandchildren_when_retention_removes_the_parents_between() {
+    let root = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(root.path(), &clock);
+    let topic = log.create_topic("t", config()).unwrap();
+    fill(&topic, 0, 40, true);
+    let g1 = topic.split(0, SplitPlan::Even).unwrap();
+    fill(&topic, g1[0], 40, true);
+    let g2 = topic.split(g1[0], SplitPlan::Even).unwrap();
+    for &c in &g2 {
+        fill(&topic, c, 5, false);
+    }
+    log.sync().unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = group.join(member_opts()).unwrap();
+    assert_eq!(drain(&mut m).len(), 90);
+    assert!(log.enforce_retention().unwrap() > 0);
+    for p in [0, g1[0]] {
+        assert!(topic.partition(p).is_err(), "partition {p} was removed");
+    }
+    let again: Vec<(u32, u64)> = drain(&mut m)
+        .iter()
+        .map(|r| (r.partition, r.offset))
+        .collect();
+    assert!(again.is_empty(), "delivered again: {again:?}");
+    assert_eq!(group.describe().stats.redelivered, 0);
+    assert!(lost(&m).is_empty(), "{:?}", lost(&m));
+    let mut owned = m.assignment().partitions;
+    owned.sort_unstable();
+    let mut want = vec![g1[1], g2[0], g2[1]];
+    want.sort_unstable();
+    assert_eq!(owned, want);
+    drop((m, group, topic));
+    log.close().unwrap();
+}

@@ -308,3 +308,75 @@ fn a_member_keeps_pinned_grandchildren_when_retention_removes_the_parents_betwee
     drop((m, group, topic));
     log.close().unwrap();
 }
+
+/// The group committed inside partition 0; retention removes 0 and a whole
+/// generation below it (1 and both its children) while no member runs.
+/// After a reopen the next member is told of every removed partition,
+/// each once, as a reader from the committed cut reports them; after its
+/// commit and another reopen, nobody is.
+#[test]
+fn a_removed_generation_below_a_committed_position_is_reported_after_a_reopen() {
+    let root = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(root.path(), &clock);
+    let topic = log.create_topic("t", config()).unwrap();
+    fill(&topic, 0, 40, true);
+    log.sync().unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    assert_eq!(a.poll(10).unwrap().len(), 10);
+    a.commit().unwrap();
+    a.leave().unwrap();
+    let split_fill = |p: u32, n: u32, old: bool| {
+        let kids = topic.split(p, SplitPlan::Even).unwrap();
+        for &c in &kids {
+            fill(&topic, c, n, old);
+        }
+        kids
+    };
+    let g1 = split_fill(0, 10, true);
+    let g2 = split_fill(g1[0], 10, true);
+    split_fill(g2[0], 5, false);
+    split_fill(g2[1], 5, false);
+    log.sync().unwrap();
+    drop((group, topic));
+    log.close().unwrap();
+    let (log, topic, group) = reopen(root.path(), &clock);
+    assert!(log.enforce_retention().unwrap() > 0);
+    let mut want = vec![(0, 10, 40), (g1[0], 0, 10), (g2[0], 0, 10), (g2[1], 0, 10)];
+    want.sort_unstable();
+    drop((group, topic));
+    log.close().unwrap();
+
+    let (log, topic, group) = reopen(root.path(), &clock);
+    let mut r = topic.reader(StartAt::Cut(group.committed())).unwrap();
+    let mut read = 0;
+    loop {
+        let got = r.poll(1000).unwrap();
+        if got.is_empty() {
+            break;
+        }
+        read += got.len();
+    }
+    let mut from_cut: Vec<_> = r
+        .retained()
+        .iter()
+        .map(|g| (g.partition, g.start, g.end))
+        .collect();
+    from_cut.sort_unstable();
+    assert_eq!(from_cut, want, "a reader from the committed cut");
+    assert_eq!(read, 30, "the live partitions: 10 in g1[1], 5 in each of 4");
+    let mut b = group.join(member_opts()).unwrap();
+    assert_eq!(drain(&mut b).len(), read, "what the reader read");
+    assert_eq!(lost(&b), want, "the member");
+    b.commit().unwrap();
+    drop((b, group, topic));
+    log.close().unwrap();
+
+    let (log, topic, group) = reopen(root.path(), &clock);
+    let mut c = group.join(member_opts()).unwrap();
+    assert!(drain(&mut c).is_empty());
+    assert!(lost(&c).is_empty(), "{:?}", lost(&c));
+    drop((c, group, topic));
+    log.close().unwrap();
+}

@@ -364,24 +364,36 @@ impl Committed {
                     });
                 }
             }
-            // The partitions in the topology that continue it: children
-            // of it or of a removed partition below it.
-            let mut heirs: Vec<u32> = lineage
-                .nodes
-                .iter()
-                .filter(|(id, n)| {
-                    !passed.contains(id)
-                        && !self.drained.contains(id)
-                        && n.parents.iter().any(|q| *q == p || below.contains(q))
-                })
-                .map(|(&id, _)| id)
-                .collect();
-            heirs.sort_unstable();
+            // The partitions in the topology that continue it and the
+            // group has not read: children of it or of a removed partition
+            // below it, or descendants of those the group has read.
+            let mut through: BTreeSet<u32> = below.iter().copied().chain([p]).collect();
+            let mut heirs: BTreeSet<u32> = BTreeSet::new();
+            loop {
+                let mut grew = false;
+                for (&id, n) in &lineage.nodes {
+                    if through.contains(&id)
+                        || heirs.contains(&id)
+                        || !n.parents.iter().any(|q| through.contains(q))
+                    {
+                        continue;
+                    }
+                    if passed.contains(&id) || self.drained.contains(&id) {
+                        through.insert(id);
+                        grew = true;
+                    } else {
+                        heirs.insert(id);
+                    }
+                }
+                if !grew {
+                    break;
+                }
+            }
             out.insert(
                 p,
                 Loss {
                     ranges,
-                    heirs,
+                    heirs: heirs.into_iter().collect(),
                     handed: None,
                     handed_ranges: Vec::new(),
                 },
@@ -2451,6 +2463,11 @@ impl Member {
         st.committed = next;
         for p in &told {
             st.losses.remove(p);
+        }
+        if !st.losses.is_empty() {
+            // The commit may have read partitions that continued a loss:
+            // it goes on with what continues them.
+            s.refresh_losses(&mut st);
         }
         st.stats.commits += 1;
         if let Some(m) = st.members.get_mut(&self.id) {

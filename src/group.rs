@@ -756,12 +756,26 @@ impl GroupShared {
     /// partitions and recomputes the ready set, keeping owners.
     fn refresh(&self, st: &mut GroupState) {
         if self.topic.topology_generation() != st.lineage.generation || st.owners.is_empty() {
-            st.lineage = self.topic.lineage();
+            let before = std::mem::replace(&mut st.lineage, self.topic.lineage());
             let lineage = st.lineage.clone();
             // Committed positions past a tail-split parent's logical end
             // continue in its children (as its record did in the manifest).
             let c = &mut st.committed;
             translate_tails(&lineage, &mut c.positions, &mut c.last_records);
+            // A partition removed since that the group neither listed nor
+            // passed is at its first offset, as the manifest's
+            // `RemovePartition` records it.
+            let passed = c.all_drained(&before);
+            for &id in before.nodes.keys() {
+                if !lineage.contains(id)
+                    && lineage.removed.contains_key(&id)
+                    && !c.positions.contains_key(&id)
+                    && !c.drained.contains(&id)
+                    && !passed.contains(&id)
+                {
+                    c.positions.insert(id, 0);
+                }
+            }
             st.committed.forget_removed(&lineage);
             self.recompute_ready(st, None);
             self.refresh_losses(st);

@@ -393,3 +393,51 @@ fn a_removed_generation_below_a_committed_position_is_reported_after_a_reopen() 
     drop((c, group, topic));
     log.close().unwrap();
 }
+
+/// The group exists but never read partition 0 (it would start there at
+/// offset 0); retention removes 0 before any member runs. The first member
+/// is told of all of 0, as a reader from the oldest data started before
+/// the removal reports it; again after a reopen until it commits.
+#[test]
+fn a_partition_the_group_never_read_is_reported_whole_when_removed() {
+    let root = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(root.path(), &clock);
+    let topic = log.create_topic("t", config()).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    fill(&topic, 0, 40, true);
+    for c in topic.split(0, SplitPlan::Even).unwrap() {
+        fill(&topic, c, 5, false);
+    }
+    log.sync().unwrap();
+    let mut r = topic.reader(StartAt::Earliest).unwrap();
+    assert!(log.enforce_retention().unwrap() > 0);
+    assert!(topic.partition(0).is_err());
+    while !r.poll(1000).unwrap().is_empty() {}
+    let from_reader: Vec<_> = r
+        .retained()
+        .iter()
+        .map(|g| (g.partition, g.start, g.end))
+        .collect();
+    assert_eq!(from_reader, vec![(0, 0, 40)]);
+    let mut b = group.join(member_opts()).unwrap();
+    assert_eq!(drain(&mut b).len(), 10);
+    assert_eq!(lost(&b), from_reader, "the member");
+    drop((b, r, group, topic));
+    log.close().unwrap();
+
+    let (log, topic, group) = reopen(root.path(), &clock);
+    let mut c = group.join(member_opts()).unwrap();
+    assert_eq!(drain(&mut c).len(), 10);
+    assert_eq!(lost(&c), from_reader, "told again after the reopen");
+    c.commit().unwrap();
+    drop((c, group, topic));
+    log.close().unwrap();
+
+    let (log, topic, group) = reopen(root.path(), &clock);
+    let mut d = group.join(member_opts()).unwrap();
+    assert!(drain(&mut d).is_empty());
+    assert!(lost(&d).is_empty(), "{:?}", lost(&d));
+    drop((d, group, topic));
+    log.close().unwrap();
+}

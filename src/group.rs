@@ -298,12 +298,127 @@ impl Committed {
     }
 
     /// Drops what the topology no longer has (retention removed it), as the
-    /// manifest's `RemovePartition` does.
+    /// manifest's `RemovePartition` does, except the position in a removed
+    /// partition the topic still remembers: what the group had not read
+    /// there is a loss to report ([`Loss`]), and the position stays until
+    /// a member that was handed the report commits.
     fn forget_removed(&mut self, lineage: &Lineage) {
-        self.positions.retain(|p, _| lineage.contains(*p));
+        self.positions
+            .retain(|p, _| lineage.contains(*p) || lineage.removed.contains_key(p));
         self.last_records.retain(|p, _| lineage.contains(*p));
         self.drained.retain(|p| lineage.contains(*p));
     }
+
+    /// What the group's positions in removed partitions leave unread, per
+    /// removed partition, as a [`crate::Reader`] from the same cut reports
+    /// it: the rest of the partition from the position to its seal, and
+    /// every removed partition below it that nothing the group holds is
+    /// below (a whole removed generation), each once.
+    fn losses(&self, lineage: &Lineage) -> BTreeMap<u32, Loss> {
+        let gone: BTreeSet<u32> = self
+            .positions
+            .keys()
+            .filter(|p| !lineage.contains(**p))
+            .copied()
+            .collect();
+        let mut out = BTreeMap::new();
+        if gone.is_empty() {
+            return out;
+        }
+        let behind = lineage.removed_ancestors(
+            self.positions
+                .keys()
+                .chain(&self.drained)
+                .filter(|p| !gone.contains(p))
+                .copied(),
+        );
+        let passed = self.all_drained(lineage);
+        let seal = |q: u32| {
+            lineage
+                .removed_seals
+                .get(&q)
+                .copied()
+                .unwrap_or(REMOVED_END)
+        };
+        let mut reported: BTreeSet<u32> = BTreeSet::new();
+        for &p in &gone {
+            let mut ranges = Vec::new();
+            let start = self.positions[&p];
+            if start < seal(p) {
+                ranges.push(RetainedRange {
+                    partition: p,
+                    start,
+                    end: seal(p),
+                });
+            }
+            let below = lineage.removed_descendants(p);
+            for &q in &below {
+                if gone.contains(&q) || behind.contains(&q) || !reported.insert(q) {
+                    continue;
+                }
+                if seal(q) > 0 {
+                    ranges.push(RetainedRange {
+                        partition: q,
+                        start: 0,
+                        end: seal(q),
+                    });
+                }
+            }
+            // The partitions in the topology that continue it and the
+            // group has not read: children of it or of a removed partition
+            // below it, or descendants of those the group has read.
+            let mut through: BTreeSet<u32> = below.iter().copied().chain([p]).collect();
+            let mut heirs: BTreeSet<u32> = BTreeSet::new();
+            loop {
+                let mut grew = false;
+                for (&id, n) in &lineage.nodes {
+                    if through.contains(&id)
+                        || heirs.contains(&id)
+                        || !n.parents.iter().any(|q| through.contains(q))
+                    {
+                        continue;
+                    }
+                    if passed.contains(&id) || self.drained.contains(&id) {
+                        through.insert(id);
+                        grew = true;
+                    } else {
+                        heirs.insert(id);
+                    }
+                }
+                if !grew {
+                    break;
+                }
+            }
+            out.insert(
+                p,
+                Loss {
+                    ranges,
+                    heirs: heirs.into_iter().collect(),
+                    handed: None,
+                    handed_ranges: Vec::new(),
+                },
+            );
+        }
+        out
+    }
+}
+
+/// The unread rest of a partition retention removed under a committed
+/// position of the group (with the removed partitions below it). Reported
+/// through [`Member::retained`] to the owner of the first ready partition
+/// that continues it (any member when none does), again to each later
+/// owner until one of them commits: that commit drops the position from
+/// the manifest (at least once, as records are delivered).
+#[derive(Debug, Clone)]
+struct Loss {
+    ranges: Vec<RetainedRange>,
+    /// Partitions in the topology that continue the removed one.
+    heirs: Vec<u32>,
+    /// The member it was handed to, with the tenure of the heir it came
+    /// with (0: no heir).
+    handed: Option<(u64, u64)>,
+    /// The ranges handed to it so far.
+    handed_ranges: Vec<RetainedRange>,
 }
 
 #[derive(Debug, Clone)]
@@ -380,6 +495,9 @@ struct GroupState {
     last_rates: u64,
     /// When the group last split a partition for lag.
     last_lag_split: Option<u64>,
+    /// Per committed position in a removed partition, what it leaves
+    /// unread and who was told.
+    losses: BTreeMap<u32, Loss>,
     stats: GroupStats,
     /// Deleted: no member joins or commits through this coordinator again.
     deleted: bool,
@@ -428,6 +546,10 @@ pub struct Member {
     /// Per ready partition owned, the tenure ([`Owner::epoch`]) its
     /// reading state belongs to.
     tenure: BTreeMap<u32, u64>,
+    /// Removed partitions this member was reading (or had read to their
+    /// seal) when it saw them go: it reported their rest from its own
+    /// position, so the group's [`Loss`] is not reported for them again.
+    own_gone: BTreeSet<u32>,
     heartbeat: Option<HeartbeatThread>,
 }
 
@@ -495,6 +617,7 @@ impl Topic {
                 next_epoch: 1,
                 last_rates: 0,
                 last_lag_split: None,
+                losses: BTreeMap::new(),
                 stats: GroupStats::default(),
                 deleted: false,
             }),
@@ -633,15 +756,60 @@ impl GroupShared {
     /// partitions and recomputes the ready set, keeping owners.
     fn refresh(&self, st: &mut GroupState) {
         if self.topic.topology_generation() != st.lineage.generation || st.owners.is_empty() {
-            st.lineage = self.topic.lineage();
+            let before = std::mem::replace(&mut st.lineage, self.topic.lineage());
             let lineage = st.lineage.clone();
             // Committed positions past a tail-split parent's logical end
             // continue in its children (as its record did in the manifest).
             let c = &mut st.committed;
             translate_tails(&lineage, &mut c.positions, &mut c.last_records);
+            // A partition removed since that the group neither listed nor
+            // passed is at its first offset, as the manifest's
+            // `RemovePartition` records it.
+            let passed = c.all_drained(&before);
+            for &id in before.nodes.keys() {
+                if !lineage.contains(id)
+                    && lineage.removed.contains_key(&id)
+                    && !c.positions.contains_key(&id)
+                    && !c.drained.contains(&id)
+                    && !passed.contains(&id)
+                {
+                    c.positions.insert(id, 0);
+                }
+            }
             st.committed.forget_removed(&lineage);
             self.recompute_ready(st, None);
+            self.refresh_losses(st);
         }
+    }
+
+    /// Recomputes [`GroupState::losses`] from the committed positions,
+    /// keeping who was told of each (a member is not told twice).
+    fn refresh_losses(&self, st: &mut GroupState) {
+        let mut losses = st.committed.losses(&st.lineage);
+        for (p, l) in &mut losses {
+            if let Some(old) = st.losses.remove(p) {
+                l.handed = old.handed;
+                l.handed_ranges = old.handed_ranges;
+            }
+        }
+        st.losses = losses;
+    }
+
+    /// Who is to be told of `loss`: the owner of its first ready heir that
+    /// is not being moved, with that heir's tenure; without heirs, the
+    /// member told already if it is still one, else the first member.
+    fn loss_holder(st: &GroupState, loss: &Loss) -> Option<(u64, u64)> {
+        if loss.heirs.is_empty() {
+            return match loss.handed {
+                Some((m, e)) if st.members.contains_key(&m) => Some((m, e)),
+                _ => st.members.keys().next().map(|&m| (m, 0)),
+            };
+        }
+        loss.heirs.iter().find_map(|h| {
+            let o = st.owners.get(h)?;
+            o.revoking.is_none().then_some(())?;
+            Some((o.member?, o.epoch))
+        })
     }
 
     /// Brings `owners` to the ready set. A partition that became ready goes
@@ -669,9 +837,14 @@ impl GroupShared {
             // A split descendant that stays with the owner of its nearest
             // ready ancestor continues that tenure: the owner has been
             // reading it already (pinned), through any number of splits.
+            // Through split parents retention removed too: their owner
+            // was reading this one as well.
             let mut up = p;
             let pinned_to = loop {
-                let parents = st.lineage.parents(up);
+                let parents = match st.lineage.removed.get(&up) {
+                    Some(removed) if !st.lineage.contains(up) => removed.as_slice(),
+                    _ => st.lineage.parents(up),
+                };
                 if parents.len() != 1 {
                     break None;
                 }
@@ -680,6 +853,10 @@ impl GroupShared {
                     break o.member.map(|m| (m, o.epoch));
                 }
             };
+            // Nobody else has a claim: the pinned owner keeps it.
+            let member = member
+                .or(pinned_to.map(|x| x.0))
+                .filter(|m| st.members.contains_key(m));
             let epoch = match pinned_to {
                 Some((m, e)) if Some(m) == member => e,
                 _ => {
@@ -1396,6 +1573,7 @@ impl Group {
             retained: Vec::new(),
             paused: BTreeSet::new(),
             tenure: BTreeMap::new(),
+            own_gone: BTreeSet::new(),
             heartbeat,
         };
         m.sync()?;
@@ -1464,7 +1642,9 @@ impl Group {
     }
 
     /// The committed positions as a reader's cut: a plain [`crate::Reader`]
-    /// started from it reads what the group has not committed.
+    /// started from it reads what the group has not committed, and
+    /// reports what retention removed under a committed position that no
+    /// member told of it has committed past yet.
     pub fn committed(&self) -> crate::Cut {
         let mut st = self.shared.st.lock();
         // A tail split since the last look translates positions.
@@ -1546,6 +1726,11 @@ impl Member {
     /// including the unread rest of a partition this member was reading
     /// when retention emptied it and removed it from the topology (up to
     /// the seal its children record, `u64::MAX` when none does any more).
+    /// Also what the group had not read of a partition retention removed
+    /// under its committed position (with the removed partitions below
+    /// it), when this member takes over what continues it: told again to
+    /// the next owner, also after a reopen, until a member told of it
+    /// commits.
     pub fn retained(&self) -> &[RetainedRange] {
         &self.retained
     }
@@ -1579,6 +1764,7 @@ impl Member {
         if self.settle_revoked(&s, &mut st, now) {
             self.take_assignment(&st);
         }
+        self.take_losses(&mut st);
         // Partitions moved here end their pause now.
         for p in self.owned.iter() {
             if let Some(o) = st.owners.get_mut(p) {
@@ -1625,7 +1811,14 @@ impl Member {
             .filter(|(p, _)| !lineage.contains(**p))
             .map(|(&p, &o)| (p, o))
             .collect();
+        self.own_gone.extend(
+            self.drained
+                .iter()
+                .filter(|p| !lineage.contains(**p))
+                .copied(),
+        );
         for (p, pos) in gone {
+            self.own_gone.insert(p);
             let start = self
                 .pending
                 .iter()
@@ -1722,6 +1915,62 @@ impl Member {
             st.generation += 1;
         }
         moved
+    }
+
+    /// Takes the group's losses this member is to be told of into
+    /// `retained` (under the group lock): each range once per tenure of
+    /// the heir it comes with, none this member reported from its own
+    /// reading state.
+    fn take_losses(&mut self, st: &mut GroupState) {
+        let held: BTreeSet<u64> = self.tenure.values().copied().collect();
+        let mine: Vec<(u32, (u64, u64))> = st
+            .losses
+            .iter()
+            .filter_map(|(&p, l)| Some((p, GroupShared::loss_holder(st, l)?)))
+            .filter(|&(_, (m, e))| m == self.id && (e == 0 || held.contains(&e)))
+            .collect();
+        for (p, holder) in mine {
+            let loss = st.losses.get_mut(&p).expect("listed");
+            if loss.handed != Some(holder) {
+                loss.handed = Some(holder);
+                loss.handed_ranges.clear();
+            }
+            for r in &loss.ranges {
+                if loss.handed_ranges.contains(r) {
+                    continue;
+                }
+                loss.handed_ranges.push(*r);
+                if !self.own_gone.contains(&r.partition) {
+                    self.retained.push(*r);
+                }
+            }
+        }
+        // Only those the group may still report matter.
+        let named: BTreeSet<u32> = st
+            .losses
+            .values()
+            .flat_map(|l| l.ranges.iter().map(|r| r.partition))
+            .collect();
+        self.own_gone.retain(|p| named.contains(p));
+    }
+
+    /// The group's losses this member was told of in full, in tenures it
+    /// still holds, and those with nothing to tell: a commit of the
+    /// member drops their positions.
+    fn told_losses(&self, st: &GroupState) -> Vec<u32> {
+        let held: BTreeSet<u64> = self.tenure.values().copied().collect();
+        st.losses
+            .iter()
+            .filter(|(_, l)| {
+                l.ranges.is_empty()
+                    || l.handed.is_some_and(|(m, e)| {
+                        m == self.id
+                            && (e == 0 || held.contains(&e))
+                            && l.ranges.iter().all(|r| l.handed_ranges.contains(r))
+                    })
+            })
+            .map(|(&p, _)| p)
+            .collect()
     }
 
     /// Publishes what this member handed out (under the group lock).
@@ -1866,7 +2115,7 @@ impl Member {
             return Ok(false);
         }
         let before = self.shared.st.lock().stats.commits;
-        self.commit_inner(&[], &done)?;
+        self.commit_inner(&[], &done, false)?;
         Ok(self.shared.st.lock().stats.commits > before)
     }
 
@@ -1980,7 +2229,7 @@ impl Member {
     pub fn commit(&mut self) -> Result<()> {
         let positions: Vec<(u32, u64)> = self.positions.iter().map(|(&p, &o)| (p, o)).collect();
         let drained: Vec<u32> = self.drained.iter().copied().collect();
-        self.commit_inner(&positions, &drained)
+        self.commit_inner(&positions, &drained, true)
     }
 
     /// Commits the given next offsets (each at most what was handed out),
@@ -2028,10 +2277,17 @@ impl Member {
                 pos.push((p, o));
             }
         }
-        self.commit_inner(&pos, &drained)
+        self.commit_inner(&pos, &drained, true)
     }
 
-    fn commit_inner(&mut self, positions: &[(u32, u64)], drained: &[u32]) -> Result<()> {
+    /// `tell`: a commit the caller made (not one a poll made by itself),
+    /// so it covers the losses the member was told of before it.
+    fn commit_inner(
+        &mut self,
+        positions: &[(u32, u64)],
+        drained: &[u32],
+        tell: bool,
+    ) -> Result<()> {
         let s = self.shared.clone();
         let now = s.now();
         let mut st = s.st.lock();
@@ -2156,6 +2412,27 @@ impl Member {
                 }
             }
         }
+        // Losses this member was told of leave the committed positions
+        // now (drained and pruned at once: a removed partition has no
+        // children to list); the partitions that continue them are listed
+        // (at 0 if unread), so their own removal is reported in turn.
+        let told = if tell {
+            self.told_losses(&st)
+        } else {
+            Vec::new()
+        };
+        for p in &told {
+            delta.drained.insert(*p);
+            for &h in &st.losses[p].heirs {
+                if st.owners.contains_key(&h)
+                    && !st.committed.positions.contains_key(&h)
+                    && !delta.positions.contains_key(&h)
+                    && !delta.drained.contains(&h)
+                {
+                    delta.positions.insert(h, 0);
+                }
+            }
+        }
         if delta.positions.is_empty() && delta.drained.is_empty() {
             st.members.get_mut(&self.id).expect("member").last_progress = now;
             self.settle_revoked(&s, &mut st, now);
@@ -2189,6 +2466,7 @@ impl Member {
                         .all(|c| next.positions.contains_key(c) || next.drained.contains(c))
             })
             .collect();
+        let pruned: Vec<u32> = pruned.into_iter().chain(told.iter().copied()).collect();
         for d in &pruned {
             next.drained.remove(d);
         }
@@ -2197,6 +2475,14 @@ impl Member {
         s.topic
             .commit_group(&s.name, generation, &delta, &drained_list, &pruned)?;
         st.committed = next;
+        for p in &told {
+            st.losses.remove(p);
+        }
+        if !st.losses.is_empty() {
+            // The commit may have read partitions that continued a loss:
+            // it goes on with what continues them.
+            s.refresh_losses(&mut st);
+        }
         st.stats.commits += 1;
         if let Some(m) = st.members.get_mut(&self.id) {
             m.last_progress = now;

@@ -613,7 +613,6 @@ fn split_fill(topic: &Topic, p: u32, n: u32, old: bool) -> Vec<u32> {
 /// `Group::committed()`, report what they never got to (C8), as a reader
 /// from the same cut does.
 #[test]
-#[ignore = "open: a group forgets a removed partition's committed position (forget_removed) and reports neither its unread range nor the removed generation below it"]
 fn a_group_resuming_above_a_removed_generation_reports_every_lost_partition() {
     use common::groups::{member_opts, open};
     use fissionlog::{GroupOptions, ManualClock};
@@ -675,7 +674,6 @@ fn a_group_resuming_above_a_removed_generation_reports_every_lost_partition() {
 /// 0 is split into live children and retention removes it. A member
 /// resuming the group reports the 30 records of 0 it never got (C8).
 #[test]
-#[ignore = "open: a group forgets a removed partition's committed position (forget_removed) and does not report its unread range"]
 fn a_group_resuming_inside_a_removed_parent_reports_its_unread_range() {
     use common::groups::{member_opts, open};
     use fissionlog::{GroupOptions, ManualClock};

@@ -1079,7 +1079,6 @@ fn member_after_a_committed_parent_was_removed(reopen: bool) -> Outcome {
 /// (the parent is removed), a new member drains: 300 records read, none
 /// of 100..300 reported.
 #[test]
-#[ignore = "open: a group's committed position in a partition retention removes is forgotten without reporting the unread records to any member"]
 fn a_group_reports_the_unread_rest_of_a_committed_parent_retention_removed() {
     let (prefix, got, retained, locs) = member_after_a_committed_parent_was_removed(false);
     check_cover(&locs, &prefix, &got, &retained, "live");
@@ -1087,7 +1086,6 @@ fn a_group_reports_the_unread_rest_of_a_committed_parent_retention_removed() {
 
 /// As above, with the log reopened between the split and retention.
 #[test]
-#[ignore = "open: a group's committed position in a partition retention removes is forgotten without reporting the unread records to any member"]
 fn a_group_reports_the_unread_rest_of_a_committed_parent_removed_after_a_reopen() {
     let (prefix, got, retained, locs) = member_after_a_committed_parent_was_removed(true);
     check_cover(&locs, &prefix, &got, &retained, "reopened");

@@ -42,6 +42,24 @@ fn check_groups(t: &TopicRecord) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether group `g` lists partition `p` (a position, or drained) or a
+/// descendant of it (every ancestor of a listed partition counts as read).
+fn group_passed(t: &TopicRecord, g: &GroupRecord, p: u32) -> bool {
+    let mut seen = std::collections::HashSet::from([p]);
+    let mut stack = vec![p];
+    while let Some(x) = stack.pop() {
+        if g.positions.contains_key(&x) || g.drained.contains(&x) {
+            return true;
+        }
+        for c in &t.partitions {
+            if c.parents.contains(&x) && seen.insert(c.id) {
+                stack.push(c.id);
+            }
+        }
+    }
+    false
+}
+
 /// Checks a topic's partitions: unique ids below `next_partition_id`,
 /// well-formed ranges, parents known or removed, and active ranges tiling
 /// `[0, u64::MAX]` exactly.
@@ -333,6 +351,12 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
                     "partition {partition} is removed before its parents"
                 ));
             }
+            // A group that neither lists it nor has passed it (lists a
+            // descendant) would have read it from its first offset: that
+            // is its position in it from now on (see below).
+            let unread: Vec<usize> = (0..t.groups.len())
+                .filter(|&g| !group_passed(t, &t.groups[g], *partition))
+                .collect();
             let removed = t.partitions.remove(i);
             let PartitionState::Sealed { end_offset } = removed.state else {
                 unreachable!("checked sealed above");
@@ -359,11 +383,28 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
                 end_offset,
             });
             bound_removed(&mut t.removed);
-            // A group's position in it is gone with it (what the group had
-            // not consumed was retention's); its children count it read.
+            // A group's position in it stays (or starts at 0, above): what
+            // the group had not consumed there is a loss the group reports
+            // to a member, and
+            // the position leaves with the commit of a member told of it
+            // (its children count it read meanwhile). Positions in removed
+            // partitions the topic no longer remembers go, so they stay
+            // bounded like `removed`. Its fingerprint and a drained entry
+            // (read to the seal: nothing lost) go now.
+            for g in unread {
+                t.groups[g].positions.insert(*partition, 0);
+            }
+            let kept: std::collections::HashSet<u32> = t
+                .partitions
+                .iter()
+                .map(|p| p.id)
+                .chain(t.removed.iter().map(|r| r.id))
+                .collect();
             for g in &mut t.groups {
-                g.positions.remove(partition);
-                g.last_records.remove(partition);
+                g.positions.retain(|p, _| kept.contains(p));
+                let positions = &g.positions;
+                g.last_records
+                    .retain(|p, _| p != partition && positions.contains_key(p));
                 g.drained.remove(partition);
             }
         }
@@ -494,6 +535,7 @@ pub fn check_state(state: &ManifestState) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::config::TopicConfig;
+    use crate::format::manifest::GroupPosition;
 
     fn part(id: u32, (start, end): (u64, u64), parents: Vec<u32>) -> PartitionRecord {
         PartitionRecord {
@@ -622,5 +664,92 @@ mod tests {
         assert_eq!(t.removed[0].id, 2);
         assert_eq!(t.removed.last().map(|r| r.id), Some(0));
         check_state(&state).unwrap();
+    }
+
+    /// A group's position in a removed partition stays (the group reports
+    /// what it had not read there, then drops it with a commit) while the
+    /// topic remembers the partition; its fingerprint and a drained entry
+    /// go at once, and positions in partitions `removed` forgot go too. A
+    /// group that neither listed nor passed it gets a position at 0.
+    #[test]
+    fn group_positions_in_removed_partitions_are_kept_while_remembered() {
+        let max = MAX_REMOVED_KEPT as u32;
+        let mut state = ManifestState::default();
+        let group = |name: &str, positions: &[(u32, u64)], drained: &[u32]| GroupRecord {
+            name: name.into(),
+            generation: 1,
+            positions: positions.iter().copied().collect(),
+            last_records: positions.iter().map(|&(p, _)| (p, 77)).collect(),
+            drained: drained.iter().copied().collect(),
+        };
+        let topic = TopicRecord {
+            id: 0,
+            name: "t".into(),
+            config: TopicConfig::default(),
+            hash_key: [0, 0],
+            next_partition_id: max + 1,
+            partitions: vec![part(0, (0, u64::MAX), vec![])],
+            groups: vec![
+                group("g", &[(0, 5), (1, 3), (2, 4)], &[]),
+                group("h", &[], &[0]),
+                group("u", &[], &[]),
+            ],
+            tail_moves: Vec::new(),
+            hot_keys: Vec::new(),
+            removed: (1..=max)
+                .map(|id| RemovedPartition {
+                    id,
+                    parents: vec![],
+                    end_offset: 9,
+                })
+                .collect(),
+        };
+        apply(&mut state, &ManifestRecord::CreateTopic(topic)).unwrap();
+        apply(&mut state, &split(0, (max + 1, max + 2), (0, u64::MAX))).unwrap();
+        // "v" read 0 and lists a child.
+        apply(
+            &mut state,
+            &ManifestRecord::GroupCommit {
+                topic_id: 0,
+                group: "v".into(),
+                generation: 1,
+                positions: vec![GroupPosition {
+                    partition: max + 1,
+                    offset: 3,
+                    last_record: None,
+                }],
+                drained: vec![],
+                pruned: vec![],
+            },
+        )
+        .unwrap();
+        apply(&mut state, &remove(0)).unwrap();
+        let t = &state.topics[0];
+        // "u" listed nothing and passed nothing: it was to read 0 from 0.
+        assert_eq!(t.groups[2].positions.iter().collect::<Vec<_>>(), [(&0, &0)]);
+        assert!(!t.groups[3].positions.contains_key(&0), "v passed 0");
+        assert!(!t.groups[1].positions.contains_key(&0), "h drained 0");
+        let g = &t.groups[0];
+        // 1 fell out of `removed`; 0 and 2 are remembered.
+        assert_eq!(g.positions.iter().collect::<Vec<_>>(), [(&0, &5), (&2, &4)]);
+        assert!(!g.last_records.contains_key(&0));
+        assert!(t.groups[1].drained.is_empty());
+        check_state(&state).unwrap();
+        // A commit naming it drained and pruned drops it.
+        apply(
+            &mut state,
+            &ManifestRecord::GroupCommit {
+                topic_id: 0,
+                group: "g".into(),
+                generation: 2,
+                positions: vec![],
+                drained: vec![0],
+                pruned: vec![0],
+            },
+        )
+        .unwrap();
+        let g = &state.topics[0].groups[0];
+        assert_eq!(g.positions.keys().collect::<Vec<_>>(), [&2]);
+        assert!(g.drained.is_empty());
     }
 }

@@ -774,6 +774,19 @@ fn remove_orphans(
                         Some(_) if pe.path().is_dir() => {
                             discard_orphan(&pe.path(), keep, hook, report)?;
                         }
+                        None if crate::format::tail_index::is_file_name(&pname) => {
+                            // A descendant index no tail entry names: of a
+                            // tail split that did not commit, or whose
+                            // parent left the removed list.
+                            let named = t.tail_moves.iter().any(|m| {
+                                m.index_in_topic_dir
+                                    && crate::format::tail_index::file_name(m.parent) == pname
+                            });
+                            if !named && !keep {
+                                std::fs::remove_file(pe.path()).at(&pe.path())?;
+                                report.add(pe.path(), FileAction::RemovedOrphan);
+                            }
+                        }
                         _ => report.add(pe.path(), FileAction::ForeignFile),
                     }
                 }

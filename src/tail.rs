@@ -393,8 +393,9 @@ impl Topic {
                 break Err(e);
             }
         };
-        let index_path =
-            partition_dir(&self.inner.dir, ids[0]).join(tail_index::file_name(partition));
+        // In the topic's directory: it outlives the children, as long as
+        // a saved position in the parent may need it.
+        let index_path = self.inner.dir.join(tail_index::file_name(partition));
         // The bulk of the children's bytes is synced before the parent's
         // writer lock is taken: under it only the last round's remain.
         let caught_up =
@@ -426,6 +427,7 @@ impl Topic {
                     counts: counts.clone(),
                     index_crc: TailIndex::crc(&bytes),
                     groups,
+                    index_in_topic_dir: true,
                 };
                 core.commit(&mut topo, rec)?;
                 drop(topo);
@@ -466,6 +468,7 @@ impl Topic {
                 if !matches!(e, Error::LogPoisoned { .. }) {
                     core.note_poisoned(&parent);
                     self.remove_partition_files(&ids);
+                    let _ = std::fs::remove_file(&index_path);
                 }
                 Err(e)
             }
@@ -525,7 +528,7 @@ fn write_index(topic: &Topic, path: &PathBuf, bytes: &[u8]) -> Result<()> {
     let mut f = std::fs::File::create(path).at(path)?;
     f.write_all(bytes).at(path)?;
     sync_file(hook, IoOp::SyncNewSegment, &f, path, true)?;
-    let dir = path.parent().expect("a partition directory");
+    let dir = path.parent().expect("the topic directory");
     sync_dir(hook, IoOp::SyncNewDir, dir)
 }
 
@@ -551,6 +554,16 @@ fn translate_groups(
         .collect()
 }
 
+/// Where a committed tail split's descendant index is: the topic's
+/// directory, or the first child's for splits written before.
+fn index_path(topic_dir: &std::path::Path, m: &TailMove, first: u32) -> PathBuf {
+    if m.index_in_topic_dir {
+        topic_dir.join(tail_index::file_name(m.parent))
+    } else {
+        partition_dir(topic_dir, first).join(tail_index::file_name(m.parent))
+    }
+}
+
 /// Loads a topic's committed tail splits at open: reads and checks each
 /// descendant index. Returns them by parent.
 pub(crate) fn load_tails(
@@ -562,7 +575,7 @@ pub(crate) fn load_tails(
         let Some(&first) = m.children.first() else {
             continue;
         };
-        let path = partition_dir(topic_dir, first).join(tail_index::file_name(m.parent));
+        let path = index_path(topic_dir, m, first);
         let bytes = std::fs::read(&path).at(&path)?;
         let bad = |reason: String| Error::Corruption {
             file: path.clone(),

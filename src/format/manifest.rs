@@ -151,6 +151,12 @@ pub struct TailMove {
     /// may end anywhere in `from..seal_offset`, and that is not a loss.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reclaimed: bool,
+    /// The descendant index lives in the topic's directory, and the entry
+    /// stays while the topology or the topic's `removed` list names the
+    /// parent. Absent (false) for splits written before: their index is
+    /// in the first child's directory, and the entry goes with that child.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub index_in_topic_dir: bool,
 }
 
 /// A consumer group's committed position translated by a tail split: the
@@ -323,6 +329,10 @@ pub enum ManifestRecord {
         /// Group positions inside the moved range, translated.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         groups: Vec<TailGroupMove>,
+        /// The descendant index was written into the topic's directory
+        /// (see [`TailMove::index_in_topic_dir`]); absent before.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        index_in_topic_dir: bool,
     },
     /// The bytes of a tail-split parent past its logical end were released
     /// (format version 3): recovery takes a parent ending anywhere in its

@@ -230,6 +230,7 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
             counts,
             index_crc,
             groups,
+            index_in_topic_dir,
         } => {
             // As a split, sealed at the physical end.
             apply_in_place(
@@ -261,6 +262,7 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
                 counts: counts.clone(),
                 index_crc: *index_crc,
                 reclaimed: false,
+                index_in_topic_dir: *index_in_topic_dir,
             });
             for gm in groups {
                 let g = t
@@ -338,16 +340,12 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
                 unreachable!("checked sealed above");
             };
             // A tail-split parent ends, for its readers, where its moved
-            // range starts. Its tail entry stays while its first child
-            // (which holds the descendant index) does: a saved position
-            // past its logical end is still translated after it left.
+            // range starts.
             let end_offset = t
                 .tail_moves
                 .iter()
                 .find(|m| m.parent == *partition)
                 .map_or(end_offset, |m| m.from);
-            t.tail_moves
-                .retain(|m| m.children.first() != Some(partition));
             for c in t.partitions.iter_mut() {
                 if c.parents.contains(partition) {
                     c.removed_parents.push((*partition, end_offset));
@@ -359,6 +357,25 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
                 end_offset,
             });
             bound_removed(&mut t.removed);
+            // A tail entry stays while a saved position past the parent's
+            // logical end may still need translating: while the topology
+            // or the removed list names the parent (its index is in the
+            // topic's directory), or, for an index written into the first
+            // child's directory, while that child is there.
+            let named: std::collections::BTreeSet<u32> = t
+                .partitions
+                .iter()
+                .map(|p| p.id)
+                .chain(t.removed.iter().map(|r| r.id))
+                .collect();
+            let named = |id: u32| named.contains(&id);
+            t.tail_moves.retain(|m| {
+                if m.index_in_topic_dir {
+                    named(m.parent)
+                } else {
+                    m.children.first() != Some(partition)
+                }
+            });
             // A group's position in it is gone with it (what the group had
             // not consumed was retention's); its children count it read.
             for g in &mut t.groups {

@@ -43,7 +43,7 @@ pub struct Log {
     abandoned: bool,
 }
 
-fn topic_dir(dir: &Path, id: u32) -> PathBuf {
+pub(crate) fn topic_dir(dir: &Path, id: u32) -> PathBuf {
     dir.join(TOPICS_DIR).join(format!("t{id}"))
 }
 
@@ -159,10 +159,14 @@ impl Log {
             full_scan: options.full_scan,
             recovery: options.recovery,
         };
+        let reclaimed = crate::tail::reclaimed_checkpoints(&dir, &state.topics, &checkpoint);
         let cps: HashMap<(u32, u32), &PartitionCheckpoint> = checkpoint
             .partitions
             .iter()
-            .map(|p| ((p.topic_id, p.partition_id), p))
+            .map(|p| {
+                let key = (p.topic_id, p.partition_id);
+                (key, reclaimed.get(&key).unwrap_or(p))
+            })
             .collect();
         let recovered = (|| -> Result<()> {
             // Phase one opens and maps every segment of every partition and
@@ -558,7 +562,9 @@ fn chain_params<'a>(
         .iter()
         .find(|p| p.id == partition)
         .and_then(|p| match p.state {
-            PartitionState::Sealed { end_offset } => Some(end_offset),
+            PartitionState::Sealed { end_offset } => {
+                Some(crate::tail::recovery_seal(rec, partition, end_offset))
+            }
             PartitionState::Active => None,
         });
     ChainParams {
@@ -739,7 +745,19 @@ fn load_topic(
             }
         }
     }
+    // A reclaim a crash interrupted is finished before any reader exists.
+    let unfinished: Vec<(Arc<crate::partition::Partition>, u64)> = st
+        .tails
+        .iter()
+        .filter(|(_, t)| t.reclaimed.load(Ordering::Acquire))
+        .filter_map(|(id, t)| Some((st.nodes.get(id)?.part.clone(), t.index.from)))
+        .collect();
     *topic.inner.write_state() = st;
+    if mode.write {
+        for (part, from) in unfinished {
+            part.reclaim_past(from)?;
+        }
+    }
     Ok(topic)
 }
 
@@ -836,8 +854,13 @@ fn discard_orphan(
 /// hold nothing any more (`Topic::remove_emptied`). Returns the number of
 /// segments deleted.
 fn enforce_retention(core: &Core) -> Result<usize> {
-    let deleted = retire_segments(core)?;
     let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
+    // Tail-split parents give back their moved ranges (every topic: this
+    // is not retention's policy, nothing readable goes).
+    for t in &topics {
+        t.reclaim_tails()?;
+    }
+    let deleted = retire_segments(core)?;
     for t in topics {
         let cfg = t.config();
         if cfg.retention_age.is_some() || cfg.retention_bytes.is_some() {
@@ -1005,10 +1028,14 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
             repair: "the other checkpoint file is used; the next sync rewrites it".into(),
         });
     }
+    let reclaimed = crate::tail::reclaimed_checkpoints(dir, &state.topics, &ck);
     let cps: HashMap<(u32, u32), &PartitionCheckpoint> = ck
         .partitions
         .iter()
-        .map(|p| ((p.topic_id, p.partition_id), p))
+        .map(|p| {
+            let key = (p.topic_id, p.partition_id);
+            (key, reclaimed.get(&key).unwrap_or(p))
+        })
         .collect();
     let mode = RecoverMode {
         write: false,
@@ -1025,20 +1052,23 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
                 checkpoint: cps.get(&(t.id, p.id)).copied(),
                 clean: ck.clean,
                 sealed: match p.state {
-                    PartitionState::Sealed { end_offset } => Some(end_offset),
+                    PartitionState::Sealed { end_offset } => {
+                        Some(crate::tail::recovery_seal(t, p.id, end_offset))
+                    }
                     PartitionState::Active => None,
                 },
                 checkpoint_lost,
                 mode,
                 hook: &NoFaults,
             };
+            let reclaimed = t.tail_moves.iter().any(|m| m.parent == p.id && m.reclaimed);
             let chain = recover_chain(&params, &mut report)?;
             problems.extend(chain.problems);
             if let Some(last) = chain.segments.last() {
                 if let PartitionState::Sealed { end_offset } = p.state {
                     // Ending below the seal is a cut unsynced tail (allowed);
                     // data past the seal would break per-key order.
-                    if last.end_offset() > end_offset {
+                    if last.end_offset() > end_offset && !reclaimed {
                         problems.push(Problem {
                             file: pdir.clone(),
                             position: 0,

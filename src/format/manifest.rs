@@ -334,9 +334,10 @@ pub enum ManifestRecord {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         index_in_topic_dir: bool,
     },
-    /// The bytes of a tail-split parent past its logical end were released
-    /// (format version 3): recovery takes a parent ending anywhere in its
-    /// moved range for reclaimed, not lost.
+    /// The bytes of a tail-split parent past its logical end are released
+    /// from this record on (format version 3; written before the first
+    /// byte goes): recovery takes a parent ending anywhere in its moved
+    /// range for reclaimed, not lost, and the open finishes the release.
     TailReclaimed {
         /// Topic id.
         topic_id: u32,

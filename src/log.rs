@@ -159,13 +159,13 @@ impl Log {
             full_scan: options.full_scan,
             recovery: options.recovery,
         };
-        let reclaimed = crate::tail::reclaimed_checkpoints(&dir, &state.topics, &checkpoint);
+        let reclaim_cps = crate::tail::reclaimed_checkpoints(&dir, &state.topics, &checkpoint);
         let cps: HashMap<(u32, u32), &PartitionCheckpoint> = checkpoint
             .partitions
             .iter()
             .map(|p| {
                 let key = (p.topic_id, p.partition_id);
-                (key, reclaimed.get(&key).unwrap_or(p))
+                (key, reclaim_cps.get(&key).unwrap_or(p))
             })
             .collect();
         let recovered = (|| -> Result<()> {
@@ -623,6 +623,13 @@ fn load_topic(
             None => open_chain(&params)?,
         };
         let mut chain = repair_chain(&params, files, report)?;
+        if rec
+            .tail_moves
+            .iter()
+            .any(|m| m.parent == p.id && m.reclaimed)
+        {
+            forget_reclaim_cuts(report, &pdir);
+        }
         for &(s, e) in &chain.holes {
             report.holes.push((rec.name.clone(), p.id, s, e));
         }
@@ -759,6 +766,19 @@ fn load_topic(
         }
     }
     Ok(topic)
+}
+
+/// A reclaimed tail-split parent whose reclaim a power loss interrupted
+/// can hold part of its released range: zeros past some batch of the
+/// moved range, intact bytes elsewhere. Recovery cuts it there as a torn
+/// tail, which for this partition is the reclaim's own cut (all of its
+/// data was synced before the split), not a loss of unsynced writes: not
+/// reported. A cut below the logical end is still reported, as missing
+/// data.
+fn forget_reclaim_cuts(report: &mut RecoveryReport, pdir: &Path) {
+    report.files.retain(|f| {
+        !(f.file.starts_with(pdir) && matches!(f.action, FileAction::TruncatedTornTail { .. }))
+    });
 }
 
 /// Removes directories of topics and partitions the manifest does not know
@@ -1028,13 +1048,13 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
             repair: "the other checkpoint file is used; the next sync rewrites it".into(),
         });
     }
-    let reclaimed = crate::tail::reclaimed_checkpoints(dir, &state.topics, &ck);
+    let reclaim_cps = crate::tail::reclaimed_checkpoints(dir, &state.topics, &ck);
     let cps: HashMap<(u32, u32), &PartitionCheckpoint> = ck
         .partitions
         .iter()
         .map(|p| {
             let key = (p.topic_id, p.partition_id);
-            (key, reclaimed.get(&key).unwrap_or(p))
+            (key, reclaim_cps.get(&key).unwrap_or(p))
         })
         .collect();
     let mode = RecoverMode {
@@ -1063,6 +1083,9 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
             };
             let reclaimed = t.tail_moves.iter().any(|m| m.parent == p.id && m.reclaimed);
             let chain = recover_chain(&params, &mut report)?;
+            if reclaimed {
+                forget_reclaim_cuts(&mut report, &pdir);
+            }
             problems.extend(chain.problems);
             if let Some(last) = chain.segments.last() {
                 if let PartitionState::Sealed { end_offset } = p.state {

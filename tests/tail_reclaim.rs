@@ -14,8 +14,8 @@ use common::crash::{CrashOptions, DirImage};
 use common::model_hook::ModelHook;
 use common::tail::{config, drain, options, seq};
 use fissionlog::{
-    Cut, IoOp, Log, LogOptions, OwnedRecord, RecoveryMode, SplitPlan, StartAt, TailSplitOptions,
-    Topic, TopicConfig,
+    Cut, GroupOptions, IoOp, Log, LogOptions, MemberOptions, OwnedRecord, RecoveryMode, SplitPlan,
+    StartAt, TailSplitOptions, Topic, TopicConfig,
 };
 
 const KEYS: u64 = 11;
@@ -116,11 +116,53 @@ fn p0(root: &Path) -> std::path::PathBuf {
     root.join("topics/t0/p0")
 }
 
-/// Appends `N` records, saves cuts below and inside the moved range and
-/// tail-splits partition 0 from `FROM`.
+fn member_opts() -> MemberOptions {
+    MemberOptions {
+        session_timeout: std::time::Duration::from_secs(600),
+        processing_timeout: std::time::Duration::from_secs(600),
+        instance_id: None,
+        background_heartbeat: None,
+    }
+}
+
+/// Where group "g" commits before the split (inside the moved range).
+const GROUP_AT: u64 = 350;
+
+/// A member of group "g" reads everything left: exactly `GROUP_AT..N`.
+fn check_group(topic: &Topic, ctx: &str) {
+    let g = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = g.join(member_opts()).unwrap();
+    let mut seen = Vec::new();
+    let mut empty = 0;
+    while empty < 2 {
+        let got = m.poll(64).unwrap();
+        if got.is_empty() {
+            m.commit().unwrap();
+            empty += 1;
+        } else {
+            empty = 0;
+            seen.extend(got);
+        }
+    }
+    m.leave().unwrap();
+    check_exactly_once(&seen, GROUP_AT..N, &format!("{ctx}: group"));
+}
+
+/// Appends `N` records, saves cuts below and inside the moved range, has
+/// group "g" commit at `GROUP_AT` and tail-splits partition 0 from `FROM`.
 fn split_log(log: &Log) -> (Topic, Vec<(u64, Cut)>) {
     let topic = log.create_topic("t", small()).unwrap();
     append_big(&topic, 0, N);
+    {
+        let g = topic.group("g", GroupOptions::default()).unwrap();
+        let mut m = g.join(member_opts()).unwrap();
+        let mut n = 0;
+        while n < GROUP_AT as usize {
+            n += m.poll(GROUP_AT as usize - n).unwrap().len();
+        }
+        m.commit().unwrap();
+        m.leave().unwrap();
+    }
     log.sync().unwrap();
     let cuts: Vec<(u64, Cut)> = [50u64, 100, 101, 350, 599]
         .iter()
@@ -171,6 +213,7 @@ fn reclaim_releases_the_moved_range_and_every_record_still_reads_once() {
     let topic = log.topic("t").unwrap();
     assert!(topic.partitions()[0].moved.as_ref().unwrap().reclaimed);
     check_reads(&topic, &cuts, "reopened");
+    check_group(&topic, "reopened");
     assert_eq!(du(&p0(dir.path())), after, "the open released nothing more");
 }
 
@@ -214,8 +257,10 @@ fn a_read_batch_from_before_the_split_defers_the_cut_of_its_segment() {
 }
 
 /// A power loss before every I/O step of a reclaim (under the per-file
-/// crash model): the log opens in Strict mode, every record reads once
-/// from the start and from cuts saved below and inside the moved range,
+/// crash model): the log opens in Strict mode and reports nothing about
+/// the parent, every record reads once from the start and from cuts saved
+/// below and inside the moved range, a group committed inside it reads
+/// exactly the rest,
 /// the open finishes an interrupted reclaim (the parent's files end at the
 /// split offset once the record is durable), and verify is clean.
 #[test]
@@ -255,6 +300,7 @@ fn power_loss_before_every_step_of_a_reclaim() {
         assert!(p0_reports.is_empty(), "{ctx}: {p0_reports:?}");
         let topic = log.topic("t").unwrap();
         check_reads(&topic, &cuts, &ctx);
+        check_group(&topic, &ctx);
         let moved = topic.partitions()[0].moved.clone().unwrap();
         if moved.reclaimed {
             reclaimed_images += 1;

@@ -283,9 +283,19 @@ fn power_loss_before_every_step_of_a_reclaim() {
     log.abandon();
     let opts = CrashOptions::default();
     let mut reclaimed_images = 0;
-    for (i, point) in points.iter().enumerate() {
-        let (image, trace): (DirImage, _) = point.image(i as u64 * 7 + 1, &opts);
-        let ctx = format!("step {i} (before {:?}): {}", point.op, trace.join("; "));
+    // Several images per step: each keeps a different choice of the
+    // unsynced pages.
+    for (i, point, seed) in points
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| (0..2u64).map(move |s| (i, p, s)))
+    {
+        let (image, trace): (DirImage, _) = point.image(i as u64 * 7 + seed, &opts);
+        let ctx = format!(
+            "step {i} (before {:?}) image {seed}: {}",
+            point.op,
+            trace.join("; ")
+        );
         let d = tempfile::tempdir().unwrap();
         let root = d.path().join("log");
         image.write_to(&root).unwrap();

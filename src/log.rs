@@ -444,6 +444,9 @@ impl Log {
     /// its seal retired) is then removed from the topology once its
     /// parents are gone: a durable `RemovePartition` manifest record, then
     /// its directory (see docs/ARCHITECTURE.md, "Retention").
+    ///
+    /// It also releases the moved range of every tail-split parent, in
+    /// every topic ([`Topic::reclaim_tail`]).
     pub fn enforce_retention(&self) -> Result<usize> {
         enforce_retention(&self.core)
     }
@@ -876,10 +879,9 @@ fn discard_orphan(
 fn enforce_retention(core: &Core) -> Result<usize> {
     let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
     // Tail-split parents give back their moved ranges (every topic: this
-    // is not retention's policy, nothing readable goes).
-    for t in &topics {
-        t.reclaim_tails()?;
-    }
+    // is not retention's policy, nothing readable goes). A failure is
+    // returned after retention ran, which does not depend on it.
+    let reclaimed = topics.iter().try_for_each(|t| t.reclaim_tails().map(drop));
     let deleted = retire_segments(core)?;
     for t in topics {
         let cfg = t.config();
@@ -887,6 +889,7 @@ fn enforce_retention(core: &Core) -> Result<usize> {
             t.remove_emptied()?;
         }
     }
+    reclaimed?;
     Ok(deleted)
 }
 

@@ -14,8 +14,8 @@ use common::crash::{CrashOptions, DirImage};
 use common::model_hook::ModelHook;
 use common::tail::{config, drain, options, seq};
 use fissionlog::{
-    Cut, GroupOptions, IoOp, Log, LogOptions, MemberOptions, OwnedRecord, RecoveryMode, SplitPlan,
-    StartAt, TailSplitOptions, Topic, TopicConfig,
+    Cut, GroupOptions, IoOp, Log, LogOptions, MemberOptions, NewRecord, OwnedRecord, RecoveryMode,
+    SplitPlan, StartAt, TailSplitOptions, Topic, TopicConfig,
 };
 
 const KEYS: u64 = 11;
@@ -376,4 +376,78 @@ fn reclaim_at_the_edges_of_segments() {
         log.close().unwrap();
         verify_clean(dir.path(), &format!("{ctx}: reopened"));
     }
+}
+
+/// Appends records `from..from + n` as [`append_big`] does, stamped long
+/// ago (retention by age takes them at once).
+fn append_old(topic: &Topic, from: u64, n: u64) {
+    let pad = "x".repeat(1000);
+    for i in from..from + n {
+        let key = format!("k{}", i % KEYS);
+        let value = format!("{i}:{pad}");
+        topic
+            .append_batch(&[NewRecord {
+                key: (i % 5 != 4).then_some(key.as_bytes()),
+                value: value.as_bytes(),
+                timestamp: Some(1_700_000_000_000),
+            }])
+            .unwrap();
+    }
+}
+
+/// A cut saved past the split offset, once retention removed the parent
+/// and the split's first child (which held the descendant index before
+/// it moved to the topic's directory) while the second child lives on:
+/// the position is still translated, live and after a Strict reopen. The
+/// reader reads no record it had read, and what it reads plus what it is
+/// told was retained is exactly what followed the cut (it used to read as
+/// drained after a reopen, and the second child was reported from its
+/// first offset).
+#[test]
+fn a_cut_past_the_split_offset_is_translated_after_the_first_child_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TopicConfig {
+        retention_age: Some(std::time::Duration::from_secs(60)),
+        ..small()
+    };
+    let log = Log::open(dir.path(), strict()).unwrap();
+    let topic = log.create_topic("t", cfg).unwrap();
+    append_old(&topic, 0, 400);
+    let at = 300u64;
+    let cut = cut_at(&topic, at as usize);
+    let out = topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(FROM))
+        .unwrap();
+    topic.split(out.children[0], SplitPlan::Even).unwrap();
+    append_big(&topic, 400, 50);
+    log.enforce_retention().unwrap();
+    let left: Vec<u32> = topic.partitions().iter().map(|p| p.id).collect();
+    assert!(
+        !left.contains(&0) && !left.contains(&out.children[0]) && left.contains(&out.children[1]),
+        "parent and first child removed, second child kept: {left:?}"
+    );
+    let check = |topic: &Topic, ctx: &str| {
+        let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
+        let mut got = Vec::new();
+        drain(&mut r, &mut got);
+        let mut s: Vec<u64> = got.iter().map(seq).collect();
+        s.sort_unstable();
+        s.dedup();
+        assert_eq!(s.len(), got.len(), "{ctx}: a record twice");
+        assert!(s.iter().all(|&x| x >= at), "{ctx}: read again: {s:?}");
+        assert!((400..450).all(|x| s.contains(&x)), "{ctx}: fresh records");
+        let lost: u64 = r.retained().iter().map(|l| l.end - l.start).sum();
+        assert_eq!(
+            got.len() as u64 + lost,
+            450 - at,
+            "{ctx}: read {} and lost {:?}",
+            got.len(),
+            r.retained()
+        );
+    };
+    check(&topic, "live");
+    drop(topic);
+    log.close().unwrap();
+    let log = Log::open(dir.path(), strict()).unwrap();
+    check(&log.topic("t").unwrap(), "reopened");
 }

@@ -535,9 +535,9 @@ pub struct TailReclaimOutcome {
     /// before minus after).
     pub released_bytes: u64,
     /// The parent's files now end at `from`. `false` while a read batch
-    /// taken before the split still holds the segment holding `from`: its
-    /// part past `from` is released by a later call (retention's pass, the
-    /// next open).
+    /// of the segment holding `from` is alive (one taken before the split
+    /// may cover records past `from`): that segment's part past `from` is
+    /// released by a later call (retention's pass, the next open).
     pub complete: bool,
 }
 
@@ -549,9 +549,10 @@ impl Topic {
     /// parent stop at `from`, and every position past it (a `Cut`, a live
     /// reader, a group's committed or reading position) is translated to
     /// the children before anything is read. So the range is reclaimed
-    /// right away, with one exception: bytes a read batch taken before the
-    /// split still covers (a reader's pending records) stay until it is
-    /// dropped.
+    /// right away, with one exception: a read batch taken before the split
+    /// (a reader's pending records) may still cover bytes past `from`, so
+    /// the segment holding `from` is cut only while no read batch of it is
+    /// alive.
     ///
     /// Steps, each crash-safe: a durable `TailReclaimed` record (from then
     /// on recovery takes the parent as ending anywhere in `from..seal`);

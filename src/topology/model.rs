@@ -607,6 +607,55 @@ mod tests {
         assert!(check_state(&bad).is_err());
     }
 
+    /// A tail entry whose index lies in the topic's directory stays while
+    /// the removed list names its parent (also after its first child left);
+    /// an older entry (index in the first child's directory) goes with
+    /// that child.
+    #[test]
+    fn tail_entries_stay_while_the_parent_is_named() {
+        let max = MAX_REMOVED_KEPT as u32;
+        let mut state = ManifestState::default();
+        let entry = |parent: u32, index_in_topic_dir: bool| TailMove {
+            parent,
+            from: 4,
+            seal_offset: 10,
+            children: vec![1, 99],
+            counts: vec![3, 3],
+            index_crc: 0,
+            reclaimed: false,
+            index_in_topic_dir,
+        };
+        let gone = |id: u32| RemovedPartition {
+            id,
+            parents: vec![],
+            end_offset: 4,
+        };
+        let topic = TopicRecord {
+            id: 0,
+            name: "t".into(),
+            config: TopicConfig::default(),
+            hash_key: [0, 0],
+            next_partition_id: max + 100,
+            partitions: vec![part(1, (0, u64::MAX), vec![0])],
+            groups: Vec::new(),
+            // Parent 0 is the earliest named: the next removal forgets it.
+            removed: std::iter::once(gone(0))
+                .chain((10..10 + max - 1).map(gone))
+                .collect(),
+            tail_moves: vec![entry(0, true), entry(10, false), entry(11, true)],
+            hot_keys: Vec::new(),
+        };
+        apply(&mut state, &ManifestRecord::CreateTopic(topic)).unwrap();
+        apply(&mut state, &split(1, (max + 100, max + 101), (0, u64::MAX))).unwrap();
+        apply(&mut state, &remove(1)).unwrap();
+        let t = &state.topics[0];
+        assert_eq!(t.removed.len(), MAX_REMOVED_KEPT);
+        assert!(t.removed.iter().all(|r| r.id != 0), "0 forgotten");
+        // 0: no longer named; 10: its first child (1) left; 11: named.
+        let kept: Vec<u32> = t.tail_moves.iter().map(|m| m.parent).collect();
+        assert_eq!(kept, vec![11]);
+    }
+
     /// The list of removed partitions keeps the newest `MAX_REMOVED_KEPT`.
     #[test]
     fn removed_partitions_are_bounded() {

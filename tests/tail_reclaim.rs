@@ -481,3 +481,71 @@ fn a_cut_past_the_split_offset_is_translated_after_the_first_child_is_removed() 
     let log = Log::open(dir.path(), strict()).unwrap();
     check(&log.topic("t").unwrap(), "reopened");
 }
+
+/// A reclaim interrupted right after its record (the first unlink's
+/// directory sync fails), then a power loss before every I/O step of the
+/// open that finishes it: each image opens in Strict mode with nothing
+/// reported about the parent, every record reads once (from the start,
+/// the cuts, the group), and the files end at the split offset.
+#[test]
+fn power_loss_while_the_open_finishes_an_interrupted_reclaim() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = ModelHook::new(dir.path(), None);
+    hook.grant_segment_headers(true);
+    let log = Log::open_with_hook(dir.path(), strict(), hook.clone()).unwrap();
+    let (topic, cuts) = split_log(&log);
+    log.sync().unwrap();
+    let full = du(&p0(dir.path()));
+    hook.set_fault(Some(Box::new(|op, _| match op {
+        IoOp::SyncDir => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+        _ => Ok(()),
+    })));
+    assert!(
+        topic.reclaim_tail(0).is_err(),
+        "the first unlink's sync fails"
+    );
+    hook.set_fault(None);
+    drop(topic);
+    log.abandon();
+
+    let hook = ModelHook::new(dir.path(), None);
+    hook.grant_segment_headers(true);
+    hook.record_steps(true);
+    let log = Log::open_with_hook(dir.path(), strict(), hook.clone()).unwrap();
+    hook.record_steps(false);
+    let mut points = hook.take_steps();
+    points.push(hook.now(IoOp::SyncDir));
+    assert!(
+        du(&p0(dir.path())) < full / 2,
+        "the open finished the reclaim"
+    );
+    log.abandon();
+    let opts = CrashOptions::default();
+    for (i, point) in points.iter().enumerate() {
+        let (image, trace): (DirImage, _) = point.image(i as u64 * 5 + 3, &opts);
+        let ctx = format!(
+            "open step {i} (before {:?}): {}",
+            point.op,
+            trace.join("; ")
+        );
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("log");
+        image.write_to(&root).unwrap();
+        let log = Log::open(&root, strict()).unwrap_or_else(|e| panic!("{ctx}: open: {e}"));
+        let p0_reports: Vec<_> = log
+            .recovery_report()
+            .files
+            .iter()
+            .filter(|f| f.file.starts_with(p0(&root)))
+            .collect();
+        assert!(p0_reports.is_empty(), "{ctx}: {p0_reports:?}");
+        let topic = log.topic("t").unwrap();
+        assert!(topic.partitions()[0].moved.as_ref().unwrap().reclaimed);
+        check_reads(&topic, &cuts, &ctx);
+        check_group(&topic, &ctx);
+        assert!(du(&p0(&root)) < full / 2, "{ctx}: reclaimed");
+        drop(topic);
+        log.close().unwrap();
+        verify_clean(&root, &ctx);
+    }
+}

@@ -590,6 +590,31 @@ mod tests {
         );
     }
 
+    /// A tail split written before the descendant index moved to the
+    /// topic's directory loads with `index_in_topic_dir` false, and only
+    /// a true flag is written out.
+    #[test]
+    fn tail_split_payloads_without_the_index_flag_still_load() {
+        let old = r#"{"TailSplit":{"topic_id":0,"parent":0,"from":4,"seal_offset":10,"children":[],"counts":[6],"index_crc":7}}"#;
+        let rec: ManifestRecord = serde_json::from_str(old).unwrap();
+        assert!(matches!(
+            rec,
+            ManifestRecord::TailSplit {
+                index_in_topic_dir: false,
+                ..
+            }
+        ));
+        assert_eq!(serde_json::to_string(&rec).unwrap(), old);
+        let old_move =
+            r#"{"parent":0,"from":4,"seal_offset":10,"children":[1],"counts":[6],"index_crc":7}"#;
+        let mut m: TailMove = serde_json::from_str(old_move).unwrap();
+        assert!(!m.index_in_topic_dir && !m.reclaimed);
+        m.index_in_topic_dir = true;
+        assert!(serde_json::to_string(&m)
+            .unwrap()
+            .contains(r#""index_in_topic_dir":true"#));
+    }
+
     #[test]
     fn headers_are_checked() {
         assert!(decode_journal(b"short").is_err());

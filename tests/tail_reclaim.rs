@@ -551,9 +551,8 @@ fn power_loss_while_the_open_finishes_an_interrupted_reclaim() {
 }
 
 /// A parent moved whole keeps one empty segment once reclaimed; after a
-/// reopen retention by age still removes it, and
-/// a cut inside the moved range then
-/// reads what is left exactly once.
+/// reopen retention by age still removes it, and a cut inside the moved
+/// range then reads what is left exactly once.
 #[test]
 fn a_reclaimed_parent_moved_whole_is_removed_by_retention_after_a_reopen() {
     let dir = tempfile::tempdir().unwrap();

@@ -125,13 +125,15 @@ pub struct RemovedPartition {
 }
 
 /// A committed tail split, as the topic remembers it while its parent is
-/// in the topology. The parent is sealed at `seal_offset` (its physical
+/// in the topology or its `removed` list (see
+/// [`TailMove::index_in_topic_dir`]). The parent is sealed at `seal_offset` (its physical
 /// end, what recovery checks its files against) but logically ends at
 /// `from`: its records `from..seal_offset` were copied into `children`,
 /// child `children[i]` holding `counts[i]` of them at its offsets
 /// `0..counts[i]`, in their parent order. Which child holds which parent
-/// offset is the descendant index, a file in the first child's directory
-/// (see `docs/FORMAT.md`) whose CRC-32 is `index_crc`.
+/// offset is the descendant index, a file in the topic's directory (the
+/// first child's for older splits; see `docs/FORMAT.md`) whose CRC-32 is
+/// `index_crc`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TailMove {
     /// The parent partition.

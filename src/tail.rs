@@ -623,12 +623,31 @@ impl Topic {
         let before = allocated_bytes(part.dir());
         if !info.reclaimed.load(Ordering::Acquire) {
             let core = &self.inner.core;
+            // A split written before the index moved to the topic's
+            // directory: once the bytes go the index cannot be derived
+            // again, so it is copied there first (an orphan the next open
+            // removes if the record does not follow) and the record moves
+            // the entry to the new rule.
+            let old_layout = {
+                let topo = core.topology.lock();
+                topo.state
+                    .topics
+                    .iter()
+                    .find(|t| t.id == self.inner.id)
+                    .and_then(|t| t.tail_moves.iter().find(|m| m.parent == part.id()))
+                    .is_some_and(|m| !m.index_in_topic_dir)
+            };
+            if old_layout {
+                let path = self.inner.dir.join(tail_index::file_name(part.id()));
+                write_index(self, &path, &info.index.encode())?;
+            }
             let mut topo = core.topology.lock();
             core.commit(
                 &mut topo,
                 ManifestRecord::TailReclaimed {
                     topic_id: self.inner.id,
                     parent: part.id(),
+                    index_in_topic_dir: old_layout,
                 },
             )?;
             drop(topo);

@@ -456,30 +456,132 @@ fn a_cut_past_the_split_offset_is_translated_after_the_first_child_is_removed() 
         !left.contains(&0) && !left.contains(&out.children[0]) && left.contains(&out.children[1]),
         "parent and first child removed, second child kept: {left:?}"
     );
-    let check = |topic: &Topic, ctx: &str| {
-        let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
-        let mut got = Vec::new();
-        drain(&mut r, &mut got);
-        let mut s: Vec<u64> = got.iter().map(seq).collect();
-        s.sort_unstable();
-        s.dedup();
-        assert_eq!(s.len(), got.len(), "{ctx}: a record twice");
-        assert!(s.iter().all(|&x| x >= at), "{ctx}: read again: {s:?}");
-        assert!((400..450).all(|x| s.contains(&x)), "{ctx}: fresh records");
-        let lost: u64 = r.retained().iter().map(|l| l.end - l.start).sum();
-        assert_eq!(
-            got.len() as u64 + lost,
-            450 - at,
-            "{ctx}: read {} and lost {:?}",
-            got.len(),
-            r.retained()
-        );
-    };
-    check(&topic, "live");
+    check_cut_after_removal(&topic, &cut, at, "live");
     drop(topic);
     log.close().unwrap();
     let log = Log::open(dir.path(), strict()).unwrap();
-    check(&log.topic("t").unwrap(), "reopened");
+    check_cut_after_removal(&log.topic("t").unwrap(), &cut, at, "reopened");
+}
+
+/// A reader from `cut` (saved after reading `at` of records `0..400`,
+/// then 50 fresh ones appended) after retention removed old partitions:
+/// no record it had read, each fresh one, none twice, and what it reads
+/// plus what it is told was retained is exactly what followed the cut.
+fn check_cut_after_removal(topic: &Topic, cut: &Cut, at: u64, ctx: &str) {
+    let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
+    let mut got = Vec::new();
+    drain(&mut r, &mut got);
+    let mut s: Vec<u64> = got.iter().map(seq).collect();
+    s.sort_unstable();
+    s.dedup();
+    assert_eq!(s.len(), got.len(), "{ctx}: a record twice");
+    assert!(s.iter().all(|&x| x >= at), "{ctx}: read again: {s:?}");
+    assert!((400..450).all(|x| s.contains(&x)), "{ctx}: fresh records");
+    let lost: u64 = r.retained().iter().map(|l| l.end - l.start).sum();
+    assert_eq!(
+        got.len() as u64 + lost,
+        450 - at,
+        "{ctx}: read {} and lost {:?}",
+        got.len(),
+        r.retained()
+    );
+}
+
+/// Rewrites a closed log as a build before `index_in_topic_dir` wrote it:
+/// the flag dropped from every manifest record (frames re-encoded:
+/// length, CRC-32 of sequence and payload, sequence, payload), and the
+/// descendant index of partition 0 moved into its first child's
+/// directory.
+fn to_old_layout(root: &Path, first_child: u32) {
+    let tdir = root.join("topics/t0");
+    std::fs::rename(
+        tdir.join("tail-p0.tix"),
+        tdir.join(format!("p{first_child}/tail-p0.tix")),
+    )
+    .unwrap();
+    let path = root.join("manifest.log");
+    let buf = std::fs::read(&path).unwrap();
+    let mut out = buf[..16].to_vec();
+    let mut pos = 16;
+    let mut changed = 0;
+    while pos + 16 <= buf.len() {
+        let len = u32::from_le_bytes(buf[pos..pos + 4].try_into().unwrap()) as usize;
+        if len == 0 {
+            break;
+        }
+        let seq = &buf[pos + 8..pos + 16];
+        let payload = std::str::from_utf8(&buf[pos + 16..pos + 16 + len]).unwrap();
+        let old = payload.replace(r#","index_in_topic_dir":true"#, "");
+        changed += usize::from(old.len() != payload.len());
+        let mut h = crc32fast::Hasher::new();
+        h.update(seq);
+        h.update(old.as_bytes());
+        out.extend_from_slice(&(old.len() as u32).to_le_bytes());
+        out.extend_from_slice(&h.finalize().to_le_bytes());
+        out.extend_from_slice(seq);
+        out.extend_from_slice(old.as_bytes());
+        pos += 16 + len;
+    }
+    assert_eq!(changed, 1, "one TailSplit record");
+    std::fs::write(&path, out).unwrap();
+}
+
+/// A log written before the descendant index moved to the topic's
+/// directory (index in the first child's, records without the flag)
+/// still opens in Strict mode and translates a cut inside the moved
+/// range. Its reclaim first copies the index into the topic's directory
+/// (the record then moves the entry to the new rule), so once retention
+/// removed the parent and the first child, the cut still reads exactly
+/// what followed it, live and after a reopen.
+#[test]
+fn a_reclaim_moves_an_older_splits_index_into_the_topic_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TopicConfig {
+        retention_age: Some(std::time::Duration::from_secs(60)),
+        ..small()
+    };
+    let log = Log::open(dir.path(), strict()).unwrap();
+    let topic = log.create_topic("t", cfg).unwrap();
+    append_old(&topic, 0, 400);
+    let at = 300u64;
+    let cut = cut_at(&topic, at as usize);
+    let out = topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(FROM))
+        .unwrap();
+    drop(topic);
+    log.close().unwrap();
+    to_old_layout(dir.path(), out.children[0]);
+
+    let log = Log::open(dir.path(), strict()).unwrap();
+    let topic = log.topic("t").unwrap();
+    let got = read_from(&topic, StartAt::Cut(cut.clone()));
+    check_exactly_once(&got, at..400, "older layout");
+    let index = dir.path().join("topics/t0/tail-p0.tix");
+    assert!(!index.exists());
+    let r = topic.reclaim_tail(0).unwrap();
+    assert!(r.recorded && r.complete, "{r:?}");
+    assert!(
+        index.exists(),
+        "the index was copied into the topic directory"
+    );
+    topic.split(out.children[0], SplitPlan::Even).unwrap();
+    append_big(&topic, 400, 50);
+    log.enforce_retention().unwrap();
+    let left: Vec<u32> = topic.partitions().iter().map(|p| p.id).collect();
+    assert!(
+        !left.contains(&0) && !left.contains(&out.children[0]),
+        "parent and first child removed: {left:?}"
+    );
+    check_cut_after_removal(&topic, &cut, at, "live");
+    drop(topic);
+    log.close().unwrap();
+    verify_clean(dir.path(), "closed");
+    let log = Log::open(dir.path(), strict()).unwrap();
+    check_cut_after_removal(&log.topic("t").unwrap(), &cut, at, "reopened");
+    assert!(
+        index.exists(),
+        "kept while the removed list names the parent"
+    );
 }
 
 /// A reclaim interrupted right after its record (the first unlink's

@@ -345,6 +345,12 @@ pub enum ManifestRecord {
         topic_id: u32,
         /// The tail-split parent.
         parent: u32,
+        /// The descendant index of a split written before
+        /// [`TailMove::index_in_topic_dir`] was copied into the topic's
+        /// directory (durably, before this record): the entry follows the
+        /// new rule from now on. Absent (false) otherwise.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        index_in_topic_dir: bool,
     },
     /// A key entered a new hot-key mode era (format version 3).
     HotKeyMode {

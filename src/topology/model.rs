@@ -284,7 +284,11 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
             }
             check_groups(t)?;
         }
-        ManifestRecord::TailReclaimed { topic_id, parent } => {
+        ManifestRecord::TailReclaimed {
+            topic_id,
+            parent,
+            index_in_topic_dir,
+        } => {
             let t = topic_mut(state, *topic_id)?;
             let m = t
                 .tail_moves
@@ -292,6 +296,7 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
                 .find(|m| m.parent == *parent)
                 .ok_or_else(|| format!("partition {parent} has no tail split to reclaim"))?;
             m.reclaimed = true;
+            m.index_in_topic_dir |= *index_in_topic_dir;
         }
         ManifestRecord::Merge {
             topic_id,

@@ -120,7 +120,7 @@ pub use recovery::partition::Problem;
 pub use recovery::{FileAction, FileReport, RecoveryReport};
 pub use storage::durability::SyncBackend;
 pub use storage::fault::{IoHook, IoOp, NoFaults};
-pub use tail::{MovedRange, TailFrom, TailSplitOptions, TailSplitOutcome};
+pub use tail::{MovedRange, TailFrom, TailReclaimOutcome, TailSplitOptions, TailSplitOutcome};
 pub use topic::{Appended, ChainLink, NewRecord, PartitionInfo, SplitPlan, Topic};
 pub use topic_name::{validate as validate_topic_name, MAX_TOPIC_NAME};
 pub use topology::manifest::ManifestReport;

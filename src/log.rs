@@ -43,7 +43,7 @@ pub struct Log {
     abandoned: bool,
 }
 
-fn topic_dir(dir: &Path, id: u32) -> PathBuf {
+pub(crate) fn topic_dir(dir: &Path, id: u32) -> PathBuf {
     dir.join(TOPICS_DIR).join(format!("t{id}"))
 }
 
@@ -159,10 +159,14 @@ impl Log {
             full_scan: options.full_scan,
             recovery: options.recovery,
         };
+        let reclaim_cps = crate::tail::reclaimed_checkpoints(&dir, &state.topics, &checkpoint);
         let cps: HashMap<(u32, u32), &PartitionCheckpoint> = checkpoint
             .partitions
             .iter()
-            .map(|p| ((p.topic_id, p.partition_id), p))
+            .map(|p| {
+                let key = (p.topic_id, p.partition_id);
+                (key, reclaim_cps.get(&key).unwrap_or(p))
+            })
             .collect();
         let recovered = (|| -> Result<()> {
             // Phase one opens and maps every segment of every partition and
@@ -440,6 +444,9 @@ impl Log {
     /// its seal retired) is then removed from the topology once its
     /// parents are gone: a durable `RemovePartition` manifest record, then
     /// its directory (see docs/ARCHITECTURE.md, "Retention").
+    ///
+    /// It also releases the moved range of every tail-split parent, in
+    /// every topic ([`Topic::reclaim_tail`]).
     pub fn enforce_retention(&self) -> Result<usize> {
         enforce_retention(&self.core)
     }
@@ -558,7 +565,9 @@ fn chain_params<'a>(
         .iter()
         .find(|p| p.id == partition)
         .and_then(|p| match p.state {
-            PartitionState::Sealed { end_offset } => Some(end_offset),
+            PartitionState::Sealed { end_offset } => {
+                Some(crate::tail::recovery_seal(rec, partition, end_offset))
+            }
             PartitionState::Active => None,
         });
     ChainParams {
@@ -618,6 +627,13 @@ fn load_topic(
             None => open_chain(&params)?,
         };
         let mut chain = repair_chain(&params, files, report)?;
+        if rec
+            .tail_moves
+            .iter()
+            .any(|m| m.parent == p.id && m.reclaimed)
+        {
+            forget_reclaim_cuts(report, &pdir);
+        }
         for &(s, e) in &chain.holes {
             report.holes.push((rec.name.clone(), p.id, s, e));
         }
@@ -740,8 +756,33 @@ fn load_topic(
             }
         }
     }
+    // A reclaim a crash interrupted is finished before any reader exists.
+    let unfinished: Vec<(Arc<crate::partition::Partition>, u64)> = st
+        .tails
+        .iter()
+        .filter(|(_, t)| t.reclaimed.load(Ordering::Acquire))
+        .filter_map(|(id, t)| Some((st.nodes.get(id)?.part.clone(), t.index.from)))
+        .collect();
     *topic.inner.write_state() = st;
+    if mode.write {
+        for (part, from) in unfinished {
+            part.reclaim_past(from)?;
+        }
+    }
     Ok(topic)
+}
+
+/// A reclaimed tail-split parent whose reclaim a power loss interrupted
+/// can hold part of its released range: zeros past some batch of the
+/// moved range, intact bytes elsewhere. Recovery cuts it there as a torn
+/// tail, which for this partition is the reclaim's own cut (all of its
+/// data was synced before the split), not a loss of unsynced writes: not
+/// reported. A cut below the logical end is still reported, as missing
+/// data.
+fn forget_reclaim_cuts(report: &mut RecoveryReport, pdir: &Path) {
+    report.files.retain(|f| {
+        !(f.file.starts_with(pdir) && matches!(f.action, FileAction::TruncatedTornTail { .. }))
+    });
 }
 
 /// Removes directories of topics and partitions the manifest does not know
@@ -774,6 +815,19 @@ fn remove_orphans(
                         Some(pid) if t.partitions.iter().any(|p| p.id == pid) => {}
                         Some(_) if pe.path().is_dir() => {
                             discard_orphan(&pe.path(), keep, hook, report)?;
+                        }
+                        None if crate::format::tail_index::is_file_name(&pname) => {
+                            // A descendant index no tail entry names: of a
+                            // tail split that did not commit, or whose
+                            // parent left the removed list.
+                            let named = t.tail_moves.iter().any(|m| {
+                                m.index_in_topic_dir
+                                    && crate::format::tail_index::file_name(m.parent) == pname
+                            });
+                            if !named && !keep {
+                                std::fs::remove_file(pe.path()).at(&pe.path())?;
+                                report.add(pe.path(), FileAction::RemovedOrphan);
+                            }
                         }
                         _ => report.add(pe.path(), FileAction::ForeignFile),
                     }
@@ -824,14 +878,19 @@ fn discard_orphan(
 /// hold nothing any more (`Topic::remove_emptied`). Returns the number of
 /// segments deleted.
 fn enforce_retention(core: &Core) -> Result<usize> {
-    let deleted = retire_segments(core)?;
     let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
+    // Tail-split parents give back their moved ranges (every topic: this
+    // is not retention's policy, nothing readable goes). A failure is
+    // returned after retention ran, which does not depend on it.
+    let reclaimed = topics.iter().try_for_each(|t| t.reclaim_tails().map(drop));
+    let deleted = retire_segments(core)?;
     for t in topics {
         let cfg = t.config();
         if cfg.retention_age.is_some() || cfg.retention_bytes.is_some() {
             t.remove_emptied()?;
         }
     }
+    reclaimed?;
     Ok(deleted)
 }
 
@@ -993,10 +1052,14 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
             repair: "the other checkpoint file is used; the next sync rewrites it".into(),
         });
     }
+    let reclaim_cps = crate::tail::reclaimed_checkpoints(dir, &state.topics, &ck);
     let cps: HashMap<(u32, u32), &PartitionCheckpoint> = ck
         .partitions
         .iter()
-        .map(|p| ((p.topic_id, p.partition_id), p))
+        .map(|p| {
+            let key = (p.topic_id, p.partition_id);
+            (key, reclaim_cps.get(&key).unwrap_or(p))
+        })
         .collect();
     let mode = RecoverMode {
         write: false,
@@ -1014,20 +1077,26 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
                 checkpoint: cps.get(&(t.id, p.id)).copied(),
                 clean: ck.clean,
                 sealed: match p.state {
-                    PartitionState::Sealed { end_offset } => Some(end_offset),
+                    PartitionState::Sealed { end_offset } => {
+                        Some(crate::tail::recovery_seal(t, p.id, end_offset))
+                    }
                     PartitionState::Active => None,
                 },
                 checkpoint_lost,
                 mode,
                 hook: &NoFaults,
             };
+            let reclaimed = t.tail_moves.iter().any(|m| m.parent == p.id && m.reclaimed);
             let chain = recover_chain(&params, &mut report)?;
+            if reclaimed {
+                forget_reclaim_cuts(&mut report, &pdir);
+            }
             problems.extend(chain.problems);
             if let Some(last) = chain.segments.last() {
                 if let PartitionState::Sealed { end_offset } = p.state {
                     // Ending below the seal is a cut unsynced tail (allowed);
                     // data past the seal would break per-key order.
-                    if last.end_offset() > end_offset {
+                    if last.end_offset() > end_offset && !reclaimed {
                         problems.push(Problem {
                             file: pdir.clone(),
                             position: 0,

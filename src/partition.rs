@@ -1003,6 +1003,75 @@ impl Partition {
         Ok(removed)
     }
 
+    /// Releases the bytes of a sealed tail-split parent past its logical
+    /// end `from` (its `TailReclaimed` record is durable). Segments wholly
+    /// past `from` are unlinked, newest first, each name removal synced
+    /// before the next (the files left are always a prefix of the chain);
+    /// a reader still holding one keeps its mapping. The segment holding
+    /// `from` is cut there ([`Segment::release_past`]) only when nothing
+    /// but the partition holds it: a read batch taken before the split may
+    /// still cover bytes past `from`, and the cut waits for the next call.
+    /// Returns whether the partition now ends at `from` on disk.
+    pub(crate) fn reclaim_past(&self, from: u64) -> Result<bool> {
+        let mut w = self.writer.lock();
+        let mut list = self.segments.write();
+        let v = (**list).clone();
+        let Some(k) = v.iter().rposition(|s| s.base_offset <= from) else {
+            return Ok(true);
+        };
+        let keep = v[k].clone();
+        let later: Vec<Arc<Segment>> = v[k + 1..].to_vec();
+        *list = Arc::new(v[..=k].to_vec());
+        drop(v);
+        if !later.is_empty() {
+            // The writer of a sealed partition writes nothing, but a clean
+            // close writes its segment's index file: it must not name a
+            // removed segment.
+            w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
+        }
+        let moved_end = |seg: &Arc<Segment>| (seg.committed_pos(), seg.end_offset());
+        for seg in later.iter().rev() {
+            let _ = std::fs::remove_file(seg.index_path());
+            match std::fs::remove_file(seg.path()) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(seg.path(), e)),
+            }
+            crate::storage::sync_dir(&*self.hook, IoOp::SyncDir, &self.p.dir)?;
+        }
+        drop(later);
+        let (pos, end) = moved_end(&keep);
+        self.set_reclaimed_end(keep.base_offset, pos, end);
+        if end <= from {
+            return Ok(true);
+        }
+        // Held by the list, the writer and `keep` only: no read batch
+        // (nor a clone of one) covers its bytes. A read started from here
+        // on stops at `from` (the logical end) and reads no byte past it.
+        if Arc::strong_count(&keep) > 3 {
+            drop(list);
+            return Ok(false);
+        }
+        let pos = keep.locate(from)?;
+        keep.release_past(pos, from)?;
+        self.set_reclaimed_end(keep.base_offset, pos, from);
+        drop(list);
+        Ok(true)
+    }
+
+    /// The partition's physical end after a reclaim: what the next
+    /// checkpoint names.
+    fn set_reclaimed_end(&self, segment_base: u64, position: u64, end_offset: u64) {
+        self.end_offset.store(end_offset, Ordering::Release);
+        self.durable_end.fetch_min(end_offset, Ordering::AcqRel);
+        *self.durable.lock() = DurablePos {
+            segment_base,
+            position,
+            end_offset,
+        };
+        self.mark_dirty();
+    }
+
     /// Writes the active segment's index file durably (clean close), so a
     /// power loss after a clean close never leaves it stale.
     pub(crate) fn flush_index(&self) -> Result<()> {

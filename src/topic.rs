@@ -1131,8 +1131,23 @@ impl Topic {
     /// reports it). Called under the change lock.
     fn remove_partition(&self, id: u32, part: &Arc<Partition>) -> Result<()> {
         let core = &self.inner.core;
-        {
+        let dropped_indexes = {
             let mut topo = core.topology.lock();
+            let kept = |topo: &crate::core::Topology| -> Vec<u32> {
+                topo.state
+                    .topics
+                    .iter()
+                    .find(|t| t.id == self.inner.id)
+                    .map(|t| {
+                        t.tail_moves
+                            .iter()
+                            .filter(|m| m.index_in_topic_dir)
+                            .map(|m| m.parent)
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let before = kept(&topo);
             core.commit(
                 &mut topo,
                 ManifestRecord::RemovePartition {
@@ -1140,7 +1155,12 @@ impl Topic {
                     partition: id,
                 },
             )?;
-        }
+            let after = kept(&topo);
+            before
+                .into_iter()
+                .filter(|p| !after.contains(p))
+                .collect::<Vec<u32>>()
+        };
         part.mark_removed();
         {
             // Through `write_state`: the topology generation moves, so
@@ -1182,6 +1202,16 @@ impl Topic {
             .before(IoOp::RemovePartitionDir, &dir)
             .and_then(|()| std::fs::remove_dir_all(&dir))
             .map_err(|e| Error::io(&dir, e))?;
+        // Descendant indexes whose tail entry the record dropped (the
+        // parent left the removed list); this run's readers keep theirs in
+        // memory. A crash before this leaves them for the next open.
+        for parent in dropped_indexes {
+            let path = self
+                .inner
+                .dir
+                .join(crate::format::tail_index::file_name(parent));
+            let _ = std::fs::remove_file(&path);
+        }
         sync_dir(&*core.hook, IoOp::SyncNewDir, &self.inner.dir)
     }
 

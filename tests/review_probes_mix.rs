@@ -506,12 +506,12 @@ fn a_cut_below_a_tail_split_whose_generation_expires_reports_each_loss_once() {
 }
 
 /// A cut inside the moved range (parent position 300, split from 100):
-/// right after retention the reader reports exactly the 200 unread
-/// records, but after a reopen it reports the children from offset 0, so
-/// the 200 moved records it had already read through the parent are
-/// reported lost as well (400 instead of 200). The position's translation
-/// needs the tail index, whose file went with the first child's
-/// directory; the removed list keeps only the children's seals.
+/// right after retention and after a reopen the reader reports exactly
+/// the 200 unread records. The position's translation needs the
+/// descendant index, which lives in the topic's directory while the
+/// removed list names the parent (it used to go with the first child's
+/// directory, and the reopened reader reported the children from offset
+/// 0: 400 lost instead of 200).
 ///
 /// Reproduction: 400 records with old timestamps in one partition
 /// (`retention_age` 60 s), a reader polls 300 and saves its cut,
@@ -520,7 +520,6 @@ fn a_cut_below_a_tail_split_whose_generation_expires_reports_each_loss_once() {
 /// cut, after a reopen, reports `RetainedRange`s of children 1 and 2 from
 /// offset 0.
 #[test]
-#[ignore = "open: a cut inside a tail split's moved range over-reports retention losses after a reopen once the first child (with the index) is removed"]
 fn a_cut_inside_a_tail_splits_moved_range_whose_generation_expires_reports_only_unread_losses() {
     cut_across_an_expired_tail_split_generation(300);
 }

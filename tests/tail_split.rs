@@ -588,7 +588,18 @@ fn partition_dirs(log_dir: &Path) -> BTreeSet<String> {
     std::fs::read_dir(log_dir.join("topics/t0"))
         .unwrap()
         .flatten()
+        .filter(|e| e.path().is_dir())
         .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// The descendant index files in the topic's directory.
+fn index_files(log_dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(log_dir.join("topics/t0"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tix"))
         .collect()
 }
 
@@ -672,10 +683,11 @@ fn faults_before_and_at_the_commit_leave_the_old_layout() {
     let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
     assert_eq!(
         orphans_removed(&log),
-        2,
-        "orphan children removed and reported"
+        3,
+        "orphan children and their index removed and reported"
     );
     assert_eq!(partition_dirs(dir.path()), dirs);
+    assert!(index_files(dir.path()).is_empty(), "orphan index removed");
     let topic = log.topic("t").unwrap();
     let info = topic.partitions();
     assert_eq!(info.len(), 1);

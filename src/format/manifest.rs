@@ -125,13 +125,15 @@ pub struct RemovedPartition {
 }
 
 /// A committed tail split, as the topic remembers it while its parent is
-/// in the topology. The parent is sealed at `seal_offset` (its physical
+/// in the topology or its `removed` list (see
+/// [`TailMove::index_in_topic_dir`]). The parent is sealed at `seal_offset` (its physical
 /// end, what recovery checks its files against) but logically ends at
 /// `from`: its records `from..seal_offset` were copied into `children`,
 /// child `children[i]` holding `counts[i]` of them at its offsets
 /// `0..counts[i]`, in their parent order. Which child holds which parent
-/// offset is the descendant index, a file in the first child's directory
-/// (see `docs/FORMAT.md`) whose CRC-32 is `index_crc`.
+/// offset is the descendant index, a file in the topic's directory (the
+/// first child's for older splits; see `docs/FORMAT.md`) whose CRC-32 is
+/// `index_crc`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TailMove {
     /// The parent partition.
@@ -151,6 +153,12 @@ pub struct TailMove {
     /// may end anywhere in `from..seal_offset`, and that is not a loss.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reclaimed: bool,
+    /// The descendant index lives in the topic's directory, and the entry
+    /// stays while the topology or the topic's `removed` list names the
+    /// parent. Absent (false) for splits written before: their index is
+    /// in the first child's directory, and the entry goes with that child.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub index_in_topic_dir: bool,
 }
 
 /// A consumer group's committed position translated by a tail split: the
@@ -323,15 +331,26 @@ pub enum ManifestRecord {
         /// Group positions inside the moved range, translated.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         groups: Vec<TailGroupMove>,
+        /// The descendant index was written into the topic's directory
+        /// (see [`TailMove::index_in_topic_dir`]); absent before.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        index_in_topic_dir: bool,
     },
-    /// The bytes of a tail-split parent past its logical end were released
-    /// (format version 3): recovery takes a parent ending anywhere in its
-    /// moved range for reclaimed, not lost.
+    /// The bytes of a tail-split parent past its logical end are released
+    /// from this record on (format version 3; written before the first
+    /// byte goes): recovery takes a parent ending anywhere in its moved
+    /// range for reclaimed, not lost, and the open finishes the release.
     TailReclaimed {
         /// Topic id.
         topic_id: u32,
         /// The tail-split parent.
         parent: u32,
+        /// The descendant index of a split written before
+        /// [`TailMove::index_in_topic_dir`] was copied into the topic's
+        /// directory (durably, before this record): the entry follows the
+        /// new rule from now on. Absent (false) otherwise.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        index_in_topic_dir: bool,
     },
     /// A key entered a new hot-key mode era (format version 3).
     HotKeyMode {
@@ -577,6 +596,31 @@ mod tests {
         assert!(
             matches!(d.tail, JournalTail::Corrupt { resumes_at, .. } if resumes_at as usize == third)
         );
+    }
+
+    /// A tail split written before the descendant index moved to the
+    /// topic's directory loads with `index_in_topic_dir` false, and only
+    /// a true flag is written out.
+    #[test]
+    fn tail_split_payloads_without_the_index_flag_still_load() {
+        let old = r#"{"TailSplit":{"topic_id":0,"parent":0,"from":4,"seal_offset":10,"children":[],"counts":[6],"index_crc":7}}"#;
+        let rec: ManifestRecord = serde_json::from_str(old).unwrap();
+        assert!(matches!(
+            rec,
+            ManifestRecord::TailSplit {
+                index_in_topic_dir: false,
+                ..
+            }
+        ));
+        assert_eq!(serde_json::to_string(&rec).unwrap(), old);
+        let old_move =
+            r#"{"parent":0,"from":4,"seal_offset":10,"children":[1],"counts":[6],"index_crc":7}"#;
+        let mut m: TailMove = serde_json::from_str(old_move).unwrap();
+        assert!(!m.index_in_topic_dir && !m.reclaimed);
+        m.index_in_topic_dir = true;
+        assert!(serde_json::to_string(&m)
+            .unwrap()
+            .contains(r#""index_in_topic_dir":true"#));
     }
 
     #[test]

@@ -19,7 +19,8 @@ const HEADER_LEN: usize = 8 + 2 + 2 + 4 + 8 + 8;
 /// Prefix counts every this many records (translation scans at most one block).
 const BLOCK: usize = 4096;
 
-/// The file name of a parent's descendant index (in its first child's directory).
+/// The file name of a parent's descendant index (in the topic's directory;
+/// in the first child's for splits written before that).
 pub fn file_name(parent: u32) -> String {
     format!("tail-p{parent}.tix")
 }

@@ -688,6 +688,79 @@ impl Segment {
         Ok(true)
     }
 
+    /// Releases the bytes of a sealed segment from `pos` (a batch start,
+    /// holding `end_offset`) on: a tail-split parent's moved records, once
+    /// the `TailReclaimed` record is durable. The caller guarantees that no
+    /// reader holds the segment (nothing may read the released bytes
+    /// through the mapping: they read as zeros).
+    ///
+    /// Crash order: the header seal (a rolled segment's) is cleared and
+    /// synced first, so a segment whose data was cut never keeps a seal
+    /// past its data; then the page holding `pos` is zeroed from `pos` on
+    /// and the rest of the file punched out (`FALLOC_FL_PUNCH_HOLE`, the
+    /// file keeps its size, so no mapping can fault past its end), and
+    /// synced. Each state a power loss leaves is a sealed partition's last
+    /// segment ending at `end_offset` or further. Returns the bytes punched.
+    pub(crate) fn release_past(&self, pos: u64, end_offset: u64) -> Result<u64> {
+        let hook = self.hook();
+        hook.before(IoOp::TrimSegment, &self.path).at(&self.path)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.path)
+            .at(&self.path)?;
+        let head = self.file_prefix(&file)?;
+        if segment::decode_header(&head).is_ok_and(|h| h.seal.is_some()) {
+            file.write_all_at(&[0u8; 20], segment::SEAL_POS as u64)
+                .at(&self.path)?;
+            crate::storage::sync_file(hook, IoOp::SyncNewSegment, &file, &self.path, true)?;
+        }
+        let end = self.file_len.load(Ordering::Acquire).max(pos);
+        let aligned = page_up(pos).min(end);
+        if aligned > pos {
+            file.write_all_at(&vec![0u8; (aligned - pos) as usize], pos)
+                .at(&self.path)?;
+        }
+        let mut released = 0;
+        if end > aligned {
+            // SAFETY: plain syscall on an fd we own; no memory is passed.
+            let rc = unsafe {
+                libc::fallocate(
+                    file.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    aligned as libc::off_t,
+                    (end - aligned) as libc::off_t,
+                )
+            };
+            if rc == 0 {
+                released = end - aligned;
+            } else {
+                // No punching here: zeros keep the segment consistent, and
+                // the space goes with the partition.
+                write_zeros(&file, aligned, end - aligned).at(&self.path)?;
+            }
+        }
+        crate::storage::sync_file(hook, IoOp::SyncNewSegment, &file, &self.path, true)?;
+        self.allocated.fetch_min(aligned, Ordering::AcqRel);
+        self.committed_pos.store(pos, Ordering::Release);
+        self.end_offset.store(end_offset, Ordering::Release);
+        self.synced_pos.store(pos, Ordering::Release);
+        if let IndexState::Loaded(entries) = &mut *self.index.lock() {
+            entries.retain(|e| u64::from(e.position) < pos);
+        }
+        // The index file names batches past `pos`: a stale cache, which
+        // an open rebuilds from the data; removed rather than rewritten.
+        let _ = std::fs::remove_file(&self.index_path);
+        Ok(released)
+    }
+
+    fn file_prefix(&self, file: &File) -> Result<Vec<u8>> {
+        let mut head = vec![0u8; SEGMENT_HEADER_LEN];
+        let n = read_prefix(file, &mut head).at(&self.path)?;
+        head.truncate(n);
+        Ok(head)
+    }
+
     /// Replaces damaged bytes with a hole batch (salvage).
     pub(crate) fn write_hole(
         &mut self,

@@ -248,6 +248,7 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
             counts,
             index_crc,
             groups,
+            index_in_topic_dir,
         } => {
             // As a split, sealed at the physical end.
             apply_in_place(
@@ -279,6 +280,7 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
                 counts: counts.clone(),
                 index_crc: *index_crc,
                 reclaimed: false,
+                index_in_topic_dir: *index_in_topic_dir,
             });
             for gm in groups {
                 let g = t
@@ -300,7 +302,11 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
             }
             check_groups(t)?;
         }
-        ManifestRecord::TailReclaimed { topic_id, parent } => {
+        ManifestRecord::TailReclaimed {
+            topic_id,
+            parent,
+            index_in_topic_dir,
+        } => {
             let t = topic_mut(state, *topic_id)?;
             let m = t
                 .tail_moves
@@ -308,6 +314,7 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
                 .find(|m| m.parent == *parent)
                 .ok_or_else(|| format!("partition {parent} has no tail split to reclaim"))?;
             m.reclaimed = true;
+            m.index_in_topic_dir |= *index_in_topic_dir;
         }
         ManifestRecord::Merge {
             topic_id,
@@ -362,16 +369,12 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
                 unreachable!("checked sealed above");
             };
             // A tail-split parent ends, for its readers, where its moved
-            // range starts. Its tail entry stays while its first child
-            // (which holds the descendant index) does: a saved position
-            // past its logical end is still translated after it left.
+            // range starts.
             let end_offset = t
                 .tail_moves
                 .iter()
                 .find(|m| m.parent == *partition)
                 .map_or(end_offset, |m| m.from);
-            t.tail_moves
-                .retain(|m| m.children.first() != Some(partition));
             for c in t.partitions.iter_mut() {
                 if c.parents.contains(partition) {
                     c.removed_parents.push((*partition, end_offset));
@@ -383,23 +386,35 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
                 end_offset,
             });
             bound_removed(&mut t.removed);
-            // A group's position in it stays (or starts at 0, above): what
-            // the group had not consumed there is a loss the group reports
-            // to a member, and
-            // the position leaves with the commit of a member told of it
-            // (its children count it read meanwhile). Positions in removed
-            // partitions the topic no longer remembers go, so they stay
-            // bounded like `removed`. Its fingerprint and a drained entry
-            // (read to the seal: nothing lost) go now.
-            for g in unread {
-                t.groups[g].positions.insert(*partition, 0);
-            }
-            let kept: std::collections::HashSet<u32> = t
+            // A tail entry stays while a saved position past the parent's
+            // logical end may still need translating: while the topology
+            // or the removed list names the parent (its index is in the
+            // topic's directory), or, for an index written into the first
+            // child's directory, while that child is there.
+            let kept: std::collections::BTreeSet<u32> = t
                 .partitions
                 .iter()
                 .map(|p| p.id)
                 .chain(t.removed.iter().map(|r| r.id))
                 .collect();
+            t.tail_moves.retain(|m| {
+                if m.index_in_topic_dir {
+                    kept.contains(&m.parent)
+                } else {
+                    m.children.first() != Some(partition)
+                }
+            });
+            // A group's position in it stays (or starts at 0, above): what
+            // the group had not consumed there is a loss the group reports
+            // to a member, and the position leaves with the commit of a
+            // member told of it (its children count it read meanwhile).
+            // Positions in removed partitions the topic no longer
+            // remembers go, so they stay bounded like `removed`. Its
+            // fingerprint and a drained entry (read to the seal: nothing
+            // lost) go now.
+            for g in unread {
+                t.groups[g].positions.insert(*partition, 0);
+            }
             for g in &mut t.groups {
                 g.positions.retain(|p, _| kept.contains(p));
                 let positions = &g.positions;
@@ -630,6 +645,55 @@ mod tests {
         let mut bad = state.clone();
         bad.topics[0].partitions[0].id = 1;
         assert!(check_state(&bad).is_err());
+    }
+
+    /// A tail entry whose index lies in the topic's directory stays while
+    /// the removed list names its parent (also after its first child left);
+    /// an older entry (index in the first child's directory) goes with
+    /// that child.
+    #[test]
+    fn tail_entries_stay_while_the_parent_is_named() {
+        let max = MAX_REMOVED_KEPT as u32;
+        let mut state = ManifestState::default();
+        let entry = |parent: u32, index_in_topic_dir: bool| TailMove {
+            parent,
+            from: 4,
+            seal_offset: 10,
+            children: vec![1, 99],
+            counts: vec![3, 3],
+            index_crc: 0,
+            reclaimed: false,
+            index_in_topic_dir,
+        };
+        let gone = |id: u32| RemovedPartition {
+            id,
+            parents: vec![],
+            end_offset: 4,
+        };
+        let topic = TopicRecord {
+            id: 0,
+            name: "t".into(),
+            config: TopicConfig::default(),
+            hash_key: [0, 0],
+            next_partition_id: max + 100,
+            partitions: vec![part(1, (0, u64::MAX), vec![0])],
+            groups: Vec::new(),
+            // Parent 0 is the earliest named: the next removal forgets it.
+            removed: std::iter::once(gone(0))
+                .chain((10..10 + max - 1).map(gone))
+                .collect(),
+            tail_moves: vec![entry(0, true), entry(10, false), entry(11, true)],
+            hot_keys: Vec::new(),
+        };
+        apply(&mut state, &ManifestRecord::CreateTopic(topic)).unwrap();
+        apply(&mut state, &split(1, (max + 100, max + 101), (0, u64::MAX))).unwrap();
+        apply(&mut state, &remove(1)).unwrap();
+        let t = &state.topics[0];
+        assert_eq!(t.removed.len(), MAX_REMOVED_KEPT);
+        assert!(t.removed.iter().all(|r| r.id != 0), "0 forgotten");
+        // 0: no longer named; 10: its first child (1) left; 11: named.
+        let kept: Vec<u32> = t.tail_moves.iter().map(|m| m.parent).collect();
+        assert_eq!(kept, vec![11]);
     }
 
     /// The list of removed partitions keeps the newest `MAX_REMOVED_KEPT`.

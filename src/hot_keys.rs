@@ -48,6 +48,45 @@ pub(crate) struct KeyRun {
     pub next_lane: u64,
 }
 
+impl KeyRun {
+    /// Whether the era in force is windowed.
+    pub(crate) fn windowed(&self) -> bool {
+        self.eras
+            .last()
+            .is_some_and(|e| matches!(e.mode, HotKeyMode::Windowed(_)))
+    }
+}
+
+/// The write round of a windowed key's record in one routing pass of
+/// `Topic::append_batch`, given where it goes (`at`: partition and group
+/// origin) and, in `runs`, each windowed key seen so far in the pass with
+/// where its previous record went and that record's round. Records are
+/// passed in input order. A key's records stay in their predecessor's
+/// round while they go to the same place, and move to the next round when
+/// they go elsewhere, so each key has at most one group per round and
+/// writing the groups round by round writes every windowed key's records
+/// in input order (docs/HOT_KEYS.md, "Batches of a windowed key").
+/// `runs` is empty unless the batch holds a windowed key.
+pub(crate) fn batch_round(
+    runs: &mut Vec<(u64, (u32, usize), u32)>,
+    key: u64,
+    at: (u32, usize),
+) -> u32 {
+    match runs.iter_mut().find(|r| r.0 == key) {
+        Some(r) => {
+            if r.1 != at {
+                r.1 = at;
+                r.2 += 1;
+            }
+            r.2
+        }
+        None => {
+            runs.push((key, at, 0));
+            0
+        }
+    }
+}
+
 impl HotKeys {
     /// The hot keys named by a topic's manifest record.
     pub(crate) fn from_records(records: &[HotKeyRecord]) -> HotKeys {

@@ -413,6 +413,14 @@ impl Topic {
     /// a closed or poisoned partition) met after some partitions' batches
     /// were written returns [`Error::PartialBatch`], which names exactly the
     /// records that landed: retry only the others.
+    ///
+    /// A key in `Windowed` mode whose records of the batch go to several
+    /// lanes' partitions has them written lane after lane in input order
+    /// (a partition's records then take several batches when the key comes
+    /// back to it), and the writes stop at the first error: the key's
+    /// records that landed are always its first ones in the batch, so
+    /// appending the others again keeps the key's order
+    /// (docs/HOT_KEYS.md, "Batches of a windowed key").
     pub fn append_batch(&self, records: &[NewRecord<'_>]) -> Result<Vec<Appended>> {
         // A closed or poisoned log is refused below, after the hot-key
         // lookup and under the keys' locks, before any write.
@@ -457,6 +465,10 @@ impl Topic {
         self.inner.core.check_open()?;
         // Empty (no allocation) when no key of the batch has a mode.
         let mut hot_routed: Vec<bool> = Vec::new();
+        // The key of each record of a windowed key (its records are
+        // written round by round, see `batch_round`); empty (no
+        // allocation) when the batch has none.
+        let mut windowed: Vec<Option<u64>> = Vec::new();
         let n_hot_scan = if hot_guards.is_empty() {
             0
         } else {
@@ -464,6 +476,10 @@ impl Topic {
         };
         for i in 0..n_hot_scan {
             if let Some(run) = hashes[i].and_then(|h| hot_guards.get_mut(&h)) {
+                if run.windowed() {
+                    windowed.resize(records.len(), None);
+                    windowed[i] = Some(run.hash);
+                }
                 let (point, ts) =
                     self.hot_route(run, ins[i].key.unwrap_or_default(), ins[i].timestamp);
                 hashes[i] = Some(point);
@@ -497,21 +513,30 @@ impl Topic {
             // a key's first record to the parent and its second to a child,
             // and the parent's group (refused as sealed, then retried) would
             // land after the child's: per-key order broken.
+            // Groups are keyed (round, partition, origin): round 0 but for a
+            // windowed key's records that went elsewhere than its previous
+            // one (`batch_round`).
             type Group = (Arc<Partition>, Vec<usize>);
-            let mut groups: BTreeMap<(u32, usize), Group> = BTreeMap::new();
+            type GroupKey = (u32, u32, usize);
+            let mut groups: BTreeMap<GroupKey, Group> = BTreeMap::new();
             {
                 let st = self.inner.state.read();
                 let keyless = self.next_keyless(&st);
+                let mut runs = Vec::new();
                 for &i in &pending {
                     let pid = hashes[i].map_or(keyless, |h| st.owner(h));
+                    let round = match windowed.get(i).copied().flatten() {
+                        Some(k) => crate::hot_keys::batch_round(&mut runs, k, (pid, origin[i])),
+                        None => 0,
+                    };
                     groups
-                        .entry((pid, origin[i]))
+                        .entry((round, pid, origin[i]))
                         .or_insert_with(|| (st.nodes[&pid].part.clone(), Vec::new()))
                         .1
                         .push(i);
                 }
             }
-            let batches: Vec<((u32, usize), Group, Vec<RecordIn<'_>>)> = groups
+            let batches: Vec<(GroupKey, Group, Vec<RecordIn<'_>>)> = groups
                 .into_iter()
                 .map(|(k, g)| {
                     let recs = g.1.iter().map(|&i| ins[i]).collect();
@@ -530,7 +555,16 @@ impl Topic {
                 }
             }
             let mut retry = Vec::new();
-            for ((pid, _), (part, idxs), recs) in batches {
+            // The first round with a group refused as sealed: later rounds
+            // wait for the next pass, so a windowed key's later records
+            // never land before its earlier ones (nor do they after an
+            // error: the loop stops at the first).
+            let mut sealed_round: Option<u32> = None;
+            for ((round, pid, _), (part, idxs), recs) in batches {
+                if sealed_round.is_some_and(|r| round > r) {
+                    retry.extend(idxs);
+                    continue;
+                }
                 touched.push(part.clone());
                 let hs: Vec<Option<u64>> = idxs.iter().map(|&i| hashes[i]).collect();
                 // Groups of keys routed by mode are under their keys' locks;
@@ -549,7 +583,10 @@ impl Topic {
                         }
                     }
                     // Sealed between routing and appending: route again.
-                    Err(Error::Sealed { .. }) if attempts < 1000 => retry.extend(idxs),
+                    Err(Error::Sealed { .. }) if attempts < 1000 => {
+                        retry.extend(idxs);
+                        sealed_round.get_or_insert(round);
+                    }
                     Err(e) => return Err(partial(landed, wrote_any, e)),
                 }
             }

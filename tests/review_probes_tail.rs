@@ -16,37 +16,10 @@ use fissionlog::{
 
 const KEYS: u64 = 11;
 
-use common::tail::{config, drain, options, read_all, seq};
+use common::tail::{append_big, check_exactly_once, config, drain, options, read_all, seq};
 
 fn append(topic: &Topic, from: u64, n: u64) {
     common::tail::append(topic, from, n, KEYS);
-}
-
-/// As [`append`], with values padded to about 1 KiB.
-fn append_big(topic: &Topic, from: u64, n: u64) {
-    let pad = "x".repeat(1000);
-    for i in from..from + n {
-        let key = format!("k{}", i % KEYS);
-        let key = (i % 5 != 4).then_some(key.as_bytes());
-        topic.append(key, format!("{i}:{pad}").as_bytes()).unwrap();
-    }
-}
-
-fn check_exactly_once(seen: &[OwnedRecord], n: u64, ctx: &str) {
-    let mut per_key: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-    for r in seen {
-        if let Some(k) = &r.key {
-            let s = seq(r);
-            if let Some(&last) = per_key.get(k) {
-                assert!(s > last, "{ctx}: key {k:?}: {s} after {last}");
-            }
-            per_key.insert(k.clone(), s);
-        }
-    }
-    let mut all: Vec<u64> = seen.iter().map(seq).collect();
-    all.sort_unstable();
-    assert_eq!(all.len() as u64, n, "{ctx}: count");
-    assert_eq!(all, (0..n).collect::<Vec<_>>(), "{ctx}: exactly once");
 }
 
 fn member_opts() -> MemberOptions {
@@ -117,12 +90,12 @@ fn a_member_commit_of_parent_positions_after_the_split_is_translated() {
     let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
     let mut via_cut = seen.clone();
     drain(&mut r, &mut via_cut);
-    check_exactly_once(&via_cut, 1200, &format!("committed cut {cut:?}"));
+    check_exactly_once(&via_cut, 0..1200, &format!("committed cut {cut:?}"));
     // A new member after the first left.
     m.leave().unwrap();
     let mut m2 = g.join(member_opts()).unwrap();
     poll_all(&mut m2, &mut seen);
-    check_exactly_once(&seen, 1200, "member joining after the commit");
+    check_exactly_once(&seen, 0..1200, "member joining after the commit");
 }
 
 /// The same commit, and the group then read after a reopen.
@@ -151,7 +124,7 @@ fn a_member_commit_of_parent_positions_after_the_split_survives_a_reopen() {
     let g = topic.group("g", GroupOptions::default()).unwrap();
     let mut m = g.join(member_opts()).unwrap();
     poll_all(&mut m, &mut seen);
-    check_exactly_once(&seen, 1200, "group after a reopen");
+    check_exactly_once(&seen, 0..1200, "group after a reopen");
 }
 
 /// A member that read the parent to its end before the split keeps
@@ -173,7 +146,7 @@ fn a_member_caught_up_at_the_seal_reads_only_new_records() {
     assert!(!cut.positions.contains_key(&0), "{cut:?}");
     append(&topic, 500, 100);
     poll_all(&mut m, &mut seen);
-    check_exactly_once(&seen, 600, "caught-up member");
+    check_exactly_once(&seen, 0..600, "caught-up member");
 }
 
 // ---- offsets at the edges ----------------------------------------------
@@ -209,7 +182,7 @@ fn tail_split_from_the_end_from_the_start_and_past_the_end() {
         assert_eq!((out.from, out.seal_offset), (800, 800));
         assert_eq!(out.moved, [0, 0]);
         append(&topic, 800, 300);
-        check_exactly_once(&read_all(&topic), 1100, "after an empty move");
+        check_exactly_once(&read_all(&topic), 0..1100, "after an empty move");
         // A child moved whole, from its start.
         let child = out.children[1];
         let p = topic.partition(child).unwrap();
@@ -222,12 +195,12 @@ fn tail_split_from_the_end_from_the_start_and_past_the_end() {
             .unwrap();
         assert_eq!(out2.from, held);
         append(&topic, 1100, 100);
-        check_exactly_once(&read_all(&topic), 1200, "after a whole move");
+        check_exactly_once(&read_all(&topic), 0..1200, "after a whole move");
         for (i, (before, cut)) in cuts.iter().enumerate() {
             let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
             let mut s = before.clone();
             drain(&mut r, &mut s);
-            check_exactly_once(&s, 1200, &format!("cut {i}"));
+            check_exactly_once(&s, 0..1200, &format!("cut {i}"));
         }
         drop(topic);
         log.close().unwrap();
@@ -235,12 +208,12 @@ fn tail_split_from_the_end_from_the_start_and_past_the_end() {
     verify_clean(dir.path(), "after the splits");
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log.topic("t").unwrap();
-    check_exactly_once(&read_all(&topic), 1200, "reopened");
+    check_exactly_once(&read_all(&topic), 0..1200, "reopened");
     for (i, (before, cut)) in cuts.iter().enumerate() {
         let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
         let mut s = before.clone();
         drain(&mut r, &mut s);
-        check_exactly_once(&s, 1200, &format!("reopened cut {i}"));
+        check_exactly_once(&s, 0..1200, &format!("reopened cut {i}"));
     }
 }
 
@@ -264,7 +237,7 @@ fn a_sealed_or_already_tail_split_parent_is_refused() {
         topic.split_tail(kids[0], SplitPlan::Even, TailSplitOptions::from_offset(0)),
         Err(Error::Sealed { .. })
     ));
-    check_exactly_once(&read_all(&topic), 100, "after the refusals");
+    check_exactly_once(&read_all(&topic), 0..100, "after the refusals");
 }
 
 /// A split offset inside a batch of many records appended at once: the
@@ -299,9 +272,9 @@ fn an_offset_in_the_middle_of_a_large_batch() {
     let mut r2 = topic.reader(StartAt::Cut(cut)).unwrap();
     let mut seen2 = seen.clone();
     drain(&mut r2, &mut seen2);
-    check_exactly_once(&seen2, 550, "cut inside the batch");
+    check_exactly_once(&seen2, 0..550, "cut inside the batch");
     drain(&mut r, &mut seen);
-    check_exactly_once(&seen, 550, "live reader inside the batch");
+    check_exactly_once(&seen, 0..550, "live reader inside the batch");
 }
 
 // ---- chains and merges -------------------------------------------------
@@ -342,12 +315,12 @@ fn chained_tail_splits_and_a_merge_keep_cuts_exact() {
         topic.merge(out2.children[0], out2.children[1]).unwrap();
         append(&topic, n, 100);
         n += 100;
-        check_exactly_once(&read_all(&topic), n, "after the merge");
+        check_exactly_once(&read_all(&topic), 0..n, "after the merge");
         for (i, (before, cut)) in cuts.iter().enumerate() {
             let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
             let mut s = before.clone();
             drain(&mut r, &mut s);
-            check_exactly_once(&s, n, &format!("cut {i}"));
+            check_exactly_once(&s, 0..n, &format!("cut {i}"));
         }
         drop(topic);
         log.close().unwrap();
@@ -355,12 +328,12 @@ fn chained_tail_splits_and_a_merge_keep_cuts_exact() {
     verify_clean(dir.path(), "chain");
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log.topic("t").unwrap();
-    check_exactly_once(&read_all(&topic), n, "reopened");
+    check_exactly_once(&read_all(&topic), 0..n, "reopened");
     for (i, (before, cut)) in cuts.iter().enumerate() {
         let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
         let mut s = before.clone();
         drain(&mut r, &mut s);
-        check_exactly_once(&s, n, &format!("reopened cut {i}"));
+        check_exactly_once(&s, 0..n, &format!("reopened cut {i}"));
     }
 }
 
@@ -412,9 +385,9 @@ fn power_loss_while_the_copy_rolls_child_segments() {
         ..config()
     };
     let topic = log.create_topic("t", small).unwrap();
-    append_big(&topic, 0, 600);
+    append_big(&topic, 0, 600, KEYS);
     log.sync().unwrap();
-    append_big(&topic, 600, 40);
+    append_big(&topic, 600, 40, KEYS);
     let (synced, written) = (600u64, 640u64);
     hook.record_steps(true);
     let out = topic
@@ -447,7 +420,7 @@ fn power_loss_while_the_copy_rolls_child_segments() {
             let seen = read_all(&topic);
             let n = seen.len() as u64;
             assert!(n >= synced && n <= written, "{ctx}: {n} records");
-            check_exactly_once(&seen, n, &ctx);
+            check_exactly_once(&seen, 0..n, &ctx);
             if is_new {
                 assert_eq!(n, written, "{ctx}: new layout lost records");
             }
@@ -487,13 +460,13 @@ fn retention_retires_a_partly_moved_parent() {
     let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
     let mut s = before.clone();
     drain(&mut r, &mut s);
-    check_exactly_once(&s, 650, "cut after retention");
+    check_exactly_once(&s, 0..650, "cut after retention");
     drop((r, topic));
     log.close().unwrap();
     verify_clean(dir.path(), "after retention");
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log.topic("t").unwrap();
-    check_exactly_once(&read_all(&topic), 650, "reopened");
+    check_exactly_once(&read_all(&topic), 0..650, "reopened");
 }
 
 /// Records appended with `append_to` bypass routing: a keyed record whose
@@ -540,7 +513,7 @@ fn a_record_whose_key_hashes_below_the_partitions_range_moves() {
         .unwrap();
     assert_eq!(out.moved.iter().sum::<u64>(), 20);
     let seen = read_all(&topic);
-    check_exactly_once(&seen, 20, "misrouted keys moved");
+    check_exactly_once(&seen, 0..20, "misrouted keys moved");
 }
 
 /// Retention by size on a tail-split parent and its children: records
@@ -612,7 +585,7 @@ fn a_member_reading_across_the_split_commits_child_positions() {
     m.leave().unwrap();
     let mut m2 = g.join(member_opts()).unwrap();
     poll_all(&mut m2, &mut seen);
-    check_exactly_once(&seen, 1200, "after a commit across the split");
+    check_exactly_once(&seen, 0..1200, "after a commit across the split");
 }
 
 /// A member commits its stale parent position after the split, then
@@ -636,7 +609,7 @@ fn a_member_commits_again_after_a_stale_parent_commit() {
     m.leave().unwrap();
     let mut m2 = g.join(member_opts()).unwrap();
     poll_all(&mut m2, &mut seen);
-    check_exactly_once(&seen, 1200, "after two commits");
+    check_exactly_once(&seen, 0..1200, "after two commits");
 }
 
 /// A reader started at the latest position before the split reads only
@@ -697,7 +670,7 @@ fn a_member_reading_across_chained_tail_splits_commits_and_resumes() {
     let g = topic.group("g", GroupOptions::default()).unwrap();
     let mut m = g.join(member_opts()).unwrap();
     poll_all(&mut m, &mut seen);
-    check_exactly_once(&seen, 1100, "group across chained tail splits");
+    check_exactly_once(&seen, 0..1100, "group across chained tail splits");
 }
 
 /// A live reader polling in its own thread while an appender appends and
@@ -752,11 +725,11 @@ fn reader_through_split_round() {
     appender.join().unwrap();
     stop.store(true, std::sync::atomic::Ordering::Release);
     let seen = reader.join().unwrap();
-    check_exactly_once(&seen, total, "reader thread");
-    check_exactly_once(&read_all(&topic), total, "earliest");
+    check_exactly_once(&seen, 0..total, "reader thread");
+    check_exactly_once(&read_all(&topic), 0..total, "earliest");
     m.commit().unwrap();
     poll_all(&mut m, &mut group_seen);
-    check_exactly_once(&group_seen, total, "group member");
+    check_exactly_once(&group_seen, 0..total, "group member");
 }
 
 /// A member commits its pre-split parent position after a tail split
@@ -795,7 +768,11 @@ fn a_stale_parent_commit_survives_the_parents_removal_and_a_reopen() {
     let g = topic.group("g", GroupOptions::default()).unwrap();
     let mut m = g.join(member_opts()).unwrap();
     poll_all(&mut m, &mut seen);
-    check_exactly_once(&seen, 600, "group after the parent's removal and a reopen");
+    check_exactly_once(
+        &seen,
+        0..600,
+        "group after the parent's removal and a reopen",
+    );
 }
 
 /// `commit_positions` with the offsets of records handed out from the
@@ -828,7 +805,7 @@ fn commit_positions_of_parent_records_handed_out_before_the_split() {
     // next member reads them.
     let mut all = seen.clone();
     all.extend(rest);
-    check_exactly_once(&all, 1000, "after commit_positions of parent offsets");
+    check_exactly_once(&all, 0..1000, "after commit_positions of parent offsets");
 }
 
 /// A power loss before every I/O step of a tail split while a group's
@@ -875,7 +852,7 @@ fn power_loss_during_a_tail_split_keeps_a_groups_position() {
             let mut m = g.join(member_opts()).unwrap();
             let mut seen = consumed.clone();
             poll_all(&mut m, &mut seen);
-            check_exactly_once(&seen, 400, &ctx);
+            check_exactly_once(&seen, 0..400, &ctx);
         }
     }
 }

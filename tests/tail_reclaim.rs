@@ -7,12 +7,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::crash::{CrashOptions, DirImage};
 use common::model_hook::ModelHook;
-use common::tail::{config, drain, options, seq};
+use common::tail::{append_big, check_exactly_once, config, drain, options, seq};
 use fissionlog::{
     Cut, GroupOptions, IoOp, Log, LogOptions, MemberOptions, NewRecord, OwnedRecord, RecoveryMode,
     SplitPlan, StartAt, TailSplitOptions, Topic, TopicConfig,
@@ -34,32 +33,6 @@ fn strict() -> LogOptions {
 /// several segments, and starts inside one.
 fn small() -> TopicConfig {
     config()
-}
-
-fn append_big(topic: &Topic, from: u64, n: u64) {
-    let pad = "x".repeat(1000);
-    for i in from..from + n {
-        let key = format!("k{}", i % KEYS);
-        let key = (i % 5 != 4).then_some(key.as_bytes());
-        topic.append(key, format!("{i}:{pad}").as_bytes()).unwrap();
-    }
-}
-
-/// Every record of `want` exactly once, and per key in append order.
-fn check_exactly_once(seen: &[OwnedRecord], want: std::ops::Range<u64>, ctx: &str) {
-    let mut per_key: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-    for r in seen {
-        if let Some(k) = &r.key {
-            let s = seq(r);
-            if let Some(&last) = per_key.get(k) {
-                assert!(s > last, "{ctx}: key order broken at {s} after {last}");
-            }
-            per_key.insert(k.clone(), s);
-        }
-    }
-    let mut s: Vec<u64> = seen.iter().map(seq).collect();
-    s.sort_unstable();
-    assert_eq!(s, want.collect::<Vec<_>>(), "{ctx}: records");
 }
 
 /// A cut after reading `at` records from the earliest.
@@ -152,7 +125,7 @@ fn check_group(topic: &Topic, ctx: &str) {
 /// group "g" commit at `GROUP_AT` and tail-splits partition 0 from `FROM`.
 fn split_log(log: &Log) -> (Topic, Vec<(u64, Cut)>) {
     let topic = log.create_topic("t", small()).unwrap();
-    append_big(&topic, 0, N);
+    append_big(&topic, 0, N, KEYS);
     {
         let g = topic.group("g", GroupOptions::default()).unwrap();
         let mut m = g.join(member_opts()).unwrap();
@@ -227,7 +200,7 @@ fn a_read_batch_from_before_the_split_defers_the_cut_of_its_segment() {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path(), strict()).unwrap();
     let topic = log.create_topic("t", small()).unwrap();
-    append_big(&topic, 0, N);
+    append_big(&topic, 0, N, KEYS);
     log.sync().unwrap();
     let batch = topic.read(0, FROM - 5, 32 * 1024).unwrap();
     assert!(
@@ -371,7 +344,7 @@ fn reclaim_at_the_edges_of_segments() {
     let boundary = {
         let log = Log::open(probe.path(), strict()).unwrap();
         let topic = log.create_topic("t", small()).unwrap();
-        append_big(&topic, 0, N);
+        append_big(&topic, 0, N, KEYS);
         topic.partition(0).unwrap().segment_infos()[3].base_offset
     };
     for from in [0, boundary, N - 1] {
@@ -379,7 +352,7 @@ fn reclaim_at_the_edges_of_segments() {
         let dir = tempfile::tempdir().unwrap();
         let log = Log::open(dir.path(), strict()).unwrap();
         let topic = log.create_topic("t", small()).unwrap();
-        append_big(&topic, 0, N);
+        append_big(&topic, 0, N, KEYS);
         log.sync().unwrap();
         let at = (from + N) / 2;
         let cuts = vec![(at, cut_at(&topic, at as usize))];
@@ -449,7 +422,7 @@ fn a_cut_past_the_split_offset_is_translated_after_the_first_child_is_removed() 
         .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(FROM))
         .unwrap();
     topic.split(out.children[0], SplitPlan::Even).unwrap();
-    append_big(&topic, 400, 50);
+    append_big(&topic, 400, 50, KEYS);
     log.enforce_retention().unwrap();
     let left: Vec<u32> = topic.partitions().iter().map(|p| p.id).collect();
     assert!(
@@ -565,7 +538,7 @@ fn a_reclaim_moves_an_older_splits_index_into_the_topic_directory() {
         "the index was copied into the topic directory"
     );
     topic.split(out.children[0], SplitPlan::Even).unwrap();
-    append_big(&topic, 400, 50);
+    append_big(&topic, 400, 50, KEYS);
     log.enforce_retention().unwrap();
     let left: Vec<u32> = topic.partitions().iter().map(|p| p.id).collect();
     assert!(
@@ -671,7 +644,7 @@ fn a_reclaimed_parent_moved_whole_is_removed_by_retention_after_a_reopen() {
         .unwrap();
     let out = topic.reclaim_tail(0).unwrap();
     assert!(out.complete && out.released_bytes > 0, "{out:?}");
-    append_big(&topic, 200, 20);
+    append_big(&topic, 200, 20, KEYS);
     drop(topic);
     log.close().unwrap();
     let log = Log::open(dir.path(), strict()).unwrap();

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -19,29 +19,10 @@ use fissionlog::{
 
 const KEYS: u64 = 13;
 
-use common::tail::{config, drain, options, read_all, seq};
+use common::tail::{check_exactly_once, config, drain, options, read_all, seq};
 
 fn append(topic: &Topic, from: u64, n: u64) {
     common::tail::append(topic, from, n, KEYS);
-}
-
-/// Checks that `seen` holds `0..n` exactly once, and per key in order.
-fn check_exactly_once(seen: &[OwnedRecord], n: u64, ctx: &str) {
-    let mut all: Vec<u64> = seen.iter().map(seq).collect();
-    let mut per_key: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-    for r in seen {
-        if let Some(k) = &r.key {
-            let s = seq(r);
-            if let Some(&last) = per_key.get(k) {
-                assert!(s > last, "{ctx}: key {k:?}: {s} after {last}");
-            }
-            per_key.insert(k.clone(), s);
-        }
-    }
-    all.sort_unstable();
-    let want: Vec<u64> = (0..n).collect();
-    assert_eq!(all.len(), want.len(), "{ctx}: count");
-    assert_eq!(all, want, "{ctx}: every record exactly once");
 }
 
 /// Reads `n` records from a fresh reader and returns them with its cut.
@@ -103,7 +84,7 @@ fn moved_backlog_reads_exactly_once_through_cuts_live_readers_and_reopen() {
     // (419 is keyless: every fifth record is.)
     assert_eq!(first, [406, 432, 445]);
 
-    check_exactly_once(&read_all(&topic), 1300, "earliest");
+    check_exactly_once(&read_all(&topic), 0..1300, "earliest");
     for (name, before, cut) in [
         ("low", &before_low, &cut_low),
         ("high", &before_high, &cut_high),
@@ -111,10 +92,10 @@ fn moved_backlog_reads_exactly_once_through_cuts_live_readers_and_reopen() {
         let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
         let mut seen = before.clone();
         drain(&mut r, &mut seen);
-        check_exactly_once(&seen, 1300, &format!("cut {name}"));
+        check_exactly_once(&seen, 0..1300, &format!("cut {name}"));
     }
     drain(&mut live, &mut live_seen);
-    check_exactly_once(&live_seen, 1300, "live reader");
+    check_exactly_once(&live_seen, 0..1300, "live reader");
 
     // After a reopen: the same, from the index file and the record.
     drop((live, b, topic));
@@ -130,11 +111,11 @@ fn moved_backlog_reads_exactly_once_through_cuts_live_readers_and_reopen() {
             .sealed_at,
         Some(400)
     );
-    check_exactly_once(&read_all(&topic), 1300, "reopened earliest");
+    check_exactly_once(&read_all(&topic), 0..1300, "reopened earliest");
     let mut r = topic.reader(StartAt::Cut(cut_high.clone())).unwrap();
     let mut seen = before_high.clone();
     drain(&mut r, &mut seen);
-    check_exactly_once(&seen, 1300, "reopened cut high");
+    check_exactly_once(&seen, 0..1300, "reopened cut high");
 }
 
 /// A split offset inside a batch moves the whole batch (batches are
@@ -164,7 +145,7 @@ fn an_offset_inside_a_batch_moves_from_the_batch_start() {
     let mut r = topic.reader(StartAt::Cut(cut)).unwrap();
     let mut seen = before;
     drain(&mut r, &mut seen);
-    check_exactly_once(&seen, 100, "cut inside the first moved batch");
+    check_exactly_once(&seen, 0..100, "cut inside the first moved batch");
 }
 
 fn snapshot(dir: &Path, topic: &Topic) -> (Vec<u32>, BTreeSet<String>, usize) {
@@ -295,7 +276,7 @@ fn group_positions_inside_the_moved_range_are_translated() {
             }
             fast_seen.extend(got);
         }
-        check_exactly_once(&fast_seen, 700, "fast group, live member");
+        check_exactly_once(&fast_seen, 0..700, "fast group, live member");
         drop((m, f, slow, fast, topic));
         log.close().unwrap();
     }
@@ -310,7 +291,7 @@ fn group_positions_inside_the_moved_range_are_translated() {
         }
         consumed.extend(got);
     }
-    check_exactly_once(&consumed, 700, "slow group after reopen");
+    check_exactly_once(&consumed, 0..700, "slow group after reopen");
 }
 
 // ---- crash atomicity -------------------------------------------------
@@ -403,7 +384,7 @@ fn kill_at_every_io_step_of_a_tail_split() {
             old += 1;
         }
         orphans += orphans_removed(&log);
-        check_exactly_once(&read_all(&topic), written, &ctx);
+        check_exactly_once(&read_all(&topic), 0..written, &ctx);
         if i + 1 == points.len() {
             assert!(layout(&topic, &ctx), "{ctx}: after the call returned");
         }
@@ -434,7 +415,7 @@ fn power_loss_at_every_io_step_of_a_tail_split() {
             let seen = read_all(&topic);
             let n = seen.len() as u64;
             assert!(n >= synced && n <= written, "{ctx}: {n} records");
-            check_exactly_once(&seen, n, &ctx);
+            check_exactly_once(&seen, 0..n, &ctx);
             if is_new {
                 // The record commits after the parent was synced to its end.
                 assert_eq!(n, written, "{ctx}: new layout lost records");
@@ -523,7 +504,7 @@ fn random_run(seed: u64) {
             }
         }
     }
-    check_exactly_once(&read_all(&topic), n, &format!("seed {seed}: earliest"));
+    check_exactly_once(&read_all(&topic), 0..n, &format!("seed {seed}: earliest"));
     for (i, c) in consumers.into_iter().enumerate() {
         let ctx = format!("seed {seed}: consumer {i}");
         let seen = match c {
@@ -537,7 +518,7 @@ fn random_run(seed: u64) {
                 seen
             }
         };
-        check_exactly_once(&seen, n, &ctx);
+        check_exactly_once(&seen, 0..n, &ctx);
     }
 }
 
@@ -575,11 +556,11 @@ fn durable_readers_see_the_moved_records_at_once() {
     for (&c, &m) in out.children.iter().zip(&out.moved) {
         assert_eq!(topic.partition(c).unwrap().durable_end_offset(), m);
     }
-    check_exactly_once(&read_all(&topic), 300, "durable earliest");
+    check_exactly_once(&read_all(&topic), 0..300, "durable earliest");
     let mut r = topic.reader(StartAt::Cut(cut)).unwrap();
     let mut seen = before;
     drain(&mut r, &mut seen);
-    check_exactly_once(&seen, 300, "durable cut");
+    check_exactly_once(&seen, 0..300, "durable cut");
 }
 
 // ---- fault injection -------------------------------------------------
@@ -662,7 +643,7 @@ fn faults_before_and_at_the_commit_leave_the_old_layout() {
     assert_eq!(partition_dirs(dir.path()), dirs, "no files left behind");
     assert_eq!(topic.active_partitions(), vec![0]);
     append(&topic, 2000, 50);
-    check_exactly_once(&read_all(&topic), 2050, "after refused copies");
+    check_exactly_once(&read_all(&topic), 0..2050, "after refused copies");
 
     // The manifest write fails: outcome unknown, the log is poisoned.
     faults.lock().fail_manifest = true;
@@ -692,13 +673,17 @@ fn faults_before_and_at_the_commit_leave_the_old_layout() {
     let info = topic.partitions();
     assert_eq!(info.len(), 1);
     assert!(info[0].moved.is_none() && info[0].sealed_at.is_none());
-    check_exactly_once(&read_all(&topic), 2050, "reopened after the failed commit");
+    check_exactly_once(
+        &read_all(&topic),
+        0..2050,
+        "reopened after the failed commit",
+    );
     // A retry works.
     let out = topic
         .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(100))
         .unwrap();
     assert_eq!((out.from, out.seal_offset), (100, 2050));
-    check_exactly_once(&read_all(&topic), 2050, "after the retried split");
+    check_exactly_once(&read_all(&topic), 0..2050, "after the retried split");
 }
 
 /// A parent moved whole (from its first offset) holds nothing for readers:
@@ -733,19 +718,19 @@ fn a_wholly_moved_parent_is_removed_and_old_cuts_still_resume_exactly_once() {
         "its bytes released"
     );
     append(&topic, 500, 100);
-    check_exactly_once(&read_all(&topic), 600, "after the removal");
+    check_exactly_once(&read_all(&topic), 0..600, "after the removal");
     let resume = |topic: &Topic, ctx: &str| {
         let mut r = topic.reader(StartAt::Cut(cut.clone())).unwrap();
         let mut seen = before.clone();
         drain(&mut r, &mut seen);
-        check_exactly_once(&seen, 600, ctx);
+        check_exactly_once(&seen, 0..600, ctx);
     };
     resume(&topic, "cut, same run");
     drop(topic);
     log.close().unwrap();
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log.topic("t").unwrap();
-    check_exactly_once(&read_all(&topic), 600, "reopened");
+    check_exactly_once(&read_all(&topic), 0..600, "reopened");
     resume(&topic, "cut, after a reopen");
 }
 
@@ -801,5 +786,5 @@ fn copy_rounds_run_beside_appends_and_keep_order() {
         took.as_secs_f64() >= 10_000.0 * 40.0 / budget as f64 * 0.9,
         "{took:?} for {out:?}"
     );
-    check_exactly_once(&read_all(&topic), n, "concurrent appends");
+    check_exactly_once(&read_all(&topic), 0..n, "concurrent appends");
 }

@@ -1,6 +1,8 @@
 //! Helpers of the tail-split test suites: one partition, no balancer, and
 //! records numbered by their value (`i`, or `i:...`).
 
+use std::collections::BTreeMap;
+
 use fissionlog::{LogOptions, OwnedRecord, Reader, StartAt, SyncPolicy, Topic, TopicConfig};
 
 /// No balancer, no background retention.
@@ -30,6 +32,36 @@ pub fn append(topic: &Topic, from: u64, n: u64, keys: u64) {
         let key = (i % 5 != 4).then_some(key.as_bytes());
         topic.append(key, i.to_string().as_bytes()).unwrap();
     }
+}
+
+/// As [`append`], with values padded to about 1 KiB (`i:xxx...`).
+pub fn append_big(topic: &Topic, from: u64, n: u64, keys: u64) {
+    let pad = "x".repeat(1000);
+    for i in from..from + n {
+        let key = format!("k{}", i % keys);
+        let key = (i % 5 != 4).then_some(key.as_bytes());
+        topic.append(key, format!("{i}:{pad}").as_bytes()).unwrap();
+    }
+}
+
+/// Every record of `want` exactly once, and each key's records in append
+/// order.
+pub fn check_exactly_once(seen: &[OwnedRecord], want: std::ops::Range<u64>, ctx: &str) {
+    let mut per_key: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    for r in seen {
+        if let Some(k) = &r.key {
+            let s = seq(r);
+            if let Some(&last) = per_key.get(k) {
+                assert!(s > last, "{ctx}: key {k:?}: {s} after {last}");
+            }
+            per_key.insert(k.clone(), s);
+        }
+    }
+    let mut all: Vec<u64> = seen.iter().map(seq).collect();
+    all.sort_unstable();
+    let want: Vec<u64> = want.collect();
+    assert_eq!(all.len(), want.len(), "{ctx}: count");
+    assert_eq!(all, want, "{ctx}: every record exactly once");
 }
 
 /// The number a record's value starts with.

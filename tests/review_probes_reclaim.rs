@@ -1,0 +1,193 @@
+//! Probes of the tail-split reclaim: checks of a reclaimed log (verify,
+//! Salvage, a damaged or missing descendant index), and readers holding
+//! positions or batches in the parent while the reclaim runs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::tail::{config, drain, options, seq};
+use fissionlog::{
+    Log, LogOptions, OwnedRecord, RecoveryMode, SplitPlan, StartAt, TailSplitOptions, Topic,
+};
+
+/// Records appended; the split moves `FROM..N`.
+const N: u64 = 400;
+const FROM: u64 = 100;
+
+fn opts(recovery: RecoveryMode) -> LogOptions {
+    LogOptions {
+        recovery,
+        ..options()
+    }
+}
+
+/// Values of about 1 KiB, keys `k{i % 7}`: 64 KiB segments hold about 60.
+fn append_big(topic: &Topic, from: u64, n: u64) {
+    let pad = "x".repeat(1000);
+    for i in from..from + n {
+        let key = format!("k{}", i % 7);
+        topic
+            .append(Some(key.as_bytes()), format!("{i}:{pad}").as_bytes())
+            .unwrap();
+    }
+}
+
+fn read_from(topic: &Topic, start: StartAt) -> Vec<OwnedRecord> {
+    let mut r = topic.reader(start).unwrap();
+    let mut out = Vec::new();
+    drain(&mut r, &mut out);
+    out
+}
+
+fn sorted(seen: &[OwnedRecord]) -> Vec<u64> {
+    let mut s: Vec<u64> = seen.iter().map(seq).collect();
+    s.sort_unstable();
+    s
+}
+
+/// Creates topic "t", appends `N` records, tail-splits partition 0 from
+/// `FROM`, reclaims it (complete) and closes the log.
+fn reclaimed_log(dir: &Path) {
+    let log = Log::open(dir, opts(RecoveryMode::Strict)).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    append_big(&topic, 0, N);
+    log.sync().unwrap();
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(FROM))
+        .unwrap();
+    let out = topic.reclaim_tail(0).unwrap();
+    assert!(out.recorded && out.complete, "{out:?}");
+    drop(topic);
+    log.close().unwrap();
+}
+
+fn p0(root: &Path) -> PathBuf {
+    root.join("topics/t0/p0")
+}
+
+fn index_file(root: &Path) -> PathBuf {
+    root.join("topics/t0/tail-p0.tix")
+}
+
+/// The parent's segment files, by base offset.
+fn segments(pdir: &Path) -> Vec<(u64, PathBuf)> {
+    let mut v: Vec<(u64, PathBuf)> = std::fs::read_dir(pdir)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let base = name.strip_suffix(".seg")?.parse().ok()?;
+            Some((base, e.path()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// File position of the batch starting at `offset` in a segment file
+/// (64-byte segment header, then 40-byte batch headers: length at 0,
+/// record count at 12, base offset at 16, little-endian).
+fn batch_position(data: &[u8], offset: u64) -> usize {
+    let mut pos = 64;
+    loop {
+        let len = u32::from_le_bytes(data[pos..pos + 4].try_into().unwrap()) as usize;
+        let base = u64::from_le_bytes(data[pos + 16..pos + 24].try_into().unwrap());
+        assert!(len > 0, "no batch starts at {offset}");
+        if base == offset {
+            return pos;
+        }
+        pos += len;
+    }
+}
+
+/// `verify` on a reclaimed log whose descendant index is missing or
+/// damaged: the index is the only record of which child holds which
+/// moved offset once the parent's bytes are gone, and the open refuses
+/// the log without it, so verify must not call the log clean.
+#[test]
+fn verify_reports_a_missing_or_damaged_descendant_index_of_a_reclaimed_parent() {
+    for damage in ["missing", "flipped"] {
+        let dir = tempfile::tempdir().unwrap();
+        reclaimed_log(dir.path());
+        let (_, problems) = fissionlog::verify(dir.path()).unwrap();
+        assert!(problems.is_empty(), "clean before: {problems:?}");
+        let path = index_file(dir.path());
+        if damage == "missing" {
+            std::fs::remove_file(&path).unwrap();
+        } else {
+            let mut bytes = std::fs::read(&path).unwrap();
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0x5a;
+            std::fs::write(&path, bytes).unwrap();
+        }
+        let err = Log::open(dir.path(), opts(RecoveryMode::Strict))
+            .err()
+            .unwrap_or_else(|| panic!("{damage}: the open must refuse"));
+        assert!(
+            err.to_string().contains("tail-p0.tix"),
+            "{damage}: the error names the index: {err}"
+        );
+        let (_, problems) = fissionlog::verify(dir.path()).unwrap();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.file.ends_with("tail-p0.tix") || p.what.contains("tail-p0.tix")),
+            "{damage}: verify names the index: {problems:?}"
+        );
+    }
+}
+
+/// A damaged batch header below the split offset, in the segment that
+/// holds it, after a complete reclaim and a clean close: Salvage keeps
+/// every valid record around it (a hole of the damaged batch only, as
+/// for the same damage in any sealed segment), and Strict refuses.
+#[test]
+fn salvage_after_a_reclaim_keeps_the_records_after_damage_below_the_split_offset() {
+    for full_scan in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        reclaimed_log(dir.path());
+        let segs = segments(&p0(dir.path()));
+        let (base, path) = segs
+            .iter()
+            .filter(|(b, _)| *b <= FROM)
+            .last()
+            .cloned()
+            .unwrap();
+        assert!(base < FROM - 20, "the damage lies in the segment holding X");
+        let damaged = FROM - 10;
+        let mut data = std::fs::read(&path).unwrap();
+        let pos = batch_position(&data, damaged);
+        data[pos + 8] ^= 0xff; // the magic
+        std::fs::write(&path, &data).unwrap();
+        assert!(
+            Log::open(
+                dir.path(),
+                LogOptions {
+                    full_scan,
+                    ..opts(RecoveryMode::Strict)
+                }
+            )
+            .is_err(),
+            "full_scan {full_scan}: Strict refuses damage below X"
+        );
+        let log = Log::open(
+            dir.path(),
+            LogOptions {
+                full_scan,
+                ..opts(RecoveryMode::Salvage)
+            },
+        )
+        .unwrap();
+        let holes: Vec<_> = log.recovery_report().holes.clone();
+        let topic = log.topic("t").unwrap();
+        let got = sorted(&read_from(&topic, StartAt::Earliest));
+        let want: Vec<u64> = (0..N).filter(|&i| i != damaged).collect();
+        assert_eq!(
+            got, want,
+            "full_scan {full_scan}: every valid record (holes {holes:?})"
+        );
+        drop(topic);
+        log.close().unwrap();
+    }
+}

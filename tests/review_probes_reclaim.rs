@@ -300,3 +300,122 @@ fn a_merge_of_the_children_after_a_reclaim_keeps_every_record_once() {
     );
     check(&log.topic("t").unwrap(), "reopened");
 }
+
+/// Records `from..from + n` as [`append_big`] does, stamped long ago
+/// (retention by age takes them at once).
+fn append_old(topic: &Topic, from: u64, n: u64) {
+    let pad = "x".repeat(1000);
+    for i in from..from + n {
+        let key = format!("k{}", i % 7);
+        let value = format!("{i}:{pad}");
+        topic
+            .append_batch(&[fissionlog::NewRecord {
+                key: Some(key.as_bytes()),
+                value: value.as_bytes(),
+                timestamp: Some(1_700_000_000_000),
+            }])
+            .unwrap();
+    }
+}
+
+/// Reclaim, then retention takes the parent's records below the split
+/// offset (old) and the parent, then a Strict reopen: the open reports
+/// nothing, reads from the start and from a cut inside the moved range
+/// return exactly the moved and later records, the index file stays while
+/// the removed list names the parent, and verify is clean.
+#[test]
+fn reclaim_then_retention_removes_the_parent_and_a_reopen_is_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = fissionlog::TopicConfig {
+        retention_age: Some(std::time::Duration::from_secs(60)),
+        ..config()
+    };
+    let log = Log::open(dir.path(), opts(RecoveryMode::Strict)).unwrap();
+    let topic = log.create_topic("t", cfg).unwrap();
+    append_old(&topic, 0, FROM);
+    append_big(&topic, FROM, N - FROM);
+    log.sync().unwrap();
+    let cut = cut_at(&topic, 250);
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(FROM))
+        .unwrap();
+    log.enforce_retention().unwrap();
+    log.sync().unwrap();
+    drop(topic);
+    log.close().unwrap();
+    let log = Log::open(dir.path(), opts(RecoveryMode::Strict)).unwrap();
+    assert!(
+        log.recovery_report().files.is_empty(),
+        "{:?}",
+        log.recovery_report().files
+    );
+    log.enforce_retention().unwrap();
+    let topic = log.topic("t").unwrap();
+    let ids: Vec<u32> = topic.partitions().iter().map(|p| p.id).collect();
+    assert!(!ids.contains(&0), "parent removed: {ids:?}");
+    assert!(index_file(dir.path()).exists(), "the index stays");
+    let check = |topic: &Topic, ctx: &str| {
+        assert_eq!(
+            sorted(&read_from(topic, StartAt::Earliest)),
+            (FROM..N).collect::<Vec<_>>(),
+            "{ctx}: from the start"
+        );
+        assert_eq!(
+            sorted(&read_from(topic, StartAt::Cut(cut.clone()))),
+            (250..N).collect::<Vec<_>>(),
+            "{ctx}: from the cut"
+        );
+    };
+    check(&topic, "live");
+    drop(topic);
+    log.close().unwrap();
+    let (_, problems) = fissionlog::verify(dir.path()).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    let log = Log::open(dir.path(), opts(RecoveryMode::Strict)).unwrap();
+    assert!(
+        log.recovery_report().files.is_empty(),
+        "{:?}",
+        log.recovery_report().files
+    );
+    check(&log.topic("t").unwrap(), "reopened");
+}
+
+/// Truncate after a reclaim, with a damaged batch header below the split
+/// offset: the records from the damage to the split offset go, and the
+/// open says so (the reclaim's own cut is not reported; this one is).
+#[test]
+fn truncate_after_a_reclaim_reports_damage_below_the_split_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    reclaimed_log(dir.path());
+    let (_, path) = segments(&p0(dir.path()))
+        .into_iter()
+        .filter(|(b, _)| *b <= FROM)
+        .last()
+        .unwrap();
+    let damaged = FROM - 10;
+    let mut data = std::fs::read(&path).unwrap();
+    let pos = batch_position(&data, damaged);
+    data[pos + 8] ^= 0xff;
+    std::fs::write(&path, &data).unwrap();
+    let log = Log::open(
+        dir.path(),
+        LogOptions {
+            full_scan: true,
+            ..opts(RecoveryMode::Truncate)
+        },
+    )
+    .unwrap();
+    let files = log.recovery_report().files.clone();
+    assert!(
+        files.iter().any(|f| f.file.starts_with(p0(dir.path()))),
+        "the cut is reported: {files:?}"
+    );
+    let topic = log.topic("t").unwrap();
+    let got = sorted(&read_from(&topic, StartAt::Earliest));
+    let want: Vec<u64> = (0..damaged).chain(FROM..N).collect();
+    assert_eq!(got, want);
+    drop(topic);
+    log.close().unwrap();
+    let (_, problems) = fissionlog::verify(dir.path()).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+}

@@ -419,3 +419,61 @@ fn truncate_after_a_reclaim_reports_damage_below_the_split_offset() {
     let (_, problems) = fissionlog::verify(dir.path()).unwrap();
     assert!(problems.is_empty(), "{problems:?}");
 }
+
+/// A tail split of a tail split's child, both reclaimed: cuts saved in
+/// the first parent's moved range (landing, translated, inside the
+/// child's moved range too) read exactly what follows them, live and
+/// after a Strict reopen; verify is clean.
+#[test]
+fn nested_tail_splits_both_reclaimed_translate_cuts_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts(RecoveryMode::Strict)).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    append_big(&topic, 0, N);
+    log.sync().unwrap();
+    let cuts: Vec<(u64, fissionlog::Cut)> = [50u64, 120, 300, 399]
+        .iter()
+        .map(|&at| (at, cut_at(&topic, at as usize)))
+        .collect();
+    let out = topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(FROM))
+        .unwrap();
+    let child = out.children[0];
+    let moved = out.moved[0];
+    assert!(moved > 20, "{out:?}");
+    let inner = topic
+        .split_tail(child, SplitPlan::Even, TailSplitOptions::from_offset(10))
+        .unwrap();
+    assert!(inner.from <= 10 && inner.seal_offset == moved, "{inner:?}");
+    log.enforce_retention().unwrap();
+    for p in [0, child] {
+        let again = topic.reclaim_tail(p).unwrap();
+        assert!(!again.recorded && again.complete, "{p}: {again:?}");
+    }
+    let check = |topic: &Topic, ctx: &str| {
+        assert_eq!(
+            sorted(&read_from(topic, StartAt::Earliest)),
+            (0..N).collect::<Vec<_>>(),
+            "{ctx}: from the start"
+        );
+        for (at, cut) in &cuts {
+            assert_eq!(
+                sorted(&read_from(topic, StartAt::Cut(cut.clone()))),
+                (*at..N).collect::<Vec<_>>(),
+                "{ctx}: from the cut at {at}"
+            );
+        }
+    };
+    check(&topic, "live");
+    drop(topic);
+    log.close().unwrap();
+    let (_, problems) = fissionlog::verify(dir.path()).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    let log = Log::open(dir.path(), opts(RecoveryMode::Strict)).unwrap();
+    assert!(
+        log.recovery_report().files.is_empty(),
+        "{:?}",
+        log.recovery_report().files
+    );
+    check(&log.topic("t").unwrap(), "reopened");
+}

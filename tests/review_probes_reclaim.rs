@@ -151,12 +151,7 @@ fn salvage_after_a_reclaim_keeps_the_records_after_damage_below_the_split_offset
     let dir = tempfile::tempdir().unwrap();
     reclaimed_log(dir.path());
     let segs = segments(&p0(dir.path()));
-    let (base, path) = segs
-        .iter()
-        .filter(|(b, _)| *b <= FROM)
-        .last()
-        .cloned()
-        .unwrap();
+    let (base, path) = segs.iter().rfind(|(b, _)| *b <= FROM).cloned().unwrap();
     let damaged = FROM - 10;
     assert!(base < damaged, "the damage lies in the segment holding X");
     let mut data = std::fs::read(&path).unwrap();
@@ -389,8 +384,7 @@ fn truncate_after_a_reclaim_reports_damage_below_the_split_offset() {
     reclaimed_log(dir.path());
     let (_, path) = segments(&p0(dir.path()))
         .into_iter()
-        .filter(|(b, _)| *b <= FROM)
-        .last()
+        .rfind(|(b, _)| *b <= FROM)
         .unwrap();
     let damaged = FROM - 10;
     let mut data = std::fs::read(&path).unwrap();

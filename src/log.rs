@@ -1067,6 +1067,28 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
         recovery: crate::config::RecoveryMode::Strict,
     };
     for t in &state.topics {
+        // Every committed tail split's descendant index: the open refuses
+        // the log without it, and once the parent's moved range is
+        // reclaimed nothing else says which child holds which offset.
+        for m in &t.tail_moves {
+            if let Err(e) = crate::tail::load_tails(&topic_dir(dir, t.id), std::slice::from_ref(m))
+            {
+                let file = match &e {
+                    Error::Corruption { file, .. } => file.clone(),
+                    Error::Io { path, .. } => path.clone(),
+                    _ => topic_dir(dir, t.id),
+                };
+                problems.push(Problem {
+                    file,
+                    position: 0,
+                    what: format!(
+                        "descendant index of tail-split partition {} is unusable: {e}",
+                        m.parent
+                    ),
+                    repair: "none: the open refuses the log until the file is restored".into(),
+                });
+            }
+        }
         for p in &t.partitions {
             let pdir = partition_dir(&topic_dir(dir, t.id), p.id);
             let params = ChainParams {

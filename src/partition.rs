@@ -1054,6 +1054,10 @@ impl Partition {
         }
         let pos = keep.locate(from)?;
         keep.release_past(pos, from)?;
+        // The writer's position is the segment's old end: a sync round
+        // would capture it as the durable end, and the checkpoint name
+        // offsets past `from` at the cut's position.
+        w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
         self.set_reclaimed_end(keep.base_offset, pos, from);
         drop(list);
         Ok(true)

@@ -710,6 +710,13 @@ fn reclaimed_checkpoint(
     cp: &crate::format::checkpoint::PartitionCheckpoint,
 ) -> Option<crate::format::checkpoint::PartitionCheckpoint> {
     use crate::storage::segment::{parse_segment_file_name, segment_file_name};
+    // A checkpoint naming nothing past `from` names what a reclaim keeps
+    // (it never cuts below `from`). A walk that stops below it met damage,
+    // not the reclaim's cut: taken as the end, it would turn the valid
+    // batches after the damage into an unsynced tail.
+    if cp.end_offset <= from {
+        return None;
+    }
     let bases: Vec<u64> = std::fs::read_dir(pdir)
         .ok()?
         .flatten()

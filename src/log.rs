@@ -745,7 +745,7 @@ fn load_topic(
     }
     st.removed = rec.removed.clone();
     // Tail-split parents end, for readers, where their moved range starts.
-    st.tails = crate::tail::load_tails(&tdir, &rec.tail_moves)?;
+    st.tails = crate::tail::load_tails(&tdir, &rec.tail_moves, Some((mode.recovery, report)))?;
     for (id, t) in &st.tails {
         if let Some(n) = st.nodes.get_mut(id) {
             n.part.set_logical_end(t.index.from);
@@ -1071,7 +1071,8 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
         // the log without it, and once the parent's moved range is
         // reclaimed nothing else says which child holds which offset.
         for m in &t.tail_moves {
-            if let Err(e) = crate::tail::load_tails(&topic_dir(dir, t.id), std::slice::from_ref(m))
+            if let Err(e) =
+                crate::tail::load_tails(&topic_dir(dir, t.id), std::slice::from_ref(m), None)
             {
                 let file = match &e {
                     Error::Corruption { file, .. } => file.clone(),
@@ -1085,7 +1086,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
                         "descendant index of tail-split partition {} is unusable: {e}",
                         m.parent
                     ),
-                    repair: "none: the open refuses the log until the file is restored".into(),
+                    repair: "restore the file; recover --mode truncate|salvage opens the log without it: positions inside the moved range then resume at the children's first moved records (records may be delivered again)".into(),
                 });
             }
         }

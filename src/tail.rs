@@ -637,6 +637,8 @@ impl Topic {
                     .and_then(|t| t.tail_moves.iter().find(|m| m.parent == part.id()))
                     .is_some_and(|m| !m.index_in_topic_dir)
             };
+            // (An index whose file was lost has nothing to copy.)
+            let old_layout = old_layout && !info.index.is_lost();
             if old_layout {
                 let path = self.inner.dir.join(tail_index::file_name(part.id()));
                 write_index(self, &path, &info.index.encode())?;
@@ -811,9 +813,22 @@ fn index_path(topic_dir: &std::path::Path, m: &TailMove, first: u32) -> PathBuf 
 
 /// Loads a topic's committed tail splits at open: reads and checks each
 /// descendant index. Returns them by parent.
+///
+/// An index file that is missing or does not match its manifest record
+/// is damage: `Strict` refuses the log naming the file. `Truncate` and
+/// `Salvage` (with `report`) go on with the split's range and counts from
+/// the manifest and a conservative translation (positions inside the
+/// moved range resume the children at their first moved record, so
+/// records may be read again but none is skipped), and report it at every
+/// open. Any other error reading the file (permissions, descriptors) is
+/// not damage and fails the open.
 pub(crate) fn load_tails(
     topic_dir: &std::path::Path,
     moves: &[TailMove],
+    mut report: Option<(
+        crate::config::RecoveryMode,
+        &mut crate::recovery::RecoveryReport,
+    )>,
 ) -> Result<BTreeMap<u32, Arc<TailInfo>>> {
     let mut out = BTreeMap::new();
     for m in moves {
@@ -821,23 +836,32 @@ pub(crate) fn load_tails(
             continue;
         };
         let path = index_path(topic_dir, m, first);
-        let bytes = std::fs::read(&path).at(&path)?;
-        let bad = |reason: String| Error::Corruption {
-            file: path.clone(),
-            position: 0,
-            reason,
+        let index = match read_index(&path, m) {
+            Ok(index) => index,
+            Err(e) => {
+                let damage = match &e {
+                    Error::Corruption { .. } => true,
+                    Error::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+                    _ => false,
+                };
+                match report.as_mut() {
+                    Some((mode, report))
+                        if damage && *mode != crate::config::RecoveryMode::Strict =>
+                    {
+                        report.add(
+                            &path,
+                            crate::recovery::FileAction::DescendantIndexLost {
+                                parent: m.parent,
+                                moved_offsets: (m.from, m.seal_offset),
+                                reason: e.to_string(),
+                            },
+                        );
+                        TailIndex::without_slots(m.parent, m.from, m.seal_offset, m.counts.clone())
+                    }
+                    _ => return Err(e),
+                }
+            }
         };
-        if TailIndex::crc(&bytes) != m.index_crc {
-            return Err(bad(
-                "descendant index does not match its manifest record".into()
-            ));
-        }
-        let index = TailIndex::decode(&bytes).map_err(bad)?;
-        if index.from != m.from || index.seal != m.seal_offset || index.counts() != m.counts {
-            return Err(bad(
-                "descendant index does not match its manifest record".into()
-            ));
-        }
         out.insert(
             m.parent,
             Arc::new(TailInfo {
@@ -848,4 +872,26 @@ pub(crate) fn load_tails(
         );
     }
     Ok(out)
+}
+
+/// Reads a descendant index and checks it against its manifest record.
+fn read_index(path: &std::path::Path, m: &TailMove) -> Result<TailIndex> {
+    let bytes = std::fs::read(path).at(path)?;
+    let bad = |reason: String| Error::Corruption {
+        file: path.to_path_buf(),
+        position: 0,
+        reason,
+    };
+    if TailIndex::crc(&bytes) != m.index_crc {
+        return Err(bad(
+            "descendant index does not match its manifest record".into()
+        ));
+    }
+    let index = TailIndex::decode(&bytes).map_err(bad)?;
+    if index.from != m.from || index.seal != m.seal_offset || index.counts() != m.counts {
+        return Err(bad(
+            "descendant index does not match its manifest record".into()
+        ));
+    }
+    Ok(index)
 }

@@ -138,6 +138,85 @@ fn verify_reports_a_missing_or_damaged_descendant_index_of_a_reclaimed_parent() 
     }
 }
 
+/// The same damage to the index, opened by Truncate and Salvage: the log
+/// opens (one file must not make every topic unreadable), the report
+/// names the index, and translation is conservative. A cut saved inside
+/// the moved range before the split resumes the children at their first
+/// moved record: every record after the cut is read, and the only ones
+/// read again are moved records the cut had passed. A reader from the
+/// earliest reads every record exactly once. Strict still refuses.
+#[test]
+fn truncate_and_salvage_open_a_log_whose_descendant_index_is_lost() {
+    use fissionlog::{Cut, FileAction};
+    for damage in ["missing", "flipped"] {
+        for mode in [RecoveryMode::Truncate, RecoveryMode::Salvage] {
+            let dir = tempfile::tempdir().unwrap();
+            let at = 250u64;
+            let cut: Cut = {
+                let log = Log::open(dir.path(), opts(RecoveryMode::Strict)).unwrap();
+                let topic = log.create_topic("t", config()).unwrap();
+                append_big(&topic, 0, N);
+                log.sync().unwrap();
+                let mut r = topic.reader(StartAt::Earliest).unwrap();
+                let mut n = 0;
+                while n < at as usize {
+                    n += r.poll(at as usize - n).unwrap().len();
+                }
+                let cut = r.cut();
+                topic
+                    .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(FROM))
+                    .unwrap();
+                assert!(topic.reclaim_tail(0).unwrap().complete);
+                drop((r, topic));
+                log.close().unwrap();
+                cut
+            };
+            let path = index_file(dir.path());
+            if damage == "missing" {
+                std::fs::remove_file(&path).unwrap();
+            } else {
+                let mut bytes = std::fs::read(&path).unwrap();
+                bytes[40] ^= 0x5a;
+                std::fs::write(&path, bytes).unwrap();
+            }
+            let ctx = format!("{damage}, {mode:?}");
+            let log = Log::open(dir.path(), opts(mode)).unwrap();
+            let named = log.recovery_report().files.iter().any(|f| {
+                f.file == path
+                    && matches!(
+                        f.action,
+                        FileAction::DescendantIndexLost {
+                            parent: 0,
+                            moved_offsets: (FROM, N),
+                            ..
+                        }
+                    )
+            });
+            assert!(named, "{ctx}: {:?}", log.recovery_report().files);
+            let topic = log.topic("t").unwrap();
+            assert_eq!(
+                sorted(&read_from(&topic, StartAt::Earliest)),
+                (0..N).collect::<Vec<_>>(),
+                "{ctx}: earliest"
+            );
+            let got = sorted(&read_from(&topic, StartAt::Cut(cut.clone())));
+            // Records at..N after the cut, and FROM..at (read before the
+            // cut) once more.
+            assert_eq!(
+                got,
+                (FROM..N).collect::<Vec<_>>(),
+                "{ctx}: from the cut, the passed moved records again"
+            );
+            drop(topic);
+            log.close().unwrap();
+            assert!(
+                Log::open(dir.path(), opts(RecoveryMode::Strict)).is_err(),
+                "{ctx}: Strict still refuses"
+            );
+        }
+    }
+}
+
 /// A damaged batch header below the split offset, in the segment that
 /// holds it, after a complete reclaim and a clean close: a full scan
 /// finds it (verify, Strict refuses) and Salvage keeps every valid record

@@ -159,6 +159,7 @@ pub fn is_hole(h: &BatchHeader) -> bool {
 
 /// Writes a hole batch over `dst` (at least [`BATCH_HEADER_LEN`] bytes):
 /// `lost` offsets starting at `base_offset` are gone; the payload is zeroed.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub fn encode_hole(dst: &mut [u8], base_offset: u64, lost: u32) {
     let len = u32::try_from(dst.len()).expect("a batch is shorter than 4 GiB");
     let header = hole_header(len, base_offset, lost);

@@ -45,6 +45,8 @@ pub struct TailIndex {
     pub slots: Vec<u8>,
     /// Per block of [`BLOCK`] records, the counts per child before it.
     prefix: Vec<Vec<u64>>,
+    /// The per-record slots are lost (see [`TailIndex::without_slots`]).
+    lost: bool,
 }
 
 impl TailIndex {
@@ -66,7 +68,32 @@ impl TailIndex {
             children,
             slots,
             prefix,
+            lost: false,
         }
+    }
+
+    /// The index of a split whose file is damaged or missing, from what
+    /// its manifest record keeps: the range and the records per child.
+    /// Which moved record went to which child is lost, so translation is
+    /// conservative: a position inside the range resumes every child at
+    /// its first moved record (records may be read again, none is
+    /// skipped).
+    pub fn without_slots(parent: u32, from: u64, seal: u64, counts: Vec<u64>) -> TailIndex {
+        TailIndex {
+            parent,
+            from,
+            seal,
+            children: counts.len(),
+            slots: Vec::new(),
+            prefix: vec![counts],
+            lost: true,
+        }
+    }
+
+    /// Built by [`TailIndex::without_slots`]: translation inside the range
+    /// is conservative, and there is nothing to encode.
+    pub fn is_lost(&self) -> bool {
+        self.lost
     }
 
     /// Moved records per child.
@@ -79,6 +106,13 @@ impl TailIndex {
     /// after `pos`. Below `from` every child is at 0; at or past the seal,
     /// at its count.
     pub fn translate(&self, pos: u64) -> Vec<u64> {
+        if self.lost {
+            return if pos >= self.seal {
+                self.counts()
+            } else {
+                vec![0; self.children]
+            };
+        }
         let n = (pos.clamp(self.from, self.seal) - self.from) as usize;
         let block = n / BLOCK;
         let mut counts = self.prefix[block.min(self.prefix.len() - 1)].clone();

@@ -71,6 +71,19 @@ pub enum FileAction {
         /// Why.
         reason: String,
     },
+    /// A tail split's descendant index is missing or damaged (Truncate and
+    /// Salvage go on; Strict refuses). Which moved record went to which
+    /// child is lost: a position saved inside the moved range resumes the
+    /// children at their first moved record, so records may be delivered
+    /// again; none is skipped. Reported at every open.
+    DescendantIndexLost {
+        /// The tail-split parent.
+        parent: u32,
+        /// Its moved range `[from, seal)`.
+        moved_offsets: (u64, u64),
+        /// Why the file is unusable.
+        reason: String,
+    },
 }
 
 /// One entry of the report.

@@ -94,6 +94,13 @@ fn describe(action: &FileAction) -> String {
             lost_offsets: (s, e),
         } => format!("missing: offsets {s}..{e} lost (they read as a hole)"),
         FileAction::InvalidCheckpoint { reason } => format!("invalid checkpoint ({reason})"),
+        FileAction::DescendantIndexLost {
+            parent,
+            moved_offsets: (s, e),
+            reason,
+        } => format!(
+            "descendant index of tail-split partition {parent} unusable ({reason}); positions inside its moved range {s}..{e} resume at the children's first moved records (records may be delivered again)"
+        ),
     }
 }
 

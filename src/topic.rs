@@ -412,7 +412,9 @@ impl Topic {
     /// are then written as one batch, whole or not at all. An I/O error (or
     /// a closed or poisoned partition) met after some partitions' batches
     /// were written returns [`Error::PartialBatch`], which names exactly the
-    /// records that landed: retry only the others.
+    /// records that landed: retry only the others. Under
+    /// `SyncPolicy::Always` those are synced before the error returns, as
+    /// a successful batch's records are.
     ///
     /// A key in `Windowed` mode whose records of the batch go to several
     /// lanes' partitions has them written lane after lane in input order
@@ -499,6 +501,14 @@ impl Topic {
         let mut wrote_any = false;
         let partial = |landed: Vec<Option<Appended>>, wrote_any: bool, e: Error| {
             if wrote_any {
+                // Under `Always`, what the error names as landed is not
+                // appended again: it is made durable first, as a batch
+                // that returns `Ok` is. A sync failing here poisons its
+                // partition (reported by every later sync), as it would
+                // fail a successful batch.
+                if self.inner.sync_always {
+                    let _ = self.inner.core.sync_covering(&[]);
+                }
                 Error::PartialBatch {
                     landed,
                     source: Box::new(e),

@@ -156,6 +156,10 @@ enum Disturb {
     Fence,
     /// A split of this partition.
     Split(u32),
+    /// A strict key of the batch gets a mode over one lane (windowed, or
+    /// spread): its records not yet written are refused (`Refused`, or
+    /// `PartialBatch`), and appended again under the new mode.
+    ModeOf(&'static [u8], bool),
 }
 
 /// The generated batch: per record (key, value, timestamp).
@@ -287,8 +291,9 @@ fn check_topic(topic: &Topic, batch: &[NewRecord<'_>], all: bool, case: &str) {
 }
 
 /// One generated case; returns how many records of the batch landed
-/// before the retry and whether the batch failed.
-fn run_case(seed: u64) -> (usize, bool) {
+/// before the retry, whether the batch failed and whether it was refused
+/// for a mode change.
+fn run_case(seed: u64) -> (usize, bool, bool) {
     let mut rng = SplitMix64::new(seed);
     let always = rng.below(3) == 0;
     let dir = tempfile::tempdir().unwrap();
@@ -336,17 +341,27 @@ fn run_case(seed: u64) -> (usize, bool) {
         timestamp: Some(T0),
     };
     let pick = |rng: &mut SplitMix64| ids[rng.below(3) as usize];
-    let plan = match rng.below(4) {
+    let plan = match rng.below(5) {
         0 | 1 => Plan::Fail(pick(&mut rng), rng.below(5)),
         k => {
-            let a = pick(&mut rng);
-            let others: Vec<u32> = ids.iter().copied().filter(|&p| p != a).collect();
-            let b = others[rng.below(2) as usize];
-            let d = if k == 2 {
-                Disturb::Fence
+            let (a, d) = if k == 4 {
+                let key = STRICT[rng.below(2) as usize];
+                let home = topic.route(key);
+                let not_home: Vec<u32> = ids.iter().copied().filter(|&p| p != home).collect();
+                let a = not_home[rng.below(2) as usize];
+                (a, Disturb::ModeOf(key, rng.coin()))
             } else {
-                Disturb::Split(b)
+                let a = pick(&mut rng);
+                let others: Vec<u32> = ids.iter().copied().filter(|&p| p != a).collect();
+                let b = others[rng.below(2) as usize];
+                let d = if k == 2 {
+                    Disturb::Fence
+                } else {
+                    Disturb::Split(b)
+                };
+                (a, d)
             };
+            let others: Vec<u32> = ids.iter().copied().filter(|&p| p != a).collect();
             let fail = rng.coin().then(|| {
                 let c = others[rng.below(2) as usize];
                 (c, rng.below(4))
@@ -390,22 +405,40 @@ fn run_case(seed: u64) -> (usize, bool) {
                         Ok(())
                     });
                 }
+                Disturb::ModeOf(key, windowed) => {
+                    let mode = if windowed { W100 } else { HotKeyMode::Spread };
+                    hook.at(a, move || {
+                        t.set_hot_key_mode_lanes(key, mode, 1).unwrap();
+                        Ok(())
+                    });
+                }
             }
         }
     }
     let r = topic.append_batch(&batch);
     hook.clear();
+    let mut refused = false;
     let landed: Vec<Option<Appended>> = match r {
         Ok(a) => a.into_iter().map(Some).collect(),
-        Err(Error::PartialBatch { landed, .. }) => landed,
+        Err(Error::PartialBatch { landed, source }) => {
+            refused = matches!(*source, Error::Refused(_));
+            landed
+        }
         Err(e) => {
+            refused = matches!(e, Error::Refused(_));
             assert!(
-                failed.load(Ordering::SeqCst),
+                failed.load(Ordering::SeqCst) || refused,
                 "{case}: an error with no fault: {e:?}"
             );
             vec![None; batch.len()]
         }
     };
+    if refused {
+        assert!(
+            matches!(plan, Plan::During(_, Disturb::ModeOf(..), _)),
+            "{case}: refused"
+        );
+    }
     let batch_failed = landed.iter().any(Option::is_none);
     assert_eq!(landed.len(), batch.len(), "{case}");
     // Exactly what is named landed is in the topic, where named; under
@@ -481,7 +514,7 @@ fn run_case(seed: u64) -> (usize, bool) {
     let log = Log::open(dir.path(), opts()).unwrap();
     let topic = log.topic("t").unwrap();
     check_topic(&topic, &batch, true, &format!("{case}, reopened"));
-    (n_landed, batch_failed)
+    (n_landed, batch_failed, refused)
 }
 
 /// Generated batches against every kind of disturbance: see the module
@@ -490,8 +523,10 @@ fn run_case(seed: u64) -> (usize, bool) {
 fn generated_batches_with_failures_splits_and_fence_moves_keep_every_key_in_order() {
     let mut partial = 0;
     let mut failed = 0;
+    let mut refused = 0;
     for seed in 0..48 {
-        let (landed, f) = run_case(seed);
+        let (landed, f, r) = run_case(seed);
+        refused += usize::from(r);
         if f {
             failed += 1;
             if landed > 0 {
@@ -500,8 +535,8 @@ fn generated_batches_with_failures_splits_and_fence_moves_keep_every_key_in_orde
         }
     }
     assert!(
-        failed >= 10 && partial >= 5,
-        "{failed} failed, {partial} partial"
+        failed >= 10 && partial >= 5 && refused >= 1,
+        "{failed} failed, {partial} partial, {refused} refused"
     );
 }
 

@@ -634,3 +634,72 @@ fn a_partial_batch_under_sync_always_names_records_it_did_not_sync() {
         "the record named as landed survives a power loss"
     );
 }
+
+/// Under `SyncPolicy::Always`, a batch whose groups were all written but
+/// whose sync failed for one partition (poisoned) returned that partition's
+/// error alone, as if nothing had landed, though the other partition's
+/// records were durable: the caller, appending the batch again as the
+/// error says, wrote them twice. The error must name the records that are
+/// durable, so that the caller appends only the others.
+///
+/// Reproduction: two partitions `lo` < `hi` under `Always`, strict keys
+/// `a` (in `lo`) and `b` (in `hi`); `hi`'s segment fdatasync failing;
+/// `append_batch([a, b])` returned `Poisoned` (`hi`), with `a` durable in
+/// `lo`.
+#[test]
+fn a_batch_whose_sync_fails_in_one_partition_names_what_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ModelHook::new(dir.path(), None);
+    let log = Log::open_with_hook(dir.path(), opts(), model.clone()).unwrap();
+    let topic = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                sync: SyncPolicy::Always,
+                ..config(2, false, false)
+            },
+        )
+        .unwrap();
+    let mut ids = topic.active_partitions();
+    ids.sort_unstable();
+    let (lo, hi) = (ids[0], ids[1]);
+    let (a, b) = (key_in(&topic, lo, "a"), key_in(&topic, hi, "b"));
+    let p = format!("/p{hi}/");
+    model.set_fault(Some(Box::new(move |op, path| {
+        if op == IoOp::SyncSegment && path.to_string_lossy().contains(&p) {
+            return Err(io::Error::other("injected: EIO"));
+        }
+        Ok(())
+    })));
+    let batch = [
+        NewRecord {
+            key: Some(&a),
+            value: b"va",
+            timestamp: None,
+        },
+        NewRecord {
+            key: Some(&b),
+            value: b"vb",
+            timestamp: None,
+        },
+    ];
+    let r = topic.append_batch(&batch);
+    model.set_fault(None);
+    let landed = match r {
+        Err(Error::PartialBatch { landed, .. }) => landed,
+        other => panic!("the error names nothing as landed: {other:?}"),
+    };
+    let at = landed[0].expect("the record synced in `lo` is named");
+    assert!(landed[1].is_none(), "{landed:?}");
+    assert_eq!(at.partition, lo);
+    // Named as landed: durable.
+    let (img, _) = model.crash_image(3, &CrashOptions::default());
+    let lost = tempfile::tempdir().unwrap();
+    img.write_to(lost.path()).unwrap();
+    let log = Log::open(lost.path(), opts()).unwrap();
+    let found = positions(&log.topic("t").unwrap());
+    assert_eq!(
+        found.get(&b"va"[..]),
+        Some(&vec![(at.partition, at.offset)])
+    );
+}

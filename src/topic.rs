@@ -413,8 +413,12 @@ impl Topic {
     /// a closed or poisoned partition) met after some partitions' batches
     /// were written returns [`Error::PartialBatch`], which names exactly the
     /// records that landed: retry only the others. Under
-    /// `SyncPolicy::Always` those are synced before the error returns, as
-    /// a successful batch's records are.
+    /// `SyncPolicy::Always` they are synced before the error returns, as a
+    /// successful batch's records are. A batch whose every record was
+    /// written but whose sync failed returns `PartialBatch` too, naming
+    /// every record (the sync's error, e.g. [`Error::Poisoned`], says which
+    /// partition's records may not be durable): appended again, the records
+    /// of the partitions that did sync would be there twice.
     ///
     /// A key in `Windowed` mode whose records of the batch go to several
     /// lanes' partitions has them written lane after lane in input order
@@ -501,18 +505,7 @@ impl Topic {
         let mut wrote_any = false;
         let partial = |landed: Vec<Option<Appended>>, wrote_any: bool, e: Error| {
             if wrote_any {
-                // Under `Always`, what the error names as landed is not
-                // appended again: it is made durable first, as a batch
-                // that returns `Ok` is. A sync failing here poisons its
-                // partition (reported by every later sync), as it would
-                // fail a successful batch.
-                if self.inner.sync_always {
-                    let _ = self.inner.core.sync_covering(&[]);
-                }
-                Error::PartialBatch {
-                    landed,
-                    source: Box::new(e),
-                }
+                self.partial_batch(landed, e, true)
             } else {
                 e
             }
@@ -630,8 +623,31 @@ impl Topic {
             .map(|l| l.expect("every record landed when nothing is pending"))
             .collect();
         let touched: Vec<&Partition> = touched.iter().map(|p| &**p).collect();
-        self.after_append(&touched)?;
+        if let Err(e) = self.after_append(&touched) {
+            // Every record was written, and some may be durable (the sync
+            // that failed poisoned only some of the partitions): appended
+            // again, they would be there twice.
+            return Err(self.partial_batch(landed, e, false));
+        }
         Ok(out)
+    }
+
+    /// The error of a batch that wrote the records `landed` names (some)
+    /// and then met `e`: [`Error::PartialBatch`], whose landed records the
+    /// caller does not append again. Under `SyncPolicy::Always` they are
+    /// synced first (unless `sync` is false: the batch's own sync round
+    /// failed), as a successful batch's are; a sync that fails poisons its
+    /// partition (every later sync reports it), whose records stay named:
+    /// they were written, and the partition refuses appends until the log
+    /// is reopened.
+    fn partial_batch(&self, landed: Vec<Option<Appended>>, e: Error, sync: bool) -> Error {
+        if sync && self.inner.sync_always {
+            let _ = self.inner.core.sync_covering(&[]);
+        }
+        Error::PartialBatch {
+            landed,
+            source: Box::new(e),
+        }
     }
 
     /// Appends records to one partition, bypassing routing.

@@ -639,8 +639,9 @@ fn a_partial_batch_under_sync_always_names_records_it_did_not_sync() {
 /// whose sync failed for one partition (poisoned) returned that partition's
 /// error alone, as if nothing had landed, though the other partition's
 /// records were durable: the caller, appending the batch again as the
-/// error says, wrote them twice. The error must name the records that are
-/// durable, so that the caller appends only the others.
+/// error says, wrote them twice. The error must name what was written,
+/// with the sync's error saying which partition's records may not be
+/// durable.
 ///
 /// Reproduction: two partitions `lo` < `hi` under `Always`, strict keys
 /// `a` (in `lo`) and `b` (in `hi`); `hi`'s segment fdatasync failing;
@@ -685,13 +686,18 @@ fn a_batch_whose_sync_fails_in_one_partition_names_what_is_durable() {
     ];
     let r = topic.append_batch(&batch);
     model.set_fault(None);
-    let landed = match r {
-        Err(Error::PartialBatch { landed, .. }) => landed,
+    let (landed, source) = match r {
+        Err(Error::PartialBatch { landed, source }) => (landed, source),
         other => panic!("the error names nothing as landed: {other:?}"),
     };
+    // Both were written; the error says whose sync failed.
     let at = landed[0].expect("the record synced in `lo` is named");
-    assert!(landed[1].is_none(), "{landed:?}");
     assert_eq!(at.partition, lo);
+    assert_eq!(landed[1].map(|a| a.partition), Some(hi));
+    assert!(
+        matches!(*source, Error::Poisoned { partition, .. } if partition == hi),
+        "{source:?}"
+    );
     // Named as landed: durable.
     let (img, _) = model.crash_image(3, &CrashOptions::default());
     let lost = tempfile::tempdir().unwrap();

@@ -709,3 +709,71 @@ fn a_batch_whose_sync_fails_in_one_partition_names_what_is_durable() {
         Some(&vec![(at.partition, at.offset)])
     );
 }
+
+/// A batch refused as bad input writes nothing and changes nothing
+/// (docs/ARCHITECTURE.md, "Appending a batch across partitions"). Routing
+/// a windowed key's records raised the key's newest timestamp before the
+/// checks, so a refused batch holding a far-future timestamp moved every
+/// later record of the key to that time: the next record, appended at
+/// `T0`, was stored (and windowed) at the refused record's timestamp.
+///
+/// Reproduction: `HOT` windowed over 2 lanes; `append_batch([HOT at
+/// T0 + 1 day, a record over max_record_bytes])` is refused
+/// (`RecordTooLarge`); `append_batch([HOT at T0])` stored it at T0 + 1 day.
+/// A spread key's record in the refused batch likewise moved its next
+/// record to its second lane.
+#[test]
+fn a_refused_batch_leaves_a_windowed_keys_timestamps_alone() {
+    const HOT: &[u8] = b"the-hot-key";
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let topic = log.create_topic("t", config(2, true, true)).unwrap();
+    topic.set_hot_key_mode_lanes(HOT, W100, 2).unwrap();
+    topic
+        .set_hot_key_mode_lanes(P, HotKeyMode::Spread, 2)
+        .unwrap();
+    let big = vec![0u8; topic.config().max_record_bytes as usize + 1];
+    let day = 86_400_000;
+    let r = topic.append_batch(&[
+        NewRecord {
+            key: Some(HOT),
+            value: b"far",
+            timestamp: Some(T0 + day),
+        },
+        NewRecord {
+            key: Some(P),
+            value: b"p0",
+            timestamp: None,
+        },
+        NewRecord {
+            key: None,
+            value: &big,
+            timestamp: None,
+        },
+    ]);
+    assert!(matches!(r, Err(Error::RecordTooLarge { .. })), "{r:?}");
+    assert!(positions(&topic).is_empty(), "nothing written");
+    topic
+        .append_batch(&[NewRecord {
+            key: Some(HOT),
+            value: b"near",
+            timestamp: Some(T0),
+        }])
+        .unwrap();
+    let got = topic.read_key(HOT).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].timestamp, T0, "{:?}", got[0]);
+    assert_eq!(got[0].window, Some(T0 / 100));
+    // Nor does it move a spread key's round-robin: its first record goes
+    // to its first lane.
+    topic
+        .append_batch(&[NewRecord {
+            key: Some(P),
+            value: b"p1",
+            timestamp: None,
+        }])
+        .unwrap();
+    let got = topic.read_key(P).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].lane, 0, "{:?}", got[0]);
+}

@@ -480,6 +480,13 @@ impl Topic {
         } else {
             records.len()
         };
+        // What routing changes in the keys' runs, put back if the batch is
+        // refused before anything is written (bad input changes nothing).
+        // Empty (no allocation) when no key of the batch has a mode.
+        let routed_from: Vec<(Option<i64>, u64)> = hot_guards
+            .values()
+            .map(|r| (r.high_ms, r.next_lane))
+            .collect();
         for i in 0..n_hot_scan {
             if let Some(run) = hashes[i].and_then(|h| hot_guards.get_mut(&h)) {
                 if run.windowed() {
@@ -549,7 +556,13 @@ impl Topic {
             if attempts == 0 {
                 // Nothing is written until every group passed its checks.
                 for (_, (part, _), recs) in &batches {
-                    part.check_batch(recs)?;
+                    if let Err(e) = part.check_batch(recs) {
+                        for (run, &(high, next)) in hot_guards.values_mut().zip(&routed_from) {
+                            run.high_ms = high;
+                            run.next_lane = next;
+                        }
+                        return Err(e);
+                    }
                 }
                 for (n, (_, (_, idxs), _)) in batches.iter().enumerate() {
                     for &i in idxs {

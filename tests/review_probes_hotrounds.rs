@@ -777,3 +777,93 @@ fn a_refused_batch_leaves_a_windowed_keys_timestamps_alone() {
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].lane, 0, "{:?}", got[0]);
 }
+
+/// A closed log, and a log poisoned by a failed mode change, refuse a
+/// batch of windowed, strict and keyless records before writing any of it
+/// (no `PartialBatch`), and the refusal moves no key's newest timestamp.
+#[test]
+fn a_closed_or_poisoned_log_refuses_a_windowed_batch_before_writing() {
+    for poisoned in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let model = ModelHook::new(dir.path(), None);
+        let log = Log::open_with_hook(dir.path(), opts(), model.clone()).unwrap();
+        let topic = log.create_topic("t", config(3, true, true)).unwrap();
+        topic.set_hot_key_mode_lanes(X, W100, 2).unwrap();
+        topic.set_hot_key_mode_lanes(Z, W100, 3).unwrap();
+        let ts = |w: i64| Some((T0 / 100 + w) * 100);
+        let batch = [
+            NewRecord {
+                key: Some(X),
+                value: b"x0",
+                timestamp: ts(0),
+            },
+            NewRecord {
+                key: Some(S),
+                value: b"s0",
+                timestamp: None,
+            },
+            NewRecord {
+                key: Some(Z),
+                value: b"z0",
+                timestamp: ts(1),
+            },
+            NewRecord {
+                key: None,
+                value: b"n0",
+                timestamp: None,
+            },
+            NewRecord {
+                key: Some(X),
+                value: b"x1",
+                timestamp: ts(1000),
+            },
+            NewRecord {
+                key: Some(Z),
+                value: b"z1",
+                timestamp: ts(2),
+            },
+        ];
+        let r = if poisoned {
+            model.set_fault(Some(Box::new(|op, _| {
+                if op == IoOp::SyncManifest {
+                    return Err(io::Error::other("injected: EIO"));
+                }
+                Ok(())
+            })));
+            assert!(topic.set_hot_key_mode_lanes(Y, W100, 2).is_err());
+            model.set_fault(None);
+            let r = topic.append_batch(&batch);
+            assert!(matches!(r, Err(Error::LogPoisoned { .. })), "{r:?}");
+            r
+        } else {
+            let t = topic.clone();
+            log.close().unwrap();
+            let r = t.append_batch(&batch);
+            assert!(matches!(r, Err(Error::Closed)), "{r:?}");
+            return_check(dir.path());
+            continue;
+        };
+        drop(r);
+        assert!(positions(&topic).is_empty(), "nothing written");
+        drop(topic);
+        drop(log);
+        return_check(dir.path());
+    }
+
+    /// Reopened: nothing of the batch, and X's next record keeps its own
+    /// timestamp (the refusal moved no window).
+    fn return_check(dir: &Path) {
+        let log = Log::open(dir, opts()).unwrap();
+        let topic = log.topic("t").unwrap();
+        assert!(positions(&topic).is_empty(), "nothing written");
+        let ts = Some((T0 / 100 + 1) * 100);
+        topic
+            .append_batch(&[NewRecord {
+                key: Some(X),
+                value: b"x",
+                timestamp: ts,
+            }])
+            .unwrap();
+        assert_eq!(topic.read_key(X).unwrap()[0].timestamp, ts.unwrap());
+    }
+}

@@ -856,14 +856,129 @@ fn a_closed_or_poisoned_log_refuses_a_windowed_batch_before_writing() {
         let log = Log::open(dir, opts()).unwrap();
         let topic = log.topic("t").unwrap();
         assert!(positions(&topic).is_empty(), "nothing written");
-        let ts = Some((T0 / 100 + 1) * 100);
+        let ts = (T0 / 100 + 1) * 100;
         topic
             .append_batch(&[NewRecord {
                 key: Some(X),
                 value: b"x",
-                timestamp: ts,
+                timestamp: Some(ts),
             }])
             .unwrap();
-        assert_eq!(topic.read_key(X).unwrap()[0].timestamp, ts.unwrap());
+        assert_eq!(topic.read_key(X).unwrap()[0].timestamp, ts);
     }
+}
+
+fn rec<'a>(key: Option<&'a [u8]>, value: &'a [u8], timestamp: Option<i64>) -> NewRecord<'a> {
+    NewRecord {
+        key,
+        value,
+        timestamp,
+    }
+}
+
+/// How many on-disk batches hold the records at `[from, to)` of
+/// `partition` (a read of one byte returns one whole batch).
+fn batches_in(topic: &Topic, partition: u32, from: u64, to: u64) -> usize {
+    let mut n = 0;
+    let mut off = from;
+    while off < to {
+        off = topic.read(partition, off, 1).unwrap().next_offset();
+        n += 1;
+    }
+    n
+}
+
+/// A batch with no windowed key is written as before the rounds: one
+/// on-disk batch per partition, whatever its mix of strict, spread and
+/// keyless records; so is a windowed key's batch that stays in one window.
+/// A windowed key's batch that comes back to a lane's partition after
+/// another lane takes one batch there per visit (rounds 0 and 2), and its
+/// records read back in order.
+#[test]
+fn rounds_split_a_partitions_records_only_for_a_windowed_key_that_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let topic = log.create_topic("t", config(2, true, true)).unwrap();
+    let mut ids = topic.active_partitions();
+    ids.sort_unstable();
+    let (lo, hi) = (ids[0], ids[1]);
+    topic
+        .set_hot_key_mode_lanes(P, HotKeyMode::Spread, 2)
+        .unwrap();
+    topic.set_hot_key_mode_lanes(X, W100, 2).unwrap();
+    let era = topic.key_lanes(X).eras.pop().unwrap();
+    let lane_part: Vec<u32> = era
+        .lanes
+        .iter()
+        .map(|l| l.chain.last().unwrap().partition)
+        .collect();
+    assert_ne!(lane_part[0], lane_part[1], "one lane per partition");
+    let w0 = T0 / 100;
+    let part_of = |w: i64| lane_part[era.lane_of_window(w).unwrap()];
+    let (a, b) = (key_in(&topic, lo, "a"), key_in(&topic, hi, "b"));
+    let ends = |t: &Topic| -> Vec<u64> {
+        [lo, hi]
+            .iter()
+            .map(|&p| t.partition(p).unwrap().end_offset())
+            .collect()
+    };
+    let (a, b): (&[u8], &[u8]) = (&a, &b);
+    // No windowed key; then X within one window: one batch per partition.
+    let one_window = Some(w0 * 100 + 5);
+    for batch in [
+        vec![
+            rec(Some(a), b"a0", None),
+            rec(Some(P), b"p0", None),
+            rec(Some(b), b"b0", None),
+            rec(None, b"n0", None),
+            rec(Some(a), b"a1", None),
+            rec(Some(P), b"p1", None),
+            rec(Some(b), b"b1", None),
+        ],
+        vec![
+            rec(Some(X), b"x0", one_window),
+            rec(Some(a), b"a2", None),
+            rec(Some(b), b"b2", None),
+            rec(Some(X), b"x1", one_window),
+            rec(Some(P), b"p2", None),
+            rec(Some(X), b"x2", one_window),
+        ],
+    ] {
+        let before = ends(&topic);
+        topic.append_batch(&batch).unwrap();
+        let after = ends(&topic);
+        for (i, &p) in [lo, hi].iter().enumerate() {
+            assert_eq!(batches_in(&topic, p, before[i], after[i]), 1, "{p}");
+        }
+    }
+    // X in windows w, w + 1, w + 2: lanes p, q, p; with a strict key in p.
+    let w = w0 + 1;
+    let (p, q) = (part_of(w), part_of(w + 1));
+    assert_eq!(part_of(w + 2), p);
+    let s: &[u8] = if p == lo { a } else { b };
+    let before = ends(&topic);
+    topic
+        .append_batch(&[
+            rec(Some(X), b"x3", Some(w * 100)),
+            rec(Some(s), b"s3", None),
+            rec(Some(X), b"x4", Some((w + 1) * 100)),
+            rec(Some(X), b"x5", Some((w + 2) * 100)),
+            rec(Some(s), b"s4", None),
+        ])
+        .unwrap();
+    let after = ends(&topic);
+    let at = |id: u32| [lo, hi].iter().position(|&x| x == id).unwrap();
+    assert_eq!(batches_in(&topic, p, before[at(p)], after[at(p)]), 2);
+    assert_eq!(batches_in(&topic, q, before[at(q)], after[at(q)]), 1);
+    let xs: Vec<Vec<u8>> = topic
+        .read_key(X)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.value)
+        .collect();
+    let want: Vec<Vec<u8>> = ["x0", "x1", "x2", "x3", "x4", "x5"]
+        .iter()
+        .map(|v| v.as_bytes().to_vec())
+        .collect();
+    assert_eq!(xs, want);
 }

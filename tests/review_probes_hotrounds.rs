@@ -2,7 +2,7 @@
 //! (docs/HOT_KEYS.md, "Batches of a windowed key"): generated batches mixing
 //! windowed keys (conflicting lane orders, a key coming back to a lane),
 //! strict, spread and keyless records, with a segment creation failing in
-//! one partition, a hot-key mode change (the fence) or a split landing
+//! one partition, a hot-key mode change (the fence), a split or a merge landing
 //! during another partition's roll, under `SyncPolicy::Never` and `Always`.
 //! Each case checks that the error names exactly what landed, that a
 //! windowed key's landed records are its first ones and a strict key's are
@@ -156,6 +156,8 @@ enum Disturb {
     Fence,
     /// A split of this partition.
     Split(u32),
+    /// A merge of these two partitions.
+    Merge(u32, u32),
     /// A strict key of the batch gets a mode over one lane (windowed, or
     /// spread): its records not yet written are refused (`Refused`, or
     /// `PartialBatch`), and appended again under the new mode.
@@ -290,10 +292,20 @@ fn check_topic(topic: &Topic, batch: &[NewRecord<'_>], all: bool, case: &str) {
     }
 }
 
-/// One generated case; returns how many records of the batch landed
-/// before the retry, whether the batch failed and whether it was refused
-/// for a mode change.
-fn run_case(seed: u64) -> (usize, bool, bool) {
+/// What one generated case saw.
+struct Seen {
+    /// Records of the batch that landed before the retry.
+    landed: usize,
+    /// The batch failed.
+    failed: bool,
+    /// It was refused for a mode change.
+    refused: bool,
+    /// Some of it landed in a partition made during the batch.
+    rerouted: bool,
+}
+
+/// One generated case.
+fn run_case(seed: u64) -> Seen {
     let mut rng = SplitMix64::new(seed);
     let always = rng.below(3) == 0;
     let dir = tempfile::tempdir().unwrap();
@@ -356,6 +368,9 @@ fn run_case(seed: u64) -> (usize, bool, bool) {
                 let b = others[rng.below(2) as usize];
                 let d = if k == 2 {
                     Disturb::Fence
+                } else if a != ids[1] && rng.coin() {
+                    // The other two are adjacent.
+                    Disturb::Merge(others[0], others[1])
                 } else {
                     Disturb::Split(b)
                 };
@@ -405,6 +420,12 @@ fn run_case(seed: u64) -> (usize, bool, bool) {
                         Ok(())
                     });
                 }
+                Disturb::Merge(b, c) => {
+                    hook.at(a, move || {
+                        t.merge(b, c).unwrap();
+                        Ok(())
+                    });
+                }
                 Disturb::ModeOf(key, windowed) => {
                     let mode = if windowed { W100 } else { HotKeyMode::Spread };
                     hook.at(a, move || {
@@ -440,6 +461,9 @@ fn run_case(seed: u64) -> (usize, bool, bool) {
         );
     }
     let batch_failed = landed.iter().any(Option::is_none);
+    // Re-routed to a partition made during the batch (a split's or a
+    // merge's child).
+    let rerouted = landed.iter().flatten().any(|a| !ids.contains(&a.partition));
     assert_eq!(landed.len(), batch.len(), "{case}");
     // Exactly what is named landed is in the topic, where named; under
     // `Always` also after a power loss right now.
@@ -514,29 +538,33 @@ fn run_case(seed: u64) -> (usize, bool, bool) {
     let log = Log::open(dir.path(), opts()).unwrap();
     let topic = log.topic("t").unwrap();
     check_topic(&topic, &batch, true, &format!("{case}, reopened"));
-    (n_landed, batch_failed, refused)
+    Seen {
+        landed: n_landed,
+        failed: batch_failed,
+        refused,
+        rerouted,
+    }
 }
 
 /// Generated batches against every kind of disturbance: see the module
 /// docs. Some cases must land part of the batch, so the probe can fail.
 #[test]
 fn generated_batches_with_failures_splits_and_fence_moves_keep_every_key_in_order() {
-    let mut partial = 0;
-    let mut failed = 0;
-    let mut refused = 0;
+    let (mut partial, mut failed, mut refused, mut rerouted) = (0, 0, 0, 0);
     for seed in 0..48 {
-        let (landed, f, r) = run_case(seed);
-        refused += usize::from(r);
-        if f {
+        let seen = run_case(seed);
+        refused += usize::from(seen.refused);
+        rerouted += usize::from(seen.rerouted);
+        if seen.failed {
             failed += 1;
-            if landed > 0 {
+            if seen.landed > 0 {
                 partial += 1;
             }
         }
     }
     assert!(
-        failed >= 10 && partial >= 5 && refused >= 1,
-        "{failed} failed, {partial} partial, {refused} refused"
+        failed >= 10 && partial >= 5 && refused >= 1 && rerouted >= 3,
+        "{failed} failed, {partial} partial, {refused} refused, {rerouted} re-routed"
     );
 }
 

@@ -570,8 +570,8 @@ fn generated_batches_with_failures_splits_and_fence_moves_keep_every_key_in_orde
 
 /// Two partitions `lo` < `hi` of 4 KiB segments under `sync`, `hi` full
 /// (its next batch rolls) and its segment creation failing once; a batch
-/// of a strict key of each. `lo`'s group lands, `hi`'s fails: returns the
-/// topic, the crash model, the batch's two values and the error.
+/// of a strict key of each (values `va`, `vb`): `lo`'s group lands, `hi`'s
+/// fails. Returns the log (open), its hook and what the error names.
 fn half_landed_batch(
     sync: SyncPolicy,
 ) -> (
@@ -676,7 +676,7 @@ fn a_partial_batch_under_sync_always_names_records_it_did_not_sync() {
 /// `append_batch([a, b])` returned `Poisoned` (`hi`), with `a` durable in
 /// `lo`.
 #[test]
-fn a_batch_whose_sync_fails_in_one_partition_names_what_is_durable() {
+fn a_batch_whose_sync_fails_in_one_partition_names_what_was_written() {
     let dir = tempfile::tempdir().unwrap();
     let model = ModelHook::new(dir.path(), None);
     let log = Log::open_with_hook(dir.path(), opts(), model.clone()).unwrap();

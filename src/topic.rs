@@ -415,10 +415,11 @@ impl Topic {
     /// records that landed: retry only the others. Under
     /// `SyncPolicy::Always` they are synced before the error returns, as a
     /// successful batch's records are. A batch whose every record was
-    /// written but whose sync failed returns `PartialBatch` too, naming
-    /// every record (the sync's error, e.g. [`Error::Poisoned`], says which
-    /// partition's records may not be durable): appended again, the records
-    /// of the partitions that did sync would be there twice.
+    /// written but whose sync failed in some of its partitions (poisoned)
+    /// and not in others returns `PartialBatch` too, naming every record
+    /// (its source, [`Error::Poisoned`], names the partition whose records
+    /// may not be durable): appended again, the records of the partitions
+    /// that did sync would be there twice.
     ///
     /// A key in `Windowed` mode whose records of the batch go to several
     /// lanes' partitions has them written lane after lane in input order
@@ -637,9 +638,17 @@ impl Topic {
             .collect();
         let touched: Vec<&Partition> = touched.iter().map(|p| &**p).collect();
         if let Err(e) = self.after_append(&touched) {
-            // Every record was written, and some may be durable (the sync
-            // that failed poisoned only some of the partitions): appended
-            // again, they would be there twice.
+            // Every record was written. When the failed sync poisoned only
+            // some of the partitions, the others' records are durable:
+            // appended again, they would be there twice. Otherwise the
+            // error alone, as for a single append.
+            let durable_somewhere = out.iter().any(|a| {
+                self.partition(a.partition)
+                    .is_ok_and(|p| p.check_not_poisoned().is_ok())
+            });
+            if !durable_somewhere || !matches!(e, Error::Poisoned { .. }) {
+                return Err(e);
+            }
             return Err(self.partial_batch(landed, e, false));
         }
         Ok(out)

@@ -778,6 +778,21 @@ fn a_batch_whose_sync_fails_in_one_partition_names_what_was_written() {
         found.get(&b"va"[..]),
         Some(&vec![(at.partition, at.offset)])
     );
+    // A batch all in one partition whose sync fails has nothing durable:
+    // the sync's error alone, as for a single append.
+    let p = format!("/p{lo}/");
+    model.set_fault(Some(Box::new(move |op, path| {
+        if op == IoOp::SyncSegment && path.to_string_lossy().contains(&p) {
+            return Err(io::Error::other("injected: EIO"));
+        }
+        Ok(())
+    })));
+    let r = topic.append_batch(&batch[..1]);
+    model.set_fault(None);
+    assert!(
+        matches!(r, Err(Error::Poisoned { partition, .. }) if partition == lo),
+        "{r:?}"
+    );
 }
 
 /// A batch refused as bad input writes nothing and changes nothing

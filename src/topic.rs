@@ -412,7 +412,14 @@ impl Topic {
     /// are then written as one batch, whole or not at all. An I/O error (or
     /// a closed or poisoned partition) met after some partitions' batches
     /// were written returns [`Error::PartialBatch`], which names exactly the
-    /// records that landed: retry only the others.
+    /// records that landed: retry only the others. Under
+    /// `SyncPolicy::Always` they are synced before the error returns, as a
+    /// successful batch's records are. A batch whose every record was
+    /// written but whose sync failed in some of its partitions (poisoned)
+    /// and not in others returns `PartialBatch` too, naming every record
+    /// (its source, [`Error::Poisoned`], names the partition whose records
+    /// may not be durable): appended again, the records of the partitions
+    /// that did sync would be there twice.
     ///
     /// A key in `Windowed` mode whose records of the batch go to several
     /// lanes' partitions has them written lane after lane in input order
@@ -474,6 +481,13 @@ impl Topic {
         } else {
             records.len()
         };
+        // What routing changes in the keys' runs, put back if the batch is
+        // refused before anything is written (bad input changes nothing).
+        // Empty (no allocation) when no key of the batch has a mode.
+        let routed_from: Vec<(Option<i64>, u64)> = hot_guards
+            .values()
+            .map(|r| (r.high_ms, r.next_lane))
+            .collect();
         for i in 0..n_hot_scan {
             if let Some(run) = hashes[i].and_then(|h| hot_guards.get_mut(&h)) {
                 if run.windowed() {
@@ -499,10 +513,7 @@ impl Topic {
         let mut wrote_any = false;
         let partial = |landed: Vec<Option<Appended>>, wrote_any: bool, e: Error| {
             if wrote_any {
-                Error::PartialBatch {
-                    landed,
-                    source: Box::new(e),
-                }
+                self.partial_batch(landed, e, true)
             } else {
                 e
             }
@@ -546,7 +557,13 @@ impl Topic {
             if attempts == 0 {
                 // Nothing is written until every group passed its checks.
                 for (_, (part, _), recs) in &batches {
-                    part.check_batch(recs)?;
+                    if let Err(e) = part.check_batch(recs) {
+                        for (run, &(high, next)) in hot_guards.values_mut().zip(&routed_from) {
+                            run.high_ms = high;
+                            run.next_lane = next;
+                        }
+                        return Err(e);
+                    }
                 }
                 for (n, (_, (_, idxs), _)) in batches.iter().enumerate() {
                     for &i in idxs {
@@ -620,8 +637,39 @@ impl Topic {
             .map(|l| l.expect("every record landed when nothing is pending"))
             .collect();
         let touched: Vec<&Partition> = touched.iter().map(|p| &**p).collect();
-        self.after_append(&touched)?;
+        if let Err(e) = self.after_append(&touched) {
+            // Every record was written. When the failed sync poisoned only
+            // some of the partitions, the others' records are durable:
+            // appended again, they would be there twice. Otherwise the
+            // error alone, as for a single append.
+            let durable_somewhere = out.iter().any(|a| {
+                self.partition(a.partition)
+                    .is_ok_and(|p| p.check_not_poisoned().is_ok())
+            });
+            if !durable_somewhere || !matches!(e, Error::Poisoned { .. }) {
+                return Err(e);
+            }
+            return Err(self.partial_batch(landed, e, false));
+        }
         Ok(out)
+    }
+
+    /// The error of a batch that wrote the records `landed` names (some)
+    /// and then met `e`: [`Error::PartialBatch`], whose landed records the
+    /// caller does not append again. Under `SyncPolicy::Always` they are
+    /// synced first (unless `sync` is false: the batch's own sync round
+    /// failed), as a successful batch's are; a sync that fails poisons its
+    /// partition (every later sync reports it), whose records stay named:
+    /// they were written, and the partition refuses appends until the log
+    /// is reopened.
+    fn partial_batch(&self, landed: Vec<Option<Appended>>, e: Error, sync: bool) -> Error {
+        if sync && self.inner.sync_always {
+            let _ = self.inner.core.sync_covering(&[]);
+        }
+        Error::PartialBatch {
+            landed,
+            source: Box::new(e),
+        }
     }
 
     /// Appends records to one partition, bypassing routing.

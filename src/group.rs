@@ -403,6 +403,29 @@ impl Committed {
     }
 }
 
+/// Whether `listed` holds a descendant of `id` (through partitions in the
+/// topology and removed ones alike): the group has passed `id`.
+fn lists_descendant(lineage: &Lineage, listed: &BTreeSet<u32>, id: u32) -> bool {
+    let mut seen = BTreeSet::from([id]);
+    let mut stack = vec![id];
+    while let Some(x) = stack.pop() {
+        let live = lineage.children_naming(x);
+        let removed = lineage
+            .removed_children
+            .get(&x)
+            .map_or(&[][..], Vec::as_slice);
+        for &c in live.iter().chain(removed) {
+            if listed.contains(&c) {
+                return true;
+            }
+            if seen.insert(c) {
+                stack.push(c);
+            }
+        }
+    }
+    false
+}
+
 /// The unread rest of a partition retention removed under a committed
 /// position of the group (with the removed partitions below it). Reported
 /// through [`Member::retained`] to the owner of the first ready partition
@@ -763,16 +786,20 @@ impl GroupShared {
             let c = &mut st.committed;
             translate_tails(&lineage, &mut c.positions, &mut c.last_records);
             // A partition removed since that the group neither listed nor
-            // passed is at its first offset, as the manifest's
-            // `RemovePartition` records it.
-            let passed = c.all_drained(&before);
-            for &id in before.nodes.keys() {
-                if !lineage.contains(id)
-                    && lineage.removed.contains_key(&id)
-                    && !c.positions.contains_key(&id)
-                    && !c.drained.contains(&id)
-                    && !passed.contains(&id)
-                {
+            // passed (listed a descendant of) is at its first offset, as
+            // the manifest's `RemovePartition` records it. Also one this
+            // coordinator never saw (created and removed since its last
+            // look): the manifest gave it a position all the same.
+            let listed: BTreeSet<u32> = c.positions.keys().chain(&c.drained).copied().collect();
+            let mut fresh: Vec<u32> = lineage
+                .removed
+                .keys()
+                .filter(|&&id| !lineage.contains(id) && !before.removed.contains_key(&id))
+                .copied()
+                .collect();
+            fresh.sort_unstable();
+            for id in fresh {
+                if !listed.contains(&id) && !lists_descendant(&lineage, &listed, id) {
                     c.positions.insert(id, 0);
                 }
             }

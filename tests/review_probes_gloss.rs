@@ -78,7 +78,6 @@ fn reader_lost(topic: &Topic, group: &fissionlog::Group) -> (usize, Vec<(u32, u6
 /// of 1) and commits: that settles both for good, in the manifest too, so
 /// a reopen tells nobody again and the committed cut names neither.
 #[test]
-#[ignore = "open: the coordinator keeps no position in a partition removed unseen, the manifest does: reported again after a reopen"]
 fn a_settled_loss_spanning_two_removed_generations_stays_settled_after_a_reopen() {
     let root = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(1_000_000_000));

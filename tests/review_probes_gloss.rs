@@ -604,7 +604,6 @@ fn fds_under(dir: &std::path::Path) -> usize {
 /// coordinator must not keep the closed log's topic (and its partitions'
 /// files) alive.
 #[test]
-#[ignore = "open: a group's coordinator and its topic hold each other: a closed log's files stay open"]
 fn a_closed_log_with_a_group_keeps_no_file_open() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().canonicalize().unwrap();

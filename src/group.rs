@@ -1945,9 +1945,9 @@ impl Member {
     }
 
     /// Takes the group's losses this member is to be told of into
-    /// `retained` (under the group lock): each range once per tenure of
-    /// the heir it comes with, none this member reported from its own
-    /// reading state.
+    /// `retained` (under the group lock): each range once per member
+    /// (a later tenure of the heir with the same member tells nothing
+    /// new), none this member reported from its own reading state.
     fn take_losses(&mut self, st: &mut GroupState) {
         let held: BTreeSet<u64> = self.tenure.values().copied().collect();
         let mine: Vec<(u32, (u64, u64))> = st
@@ -1959,8 +1959,13 @@ impl Member {
         for (p, holder) in mine {
             let loss = st.losses.get_mut(&p).expect("listed");
             if loss.handed != Some(holder) {
+                // A new tenure of this same member (what continues the
+                // loss merged or moved back to it): its `retained` holds
+                // the ranges already, they are not told again.
+                if loss.handed.map(|(m, _)| m) != Some(holder.0) {
+                    loss.handed_ranges.clear();
+                }
                 loss.handed = Some(holder);
-                loss.handed_ranges.clear();
             }
             for r in &loss.ranges {
                 if loss.handed_ranges.contains(r) {

@@ -1096,7 +1096,6 @@ fn a_refused_commit_naming_the_removed_partition_settles_nothing() {
 /// It holds what continues 0 all along and was told already: it must not
 /// be told again.
 #[test]
-#[ignore = "open: a new tenure of the member told of a loss is told again"]
 fn a_member_is_not_told_twice_when_what_continues_the_loss_merges() {
     let root = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(1_000_000_000));

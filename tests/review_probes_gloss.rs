@@ -301,7 +301,12 @@ mod model {
             let live = &mut self.members[i];
             let r = live.member.retained();
             for g in &r[live.seen_retained..] {
-                self.reported.push((g.partition, g.start, g.end));
+                let range = (g.partition, g.start, g.end);
+                let told_before = r[..live.seen_retained]
+                    .iter()
+                    .any(|x| (x.partition, x.start, x.end) == range);
+                assert!(!told_before, "{range:?} reported twice to one member");
+                self.reported.push(range);
             }
             live.seen_retained = r.len();
         }
@@ -1121,6 +1126,90 @@ fn a_member_is_not_told_twice_when_what_continues_the_loss_merges() {
     assert_eq!(lost(&b), vec![(0, 10, 40)], "told once");
     b.commit().unwrap();
     assert_eq!(group.committed().positions.get(&0), None);
+    drop((b, group, topic));
+    log.close().unwrap();
+}
+
+/// Partition 0 holds 40 old records; the group committed 10. A tail split
+/// from offset 20 moves 20..40 into the children (where they are read);
+/// retention then removes 0. What the group lost is 0's records 10..20
+/// only: the moved ones are delivered from the children, and a report up
+/// to 0's physical seal would count them lost too.
+#[test]
+fn a_tail_split_parent_removed_under_a_committed_position_reports_to_its_logical_end() {
+    use fissionlog::TailSplitOptions;
+    let root = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(root.path(), &clock);
+    let topic = log.create_topic("t", config()).unwrap();
+    fill(&topic, 0, 40, true);
+    log.sync().unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    assert_eq!(a.poll(10).unwrap().len(), 10);
+    a.commit().unwrap();
+    a.leave().unwrap();
+    let out = topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(20))
+        .unwrap();
+    assert_eq!(out.from, 20);
+    assert_eq!(out.moved.iter().sum::<u64>(), 20);
+    for &c in &out.children {
+        fill(&topic, c, 5, false);
+    }
+    log.sync().unwrap();
+    assert!(log.enforce_retention().unwrap() > 0);
+    assert!(topic.partition(0).is_err(), "0 removed");
+    let (n, from_cut) = reader_lost(&topic, &group);
+    let mut b = group.join(member_opts()).unwrap();
+    let got = drain(&mut b);
+    assert_eq!(got.len(), 30, "moved and fresh records of the children");
+    assert_eq!(lost(&b), vec![(0, 10, 20)], "the member");
+    assert_eq!(
+        (n, from_cut),
+        (30, vec![(0, 10, 20)]),
+        "a reader from the cut"
+    );
+    b.commit().unwrap();
+    drop((b, group, topic));
+    log.close().unwrap();
+}
+
+/// As above with the group's position (30) past the tail split's start
+/// (20): the position continues in the children, so removing 0 loses
+/// nothing of the group's; nothing is reported and only the moved records
+/// past 30 (and fresh ones) are delivered.
+#[test]
+fn a_tail_split_parent_removed_below_a_translated_position_reports_nothing() {
+    use fissionlog::TailSplitOptions;
+    let root = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(root.path(), &clock);
+    let topic = log.create_topic("t", config()).unwrap();
+    fill(&topic, 0, 40, true);
+    log.sync().unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    assert_eq!(a.poll(30).unwrap().len(), 30);
+    a.commit().unwrap();
+    a.leave().unwrap();
+    let out = topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(20))
+        .unwrap();
+    assert_eq!(out.from, 20);
+    for &c in &out.children {
+        fill(&topic, c, 5, false);
+    }
+    log.sync().unwrap();
+    assert!(log.enforce_retention().unwrap() > 0);
+    assert!(topic.partition(0).is_err(), "0 removed");
+    let (n, from_cut) = reader_lost(&topic, &group);
+    let mut b = group.join(member_opts()).unwrap();
+    let got = drain(&mut b);
+    assert_eq!(got.len(), 20, "10 moved past 30 and 10 fresh");
+    assert!(lost(&b).is_empty(), "{:?}", lost(&b));
+    assert_eq!((n, from_cut), (20, vec![]), "a reader from the cut");
+    b.commit().unwrap();
     drop((b, group, topic));
     log.close().unwrap();
 }

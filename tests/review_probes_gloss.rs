@@ -1213,3 +1213,64 @@ fn a_tail_split_parent_removed_below_a_translated_position_reports_nothing() {
     drop((b, group, topic));
     log.close().unwrap();
 }
+
+/// Partitions 0 (old records) and 1 (fresh) merge into 2. Member `a`
+/// reads 15 records of 0 with 10 committed when retention removes 0: it
+/// reports the rest of 0 from its own position (15..40) and commits. The
+/// merge child is not ready yet (1 is not read to its end), so nobody was
+/// handed the group's loss. `a` leaves; `b` reads 1 to its end and gets
+/// the merge child. Everything of 0 past the committed position was
+/// delivered or reported by `a`, whose commit came after: `b` must not
+/// be told of 0 again.
+#[test]
+#[ignore = "open: a loss the reading member reported and committed past is told to the next owner of what continues it"]
+fn a_loss_reported_and_committed_by_the_reading_member_is_not_told_to_the_next() {
+    let root = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(root.path(), &clock);
+    let topic = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 2,
+                ..config()
+            },
+        )
+        .unwrap();
+    fill(&topic, 0, 40, true);
+    fill(&topic, 1, 100, false);
+    log.sync().unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut from0 = 0;
+    while from0 < 15 {
+        from0 += a
+            .poll(1)
+            .unwrap()
+            .iter()
+            .filter(|r| r.partition == 0)
+            .count();
+    }
+    a.commit_positions(&[(0, 10)]).unwrap();
+    let merged = topic.merge(0, 1).unwrap();
+    fill(&topic, merged, 5, false);
+    log.sync().unwrap();
+    assert!(log.enforce_retention().unwrap() > 0);
+    assert!(topic.partition(0).is_err(), "0 removed");
+    assert!(a.poll(1).unwrap().iter().all(|r| r.partition == 1));
+    assert_eq!(lost(&a), vec![(0, 15, 40)], "a reports the rest itself");
+    a.commit().unwrap();
+    a.leave().unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    let mut got = drain(&mut b);
+    b.commit().unwrap();
+    got.extend(drain(&mut b));
+    assert_eq!(got.iter().filter(|r| r.partition == merged).count(), 5);
+    assert!(
+        lost(&b).is_empty(),
+        "a reported 0 and committed after: {:?}",
+        lost(&b)
+    );
+    drop((b, group, topic));
+    log.close().unwrap();
+}

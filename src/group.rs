@@ -1988,18 +1988,22 @@ impl Member {
 
     /// The group's losses this member was told of in full, in tenures it
     /// still holds, and those with nothing to tell: a commit of the
-    /// member drops their positions.
+    /// member drops their positions. A range of a partition this member
+    /// was reading when retention removed it counts as told: the member
+    /// handed out what it read there since the committed position and
+    /// reported the rest from its own position.
     fn told_losses(&self, st: &GroupState) -> Vec<u32> {
         let held: BTreeSet<u64> = self.tenure.values().copied().collect();
         st.losses
             .iter()
             .filter(|(_, l)| {
-                l.ranges.is_empty()
-                    || l.handed.is_some_and(|(m, e)| {
-                        m == self.id
-                            && (e == 0 || held.contains(&e))
-                            && l.ranges.iter().all(|r| l.handed_ranges.contains(r))
-                    })
+                let handed_here = l
+                    .handed
+                    .is_some_and(|(m, e)| m == self.id && (e == 0 || held.contains(&e)));
+                l.ranges.iter().all(|r| {
+                    self.own_gone.contains(&r.partition)
+                        || (handed_here && l.handed_ranges.contains(r))
+                })
             })
             .map(|(&p, _)| p)
             .collect()

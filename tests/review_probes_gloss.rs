@@ -1223,7 +1223,6 @@ fn a_tail_split_parent_removed_below_a_translated_position_reports_nothing() {
 /// delivered or reported by `a`, whose commit came after: `b` must not
 /// be told of 0 again.
 #[test]
-#[ignore = "open: a loss the reading member reported and committed past is told to the next owner of what continues it"]
 fn a_loss_reported_and_committed_by_the_reading_member_is_not_told_to_the_next() {
     let root = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(1_000_000_000));

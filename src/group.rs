@@ -2269,7 +2269,9 @@ impl Member {
     }
 
     /// Commits the given next offsets (each at most what was handed out),
-    /// atomically. A partition must be one this member reads; a split child
+    /// atomically. A partition must be one this member reads (one
+    /// retention removed has nothing left to commit and is passed over);
+    /// a split child
     /// only together with (or after) its parent read to its seal, else the
     /// commit is refused ([`Error::InvalidConfig`]). A partition named twice
     /// commits the higher offset.
@@ -2294,6 +2296,12 @@ impl Member {
             let handed = match self.positions.get(&p) {
                 Some(&h) => h,
                 None if self.drained.contains(&p) => self.lineage.sealed_at(p).unwrap_or(0),
+                // Removed by retention (this member reported what it had
+                // not handed out there): nothing left to commit, as in
+                // `commit`.
+                None if !self.lineage.contains(p) && self.lineage.removed.contains_key(&p) => {
+                    continue
+                }
                 None => {
                     return Err(Error::NotAssigned {
                         group: self.shared.name.clone(),

@@ -1386,7 +1386,21 @@ fn a_log_reopens_after_retention_reclaims_a_tail_split_parent() {
     log.enforce_retention().unwrap();
     drop(topic);
     log.close().unwrap();
-    let log = fissionlog::Log::open(root.path(), common::groups::options(&clock))
-        .expect("a clean close opens again");
-    log.close().unwrap();
+    for _ in 0..2 {
+        let log = fissionlog::Log::open(root.path(), common::groups::options(&clock))
+            .expect("a clean close opens again");
+        let topic = log.topic("t").unwrap();
+        let mut r = topic.reader(StartAt::Earliest).unwrap();
+        let mut n = 0;
+        loop {
+            let got = r.poll(100).unwrap();
+            if got.is_empty() {
+                break;
+            }
+            n += got.len();
+        }
+        assert!(n >= 1, "the fresh record of 0");
+        drop((r, topic));
+        log.close().unwrap();
+    }
 }

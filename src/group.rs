@@ -403,6 +403,29 @@ impl Committed {
     }
 }
 
+/// Whether `listed` holds a descendant of `id` (through partitions in the
+/// topology and removed ones alike): the group has passed `id`.
+fn lists_descendant(lineage: &Lineage, listed: &BTreeSet<u32>, id: u32) -> bool {
+    let mut seen = BTreeSet::from([id]);
+    let mut stack = vec![id];
+    while let Some(x) = stack.pop() {
+        let live = lineage.children_naming(x);
+        let removed = lineage
+            .removed_children
+            .get(&x)
+            .map_or(&[][..], Vec::as_slice);
+        for &c in live.iter().chain(removed) {
+            if listed.contains(&c) {
+                return true;
+            }
+            if seen.insert(c) {
+                stack.push(c);
+            }
+        }
+    }
+    false
+}
+
 /// The unread rest of a partition retention removed under a committed
 /// position of the group (with the removed partitions below it). Reported
 /// through [`Member::retained`] to the owner of the first ready partition
@@ -763,16 +786,20 @@ impl GroupShared {
             let c = &mut st.committed;
             translate_tails(&lineage, &mut c.positions, &mut c.last_records);
             // A partition removed since that the group neither listed nor
-            // passed is at its first offset, as the manifest's
-            // `RemovePartition` records it.
-            let passed = c.all_drained(&before);
-            for &id in before.nodes.keys() {
-                if !lineage.contains(id)
-                    && lineage.removed.contains_key(&id)
-                    && !c.positions.contains_key(&id)
-                    && !c.drained.contains(&id)
-                    && !passed.contains(&id)
-                {
+            // passed (listed a descendant of) is at its first offset, as
+            // the manifest's `RemovePartition` records it. Also one this
+            // coordinator never saw (created and removed since its last
+            // look): the manifest gave it a position all the same.
+            let listed: BTreeSet<u32> = c.positions.keys().chain(&c.drained).copied().collect();
+            let mut fresh: Vec<u32> = lineage
+                .removed
+                .keys()
+                .filter(|&&id| !lineage.contains(id) && !before.removed.contains_key(&id))
+                .copied()
+                .collect();
+            fresh.sort_unstable();
+            for id in fresh {
+                if !listed.contains(&id) && !lists_descendant(&lineage, &listed, id) {
                     c.positions.insert(id, 0);
                 }
             }
@@ -1918,9 +1945,9 @@ impl Member {
     }
 
     /// Takes the group's losses this member is to be told of into
-    /// `retained` (under the group lock): each range once per tenure of
-    /// the heir it comes with, none this member reported from its own
-    /// reading state.
+    /// `retained` (under the group lock): each range once per member
+    /// (a later tenure of the heir with the same member tells nothing
+    /// new), none this member reported from its own reading state.
     fn take_losses(&mut self, st: &mut GroupState) {
         let held: BTreeSet<u64> = self.tenure.values().copied().collect();
         let mine: Vec<(u32, (u64, u64))> = st
@@ -1932,8 +1959,13 @@ impl Member {
         for (p, holder) in mine {
             let loss = st.losses.get_mut(&p).expect("listed");
             if loss.handed != Some(holder) {
+                // A new tenure of this same member (what continues the
+                // loss merged or moved back to it): its `retained` holds
+                // the ranges already, they are not told again.
+                if loss.handed.map(|(m, _)| m) != Some(holder.0) {
+                    loss.handed_ranges.clear();
+                }
                 loss.handed = Some(holder);
-                loss.handed_ranges.clear();
             }
             for r in &loss.ranges {
                 if loss.handed_ranges.contains(r) {
@@ -1956,18 +1988,22 @@ impl Member {
 
     /// The group's losses this member was told of in full, in tenures it
     /// still holds, and those with nothing to tell: a commit of the
-    /// member drops their positions.
+    /// member drops their positions. A range of a partition this member
+    /// was reading when retention removed it counts as told: the member
+    /// handed out what it read there since the committed position and
+    /// reported the rest from its own position.
     fn told_losses(&self, st: &GroupState) -> Vec<u32> {
         let held: BTreeSet<u64> = self.tenure.values().copied().collect();
         st.losses
             .iter()
             .filter(|(_, l)| {
-                l.ranges.is_empty()
-                    || l.handed.is_some_and(|(m, e)| {
-                        m == self.id
-                            && (e == 0 || held.contains(&e))
-                            && l.ranges.iter().all(|r| l.handed_ranges.contains(r))
-                    })
+                let handed_here = l
+                    .handed
+                    .is_some_and(|(m, e)| m == self.id && (e == 0 || held.contains(&e)));
+                l.ranges.iter().all(|r| {
+                    self.own_gone.contains(&r.partition)
+                        || (handed_here && l.handed_ranges.contains(r))
+                })
             })
             .map(|(&p, _)| p)
             .collect()
@@ -2233,7 +2269,9 @@ impl Member {
     }
 
     /// Commits the given next offsets (each at most what was handed out),
-    /// atomically. A partition must be one this member reads; a split child
+    /// atomically. A partition must be one this member reads (one
+    /// retention removed has nothing left to commit and is passed over);
+    /// a split child
     /// only together with (or after) its parent read to its seal, else the
     /// commit is refused ([`Error::InvalidConfig`]). A partition named twice
     /// commits the higher offset.
@@ -2258,6 +2296,12 @@ impl Member {
             let handed = match self.positions.get(&p) {
                 Some(&h) => h,
                 None if self.drained.contains(&p) => self.lineage.sealed_at(p).unwrap_or(0),
+                // Removed by retention (this member reported what it had
+                // not handed out there): nothing left to commit, as in
+                // `commit`.
+                None if !self.lineage.contains(p) && self.lineage.removed.contains_key(&p) => {
+                    continue
+                }
                 None => {
                     return Err(Error::NotAssigned {
                         group: self.shared.name.clone(),

@@ -724,7 +724,18 @@ fn reclaimed_checkpoint(
         .flatten()
         .filter_map(|e| parse_segment_file_name(&e.file_name().to_string_lossy()))
         .collect();
-    let keep = bases.iter().copied().filter(|&b| b <= from).max()?;
+    let Some(keep) = bases.iter().copied().filter(|&b| b <= from).max() else {
+        // Retention deleted every segment (the parent's records all aged
+        // out before it could go): nothing is held, neither below the
+        // logical end nor in the released range past it. The checkpoint
+        // named offsets up to the physical seal; the parent ends at `from`.
+        return (bases.is_empty() && cp.end_offset > from).then(|| {
+            crate::format::checkpoint::PartitionCheckpoint {
+                end_offset: from,
+                ..cp.clone()
+            }
+        });
+    };
     if cp.segment_base < keep
         || cp.segment_base > keep && pdir.join(segment_file_name(cp.segment_base)).exists()
     {

@@ -310,6 +310,12 @@ impl Topic {
         drop(st);
         *self.inner.lineage.lock() = None;
         *self.inner.lock.lock() = None;
+        // A group's coordinator holds its topic: kept here, the two would
+        // keep each other (and the log's manifest and checkpoint files)
+        // alive after the log closed. Group handles still held go on
+        // answering `Error::Closed`.
+        let groups = std::mem::take(&mut *self.inner.groups.lock());
+        drop(groups);
         // Readers blocked in `poll_wait` return `Error::Closed` now.
         self.inner.wake.notify_all();
     }

@@ -573,6 +573,12 @@ pub struct Member {
     /// seal) when it saw them go: it reported their rest from its own
     /// position, so the group's [`Loss`] is not reported for them again.
     own_gone: BTreeSet<u32>,
+    /// Per partition, the last run of offsets this member skipped because
+    /// retention removed them (reported in `retained`): `(from, to, poll)`,
+    /// `poll` being the [`Member::polls`] count of the poll that reported it.
+    skipped: BTreeMap<u32, (u64, u64, u64)>,
+    /// Polls made so far.
+    polls: u64,
     heartbeat: Option<HeartbeatThread>,
 }
 
@@ -1601,6 +1607,8 @@ impl Group {
             paused: BTreeSet::new(),
             tenure: BTreeMap::new(),
             own_gone: BTreeSet::new(),
+            skipped: BTreeMap::new(),
+            polls: 0,
             heartbeat,
         };
         m.sync()?;
@@ -2026,6 +2034,7 @@ impl Member {
     /// available now. Per key, records come in append order, through
     /// splits and merges. [`Error::Fenced`] if the member was declared dead.
     pub fn poll(&mut self, max_records: usize) -> Result<Vec<OwnedRecord>> {
+        self.polls += 1;
         let mut out = Vec::new();
         // A few rounds when a round only passed empty sealed partitions:
         // committing those lets merge children become ready.
@@ -2124,7 +2133,15 @@ impl Member {
                         .partition(d)
                         .map_or(seal, |p| p.end_offset().min(seal));
                     let committed = st.committed.positions.get(&d).copied().unwrap_or(0);
-                    committed >= end && !st.committed.drained.contains(&d)
+                    // Or nothing is left between the committed position and
+                    // the end but what retention removed, and this member
+                    // reported that in an earlier poll (its caller has seen
+                    // `retained` since): committing it as read hands out
+                    // nothing and keeps the loss reported at least once.
+                    let skipped = self.skipped.get(&d).is_some_and(|&(from, to, poll)| {
+                        from <= committed && to >= end && poll < self.polls
+                    });
+                    (committed >= end || skipped) && !st.committed.drained.contains(&d)
                 })
                 .collect();
             // Parents first: a split child only with (or after) its
@@ -2242,6 +2259,11 @@ impl Member {
                 ReadStep::Nothing => continue,
                 ReadStep::Skip { to, retained } => {
                     self.retained.extend(retained);
+                    let from = match self.skipped.get(&id) {
+                        Some(&(from, end, _)) if end == pos => from,
+                        _ => pos,
+                    };
+                    self.skipped.insert(id, (from, to, self.polls));
                     self.positions.insert(id, to);
                     self.last_records.remove(&id);
                     moved = true;

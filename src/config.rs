@@ -237,6 +237,12 @@ pub struct LogOptions {
     pub checkpoint_interval: Duration,
     /// Clock for rates and policies (injectable for deterministic tests).
     pub clock: std::sync::Arc<dyn crate::balance::Clock>,
+    /// Derive each new topic's routing hash key from this seed and the
+    /// topic's name instead of drawing it at random: where keys land is
+    /// then the same in every run (for tests and simulations). `None` (the
+    /// default) keeps keys unpredictable, so no client can aim its keys at
+    /// one partition. Existing topics keep the key they were created with.
+    pub topic_hash_seed: Option<u64>,
 }
 
 impl Default for LogOptions {
@@ -251,6 +257,7 @@ impl Default for LogOptions {
             background_retention: true,
             checkpoint_interval: Duration::from_secs(1),
             clock: std::sync::Arc::new(crate::balance::SystemClock),
+            topic_hash_seed: None,
         }
     }
 }

@@ -33,6 +33,8 @@ pub(crate) struct Core {
     pub dir: PathBuf,
     pub hook: Arc<dyn IoHook>,
     pub clock: Arc<dyn Clock>,
+    /// `LogOptions::topic_hash_seed`.
+    pub(crate) topic_hash_seed: Option<u64>,
     pub syncer: Syncer,
     pub group: GroupCommit,
     pub checkpoint: Mutex<CheckpointFiles>,

@@ -131,6 +131,7 @@ impl Log {
             dir: dir.clone(),
             hook,
             clock: options.clock.clone(),
+            topic_hash_seed: options.topic_hash_seed,
             syncer,
             group: GroupCommit::default(),
             checkpoint: Mutex::new(ck_files),
@@ -267,13 +268,21 @@ impl Log {
         }
         let id = topo.state.next_topic_id;
         let tdir = topic_dir(&self.core.dir, id);
-        let mut key = [0u8; 16];
-        getrandom::fill(&mut key)
-            .map_err(|e| Error::io(&tdir, std::io::Error::other(e.to_string())))?;
-        let hash_key = [
-            u64::from_le_bytes(key[..8].try_into().expect("8 bytes")),
-            u64::from_le_bytes(key[8..].try_into().expect("8 bytes")),
-        ];
+        let hash_key = match self.core.topic_hash_seed {
+            Some(seed) => [
+                crate::topic::key_hash([seed, 0], name.as_bytes()),
+                crate::topic::key_hash([seed, 1], name.as_bytes()),
+            ],
+            None => {
+                let mut key = [0u8; 16];
+                getrandom::fill(&mut key)
+                    .map_err(|e| Error::io(&tdir, std::io::Error::other(e.to_string())))?;
+                [
+                    u64::from_le_bytes(key[..8].try_into().expect("8 bytes")),
+                    u64::from_le_bytes(key[8..].try_into().expect("8 bytes")),
+                ]
+            }
+        };
         let now = crate::partition::now_ms();
         let partitions: Vec<PartitionRecord> = even_ranges(config.partitions)
             .into_iter()

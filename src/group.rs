@@ -1867,7 +1867,7 @@ impl Member {
                 .copied()
                 .unwrap_or(REMOVED_END);
             if start < end {
-                self.retained.push(RetainedRange {
+                self.tell(RetainedRange {
                     partition: p,
                     start,
                     end,
@@ -1952,6 +1952,15 @@ impl Member {
         moved
     }
 
+    /// Adds a range to `retained` unless this member was told exactly that
+    /// range already (the group's loss and the member's own reading can
+    /// both come to the same removed partition).
+    fn tell(&mut self, r: RetainedRange) {
+        if !self.retained.contains(&r) {
+            self.retained.push(r);
+        }
+    }
+
     /// Takes the group's losses this member is to be told of into
     /// `retained` (under the group lock): each range once per member
     /// (a later tenure of the heir with the same member tells nothing
@@ -1981,7 +1990,7 @@ impl Member {
                 }
                 loss.handed_ranges.push(*r);
                 if !self.own_gone.contains(&r.partition) {
-                    self.retained.push(*r);
+                    self.tell(*r);
                 }
             }
         }
@@ -2258,7 +2267,9 @@ impl Member {
             let batch = match read_step(&part, pos, part.default_isolation())? {
                 ReadStep::Nothing => continue,
                 ReadStep::Skip { to, retained } => {
-                    self.retained.extend(retained);
+                    if let Some(r) = retained {
+                        self.tell(r);
+                    }
                     let from = match self.skipped.get(&id) {
                         Some(&(from, end, _)) if end == pos => from,
                         _ => pos,

@@ -603,6 +603,16 @@ mod model {
         }
     }
 
+    /// The same cases in every run (`FISSIONLOG_GROUP_MODEL_SEED=N` picks
+    /// other ones, `random` a new seed per run).
+    fn rng_seed() -> proptest::test_runner::RngSeed {
+        match std::env::var("FISSIONLOG_GROUP_MODEL_SEED").ok().as_deref() {
+            Some("random") => proptest::test_runner::RngSeed::Random,
+            Some(v) => proptest::test_runner::RngSeed::Fixed(v.parse().unwrap_or(1)),
+            None => proptest::test_runner::RngSeed::Fixed(1),
+        }
+    }
+
     fn cases() -> u32 {
         std::env::var("FISSIONLOG_GROUP_MODEL_CASES")
             .ok()
@@ -610,10 +620,36 @@ mod model {
             .unwrap_or(32)
     }
 
+    /// A case the model found: three members, a tail split of the
+    /// partition one of them read past its commit, and records of the moved
+    /// range delivered a second time outside a window a member lost
+    /// uncommitted.
+    #[test]
+    #[ignore = "open: a tail split under a member's uncommitted reads lets another member read moved records again (uncounted duplicate)"]
+    fn a_tail_split_under_uncommitted_reads_delivers_no_uncounted_duplicate() {
+        let ops = [
+            Op::Append(1, false),
+            Op::Join(None),
+            Op::Append(36, false),
+            Op::PollCommit(0, 1),
+            Op::Poll(0, 1),
+            Op::Join(None),
+            Op::TailSplit(72, 0),
+            Op::Join(None),
+            Op::PollCommit(14, 1),
+        ];
+        let mut m = Model::new();
+        for op in &ops {
+            m.apply(op);
+        }
+        m.finish();
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig {
             cases: cases(),
             max_shrink_iters: 400,
+            rng_seed: rng_seed(),
             ..ProptestConfig::default()
         })]
 

@@ -358,3 +358,98 @@ fn a_hash_seed_never_changes_an_existing_topics_key() {
     drop(topic);
     log.close().unwrap();
 }
+
+fn cut_at(topic: &Topic, at: usize) -> fissionlog::Cut {
+    let mut r = topic.reader(fissionlog::StartAt::Earliest).unwrap();
+    let mut n = 0;
+    while n < at {
+        let got = r.poll(at - n).unwrap();
+        assert!(!got.is_empty());
+        n += got.len();
+    }
+    r.cut()
+}
+
+fn read_sorted(topic: &Topic, start: fissionlog::StartAt) -> Vec<u64> {
+    let mut r = topic.reader(start).unwrap();
+    let mut out = Vec::new();
+    common::tail::drain(&mut r, &mut out);
+    let mut s: Vec<u64> = out.iter().map(seq).collect();
+    s.sort_unstable();
+    s
+}
+
+/// Nested tail splits (0 from `FROM`, its first child from 10), both
+/// reclaimed, and one of the two indexes lost: verify names it, Strict
+/// refuses, and under Truncate and Salvage the log reads every record
+/// once from the start, and from cuts saved before the splits every
+/// record past the cut once, the only extras being moved records below it.
+#[test]
+fn nested_tail_splits_with_one_index_lost_read_everything_past_each_cut() {
+    for lose_inner in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let (cuts, child) = {
+            let log = Log::open(dir.path(), opts(RecoveryMode::Strict, &clock)).unwrap();
+            let topic = log.create_topic("t", config()).unwrap();
+            append_big(&topic, 0, N);
+            log.sync().unwrap();
+            let cuts: Vec<(u64, fissionlog::Cut)> = [50u64, 100, 120, 300, 399]
+                .iter()
+                .map(|&at| (at, cut_at(&topic, at as usize)))
+                .collect();
+            let out = topic
+                .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(FROM))
+                .unwrap();
+            let child = out.children[0];
+            topic
+                .split_tail(child, SplitPlan::Even, TailSplitOptions::from_offset(10))
+                .unwrap();
+            for p in [0, child] {
+                assert!(topic.reclaim_tail(p).unwrap().complete, "{p}");
+            }
+            drop(topic);
+            log.close().unwrap();
+            (cuts, child)
+        };
+        let lost = if lose_inner {
+            dir.path().join(format!("topics/t0/tail-p{child}.tix"))
+        } else {
+            index_file(dir.path())
+        };
+        std::fs::remove_file(&lost).unwrap();
+        let (_, problems) = fissionlog::verify(dir.path()).unwrap();
+        assert_eq!(problems.len(), 1, "{lose_inner}: {problems:?}");
+        assert!(Log::open(dir.path(), opts(RecoveryMode::Strict, &clock)).is_err());
+        for mode in [RecoveryMode::Truncate, RecoveryMode::Salvage] {
+            let ctx = format!("inner {lose_inner}, {mode:?}");
+            let log = Log::open(dir.path(), opts(mode, &clock)).unwrap();
+            assert!(
+                log.recovery_report().files.iter().any(|f| f.file == lost
+                    && matches!(f.action, FileAction::DescendantIndexLost { .. })),
+                "{ctx}: {:?}",
+                log.recovery_report().files
+            );
+            let topic = log.topic("t").unwrap();
+            assert_eq!(
+                read_sorted(&topic, fissionlog::StartAt::Earliest),
+                (0..N).collect::<Vec<_>>(),
+                "{ctx}: earliest"
+            );
+            for (at, cut) in &cuts {
+                let got = read_sorted(&topic, fissionlog::StartAt::Cut(cut.clone()));
+                let mut dedup = got.clone();
+                dedup.dedup();
+                assert_eq!(dedup, got, "{ctx}, cut {at}: nothing twice");
+                let past: Vec<u64> = got.iter().copied().filter(|s| s >= at).collect();
+                assert_eq!(past, (*at..N).collect::<Vec<_>>(), "{ctx}, cut {at}");
+                assert!(
+                    got.iter().all(|s| s >= at || *s >= FROM),
+                    "{ctx}, cut {at}: {got:?}"
+                );
+            }
+            drop(topic);
+            log.close().unwrap();
+        }
+    }
+}

@@ -536,3 +536,82 @@ fn retention_after_an_index_lost_open_loses_nothing_unreported() {
     drop((m, group, topic));
     log.close().unwrap();
 }
+
+/// As above, with two partitions, and a second member joining right after
+/// the first was told of 1's removed records: whoever owns what after the
+/// rebalance, the group's committed cut never passes a record no member
+/// was handed, and in the end the merge child's and partition 1's records
+/// are each delivered.
+#[test]
+fn a_rebalance_after_a_reported_loss_commits_no_record_unread() {
+    let root = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = common::groups::open(root.path(), &clock);
+    let topic = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 2,
+                ..retention_config()
+            },
+        )
+        .unwrap();
+    fill(&topic, 0, 5, false);
+    let kids = topic.split(0, SplitPlan::Even).unwrap();
+    fill(&topic, kids[0], 40, true);
+    let merged = topic.merge(kids[0], kids[1]).unwrap();
+    fill(&topic, merged, 5, false);
+    log.sync().unwrap();
+    assert!(log.enforce_retention().unwrap() > 0);
+    let other = 1;
+    assert!(![kids[0], kids[1], merged].contains(&other));
+    fill(&topic, other, 5, false);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut delivered: Vec<(u32, u64)> = Vec::new();
+    let mut told = false;
+    for _ in 0..5 {
+        let got = a.poll(5).unwrap();
+        delivered.extend(got.iter().map(|r| (r.partition, r.offset)));
+        if !got.is_empty() {
+            a.commit().unwrap();
+        }
+        if !a.retained().is_empty() {
+            told = true;
+            break;
+        }
+    }
+    assert!(told, "{delivered:?}");
+    let mut b = group.join(member_opts()).unwrap();
+    for step in 0..40 {
+        clock.advance(Duration::from_millis(500));
+        for m in [&mut a, &mut b] {
+            let got = m.poll(1).unwrap();
+            delivered.extend(got.iter().map(|r| (r.partition, r.offset)));
+            // What is still to be handed out is past the committed cut.
+            let mut r = topic
+                .reader(fissionlog::StartAt::Cut(group.committed()))
+                .unwrap();
+            let mut rest = Vec::new();
+            common::tail::drain(&mut r, &mut rest);
+            for p in [merged, other] {
+                let end = topic.partition(p).unwrap().end_offset();
+                for o in 0..end {
+                    let seen = delivered.contains(&(p, o));
+                    let ahead = rest.iter().any(|r| r.partition == p && r.offset == o);
+                    assert!(seen || ahead, "step {step}: {p}:{o} committed unread");
+                }
+            }
+            if step % 3 == 0 {
+                m.commit().unwrap();
+            }
+        }
+    }
+    for p in [merged, other] {
+        for o in 0..5 {
+            assert!(delivered.contains(&(p, o)), "{p}:{o} never delivered");
+        }
+    }
+    drop((a, b, group, topic));
+    log.close().unwrap();
+}

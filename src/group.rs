@@ -577,7 +577,8 @@ pub struct Member {
     /// retention removed them (reported in `retained`): `(from, to, poll)`,
     /// `poll` being the [`Member::polls`] count of the poll that reported it.
     skipped: BTreeMap<u32, (u64, u64, u64)>,
-    /// Polls made so far.
+    /// Calls of `poll` and `poll_wait` made so far (each returns to the
+    /// application, which can look at `retained` before the next).
     polls: u64,
     heartbeat: Option<HeartbeatThread>,
 }
@@ -2044,6 +2045,14 @@ impl Member {
     /// splits and merges. [`Error::Fenced`] if the member was declared dead.
     pub fn poll(&mut self, max_records: usize) -> Result<Vec<OwnedRecord>> {
         self.polls += 1;
+        self.poll_once(max_records)
+    }
+
+    /// One round of [`Member::poll`], counted in [`Member::polls`] by its
+    /// caller: the calls the application makes count, not the rounds
+    /// [`Member::poll_wait`] makes while it waits (a loss reported by one
+    /// of them is not yet seen by the application).
+    fn poll_once(&mut self, max_records: usize) -> Result<Vec<OwnedRecord>> {
         let mut out = Vec::new();
         // A few rounds when a round only passed empty sealed partitions:
         // committing those lets merge children become ready.
@@ -2185,8 +2194,9 @@ impl Member {
     pub fn poll_wait(&mut self, max_records: usize, timeout: Duration) -> Result<Vec<OwnedRecord>> {
         let deadline = Instant::now() + timeout;
         let wake = self.shared.topic.inner.wake.clone();
+        self.polls += 1;
         loop {
-            let got = self.poll(max_records)?;
+            let got = self.poll_once(max_records)?;
             let now = Instant::now();
             if !got.is_empty() || now >= deadline {
                 return Ok(got);

@@ -991,3 +991,139 @@ fn strict_refuses_a_checkpointed_rolled_segment_cut_short() {
     assert_eq!(holes.len(), 1, "{holes:?}");
     assert_eq!(holes[0].1 - holes[0].0, 1, "{holes:?}");
 }
+
+/// The checkpointed tear again, with the seal's position rewritten to
+/// exactly the topic's segment size (a roll that filled the segment to
+/// the byte), and one byte past it. At the segment size the seal is taken:
+/// the hole batch Salvage writes runs to it, covers exactly the offsets
+/// the tear lost, and a Strict reopen accepts it with the same holes. One
+/// byte past it the seal is damage: the file does not grow past the
+/// segment size and the log still reads with one hole, Strict agreeing.
+#[test]
+fn salvage_takes_a_seal_at_exactly_the_segment_size() {
+    use std::os::unix::fs::FileExt;
+    for at in [4096u64, 4097] {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("log");
+        sealed_log(&dir, 80, true);
+        let segs = segments(&dir.join("topics/t0/p0"));
+        assert!(segs.len() >= 3, "{segs:?}");
+        let len = std::fs::metadata(&segs[0]).unwrap().len();
+        cut_file(&segs[0], len - 60);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&segs[0])
+            .unwrap();
+        let mut seal = [0u8; 20];
+        f.read_exact_at(&mut seal, 44).unwrap();
+        let end_offset = u64::from_le_bytes(seal[4..12].try_into().unwrap());
+        seal[12..20].copy_from_slice(&at.to_le_bytes());
+        let crc = crc32fast::hash(&seal[4..20]);
+        seal[..4].copy_from_slice(&crc.to_le_bytes());
+        f.write_all_at(&seal, 44).unwrap();
+        drop(f);
+        let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+        let size = std::fs::metadata(&segs[0]).unwrap().len();
+        assert!(size <= 4096, "{at}: the torn segment grew to {size} bytes");
+        let holes = read_all(&log, 80);
+        assert_eq!(holes.len(), 1, "{at}: {holes:?}");
+        if at == 4096 {
+            // The last batch (one record) was torn.
+            assert_eq!(holes[0], (end_offset - 1, end_offset), "{at}");
+        }
+        drop(log);
+        let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+        assert_eq!(read_all(&log, 80), holes, "{at}");
+    }
+}
+
+/// The checkpointed tear of a rolled segment of 4 MiB, cut near its start:
+/// the hole Salvage writes spans over 3 MiB (written in pieces, its header
+/// computed without the payload in memory). It reads as one hole up to
+/// the next segment, every other record reads back, and a Strict reopen
+/// accepts the repaired file with the same hole.
+#[test]
+fn salvage_writes_a_hole_of_several_mebibytes_that_strict_accepts() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let records = 5_000u64;
+    {
+        let o = LogOptions {
+            checkpoint_interval: Duration::from_secs(3600),
+            ..opts(RecoveryMode::Strict)
+        };
+        let log = Log::open(&dir, o).unwrap();
+        let cfg = TopicConfig {
+            segment_bytes: 4 << 20,
+            ..config(1)
+        };
+        let t = log.create_topic("t", cfg).unwrap();
+        let pad = vec![7u8; 800];
+        for i in 0..records {
+            let mut v = value(i);
+            v.extend_from_slice(&pad);
+            t.append_to(
+                0,
+                &[NewRecord {
+                    key: None,
+                    value: &v,
+                    timestamp: Some(i as i64),
+                }],
+            )
+            .unwrap();
+        }
+        t.split(0, SplitPlan::Even).unwrap();
+        drop(t);
+        log.close().unwrap();
+    }
+    let segs = segments(&dir.join("topics/t0/p0"));
+    assert!(segs.len() >= 2, "{segs:?}");
+    let (_, seal_pos) = batch_starts(&segs[0]);
+    assert!(seal_pos > 3 << 20, "{seal_pos}");
+    cut_file(&segs[0], 100_000);
+    let next: u64 = segs[1]
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let check = |log: &Log| -> (u64, u64) {
+        let p = log.topic("t").unwrap().partition(0).unwrap();
+        assert_eq!(p.end_offset(), records);
+        let mut hole = None;
+        let mut offset = 0;
+        while offset < records {
+            match p.read(offset, 1 << 20) {
+                Ok(batch) => {
+                    for r in batch.iter() {
+                        assert_eq!(r.offset, offset);
+                        assert_eq!(&r.value[..100], &value(offset)[..], "offset {offset}");
+                        offset += 1;
+                    }
+                }
+                Err(Error::Hole { start, end, .. }) => {
+                    assert!(hole.is_none(), "a second hole {start}..{end}");
+                    assert!(start <= offset && end > offset);
+                    hole = Some((offset, end));
+                    offset = end;
+                }
+                Err(e) => panic!("offset {offset}: {e}"),
+            }
+        }
+        hole.expect("one hole")
+    };
+    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    let hole = check(&log);
+    assert_eq!(hole.1, next, "the hole runs to the next segment");
+    assert!(hole.0 < 200, "{hole:?}");
+    drop(log);
+    assert_eq!(
+        std::fs::metadata(&segs[0]).unwrap().len().min(seal_pos),
+        seal_pos,
+        "the hole is written out to the seal"
+    );
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    assert_eq!(check(&log), hole);
+}

@@ -1162,7 +1162,7 @@ impl GroupShared {
                 } else {
                     st.committed.positions.get(&x).copied().unwrap_or(0)
                 };
-                match m.delivered.get(&x) {
+                let own = match m.delivered.get(&x) {
                     Some(&(pos, _)) => pos.saturating_sub(committed),
                     None if m.delivered_drained.contains(&x) => st
                         .lineage
@@ -1170,9 +1170,27 @@ impl GroupShared {
                         .unwrap_or(0)
                         .saturating_sub(committed),
                     None => 0,
-                }
+                };
+                own.max(Self::handed_through_tails(st, m, x).saturating_sub(committed))
             })
             .sum()
+    }
+
+    /// How far `m` handed out `x`'s records before a tail split moved them
+    /// into `x`: records it read from the parent past the split offset,
+    /// which the group knows only by the parent's position until the
+    /// member's next look translates it.
+    fn handed_through_tails(st: &GroupState, m: &MemberEntry, x: u32) -> u64 {
+        st.lineage
+            .tails
+            .iter()
+            .filter_map(|(q, tail)| {
+                let slot = tail.children.iter().position(|&c| c == x)?;
+                let &(pos, _) = m.delivered.get(q)?;
+                tail.translate(pos)?.get(slot).map(|&(_, o)| o)
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// Takes ready `p` from its owner (whatever it handed out and did not

@@ -9,48 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::groups::{drain, member_opts, open};
-use fissionlog::{
-    GroupOptions, ManualClock, Member, NewRecord, SplitPlan, StartAt, Topic, TopicConfig,
-};
-
-/// Old enough for a one-hour retention age.
-const OLD_TS: i64 = 1_000;
-
-fn config() -> TopicConfig {
-    TopicConfig {
-        partitions: 1,
-        segment_bytes: 4096,
-        retention_age: Some(Duration::from_secs(3600)),
-        ..TopicConfig::default()
-    }
-}
-
-/// Appends `n` records routed to partition `p` (old ones when `old`).
-fn fill(topic: &Topic, p: u32, n: u32, old: bool) {
-    let k = (0..)
-        .map(|k| format!("key-{k}"))
-        .find(|k| topic.route(k.as_bytes()) == p)
-        .unwrap();
-    for i in 0..n {
-        topic
-            .append_batch(&[NewRecord {
-                key: Some(k.as_bytes()),
-                value: format!("{p}:{i}").as_bytes(),
-                timestamp: old.then_some(OLD_TS),
-            }])
-            .unwrap();
-    }
-}
-
-fn lost(m: &Member) -> Vec<(u32, u64, u64)> {
-    let mut v: Vec<_> = m
-        .retained()
-        .iter()
-        .map(|g| (g.partition, g.start, g.end))
-        .collect();
-    v.sort_unstable();
-    v
-}
+use common::retention::{config, fill, lost, OLD_TS};
+use fissionlog::{GroupOptions, ManualClock, NewRecord, SplitPlan, StartAt, Topic, TopicConfig};
 
 /// What a reader from the group's committed cut reports as removed.
 fn reader_lost(topic: &Topic, group: &fissionlog::Group) -> (usize, Vec<(u32, u64, u64)>) {

@@ -4,5 +4,6 @@ pub mod durable;
 pub mod groups;
 pub mod hot;
 pub mod model_hook;
+pub mod retention;
 pub mod tail;
 pub mod tmpfs;

@@ -15,7 +15,7 @@ use common::crash::CrashOptions;
 use common::model_hook::ModelHook;
 use fissionlog::{Error, HotKeyMode, KeyRecord, Log, LogOptions, NewRecord, Topic, TopicConfig};
 
-use common::hot::{config, opts, HOT, T0, W100};
+use common::hot::{config, fill_until, opts, HOT, T0, W100};
 
 /// Values are the sequence number in decimal (text, so `dump` prints it).
 fn seq_of(value: &[u8]) -> u64 {
@@ -1155,30 +1155,6 @@ fn assert_windowed_order(topic: &Topic, key: &[u8], want: &[&[u8]]) {
             assert!(p[0].offset < p[1].offset, "{p:?}");
         }
     }
-}
-
-/// Fills partition `id` (4 KiB segments) with batches of records the size
-/// of `like` until a batch of `first` such records still fits in its
-/// segment and one more one-record batch after it does not (`first = 0`:
-/// the next batch rolls).
-fn fill_until(topic: &Topic, id: u32, first: u64, like: NewRecord<'_>) {
-    let part = topic.partition(id).unwrap();
-    let data = |p: &fissionlog::Partition| p.segment_infos().last().unwrap().data_bytes;
-    let before = data(&part);
-    topic.append_to(id, &[like]).unwrap();
-    let one = data(&part) - before;
-    topic.append_to(id, &[like, like]).unwrap();
-    let rec = data(&part) - before - 2 * one;
-    let room = if first == 0 {
-        0
-    } else {
-        one - rec + first * rec
-    };
-    while 4096 - 64 - data(&part) >= room + one {
-        topic.append_to(id, &[like]).unwrap();
-    }
-    assert!(4096 - 64 - data(&part) >= room, "room left for {first}");
-    assert_eq!(part.segment_count(), 1, "no roll while filling");
 }
 
 /// Fails the next creation of a segment of partition `id`, once; the flag

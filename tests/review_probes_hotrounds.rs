@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::crash::{CrashOptions, SplitMix64};
-use common::hot::{config, opts, T0, W100};
+use common::hot::{config, fill_until, opts, T0, W100};
 use common::model_hook::ModelHook;
 use fissionlog::{
     Appended, Error, HotKeyMode, IoHook, IoOp, Log, NewRecord, SplitPlan, SyncPolicy, Topic,
@@ -105,29 +105,6 @@ fn positions(topic: &Topic) -> BTreeMap<Vec<u8>, Vec<(u32, u64)>> {
                 .push((rec.partition, rec.offset));
         }
     }
-}
-
-/// Fills partition `id` (4 KiB segments) with one-record batches like
-/// `like` until a batch of `first` such records still fits in its segment
-/// and one more one-record batch after it does not (`first = 0`: the next
-/// batch rolls).
-fn fill_until(topic: &Topic, id: u32, first: u64, like: NewRecord<'_>) {
-    let part = topic.partition(id).unwrap();
-    let data = |p: &fissionlog::Partition| p.segment_infos().last().unwrap().data_bytes;
-    let before = data(&part);
-    topic.append_to(id, &[like]).unwrap();
-    let one = data(&part) - before;
-    topic.append_to(id, &[like, like]).unwrap();
-    let rec = data(&part) - before - 2 * one;
-    let room = if first == 0 {
-        0
-    } else {
-        one - rec + first * rec
-    };
-    while 4096 - 64 - data(&part) >= room + one {
-        topic.append_to(id, &[like]).unwrap();
-    }
-    assert_eq!(part.segment_count(), 1, "no roll while filling");
 }
 
 /// A key of the form `{prefix}{n}` that `topic` routes to `partition`.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fissionlog::{HotKeyMode, HotKeyPolicy, LogOptions, TopicConfig};
+use fissionlog::{HotKeyMode, HotKeyPolicy, LogOptions, NewRecord, Topic, TopicConfig};
 
 /// The hot key.
 pub const HOT: &[u8] = b"the-hot-key";
@@ -35,4 +35,28 @@ pub fn config(partitions: u32, windowed: bool, spread: bool) -> TopicConfig {
         },
         ..TopicConfig::default()
     }
+}
+
+/// Fills partition `id` (4 KiB segments) with one-record batches like
+/// `like` until a batch of `first` such records still fits in its segment
+/// and one more one-record batch after it does not (`first = 0`: the next
+/// batch rolls).
+pub fn fill_until(topic: &Topic, id: u32, first: u64, like: NewRecord<'_>) {
+    let part = topic.partition(id).unwrap();
+    let data = |p: &fissionlog::Partition| p.segment_infos().last().unwrap().data_bytes;
+    let before = data(&part);
+    topic.append_to(id, &[like]).unwrap();
+    let one = data(&part) - before;
+    topic.append_to(id, &[like, like]).unwrap();
+    let rec = data(&part) - before - 2 * one;
+    let room = if first == 0 {
+        0
+    } else {
+        one - rec + first * rec
+    };
+    while 4096 - 64 - data(&part) >= room + one {
+        topic.append_to(id, &[like]).unwrap();
+    }
+    assert!(4096 - 64 - data(&part) >= room, "room left for {first}");
+    assert_eq!(part.segment_count(), 1, "no roll while filling");
 }

@@ -775,16 +775,8 @@ impl Segment {
             .map_err(|_| Error::corruption(&self.path, pos, "hole longer than a batch"))?;
         let header = batch::hole_header(len32, first_offset, lost);
         let file = self.file().at(&self.path)?;
-        // The zeroed payload in pieces of at most 1 MiB: memory stays
-        // bounded whatever the hole's length.
-        let zeros = vec![0u8; (len as usize).min(1 << 20)];
-        let mut at = pos;
-        let end = pos + len;
-        while at < end {
-            let n = ((end - at) as usize).min(zeros.len());
-            file.write_all_at(&zeros[..n], at).at(&self.path)?;
-            at += n as u64;
-        }
+        // The zeroed payload in bounded pieces, then the header over it.
+        write_zeros(&file, pos, len).at(&self.path)?;
         file.write_all_at(&header, pos).at(&self.path)
     }
 

@@ -404,6 +404,11 @@ const RATE_REFRESH_PER_ROUND: usize = 64;
 #[derive(Debug, Default)]
 pub(crate) struct CheckpointCache {
     entries: BTreeMap<(u32, u32), (Weak<Partition>, PartitionCheckpoint)>,
+    /// Partitions captured since the last checkpoint written: their
+    /// entries are recomputed when the next one is written, not in every
+    /// round (an entry's rates take the partition's writer lock, which
+    /// would make a round wait behind the appends in flight).
+    stale: BTreeMap<(u32, u32), Weak<Partition>>,
     /// Where the next round-robin rate refresh starts.
     cursor: (u32, u32),
     /// Checkpoints written (both files alternate) since an entry last
@@ -412,25 +417,34 @@ pub(crate) struct CheckpointCache {
 }
 
 impl CheckpointCache {
-    /// Recomputes a partition's entry (its durable position, retention
-    /// floor and rates).
+    /// Marks a partition's entry (its durable position, retention floor
+    /// and rates) for recomputing before the next checkpoint is written.
     fn update(&mut self, p: &Arc<Partition>) {
         // Checked under the cache lock, which `remove_partition` takes
         // after the flag is set: a removed partition's entry never comes back.
         if p.is_removed() {
             return;
         }
-        let e = p.checkpoint_entry(None);
-        let key = (e.topic_id, e.partition_id);
-        self.entries.insert(key, (Arc::downgrade(p), e));
+        self.stale.insert((p.p.topic_id, p.id()), Arc::downgrade(p));
         self.current_writes = 0;
     }
 
     /// The entries of the next checkpoint, or `None` when both files
-    /// already hold them. Refreshes a few other partitions' rates first.
+    /// already hold them. Recomputes the entries marked by `update`, and
+    /// refreshes a few other partitions' rates, first.
     fn entries_to_write(&mut self) -> Option<Vec<PartitionCheckpoint>> {
         if self.current_writes >= 2 {
             return None;
+        }
+        for (k, w) in std::mem::take(&mut self.stale) {
+            match w.upgrade() {
+                Some(p) if !p.is_removed() => {
+                    let e = p.checkpoint_entry(None);
+                    self.entries.insert(k, (w, e));
+                }
+                // Removed (its entry went with it) or dropped with its topic.
+                _ => {}
+            }
         }
         let keys: Vec<(u32, u32)> = self
             .entries
@@ -474,11 +488,13 @@ impl CheckpointCache {
     /// Drops the entries of a deleted topic.
     pub(crate) fn remove_topic(&mut self, topic_id: u32) {
         self.entries.retain(|k, _| k.0 != topic_id);
+        self.stale.retain(|k, _| k.0 != topic_id);
     }
 
     /// Drops the entry of a removed partition (marked removed before:
     /// see `update`). The next checkpoint no longer names it.
     pub(crate) fn remove_partition(&mut self, topic_id: u32, partition: u32) {
+        self.stale.remove(&(topic_id, partition));
         if self.entries.remove(&(topic_id, partition)).is_some() {
             self.current_writes = 0;
         }

@@ -15,6 +15,7 @@ use crate::read::{ReadBatch, ReadIsolation};
 use crate::storage::durability::{SyncTarget, Syncer};
 use crate::storage::fault::{IoHook, IoOp};
 use crate::storage::lock::DirLock;
+use crate::storage::position::PositionCell;
 use crate::storage::segment::{Segment, SegmentWriter};
 use crate::wake::TailWake;
 
@@ -57,6 +58,30 @@ pub(crate) struct DurablePos {
     pub end_offset: u64,
 }
 
+impl DurablePos {
+    /// Where `w`'s data ends: its segment, the byte position after its
+    /// last batch, and the offset the next record gets.
+    fn of_writer(w: &SegmentWriter) -> DurablePos {
+        DurablePos {
+            segment_base: w.segment().base_offset,
+            position: w.segment().committed_pos(),
+            end_offset: w.next_offset(),
+        }
+    }
+
+    fn to_cell(self) -> [u64; 3] {
+        [self.segment_base, self.position, self.end_offset]
+    }
+
+    fn from_cell([segment_base, position, end_offset]: [u64; 3]) -> DurablePos {
+        DurablePos {
+            segment_base,
+            position,
+            end_offset,
+        }
+    }
+}
+
 /// The partitions with something for the next sync round to do. A
 /// partition adds itself when it goes from clean to dirty (one atomic load
 /// on the append path while it stays dirty), so a round finds its work in
@@ -83,6 +108,10 @@ pub struct Partition {
     pub(crate) p: PartitionParams,
     segments: RwLock<Arc<Vec<Arc<Segment>>>>,
     writer: Mutex<WriterState>,
+    /// Where the writer's data ends ([`DurablePos::of_writer`]), published
+    /// under the writer lock after every change of the writer, so that a
+    /// sync round captures it without waiting behind appends in flight.
+    written: PositionCell,
     end_offset: AtomicU64,
     /// End of what a completed sync round covered: raised (Release) by
     /// `sync_done` after the fsyncs returned, read (Acquire) by durable
@@ -237,9 +266,11 @@ impl Partition {
         for s in &segments {
             s.attach_hook(&hook);
         }
+        let writer = SegmentWriter::new(last, p.index_interval);
         Partition {
+            written: PositionCell::new(DurablePos::of_writer(&writer).to_cell()),
             writer: Mutex::new(WriterState {
-                writer: SegmentWriter::new(last, p.index_interval),
+                writer,
                 rates,
                 load,
             }),
@@ -384,7 +415,8 @@ impl Partition {
 
     /// Registers the partition for the next sync round.
     pub(crate) fn mark_dirty(&self) {
-        if !self.dirty.load(Ordering::Acquire) && !self.dirty.swap(true, Ordering::AcqRel) {
+        // SeqCst: see `publish_written`.
+        if !self.dirty.load(Ordering::SeqCst) && !self.dirty.swap(true, Ordering::AcqRel) {
             self.dirty_list.0.lock().push(self.me.clone());
         }
     }
@@ -494,9 +526,7 @@ impl Partition {
                     w.load.observe(now, *h, r.encoded_len() as u64);
                 }
             }
-            let end = w.writer.next_offset();
-            // SeqCst, paired with `wait_for`: see the comment there.
-            self.end_offset.store(end, Ordering::SeqCst);
+            self.publish_written(&w);
             self.mark_dirty();
             header.base_offset.get()
         };
@@ -562,8 +592,9 @@ impl Partition {
         }
         self.rolls.fetch_add(1, Ordering::AcqRel);
         self.dir_dirty.store(true, Ordering::Release);
-        self.mark_dirty();
         w.writer = SegmentWriter::new(seg, self.p.index_interval);
+        self.publish_written(w);
+        self.mark_dirty();
         Ok(())
     }
 
@@ -805,21 +836,65 @@ impl Partition {
         Ok(())
     }
 
-    /// Captures what a sync round must make durable.
-    pub(crate) fn capture_unsynced(&self) -> SyncCapture {
-        self.capture_with(&self.writer.lock())
+    /// Publishes where the writer's data ends, for [`Partition::capture_unsynced`].
+    /// Called under the writer lock after every append and every change of
+    /// the writer, before the partition is marked dirty.
+    ///
+    /// The `end_offset` store is SeqCst for two readers: `wait_for` (see
+    /// the comment there), and a capture, whose SeqCst clear of `dirty`
+    /// and SeqCst load of `end_offset` pair with it and with the SeqCst
+    /// load in `mark_dirty`: either the capture sees this position, or
+    /// the `mark_dirty` that follows sees the cleared flag and puts the
+    /// partition on the list for the next round. (A lost race both ways
+    /// would let a round started after an append miss it.)
+    fn publish_written(&self, w: &WriterState) {
+        self.written
+            .store(DurablePos::of_writer(&w.writer).to_cell());
+        self.end_offset
+            .store(w.writer.next_offset(), Ordering::SeqCst);
     }
 
+    /// Captures what a sync round must make durable, without the writer
+    /// lock: appends go on while a round captures and syncs.
+    ///
+    /// Why this is as good as a capture under the lock:
+    /// - The position is one published triple (segment, byte position,
+    ///   offset) of a moment between two appends, published after that
+    ///   append's bytes were in place (stores or `pwrite`), so the fsyncs
+    ///   that follow cover it.
+    /// - It is read before the segment list and each segment's committed
+    ///   position, which only grow after it: every segment the position
+    ///   names is in the list, synced up to at least the position. A roll
+    ///   pushes the new segment and publishes the sealed flag of the old
+    ///   one before it publishes a position in the new one.
+    /// - `dirty` is cleared first: an append published after the load
+    ///   marks the partition dirty again, for the next round.
+    /// - The directory flag is taken before the roll count is read: a roll
+    ///   counted here created its file before the count moved, so the
+    ///   directory fsync of this round (started after the capture) covers
+    ///   its name; a roll whose flag this capture missed is synced by the
+    ///   next round.
+    /// - SeqCst with `publish_written` and `mark_dirty`: see there.
+    pub(crate) fn capture_unsynced(&self) -> SyncCapture {
+        self.dirty.store(false, Ordering::SeqCst);
+        let _ = self.end_offset.load(Ordering::SeqCst);
+        let sync_dir = self.dir_dirty.swap(false, Ordering::AcqRel);
+        let rolls = self.rolls.load(Ordering::Acquire);
+        let pos = DurablePos::from_cell(self.written.load());
+        self.capture_segments(pos, sync_dir, rolls)
+    }
+
+    /// [`Partition::capture_unsynced`] by a caller holding the writer lock.
     fn capture_with(&self, w: &WriterState) -> SyncCapture {
-        // Cleared before the capture: anything that happens after it marks
-        // the partition dirty again, for the next round.
-        self.dirty.store(false, Ordering::Release);
-        let active = w.writer.segment().clone();
-        let pos = DurablePos {
-            segment_base: active.base_offset,
-            position: active.committed_pos(),
-            end_offset: w.writer.next_offset(),
-        };
+        debug_assert_eq!(
+            DurablePos::of_writer(&w.writer),
+            DurablePos::from_cell(self.written.load()),
+            "the published position follows the writer"
+        );
+        self.capture_unsynced()
+    }
+
+    fn capture_segments(&self, pos: DurablePos, sync_dir: bool, rolls: u64) -> SyncCapture {
         let segments = self.segments();
         let mut out = Vec::new();
         for s in segments.iter().rev() {
@@ -835,8 +910,8 @@ impl Partition {
         }
         SyncCapture {
             segments: out,
-            sync_dir: self.dir_dirty.swap(false, Ordering::AcqRel),
-            rolls: self.rolls.load(Ordering::Acquire),
+            sync_dir,
+            rolls,
             pos,
         }
     }
@@ -1028,6 +1103,7 @@ impl Partition {
             // close writes its segment's index file: it must not name a
             // removed segment.
             w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
+            self.publish_written(&w);
         }
         let moved_end = |seg: &Arc<Segment>| (seg.committed_pos(), seg.end_offset());
         for seg in later.iter().rev() {
@@ -1058,6 +1134,7 @@ impl Partition {
         // would capture it as the durable end, and the checkpoint name
         // offsets past `from` at the cut's position.
         w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
+        self.publish_written(&w);
         self.set_reclaimed_end(keep.base_offset, pos, from);
         drop(list);
         Ok(true)

@@ -3,6 +3,7 @@
 pub(crate) mod durability;
 pub(crate) mod fault;
 pub(crate) mod lock;
+pub(crate) mod position;
 pub(crate) mod segment;
 
 use std::fs::File;

@@ -425,6 +425,13 @@ impl Log {
         }
         // A `Durable` future waiting on the topic fails now, not never.
         topic.inner.wake.notify_all();
+        // Before the files go: a sync round that meets one of its
+        // partitions afterwards skips it, instead of failing on the missing
+        // directory (and every round after it, as the partition stayed
+        // dirty), and no checkpoint names it again.
+        for p in topic.all_partition_handles() {
+            p.mark_removed();
+        }
         self.core.ck_cache.lock().remove_topic(topic.id());
         let tdir = topic_dir(&self.core.dir, topic.id());
         std::fs::remove_dir_all(&tdir).at(&tdir)?;

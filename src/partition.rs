@@ -46,6 +46,12 @@ pub(crate) struct PartitionParams {
 #[derive(Debug)]
 pub(crate) struct WriterState {
     pub writer: SegmentWriter,
+    /// The value of `Partition::rolls` after the roll that created the
+    /// writer's segment; 0 for a segment this process did not roll to (a
+    /// recovered one, a new partition's first, or an older one a reclaim
+    /// went back to), whose name recovery, creation or a later roll made
+    /// durable.
+    pub segment_roll: u64,
     pub rates: RateTracker,
     pub load: LoadMap,
 }
@@ -69,16 +75,26 @@ impl DurablePos {
         }
     }
 
-    fn to_cell(self) -> [u64; 3] {
-        [self.segment_base, self.position, self.end_offset]
+    /// With `created_roll`: the cell of `Partition::written`.
+    fn to_cell(self, created_roll: u64) -> [u64; 4] {
+        [
+            self.segment_base,
+            self.position,
+            self.end_offset,
+            created_roll,
+        ]
     }
 
-    fn from_cell([segment_base, position, end_offset]: [u64; 3]) -> DurablePos {
-        DurablePos {
+    /// The position and the roll that created its segment.
+    fn from_cell(
+        [segment_base, position, end_offset, created_roll]: [u64; 4],
+    ) -> (DurablePos, u64) {
+        let pos = DurablePos {
             segment_base,
             position,
             end_offset,
-        }
+        };
+        (pos, created_roll)
     }
 }
 
@@ -108,7 +124,8 @@ pub struct Partition {
     pub(crate) p: PartitionParams,
     segments: RwLock<Arc<Vec<Arc<Segment>>>>,
     writer: Mutex<WriterState>,
-    /// Where the writer's data ends ([`DurablePos::of_writer`]), published
+    /// Where the writer's data ends ([`DurablePos::of_writer`]) and
+    /// [`WriterState::segment_roll`], published
     /// under the writer lock after every change of the writer, so that a
     /// sync round captures it without waiting behind appends in flight.
     written: PositionCell,
@@ -268,9 +285,10 @@ impl Partition {
         }
         let writer = SegmentWriter::new(last, p.index_interval);
         Partition {
-            written: PositionCell::new(DurablePos::of_writer(&writer).to_cell()),
+            written: PositionCell::new(DurablePos::of_writer(&writer).to_cell(0)),
             writer: Mutex::new(WriterState {
                 writer,
+                segment_roll: 0,
                 rates,
                 load,
             }),
@@ -590,7 +608,7 @@ impl Partition {
             v.push(seg.clone());
             *list = Arc::new(v);
         }
-        self.rolls.fetch_add(1, Ordering::AcqRel);
+        w.segment_roll = self.rolls.fetch_add(1, Ordering::AcqRel) + 1;
         self.dir_dirty.store(true, Ordering::Release);
         w.writer = SegmentWriter::new(seg, self.p.index_interval);
         self.publish_written(w);
@@ -849,7 +867,7 @@ impl Partition {
     /// would let a round started after an append miss it.)
     fn publish_written(&self, w: &WriterState) {
         self.written
-            .store(DurablePos::of_writer(&w.writer).to_cell());
+            .store(DurablePos::of_writer(&w.writer).to_cell(w.segment_roll));
         self.end_offset
             .store(w.writer.next_offset(), Ordering::SeqCst);
     }
@@ -867,20 +885,26 @@ impl Partition {
     ///   names is in the list, synced up to at least the position. A roll
     ///   pushes the new segment and publishes the sealed flag of the old
     ///   one before it publishes a position in the new one.
+    /// - The segment the position names has a durable name once this round
+    ///   completes: the position comes with the count of the roll that
+    ///   created its segment, and unless a completed directory fsync
+    ///   already covers that count, this round fsyncs the directory. The
+    ///   "directory changed" flag alone is not enough: a roll may set it
+    ///   after this capture took it, and a seal's `sync_locked` may hold it
+    ///   with its fsync still in flight. The roll count this capture
+    ///   reports (what its directory fsync covers) is read after the
+    ///   position, so it counts that roll too.
     /// - `dirty` is cleared first: an append published after the load
     ///   marks the partition dirty again, for the next round.
-    /// - The directory flag is taken before the roll count is read: a roll
-    ///   counted here created its file before the count moved, so the
-    ///   directory fsync of this round (started after the capture) covers
-    ///   its name; a roll whose flag this capture missed is synced by the
-    ///   next round.
     /// - SeqCst with `publish_written` and `mark_dirty`: see there.
     pub(crate) fn capture_unsynced(&self) -> SyncCapture {
         self.dirty.store(false, Ordering::SeqCst);
         let _ = self.end_offset.load(Ordering::SeqCst);
-        let sync_dir = self.dir_dirty.swap(false, Ordering::AcqRel);
+        let (pos, created_roll) = DurablePos::from_cell(self.written.load());
         let rolls = self.rolls.load(Ordering::Acquire);
-        let pos = DurablePos::from_cell(self.written.load());
+        // Taken whenever set: retention's deletions set it too.
+        let flagged = self.dir_dirty.swap(false, Ordering::AcqRel);
+        let sync_dir = flagged || self.dir_synced_rolls.load(Ordering::Acquire) < created_roll;
         self.capture_segments(pos, sync_dir, rolls)
     }
 
@@ -888,7 +912,7 @@ impl Partition {
     fn capture_with(&self, w: &WriterState) -> SyncCapture {
         debug_assert_eq!(
             DurablePos::of_writer(&w.writer),
-            DurablePos::from_cell(self.written.load()),
+            DurablePos::from_cell(self.written.load()).0,
             "the published position follows the writer"
         );
         self.capture_unsynced()
@@ -928,24 +952,30 @@ impl Partition {
                 }
             }
             // Monotonic: a round that captured before a seal's own sync
-            // may finish after it.
+            // may finish after it. A capture past the partition's end is
+            // from before a reclaim cut the partition there (it names bytes
+            // the reclaim punched out): it moves nothing. Checked under the
+            // `durable` lock, which the reclaim holds while it lowers the end.
+            let end = cap.pos.end_offset;
             let mut d = self.durable.lock();
-            if (cap.pos.segment_base, cap.pos.position) >= (d.segment_base, d.position) {
+            let current = end <= self.end_offset.load(Ordering::Acquire);
+            if current && (cap.pos.segment_base, cap.pos.position) >= (d.segment_base, d.position) {
                 moved = *d != cap.pos;
                 *d = cap.pos;
             }
+            // Under the same lock, for the same reason.
+            let raised = current && self.durable_end.fetch_max(end, Ordering::SeqCst) < end;
             drop(d);
             if cap.sync_dir {
                 // The directory fsync started after the capture: the names
                 // of the segments created by then are durable.
                 self.dir_synced_rolls.fetch_max(cap.rolls, Ordering::AcqRel);
             }
-            // Published only now that the fsyncs returned: durable reads
-            // never show what a power loss could still take back. SeqCst
-            // pairs with the waiter's increment of `waiters` (see
-            // `wait_for_with`).
-            let end = cap.pos.end_offset;
-            if self.durable_end.fetch_max(end, Ordering::SeqCst) < end {
+            // `durable_end` (raised above) is published only once the
+            // fsyncs returned: durable reads never show what a power loss
+            // could still take back. SeqCst pairs with the waiter's
+            // increment of `waiters` (see `wait_for_with`).
+            if raised {
                 if self.waiters.load(Ordering::SeqCst) > 0 {
                     let _g = self.tail_lock.lock();
                     self.tail_cv.notify_all();
@@ -1103,6 +1133,7 @@ impl Partition {
             // close writes its segment's index file: it must not name a
             // removed segment.
             w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
+            w.segment_roll = 0;
             self.publish_written(&w);
         }
         let moved_end = |seg: &Arc<Segment>| (seg.committed_pos(), seg.end_offset());
@@ -1134,6 +1165,7 @@ impl Partition {
         // would capture it as the durable end, and the checkpoint name
         // offsets past `from` at the cut's position.
         w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
+        w.segment_roll = 0;
         self.publish_written(&w);
         self.set_reclaimed_end(keep.base_offset, pos, from);
         drop(list);
@@ -1143,13 +1175,16 @@ impl Partition {
     /// The partition's physical end after a reclaim: what the next
     /// checkpoint names.
     fn set_reclaimed_end(&self, segment_base: u64, position: u64, end_offset: u64) {
-        self.end_offset.store(end_offset, Ordering::Release);
+        // Under the `durable` lock: see `sync_done`.
+        let mut d = self.durable.lock();
+        self.end_offset.store(end_offset, Ordering::SeqCst);
         self.durable_end.fetch_min(end_offset, Ordering::AcqRel);
-        *self.durable.lock() = DurablePos {
+        *d = DurablePos {
             segment_base,
             position,
             end_offset,
         };
+        drop(d);
         self.mark_dirty();
     }
 

@@ -210,6 +210,16 @@ impl Log {
             // Make what recovery kept durable and clear the clean-shutdown
             // mark before anything new is appended: both checkpoint files
             // then describe the recovered state.
+            if !checkpoint.clean {
+                // A process killed after a roll leaves the new segment's
+                // name in the page cache but not known durable: recovery
+                // fsyncs a directory only where it removed or created
+                // files, so the open's rounds fsync every partition's, before
+                // a checkpoint or a durable end names a segment in it.
+                for p in core.all_partitions() {
+                    p.mark_names_recovered();
+                }
+            }
             core.request_checkpoint();
             core.sync_round(false)?;
             core.request_checkpoint();

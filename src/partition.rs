@@ -47,10 +47,11 @@ pub(crate) struct PartitionParams {
 pub(crate) struct WriterState {
     pub writer: SegmentWriter,
     /// The value of `Partition::rolls` after the roll that created the
-    /// writer's segment; 0 for a segment this process did not roll to (a
-    /// recovered one, a new partition's first, or an older one a reclaim
-    /// went back to), whose name recovery, creation or a later roll made
-    /// durable.
+    /// writer's segment; 0 for a segment this process did not roll to,
+    /// whose name is made durable elsewhere: a new partition's first by its
+    /// creation, an older one a reclaim went back to by the roll after it,
+    /// a recovered one by the open (which fsyncs every partition directory
+    /// after an unclean shutdown).
     pub segment_roll: u64,
     pub rates: RateTracker,
     pub load: LoadMap,
@@ -142,6 +143,9 @@ pub struct Partition {
     /// the next round registers it with the log's failed partitions.
     poison_unreported: AtomicBool,
     dir_dirty: AtomicBool,
+    /// The names recovery found are not known durable (an unclean
+    /// shutdown): the next round fsyncs the directory, as recovery's own.
+    dir_recovered: AtomicBool,
     /// Rolls so far, counted from 1 at open (the names recovery found are
     /// not known to be durable). Changed under the writer lock.
     rolls: AtomicU64,
@@ -194,6 +198,9 @@ pub(crate) struct SyncCapture {
     /// Segments to sync: (segment, committed position, sealed at capture).
     pub segments: Vec<(Arc<Segment>, u64, bool)>,
     pub sync_dir: bool,
+    /// The op the directory fsync goes through (`SyncRecoveryDir` when it
+    /// makes the names recovery found durable).
+    pub dir_op: IoOp,
     /// The partition's roll count at the capture: what a successful
     /// directory fsync of this capture covers.
     pub rolls: u64,
@@ -226,7 +233,7 @@ impl SyncCapture {
                 fd: std::os::unix::io::AsRawFd::as_raw_fd(&f),
                 path: dir.to_path_buf(),
                 datasync: false,
-                op: IoOp::SyncDir,
+                op: self.dir_op,
                 _keep: Some(Arc::new(f)),
             });
         }
@@ -301,6 +308,7 @@ impl Partition {
             is_poisoned: AtomicBool::new(false),
             poison_unreported: AtomicBool::new(false),
             dir_dirty: AtomicBool::new(false),
+            dir_recovered: AtomicBool::new(false),
             rolls: AtomicU64::new(1),
             dir_synced_rolls: AtomicU64::new(0),
             checkpointed_bases: Mutex::new((durable.0, durable.0)),
@@ -429,6 +437,13 @@ impl Partition {
             });
         }
         Ok(())
+    }
+
+    /// Makes the next sync round fsync the partition's directory, for the
+    /// names recovery found (see `Log::open`).
+    pub(crate) fn mark_names_recovered(&self) {
+        self.dir_recovered.store(true, Ordering::Release);
+        self.mark_dirty();
     }
 
     /// Registers the partition for the next sync round.
@@ -904,8 +919,14 @@ impl Partition {
         let rolls = self.rolls.load(Ordering::Acquire);
         // Taken whenever set: retention's deletions set it too.
         let flagged = self.dir_dirty.swap(false, Ordering::AcqRel);
-        let sync_dir = flagged || self.dir_synced_rolls.load(Ordering::Acquire) < created_roll;
-        self.capture_segments(pos, sync_dir, rolls)
+        let recovered = self.dir_recovered.swap(false, Ordering::AcqRel);
+        let sync_dir =
+            flagged || recovered || self.dir_synced_rolls.load(Ordering::Acquire) < created_roll;
+        let mut cap = self.capture_segments(pos, sync_dir, rolls);
+        if recovered {
+            cap.dir_op = IoOp::SyncRecoveryDir;
+        }
+        cap
     }
 
     /// [`Partition::capture_unsynced`] by a caller holding the writer lock.
@@ -935,6 +956,7 @@ impl Partition {
         SyncCapture {
             segments: out,
             sync_dir,
+            dir_op: IoOp::SyncDir,
             rolls,
             pos,
         }
@@ -953,18 +975,24 @@ impl Partition {
             }
             // Monotonic: a round that captured before a seal's own sync
             // may finish after it. A capture past the partition's end is
-            // from before a reclaim cut the partition there (it names bytes
-            // the reclaim punched out): it moves nothing. Checked under the
-            // `durable` lock, which the reclaim holds while it lowers the end.
-            let end = cap.pos.end_offset;
+            // either from before a reclaim cut the partition there (it names
+            // bytes the reclaim punched out) or of an append whose writer
+            // has published its position but not yet its end: the durable
+            // position stays (the writer marks the partition dirty again
+            // right after, for the next round), and the durable end rises
+            // only to the partition's end, which this round's fsyncs
+            // covered. Checked under the `durable` lock, which the reclaim
+            // holds while it lowers the end.
             let mut d = self.durable.lock();
-            let current = end <= self.end_offset.load(Ordering::Acquire);
+            let physical_end = self.end_offset.load(Ordering::Acquire);
+            let current = cap.pos.end_offset <= physical_end;
+            let end = cap.pos.end_offset.min(physical_end);
             if current && (cap.pos.segment_base, cap.pos.position) >= (d.segment_base, d.position) {
                 moved = *d != cap.pos;
                 *d = cap.pos;
             }
             // Under the same lock, for the same reason.
-            let raised = current && self.durable_end.fetch_max(end, Ordering::SeqCst) < end;
+            let raised = self.durable_end.fetch_max(end, Ordering::SeqCst) < end;
             drop(d);
             if cap.sync_dir {
                 // The directory fsync started after the capture: the names
@@ -985,6 +1013,9 @@ impl Partition {
         } else {
             if cap.sync_dir {
                 self.dir_dirty.store(true, Ordering::Release);
+            }
+            if cap.dir_op == IoOp::SyncRecoveryDir {
+                self.dir_recovered.store(true, Ordering::Release);
             }
             self.mark_dirty();
         }

@@ -707,6 +707,11 @@ impl Topic {
         if self.inner.sync_always {
             self.inner.core.sync_covering(parts)?;
         }
+        // The topic was deleted under a handle that lived on: the record
+        // went into a removed file, and no round syncs it.
+        if parts.iter().any(|p| p.is_removed()) {
+            return Err(Error::UnknownTopic(self.inner.name.to_string()));
+        }
         Ok(())
     }
 

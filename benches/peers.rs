@@ -39,8 +39,10 @@
 //!   wherever a workload asks for durability. W5: not run (`append` takes
 //!   `&mut self`: one writer).
 //!
-//! `cargo bench --bench peers`; knobs `PEERS_RUNS` (default 3) and
-//! `PEERS_SCALE` (record and batch counts are multiplied by it, default 1).
+//! `cargo bench --bench peers`; knobs `PEERS_RUNS` (default 3),
+//! `PEERS_SCALE` (record and batch counts are multiplied by it, default 1)
+//! and `PEERS_ONLY` (a comma-separated list of workloads to run, e.g.
+//! `W3,W5`; W4 reads W2's data, so either runs both).
 //! Without `--bench` (as `cargo test --benches` runs it) the defaults are
 //! one run at scale 0.002.
 
@@ -838,6 +840,13 @@ fn main() {
     let v1 = Values::new(n1, W1_LEN);
     let v2 = Values::new(n2, W2_LEN);
     let v3 = Values::new(b3 * W3_PER_BATCH, W3_LEN);
+    let only = std::env::var("PEERS_ONLY").ok();
+    let want = |names: &[&str]| {
+        only.as_deref().is_none_or(|list| {
+            list.split(',')
+                .any(|w| names.iter().any(|n| w.trim().eq_ignore_ascii_case(n)))
+        })
+    };
 
     let mut rows = [
         Row::new(format!("W1 {n1} x {W1_LEN} B, 1 per call, sync"), false),
@@ -860,7 +869,7 @@ fn main() {
         // another's large write-back.
         let mut order = SYSTEMS;
         order.rotate_left(run % SYSTEMS.len());
-        for &sys in &order {
+        for &sys in order.iter().filter(|_| want(&["W1"])) {
             let dir = sys.dir("w1");
             let r = match sys {
                 Sys::Fission => {
@@ -879,7 +888,8 @@ fn main() {
             remove_dir(&dir);
             rows[0].add(sys, r);
         }
-        for &sys in order.iter().filter(|&&s| s != Sys::OkayWal) {
+        let w1b = want(&["W1-batch"]);
+        for &sys in order.iter().filter(|&&s| w1b && s != Sys::OkayWal) {
             let dir = sys.dir("w1b");
             let r = match sys {
                 Sys::Fission => {
@@ -894,7 +904,7 @@ fn main() {
             remove_dir(&dir);
             rows[1].add(sys, r);
         }
-        for &sys in &order {
+        for &sys in order.iter().filter(|_| want(&["W2", "W4"])) {
             let dir = sys.dir("w2");
             let (w, r) = match sys {
                 Sys::Fission => {
@@ -922,10 +932,13 @@ fn main() {
             rows[2].add(sys, w);
             rows[4].add(sys, r);
         }
-        for (&sys, r) in SYSTEMS.iter().zip(w3_interleaved(&v3)) {
-            rows[3].add(sys, r);
+        if want(&["W3"]) {
+            for (&sys, r) in SYSTEMS.iter().zip(w3_interleaved(&v3)) {
+                rows[3].add(sys, r);
+            }
         }
-        for &sys in order.iter().filter(|&&s| s != Sys::CommitLog) {
+        let w5 = want(&["W5"]);
+        for &sys in order.iter().filter(|&&s| w5 && s != Sys::CommitLog) {
             let dir = sys.dir("w5");
             let r = match sys {
                 Sys::Fission => fl_concurrent(&dir, &v3),

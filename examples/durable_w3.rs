@@ -17,6 +17,9 @@
 //!   `MADV_POPULATE_READ`, as the engine's prefault thread does;
 //! - `pwrite`: pwrite(2) of the framed batch into a preallocated file, then
 //!   fdatasync;
+//! - `raw-sparse`: pwrite(2) of the framed batch into a file set to 1 GiB
+//!   first, sparse (the shape of the engine's active segment), then
+//!   fdatasync;
 //! - `pwrite-zeroed`: the same into a file filled with written zeros first
 //!   (no unwritten extents left to convert at each sync);
 //! - `uring1`: as `raw`, with the fdatasync submitted through io_uring (as
@@ -52,7 +55,7 @@ const PER_BATCH: usize = 64;
 const VALUE_LEN: usize = 1024;
 /// The raw baselines' per-record header: len u32, crc u32, offset u64.
 const RAW_HEADER: usize = 16;
-const MODES: [&str; 10] = [
+const MODES: [&str; 11] = [
     "raw",
     "engine",
     "engine-ck-every-round",
@@ -60,6 +63,7 @@ const MODES: [&str; 10] = [
     "mmap",
     "mmap-populate",
     "pwrite",
+    "raw-sparse",
     "pwrite-zeroed",
     "uring1",
     "uring2",
@@ -148,6 +152,9 @@ fn raw(dir: &Path, batches: usize, prealloc: bool, positional: bool, zeroed: boo
     let path = dir.join("raw.dat");
     let size = if prealloc { file_bytes(batches) } else { 0 };
     let mut f = create(&path, size);
+    if positional && !prealloc {
+        f.set_len(1 << 30).expect("set_len");
+    }
     if zeroed {
         let zeros = vec![0u8; 1 << 20];
         let mut at = 0;
@@ -330,6 +337,7 @@ fn run_mode(mode: &str, dir: &Path, batches: usize) -> Run {
         "raw-prealloc" => raw(dir, batches, true, false, false),
         "pwrite" => raw(dir, batches, true, true, false),
         "pwrite-zeroed" => raw(dir, batches, true, true, true),
+        "raw-sparse" => raw(dir, batches, false, true, false),
         "mmap" => mmap(dir, batches, false),
         "mmap-populate" => mmap(dir, batches, true),
         "uring1" => uring(dir, batches, false),

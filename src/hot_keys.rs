@@ -402,7 +402,7 @@ impl Topic {
         // No split or merge meanwhile: the lane owners read below stay the
         // owners until the record commits.
         let _change = self.inner.change.lock();
-        self.inner.core.check_open()?;
+        self.check_live()?;
         let lanes = self.check_mode(mode, lanes)?;
         let points = lane_points(hash, lanes);
         let hot = &self.inner.hot;

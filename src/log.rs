@@ -419,6 +419,14 @@ impl Log {
     pub fn delete_topic(&self, name: &str) -> Result<()> {
         self.core.check_open()?;
         let topic = self.topic(name)?;
+        // No split, merge, tail split, hot-key change or removal of the
+        // topic's partitions runs meanwhile, and none starts afterwards
+        // (`deleted`): each writes files into the directory removed below.
+        let _change = topic.inner.change.lock();
+        if topic.inner.deleted.load(Ordering::Acquire) {
+            // A concurrent delete of the same topic went first.
+            return Err(Error::UnknownTopic(name.to_string()));
+        }
         let mut topo = self.core.topology.lock();
         self.core.commit(
             &mut topo,
@@ -427,6 +435,7 @@ impl Log {
             },
         )?;
         drop(topo);
+        topic.inner.deleted.store(true, Ordering::Release);
         self.core.topics.write().remove(name);
         {
             let mut deleted = self.core.deleted_topics.lock();
@@ -556,6 +565,7 @@ fn new_topic(core: &Arc<Core>, lock: &Arc<DirLock>, rec: &TopicRecord) -> Topic 
             lineage: Mutex::new(None),
             wake: Arc::default(),
             change: Mutex::new(()),
+            deleted: std::sync::atomic::AtomicBool::new(false),
             round_robin: AtomicU64::new(0),
             sync_always: rec.config.sync == SyncPolicy::Always,
             dir: topic_dir(&core.dir, rec.id),

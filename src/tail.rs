@@ -295,7 +295,7 @@ impl Topic {
         options: TailSplitOptions,
     ) -> Result<TailSplitOutcome> {
         let _change = self.inner.change.lock();
-        self.inner.core.check_open()?;
+        self.check_live()?;
         let (start, end, parent) = {
             let st = self.inner.state.read();
             let n = st
@@ -567,7 +567,7 @@ impl Topic {
     /// (not a tail-split parent).
     pub fn reclaim_tail(&self, partition: u32) -> Result<TailReclaimOutcome> {
         let _change = self.inner.change.lock();
-        self.inner.core.check_open()?;
+        self.check_live()?;
         let (part, info) = {
             let st = self.inner.state.read();
             let n = st
@@ -589,6 +589,14 @@ impl Topic {
     /// range (retention's pass). Returns the bytes released.
     pub(crate) fn reclaim_tails(&self) -> Result<u64> {
         let _change = self.inner.change.lock();
+        if self
+            .inner
+            .deleted
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            // Its files went with it.
+            return Ok(0);
+        }
         let todo: Vec<(Arc<Partition>, Arc<TailInfo>)> = {
             let st = self.inner.state.read();
             st.tails

@@ -171,7 +171,13 @@ pub(crate) struct TopicInner {
     pub lineage: Mutex<Option<Arc<Lineage>>>,
     /// Wakes readers blocked in `poll_wait` when any partition can move.
     pub wake: Arc<TailWake>,
+    /// Serialises topology changes of the topic (split, merge, tail split,
+    /// hot-key modes, removal of emptied partitions) and its deletion.
     pub change: Mutex<()>,
+    /// Set by `Log::delete_topic` under `change` once the deletion is
+    /// committed: a change that takes `change` afterwards refuses to run
+    /// (it would write files into the removed directory).
+    pub deleted: std::sync::atomic::AtomicBool,
     pub round_robin: AtomicU64,
     /// `config.sync == SyncPolicy::Always`, read without a lock on every append.
     pub sync_always: bool,
@@ -318,6 +324,16 @@ impl Topic {
         drop(groups);
         // Readers blocked in `poll_wait` return `Error::Closed` now.
         self.inner.wake.notify_all();
+    }
+
+    /// For a topology change, under the change lock: the log is open and
+    /// the topic was not deleted.
+    pub(crate) fn check_live(&self) -> Result<()> {
+        self.inner.core.check_open()?;
+        if self.inner.deleted.load(Ordering::Acquire) {
+            return Err(Error::UnknownTopic(self.inner.name.to_string()));
+        }
+        Ok(())
     }
 
     pub(crate) fn all_partition_handles(&self) -> Vec<Arc<Partition>> {
@@ -1033,8 +1049,9 @@ impl Topic {
         let _change = self.inner.change.lock();
         // Checked under the change lock: a split that failed to commit
         // poisons the log and keeps its children's files (its record may be
-        // on disk); no later change may reuse their ids.
-        self.inner.core.check_open()?;
+        // on disk); no later change may reuse their ids. A deleted topic
+        // takes no children into its removed directory.
+        self.check_live()?;
         let (start, end, parent) = {
             let st = self.inner.state.read();
             let n = st
@@ -1104,7 +1121,7 @@ impl Topic {
     /// Merges two active partitions with adjacent ranges into one child.
     pub fn merge(&self, a: u32, b: u32) -> Result<u32> {
         let _change = self.inner.change.lock();
-        self.inner.core.check_open()?;
+        self.check_live()?;
         let (left, right) = {
             let st = self.inner.state.read();
             let get = |id: u32| -> Result<&Node> {
@@ -1196,6 +1213,10 @@ impl Topic {
     /// continue the lineage in order). Returns how many were removed.
     pub(crate) fn remove_emptied(&self) -> Result<usize> {
         let _change = self.inner.change.lock();
+        if self.inner.deleted.load(Ordering::Acquire) {
+            // Its partitions went with it.
+            return Ok(0);
+        }
         let mut removed = 0;
         loop {
             let next = {

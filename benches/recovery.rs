@@ -1,6 +1,9 @@
 //! Recovery: scanning segment data that is in the page cache (directly
 //! with `scan_segment`, and as `Log::open` with `full_scan` after an
-//! abandoned run), and a clean reopen of a log with 1,000 segments.
+//! abandoned run), a clean reopen of a log with 1,000 segments, and an
+//! unclean reopen of 1,000 partitions with the first sync after it (which
+//! fsyncs every partition's directory: docs/ARCHITECTURE.md, "Recovered
+//! names").
 
 mod common;
 
@@ -185,6 +188,68 @@ fn many_segments_summary() -> PathBuf {
     dir
 }
 
+/// 1,000 partitions holding one record each, reopened after an abandoned
+/// run (unclean) and after a clean close: the open, and the first and
+/// second `Log::sync` after it.
+fn many_partitions_summary() {
+    let dir = bench_dir("recovery-partitions");
+    let log = Log::open(&dir, LogOptions::default()).expect("open log");
+    let topic = log
+        .create_topic(
+            "bench",
+            TopicConfig {
+                partitions: 1000,
+                segment_bytes: 1 << 20,
+                ..Default::default()
+            },
+        )
+        .expect("create topic");
+    for p in 0..1000 {
+        let rec = [NewRecord {
+            key: None,
+            value: b"v",
+            timestamp: None,
+        }];
+        topic.append_to(p, &rec).expect("append");
+    }
+    drop(topic);
+    log.sync().expect("sync");
+    log.abandon();
+    let mut rows: [Vec<Duration>; 6] = Default::default();
+    for _ in 0..runs() {
+        for (k, clean) in [(0, false), (3, true)] {
+            let t0 = Instant::now();
+            let log = Log::open(&dir, LogOptions::default()).expect("reopen");
+            rows[k].push(t0.elapsed());
+            assert_eq!(log.recovery_report().clean_shutdown, clean);
+            for i in 1..3 {
+                let t0 = Instant::now();
+                log.sync().expect("sync");
+                rows[k + i].push(t0.elapsed());
+            }
+            if clean {
+                log.abandon();
+            } else {
+                log.close().expect("close");
+            }
+        }
+    }
+    for (k, label) in [
+        "unclean reopen, 1000 partitions",
+        "  first sync after it (every directory fsynced)",
+        "  second sync",
+        "clean reopen, 1000 partitions",
+        "  first sync after it",
+        "  second sync",
+    ]
+    .iter()
+    .enumerate()
+    {
+        row_value(label, format!("{:.1} ms", median_secs(&rows[k]) * 1e3));
+    }
+    remove_dir(&dir);
+}
+
 fn criterion_groups(c: &mut Criterion) {
     let dir = bench_dir("recovery-criterion");
     let log = build(&dir, 100_000, 64 << 20, None);
@@ -211,6 +276,7 @@ fn main() {
         scan_summary(records());
         let dir = many_segments_summary();
         remove_dir(&dir);
+        many_partitions_summary();
     }
     let mut c = Criterion::default()
         .sample_size(10)

@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use common::crash::CrashOptions;
 use common::model_hook::ModelHook;
+use common::probe::{
+    fast_tempdir, install_pause_handler, pause_thread, poll_once, self_thread, wait_flag,
+};
 use fissionlog::{IoHook, IoOp, Log, LogOptions, NewRecord, RecoveryMode, SyncPolicy, TopicConfig};
 
 fn opts() -> LogOptions {
@@ -20,17 +23,6 @@ fn opts() -> LogOptions {
         background_retention: false,
         ..LogOptions::default()
     }
-}
-
-/// A fast filesystem when there is one (fsyncs are cheap there, so rounds
-/// and rolls come often), the default temporary directory otherwise.
-fn fast_tempdir() -> tempfile::TempDir {
-    if Path::new("/dev/shm").is_dir() {
-        if let Ok(d) = tempfile::tempdir_in("/dev/shm") {
-            return d;
-        }
-    }
-    tempfile::tempdir().unwrap()
 }
 
 /// Sees when each segment file was created and when each directory fsync
@@ -128,55 +120,6 @@ impl NameHook {
     }
 }
 
-/// Pause of the signalled thread, in microseconds (see `pause_handler`).
-static PAUSE_US: AtomicU64 = AtomicU64::new(300);
-
-/// SIGUSR1 handler: stops the signalled thread (the one running sync
-/// rounds) for a moment at whatever instruction it was, as a preemption
-/// would, so that an append or a roll on the other core runs in the middle
-/// of a round's capture. `nanosleep` is async-signal-safe.
-extern "C" fn pause_handler(_: libc::c_int) {
-    let us = PAUSE_US.load(Ordering::Relaxed);
-    let ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: (us * 1000) as libc::c_long,
-    };
-    // SAFETY: nanosleep reads the valid `ts`; the remainder pointer may be null.
-    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
-}
-
-/// Interrupts the calling thread with [`pause_handler`] at seeded
-/// pseudo-random intervals until the returned flag is set.
-fn start_pauses<'s>(
-    s: &'s std::thread::Scope<'s, '_>,
-    stop: &'s AtomicBool,
-    seed: u64,
-) -> std::thread::ScopedJoinHandle<'s, u64> {
-    // SAFETY: installs a handler that only calls nanosleep (async-signal-
-    // safe); SA_RESTART restarts the syscalls it interrupts.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = pause_handler as *const () as usize;
-        sa.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
-    }
-    // SAFETY: pthread_self has no preconditions.
-    let target = unsafe { libc::pthread_self() } as usize;
-    s.spawn(move || {
-        let mut rng = common::crash::SplitMix64::new(seed);
-        let mut sent = 0;
-        while !stop.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_micros(300 + rng.below(200)));
-            // SAFETY: `target` runs until `stop` is set (it sets it and
-            // then joins this thread).
-            unsafe { libc::pthread_kill(target as libc::pthread_t, libc::SIGUSR1) };
-            sent += 1;
-        }
-        sent
-    })
-}
-
 /// Forwards every op to a [`NameHook`] and, when there is one, to a
 /// [`ModelHook`] (the per-file power-loss model).
 #[derive(Debug)]
@@ -236,7 +179,12 @@ fn race_rolls_with_rounds(
     let pauses = std::env::var_os("PROBE_NO_PAUSES").is_none();
     let pause_stop = AtomicBool::new(false);
     std::thread::scope(|s| {
-        let pauser = pauses.then(|| start_pauses(s, &pause_stop, 0x5eed_0001));
+        let pauser = pauses.then(|| {
+            install_pause_handler(libc::SIGUSR1);
+            let target = self_thread();
+            let stop = &pause_stop;
+            s.spawn(move || pause_thread(target, libc::SIGUSR1, stop, 0x5eed_0001, (300, 200)))
+        });
         let appender = s.spawn(|| {
             let v = vec![7u8; 1200];
             let rec = [NewRecord {
@@ -438,16 +386,6 @@ fn durable_future_record_survives_power_loss_after_racing_roll() {
         "records reported durable were lost:\n{}",
         lost.join("\n")
     );
-}
-
-/// Polls a future once with a no-op waker.
-fn poll_once<F: std::future::Future>(f: F) -> Option<F::Output> {
-    let mut f = std::pin::pin!(f);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match f.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(v) => Some(v),
-        std::task::Poll::Pending => None,
-    }
 }
 
 /// A [`NameHook`] that can also hold the first directory fsync of
@@ -754,17 +692,6 @@ struct ReclaimGate {
     /// The reclaim's cut waited in vain for a round (one that could not
     /// capture while the reclaim held the writer lock).
     trim_timed_out: AtomicBool,
-}
-
-fn wait_flag(f: &AtomicBool, limit: Duration) -> bool {
-    let start = Instant::now();
-    while !f.load(Ordering::Acquire) {
-        if start.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    true
 }
 
 impl IoHook for ReclaimGate {

@@ -12,9 +12,11 @@ use std::time::{Duration, Instant};
 
 use common::crash::CrashOptions;
 use common::model_hook::ModelHook;
+use common::probe::{
+    fast_tempdir, install_pause_handler, pause_thread, poll_once, rec, self_thread, PAUSE_US,
+};
 use fissionlog::{
-    IoHook, IoOp, Log, LogOptions, NewRecord, ReadIsolation, RecoveryMode, SplitPlan, SyncPolicy,
-    TopicConfig,
+    IoHook, IoOp, Log, LogOptions, ReadIsolation, RecoveryMode, SplitPlan, SyncPolicy, TopicConfig,
 };
 
 fn opts() -> LogOptions {
@@ -33,14 +35,6 @@ fn small(sync: SyncPolicy) -> TopicConfig {
         sync,
         ..TopicConfig::default()
     }
-}
-
-fn rec(v: &[u8]) -> [NewRecord<'_>; 1] {
-    [NewRecord {
-        key: None,
-        value: v,
-        timestamp: None,
-    }]
 }
 
 /// Opens power-loss images of `point` that drop the file `seg_name` and
@@ -262,77 +256,6 @@ impl IoHook for KillAfterRoll {
     }
 }
 
-/// Polls a future once with a no-op waker.
-fn poll_once<F: std::future::Future>(f: F) -> Option<F::Output> {
-    let mut f = std::pin::pin!(f);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match f.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(v) => Some(v),
-        std::task::Poll::Pending => None,
-    }
-}
-
-/// Pause of the signalled thread, in microseconds (see `pause_handler`).
-static PAUSE_US: AtomicU64 = AtomicU64::new(400);
-
-/// SIGUSR2 handler: stops the signalled thread for a moment wherever it
-/// is, as a preemption would. `nanosleep` is async-signal-safe.
-extern "C" fn pause_handler(_: libc::c_int) {
-    let us = PAUSE_US.load(Ordering::Relaxed);
-    let ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: (us * 1000) as libc::c_long,
-    };
-    // SAFETY: nanosleep reads the valid `ts`; the remainder may be null.
-    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
-}
-
-fn install_pause_handler() {
-    // SAFETY: installs a handler that only calls nanosleep (async-signal-
-    // safe); SA_RESTART restarts the syscalls it interrupts.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = pause_handler as *const () as usize;
-        sa.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
-    }
-}
-
-fn self_thread() -> u64 {
-    // SAFETY: pthread_self has no preconditions.
-    unsafe { libc::pthread_self() as u64 }
-}
-
-/// Sends the pause signal to `target` (a thread that runs until `stop`)
-/// at seeded pseudo-random intervals. Returns the number sent.
-fn pause_thread(target: u64, stop: &AtomicBool, seed: u64) -> u64 {
-    let mut rng = common::crash::SplitMix64::new(seed);
-    let mut sent = 0;
-    let off = std::env::var_os("PROBE_NO_PAUSES").is_some();
-    while !stop.load(Ordering::Acquire) {
-        if off {
-            std::thread::sleep(Duration::from_millis(1));
-            continue;
-        }
-        std::thread::sleep(Duration::from_micros(100 + rng.below(300)));
-        // SAFETY: `target` runs until `stop` is set, and is joined after
-        // this thread.
-        unsafe { libc::pthread_kill(target as libc::pthread_t, libc::SIGUSR2) };
-        sent += 1;
-    }
-    sent
-}
-
-fn fast_tempdir() -> tempfile::TempDir {
-    if Path::new("/dev/shm").is_dir() {
-        if let Ok(d) = tempfile::tempdir_in("/dev/shm") {
-            return d;
-        }
-    }
-    tempfile::tempdir().unwrap()
-}
-
 fn budget() -> Duration {
     Duration::from_millis(
         std::env::var("PROBE_MS")
@@ -360,7 +283,8 @@ fn budget() -> Duration {
 #[test]
 #[ignore = "race, ~1 run in 2 fails within 3 s on 2 cores; PROBE_MS sets the budget"]
 fn sync_returns_with_the_durable_end_covering_appends_returned_before_it() {
-    install_pause_handler();
+    PAUSE_US.store(400, Ordering::Relaxed);
+    install_pause_handler(libc::SIGUSR2);
     let dir = fast_tempdir();
     let log = Log::open(dir.path(), opts()).unwrap();
     let topic = log
@@ -395,7 +319,8 @@ fn sync_returns_with_the_durable_end_covering_appends_returned_before_it() {
         }
         let t = target.load(Ordering::Acquire);
         let stop_ref = &stop;
-        let pauser = s.spawn(move || pause_thread(t, stop_ref, 0x5eed_0002));
+        let pauser =
+            s.spawn(move || pause_thread(t, libc::SIGUSR2, stop_ref, 0x5eed_0002, (100, 300)));
         let start = Instant::now();
         let mut rounds = 0u64;
         let mut found = None;

@@ -3,10 +3,14 @@
 //! or the change sees the topic gone before it writes anything, so no
 //! deleted topic's directory comes back and nothing else is disturbed.
 
+mod common;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::probe::wait_flag;
 
 use fissionlog::{Error, IoHook, IoOp, Log, LogOptions, SplitPlan, SyncPolicy, TopicConfig};
 
@@ -25,17 +29,6 @@ fn config() -> TopicConfig {
         sync: SyncPolicy::Never,
         ..TopicConfig::default()
     }
-}
-
-fn wait_flag(f: &AtomicBool, limit: Duration) -> bool {
-    let t = Instant::now();
-    while !f.load(Ordering::Acquire) {
-        if t.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
 }
 
 /// Holds a split of `topics/t0/p0` right after its first child's

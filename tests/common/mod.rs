@@ -4,6 +4,7 @@ pub mod durable;
 pub mod groups;
 pub mod hot;
 pub mod model_hook;
+pub mod probe;
 pub mod retention;
 pub mod tail;
 pub mod tmpfs;

@@ -125,9 +125,23 @@ impl Core {
     /// Registers a partition that poisoned itself (its fsync failed while
     /// a split or merge sealed it), so log-wide syncs report it.
     pub fn note_poisoned(&self, p: &Partition) {
+        if p.is_removed() {
+            // Out of the topology (its topic deleted, or emptied and
+            // removed): what it held is gone by intent, and a failure on
+            // its removed directory says nothing about live data.
+            return;
+        }
         if let Err(Error::Poisoned { reason, .. }) = p.check_not_poisoned() {
             self.poison_partition(p, reason);
         }
+    }
+
+    /// Forgets the failures of a deleted topic's partitions: what they
+    /// held is gone by intent, so log-wide syncs stop reporting them.
+    pub fn forget_failed_topic(&self, topic_id: u32) {
+        self.failed_partitions
+            .lock()
+            .retain(|&(t, _), _| t != topic_id);
     }
 
     /// The error a log-wide sync reports while a partition is poisoned.

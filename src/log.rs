@@ -436,7 +436,17 @@ impl Log {
         )?;
         drop(topo);
         topic.inner.deleted.store(true, Ordering::Release);
-        self.core.topics.write().remove(name);
+        {
+            // By identity: a topic of the same name created since the
+            // commit (the name was free from then on) stays.
+            let mut topics = self.core.topics.write();
+            if topics
+                .get(name)
+                .is_some_and(|t| Arc::ptr_eq(&t.inner, &topic.inner))
+            {
+                topics.remove(name);
+            }
+        }
         {
             let mut deleted = self.core.deleted_topics.lock();
             deleted.retain(|w| w.strong_count() > 0);
@@ -449,8 +459,9 @@ impl Log {
         // directory (and every round after it, as the partition stayed
         // dirty), and no checkpoint names it again.
         for p in topic.all_partition_handles() {
-            p.mark_removed();
+            p.mark_deleted();
         }
+        self.core.forget_failed_topic(topic.id());
         self.core.ck_cache.lock().remove_topic(topic.id());
         let tdir = topic_dir(&self.core.dir, topic.id());
         std::fs::remove_dir_all(&tdir).at(&tdir)?;

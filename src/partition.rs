@@ -170,6 +170,9 @@ pub struct Partition {
     /// Left the topology ([`Partition::mark_removed`]): its directory is
     /// about to go, so no sync round touches it and no checkpoint names it.
     removed: AtomicBool,
+    /// Its topic was deleted (set under the writer lock by
+    /// [`Partition::mark_deleted`]): no append or roll writes again.
+    deleted: AtomicBool,
     tail_lock: Mutex<()>,
     tail_cv: Condvar,
     waiters: AtomicUsize,
@@ -315,6 +318,7 @@ impl Partition {
             retired_below: AtomicU64::new(0),
             logical_end: AtomicU64::new(u64::MAX),
             removed: AtomicBool::new(false),
+            deleted: AtomicBool::new(false),
             durable: Mutex::new(DurablePos {
                 segment_base: durable.0,
                 position: durable.1,
@@ -413,6 +417,9 @@ impl Partition {
     }
 
     fn check_writable(&self) -> Result<()> {
+        if self.deleted.load(Ordering::Acquire) {
+            return Err(Error::UnknownTopic(self.p.topic.to_string()));
+        }
         if !self.is_poisoned.load(Ordering::Acquire) {
             return if self.is_sealed() {
                 Err(Error::Sealed {
@@ -1126,9 +1133,19 @@ impl Partition {
             .first()
             .is_some_and(|s| s.base_offset < floor && (v.len() > 1 || self.is_sealed()))
         {
+            if self.is_removed() {
+                // Its topic was deleted after the pass planned: the files
+                // are gone with the directory, and nothing is left to do.
+                return Ok(removed);
+            }
             let s = v.remove(0);
             let _ = std::fs::remove_file(s.index_path());
-            std::fs::remove_file(s.path()).map_err(|e| Error::io(s.path(), e))?;
+            if let Err(e) = std::fs::remove_file(s.path()) {
+                if e.kind() == std::io::ErrorKind::NotFound && self.is_removed() {
+                    return Ok(removed);
+                }
+                return Err(Error::io(s.path(), e));
+            }
             removed.push(s.path().to_path_buf());
         }
         if !removed.is_empty() {
@@ -1258,6 +1275,17 @@ impl Partition {
         if !list.iter().any(|w| w.ptr_eq(&self.me)) {
             list.push(self.me.clone());
         }
+    }
+
+    /// Marks the partition removed because its topic is being deleted,
+    /// under the writer lock: an append or roll in progress (which may
+    /// create a segment file) finishes first, and every later one is
+    /// refused (`check_writable`), so nothing writes into the directory
+    /// `Log::delete_topic` removes next.
+    pub(crate) fn mark_deleted(&self) {
+        let _w = self.writer.lock();
+        self.deleted.store(true, Ordering::Release);
+        self.removed.store(true, Ordering::Release);
     }
 
     /// See [`Partition::mark_removed`].

@@ -116,8 +116,15 @@ impl Core {
     /// later sync round; log-wide syncs report it until reopen.
     pub fn poison_partition(&self, p: &Partition, reason: String) {
         p.poison(reason.clone());
-        self.failed_partitions
-            .lock()
+        let mut failed = self.failed_partitions.lock();
+        // Checked under the lock `forget_failed_topic` takes, after
+        // `Partition::mark_deleted` set the flag: a delete that ran since
+        // the caller's own check either sees this entry and forgets it, or
+        // its flag is seen here.
+        if p.is_removed() {
+            return;
+        }
+        failed
             .entry((p.p.topic_id, p.p.id))
             .or_insert_with(|| (p.p.topic.to_string(), reason));
     }

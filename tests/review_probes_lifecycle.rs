@@ -5,75 +5,19 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::crash::CrashOptions;
+use common::lifecycle::{cfg, opts, partition_values, topic_dirs, tree, Gate};
 use common::model_hook::ModelHook;
 use common::probe::{poll_once, rec};
 use fissionlog::{
     Error, GroupOptions, HotKeyMode, HotKeyPolicy, IoHook, IoOp, Log, LogOptions, NewRecord,
-    ReadIsolation, SplitPlan, StartAt, SyncPolicy, TailSplitOptions, TopicConfig,
+    SplitPlan, StartAt, SyncPolicy, TailSplitOptions, TopicConfig,
 };
-
-fn opts() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        checkpoint_interval: Duration::from_secs(3600),
-        ..LogOptions::default()
-    }
-}
-
-fn cfg(partitions: u32, sync: SyncPolicy) -> TopicConfig {
-    TopicConfig {
-        partitions,
-        segment_bytes: 4096,
-        sync,
-        hot_keys: HotKeyPolicy {
-            allow_windowed: true,
-            allow_spread: true,
-            max_lanes: 4,
-            auto_window: None,
-        },
-        ..TopicConfig::default()
-    }
-}
-
-/// Every file and directory under `root`, relative, sorted.
-fn tree(root: &Path) -> BTreeSet<PathBuf> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<PathBuf>) {
-        let Ok(rd) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            out.insert(p.strip_prefix(root).unwrap().to_path_buf());
-            if p.is_dir() {
-                walk(root, &p, out);
-            }
-        }
-    }
-    let mut out = BTreeSet::new();
-    walk(root, root, &mut out);
-    out
-}
-
-/// Names under `topics/`.
-fn topic_dirs(root: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(root.join("topics"))
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
 
 /// Copies a directory tree (what a killed process leaves: the page cache).
 fn copy_tree(from: &Path, to: &Path) {
@@ -90,22 +34,6 @@ fn copy_tree(from: &Path, to: &Path) {
             }
         }
     }
-}
-
-fn all_values(t: &fissionlog::Topic, p: u32) -> Vec<Vec<u8>> {
-    let part = t.partition(p).unwrap();
-    let mut out = Vec::new();
-    let mut off = part.start_offset();
-    while off < part.end_offset() {
-        let b = part
-            .read_with(off, 1 << 20, ReadIsolation::Written)
-            .unwrap();
-        for r in b.iter() {
-            out.push(r.value.to_vec());
-            off = r.offset + 1;
-        }
-    }
-    out
 }
 
 /// Builds an old topic `t` with history: records in two partitions, a
@@ -181,7 +109,7 @@ fn recreated_topic_shows_nothing_of_the_deleted_one() {
 
     let log = Log::open(dir.path(), opts()).unwrap();
     let t = log.topic("t").unwrap();
-    assert_eq!(all_values(&t, 0), vec![b"new".to_vec()]);
+    assert_eq!(partition_values(&t, 0), vec![b"new".to_vec()]);
     assert!(t.partition(1).is_err());
     assert_eq!(t.hot_key_mode(b"k1"), HotKeyMode::Strict);
     assert_eq!(topic_dirs(dir.path()), vec!["t1".to_string()]);
@@ -191,7 +119,7 @@ fn recreated_topic_shows_nothing_of_the_deleted_one() {
     // Killed: page cache as is.
     let log = Log::open(dir.path(), opts()).unwrap();
     let t = log.topic("t").unwrap();
-    assert_eq!(all_values(&t, 0), vec![b"new".to_vec()]);
+    assert_eq!(partition_values(&t, 0), vec![b"new".to_vec()]);
     assert_eq!(t.groups(), vec!["g".to_string()]);
     let ids: Vec<u32> = t.partitions().iter().map(|p| p.id).collect();
     assert_eq!(ids, vec![0]);
@@ -292,7 +220,7 @@ fn kill_between_delete_record_and_directory_removal_opens_strict() {
         let log = Log::open(work.path(), opts())
             .unwrap_or_else(|e| panic!("{ctx}: Strict open fails: {e}"));
         let b = log.topic("b").unwrap();
-        assert_eq!(all_values(&b, 0), want_b, "{ctx}: topic b");
+        assert_eq!(partition_values(&b, 0), want_b, "{ctx}: topic b");
         if let Ok(a) = log.topic("a") {
             assert_eq!(a.id(), 2, "{ctx}: old topic a is back");
             assert_eq!(a.partition(0).unwrap().end_offset(), 0, "{ctx}");
@@ -361,7 +289,7 @@ fn power_loss_during_delete_and_recreate_opens_strict() {
             let l = Log::open(out.path(), opts())
                 .unwrap_or_else(|e| panic!("{ctx}: Strict open fails: {e}"));
             opened += 1;
-            assert_eq!(all_values(&l.topic("o").unwrap(), 0), want_o, "{ctx}");
+            assert_eq!(partition_values(&l.topic("o").unwrap(), 0), want_o, "{ctx}");
             let live: Vec<String> = l
                 .topics()
                 .iter()
@@ -377,7 +305,7 @@ fn power_loss_during_delete_and_recreate_opens_strict() {
                         assert_eq!(got, end, "{ctx}: old topic partition {p}");
                     }
                 } else {
-                    let vals = all_values(&t, 0);
+                    let vals = partition_values(&t, 0);
                     assert!(
                         vals.is_empty() || vals == vec![b"new".to_vec()],
                         "{ctx}: new topic holds {vals:?}"
@@ -527,63 +455,6 @@ fn roll_through_a_deleted_topic_handle_does_not_fail_later_log_syncs() {
     );
 }
 
-/// Parks the first armed call of `op` (in `after`) until released.
-#[derive(Debug, Default)]
-struct Gate {
-    op: Mutex<Option<IoOp>>,
-    reached: AtomicBool,
-    release: AtomicBool,
-}
-
-impl Gate {
-    fn arm(&self, op: IoOp) {
-        self.reached.store(false, Ordering::Release);
-        self.release.store(false, Ordering::Release);
-        *self.op.lock().unwrap() = Some(op);
-    }
-
-    fn wait_reached(&self) -> bool {
-        let t = Instant::now();
-        while !self.reached.load(Ordering::Acquire) {
-            if t.elapsed() > Duration::from_secs(5) {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        true
-    }
-
-    fn open(&self) {
-        self.release.store(true, Ordering::Release);
-    }
-}
-
-impl IoHook for Gate {
-    fn before(&self, _: IoOp, _: &Path) -> std::io::Result<()> {
-        Ok(())
-    }
-
-    fn after(&self, op: IoOp, _: &Path, result: std::io::Result<()>) -> std::io::Result<()> {
-        let hit = {
-            let mut g = self.op.lock().unwrap();
-            if *g == Some(op) {
-                *g = None;
-                true
-            } else {
-                false
-            }
-        };
-        if hit {
-            self.reached.store(true, Ordering::Release);
-            let t = Instant::now();
-            while !self.release.load(Ordering::Acquire) && t.elapsed() < Duration::from_secs(10) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-        result
-    }
-}
-
 /// C6 (misreport): a retention pass that planned its cuts before a topic
 /// was deleted, and deletes the segments after (`retire_segments` syncs in
 /// between, gated here at its checkpoint fsync). Expected: the pass
@@ -616,7 +487,7 @@ fn retention_pass_racing_delete_topic_still_retires_the_live_topic() {
     // A first pass only moves the checkpointed floors (it deletes nothing).
     assert_eq!(log.enforce_retention().unwrap(), 0);
     log.sync().unwrap();
-    gate.arm(IoOp::SyncCheckpoint);
+    gate.arm(IoOp::SyncCheckpoint, "", false);
     let pass = {
         let log = log.clone();
         std::thread::spawn(move || log.enforce_retention())
@@ -1053,7 +924,7 @@ fn race_delete(segment_bytes: u64) {
             assert!(log.recovery_report().clean_shutdown, "{ctx}");
             assert_eq!(log.topics(), vec!["o".to_string()], "{ctx}");
             assert_eq!(
-                all_values(&log.topic("o").unwrap(), 0),
+                partition_values(&log.topic("o").unwrap(), 0),
                 vec![b"o1".to_vec(), b"o2".to_vec()],
                 "{ctx}"
             );

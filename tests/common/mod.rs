@@ -3,6 +3,7 @@ pub mod crash;
 pub mod durable;
 pub mod groups;
 pub mod hot;
+pub mod lifecycle;
 pub mod model_hook;
 pub mod probe;
 pub mod retention;

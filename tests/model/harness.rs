@@ -3,7 +3,8 @@
 //! `tests/mutations.rs` (which runs it with one fsync call site removed).
 //!
 //! Random sequences of appends, syncs, rolls, retention, forward splits,
-//! merges, clean reopens and power-loss crashes run against the engine and
+//! merges, deleting and re-creating the topic, clean reopens and
+//! power-loss crashes run against the engine and
 //! against a plain in-memory model. The log runs under a [`ModelHook`], so a
 //! crash image keeps only what each file's and each directory's own fsyncs
 //! made durable (`tests/common/durable.rs`). Recovery runs under a fresh
@@ -20,7 +21,10 @@
 //!   contiguous run `[start, end)` no longer than what was appended;
 //! - C5: the partitions are exactly those of the committed topology, and
 //!   each sealed one is sealed at the offset its split or merge committed;
-//! - C7 (after a crash recovery): a second open changes nothing.
+//! - C7 (after a crash recovery): a second open changes nothing;
+//! - after the topic was deleted and created again under its name: nothing
+//!   of the old topic shows (C2), from the re-creation on and after every
+//!   later crash.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -55,6 +59,8 @@ pub enum Op {
     Split(u8),
     /// Merge of the n-th pair of adjacent active partitions.
     Merge(u8),
+    /// `Log::delete_topic`, then `Log::create_topic` under the same name.
+    Recreate,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -149,6 +155,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             .prop_map(|(seed, torn_any_byte)| Op::Crash { seed, torn_any_byte }),
         1 => any::<u8>().prop_map(Op::Split),
         1 => any::<u8>().prop_map(Op::Merge),
+        1 => Just(Op::Recreate),
     ]
 }
 
@@ -485,6 +492,17 @@ impl Harness {
         }
     }
 
+    /// Deletes the topic and creates it again with the same configuration:
+    /// both are durable manifest records when they return, so from here on
+    /// (and after any later crash) the topic is the new, empty one.
+    fn recreate(&mut self) {
+        self.log().delete_topic(TOPIC).unwrap();
+        self.log().create_topic(TOPIC, self.config.clone()).unwrap();
+        self.model = (0..PARTITIONS).map(|p| (p, PartModel::default())).collect();
+        let log = self.log.as_ref().expect("log is open");
+        check_log(log, &mut self.model, "re-created", log.recovery_report());
+    }
+
     fn next_dir(&mut self) -> PathBuf {
         self.generation += 1;
         self.root.path().join(format!("g{}", self.generation))
@@ -765,6 +783,7 @@ pub fn try_case(case: &Case, settings: Settings) -> Result<(), String> {
                 } => h.crash(*seed, *torn_any_byte),
                 Op::Split(n) => h.split(*n),
                 Op::Merge(n) => h.merge(*n),
+                Op::Recreate => h.recreate(),
             }
         }
         // Final: crash with everything synced must keep everything.

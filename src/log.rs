@@ -423,7 +423,7 @@ impl Log {
         // topic's partitions runs meanwhile, and none starts afterwards
         // (`deleted`): each writes files into the directory removed below.
         let _change = topic.inner.change.lock();
-        if topic.inner.deleted.load(Ordering::Acquire) {
+        if topic.is_deleted() {
             // A concurrent delete of the same topic went first.
             return Err(Error::UnknownTopic(name.to_string()));
         }

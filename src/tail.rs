@@ -589,11 +589,7 @@ impl Topic {
     /// range (retention's pass). Returns the bytes released.
     pub(crate) fn reclaim_tails(&self) -> Result<u64> {
         let _change = self.inner.change.lock();
-        if self
-            .inner
-            .deleted
-            .load(std::sync::atomic::Ordering::Acquire)
-        {
+        if self.is_deleted() {
             // Its files went with it.
             return Ok(0);
         }

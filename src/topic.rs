@@ -330,10 +330,15 @@ impl Topic {
     /// the topic was not deleted.
     pub(crate) fn check_live(&self) -> Result<()> {
         self.inner.core.check_open()?;
-        if self.inner.deleted.load(Ordering::Acquire) {
+        if self.is_deleted() {
             return Err(Error::UnknownTopic(self.inner.name.to_string()));
         }
         Ok(())
+    }
+
+    /// `Log::delete_topic` committed the topic's deletion.
+    pub(crate) fn is_deleted(&self) -> bool {
+        self.inner.deleted.load(Ordering::Acquire)
     }
 
     pub(crate) fn all_partition_handles(&self) -> Vec<Arc<Partition>> {
@@ -1213,7 +1218,7 @@ impl Topic {
     /// continue the lineage in order). Returns how many were removed.
     pub(crate) fn remove_emptied(&self) -> Result<usize> {
         let _change = self.inner.change.lock();
-        if self.inner.deleted.load(Ordering::Acquire) {
+        if self.is_deleted() {
             // Its partitions went with it.
             return Ok(0);
         }

@@ -2210,18 +2210,19 @@ impl Member {
 
     /// Like [`Member::poll`], but waits up to `timeout` for records.
     pub fn poll_wait(&mut self, max_records: usize, timeout: Duration) -> Result<Vec<OwnedRecord>> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::duration::deadline_after(timeout);
         let wake = self.shared.topic.inner.wake.clone();
         self.polls += 1;
         loop {
             let got = self.poll_once(max_records)?;
             let now = Instant::now();
-            if !got.is_empty() || now >= deadline {
+            if !got.is_empty() || deadline.is_some_and(|d| now >= d) {
                 return Ok(got);
             }
             // Wake at least every 50 ms to run the coordinator's timeouts.
-            let until = deadline.min(now + Duration::from_millis(50));
-            wake.wait_until(until, || self.can_move());
+            let tick = now + Duration::from_millis(50);
+            let until = deadline.map_or(tick, |d| d.min(tick));
+            wake.wait_until(Some(until), || self.can_move());
         }
     }
 

@@ -73,6 +73,7 @@ mod balance_step;
 mod config;
 mod core;
 mod durable;
+mod duration;
 mod error;
 mod events;
 mod format;

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
@@ -781,7 +781,7 @@ impl Partition {
     /// [`Partition::wait_for`] with an explicit read isolation: a durable
     /// wait wakes when a sync round moves the durable end.
     pub fn wait_for_with(&self, offset: u64, timeout: Duration, isolation: ReadIsolation) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::duration::deadline_after(timeout);
         // The appender stores `end_offset` then loads `waiters`; the waiter
         // increments `waiters` then loads `end_offset` (a store followed by
         // a load of another location on each side, as in Dekker's
@@ -804,8 +804,16 @@ impl Partition {
             let final_end = self.is_sealed()
                 && (isolation == ReadIsolation::Written
                     || self.durable_end_offset() >= self.end_offset());
-            if final_end || self.tail_cv.wait_until(&mut g, deadline).timed_out() {
+            if final_end {
                 break self.visible_end(isolation) > offset;
+            }
+            match deadline {
+                Some(d) => {
+                    if self.tail_cv.wait_until(&mut g, d).timed_out() {
+                        break self.visible_end(isolation) > offset;
+                    }
+                }
+                None => self.tail_cv.wait(&mut g),
             }
         };
         drop(g);

@@ -874,11 +874,11 @@ impl Reader {
     /// (durable reads) on any of them, or a seal that lets the reader move
     /// on to children.
     pub fn poll_wait(&mut self, max_records: usize, timeout: Duration) -> Result<Vec<OwnedRecord>> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::duration::deadline_after(timeout);
         let wake = self.topic.inner.wake.clone();
         loop {
             let got = self.poll(max_records)?;
-            if !got.is_empty() || Instant::now() >= deadline {
+            if !got.is_empty() || deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(got);
             }
             wake.wait_until(deadline, || self.can_move());

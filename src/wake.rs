@@ -116,7 +116,8 @@ impl TailWake {
     }
 
     /// Returns at once when `ready()` holds; otherwise sleeps until a
-    /// notification or `deadline`. Returns what `ready()` said.
+    /// notification or `deadline` (`None`: until a notification). Returns
+    /// what `ready()` said.
     ///
     /// `ready` must read what notifiers publish with `SeqCst` loads. The
     /// waiter increments `waiters` and then loads the published state; a
@@ -128,14 +129,23 @@ impl TailWake {
     /// it read before its check, under the same lock, and does not sleep
     /// through a notification it has not seen. `ready` runs without the
     /// lock held, so it may take any other lock.
-    pub(crate) fn wait_until(&self, deadline: Instant, ready: impl FnOnce() -> bool) -> bool {
+    pub(crate) fn wait_until(
+        &self,
+        deadline: Option<Instant>,
+        ready: impl FnOnce() -> bool,
+    ) -> bool {
         self.waiters.fetch_add(1, Ordering::SeqCst);
         let seen = self.epoch.load(Ordering::SeqCst);
         let is_ready = ready();
         if !is_ready {
             let mut g = self.lock.lock();
             if self.epoch.load(Ordering::SeqCst) == seen {
-                let _ = self.cv.wait_until(&mut g, deadline);
+                match deadline {
+                    Some(d) => {
+                        let _ = self.cv.wait_until(&mut g, d);
+                    }
+                    None => self.cv.wait(&mut g),
+                }
             }
         }
         self.waiters.fetch_sub(1, Ordering::SeqCst);
@@ -167,7 +177,7 @@ mod tests {
         });
         let deadline = t0 + Duration::from_secs(10);
         while !flag.load(Ordering::SeqCst) && Instant::now() < deadline {
-            w.wait_until(deadline, || flag.load(Ordering::SeqCst));
+            w.wait_until(Some(deadline), || flag.load(Ordering::SeqCst));
         }
         notifier.join().unwrap();
         assert!(flag.load(Ordering::SeqCst));
@@ -178,7 +188,7 @@ mod tests {
     fn a_ready_check_returns_without_sleeping() {
         let w = TailWake::default();
         let t0 = Instant::now();
-        assert!(w.wait_until(t0 + Duration::from_secs(10), || true));
+        assert!(w.wait_until(Some(t0 + Duration::from_secs(10)), || true));
         assert!(t0.elapsed() < Duration::from_secs(5));
         assert_eq!(w.waiters.load(Ordering::SeqCst), 0);
     }

@@ -370,3 +370,122 @@ fn lock_child() {
         other => println!("UNEXPECTED {:?}", other.map(|_| ())),
     }
 }
+
+/// Runs `wait` on its own thread and returns what it returned, failing the
+/// test if it has not returned within 10 s (a wait that never ends) or if
+/// it panicked.
+fn bounded<T: Send + 'static>(what: &str, wait: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(wait());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+        Ok(v) => {
+            waiter.join().unwrap();
+            v
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            let panic = waiter.join().err().and_then(|p| {
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            });
+            panic!("{what} panicked: {panic:?}")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what} did not return within 10 s")
+        }
+    }
+}
+
+/// Appends one record to partition 0 of `topic` after 50 ms, from another
+/// thread: what a wait without a deadline must wake for.
+fn append_later(topic: &fissionlog::Topic) -> std::thread::JoinHandle<()> {
+    let topic = topic.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        topic.append(None, b"later").unwrap();
+    })
+}
+
+fn waiting_topic(dir: &Path, records: u64) -> (Log, fissionlog::Topic) {
+    let log = Log::open(dir, opts()).unwrap();
+    let cfg = TopicConfig {
+        partitions: 1,
+        ..TopicConfig::default()
+    };
+    let t = log.create_topic("t", cfg).unwrap();
+    for i in 0..records {
+        t.append(None, format!("v{i}").as_bytes()).unwrap();
+    }
+    (log, t)
+}
+
+#[test]
+fn waits_without_end_return_data_that_is_already_there() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (log, t) = waiting_topic(dir.path(), 3);
+    let t2 = t.clone();
+    let ready = bounded("Topic::wait_for(Duration::MAX)", move || {
+        t2.wait_for(0, 0, std::time::Duration::MAX).unwrap()
+    });
+    assert!(ready);
+    let mut reader = t.reader(fissionlog::StartAt::Earliest).unwrap();
+    let got = bounded("Reader::poll_wait(Duration::MAX)", move || {
+        reader.poll_wait(10, std::time::Duration::MAX).unwrap()
+    });
+    assert_eq!(got.len(), 3);
+    let group = t.group("g", fissionlog::GroupOptions::default()).unwrap();
+    let mut member = group.join(fissionlog::MemberOptions::default()).unwrap();
+    let got = bounded("Member::poll_wait(Duration::MAX)", move || {
+        member.poll_wait(10, std::time::Duration::MAX).unwrap()
+    });
+    assert_eq!(got.len(), 3);
+    drop(group);
+    log.close().unwrap();
+}
+
+#[test]
+fn waits_without_end_wake_for_a_later_append() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (log, t) = waiting_topic(dir.path(), 0);
+
+    let appender = append_later(&t);
+    let t2 = t.clone();
+    let ready = bounded("Topic::wait_for(Duration::MAX)", move || {
+        t2.wait_for(0, 0, std::time::Duration::MAX).unwrap()
+    });
+    appender.join().unwrap();
+    assert!(ready);
+
+    let mut reader = t.reader(fissionlog::StartAt::Latest).unwrap();
+    let appender = append_later(&t);
+    let got = bounded("Reader::poll_wait(Duration::MAX)", move || {
+        reader.poll_wait(10, std::time::Duration::MAX).unwrap()
+    });
+    appender.join().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(&got[0].value[..], b"later");
+
+    let group = t
+        .group(
+            "g",
+            fissionlog::GroupOptions {
+                start: fissionlog::GroupStart::Latest,
+                ..fissionlog::GroupOptions::default()
+            },
+        )
+        .unwrap();
+    let mut member = group.join(fissionlog::MemberOptions::default()).unwrap();
+    let appender = append_later(&t);
+    let got = bounded("Member::poll_wait(Duration::MAX)", move || {
+        member.poll_wait(10, std::time::Duration::MAX).unwrap()
+    });
+    appender.join().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(&got[0].value[..], b"later");
+    drop(group);
+    log.close().unwrap();
+}

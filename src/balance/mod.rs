@@ -23,8 +23,6 @@
 //! positive minimum, and a clock that goes backwards is clamped (the elapsed
 //! time is taken as zero).
 
-use std::time::Duration;
-
 mod clock;
 mod cuts;
 mod decision;
@@ -42,7 +40,4 @@ pub use loadmap::{HotKey, LoadMap};
 pub use policy::BalancePolicy;
 pub use rate::{RateSnapshot, RateTracker, WindowRate, WindowRateSnapshot, DEFAULT_WINDOWS};
 
-/// `d` in nanoseconds, saturating at `u64::MAX` (about 584 years).
-pub(crate) fn duration_nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
+pub(crate) use crate::duration::duration_nanos;

@@ -218,6 +218,17 @@ pub enum Error {
     /// A configuration value is out of its allowed range.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// A duration option is out of its allowed range (for example a zero
+    /// interval that would make a background thread spin).
+    #[error("invalid {option}: {value:?}; {reason}")]
+    InvalidDuration {
+        /// The option, by its field name.
+        option: &'static str,
+        /// The value given.
+        value: std::time::Duration,
+        /// What it must be instead.
+        reason: &'static str,
+    },
     /// A topology change was refused (ranges not adjacent, limits, state).
     #[error("topology change refused: {0}")]
     Refused(String),

@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 
+use crate::duration::duration_nanos;
 use crate::error::{Error, Result};
 use crate::format::manifest::{GroupPosition, GroupRecord, ManifestRecord};
 use crate::read::OwnedRecord;
@@ -115,9 +116,12 @@ impl Default for GroupOptions {
 /// Options of one member.
 #[derive(Debug, Clone)]
 pub struct MemberOptions {
-    /// No heartbeat for this long: the member is dead and fenced.
+    /// No heartbeat for this long: the member is dead and fenced. Must be
+    /// positive; one past the group clock's 584 years (`Duration::MAX`)
+    /// means never.
     pub session_timeout: Duration,
     /// Heartbeats but no poll or commit for this long: the member is slow.
+    /// Must be positive; one past 584 years means never.
     pub processing_timeout: Duration,
     /// A stable identity across restarts (static membership): a member that
     /// joins with the instance id of a member still within its session
@@ -126,7 +130,34 @@ pub struct MemberOptions {
     /// Heartbeat from a background thread at this interval while the
     /// [`Member`] handle lives, independently of processing. `None`: the
     /// caller heartbeats (a broker relaying its clients' heartbeats).
+    /// `Some(Duration::ZERO)` is refused: the thread would spin.
     pub background_heartbeat: Option<Duration>,
+}
+
+impl MemberOptions {
+    /// Refuses zero durations: a zero session or processing timeout
+    /// declares the member dead or slow at once, and a zero heartbeat
+    /// interval makes its background thread spin. A duration too long for
+    /// the group's nanosecond clock (`Duration::MAX` included) is accepted
+    /// and means never.
+    fn validate(&self) -> Result<()> {
+        let zero = |option, value: Duration| {
+            if value.is_zero() {
+                return Err(Error::InvalidDuration {
+                    option,
+                    value,
+                    reason: "it must be positive",
+                });
+            }
+            Ok(())
+        };
+        zero("session_timeout", self.session_timeout)?;
+        zero("processing_timeout", self.processing_timeout)?;
+        if let Some(every) = self.background_heartbeat {
+            zero("background_heartbeat", every)?;
+        }
+        Ok(())
+    }
 }
 
 impl Default for MemberOptions {
@@ -934,7 +965,7 @@ impl GroupShared {
             .members
             .iter()
             .filter(|(_, m)| {
-                now.saturating_sub(m.last_heartbeat) > m.opts.session_timeout.as_nanos() as u64
+                now.saturating_sub(m.last_heartbeat) > duration_nanos(m.opts.session_timeout)
             })
             .map(|(&id, _)| id)
             .collect();
@@ -949,7 +980,7 @@ impl GroupShared {
         for id in ids {
             let m = &st.members[&id];
             let stuck_for = now.saturating_sub(m.last_progress);
-            let limit = m.opts.processing_timeout.as_nanos() as u64;
+            let limit = duration_nanos(m.opts.processing_timeout);
             if stuck_for <= limit {
                 continue;
             }
@@ -1005,7 +1036,7 @@ impl GroupShared {
             .filter_map(|(&p, o)| {
                 let r = o.revoking.as_ref()?;
                 let m = st.members.get(&o.member?)?;
-                (now.saturating_sub(r.since_nanos) > m.opts.processing_timeout.as_nanos() as u64)
+                (now.saturating_sub(r.since_nanos) > duration_nanos(m.opts.processing_timeout))
                     .then_some(p)
             })
             .collect();
@@ -1016,7 +1047,7 @@ impl GroupShared {
         changed |= self.assign_unowned(st, now);
         if membership_changed
             || now.saturating_sub(st.last_balance)
-                >= self.options.rebalance_interval.as_nanos() as u64
+                >= duration_nanos(self.options.rebalance_interval)
         {
             st.last_balance = now;
             changed |= self.balance_load(st, now, membership_changed);
@@ -1341,7 +1372,7 @@ impl GroupShared {
                 r.lag = lag;
             }
         }
-        let cooldown = self.options.move_cooldown.as_nanos() as u64;
+        let cooldown = duration_nanos(self.options.move_cooldown);
         if st
             .last_lag_split
             .is_some_and(|t| now.saturating_sub(t) < cooldown)
@@ -1413,7 +1444,7 @@ impl GroupShared {
         if st.members.len() < 2 {
             return false;
         }
-        let cooldown = self.options.move_cooldown.as_nanos() as u64;
+        let cooldown = duration_nanos(self.options.move_cooldown);
         let load_cooldown = if membership_changed { 0 } else { cooldown };
         let mut moved = false;
         // Relief by lag.
@@ -1456,7 +1487,7 @@ impl GroupShared {
             if self.revoke(st, p, Some(to), now) {
                 st.stats.lag_relieved += 1;
                 if let Some(m) = st.members.get_mut(&id) {
-                    m.relieved_until = now + cooldown;
+                    m.relieved_until = now.saturating_add(cooldown);
                 }
                 gave.insert(to);
                 gave.insert(id);
@@ -1542,11 +1573,7 @@ impl Group {
     pub fn join(&self, options: MemberOptions) -> Result<Member> {
         let s = &self.shared;
         s.topic.inner.core.check_not_closed()?;
-        if options.session_timeout.is_zero() || options.processing_timeout.is_zero() {
-            return Err(Error::InvalidConfig(
-                "session and processing timeouts must be positive".into(),
-            ));
-        }
+        options.validate()?;
         let now = s.now();
         let mut st = s.st.lock();
         if st.deleted {

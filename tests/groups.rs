@@ -483,7 +483,10 @@ fn bad_group_input_is_refused_and_changes_nothing() {
             session_timeout: Duration::ZERO,
             ..member_opts()
         }),
-        Err(Error::InvalidConfig(_))
+        Err(Error::InvalidDuration {
+            option: "session_timeout",
+            ..
+        })
     ));
     let mut m = group.join(member_opts()).unwrap();
     assert!(matches!(
@@ -815,5 +818,184 @@ fn a_lagging_partition_under_the_merge_floor_is_not_split() {
     }
     assert_eq!(group.describe().stats.lag_splits, 0);
     assert_eq!(topic.active_partitions().len(), 1);
+    log.close().unwrap();
+}
+
+/// 2^64 ns plus 0.29 s: a timeout that a cast to `u64` nanoseconds keeps
+/// only the 0.29 s of.
+const PAST_U64_NANOS: Duration = Duration::from_secs(18_446_744_074);
+
+/// Advances the clock in 100 ms steps for `secs` seconds, ticking the
+/// group after each step (past the 1 s rebalance interval, the 0.29 s a
+/// truncated timeout would leave, and every default check).
+fn tick_for(clock: &ManualClock, group: &fissionlog::Group, secs: u64) {
+    for _ in 0..secs * 10 {
+        clock.advance(Duration::from_millis(100));
+        group.tick();
+    }
+}
+
+#[test]
+fn a_session_timeout_past_u64_nanoseconds_never_declares_the_member_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    for session_timeout in [PAST_U64_NANOS, Duration::MAX] {
+        let mut m = group
+            .join(MemberOptions {
+                session_timeout,
+                ..member_opts()
+            })
+            .unwrap();
+        m.poll(0).unwrap();
+        // No heartbeat for 3 s, progress within its processing timeout.
+        tick_for(&clock, &group, 3);
+        let d = group.describe();
+        assert_eq!(d.stats.dead_detected, 0, "{session_timeout:?}: {d:?}");
+        assert!(d.members.iter().any(|x| x.id == m.id()));
+        m.poll(0).unwrap();
+        m.heartbeat().unwrap();
+        m.leave().unwrap();
+    }
+    log.close().unwrap();
+}
+
+#[test]
+fn a_processing_timeout_past_u64_nanoseconds_never_makes_the_member_slow() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append_rr(&topic, 0, 100);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    for processing_timeout in [PAST_U64_NANOS, Duration::MAX] {
+        let m = group
+            .join(MemberOptions {
+                processing_timeout,
+                ..member_opts()
+            })
+            .unwrap();
+        // Heartbeats for 3 s and never polls.
+        for _ in 0..30 {
+            clock.advance(Duration::from_millis(100));
+            m.heartbeat().unwrap();
+        }
+        let d = group.describe();
+        assert_eq!(d.stats.slow_detected, 0, "{processing_timeout:?}: {d:?}");
+        let me = d.members.iter().find(|x| x.id == m.id()).unwrap();
+        assert_eq!(me.state, MemberState::Active);
+        assert_eq!(me.partitions.len(), 2);
+        m.leave().unwrap();
+    }
+    log.close().unwrap();
+}
+
+#[test]
+fn a_revocation_waits_for_an_owner_whose_processing_timeout_is_past_u64_nanoseconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    append_rr(&topic, 0, 100);
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group
+        .join(MemberOptions {
+            processing_timeout: PAST_U64_NANOS,
+            ..member_opts()
+        })
+        .unwrap();
+    let held = a.poll(100).unwrap();
+    assert!(!held.is_empty());
+    // `b`'s share is revoked from `a`, which holds records there and
+    // heartbeats without committing: what is revoked waits for it.
+    let b = group.join(member_opts()).unwrap();
+    for _ in 0..30 {
+        clock.advance(Duration::from_millis(100));
+        a.heartbeat().unwrap();
+        b.heartbeat().unwrap();
+    }
+    let d = group.describe();
+    let revoking: Vec<_> = d.assignments.iter().filter(|x| x.revoking).collect();
+    assert!(!revoking.is_empty(), "{d:?}");
+    assert!(revoking.iter().all(|x| x.member == Some(a.id())), "{d:?}");
+    assert_eq!(d.stats.redelivered, 0);
+    log.close().unwrap();
+}
+
+#[test]
+fn a_move_cooldown_of_duration_max_relieves_a_lagging_member_without_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(4)).unwrap();
+    let options = GroupOptions {
+        move_cooldown: Duration::MAX,
+        split_lagging: false,
+        ..GroupOptions::default()
+    };
+    let group = topic.group("g", options).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    let mut b = group.join(member_opts()).unwrap();
+    a.poll(0).unwrap();
+    a.commit().unwrap();
+    b.poll(0).unwrap();
+    let lagging = a.assignment().partitions;
+    assert_eq!(lagging.len(), 2);
+    // `a`'s partitions fill faster than it reads (it only heartbeats); `b`
+    // keeps up.
+    let value = [0u8; 16];
+    let batch: Vec<fissionlog::NewRecord<'_>> = (0..500)
+        .map(|_| fissionlog::NewRecord {
+            key: None,
+            value: &value,
+            timestamp: None,
+        })
+        .collect();
+    for _ in 0..4 {
+        for &p in &lagging {
+            topic.append_to(p, &batch).unwrap();
+        }
+        clock.advance(Duration::from_millis(1100));
+        a.heartbeat().unwrap();
+        drain(&mut b);
+        b.commit().unwrap();
+    }
+    let d = group.describe();
+    assert!(d.stats.lag_relieved >= 1, "{d:?}");
+    log.close().unwrap();
+}
+
+#[test]
+fn a_zero_background_heartbeat_interval_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let refused = group.join(MemberOptions {
+        background_heartbeat: Some(Duration::ZERO),
+        ..member_opts()
+    });
+    assert!(
+        matches!(
+            refused,
+            Err(Error::InvalidDuration {
+                option: "background_heartbeat",
+                ..
+            })
+        ),
+        "{:?}",
+        refused.map(|m| m.id())
+    );
+    assert!(group.describe().members.is_empty());
+    let m = group
+        .join(MemberOptions {
+            background_heartbeat: Some(Duration::from_nanos(1_000_000)),
+            ..member_opts()
+        })
+        .unwrap();
+    m.leave().unwrap();
     log.close().unwrap();
 }

@@ -1099,8 +1099,13 @@ impl Partition {
         let mut waits_for_checkpoint = false;
         while v.len() - i > usize::from(keep_last) {
             let s = &v[i];
+            // Timestamps are the caller's (any i64) and so is the age: the
+            // difference saturates, and an age past i64 milliseconds
+            // saturates too (a cast would keep its low bits, negative for
+            // `Duration::MAX`, and expire everything).
             let expired = age.is_some_and(|a| {
-                s.max_timestamp() != i64::MIN && now_ms - s.max_timestamp() > a.as_millis() as i64
+                let age_ms = i64::try_from(crate::duration::duration_millis(a)).unwrap_or(i64::MAX);
+                s.max_timestamp() != i64::MIN && now_ms.saturating_sub(s.max_timestamp()) > age_ms
             });
             let too_big = bytes.is_some_and(|b| total > b);
             if !(expired || too_big) || keep_last && !s.is_sealed() {

@@ -489,3 +489,79 @@ fn waits_without_end_wake_for_a_later_append() {
     drop(group);
     log.close().unwrap();
 }
+
+/// A topic of 4 KiB segments holding 200 records stamped `timestamp`, all
+/// but the active segment sealed, with the checkpoints past them.
+fn aged_topic(log: &Log, name: &str, retention_age: std::time::Duration, timestamp: i64) {
+    let cfg = TopicConfig {
+        partitions: 1,
+        segment_bytes: 4096,
+        retention_age: Some(retention_age),
+        ..TopicConfig::default()
+    };
+    let t = log.create_topic(name, cfg).unwrap();
+    let value = [7u8; 100];
+    for _ in 0..200 {
+        t.append_to(
+            0,
+            &[fissionlog::NewRecord {
+                key: None,
+                value: &value,
+                timestamp: Some(timestamp),
+            }],
+        )
+        .unwrap();
+    }
+    assert!(t.partition(0).unwrap().segment_count() > 3);
+}
+
+#[test]
+fn a_retention_age_past_i64_milliseconds_keeps_every_record() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    // Records from 1970: older than an hour, far younger than either age.
+    aged_topic(&log, "forever", std::time::Duration::MAX, 1_000);
+    aged_topic(
+        &log,
+        "ages",
+        std::time::Duration::from_millis(u64::MAX),
+        1_000,
+    );
+    aged_topic(&log, "hour", std::time::Duration::from_secs(3600), 1_000);
+    for _ in 0..3 {
+        log.sync().unwrap();
+        log.enforce_retention().unwrap();
+    }
+    let start = |name: &str| {
+        log.topic(name)
+            .unwrap()
+            .partition(0)
+            .unwrap()
+            .start_offset()
+    };
+    assert!(start("hour") > 0, "retention ran and could remove");
+    assert_eq!(start("forever"), 0);
+    assert_eq!(start("ages"), 0);
+    log.close().unwrap();
+}
+
+#[test]
+fn records_stamped_near_i64_min_expire_without_overflow() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    aged_topic(
+        &log,
+        "ancient",
+        std::time::Duration::from_secs(3600),
+        i64::MIN + 1,
+    );
+    for _ in 0..3 {
+        log.sync().unwrap();
+        log.enforce_retention().unwrap();
+    }
+    let p = log.topic("ancient").unwrap().partition(0).unwrap();
+    assert!(p.start_offset() > 0);
+    log.close().unwrap();
+}

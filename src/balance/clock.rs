@@ -27,7 +27,7 @@ pub trait Clock: Send + Sync + fmt::Debug {
     fn wall_millis(&self) -> u64 {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .map_or(0, crate::duration::duration_millis)
     }
 }
 

@@ -290,7 +290,7 @@ impl RateTracker {
             .rates(now_nanos)
             .into_iter()
             .map(|r| WindowRateSnapshot {
-                window_millis: u64::try_from(r.window.as_millis()).unwrap_or(u64::MAX),
+                window_millis: crate::duration::duration_millis(r.window),
                 bytes_per_sec: r.bytes_per_sec,
                 records_per_sec: r.records_per_sec,
             })

@@ -76,44 +76,81 @@ impl PositionCell {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
+    use std::sync::Barrier;
+    use std::time::{Duration, Instant};
 
     /// A reader racing a writer never sees a mix of two stores: every
     /// value stored keeps `v[1] == 3 * v[0]`, `v[2] == v[0] ^ MASK` and
     /// `v[3] == !v[0]`, which a torn load (fields from different stores)
     /// breaks. Loads are also monotonic, as the writer's values are.
+    ///
+    /// The readers are running before the writer starts (a barrier), and
+    /// the writer goes on until each reader has checked `LOADS` loads and
+    /// seen `CHANGES` different values, so every run checks loads that
+    /// raced stores however late the threads were scheduled.
     #[test]
     fn loads_never_mix_two_stores() {
         const MASK: u64 = 0x5555_5555_5555_5555;
+        const READERS: usize = 2;
+        const LOADS: u64 = 100_000;
+        const CHANGES: u64 = 1_000;
         let cell = PositionCell::new([0, 0, MASK, !0]);
         let stop = AtomicBool::new(false);
-        let checked = std::thread::scope(|s| {
-            let readers: Vec<_> = (0..2)
-                .map(|_| {
-                    s.spawn(|| {
-                        let (mut last, mut n) = (0u64, 0u64);
+        let start = Barrier::new(READERS + 1);
+        let loads: [AtomicU64; READERS] = Default::default();
+        let changes: [AtomicU64; READERS] = Default::default();
+        let stores = std::thread::scope(|s| {
+            let readers: Vec<_> = (0..READERS)
+                .map(|r| {
+                    let (cell, stop, start) = (&cell, &stop, &start);
+                    let (loads, changes) = (&loads[r], &changes[r]);
+                    s.spawn(move || {
+                        start.wait();
+                        let mut last = 0u64;
                         while !stop.load(Ordering::Acquire) {
                             let v = cell.load();
                             assert_eq!(v[1], v[0].wrapping_mul(3), "torn load {v:?}");
                             assert_eq!(v[2], v[0] ^ MASK, "torn load {v:?}");
                             assert_eq!(v[3], !v[0], "torn load {v:?}");
                             assert!(v[0] >= last, "went back from {last} to {}", v[0]);
+                            if v[0] != last {
+                                changes.fetch_add(1, Ordering::Relaxed);
+                            }
                             last = v[0];
-                            n += 1;
+                            loads.fetch_add(1, Ordering::Relaxed);
                         }
-                        n
                     })
                 })
                 .collect();
-            for i in 1..=300_000u64 {
+            start.wait();
+            // A reader that stopped (its assertion failed) or never ran
+            // ends the run after a minute instead of hanging it.
+            let limit = Instant::now() + Duration::from_secs(60);
+            let enough = |r: usize| {
+                loads[r].load(Ordering::Relaxed) >= LOADS
+                    && changes[r].load(Ordering::Relaxed) >= CHANGES
+            };
+            let mut i = 0u64;
+            while !(0..READERS).all(enough) && (i % 1024 != 0 || Instant::now() < limit) {
+                i += 1;
                 cell.store([i, i.wrapping_mul(3), i ^ MASK, !i]);
             }
             stop.store(true, Ordering::Release);
-            readers
-                .into_iter()
-                .map(|r| r.join().expect("reader"))
-                .sum::<u64>()
+            for r in readers {
+                r.join().expect("reader");
+            }
+            i
         });
-        assert!(checked > 0);
-        assert_eq!(cell.load(), [300_000, 900_000, 300_000 ^ MASK, !300_000]);
+        for r in 0..READERS {
+            let (n, c) = (
+                loads[r].load(Ordering::Relaxed),
+                changes[r].load(Ordering::Relaxed),
+            );
+            assert!(
+                n >= LOADS && c >= CHANGES,
+                "reader {r}: {n} loads, {c} changes"
+            );
+        }
+        assert_eq!(cell.load(), [stores, stores * 3, stores ^ MASK, !stores]);
     }
 }

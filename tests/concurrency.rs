@@ -1,8 +1,9 @@
 //! C6 under concurrency: readers while appending, rolling and retention
 //! deleting segments never see torn or wrong bytes and never crash.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
 use fissionlog::{Error, Log, LogOptions, NewRecord, TopicConfig};
 
@@ -39,23 +40,31 @@ fn readers_during_appends_rolls_and_retention() {
         .unwrap();
     let p = t.partition(0).unwrap();
     let done = Arc::new(AtomicBool::new(false));
-    let readers: Vec<_> = (0..2)
-        .map(|_| {
-            let p = p.clone();
-            let done = done.clone();
+    // The readers are reading before the first append, and appends go on
+    // until each has checked `MIN_SEEN` records while they ran: every run
+    // checks reads that raced appends, rolls and retention, however late
+    // the threads were scheduled.
+    const READERS: usize = 2;
+    const MIN_SEEN: u64 = 20_000;
+    let start = Arc::new(Barrier::new(READERS + 1));
+    let seen: Arc<[AtomicU64; READERS]> = Arc::default();
+    let readers: Vec<_> = (0..READERS)
+        .map(|me| {
+            let (p, done, start, seen) = (p.clone(), done.clone(), start.clone(), seen.clone());
             std::thread::spawn(move || {
-                let mut seen = 0u64;
+                start.wait();
                 while !done.load(Ordering::Acquire) {
                     let mut next = p.start_offset();
                     while next < p.end_offset() {
                         match p.read(next, 4096) {
                             Ok(b) => {
+                                let from = next;
                                 for r in b.iter() {
                                     assert_eq!(r.offset, next);
                                     check(r.offset, r.value);
                                     next += 1;
-                                    seen += 1;
                                 }
+                                seen[me].fetch_add(next - from, Ordering::Relaxed);
                             }
                             // Retention removed it meanwhile: start again.
                             Err(Error::Retained { end, .. }) => next = end.max(next),
@@ -63,13 +72,23 @@ fn readers_during_appends_rolls_and_retention() {
                         }
                     }
                 }
-                seen
             })
         })
         .collect();
+    start.wait();
     // A batch held across retention deleting its segment stays readable.
     let mut held = None;
-    for i in 0..6000u64 {
+    let limit = Instant::now() + Duration::from_secs(60);
+    let enough = |r: usize| seen[r].load(Ordering::Relaxed) >= MIN_SEEN;
+    let mut i = 0u64;
+    while i < 6000 || !(0..READERS).all(enough) {
+        assert!(
+            i % 500 != 0 || Instant::now() < limit,
+            "after {i} appends the readers checked {:?} records",
+            seen.iter()
+                .map(|n| n.load(Ordering::Relaxed))
+                .collect::<Vec<_>>()
+        );
         let v = value(i);
         let base = t
             .append_to(
@@ -90,13 +109,14 @@ fn readers_during_appends_rolls_and_retention() {
             log.sync().unwrap();
             log.enforce_retention().unwrap();
         }
+        i += 1;
     }
     log.sync().unwrap();
     log.sync().unwrap();
     log.enforce_retention().unwrap();
     done.store(true, Ordering::Release);
     for r in readers {
-        assert!(r.join().unwrap() > 0);
+        r.join().unwrap();
     }
     assert!(p.start_offset() > 0, "retention deleted the first segment");
     let held = held.unwrap();

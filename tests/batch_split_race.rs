@@ -10,8 +10,8 @@
 //! did not reproduce it locally.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
 
 use fissionlog::{Log, LogOptions, NewRecord, SplitPlan, StartAt, TopicConfig};
 
@@ -34,13 +34,24 @@ fn batches_keep_per_key_order_across_concurrent_splits() {
     config.balance.max_partitions = 4096;
     let topic = log.create_topic("race", config).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
+    // The producers are appending before the first split, and the splits
+    // go on until each producer has appended `MIN_BATCHES` batches while
+    // they ran: every run routes batches across splits, however late the
+    // threads were scheduled.
+    const PRODUCERS: usize = 2;
+    const MIN_SPLITS: u32 = 120;
+    const MAX_SPLITS: u32 = 1000;
+    const MIN_BATCHES: u64 = 200;
+    let start = Arc::new(Barrier::new(PRODUCERS + 1));
+    let batches: Arc<[AtomicU64; PRODUCERS]> = Arc::default();
     let keys: Vec<String> = (0..64).map(|k| format!("key-{k}")).collect();
-    let producers: Vec<_> = (0..2u8)
+    let producers: Vec<_> = (0..PRODUCERS as u8)
         .map(|p| {
             let (topic, stop, keys) = (topic.clone(), stop.clone(), keys.clone());
+            let (start, batches) = (start.clone(), batches.clone());
             std::thread::spawn(move || {
                 let mut seq: HashMap<usize, u64> = HashMap::new();
-                let mut round = 0usize;
+                start.wait();
                 while !stop.load(Ordering::Relaxed) {
                     // Each batch carries two consecutive records of every key.
                     let mut values = Vec::new();
@@ -60,16 +71,33 @@ fn batches_keep_per_key_order_across_concurrent_splits() {
                         })
                         .collect();
                     topic.append_batch(&recs).unwrap();
-                    round += 1;
+                    batches[usize::from(p)].fetch_add(1, Ordering::Relaxed);
                 }
-                round
             })
         })
         .collect();
+    start.wait();
     // Keep splitting the active partitions while the producers run.
+    let enough = |splits: u32| {
+        splits >= MIN_SPLITS
+            && batches
+                .iter()
+                .all(|b| b.load(Ordering::Relaxed) >= MIN_BATCHES)
+    };
     let mut splits = 0;
-    while splits < 120 {
+    'split: while !enough(splits) {
         for id in topic.active_partitions() {
+            if enough(splits) {
+                break 'split;
+            }
+            assert!(
+                splits < MAX_SPLITS,
+                "{splits} splits and the producers appended {:?} batches",
+                batches
+                    .iter()
+                    .map(|b| b.load(Ordering::Relaxed))
+                    .collect::<Vec<_>>()
+            );
             let info = topic.partitions().into_iter().find(|p| p.id == id).unwrap();
             if info.start < info.end && topic.split(id, SplitPlan::Even).is_ok() {
                 splits += 1;
@@ -78,7 +106,7 @@ fn batches_keep_per_key_order_across_concurrent_splits() {
     }
     stop.store(true, Ordering::Relaxed);
     for p in producers {
-        assert!(p.join().unwrap() > 0);
+        p.join().unwrap();
     }
     let mut reader = topic.reader(StartAt::Earliest).unwrap();
     let mut last: HashMap<(u8, Vec<u8>), u64> = HashMap::new();
@@ -101,5 +129,5 @@ fn batches_keep_per_key_order_across_concurrent_splits() {
             total += 1;
         }
     }
-    assert!(total > 0);
+    assert!(total >= PRODUCERS as u64 * MIN_BATCHES * 128);
 }

@@ -744,15 +744,19 @@ fn copy_rounds_run_beside_appends_and_keep_order() {
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log.create_topic("t", config()).unwrap();
     append(&topic, 0, 12_000);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    // The next sequence number the appender will append.
+    let next = Arc::new(AtomicU64::new(12_000));
     let appender = {
-        let (topic, stop) = (topic.clone(), stop.clone());
+        let (topic, stop, next) = (topic.clone(), stop.clone(), next.clone());
         std::thread::spawn(move || {
             let mut i = 12_000u64;
             // About 16,000 records/s: slower than the copy's budget.
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 append(&topic, i, 1);
                 i += 1;
+                next.store(i, Ordering::Release);
                 if i.is_multiple_of(16) {
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
@@ -760,6 +764,21 @@ fn copy_rounds_run_beside_appends_and_keep_order() {
             i
         })
     };
+    // Waits (at most 10 s) until the appender has appended up to `to`:
+    // a thread scheduled late makes the test wait, not pass or fail.
+    let appended = |to: u64| {
+        let limit = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while next.load(Ordering::Acquire) < to {
+            assert!(
+                std::time::Instant::now() < limit,
+                "the appender stopped at {}",
+                next.load(Ordering::Acquire)
+            );
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    };
+    // It appends to the parent before the split starts...
+    appended(12_001);
     let budget = 1_000_000u64;
     let started = std::time::Instant::now();
     let out = topic
@@ -773,9 +792,9 @@ fn copy_rounds_run_beside_appends_and_keep_order() {
         )
         .unwrap();
     let took = started.elapsed();
-    // Appends land in the children for a while after the split.
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // ...and in the children for a while after it.
+    appended(out.seal_offset + 32);
+    stop.store(true, Ordering::Relaxed);
     let n = appender.join().unwrap();
     assert!(out.rounds >= 1, "{out:?}");
     assert!(out.seal_offset > 12_000, "appends moved too: {out:?}");

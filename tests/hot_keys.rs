@@ -604,14 +604,20 @@ fn appends_racing_mode_changes_land_in_one_era_each_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path(), opts()).unwrap();
     let topic = log.create_topic("t", config(3, true, true)).unwrap();
-    let stop = std::sync::atomic::AtomicBool::new(false);
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = AtomicBool::new(false);
+    // Records each writer appended so far: every mode change waits until
+    // each writer appended `PER_ERA` more, so every era holds records of
+    // both, however late the threads were scheduled.
+    const PER_ERA: u64 = 20;
+    let appended: [AtomicU64; 2] = Default::default();
     let counts: Vec<u64> = std::thread::scope(|s| {
         let writers: Vec<_> = (0..2u64)
             .map(|w| {
-                let (topic, stop) = (&topic, &stop);
+                let (topic, stop, appended) = (&topic, &stop, &appended[w as usize]);
                 s.spawn(move || {
                     let mut seq = 0u64;
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    while !stop.load(Ordering::Relaxed) {
                         let v = |q: u64| [w.to_le_bytes(), q.to_le_bytes()].concat();
                         if w == 0 {
                             topic.append(Some(HOT), &v(seq)).unwrap();
@@ -634,6 +640,7 @@ fn appends_racing_mode_changes_land_in_one_era_each_in_order() {
                                 Err(e) => panic!("{e}"),
                             }
                         }
+                        appended.store(seq, Ordering::Release);
                     }
                     seq
                 })
@@ -645,12 +652,29 @@ fn appends_racing_mode_changes_land_in_one_era_each_in_order() {
             HotKeyMode::Strict,
             HotKeyMode::Windowed(Duration::from_millis(2)),
         ];
+        // Waits (at most 10 s) until each writer appended `PER_ERA`
+        // records past what it had appended when called.
+        let more = || {
+            let from: Vec<u64> = appended.iter().map(|a| a.load(Ordering::Acquire)).collect();
+            let limit = std::time::Instant::now() + Duration::from_secs(10);
+            while appended
+                .iter()
+                .zip(&from)
+                .any(|(a, &f)| a.load(Ordering::Acquire) < f + PER_ERA)
+            {
+                if std::time::Instant::now() > limit {
+                    stop.store(true, Ordering::Relaxed);
+                    panic!("the writers stopped appending");
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        };
         for i in 0..12 {
-            std::thread::sleep(Duration::from_millis(15));
+            more();
             topic.set_hot_key_mode(HOT, modes[i % modes.len()]).unwrap();
         }
-        std::thread::sleep(Duration::from_millis(15));
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        more();
+        stop.store(true, Ordering::Relaxed);
         writers.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let records = topic.read_key(HOT).unwrap();
@@ -690,6 +714,9 @@ fn appends_racing_mode_changes_land_in_one_era_each_in_order() {
             let x = span.entry(e).or_insert((q, q));
             *x = (x.0.min(q), x.1.max(q));
         }
+        // All but one record (an append in flight over a change) after
+        // each change went to the new era: every era has some of each.
+        assert_eq!(span.len(), lanes.eras.len(), "writer {w}: {span:?}");
         let spans: Vec<(u64, u64)> = span.values().copied().collect();
         assert!(
             spans.windows(2).all(|p| p[0].1 < p[1].0),

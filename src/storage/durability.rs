@@ -526,10 +526,23 @@ mod tests {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(1500),
         );
+        // The rounds start once signals arrive, and go on past the budget
+        // until 200 signals were sent while they ran (at most a minute):
+        // a signaller scheduled late must not leave them uninterrupted.
+        let limit = Instant::now() + Duration::from_secs(60);
+        while sent.load(Ordering::Relaxed) == 0 {
+            assert!(Instant::now() < limit, "the signaller never ran");
+            std::thread::yield_now();
+        }
+        let sent_before = sent.load(Ordering::Relaxed);
+        let signalled = || sent.load(Ordering::Relaxed) - sent_before;
         let started = Instant::now();
         let mut round = 0usize;
         let mut failure = None;
-        while started.elapsed() < budget && failure.is_none() {
+        while (started.elapsed() < budget || signalled() < 200)
+            && Instant::now() < limit
+            && failure.is_none()
+        {
             let n = 1 + (round * 37) % 300;
             let targets: Vec<SyncTarget> = (0..n)
                 .map(|i| {
@@ -564,16 +577,17 @@ mod tests {
             }
             round += 1;
         }
+        let during = signalled();
         stop.store(true, Ordering::Release);
         signaller.join().unwrap();
         eprintln!(
-            "{round} rounds, {} signals, backend {}",
-            sent.load(Ordering::Relaxed),
+            "{round} rounds, {during} signals, backend {}",
             syncer.backend()
         );
         if let Some(f) = failure {
             panic!("{f}");
         }
+        assert!(during >= 200, "only {during} signals during {round} rounds");
         assert_eq!(
             syncer.backend(),
             backend,

@@ -534,15 +534,28 @@ fn sigkill_during_splits_and_merges() {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let (first_ack, acking) = std::sync::mpsc::channel();
         let lines = std::thread::spawn(move || {
-            let mut got = Vec::new();
+            let mut got: Vec<String> = Vec::new();
+            let mut acked = false;
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
+                if !acked && line.starts_with("ACK ") {
+                    acked = true;
+                    let _ = first_ack.send(());
+                }
                 got.push(line);
             }
             got
         });
+        // The kill lands while the child works, counted from its first
+        // acknowledgement: a child slow to start (a loaded machine) is not
+        // killed before it did anything.
         let kill_after = Duration::from_millis(rng.random_range(150..600));
+        assert!(
+            acking.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "seed {seed} round {round}: the child acknowledged nothing in 60 s"
+        );
         let started = Instant::now();
         std::thread::sleep(kill_after);
         child.kill().unwrap();

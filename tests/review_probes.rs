@@ -5,6 +5,7 @@
 mod common;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -299,6 +300,7 @@ fn retention_floor_is_durable_before_files_go_with_a_concurrent_sync() {
     )
     .unwrap();
     gate.arm("/t1/p5");
+    let (sync_started, retention_started) = (AtomicBool::new(false), AtomicBool::new(false));
     let retired = std::thread::scope(|s| {
         // Rolls busy/p5 and blocks in the new segment's creation, holding
         // the partition's writer lock.
@@ -316,10 +318,25 @@ fn retention_floor_is_durable_before_files_go_with_a_concurrent_sync() {
         gate.wait_entered();
         // A sync round that took busy/p5 from the dirty list and waits for
         // its writer lock to capture it.
-        let syncer = s.spawn(|| log.sync().unwrap());
-        std::thread::sleep(Duration::from_millis(300));
-        let retention = s.spawn(|| log.enforce_retention().unwrap());
-        std::thread::sleep(Duration::from_millis(300));
+        // Each thread gets 300 ms from when it runs, not from its spawn (a
+        // loaded machine may start it late).
+        let entered = |flag: &AtomicBool| {
+            assert!(
+                common::probe::wait_flag(flag, Duration::from_secs(10)),
+                "the thread never ran"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        };
+        let syncer = s.spawn(|| {
+            sync_started.store(true, Ordering::Release);
+            log.sync().unwrap()
+        });
+        entered(&sync_started);
+        let retention = s.spawn(|| {
+            retention_started.store(true, Ordering::Release);
+            log.enforce_retention().unwrap()
+        });
+        entered(&retention_started);
         gate.release();
         roller.join().unwrap();
         syncer.join().unwrap();

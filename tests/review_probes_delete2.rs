@@ -271,10 +271,7 @@ fn delete_waits_for_a_hot_key_append_parked_in_a_roll() {
         })
     };
     assert!(gate.wait_reached(), "no roll");
-    let del = {
-        let log = log.clone();
-        std::thread::spawn(move || log.delete_topic("t"))
-    };
+    let (del, _) = delete_in_thread(&log, "t");
     std::thread::sleep(Duration::from_millis(30));
     gate.open();
     let d = del.join().unwrap();

@@ -81,10 +81,7 @@ fn delete_during_a_split_leaves_no_directory_of_the_deleted_topic() {
         wait_flag(&gate.reached, Duration::from_secs(10)),
         "the split never created its first child"
     );
-    let delete = {
-        let log = log.clone();
-        std::thread::spawn(move || log.delete_topic("a"))
-    };
+    let (delete, _) = common::lifecycle::delete_in_thread(&log, "a");
     // Long enough for a delete that does not wait for the split to finish.
     std::thread::sleep(Duration::from_millis(300));
     gate.release.store(true, Ordering::Release);

@@ -149,7 +149,10 @@ impl IoHook for Gate {
 }
 
 /// `log.delete_topic(name)` on another thread; the flag is set once it
-/// returned.
+/// returned. Returns once the thread is about to call `delete_topic` (at
+/// most 10 s), so a caller that sleeps next and then checks what the
+/// delete did gives the delete that time, not the thread's start-up on a
+/// loaded machine.
 pub fn delete_in_thread(
     log: &Arc<Log>,
     name: &str,
@@ -158,11 +161,22 @@ pub fn delete_in_thread(
     Arc<AtomicBool>,
 ) {
     let done = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(AtomicBool::new(false));
     let (log, flag, name) = (log.clone(), done.clone(), name.to_string());
+    let entered = started.clone();
     let h = std::thread::spawn(move || {
+        entered.store(true, Ordering::Release);
         let r = log.delete_topic(&name);
         flag.store(true, Ordering::Release);
         r
     });
+    let t = std::time::Instant::now();
+    while !started.load(Ordering::Acquire) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the delete thread never ran"
+        );
+        std::thread::sleep(Duration::from_micros(100));
+    }
     (h, done)
 }

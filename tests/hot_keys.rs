@@ -18,7 +18,7 @@ use fissionlog::{
     NewRecord, SplitPlan, TailSplitOptions, Topic, TopicConfig,
 };
 
-use common::hot::{config, opts, HOT, T0, W100};
+use common::hot::{config, opts, Progress, HOT, T0, W100};
 
 fn seq_of(value: &[u8]) -> u64 {
     u64::from_le_bytes(value[..8].try_into().unwrap())
@@ -604,17 +604,16 @@ fn appends_racing_mode_changes_land_in_one_era_each_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path(), opts()).unwrap();
     let topic = log.create_topic("t", config(3, true, true)).unwrap();
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, Ordering};
     let stop = AtomicBool::new(false);
-    // Records each writer appended so far: every mode change waits until
-    // each writer appended `PER_ERA` more, so every era holds records of
-    // both, however late the threads were scheduled.
-    const PER_ERA: u64 = 20;
-    let appended: [AtomicU64; 2] = Default::default();
+    // Every mode change waits until each writer appended `PER_ERA` more
+    // records, so every era holds records of both.
+    const PER_ERA: u64 = 100;
+    let progress = Progress::new(2);
     let counts: Vec<u64> = std::thread::scope(|s| {
         let writers: Vec<_> = (0..2u64)
             .map(|w| {
-                let (topic, stop, appended) = (&topic, &stop, &appended[w as usize]);
+                let (topic, stop, progress) = (&topic, &stop, &progress);
                 s.spawn(move || {
                     let mut seq = 0u64;
                     while !stop.load(Ordering::Relaxed) {
@@ -640,7 +639,7 @@ fn appends_racing_mode_changes_land_in_one_era_each_in_order() {
                                 Err(e) => panic!("{e}"),
                             }
                         }
-                        appended.store(seq, Ordering::Release);
+                        progress.appended(w as usize, seq);
                     }
                     seq
                 })
@@ -652,28 +651,11 @@ fn appends_racing_mode_changes_land_in_one_era_each_in_order() {
             HotKeyMode::Strict,
             HotKeyMode::Windowed(Duration::from_millis(2)),
         ];
-        // Waits (at most 10 s) until each writer appended `PER_ERA`
-        // records past what it had appended when called.
-        let more = || {
-            let from: Vec<u64> = appended.iter().map(|a| a.load(Ordering::Acquire)).collect();
-            let limit = std::time::Instant::now() + Duration::from_secs(10);
-            while appended
-                .iter()
-                .zip(&from)
-                .any(|(a, &f)| a.load(Ordering::Acquire) < f + PER_ERA)
-            {
-                if std::time::Instant::now() > limit {
-                    stop.store(true, Ordering::Relaxed);
-                    panic!("the writers stopped appending");
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        };
         for i in 0..12 {
-            more();
+            progress.wait_for_more(PER_ERA, &stop);
             topic.set_hot_key_mode(HOT, modes[i % modes.len()]).unwrap();
         }
-        more();
+        progress.wait_for_more(PER_ERA, &stop);
         stop.store(true, Ordering::Relaxed);
         writers.into_iter().map(|h| h.join().unwrap()).collect()
     });

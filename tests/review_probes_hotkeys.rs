@@ -15,7 +15,7 @@ use common::crash::CrashOptions;
 use common::model_hook::ModelHook;
 use fissionlog::{Error, HotKeyMode, KeyRecord, Log, LogOptions, NewRecord, Topic, TopicConfig};
 
-use common::hot::{config, fill_until, opts, HOT, T0, W100};
+use common::hot::{config, fill_until, opts, Progress, HOT, T0, W100};
 
 /// Values are the sequence number in decimal (text, so `dump` prints it).
 fn seq_of(value: &[u8]) -> u64 {
@@ -330,11 +330,13 @@ fn batches_of_two_hot_keys_and_keyless_records_race_mode_changes() {
     let topic = log.create_topic("t", config(3, true, true)).unwrap();
     let keys: [&[u8]; 2] = [b"key-a", b"key-b"];
     let stop = AtomicBool::new(false);
+    // Mode changes wait for appends between them (not for a timer).
+    let progress = Progress::new(2);
     // Per writer: the sequence numbers acknowledged.
     let acked: Vec<u64> = std::thread::scope(|s| {
         let writers: Vec<_> = (0..2u64)
             .map(|w| {
-                let (topic, stop) = (&topic, &stop);
+                let (topic, stop, progress) = (&topic, &stop, &progress);
                 s.spawn(move || {
                     let mut seq = 0u64;
                     let order = if w == 0 { [0, 1] } else { [1, 0] };
@@ -362,10 +364,12 @@ fn batches_of_two_hot_keys_and_keyless_records_race_mode_changes() {
                             // Refused mid-batch: retried whole below, so a
                             // record may land twice; such runs are skipped.
                             Err(Error::Refused(_)) | Err(Error::PartialBatch { .. }) => {
+                                progress.stopped(w as usize);
                                 return (seq, true);
                             }
                             Err(e) => panic!("{e}"),
                         }
+                        progress.appended(w as usize, seq);
                     }
                     (seq, false)
                 })
@@ -379,7 +383,7 @@ fn batches_of_two_hot_keys_and_keyless_records_race_mode_changes() {
             HotKeyMode::Windowed(Duration::from_millis(3)),
         ];
         for i in 0..10 {
-            std::thread::sleep(Duration::from_millis(10));
+            progress.wait_for_more(100, &stop);
             topic
                 .set_hot_key_mode(keys[i % 2], modes[(i / 2) % modes.len()])
                 .unwrap();
@@ -387,7 +391,7 @@ fn batches_of_two_hot_keys_and_keyless_records_race_mode_changes() {
                 .set_hot_key_mode(keys[(i + 1) % 2], modes[(i + 1) % modes.len()])
                 .unwrap();
         }
-        std::thread::sleep(Duration::from_millis(10));
+        progress.wait_for_more(100, &stop);
         stop.store(true, Ordering::Relaxed);
         writers
             .into_iter()
@@ -1405,10 +1409,12 @@ fn appends_mode_changes_splits_and_merges_race() {
     let log = Log::open(dir.path(), opts()).unwrap();
     let topic = log.create_topic("t", config(2, true, true)).unwrap();
     let stop = AtomicBool::new(false);
+    // Mode changes wait for appends between them (not for a timer).
+    let progress = Progress::new(2);
     let counts: Vec<u64> = std::thread::scope(|s| {
         let writers: Vec<_> = (0..2u64)
             .map(|w| {
-                let (topic, stop) = (&topic, &stop);
+                let (topic, stop, progress) = (&topic, &stop, &progress);
                 s.spawn(move || {
                     let mut seq = 0u64;
                     while !stop.load(Ordering::Relaxed) {
@@ -1432,6 +1438,7 @@ fn appends_mode_changes_splits_and_merges_race() {
                                 Err(e) => panic!("{e}"),
                             }
                         }
+                        progress.appended(w as usize, seq);
                     }
                     seq
                 })
@@ -1460,10 +1467,10 @@ fn appends_mode_changes_splits_and_merges_race() {
             HotKeyMode::Strict,
         ];
         for i in 0..12 {
-            std::thread::sleep(Duration::from_millis(12));
+            progress.wait_for_more(200, &stop);
             topic.set_hot_key_mode(HOT, modes[i % modes.len()]).unwrap();
         }
-        std::thread::sleep(Duration::from_millis(12));
+        progress.wait_for_more(200, &stop);
         stop.store(true, Ordering::Relaxed);
         topo.join().unwrap();
         writers.into_iter().map(|h| h.join().unwrap()).collect()

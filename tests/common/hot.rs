@@ -1,7 +1,8 @@
 //! Helpers of the hot-key test suites: one hot key, a 100 ms window, a
 //! fixed base time and topics that allow the modes asked for.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use fissionlog::{HotKeyMode, HotKeyPolicy, LogOptions, NewRecord, Topic, TopicConfig};
 
@@ -59,4 +60,56 @@ pub fn fill_until(topic: &Topic, id: u32, first: u64, like: NewRecord<'_>) {
     }
     assert!(4096 - 64 - data(&part) >= room, "room left for {first}");
     assert_eq!(part.segment_count(), 1, "no roll while filling");
+}
+
+/// How far the writers of a test racing mode changes got: records each
+/// appended, and whether it stopped on its own. The thread changing modes
+/// waits on it between changes instead of sleeping, so every change races
+/// appends however late the writers were scheduled.
+pub struct Progress {
+    appended: Vec<AtomicU64>,
+    stopped: Vec<AtomicBool>,
+}
+
+impl Progress {
+    /// Progress of `writers` writers, none appended yet.
+    pub fn new(writers: usize) -> Progress {
+        Progress {
+            appended: (0..writers).map(|_| AtomicU64::new(0)).collect(),
+            stopped: (0..writers).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    /// Writer `w` has appended `n` records in all.
+    pub fn appended(&self, w: usize, n: u64) {
+        self.appended[w].store(n, Ordering::Release);
+    }
+
+    /// Writer `w` stopped on its own: nothing more to wait for from it.
+    pub fn stopped(&self, w: usize) {
+        self.stopped[w].store(true, Ordering::Release);
+    }
+
+    /// Waits until every writer still running appended `by` records more
+    /// than when called. After 10 s it sets `stop` (so the writers end)
+    /// and panics.
+    pub fn wait_for_more(&self, by: u64, stop: &AtomicBool) {
+        let from: Vec<u64> = self
+            .appended
+            .iter()
+            .map(|a| a.load(Ordering::Acquire))
+            .collect();
+        let limit = Instant::now() + Duration::from_secs(10);
+        let behind = |w: usize| {
+            !self.stopped[w].load(Ordering::Acquire)
+                && self.appended[w].load(Ordering::Acquire) < from[w] + by
+        };
+        while (0..from.len()).any(behind) {
+            if Instant::now() > limit {
+                stop.store(true, Ordering::Relaxed);
+                panic!("the writers stopped appending at {from:?}");
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
 }

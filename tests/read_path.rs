@@ -1,7 +1,7 @@
 //! The read path under rolls, retention, recovery and a closed `Log`
 //! (issue 7, findings 3, 10, 12, 18).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 mod common;
@@ -43,11 +43,19 @@ fn tail_reader_during_rolls_never_sees_a_hole() {
         .unwrap_or(6_000);
     // More readers than cores: a reader preempted between its two loads
     // lets the writer roll in between, which is the window this test hunts.
-    let readers: Vec<_> = (0..4)
-        .map(|_| {
-            let p = p.clone();
-            let done = done.clone();
+    // They are reading before the first append, and appends go on past
+    // `appends` until each reader has caught up with the writer
+    // `TAIL_HITS` times, so every reader follows a moving tail however
+    // late it was scheduled.
+    const READERS: usize = 4;
+    const TAIL_HITS: u64 = 100;
+    let start = Arc::new(std::sync::Barrier::new(READERS + 1));
+    let hits: Arc<[AtomicU64; READERS]> = Arc::default();
+    let readers: Vec<_> = (0..READERS)
+        .map(|me| {
+            let (p, done, start, hits) = (p.clone(), done.clone(), start.clone(), hits.clone());
             std::thread::spawn(move || -> Result<u64, String> {
+                start.wait();
                 let mut next = 0u64;
                 loop {
                     let finished = done.load(Ordering::Acquire);
@@ -61,15 +69,28 @@ fn tail_reader_during_rolls_never_sees_a_hole() {
                             }
                         }
                         Err(Error::OffsetOutOfRange { .. }) if finished => return Ok(next),
-                        Err(Error::OffsetOutOfRange { .. }) => {}
+                        Err(Error::OffsetOutOfRange { .. }) => {
+                            hits[me].fetch_add(1, Ordering::Relaxed);
+                        }
                         Err(e) => return Err(format!("read at {next}: {e}")),
                     }
                 }
             })
         })
         .collect();
+    start.wait();
     let v = [7u8; 40];
-    for _ in 0..appends {
+    let limit = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let caught_up = |r: usize| hits[r].load(Ordering::Relaxed) >= TAIL_HITS;
+    let mut appended = 0u64;
+    while appended < appends || !(0..READERS).all(caught_up) {
+        assert!(
+            appended % 1000 != 0 || std::time::Instant::now() < limit,
+            "after {appended} appends the readers caught up {:?} times",
+            hits.iter()
+                .map(|h| h.load(Ordering::Relaxed))
+                .collect::<Vec<_>>()
+        );
         t.append_to(
             0,
             &[NewRecord {
@@ -79,10 +100,11 @@ fn tail_reader_during_rolls_never_sees_a_hole() {
             }],
         )
         .unwrap();
+        appended += 1;
     }
     done.store(true, Ordering::Release);
     for r in readers {
-        assert_eq!(r.join().unwrap().unwrap(), appends);
+        assert_eq!(r.join().unwrap().unwrap(), appended);
     }
     assert!(p.segment_count() > 100, "the test rolled segments");
 }

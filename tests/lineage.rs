@@ -397,10 +397,14 @@ fn concurrent_reader_during_splits_and_merges() {
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log.create_topic(TOPIC, config()).unwrap();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The reader is polling before the first operation (a reader scheduled
+    // after them would only read a finished topic).
+    let start = std::sync::Arc::new(std::sync::Barrier::new(2));
     let reader = {
-        let (topic, done) = (topic.clone(), done.clone());
+        let (topic, done, start) = (topic.clone(), done.clone(), start.clone());
         std::thread::spawn(move || {
             let mut r = topic.reader(StartAt::Earliest).unwrap();
+            start.wait();
             let mut next = BTreeMap::new();
             let mut n = 0usize;
             loop {
@@ -414,6 +418,7 @@ fn concurrent_reader_during_splits_and_merges() {
             }
         })
     };
+    start.wait();
     let mut run = Run::new(seed, 30);
     let started = Instant::now();
     for _ in 0..300 {

@@ -83,7 +83,7 @@ fn readers_during_appends_rolls_and_retention() {
     let mut i = 0u64;
     while i < 6000 || !(0..READERS).all(enough) {
         assert!(
-            i % 500 != 0 || Instant::now() < limit,
+            !i.is_multiple_of(500) || Instant::now() < limit,
             "after {i} appends the readers checked {:?} records",
             seen.iter()
                 .map(|n| n.load(Ordering::Relaxed))
@@ -104,7 +104,7 @@ fn readers_during_appends_rolls_and_retention() {
         if i == 10 {
             held = Some(p.read(0, 1 << 20).unwrap());
         }
-        if i % 500 == 0 {
+        if i.is_multiple_of(500) {
             log.sync().unwrap();
             log.sync().unwrap();
             log.enforce_retention().unwrap();

@@ -85,7 +85,7 @@ fn tail_reader_during_rolls_never_sees_a_hole() {
     let mut appended = 0u64;
     while appended < appends || !(0..READERS).all(caught_up) {
         assert!(
-            appended % 1000 != 0 || std::time::Instant::now() < limit,
+            !appended.is_multiple_of(1000) || std::time::Instant::now() < limit,
             "after {appended} appends the readers caught up {:?} times",
             hits.iter()
                 .map(|h| h.load(Ordering::Relaxed))

@@ -131,7 +131,7 @@ mod tests {
                     && changes[r].load(Ordering::Relaxed) >= CHANGES
             };
             let mut i = 0u64;
-            while !(0..READERS).all(enough) && (i % 1024 != 0 || Instant::now() < limit) {
+            while !(0..READERS).all(enough) && (!i.is_multiple_of(1024) || Instant::now() < limit) {
                 i += 1;
                 cell.store([i, i.wrapping_mul(3), i ^ MASK, !i]);
             }

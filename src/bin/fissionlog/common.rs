@@ -100,6 +100,7 @@ impl From<Error> for Failure {
             | Error::UnknownPartition { .. }
             | Error::OffsetOutOfRange { .. }
             | Error::InvalidConfig(_)
+            | Error::InvalidDuration { .. }
             | Error::InvalidCut(_) => EXIT_USAGE,
             _ => EXIT_PROBLEM,
         };

@@ -63,8 +63,12 @@ const RELIEF_LAG: u64 = 1000;
 /// Balancings in a row a partition's lag must grow before the group splits
 /// it for lag.
 const LAG_SPLIT_ROUNDS: u32 = 3;
-/// A member is over its share when its load exceeds the mean by this factor.
-const IMBALANCE: f64 = 1.25;
+/// A move by load must lower the larger of the two members' loads by more
+/// than this many mean partition weights. An absolute amount, the same
+/// whatever the member's load (a share of the busiest member's load is one
+/// that a single partition out of many never reaches), and under one
+/// partition so equal partitions balance to within one.
+const MOVE_GAIN: f64 = 0.25;
 /// Pauses kept in [`GroupStats::pauses_ms`] (the latest).
 const MAX_PAUSES: usize = 4096;
 /// Rate estimates decay with this time constant.
@@ -99,6 +103,11 @@ pub struct GroupOptions {
     /// it has read the parent, then one can move to the idle member. At
     /// most one such split per move cooldown.
     pub split_lagging: bool,
+    /// Most partitions one balancing revokes by load: a join to a group
+    /// whose partitions all sit with one member moves its share over a few
+    /// balancings (one per `rebalance_interval`), so the owners pause only
+    /// this many at a time.
+    pub max_moves_per_balancing: usize,
 }
 
 impl Default for GroupOptions {
@@ -108,6 +117,7 @@ impl Default for GroupOptions {
             rebalance_interval: Duration::from_secs(1),
             move_cooldown: Duration::from_secs(10),
             split_lagging: true,
+            max_moves_per_balancing: 64,
         }
     }
 }
@@ -1275,14 +1285,24 @@ impl GroupShared {
         }
     }
 
+    /// Load per member. A partition being revoked toward a member counts
+    /// with that member: it is on its way there, and counted with its
+    /// owner it would make the next balancing move more than the share.
     fn member_loads(&self, st: &GroupState) -> BTreeMap<u64, f64> {
         let mut loads: BTreeMap<u64, f64> = st.members.keys().map(|&id| (id, 0.0)).collect();
         for (&p, o) in &st.owners {
-            if let Some(m) = o.member {
+            if let Some(m) = Self::holder(st, o) {
                 *loads.entry(m).or_default() += self.weight(st, p);
             }
         }
         loads
+    }
+
+    /// The member a partition counts with for balancing: the target of its
+    /// revocation if it has one, else its owner.
+    fn holder(st: &GroupState, o: &Owner) -> Option<u64> {
+        let target = o.revoking.as_ref().and_then(|r| r.to);
+        target.filter(|t| st.members.contains_key(t)).or(o.member)
     }
 
     /// Members that may receive partitions: active, not recently relieved.
@@ -1403,9 +1423,18 @@ impl GroupShared {
     ///   (its last one only if the receiver hands out records at least
     ///   twice as fast), and gets nothing by load for the move cooldown: it
     ///   processes more slowly than its partitions fill.
-    /// - **Load.** A member over [`IMBALANCE`] × the mean append load gives
-    ///   the least loaded receiver the partition whose move leaves the two
-    ///   closest, when that lowers the larger of the two loads.
+    /// - **Load.** First the moves of a plan that keeps each partition with
+    ///   its owner while the owner is within the mean load (see
+    ///   [`plan_moves`]); then, while one exists, the single move from a
+    ///   member to the least loaded receiver that leaves the two closest.
+    ///   Either is made only when it lowers the larger of the two loads by
+    ///   more than [`MOVE_GAIN`] mean partition weights, so every move
+    ///   lowers the sum of squared loads by a fixed amount and balancing
+    ///   ends: with equal weights (or none known: idle partitions weigh
+    ///   one each) at counts within one, otherwise when the busiest member
+    ///   is over the least loaded receiver by at most its lightest movable
+    ///   partition plus that gain. At most
+    ///   [`GroupOptions::max_moves_per_balancing`] revocations a balancing.
     ///
     /// `membership_changed`: a member joined or left, so partitions moved
     /// recently may move again (the cooldown is against load noise).
@@ -1468,58 +1497,87 @@ impl GroupShared {
                 m.last_lag = lag;
             }
         }
-        // Load: the most loaded member over its share gives one partition
-        // to the least loaded receiver, while that lowers the larger load.
+        // Load: moves toward a sticky plan, then single moves while one
+        // lowers the larger of two loads by more than the gain threshold;
+        // at most `max_moves_per_balancing` revocations in all.
+        if membership_changed {
+            // The cooldown is against load noise; a join or leave is not
+            // noise, so what moved before it may move again.
+            for o in st.owners.values_mut() {
+                o.moved_nanos = None;
+            }
+        }
         let receivers = Self::receivers(st, now);
         let mut loads = self.member_loads(st);
-        let mean = loads.values().sum::<f64>() / loads.len().max(1) as f64;
-        let mut moved_now: BTreeSet<u32> = BTreeSet::new();
-        for _ in 0..st.owners.len() {
-            let Some((id, lf)) = loads
-                .iter()
-                .filter(|(id, _)| !gave.contains(id))
-                .map(|(&id, &l)| (id, l))
-                .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
-            else {
-                break;
-            };
-            if lf <= mean * IMBALANCE {
-                break;
+        let weights: BTreeMap<u32, f64> = st
+            .owners
+            .iter()
+            .filter(|(_, o)| o.member.is_some())
+            .map(|(&p, _)| (p, self.weight(st, p)))
+            .collect();
+        let mean_weight = weights.values().sum::<f64>() / weights.len().max(1) as f64;
+        let gain = MOVE_GAIN * mean_weight;
+        let movable = |st: &GroupState, p: u32| {
+            st.owners[&p]
+                .moved_nanos
+                .is_none_or(|t| now.saturating_sub(t) >= load_cooldown)
+        };
+        let mut owned: BTreeMap<u64, Vec<u32>> = st.members.keys().map(|&m| (m, vec![])).collect();
+        for (&p, o) in &st.owners {
+            if let Some(m) = o.member.filter(|_| o.revoking.is_none()) {
+                if movable(st, p) {
+                    owned.entry(m).or_default().push(p);
+                }
             }
-            let Some(to) = receivers
-                .iter()
-                .copied()
-                .filter(|&r| r != id && !gave.contains(&r))
-                .min_by(|a, b| loads[a].total_cmp(&loads[b]).then(a.cmp(b)))
-            else {
-                break;
-            };
-            let lt = loads[&to];
-            let best = self
-                .owned_by(st, id)
-                .into_iter()
-                .filter(|p| {
-                    !moved_now.contains(p)
-                        && st.owners[p]
-                            .moved_nanos
-                            .is_none_or(|t| now.saturating_sub(t) >= load_cooldown)
-                })
-                .map(|p| (p, self.weight(st, p)))
-                .min_by(|a, b| {
-                    let ka = (lf - a.1).max(lt + a.1);
-                    let kb = (lf - b.1).max(lt + b.1);
-                    ka.total_cmp(&kb).then(a.0.cmp(&b.0))
-                });
-            let Some((p, w)) = best else { break };
-            if (lf - w).max(lt + w) >= lf * 0.95 {
-                break;
+        }
+        // Equal weights (idle partitions all weigh one) balance by count,
+        // exactly: the fewest moves that bring counts within one.
+        let (lightest, heaviest) = weights
+            .values()
+            .fold((f64::INFINITY, 0.0f64), |(lo, hi), &w| {
+                (lo.min(w), hi.max(w))
+            });
+        let plan = if heaviest - lightest <= gain {
+            let mut held: BTreeMap<u64, usize> = st.members.keys().map(|&m| (m, 0)).collect();
+            for o in st.owners.values() {
+                if let Some(m) = Self::holder(st, o) {
+                    *held.entry(m).or_default() += 1;
+                }
             }
-            if !self.revoke(st, p, Some(to), now) {
-                break;
+            plan_counts(&owned, &held, &receivers, &gave)
+        } else {
+            let (plan, planned) = plan_moves(&owned, &weights, &loads, &receivers, &gave);
+            let squares = |l: &BTreeMap<u64, f64>| l.values().map(|x| x * x).sum::<f64>();
+            // Worth its pauses only if it beats what one good move gives.
+            if squares(&planned) < squares(&loads) - 2.0 * gain * mean_weight {
+                plan
+            } else {
+                Vec::new()
             }
-            moved_now.insert(p);
-            *loads.get_mut(&id).expect("member") -= w;
+        };
+        let mut budget = self.options.max_moves_per_balancing;
+        type Owned = BTreeMap<u64, Vec<u32>>;
+        let mut apply = |st: &mut GroupState,
+                         owned: &mut Owned,
+                         loads: &mut BTreeMap<u64, f64>,
+                         (p, from, to): (u32, u64, u64)| {
+            if budget == 0 || !self.revoke(st, p, Some(to), now) {
+                return false;
+            }
+            budget -= 1;
+            let w = weights[&p];
+            owned.get_mut(&from).expect("member").retain(|&q| q != p);
+            *loads.get_mut(&from).expect("member") -= w;
             *loads.get_mut(&to).expect("member") += w;
+            true
+        };
+        for m in plan {
+            moved |= apply(st, &mut owned, &mut loads, m);
+        }
+        while let Some(m) = best_single_move(&owned, &weights, &loads, &receivers, &gave, gain) {
+            if !apply(st, &mut owned, &mut loads, m) {
+                break;
+            }
             moved = true;
         }
         if moved {
@@ -1527,6 +1585,188 @@ impl GroupShared {
         }
         moved
     }
+}
+
+/// The moves `(partition, from, to)` toward a balanced assignment that
+/// keeps as much as it can where it is. Partitions are placed heaviest
+/// first: each stays with its owner while the owner's planned load plus
+/// half the partition is within the mean (so a member at the mean keeps
+/// its last partition rather than handing it over for another member to
+/// hand back), else goes to the receiver with the least claim that has
+/// room for it (claim plus half the partition within the mean), else stays.
+/// A claim is what a member is planned to carry plus its own partitions of
+/// comparable weight (at least half) not placed yet, up to the mean: a
+/// member is not handed another's partition only to shed its own later,
+/// but its light partitions do not keep a heavy one away from it. With
+/// equal weights this balances counts to within one, moving only from
+/// members over the mean to members under it.
+fn plan_moves(
+    owned: &BTreeMap<u64, Vec<u32>>,
+    weights: &BTreeMap<u32, f64>,
+    loads: &BTreeMap<u64, f64>,
+    receivers: &[u64],
+    frozen: &BTreeSet<u64>,
+) -> (Vec<(u32, u64, u64)>, BTreeMap<u64, f64>) {
+    let receivers: Vec<u64> = receivers
+        .iter()
+        .copied()
+        .filter(|r| !frozen.contains(r))
+        .collect();
+    if receivers.is_empty() || loads.len() < 2 {
+        return (Vec::new(), loads.clone());
+    }
+    let mean = loads.values().sum::<f64>() / loads.len() as f64;
+    // What cannot move (revoking, cooling down, frozen givers) is planned
+    // where it is.
+    let mut planned: BTreeMap<u64, f64> = loads.clone();
+    let mut order: Vec<(u32, u64, f64)> = Vec::new();
+    // Per member, the weights of its movable partitions, heaviest first,
+    // with suffix sums: what it has left to place at any point.
+    let mut own: BTreeMap<u64, (Vec<f64>, Vec<f64>, usize)> = BTreeMap::new();
+    for (&m, ps) in owned {
+        if frozen.contains(&m) {
+            continue;
+        }
+        let mut ws: Vec<f64> = ps.iter().map(|p| weights[p]).collect();
+        ws.sort_by(|a, b| b.total_cmp(a));
+        let mut suffix = vec![0.0; ws.len() + 1];
+        for i in (0..ws.len()).rev() {
+            suffix[i] = suffix[i + 1] + ws[i];
+        }
+        *planned.get_mut(&m).expect("member") -= suffix[0];
+        order.extend(ps.iter().map(|&p| (p, m, weights[&p])));
+        own.insert(m, (ws, suffix, 0));
+    }
+    order.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
+    let mut moves = Vec::new();
+    for (p, from, w) in order {
+        if let Some((_, _, done)) = own.get_mut(&from) {
+            *done += 1;
+        }
+        if planned[&from] + w / 2.0 <= mean {
+            *planned.get_mut(&from).expect("member") += w;
+            continue;
+        }
+        let claim = |m: u64| {
+            let pl = planned[&m];
+            let ahead = own.get(&m).map_or(0.0, |(ws, suffix, done)| {
+                let similar = done + ws[*done..].partition_point(|&x| x >= w / 2.0);
+                suffix[*done] - suffix[similar]
+            });
+            pl + ahead.min((mean - pl).max(0.0))
+        };
+        // Only to a member with room for it under the mean: the remainder
+        // of an uneven division stays where it is instead of moving
+        // between members that are all at the mean.
+        let to = receivers
+            .iter()
+            .copied()
+            .map(|m| (m, claim(m)))
+            .filter(|&(_, c)| c + w / 2.0 <= mean)
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
+            .map_or(from, |(m, _)| m);
+        *planned.get_mut(&to).expect("member") += w;
+        if to != from {
+            moves.push((p, from, to));
+        }
+    }
+    (moves, planned)
+}
+
+/// With equal weights: the fewest moves `(partition, from, to)` that bring
+/// partition counts (`held`, revocations counted with their targets) to
+/// within one. Of `total = q × members + r` partitions, the `r` members
+/// holding most (the lower id on a tie) are to hold `q + 1`, the others
+/// `q`; members over that give their excess (lowest ids first) to
+/// receivers under it, the neediest first. Counts within one already give
+/// no move.
+fn plan_counts(
+    owned: &BTreeMap<u64, Vec<u32>>,
+    held: &BTreeMap<u64, usize>,
+    receivers: &[u64],
+    frozen: &BTreeSet<u64>,
+) -> Vec<(u32, u64, u64)> {
+    let n = held.len().max(1);
+    let total: usize = held.values().sum();
+    let (q, r) = (total / n, total % n);
+    let mut by_count: Vec<(u64, usize)> = held.iter().map(|(&m, &c)| (m, c)).collect();
+    by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let target: BTreeMap<u64, usize> = by_count
+        .iter()
+        .enumerate()
+        .map(|(i, &(m, _))| (m, q + usize::from(i < r)))
+        .collect();
+    let mut need: Vec<(u64, usize)> = receivers
+        .iter()
+        .filter(|m| !frozen.contains(m))
+        .filter_map(|&m| {
+            let short = target.get(&m)?.checked_sub(*held.get(&m)?)?;
+            (short > 0).then_some((m, short))
+        })
+        .collect();
+    let mut moves = Vec::new();
+    for &(from, count) in &by_count {
+        if frozen.contains(&from) {
+            continue;
+        }
+        let excess = count.saturating_sub(target[&from]);
+        let movable = owned.get(&from).map_or(&[][..], |v| &v[..]);
+        for &p in movable.iter().take(excess) {
+            need.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            let Some(slot) = need.first_mut().filter(|s| s.1 > 0) else {
+                return moves;
+            };
+            slot.1 -= 1;
+            moves.push((p, from, slot.0));
+        }
+    }
+    moves
+}
+
+/// The single move that lowers the larger of two members' loads the most,
+/// by more than `gain`: from the busiest member that has one to the least
+/// loaded receiver, the partition that leaves the two closest.
+fn best_single_move(
+    owned: &BTreeMap<u64, Vec<u32>>,
+    weights: &BTreeMap<u32, f64>,
+    loads: &BTreeMap<u64, f64>,
+    receivers: &[u64],
+    frozen: &BTreeSet<u64>,
+    gain: f64,
+) -> Option<(u32, u64, u64)> {
+    let mut givers: Vec<(u64, f64)> = loads
+        .iter()
+        .filter(|(m, _)| !frozen.contains(m))
+        .map(|(&m, &l)| (m, l))
+        .collect();
+    givers.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    for (from, lf) in givers {
+        let Some(to) = receivers
+            .iter()
+            .copied()
+            .filter(|&r| r != from && !frozen.contains(&r))
+            .min_by(|a, b| loads[a].total_cmp(&loads[b]).then(a.cmp(b)))
+        else {
+            continue;
+        };
+        let lt = loads[&to];
+        let best = owned
+            .get(&from)
+            .into_iter()
+            .flatten()
+            .copied()
+            .min_by(|a, b| {
+                let ka = (lf - weights[a]).max(lt + weights[a]);
+                let kb = (lf - weights[b]).max(lt + weights[b]);
+                ka.total_cmp(&kb).then(a.cmp(b))
+            });
+        if let Some(p) = best {
+            if lt + weights[&p] < lf - gain {
+                return Some((p, from, to));
+            }
+        }
+    }
+    None
 }
 
 impl Group {

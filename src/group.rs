@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 
+use crate::balance::{best_single_move, plan_counts, plan_moves};
 use crate::error::{Error, Result};
 use crate::format::manifest::{GroupPosition, GroupRecord, ManifestRecord};
 use crate::read::OwnedRecord;
@@ -1425,7 +1426,7 @@ impl GroupShared {
     ///   processes more slowly than its partitions fill.
     /// - **Load.** First the moves of a plan that keeps each partition with
     ///   its owner while the owner is within the mean load (see
-    ///   [`plan_moves`]); then, while one exists, the single move from a
+    ///   [`plan_moves`](crate::balance::plan_moves)); then, while one exists, the single move from a
     ///   member to the least loaded receiver that leaves the two closest.
     ///   Either is made only when it lowers the larger of the two loads by
     ///   more than [`MOVE_GAIN`] mean partition weights, so every move
@@ -1585,188 +1586,6 @@ impl GroupShared {
         }
         moved
     }
-}
-
-/// The moves `(partition, from, to)` toward a balanced assignment that
-/// keeps as much as it can where it is. Partitions are placed heaviest
-/// first: each stays with its owner while the owner's planned load plus
-/// half the partition is within the mean (so a member at the mean keeps
-/// its last partition rather than handing it over for another member to
-/// hand back), else goes to the receiver with the least claim that has
-/// room for it (claim plus half the partition within the mean), else stays.
-/// A claim is what a member is planned to carry plus its own partitions of
-/// comparable weight (at least half) not placed yet, up to the mean: a
-/// member is not handed another's partition only to shed its own later,
-/// but its light partitions do not keep a heavy one away from it. With
-/// equal weights this balances counts to within one, moving only from
-/// members over the mean to members under it.
-fn plan_moves(
-    owned: &BTreeMap<u64, Vec<u32>>,
-    weights: &BTreeMap<u32, f64>,
-    loads: &BTreeMap<u64, f64>,
-    receivers: &[u64],
-    frozen: &BTreeSet<u64>,
-) -> (Vec<(u32, u64, u64)>, BTreeMap<u64, f64>) {
-    let receivers: Vec<u64> = receivers
-        .iter()
-        .copied()
-        .filter(|r| !frozen.contains(r))
-        .collect();
-    if receivers.is_empty() || loads.len() < 2 {
-        return (Vec::new(), loads.clone());
-    }
-    let mean = loads.values().sum::<f64>() / loads.len() as f64;
-    // What cannot move (revoking, cooling down, frozen givers) is planned
-    // where it is.
-    let mut planned: BTreeMap<u64, f64> = loads.clone();
-    let mut order: Vec<(u32, u64, f64)> = Vec::new();
-    // Per member, the weights of its movable partitions, heaviest first,
-    // with suffix sums: what it has left to place at any point.
-    let mut own: BTreeMap<u64, (Vec<f64>, Vec<f64>, usize)> = BTreeMap::new();
-    for (&m, ps) in owned {
-        if frozen.contains(&m) {
-            continue;
-        }
-        let mut ws: Vec<f64> = ps.iter().map(|p| weights[p]).collect();
-        ws.sort_by(|a, b| b.total_cmp(a));
-        let mut suffix = vec![0.0; ws.len() + 1];
-        for i in (0..ws.len()).rev() {
-            suffix[i] = suffix[i + 1] + ws[i];
-        }
-        *planned.get_mut(&m).expect("member") -= suffix[0];
-        order.extend(ps.iter().map(|&p| (p, m, weights[&p])));
-        own.insert(m, (ws, suffix, 0));
-    }
-    order.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
-    let mut moves = Vec::new();
-    for (p, from, w) in order {
-        if let Some((_, _, done)) = own.get_mut(&from) {
-            *done += 1;
-        }
-        if planned[&from] + w / 2.0 <= mean {
-            *planned.get_mut(&from).expect("member") += w;
-            continue;
-        }
-        let claim = |m: u64| {
-            let pl = planned[&m];
-            let ahead = own.get(&m).map_or(0.0, |(ws, suffix, done)| {
-                let similar = done + ws[*done..].partition_point(|&x| x >= w / 2.0);
-                suffix[*done] - suffix[similar]
-            });
-            pl + ahead.min((mean - pl).max(0.0))
-        };
-        // Only to a member with room for it under the mean: the remainder
-        // of an uneven division stays where it is instead of moving
-        // between members that are all at the mean.
-        let to = receivers
-            .iter()
-            .copied()
-            .map(|m| (m, claim(m)))
-            .filter(|&(_, c)| c + w / 2.0 <= mean)
-            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
-            .map_or(from, |(m, _)| m);
-        *planned.get_mut(&to).expect("member") += w;
-        if to != from {
-            moves.push((p, from, to));
-        }
-    }
-    (moves, planned)
-}
-
-/// With equal weights: the fewest moves `(partition, from, to)` that bring
-/// partition counts (`held`, revocations counted with their targets) to
-/// within one. Of `total = q × members + r` partitions, the `r` members
-/// holding most (the lower id on a tie) are to hold `q + 1`, the others
-/// `q`; members over that give their excess (lowest ids first) to
-/// receivers under it, the neediest first. Counts within one already give
-/// no move.
-fn plan_counts(
-    owned: &BTreeMap<u64, Vec<u32>>,
-    held: &BTreeMap<u64, usize>,
-    receivers: &[u64],
-    frozen: &BTreeSet<u64>,
-) -> Vec<(u32, u64, u64)> {
-    let n = held.len().max(1);
-    let total: usize = held.values().sum();
-    let (q, r) = (total / n, total % n);
-    let mut by_count: Vec<(u64, usize)> = held.iter().map(|(&m, &c)| (m, c)).collect();
-    by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let target: BTreeMap<u64, usize> = by_count
-        .iter()
-        .enumerate()
-        .map(|(i, &(m, _))| (m, q + usize::from(i < r)))
-        .collect();
-    let mut need: Vec<(u64, usize)> = receivers
-        .iter()
-        .filter(|m| !frozen.contains(m))
-        .filter_map(|&m| {
-            let short = target.get(&m)?.checked_sub(*held.get(&m)?)?;
-            (short > 0).then_some((m, short))
-        })
-        .collect();
-    let mut moves = Vec::new();
-    for &(from, count) in &by_count {
-        if frozen.contains(&from) {
-            continue;
-        }
-        let excess = count.saturating_sub(target[&from]);
-        let movable = owned.get(&from).map_or(&[][..], |v| &v[..]);
-        for &p in movable.iter().take(excess) {
-            need.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-            let Some(slot) = need.first_mut().filter(|s| s.1 > 0) else {
-                return moves;
-            };
-            slot.1 -= 1;
-            moves.push((p, from, slot.0));
-        }
-    }
-    moves
-}
-
-/// The single move that lowers the larger of two members' loads the most,
-/// by more than `gain`: from the busiest member that has one to the least
-/// loaded receiver, the partition that leaves the two closest.
-fn best_single_move(
-    owned: &BTreeMap<u64, Vec<u32>>,
-    weights: &BTreeMap<u32, f64>,
-    loads: &BTreeMap<u64, f64>,
-    receivers: &[u64],
-    frozen: &BTreeSet<u64>,
-    gain: f64,
-) -> Option<(u32, u64, u64)> {
-    let mut givers: Vec<(u64, f64)> = loads
-        .iter()
-        .filter(|(m, _)| !frozen.contains(m))
-        .map(|(&m, &l)| (m, l))
-        .collect();
-    givers.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    for (from, lf) in givers {
-        let Some(to) = receivers
-            .iter()
-            .copied()
-            .filter(|&r| r != from && !frozen.contains(&r))
-            .min_by(|a, b| loads[a].total_cmp(&loads[b]).then(a.cmp(b)))
-        else {
-            continue;
-        };
-        let lt = loads[&to];
-        let best = owned
-            .get(&from)
-            .into_iter()
-            .flatten()
-            .copied()
-            .min_by(|a, b| {
-                let ka = (lf - weights[a]).max(lt + weights[a]);
-                let kb = (lf - weights[b]).max(lt + weights[b]);
-                ka.total_cmp(&kb).then(a.cmp(b))
-            });
-        if let Some(p) = best {
-            if lt + weights[&p] < lf - gain {
-                return Some((p, from, to));
-            }
-        }
-    }
-    None
 }
 
 impl Group {

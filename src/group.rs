@@ -32,9 +32,13 @@
 //!   but no poll or commit for `processing_timeout`: slow, first relieved
 //!   of half its partitions, then of all of them if it stays stuck; it stays
 //!   a member and gets partitions again once it moves.
-//! - **Load.** The coordinator balances members by load, not by partition
-//!   count: a partition weighs its append rate plus its lag spread over a
-//!   few seconds, so a member falling behind sheds partitions to the others.
+//! - **Load.** A partition weighs its append rate plus one. Equal weights
+//!   (idle partitions, equal rates) balance by count to within one, with the
+//!   fewest moves; unequal ones by load, each move lowering the larger of
+//!   two loads by more than an absolute gain (see
+//!   [`crate::balance`]'s `assign`). A member falling behind sheds
+//!   partitions to the others (relief by lag). A balancing revokes at most
+//!   [`GroupOptions::max_moves_per_balancing`] partitions.
 //!
 //! Delivery is at least once. Records are delivered again only from an
 //! uncommitted window: what a member handed out and did not commit before
@@ -93,7 +97,8 @@ pub struct GroupOptions {
     /// Least time between two load-driven moves of partitions (dead or slow
     /// members and unowned partitions are handled at once).
     pub rebalance_interval: Duration,
-    /// A partition moved by load is not moved by load again for this long.
+    /// A partition moved by load is not moved by load again for this long
+    /// (against rate noise), unless a member joins or leaves since.
     pub move_cooldown: Duration,
     /// Split a partition that alone outruns its member: its lag grew at
     /// each of the last three balancings, it is its owner's only partition
@@ -626,6 +631,13 @@ impl Topic {
             }
             other => other,
         })?;
+        if options.max_moves_per_balancing == 0 {
+            return Err(Error::InvalidConfig(
+                "max_moves_per_balancing must be at least 1: a group that may move \
+                 nothing by load never balances"
+                    .into(),
+            ));
+        }
         let mut groups = self.inner.groups.lock();
         if let Some(g) = groups.get(name) {
             return Ok(Group { shared: g.clone() });

@@ -477,6 +477,18 @@ fn bad_group_input_is_refused_and_changes_nothing() {
         Err(Error::InvalidConfig(_))
     ));
     assert!(topic.groups().is_empty());
+    // A group that may move nothing by load would never balance.
+    assert!(matches!(
+        topic.group(
+            "g",
+            GroupOptions {
+                max_moves_per_balancing: 0,
+                ..GroupOptions::default()
+            }
+        ),
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(topic.groups().is_empty());
     let group = topic.group("g", GroupOptions::default()).unwrap();
     assert!(matches!(
         group.join(MemberOptions {

@@ -1436,17 +1436,16 @@ impl GroupShared {
     ///   (its last one only if the receiver hands out records at least
     ///   twice as fast), and gets nothing by load for the move cooldown: it
     ///   processes more slowly than its partitions fill.
-    /// - **Load.** First the moves of a plan that keeps each partition with
-    ///   its owner while the owner is within the mean load (see
-    ///   [`plan_moves`](crate::balance::plan_moves)); then, while one exists, the single move from a
-    ///   member to the least loaded receiver that leaves the two closest.
-    ///   Either is made only when it lowers the larger of the two loads by
-    ///   more than [`MOVE_GAIN`] mean partition weights, so every move
-    ///   lowers the sum of squared loads by a fixed amount and balancing
-    ///   ends: with equal weights (or none known: idle partitions weigh
-    ///   one each) at counts within one, otherwise when the busiest member
-    ///   is over the least loaded receiver by at most its lightest movable
-    ///   partition plus that gain. At most
+    /// - **Load.** With equal weights (all within the gain of each other;
+    ///   idle partitions weigh one each), the fewest moves that bring the
+    ///   counts within one ([`plan_counts`]). Otherwise the moves of a
+    ///   sticky plan ([`plan_moves`]) when, all made, they lower the sum of
+    ///   squared loads by more than one good single move would. Then, while
+    ///   one exists, the single move to the least loaded receiver that
+    ///   lowers the larger of the two loads by more than the gain
+    ///   ([`MOVE_GAIN`] mean partition weights): where that ends, the
+    ///   busiest member is over the least loaded receiver by at most its
+    ///   lightest movable partition plus the gain. At most
     ///   [`GroupOptions::max_moves_per_balancing`] revocations a balancing.
     ///
     /// `membership_changed`: a member joined or left, so partitions moved

@@ -32,9 +32,13 @@
 //!   but no poll or commit for `processing_timeout`: slow, first relieved
 //!   of half its partitions, then of all of them if it stays stuck; it stays
 //!   a member and gets partitions again once it moves.
-//! - **Load.** The coordinator balances members by load, not by partition
-//!   count: a partition weighs its append rate plus its lag spread over a
-//!   few seconds, so a member falling behind sheds partitions to the others.
+//! - **Load.** A partition weighs its append rate plus one. Equal weights
+//!   (idle partitions, equal rates) balance by count to within one, with the
+//!   fewest moves; unequal ones by load, each move lowering the larger of
+//!   two loads by more than an absolute gain (see
+//!   [`crate::balance`]'s `assign`). A member falling behind sheds
+//!   partitions to the others (relief by lag). A balancing revokes at most
+//!   [`GroupOptions::max_moves_per_balancing`] partitions.
 //!
 //! Delivery is at least once. Records are delivered again only from an
 //! uncommitted window: what a member handed out and did not commit before
@@ -49,6 +53,7 @@ use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 
 use crate::duration::duration_nanos;
+use crate::balance::{best_single_move, plan_counts, plan_moves};
 use crate::error::{Error, Result};
 use crate::format::manifest::{GroupPosition, GroupRecord, ManifestRecord};
 use crate::read::OwnedRecord;
@@ -64,8 +69,12 @@ const RELIEF_LAG: u64 = 1000;
 /// Balancings in a row a partition's lag must grow before the group splits
 /// it for lag.
 const LAG_SPLIT_ROUNDS: u32 = 3;
-/// A member is over its share when its load exceeds the mean by this factor.
-const IMBALANCE: f64 = 1.25;
+/// A move by load must lower the larger of the two members' loads by more
+/// than this many mean partition weights. An absolute amount, the same
+/// whatever the member's load (a share of the busiest member's load is one
+/// that a single partition out of many never reaches), and under one
+/// partition so equal partitions balance to within one.
+const MOVE_GAIN: f64 = 0.25;
 /// Pauses kept in [`GroupStats::pauses_ms`] (the latest).
 const MAX_PAUSES: usize = 4096;
 /// Rate estimates decay with this time constant.
@@ -89,7 +98,8 @@ pub struct GroupOptions {
     /// Least time between two load-driven moves of partitions (dead or slow
     /// members and unowned partitions are handled at once).
     pub rebalance_interval: Duration,
-    /// A partition moved by load is not moved by load again for this long.
+    /// A partition moved by load is not moved by load again for this long
+    /// (against rate noise), unless a member joins or leaves since.
     pub move_cooldown: Duration,
     /// Split a partition that alone outruns its member: its lag grew at
     /// each of the last three balancings, it is its owner's only partition
@@ -100,6 +110,11 @@ pub struct GroupOptions {
     /// it has read the parent, then one can move to the idle member. At
     /// most one such split per move cooldown.
     pub split_lagging: bool,
+    /// Most partitions one balancing revokes by load: a join to a group
+    /// whose partitions all sit with one member moves its share over a few
+    /// balancings (one per `rebalance_interval`), so the owners pause only
+    /// this many at a time.
+    pub max_moves_per_balancing: usize,
 }
 
 impl Default for GroupOptions {
@@ -109,6 +124,7 @@ impl Default for GroupOptions {
             rebalance_interval: Duration::from_secs(1),
             move_cooldown: Duration::from_secs(10),
             split_lagging: true,
+            max_moves_per_balancing: 64,
         }
     }
 }
@@ -646,6 +662,13 @@ impl Topic {
             }
             other => other,
         })?;
+        if options.max_moves_per_balancing == 0 {
+            return Err(Error::InvalidConfig(
+                "max_moves_per_balancing must be at least 1: a group that may move \
+                 nothing by load never balances"
+                    .into(),
+            ));
+        }
         let mut groups = self.inner.groups.lock();
         if let Some(g) = groups.get(name) {
             return Ok(Group { shared: g.clone() });
@@ -1306,14 +1329,24 @@ impl GroupShared {
         }
     }
 
+    /// Load per member. A partition being revoked toward a member counts
+    /// with that member: it is on its way there, and counted with its
+    /// owner it would make the next balancing move more than the share.
     fn member_loads(&self, st: &GroupState) -> BTreeMap<u64, f64> {
         let mut loads: BTreeMap<u64, f64> = st.members.keys().map(|&id| (id, 0.0)).collect();
         for (&p, o) in &st.owners {
-            if let Some(m) = o.member {
+            if let Some(m) = Self::holder(st, o) {
                 *loads.entry(m).or_default() += self.weight(st, p);
             }
         }
         loads
+    }
+
+    /// The member a partition counts with for balancing: the target of its
+    /// revocation if it has one, else its owner.
+    fn holder(st: &GroupState, o: &Owner) -> Option<u64> {
+        let target = o.revoking.as_ref().and_then(|r| r.to);
+        target.filter(|t| st.members.contains_key(t)).or(o.member)
     }
 
     /// Members that may receive partitions: active, not recently relieved.
@@ -1434,9 +1467,17 @@ impl GroupShared {
     ///   (its last one only if the receiver hands out records at least
     ///   twice as fast), and gets nothing by load for the move cooldown: it
     ///   processes more slowly than its partitions fill.
-    /// - **Load.** A member over [`IMBALANCE`] × the mean append load gives
-    ///   the least loaded receiver the partition whose move leaves the two
-    ///   closest, when that lowers the larger of the two loads.
+    /// - **Load.** With equal weights (all within the gain of each other;
+    ///   idle partitions weigh one each), the fewest moves that bring the
+    ///   counts within one ([`plan_counts`]). Otherwise the moves of a
+    ///   sticky plan ([`plan_moves`]) when, all made, they lower the sum of
+    ///   squared loads by more than one good single move would. Then, while
+    ///   one exists, the single move to the least loaded receiver that
+    ///   lowers the larger of the two loads by more than the gain
+    ///   ([`MOVE_GAIN`] mean partition weights): where that ends, the
+    ///   busiest member is over the least loaded receiver by at most its
+    ///   lightest movable partition plus the gain. At most
+    ///   [`GroupOptions::max_moves_per_balancing`] revocations a balancing.
     ///
     /// `membership_changed`: a member joined or left, so partitions moved
     /// recently may move again (the cooldown is against load noise).
@@ -1499,58 +1540,87 @@ impl GroupShared {
                 m.last_lag = lag;
             }
         }
-        // Load: the most loaded member over its share gives one partition
-        // to the least loaded receiver, while that lowers the larger load.
+        // Load: moves toward a sticky plan, then single moves while one
+        // lowers the larger of two loads by more than the gain threshold;
+        // at most `max_moves_per_balancing` revocations in all.
+        if membership_changed {
+            // The cooldown is against load noise; a join or leave is not
+            // noise, so what moved before it may move again.
+            for o in st.owners.values_mut() {
+                o.moved_nanos = None;
+            }
+        }
         let receivers = Self::receivers(st, now);
         let mut loads = self.member_loads(st);
-        let mean = loads.values().sum::<f64>() / loads.len().max(1) as f64;
-        let mut moved_now: BTreeSet<u32> = BTreeSet::new();
-        for _ in 0..st.owners.len() {
-            let Some((id, lf)) = loads
-                .iter()
-                .filter(|(id, _)| !gave.contains(id))
-                .map(|(&id, &l)| (id, l))
-                .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
-            else {
-                break;
-            };
-            if lf <= mean * IMBALANCE {
-                break;
+        let weights: BTreeMap<u32, f64> = st
+            .owners
+            .iter()
+            .filter(|(_, o)| o.member.is_some())
+            .map(|(&p, _)| (p, self.weight(st, p)))
+            .collect();
+        let mean_weight = weights.values().sum::<f64>() / weights.len().max(1) as f64;
+        let gain = MOVE_GAIN * mean_weight;
+        let movable = |st: &GroupState, p: u32| {
+            st.owners[&p]
+                .moved_nanos
+                .is_none_or(|t| now.saturating_sub(t) >= load_cooldown)
+        };
+        let mut owned: BTreeMap<u64, Vec<u32>> = st.members.keys().map(|&m| (m, vec![])).collect();
+        for (&p, o) in &st.owners {
+            if let Some(m) = o.member.filter(|_| o.revoking.is_none()) {
+                if movable(st, p) {
+                    owned.entry(m).or_default().push(p);
+                }
             }
-            let Some(to) = receivers
-                .iter()
-                .copied()
-                .filter(|&r| r != id && !gave.contains(&r))
-                .min_by(|a, b| loads[a].total_cmp(&loads[b]).then(a.cmp(b)))
-            else {
-                break;
-            };
-            let lt = loads[&to];
-            let best = self
-                .owned_by(st, id)
-                .into_iter()
-                .filter(|p| {
-                    !moved_now.contains(p)
-                        && st.owners[p]
-                            .moved_nanos
-                            .is_none_or(|t| now.saturating_sub(t) >= load_cooldown)
-                })
-                .map(|p| (p, self.weight(st, p)))
-                .min_by(|a, b| {
-                    let ka = (lf - a.1).max(lt + a.1);
-                    let kb = (lf - b.1).max(lt + b.1);
-                    ka.total_cmp(&kb).then(a.0.cmp(&b.0))
-                });
-            let Some((p, w)) = best else { break };
-            if (lf - w).max(lt + w) >= lf * 0.95 {
-                break;
+        }
+        // Equal weights (idle partitions all weigh one) balance by count,
+        // exactly: the fewest moves that bring counts within one.
+        let (lightest, heaviest) = weights
+            .values()
+            .fold((f64::INFINITY, 0.0f64), |(lo, hi), &w| {
+                (lo.min(w), hi.max(w))
+            });
+        let plan = if heaviest - lightest <= gain {
+            let mut held: BTreeMap<u64, usize> = st.members.keys().map(|&m| (m, 0)).collect();
+            for o in st.owners.values() {
+                if let Some(m) = Self::holder(st, o) {
+                    *held.entry(m).or_default() += 1;
+                }
             }
-            if !self.revoke(st, p, Some(to), now) {
-                break;
+            plan_counts(&owned, &held, &receivers, &gave)
+        } else {
+            let (plan, planned) = plan_moves(&owned, &weights, &loads, &receivers, &gave);
+            let squares = |l: &BTreeMap<u64, f64>| l.values().map(|x| x * x).sum::<f64>();
+            // Worth its pauses only if it beats what one good move gives.
+            if squares(&planned) < squares(&loads) - 2.0 * gain * mean_weight {
+                plan
+            } else {
+                Vec::new()
             }
-            moved_now.insert(p);
-            *loads.get_mut(&id).expect("member") -= w;
+        };
+        let mut budget = self.options.max_moves_per_balancing;
+        type Owned = BTreeMap<u64, Vec<u32>>;
+        let mut apply = |st: &mut GroupState,
+                         owned: &mut Owned,
+                         loads: &mut BTreeMap<u64, f64>,
+                         (p, from, to): (u32, u64, u64)| {
+            if budget == 0 || !self.revoke(st, p, Some(to), now) {
+                return false;
+            }
+            budget -= 1;
+            let w = weights[&p];
+            owned.get_mut(&from).expect("member").retain(|&q| q != p);
+            *loads.get_mut(&from).expect("member") -= w;
             *loads.get_mut(&to).expect("member") += w;
+            true
+        };
+        for m in plan {
+            moved |= apply(st, &mut owned, &mut loads, m);
+        }
+        while let Some(m) = best_single_move(&owned, &weights, &loads, &receivers, &gave, gain) {
+            if !apply(st, &mut owned, &mut loads, m) {
+                break;
+            }
             moved = true;
         }
         if moved {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fissionlog::{
     Error, GroupOptions, GroupStart, Log, LogOptions, ManualClock, MemberOptions, MemberState,
-    OwnedRecord, SplitPlan, SyncPolicy, TopicConfig,
+    NewRecord, OwnedRecord, SplitPlan, SyncPolicy, TopicConfig,
 };
 
 #[test]
@@ -474,6 +474,18 @@ fn bad_group_input_is_refused_and_changes_nothing() {
     let topic = log.topic_or_create("t", config(2)).unwrap();
     assert!(matches!(
         topic.group("bad/name", GroupOptions::default()),
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(topic.groups().is_empty());
+    // A group that may move nothing by load would never balance.
+    assert!(matches!(
+        topic.group(
+            "g",
+            GroupOptions {
+                max_moves_per_balancing: 0,
+                ..GroupOptions::default()
+            }
+        ),
         Err(Error::InvalidConfig(_))
     ));
     assert!(topic.groups().is_empty());
@@ -997,5 +1009,187 @@ fn a_zero_background_heartbeat_interval_is_refused() {
         })
         .unwrap();
     m.leave().unwrap();
+    log.close().unwrap();
+}
+
+/// What one join cost: balancings until the counts were within one,
+/// partitions moved, and the pauses (most partitions one member had
+/// revoked and not yet handed over after a balancing; balancings after
+/// which any was still revoked once every member had its turn).
+#[derive(Debug)]
+struct JoinCost {
+    members: usize,
+    balancings: usize,
+    moved: u64,
+    most_paused: usize,
+    paused_past_a_round: usize,
+}
+
+/// `joins` members join one after another a group of `partitions`
+/// partitions of equal load (four records each, appended before the group
+/// exists, so every append rate is zero). After each join the counts must
+/// be within one after at most ceil(ceil(partitions / members) /
+/// MOVES_PER_BALANCING) balancings, the join's own included: a join of the
+/// n-th member to a group within one needs at most ceil(partitions / n)
+/// moves (what the newcomer ends with), and every balancing revokes up to
+/// MOVES_PER_BALANCING of them. Then a further round moves nothing (no
+/// churn), and the join moved at most the newcomer's fair share.
+fn spread_as_members_join(partitions: u32, joins: usize) -> Vec<JoinCost> {
+    #[allow(non_snake_case)]
+    let MOVES_PER_BALANCING = GroupOptions::default().max_moves_per_balancing;
+    // Thousands of commits, each a manifest fsync: cheap on a RAM disk.
+    let dir = common::probe::fast_tempdir();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(partitions)).unwrap();
+    append_rr(&topic, 0, 4 * u64::from(partitions));
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut rounds = Rounds::new(&clock, &group);
+    // Members hold records of most of their partitions uncommitted at
+    // every balancing: a revoked partition waits for its owner's commit.
+    rounds.poll_per_turn = partitions as usize;
+    let mut costs = Vec::new();
+    for n in 1..=joins {
+        let share = (partitions as usize).div_ceil(n);
+        let bound = share.div_ceil(MOVES_PER_BALANCING);
+        let mut reports = vec![rounds.join()];
+        while !within_one(&rounds.counts()) {
+            assert!(
+                reports.len() < bound,
+                "{partitions} partitions, {n} members: not within one after {} balancings: {:?}",
+                reports.len(),
+                rounds.counts()
+            );
+            reports.push(rounds.round());
+        }
+        let cost = JoinCost {
+            members: n,
+            balancings: reports.len(),
+            moved: reports.iter().map(|r| r.moved).sum(),
+            most_paused: reports
+                .iter()
+                .flat_map(|r| r.paused.iter().copied())
+                .max()
+                .unwrap_or(0),
+            paused_past_a_round: reports.iter().filter(|r| r.paused_after_turns > 0).count(),
+        };
+        if n > 1 {
+            assert!(
+                cost.moved as usize <= share,
+                "{partitions} partitions, {n} members: moved {} for a share of {share}",
+                cost.moved
+            );
+        }
+        assert!(cost.balancings <= bound.max(1), "{cost:?}");
+        assert!(cost.most_paused <= MOVES_PER_BALANCING, "{cost:?}");
+        assert_eq!(cost.paused_past_a_round, 0, "{cost:?}");
+        // One more record in every partition, polled in this round and
+        // held uncommitted at the next join's balancing.
+        append_rr(&topic, 0, u64::from(partitions));
+        let again = rounds.round();
+        assert_eq!(
+            (again.moved, again.paused.iter().sum::<usize>()),
+            (0, 0),
+            "{partitions} partitions, {n} members: a balanced group moved partitions: {:?}",
+            rounds.counts()
+        );
+        costs.push(cost);
+    }
+    drop(rounds);
+    log.close().unwrap();
+    costs
+}
+
+#[test]
+fn a_thousand_partitions_spread_to_within_one_as_a_hundred_members_join_one_by_one() {
+    let costs = spread_as_members_join(1000, 100);
+    for c in costs
+        .iter()
+        .filter(|c| [1, 2, 10, 100].contains(&c.members))
+    {
+        eprintln!("{c:?}");
+    }
+    // The first member takes everything without a move.
+    assert_eq!(costs[0].moved, 0);
+    assert_eq!(costs[1].moved, 500);
+    assert_eq!(costs[9].moved, 100);
+    assert_eq!(costs[99].moved, 10);
+}
+
+#[test]
+fn forty_and_a_hundred_partitions_spread_to_within_one_over_two_and_four_members() {
+    for partitions in [40, 100] {
+        let costs = spread_as_members_join(partitions, 4);
+        let share = |n: u32| u64::from(partitions / n);
+        assert_eq!(costs[1].moved, share(2));
+        assert_eq!(costs[3].moved, share(4), "{costs:?}");
+    }
+}
+
+/// Records appended to each hot partition per simulated second.
+const HOT_RATE: u64 = 20;
+
+#[test]
+fn unequal_loads_balance_to_within_one_partition_and_the_stated_tolerance() {
+    // 40 partitions, 4 of them taking HOT_RATE records a second, 4 members.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(40)).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut rounds = Rounds::new(&clock, &group);
+    rounds.poll_per_turn = 10_000;
+    let mut seq = 0u64;
+    rounds.before_balancing = Box::new(|| {
+        for p in [3, 11, 22, 37] {
+            let values: Vec<String> = (seq..seq + HOT_RATE).map(|i| format!("h:{i}")).collect();
+            seq += HOT_RATE;
+            let records: Vec<NewRecord<'_>> = values
+                .iter()
+                .map(|v| NewRecord {
+                    key: None,
+                    value: v.as_bytes(),
+                    timestamp: None,
+                })
+                .collect();
+            topic.append_to(p, &records).unwrap();
+        }
+    });
+    for _ in 0..4 {
+        rounds.join();
+        rounds.round();
+    }
+    // The rates settle (time constant 2 s) and moves by load wait out
+    // their cooldown (10 s) before a partition moves again.
+    for _ in 0..40 {
+        rounds.round();
+    }
+    let quiet: Vec<RoundReport> = (0..10).map(|_| rounds.round()).collect();
+    let loads = rounds.loads();
+    let (busiest, lightest_there) = loads
+        .iter()
+        .copied()
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .unwrap();
+    let least = loads.iter().map(|l| l.0).fold(f64::INFINITY, f64::min);
+    let total: f64 = loads.iter().map(|l| l.0).sum();
+    // The stated tolerance: the busiest member is over the least loaded
+    // by at most one of its partitions plus half a mean partition.
+    let slack = 0.5 * total / 40.0;
+    assert!(
+        busiest - least <= lightest_there + slack,
+        "loads {loads:?}: {busiest} against {least}, tolerance {lightest_there} + {slack}"
+    );
+    // Each member has one hot partition: the best split.
+    assert!(
+        busiest - least < 2.0,
+        "loads {loads:?}, counts {:?}",
+        rounds.counts()
+    );
+    assert!(
+        quiet.iter().all(|r| r.moved == 0),
+        "a balanced group moved partitions: {quiet:?}"
+    );
+    drop(rounds);
     log.close().unwrap();
 }

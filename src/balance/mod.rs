@@ -17,12 +17,16 @@
 //! - [`BalancePolicy`] and [`decide`]: the pure function that turns the
 //!   loads of a topic's active partitions into [`Decision`]s (split, merge,
 //!   report a hot key), with hysteresis, a minimum age and partition caps.
+//! - `assign`: which consumer-group member reads which partition, from
+//!   partition weights and member loads (the group coordinator applies it).
 //!
 //! Robustness rule for the whole module: no input panics. NaN or negative
 //! rates are treated as unknown, zero durations are clamped to a small
 //! positive minimum, and a clock that goes backwards is clamped (the elapsed
 //! time is taken as zero).
 
+
+mod assign;
 mod clock;
 mod cuts;
 mod decision;
@@ -32,6 +36,7 @@ mod rate;
 #[cfg(test)]
 mod sim;
 
+pub(crate) use assign::{best_single_move, plan_counts, plan_moves};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{decide, CutPoints, Decision, PartitionLoad, SplitAt};
 #[cfg(any(test, feature = "internals"))]

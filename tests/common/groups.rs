@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fissionlog::{
-    Log, LogOptions, ManualClock, Member, MemberOptions, OwnedRecord, SyncPolicy, Topic,
-    TopicConfig,
+    Group, GroupOptions, Log, LogOptions, ManualClock, Member, MemberOptions, OwnedRecord,
+    SyncPolicy, Topic, TopicConfig,
 };
 
 /// Session timeout of the members.
@@ -142,4 +142,155 @@ pub fn pass(clock: &ManualClock, total: Duration, beat: &[&Member], progress: &m
             m.poll(0).unwrap();
         }
     }
+}
+
+/// A group driven in balancing rounds of simulated time. A round advances
+/// the clock by the rebalance interval and ticks the coordinator (one
+/// balancing), then every member takes its turn: it commits what it polled
+/// in its last turn and polls again (held uncommitted until its next turn,
+/// so a partition revoked at the balancing waits for its owner's commit,
+/// as it would in a running consumer). After the turns, C9 is checked: the
+/// members' assignments are disjoint, each is what the coordinator gives
+/// that member and does not revoke, and every record a member polled is
+/// from its own assignment.
+pub struct Rounds<'a> {
+    clock: &'a ManualClock,
+    group: &'a Group,
+    /// The members, in the order they joined.
+    pub members: Vec<Member>,
+    /// Records a member polls in its turn.
+    pub poll_per_turn: usize,
+    /// Run before each balancing (e.g. appends that set the loads).
+    pub before_balancing: Box<dyn FnMut() + 'a>,
+}
+
+/// What one balancing round (or one join) did.
+#[derive(Debug, Clone, Default)]
+pub struct RoundReport {
+    /// Partitions that changed hands ([`fissionlog::GroupStats::moves`]).
+    pub moved: u64,
+    /// Per member, partitions revoked from it and not yet handed over
+    /// right after the balancing (paused: nobody reads them).
+    pub paused: Vec<usize>,
+    /// Partitions still revoked once every member had its turn.
+    pub paused_after_turns: usize,
+}
+
+impl<'a> Rounds<'a> {
+    pub fn new(clock: &'a ManualClock, group: &'a Group) -> Rounds<'a> {
+        Rounds {
+            clock,
+            group,
+            members: Vec::new(),
+            poll_per_turn: 50,
+            before_balancing: Box::new(|| {}),
+        }
+    }
+
+    /// A new member joins: the join balances at once (a round of its own,
+    /// without time passing).
+    pub fn join(&mut self) -> RoundReport {
+        let moves = self.group.describe().stats.moves;
+        self.members.push(self.group.join(member_opts()).unwrap());
+        self.finish(moves)
+    }
+
+    /// One balancing round.
+    pub fn round(&mut self) -> RoundReport {
+        let moves = self.group.describe().stats.moves;
+        self.clock
+            .advance(GroupOptions::default().rebalance_interval);
+        (self.before_balancing)();
+        self.group.tick();
+        self.finish(moves)
+    }
+
+    fn finish(&mut self, moves_before: u64) -> RoundReport {
+        let d = self.group.describe();
+        let paused = self
+            .members
+            .iter()
+            .map(|m| {
+                d.assignments
+                    .iter()
+                    .filter(|a| a.member == Some(m.id()) && a.revoking)
+                    .count()
+            })
+            .collect();
+        let mut polled = Vec::new();
+        for m in &mut self.members {
+            m.commit().unwrap();
+            let got = m.poll(self.poll_per_turn).unwrap();
+            polled.push(got);
+        }
+        let d = self.group.describe();
+        let owner: BTreeMap<u32, (Option<u64>, bool)> = d
+            .assignments
+            .iter()
+            .map(|a| (a.partition, (a.member, a.revoking)))
+            .collect();
+        let mut seen: BTreeSet<u32> = BTreeSet::new();
+        for (m, got) in self.members.iter().zip(&polled) {
+            let view = m.assignment().partitions;
+            for &p in &view {
+                assert!(seen.insert(p), "partition {p} assigned to two members");
+                assert_eq!(
+                    owner.get(&p),
+                    Some(&(Some(m.id()), false)),
+                    "member {} reads partition {p} the coordinator does not give it",
+                    m.id()
+                );
+            }
+            for r in got {
+                assert!(
+                    view.contains(&r.partition),
+                    "member {} polled partition {} outside its assignment",
+                    m.id(),
+                    r.partition
+                );
+            }
+        }
+        RoundReport {
+            moved: d.stats.moves - moves_before,
+            paused,
+            paused_after_turns: d.assignments.iter().filter(|a| a.revoking).count(),
+        }
+    }
+
+    /// Partitions per member, as the coordinator assigns them (revoked
+    /// ones with their owner).
+    pub fn counts(&self) -> Vec<usize> {
+        let d = self.group.describe();
+        self.members
+            .iter()
+            .map(|m| {
+                d.assignments
+                    .iter()
+                    .filter(|a| a.member == Some(m.id()))
+                    .count()
+            })
+            .collect()
+    }
+
+    /// Per member, its load as the coordinator weighs it (append rate plus
+    /// one per partition), and the lightest of its partitions.
+    pub fn loads(&self) -> Vec<(f64, f64)> {
+        let d = self.group.describe();
+        self.members
+            .iter()
+            .map(|m| {
+                let mine = d.assignments.iter().filter(|a| a.member == Some(m.id()));
+                let weights: Vec<f64> = mine.map(|a| a.append_rate + 1.0).collect();
+                let lightest = weights.iter().copied().fold(f64::INFINITY, f64::min);
+                (weights.iter().sum(), lightest)
+            })
+            .collect()
+    }
+}
+
+/// Whether partition counts are within one of each other.
+pub fn within_one(counts: &[usize]) -> bool {
+    let max = counts.iter().max().copied().unwrap_or(0);
+    let min = counts.iter().min().copied().unwrap_or(0);
+    max - min <= 1
 }

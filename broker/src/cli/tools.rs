@@ -241,6 +241,10 @@ pub(crate) struct ConsumeArgs {
     /// Stop once no record came for this many milliseconds.
     #[arg(long, default_value_t = 1000)]
     idle_ms: u64,
+    /// The member's session timeout: no heartbeat for this long and its
+    /// partitions move to the others.
+    #[arg(long, default_value_t = 10_000)]
+    session_timeout_ms: u64,
     /// One JSON object per record.
     #[arg(long)]
     json: bool,
@@ -248,7 +252,13 @@ pub(crate) struct ConsumeArgs {
 
 pub(crate) async fn consume(a: ConsumeArgs) -> CmdResult {
     let conn = connect(&a.server).await?;
-    let mut c = Consumer::join(conn, ConsumerConfig::new(&a.topic, &a.group)).await?;
+    let session = Duration::from_millis(a.session_timeout_ms.max(1));
+    let cfg = ConsumerConfig {
+        session_timeout: session,
+        heartbeat_interval: (session / 4).max(Duration::from_millis(10)),
+        ..ConsumerConfig::new(&a.topic, &a.group)
+    };
+    let mut c = Consumer::join(conn, cfg).await?;
     let mut out = std::io::stdout().lock();
     let mut seen = 0u64;
     let mut last = Instant::now();

@@ -32,7 +32,8 @@ pub(crate) struct Conn {
     pub members: Mutex<HashMap<u64, MemberSlot>>,
     /// Produce requests, appended one after another in the order they
     /// were read: per-key order across a client's pipelined batches.
-    pub produce_tx: mpsc::Sender<handlers::ProduceJob>,
+    /// Taken when the connection ends, so the append queue drains and stops.
+    pub produce_tx: Mutex<Option<mpsc::Sender<handlers::ProduceJob>>>,
     out: Outbox,
 }
 
@@ -89,7 +90,14 @@ where
         depth: depth.clone(),
         stats: shared.stats.clone(),
     };
-    let writer = tokio::spawn(write_loop(wr, rx, depth, shared.clone()));
+    let (done_tx, mut writer_done) = tokio::sync::watch::channel(false);
+    let writer = tokio::spawn(write_loop(
+        wr,
+        rx,
+        depth,
+        shared.clone(),
+        WriterDone(done_tx),
+    ));
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let max = cfg.max_frame_bytes;
 
@@ -178,7 +186,7 @@ where
         shared: shared.clone(),
         principal,
         members: Mutex::new(HashMap::new()),
-        produce_tx,
+        produce_tx: Mutex::new(Some(produce_tx)),
         out: out.clone(),
     });
     let producer = tokio::spawn(handlers::produce_loop(conn.clone(), produce_rx));
@@ -188,6 +196,8 @@ where
         let frame = tokio::select! {
             f = read_frame(&mut rd, &mut buf, max, &shared) => f,
             _ = shutdown.wait_for(|s| *s) => break,
+            // The writer gave up (a stalled or closed socket): so does the reader.
+            _ = writer_done.wait_for(|d| *d) => break,
         };
         let frame = match frame {
             Ok(Some(f)) => f,
@@ -271,6 +281,9 @@ where
     while in_flight.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+    if let Ok(mut p) = conn.produce_tx.lock() {
+        p.take();
+    }
     drop(conn);
     let _ = producer.await;
     finish(writer, out).await;
@@ -304,6 +317,15 @@ async fn reject_stream(out: &Outbox, e: ReadError, shared: &Shared) {
             close_with(out, 0, 0, code, p.to_string()).await;
         }
         ReadError::Io(e) => tracing::debug!(error = %e, "read failed"),
+    }
+}
+
+/// Tells the reader the writer ended, however it ends.
+struct WriterDone(tokio::sync::watch::Sender<bool>);
+
+impl Drop for WriterDone {
+    fn drop(&mut self) {
+        let _ = self.0.send(true);
     }
 }
 
@@ -360,6 +382,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     mut rx: mpsc::Receiver<Vec<Bytes>>,
     depth: Arc<AtomicU64>,
     shared: Arc<Shared>,
+    _done: WriterDone,
 ) {
     let stall = shared.config.stall_timeout;
     while let Some(mut chunks) = rx.recv().await {

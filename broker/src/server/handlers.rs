@@ -223,7 +223,10 @@ async fn produce(
         )
         .await;
     }
-    if conn.produce_tx.send(job).await.is_err() {
+    let Some(tx) = conn.produce_tx.lock().ok().and_then(|t| t.clone()) else {
+        return;
+    };
+    if tx.send(job).await.is_err() {
         return;
     }
     let _ = done_rx.await;

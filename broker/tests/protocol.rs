@@ -1,0 +1,292 @@
+//! Protocol round trips through a live server, and its limits: oversized
+//! frames, too many requests in flight, too many connections, a bad
+//! version, a request before the handshake.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{closed_by_server, raw_hello, read_response, TestServer};
+use fissionlog_broker::client::{
+    Admin, Connection, Consumer, ConsumerConfig, Producer, ProducerConfig,
+};
+use fissionlog_broker::protocol::{
+    concat, Acks, ErrorCode, Isolation, Request, Response, SplitSpec, SyncSpec,
+};
+use fissionlog_broker::server::ServerConfig;
+use tokio::io::AsyncWriteExt;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produced_records_come_back_from_fetch_and_from_a_group_in_key_order() {
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let conn = Connection::connect(srv.addr, None).await.unwrap();
+    let admin = Admin::new(conn.clone());
+    admin
+        .create_topic("t", 2, SyncSpec::Never, 0, false)
+        .await
+        .unwrap();
+    for acks in [Acks::Leader, Acks::Quorum, Acks::None] {
+        let p = Producer::new(
+            conn.clone(),
+            ProducerConfig {
+                acks,
+                ..ProducerConfig::new("t")
+            },
+        );
+        let mut futs = Vec::new();
+        for i in 0..300u32 {
+            let key = Bytes::from(format!("k{}", i % 7));
+            futs.push(
+                p.send(Some(key), Bytes::from(format!("{acks:?} {i}")))
+                    .await,
+            );
+        }
+        for f in futs {
+            let at = f.await.unwrap();
+            assert_eq!(at.is_some(), acks != Acks::None);
+        }
+    }
+    // Splitting under the group changes nothing of what it reads.
+    admin.split("t", 0, SplitSpec::Even).await.unwrap();
+    let r = conn
+        .call(Request::Fetch {
+            topic: "t".into(),
+            partition: 1,
+            offset: 0,
+            max_bytes: 1 << 20,
+            max_wait_ms: 100,
+            isolation: Isolation::Written,
+        })
+        .await
+        .unwrap();
+    let Response::Fetched { records, .. } = r else {
+        panic!("{r:?}")
+    };
+    assert!(!records.is_empty());
+    let mut c = Consumer::join(conn.clone(), ConsumerConfig::new("t", "g"))
+        .await
+        .unwrap();
+    let mut got: Vec<String> = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // acks none gives no position, but the server appends it all the same.
+    while got.len() < 900 && std::time::Instant::now() < deadline {
+        for r in c.poll(1000, Duration::from_millis(100)).await.unwrap() {
+            got.push(format!(
+                "{} {}",
+                String::from_utf8_lossy(r.key.as_deref().unwrap()),
+                String::from_utf8_lossy(&r.value)
+            ));
+        }
+        c.commit().await.unwrap();
+    }
+    assert_eq!(got.len(), 900);
+    for k in 0..7 {
+        let per_key: Vec<&String> = got
+            .iter()
+            .filter(|l| l.starts_with(&format!("k{k} ")))
+            .collect();
+        let mut sorted = per_key.clone();
+        sorted.sort_by_key(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (
+                ["Leader", "Quorum", "None"]
+                    .iter()
+                    .position(|x| *x == f[1])
+                    .unwrap(),
+                f[2].parse::<u32>().unwrap(),
+            )
+        });
+        assert_eq!(per_key, sorted, "key k{k} out of order");
+    }
+    c.leave().await.unwrap();
+    srv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_over_the_limit_gets_an_error_frame_and_the_connection_closes() {
+    let srv = TestServer::start(ServerConfig {
+        max_frame_bytes: 4096,
+        ..Default::default()
+    })
+    .await;
+    let mut s = raw_hello(srv.addr).await;
+    s.write_all(&(1u32 << 20).to_le_bytes()).await.unwrap();
+    match read_response(&mut s).await {
+        Some((
+            _,
+            Response::Error {
+                code: ErrorCode::FrameTooLarge,
+                ..
+            },
+        )) => {}
+        other => panic!("expected frame_too_large, got {other:?}"),
+    }
+    assert!(closed_by_server(&mut s).await);
+    assert_eq!(srv.stats.snapshot().bad_frames, 1);
+    srv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_in_flight_limit_are_refused_with_an_error_frame() {
+    let srv = TestServer::start(ServerConfig {
+        max_in_flight: 4,
+        ..Default::default()
+    })
+    .await;
+    let conn = Connection::connect(srv.addr, None).await.unwrap();
+    Admin::new(conn)
+        .create_topic("t", 1, SyncSpec::Never, 0, false)
+        .await
+        .unwrap();
+    let mut s = raw_hello(srv.addr).await;
+    // Ten long polls at once on an empty partition: four wait, six are refused.
+    let mut bytes = Vec::new();
+    for id in 1..=10u32 {
+        let f = Request::Fetch {
+            topic: "t".into(),
+            partition: 0,
+            offset: 0,
+            max_bytes: 1024,
+            max_wait_ms: 1500,
+            isolation: Isolation::Written,
+        };
+        bytes.extend(concat(&f.encode(id)));
+    }
+    s.write_all(&bytes).await.unwrap();
+    let mut refused = 0;
+    let mut answered = 0;
+    for _ in 0..10 {
+        match read_response(&mut s).await {
+            Some((
+                _,
+                Response::Error {
+                    code: ErrorCode::TooManyInFlight,
+                    ..
+                },
+            )) => refused += 1,
+            Some((_, Response::Fetched { .. })) => answered += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((refused, answered), (6, 4));
+    assert_eq!(srv.stats.snapshot().in_flight_max, 4);
+    srv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_past_the_limit_gets_an_error_frame_and_is_closed() {
+    let srv = TestServer::start(ServerConfig {
+        max_connections: 2,
+        ..Default::default()
+    })
+    .await;
+    let _a = raw_hello(srv.addr).await;
+    let _b = raw_hello(srv.addr).await;
+    let mut c = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    match read_response(&mut c).await {
+        Some((
+            0,
+            Response::Error {
+                code: ErrorCode::TooManyConnections,
+                ..
+            },
+        )) => {}
+        other => panic!("expected too_many_connections, got {other:?}"),
+    }
+    assert!(closed_by_server(&mut c).await);
+    assert_eq!(srv.stats.snapshot().connections_refused, 1);
+    srv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hello_without_a_common_version_is_refused_and_closed() {
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let mut s = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    let hello = Request::Hello {
+        min_version: 2,
+        max_version: 9,
+        client: "future".into(),
+        token: None,
+    };
+    s.write_all(&concat(&hello.encode(3))).await.unwrap();
+    match read_response(&mut s).await {
+        Some((
+            3,
+            Response::Error {
+                code: ErrorCode::UnsupportedVersion,
+                ..
+            },
+        )) => {}
+        other => panic!("expected unsupported_version, got {other:?}"),
+    }
+    assert!(closed_by_server(&mut s).await);
+    srv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_before_the_handshake_is_refused_and_closed() {
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let mut s = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    s.write_all(&concat(&Request::ListTopics.encode(4)))
+        .await
+        .unwrap();
+    match read_response(&mut s).await {
+        Some((
+            4,
+            Response::Error {
+                code: ErrorCode::HandshakeRequired,
+                ..
+            },
+        )) => {}
+        other => panic!("expected handshake_required, got {other:?}"),
+    }
+    assert!(closed_by_server(&mut s).await);
+    srv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_errors_name_the_unknown_topic_and_partition() {
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let conn = Connection::connect(srv.addr, None).await.unwrap();
+    let admin = Admin::new(conn.clone());
+    assert_eq!(
+        admin.describe("nope").await.unwrap_err().code(),
+        Some(ErrorCode::UnknownTopic)
+    );
+    admin
+        .create_topic("t", 1, SyncSpec::Never, 0, false)
+        .await
+        .unwrap();
+    assert_eq!(
+        admin
+            .create_topic("t", 1, SyncSpec::Never, 0, false)
+            .await
+            .unwrap_err()
+            .code(),
+        Some(ErrorCode::TopicExists)
+    );
+    let e = conn
+        .call(Request::Fetch {
+            topic: "t".into(),
+            partition: 9,
+            offset: 0,
+            max_bytes: 10,
+            max_wait_ms: 0,
+            isolation: Isolation::Default,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::UnknownPartition));
+    assert_eq!(
+        admin
+            .split("t", 0, SplitSpec::At(u64::MAX))
+            .await
+            .unwrap_err()
+            .code(),
+        Some(ErrorCode::Refused)
+    );
+    let e = conn.call(Request::Commit { member: 42 }).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::UnknownMember));
+    srv.stop().await.unwrap();
+}

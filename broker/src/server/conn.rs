@@ -260,10 +260,26 @@ where
         let conn2 = conn.clone();
         let in_flight2 = in_flight.clone();
         let id = frame.request_id;
-        tokio::spawn(async move {
-            handlers::dispatch(&conn2, id, req).await;
-            in_flight2.fetch_sub(1, Ordering::AcqRel);
-        });
+        if let Request::Produce {
+            topic,
+            acks,
+            records,
+        } = req
+        {
+            // Queued here, in read order; answered by the append queue.
+            let done = handlers::enqueue_produce(&conn, id, topic, acks, records).await;
+            tokio::spawn(async move {
+                if let Some(d) = done {
+                    let _ = d.await;
+                }
+                in_flight2.fetch_sub(1, Ordering::AcqRel);
+            });
+        } else {
+            tokio::spawn(async move {
+                handlers::dispatch(&conn2, id, req).await;
+                in_flight2.fetch_sub(1, Ordering::AcqRel);
+            });
+        }
         // Backpressure: while the write queue is full, don't read more.
         while out.tx.capacity() == 0 {
             tokio::select! {

@@ -91,14 +91,6 @@ pub(crate) struct ProduceJob {
 /// Carries out one request and queues its response.
 pub(crate) async fn dispatch(conn: &Arc<Conn>, request_id: u32, req: Request) {
     let opcode = req.opcode();
-    if let Request::Produce {
-        topic,
-        acks,
-        records,
-    } = req
-    {
-        return produce(conn, request_id, topic, acks, records).await;
-    }
     let reply = match req {
         Request::Fetch {
             topic,
@@ -145,6 +137,10 @@ pub(crate) async fn dispatch(conn: &Arc<Conn>, request_id: u32, req: Request) {
             max_bytes,
             max_wait_ms,
         } => group_poll(conn, member, max_records, max_bytes, max_wait_ms).await,
+        Request::Produce { .. } => Err(refused(
+            ErrorCode::Internal,
+            "produce requests go through the append queue",
+        )),
         other => super::handlers_admin::admin(conn, other).await,
     };
     let r = reply.unwrap_or_else(|(code, message)| Response::Error {
@@ -169,14 +165,19 @@ pub(crate) fn topic_for(
     conn.shared.log.topic(name).map_err(lib)
 }
 
-async fn produce(
+/// Checks a produce request and puts it on the connection's append
+/// queue. Called from the connection's reader, in the order requests were
+/// read, so one client's batches are appended in the order it sent them.
+/// Returns what resolves once the request is answered (`None`: answered
+/// already, with an error).
+pub(crate) async fn enqueue_produce(
     conn: &Arc<Conn>,
     request_id: u32,
     topic: String,
     acks: Acks,
     records: Vec<ProduceRecord>,
-) {
-    let opcode = crate::protocol::Request::Produce {
+) -> Option<oneshot::Receiver<()>> {
+    let opcode = Request::Produce {
         topic: String::new(),
         acks,
         records: Vec::new(),
@@ -194,7 +195,7 @@ async fn produce(
                 },
             )
             .await;
-            return;
+            return None;
         }
     };
     if conn.shared.shutting_down() {
@@ -204,7 +205,7 @@ async fn produce(
             message: "the server is shutting down".into(),
         };
         conn.respond(request_id, r).await;
-        return;
+        return None;
     }
     let (done_tx, done_rx) = oneshot::channel();
     let job = ProduceJob {
@@ -223,13 +224,9 @@ async fn produce(
         )
         .await;
     }
-    let Some(tx) = conn.produce_tx.lock().ok().and_then(|t| t.clone()) else {
-        return;
-    };
-    if tx.send(job).await.is_err() {
-        return;
-    }
-    let _ = done_rx.await;
+    let tx = conn.produce_tx.lock().ok().and_then(|t| t.clone())?;
+    tx.send(job).await.ok()?;
+    Some(done_rx)
 }
 
 /// Appends a connection's produce requests in the order they were read.

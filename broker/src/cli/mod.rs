@@ -36,15 +36,16 @@ impl Failure {
 impl From<ClientError> for Failure {
     fn from(e: ClientError) -> Failure {
         let code = match &e {
-            ClientError::Server { code, .. } => match code {
-                ErrorCode::UnknownTopic
-                | ErrorCode::UnknownPartition
-                | ErrorCode::OffsetOutOfRange
-                | ErrorCode::InvalidRequest
-                | ErrorCode::UnknownGroup
-                | ErrorCode::UnsupportedVersion => 2,
-                _ => 1,
-            },
+            ClientError::Server {
+                code:
+                    ErrorCode::UnknownTopic
+                    | ErrorCode::UnknownPartition
+                    | ErrorCode::OffsetOutOfRange
+                    | ErrorCode::InvalidRequest
+                    | ErrorCode::UnknownGroup
+                    | ErrorCode::UnsupportedVersion,
+                ..
+            } => 2,
             ClientError::Connect(_) | ClientError::Disconnected(_) => 2,
             _ => 1,
         };

@@ -134,21 +134,16 @@ impl Connection {
         let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
         let p2 = pending.clone();
         let reader = tokio::spawn(async move {
-            loop {
-                match read_response(&mut rd, &mut buf).await {
-                    Ok((id, r)) => {
-                        let tx = p2
-                            .lock()
-                            .ok()
-                            .and_then(|mut m| m.as_mut().and_then(|m| m.remove(&id)));
-                        if let Some(tx) = tx {
-                            let _ = tx.send(r);
-                        } else if let Response::Error { code, message, .. } = r {
-                            // A connection-level error (request id 0): the server closes.
-                            tracing::debug!(%code, %message, "server error");
-                        }
-                    }
-                    Err(_) => break,
+            while let Ok((id, r)) = read_response(&mut rd, &mut buf).await {
+                let tx = p2
+                    .lock()
+                    .ok()
+                    .and_then(|mut m| m.as_mut().and_then(|m| m.remove(&id)));
+                if let Some(tx) = tx {
+                    let _ = tx.send(r);
+                } else if let Response::Error { code, message, .. } = r {
+                    // A connection-level error (request id 0): the server closes.
+                    tracing::debug!(%code, %message, "server error");
                 }
             }
             // Fail every waiting call.

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use fissionlog::{Log, LogOptions};
-use fissionlog_broker::server::{serve, ServerConfig};
+use fissionlog_broker::server::{serve, ServerConfig, TokenAuthorizer};
 
 use super::{CmdResult, Failure};
 
@@ -24,6 +24,11 @@ pub(crate) struct ServeArgs {
     /// Largest frame in bytes.
     #[arg(long, default_value_t = fissionlog_broker::protocol::DEFAULT_MAX_FRAME_BYTES)]
     max_frame_bytes: u32,
+    /// Token authentication with per-topic permissions, from a JSON file
+    /// `{"tokens": [{"name", "token", "read": [topics], "write": [topics], "admin"}]}`
+    /// ("*" names every topic). Without it everyone may do everything.
+    #[arg(long)]
+    auth_file: Option<PathBuf>,
     /// Log at debug level (stderr).
     #[arg(long)]
     verbose: bool,
@@ -53,12 +58,18 @@ pub(crate) async fn run(a: ServeArgs) -> CmdResult {
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .map_err(|e| Failure::usage(format!("cannot listen on {}: {e}", a.listen)))?;
-    let config = ServerConfig {
+    let mut config = ServerConfig {
         max_connections: a.max_connections,
         max_in_flight: a.max_in_flight,
         max_frame_bytes: a.max_frame_bytes,
         ..Default::default()
     };
+    if let Some(f) = &a.auth_file {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| Failure::usage(format!("cannot read {}: {e}", f.display())))?;
+        let auth = TokenAuthorizer::from_json(&text).map_err(Failure::usage)?;
+        config.authorizer = std::sync::Arc::new(auth);
+    }
     let shutdown = async {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

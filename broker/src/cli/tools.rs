@@ -19,10 +19,23 @@ pub(crate) struct Server {
     server: String,
 }
 
+/// The credential the client commands send: `FISSIONLOG_BROKER_TOKEN`
+/// (an environment variable, not a flag, so it doesn't show in `ps`).
+pub(crate) fn token() -> Option<Bytes> {
+    std::env::var("FISSIONLOG_BROKER_TOKEN")
+        .ok()
+        .map(Bytes::from)
+}
+
 async fn connect(s: &Server) -> Result<Connection, Failure> {
-    Connection::connect(s.server.as_str(), None)
+    Connection::connect(s.server.as_str(), token())
         .await
-        .map_err(|e| Failure::usage(format!("cannot reach the broker at {}: {e}", s.server)))
+        .map_err(|e| match e {
+            ClientError::Server { .. } => {
+                Failure::refused(format!("the broker at {} refused: {e}", s.server))
+            }
+            e => Failure::usage(format!("cannot reach the broker at {}: {e}", s.server)),
+        })
 }
 
 #[derive(clap::Args)]

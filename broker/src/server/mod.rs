@@ -15,7 +15,7 @@ mod handlers_admin;
 mod stats;
 mod syncer;
 
-pub use auth::{Access, AllowAll, Authorizer, Principal};
+pub use auth::{constant_time_eq, Access, AllowAll, Authorizer, Grant, Principal, TokenAuthorizer};
 pub use stats::{ServerStats, StatsSnapshot};
 
 use std::future::Future;

@@ -286,6 +286,21 @@ async fn typed_errors_name_the_unknown_topic_and_partition() {
             .code(),
         Some(ErrorCode::Refused)
     );
+    // Past the end of an active partition: refused at once, not waited on.
+    let t0 = std::time::Instant::now();
+    let e = conn
+        .call(Request::Fetch {
+            topic: "t".into(),
+            partition: 0,
+            offset: 100,
+            max_bytes: 10,
+            max_wait_ms: 5000,
+            isolation: Isolation::Default,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::OffsetOutOfRange));
+    assert!(t0.elapsed() < Duration::from_secs(2));
     let e = conn.call(Request::Commit { member: 42 }).await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::UnknownMember));
     srv.stop().await.unwrap();

@@ -386,8 +386,8 @@ async fn fetch(
         if offset < end || offset < p.start_offset() {
             break;
         }
-        if offset > end && p.is_sealed() {
-            break; // the read reports the range
+        if offset > p.end_offset() {
+            break; // past anything written: the read reports the range
         }
         let now = Instant::now();
         if now >= deadline || conn.shared.shutting_down() {

@@ -281,14 +281,9 @@ where
             });
         }
         // Backpressure: while the write queue is full, don't read more.
-        while out.tx.capacity() == 0 {
-            tokio::select! {
-                _ = tokio::time::sleep(std::time::Duration::from_millis(2)) => {}
-                _ = shutdown.wait_for(|s| *s) => break,
-            }
-            if writer.is_finished() {
-                break;
-            }
+        tokio::select! {
+            slot = out.tx.reserve() => if slot.is_err() { break },
+            _ = shutdown.wait_for(|s| *s) => break,
         }
     }
     // Let in-flight requests finish (they stop waiting on shutdown), for

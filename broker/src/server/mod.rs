@@ -196,12 +196,20 @@ pub async fn serve(
             }
         }
     }
-    let shared = match Arc::try_unwrap(shared) {
-        Ok(s) => s,
-        Err(_) => {
-            // A blocking task still runs (an append or a wait): let it end.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            return Ok(());
+    // Request tasks and blocking calls still running hold the shared
+    // state; they end soon after their connection did.
+    let mut shared = shared;
+    let shared = loop {
+        match Arc::try_unwrap(shared) {
+            Ok(s) => break s,
+            Err(s) if grace_left(&grace) => {
+                shared = s;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(_) => {
+                tracing::warn!("requests still running after the grace period: the log is dropped without a clean close");
+                return Ok(());
+            }
         }
     };
     shared.syncer.stop();
@@ -223,6 +231,10 @@ pub async fn serve(
     }
     tracing::warn!("the log is still in use: dropped without a clean close");
     Ok(())
+}
+
+fn grace_left(grace: &std::pin::Pin<&mut tokio::time::Sleep>) -> bool {
+    !grace.is_elapsed()
 }
 
 /// One error frame, then the connection closes.

@@ -117,7 +117,7 @@ impl Connection {
             min_version: PROTOCOL_VERSION,
             max_version: PROTOCOL_VERSION,
             client: "fissionlog-broker-client".into(),
-            token,
+            token: token.map(crate::protocol::Token),
         };
         write_frame(&mut wr, hello.encode(0))
             .await

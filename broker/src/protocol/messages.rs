@@ -119,6 +119,17 @@ pub struct PolledRecord {
     pub value: Bytes,
 }
 
+/// A credential. Its `Debug` output never shows the bytes, so a request
+/// that is logged doesn't leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(pub Bytes);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Token(<{} bytes, redacted>)", self.0.len())
+    }
+}
+
 /// A request, client to server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[allow(missing_docs)] // the fields are documented in docs/PROTOCOL.md
@@ -128,7 +139,7 @@ pub enum Request {
         min_version: u16,
         max_version: u16,
         client: String,
-        token: Option<Bytes>,
+        token: Option<Token>,
     },
     /// Append records.
     Produce {
@@ -354,7 +365,7 @@ impl Request {
                 e.u16(*min_version);
                 e.u16(*max_version);
                 e.str(client);
-                e.opt_bytes(token.as_ref());
+                e.opt_bytes(token.as_ref().map(|t| &t.0));
             }
             Request::Produce {
                 topic,
@@ -534,8 +545,8 @@ impl Request {
                 let min_version = d.u16("min version")?;
                 let max_version = d.u16("max version")?;
                 let client = d.str("client name", MAX_NAME_BYTES)?;
-                let token = d.opt_bytes("token")?;
-                if token.as_ref().is_some_and(|t| t.len() > MAX_TOKEN_BYTES) {
+                let token = d.opt_bytes("token")?.map(Token);
+                if token.as_ref().is_some_and(|t| t.0.len() > MAX_TOKEN_BYTES) {
                     return Err(ProtocolError::Invalid {
                         what: "token",
                         reason: "too long",

@@ -10,7 +10,7 @@ mod wire;
 
 pub use messages::{
     Acks, FetchedRecord, HotKeyModeSpec, Isolation, PolledRecord, ProduceRecord, Request, Response,
-    SplitSpec, SyncSpec, TailFromSpec,
+    SplitSpec, SyncSpec, TailFromSpec, Token,
 };
 pub use wire::{Decoder, Encoder};
 

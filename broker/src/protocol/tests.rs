@@ -29,7 +29,7 @@ fn every_request_kind_decodes_to_what_was_encoded() {
             min_version: 1,
             max_version: 3,
             client: "c".into(),
-            token: Some(Bytes::from_static(b"t")),
+            token: Some(Token(Bytes::from_static(b"t"))),
         },
         Request::Produce {
             topic: "t".into(),
@@ -168,6 +168,17 @@ fn every_response_kind_decodes_to_what_was_encoded() {
     ] {
         roundtrip_response(r);
     }
+}
+
+#[test]
+fn a_hello_never_shows_its_token_in_debug_output() {
+    let r = Request::Hello {
+        min_version: 1,
+        max_version: 1,
+        client: "c".into(),
+        token: Some(Token(Bytes::from_static(b"hunter2-secret"))),
+    };
+    assert!(!format!("{r:?}").contains("hunter2"));
 }
 
 #[test]

@@ -124,7 +124,10 @@ where
                     .await;
                     return finish(writer, out).await;
                 }
-                match cfg.authorizer.authenticate(token.as_deref()) {
+                match cfg
+                    .authorizer
+                    .authenticate(token.as_ref().map(|t| &t.0[..]))
+                {
                     Some(p) => {
                         let ok = Response::HelloOk {
                             version: PROTOCOL_VERSION,

@@ -6,6 +6,8 @@
 //! ([`check_decode`]).
 
 mod messages;
+mod request;
+mod response;
 mod wire;
 
 pub use messages::{

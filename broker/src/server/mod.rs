@@ -12,6 +12,7 @@ mod auth;
 mod conn;
 mod handlers;
 mod handlers_admin;
+mod handlers_group;
 mod stats;
 mod syncer;
 

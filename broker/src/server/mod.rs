@@ -208,7 +208,7 @@ pub async fn serve(
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Err(_) => {
-                tracing::warn!("requests still running after the grace period: the log is dropped without a clean close");
+                tracing::warn!("requests still running after the grace period: the log closes when the last of them ends");
                 return Ok(());
             }
         }

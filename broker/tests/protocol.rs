@@ -305,3 +305,39 @@ async fn typed_errors_name_the_unknown_topic_and_partition() {
     assert_eq!(e.code(), Some(ErrorCode::UnknownMember));
     srv.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_in_flight_is_answered_when_the_server_stops_and_the_log_closes_cleanly() {
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let conn = Connection::connect(srv.addr, None).await.unwrap();
+    Admin::new(conn.clone())
+        .create_topic("t", 1, SyncSpec::Never, 0, false)
+        .await
+        .unwrap();
+    let poll = tokio::spawn(async move {
+        conn.call(Request::Fetch {
+            topic: "t".into(),
+            partition: 0,
+            offset: 0,
+            max_bytes: 1024,
+            max_wait_ms: 25_000,
+            isolation: Isolation::Written,
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t0 = std::time::Instant::now();
+    assert!(
+        srv.stop_and_reopen_is_clean().await,
+        "the log was not closed cleanly"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "stopping took {:?}",
+        t0.elapsed()
+    );
+    match tokio::time::timeout(Duration::from_secs(5), poll).await {
+        Ok(Ok(Ok(Response::Fetched { records, .. }))) => assert!(records.is_empty()),
+        other => panic!("the long poll was not answered: {other:?}"),
+    }
+}

@@ -50,6 +50,18 @@ impl TestServer {
         }
     }
 
+    /// Stops the server, then reopens its log: whether the close was clean
+    /// (the reopen scanned nothing).
+    pub async fn stop_and_reopen_is_clean(mut self) -> bool {
+        let dir = std::mem::replace(
+            &mut self._dir,
+            tempfile::tempdir().expect("a temporary directory"),
+        );
+        self.stop().await.expect("the log closes");
+        let log = Log::open(dir.path(), LogOptions::default()).expect("the log reopens");
+        log.recovery_report().clean_shutdown
+    }
+
     /// Stops the server and waits for the log to close.
     pub async fn stop(mut self) -> fissionlog::Result<()> {
         if let Some(s) = self.stop.take() {

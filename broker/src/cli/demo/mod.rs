@@ -239,7 +239,7 @@ impl Demo {
         let mut splits = 0u64;
         let (mut did_hot, mut did_kill, mut did_even) = (false, false, false);
         let mut done_at: Option<Instant> = None;
-        let hard_deadline = Instant::now() + Duration::from_secs(40);
+        let hard_deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < hard_deadline {
             if let Some(d) = done_at {
                 let consumed_all = t.acked.iter().all(|r| t.deliveries.contains_key(r));

@@ -341,3 +341,69 @@ async fn a_long_poll_in_flight_is_answered_when_the_server_stops_and_the_log_clo
         other => panic!("the long poll was not answered: {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_poll_answer_stays_within_its_max_bytes_and_loses_nothing() {
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let conn = Connection::connect(srv.addr, None).await.unwrap();
+    conn.call(Request::CreateTopic {
+        topic: "big".into(),
+        partitions: 1,
+        sync: SyncSpec::Never,
+        max_record_bytes: 64 * 1024,
+        target_bytes_per_sec: 0,
+        auto_balance: false,
+    })
+    .await
+    .unwrap();
+    let p = Producer::new(conn.clone(), ProducerConfig::new("big"));
+    let mut acks = Vec::new();
+    for i in 0..100u32 {
+        let mut v = vec![b'v'; 60 * 1024];
+        v[..4].copy_from_slice(&i.to_le_bytes());
+        acks.push(p.send(None, Bytes::from(v)).await);
+    }
+    for a in acks {
+        a.await.unwrap();
+    }
+    let join = Request::JoinGroup {
+        topic: "big".into(),
+        group: "g".into(),
+        session_timeout_ms: 10_000,
+        processing_timeout_ms: 30_000,
+        instance_id: None,
+    };
+    let Response::Joined { member, .. } = conn.call(join).await.unwrap() else {
+        panic!("not joined")
+    };
+    let max_bytes = 256 * 1024;
+    let mut seen = Vec::new();
+    for _ in 0..200 {
+        let poll = Request::GroupPoll {
+            member,
+            max_records: 1000,
+            max_bytes,
+            max_wait_ms: 200,
+        };
+        let Response::Polled { records, .. } = conn.call(poll).await.unwrap() else {
+            panic!("not a poll answer")
+        };
+        let bytes: usize = records.iter().map(|r| r.value.len()).sum();
+        // At most one record past the budget, never the whole backlog.
+        assert!(
+            bytes <= max_bytes as usize + 64 * 1024,
+            "{bytes} bytes for a {max_bytes}-byte poll"
+        );
+        seen.extend(
+            records
+                .iter()
+                .map(|r| u32::from_le_bytes(r.value[..4].try_into().unwrap())),
+        );
+        conn.call(Request::Commit { member }).await.unwrap();
+        if seen.len() >= 100 {
+            break;
+        }
+    }
+    assert_eq!(seen, (0..100).collect::<Vec<u32>>());
+    srv.stop().await.unwrap();
+}

@@ -22,8 +22,15 @@ use crate::protocol::{
     PROTOCOL_VERSION,
 };
 
-/// A group member joined on this connection, with what its polls carry.
-pub(crate) type MemberSlot = Arc<Mutex<fissionlog::Member>>;
+/// A group member joined on this connection.
+pub(crate) struct Joined {
+    pub member: fissionlog::Member,
+    /// What the topic's largest record costs in a poll answer: the most
+    /// one record handed out can add to it.
+    pub max_record_cost: usize,
+}
+
+pub(crate) type MemberSlot = Arc<Mutex<Joined>>;
 
 /// What the request tasks of one connection share.
 pub(crate) struct Conn {

@@ -32,6 +32,7 @@ pub(super) async fn join(
         ));
     }
     let group = group.to_string();
+    let max_record_cost = t.config().effective_max_record_bytes() as usize + RECORD_OVERHEAD;
     let member = blocking(move || {
         let g = t.group(&group, GroupOptions::default())?;
         g.join(MemberOptions {
@@ -49,7 +50,11 @@ pub(super) async fn join(
         .members
         .lock()
         .map_err(|_| refused(ErrorCode::Internal, "member table poisoned"))?;
-    members.insert(id, Arc::new(std::sync::Mutex::new(member)));
+    let joined = super::conn::Joined {
+        member,
+        max_record_cost,
+    };
+    members.insert(id, Arc::new(std::sync::Mutex::new(joined)));
     Ok(Response::Joined {
         member: id,
         generation,
@@ -86,7 +91,7 @@ pub(super) async fn member_call(
     let s = slot(conn, member)?;
     let r = blocking(move || {
         let mut m = s.lock().map_err(|_| Error::Closed)?;
-        f(&mut m).map(|()| m.generation())
+        f(&mut m.member).map(|()| m.member.generation())
     })
     .await?;
     match r {
@@ -106,7 +111,7 @@ pub(super) async fn leave(conn: &Conn, member: u64) -> Reply {
     let opcode = Request::LeaveGroup { member }.opcode();
     let r = blocking(move || match Arc::try_unwrap(s) {
         Ok(m) => match m.into_inner() {
-            Ok(m) => m.leave().map(|()| 0),
+            Ok(m) => m.member.leave().map(|()| 0),
             Err(_) => Err(Error::Closed),
         },
         // A poll still holds it: dropping it stops its heartbeats, and the
@@ -166,12 +171,16 @@ fn poll_within(
     let mut out = Vec::new();
     let mut left = budget;
     loop {
-        let per = left / 2048;
+        // Each round asks for no more records than the budget left holds
+        // at the topic's largest record; the first round takes at least
+        // one, so a budget under one record still makes progress.
+        let per = left / m.max_record_cost.max(1);
+        let per = if out.is_empty() { per.max(1) } else { per };
         let n = per.min(max_records - out.len());
         if n == 0 {
             break;
         }
-        let got = m.poll(n)?;
+        let got = m.member.poll(n)?;
         if got.is_empty() {
             break;
         }
@@ -194,5 +203,5 @@ fn poll_within(
             break;
         }
     }
-    Ok((m.generation(), out))
+    Ok((m.member.generation(), out))
 }

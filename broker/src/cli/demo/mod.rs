@@ -270,6 +270,7 @@ impl Demo {
             if !did_kill && n >= plan.kill_at {
                 did_kill = true;
                 self.kill_consumer(KILLED);
+                t.killed = Some((KILLED, workers::now_us()));
             }
             if !did_even && n >= plan.split_even_at {
                 did_even = true;

@@ -27,6 +27,12 @@ pub(super) struct Tally {
     pub order_violations: u64,
     latencies_ms: Vec<f64>,
     pub failed_acks: u64,
+    /// The consumer the demo kills, once it is killed: when (µs since the
+    /// epoch), the partitions it had been reading, and when another
+    /// consumer first received a record of one of them after the kill.
+    pub killed: Option<(u32, u64)>,
+    killed_partitions: HashSet<u32>,
+    resumed_at_us: Option<u64>,
 }
 
 impl Tally {
@@ -58,6 +64,23 @@ impl Tally {
         ) else {
             return;
         };
+        let partition = f[6].parse::<u32>().unwrap_or(u32::MAX);
+        match self.killed {
+            None => {
+                if consumer == super::KILLED {
+                    self.killed_partitions.insert(partition);
+                }
+            }
+            Some((k, at)) => {
+                if consumer != k
+                    && self.resumed_at_us.is_none()
+                    && recv > at
+                    && self.killed_partitions.contains(&partition)
+                {
+                    self.resumed_at_us = Some(recv);
+                }
+            }
+        }
         let key = f[2].to_string();
         let id = (p, key.clone(), seq);
         let seen_before = self.deliveries.contains_key(&id);
@@ -139,6 +162,10 @@ pub(super) fn summarize(
         "killed_consumer": killed,
         "rebalances": g["stats"]["rebalances"],
         "redelivered": g["stats"]["redelivered"],
+        "kill_to_resume_ms": match (t.killed, t.resumed_at_us) {
+            (Some((_, at)), Some(r)) => json!(r.saturating_sub(at) as f64 / 1000.0),
+            _ => Value::Null,
+        },
         "rebalance_pauses": pauses.len(),
         "rebalance_pause_ms_p50": percentile(&pauses, 0.5),
         "rebalance_pause_ms_max": pauses.last().copied().unwrap_or(0.0),
@@ -158,8 +185,9 @@ pub(super) fn print_text(s: &Value) {
         s["produced"], s["acknowledged"], s["consumed"], s["deliveries"], s["splits"], s["killed_consumer"]
     );
     println!(
-        "rebalances {}, pauses {} (p50 {} ms, max {} ms); e2e latency p50 {} ms, p99 {} ms",
+        "rebalances {}, the killed consumer's partitions resumed after {} ms, pauses {} (p50 {} ms, max {} ms); e2e latency p50 {} ms, p99 {} ms",
         s["rebalances"],
+        s["kill_to_resume_ms"],
         s["rebalance_pauses"],
         s["rebalance_pause_ms_p50"],
         s["rebalance_pause_ms_max"],

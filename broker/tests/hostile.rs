@@ -183,7 +183,7 @@ fn arbitrary_requests(seed: u64, n: usize) -> Vec<fissionlog_broker::protocol::R
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn arbitrary_well_formed_requests_each_get_an_answer_and_the_server_keeps_serving() {
-    let seed = 0xb0c4_e7;
+    let seed = 0x00b0_c4e7;
     let srv = TestServer::start(ServerConfig::default()).await;
     let conn = Connection::connect(srv.addr, None).await.unwrap();
     let admin = Admin::new(conn.clone());

@@ -1,0 +1,95 @@
+//! `serve`: one node on an embedded log.
+
+use std::path::PathBuf;
+
+use fissionlog::{Log, LogOptions};
+use fissionlog_broker::server::{serve, ServerConfig, TokenAuthorizer};
+
+use super::{CmdResult, Failure};
+
+#[derive(clap::Args)]
+pub(crate) struct ServeArgs {
+    /// Log directory (created when missing).
+    #[arg(long)]
+    dir: PathBuf,
+    /// Address to listen on (port 0: any free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    listen: String,
+    /// Connections served at once.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: u32,
+    /// Requests outstanding per connection.
+    #[arg(long, default_value_t = 256)]
+    max_in_flight: u32,
+    /// Largest frame in bytes.
+    #[arg(long, default_value_t = fissionlog_broker::protocol::DEFAULT_MAX_FRAME_BYTES)]
+    max_frame_bytes: u32,
+    /// Token authentication with per-topic permissions, from a JSON file
+    /// `{"tokens": [{"name", "token", "read": [topics], "write": [topics], "admin"}]}`
+    /// ("*" names every topic). Without it everyone may do everything.
+    #[arg(long)]
+    auth_file: Option<PathBuf>,
+    /// Log at debug level (stderr).
+    #[arg(long)]
+    verbose: bool,
+}
+
+pub(crate) async fn run(a: ServeArgs) -> CmdResult {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_max_level(if a.verbose {
+            tracing::Level::DEBUG
+        } else {
+            tracing::Level::INFO
+        })
+        .try_init();
+    if let Err(e) = std::fs::create_dir_all(&a.dir) {
+        return Err(Failure::usage(format!(
+            "cannot create {}: {e}",
+            a.dir.display()
+        )));
+    }
+    let dir = a.dir.clone();
+    let log = tokio::task::spawn_blocking(move || Log::open(&dir, LogOptions::default()))
+        .await
+        .map_err(|e| Failure::refused(format!("open failed: {e}")))?
+        .map_err(|e| Failure::usage(format!("cannot open the log at {}: {e}", a.dir.display())))?;
+    let listener = tokio::net::TcpListener::bind(&a.listen)
+        .await
+        .map_err(|e| Failure::usage(format!("cannot listen on {}: {e}", a.listen)))?;
+    let mut config = ServerConfig {
+        max_connections: a.max_connections,
+        max_in_flight: a.max_in_flight,
+        max_frame_bytes: a.max_frame_bytes,
+        ..Default::default()
+    };
+    if let Some(f) = &a.auth_file {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| Failure::usage(format!("cannot read {}: {e}", f.display())))?;
+        let auth = TokenAuthorizer::from_json(&text).map_err(Failure::usage)?;
+        config.authorizer = std::sync::Arc::new(auth);
+    }
+    let shutdown = async {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    serve(log, listener, config, shutdown, |h| {
+        // The first stdout line: what scripts and the demo wait for.
+        println!("listening on {}", h.addr);
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    })
+    .await
+    .map_err(|e| Failure::refused(format!("closing the log failed: {e}")))
+}

@@ -1,0 +1,179 @@
+//! A batching producer: records wait up to `linger` (or until a batch is
+//! full) and go out as one produce request; at most `max_in_flight`
+//! batches are unanswered at once. Batches are written in the order their
+//! records were sent, and the server appends one connection's batches in
+//! the order it read them, so per-key order holds.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::{ClientError, Connection};
+use crate::protocol::{Acks, ProduceRecord, Request, Response};
+
+/// Settings of a [`Producer`].
+#[derive(Debug, Clone)]
+pub struct ProducerConfig {
+    /// Topic to produce to.
+    pub topic: String,
+    /// What an acknowledgement means.
+    pub acks: Acks,
+    /// Longest a record waits for its batch to fill.
+    pub linger: Duration,
+    /// Records per batch at most.
+    pub batch_records: usize,
+    /// Bytes of keys and values per batch at most.
+    pub batch_bytes: usize,
+    /// Batches unanswered at once at most.
+    pub max_in_flight: usize,
+}
+
+impl ProducerConfig {
+    /// Defaults for `topic`: leader acks, 1 ms linger, 1,000 records or
+    /// 1 MiB a batch, 8 batches in flight.
+    pub fn new(topic: &str) -> ProducerConfig {
+        ProducerConfig {
+            topic: topic.into(),
+            acks: Acks::Leader,
+            linger: Duration::from_millis(1),
+            batch_records: 1000,
+            batch_bytes: 1 << 20,
+            max_in_flight: 8,
+        }
+    }
+}
+
+type Ack = Result<Option<(u32, u64)>, ClientError>;
+
+struct Item {
+    record: ProduceRecord,
+    ack: oneshot::Sender<Ack>,
+}
+
+/// Resolves to the record's partition and offset once acknowledged
+/// (`None` under acks none).
+pub struct SendFuture {
+    rx: oneshot::Receiver<Ack>,
+}
+
+impl Future for SendFuture {
+    type Output = Ack;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Ack> {
+        Pin::new(&mut self.rx).poll(cx).map(|r| {
+            r.unwrap_or_else(|_| Err(ClientError::Disconnected("the producer stopped".into())))
+        })
+    }
+}
+
+/// A batching producer over one [`Connection`].
+#[derive(Debug, Clone)]
+pub struct Producer {
+    tx: mpsc::Sender<Item>,
+}
+
+impl Producer {
+    /// Starts the producer's batching task.
+    pub fn new(conn: Connection, config: ProducerConfig) -> Producer {
+        let (tx, rx) = mpsc::channel(config.batch_records.max(1) * 2);
+        tokio::spawn(run(conn, config, rx));
+        Producer { tx }
+    }
+
+    /// Queues one record (waits while the queue is full).
+    pub async fn send(&self, key: Option<Bytes>, value: Bytes) -> SendFuture {
+        let (ack, rx) = oneshot::channel();
+        let item = Item {
+            record: ProduceRecord {
+                key,
+                value,
+                timestamp: None,
+            },
+            ack,
+        };
+        if let Err(mpsc::error::SendError(item)) = self.tx.send(item).await {
+            let _ = item.ack.send(Err(ClientError::Disconnected(
+                "the producer stopped".into(),
+            )));
+        }
+        SendFuture { rx }
+    }
+}
+
+async fn run(conn: Connection, config: ProducerConfig, mut rx: mpsc::Receiver<Item>) {
+    let in_flight = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
+    let mut open = true;
+    while open {
+        let Some(first) = rx.recv().await else { break };
+        let mut bytes = first.record.value.len();
+        let mut batch = vec![first];
+        let deadline = tokio::time::Instant::now() + config.linger;
+        while batch.len() < config.batch_records && bytes < config.batch_bytes {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(item)) => {
+                    bytes +=
+                        item.record.value.len() + item.record.key.as_ref().map_or(0, Bytes::len);
+                    batch.push(item);
+                }
+                Ok(None) => {
+                    open = false;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            break;
+        };
+        let (records, acks): (Vec<ProduceRecord>, Vec<oneshot::Sender<Ack>>) =
+            batch.into_iter().map(|i| (i.record, i.ack)).unzip();
+        let req = Request::Produce {
+            topic: config.topic.clone(),
+            acks: config.acks,
+            records,
+        };
+        let pending = match conn.start(req).await {
+            Ok(p) => p,
+            Err(e) => {
+                let msg = e.to_string();
+                for a in acks {
+                    let _ = a.send(Err(ClientError::Disconnected(msg.clone())));
+                }
+                continue;
+            }
+        };
+        tokio::spawn(async move {
+            let r = pending.wait().await;
+            drop(permit);
+            match r {
+                Ok(Response::Produced { positions }) => {
+                    for (i, a) in acks.into_iter().enumerate() {
+                        let _ = a.send(Ok(positions.get(i).copied()));
+                    }
+                }
+                Ok(other) => {
+                    for a in acks {
+                        let _ = a.send(Err(ClientError::Unexpected(format!("{other:?}"))));
+                    }
+                }
+                Err(e) => {
+                    let (code, msg) = (e.code(), e.to_string());
+                    for a in acks {
+                        let err = match code {
+                            Some(code) => ClientError::Server {
+                                code,
+                                message: msg.clone(),
+                            },
+                            None => ClientError::Disconnected(msg.clone()),
+                        };
+                        let _ = a.send(Err(err));
+                    }
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,15 @@
+//! # fissionlog-broker
+//!
+//! A sample single-node network broker on the fissionlog storage engine:
+//! the binary protocol ([`protocol`], docs/PROTOCOL.md), a tokio server
+//! over an embedded [`fissionlog::Log`] ([`server`]), and an async client
+//! with a batching [`client::Producer`], a group [`client::Consumer`] and
+//! an [`client::Admin`].
+
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod protocol;
+pub mod server;
+
+pub use protocol::check_decode;

@@ -1,0 +1,508 @@
+//! What each request does on the embedded log.
+//!
+//! Blocking library calls (appends, joins, commits, splits, waits) run on
+//! tokio's blocking pool; reads of mapped data run inline (they copy
+//! nothing: the response shares the segment's mapping). Every long poll
+//! also ends when the server shuts down.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fissionlog::{
+    BalancePolicy, Error, HotKeyMode, NewRecord, ReadIsolation, SplitPlan, SyncPolicy, TailFrom,
+    TailSplitOptions, Topic, TopicConfig,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use super::auth::Access;
+use super::conn::Conn;
+use super::handlers_group::{group_poll, join, leave, member_call};
+use crate::protocol::{
+    Acks, ErrorCode, FetchedRecord, HotKeyModeSpec, Isolation, ProduceRecord, Request, Response,
+    SplitSpec, SyncSpec, TailFromSpec,
+};
+
+/// Bytes of framing a record costs in a response beyond key and value.
+pub(super) const RECORD_OVERHEAD: usize = 48;
+/// Room kept in a response frame for its header and counts.
+const RESPONSE_SLACK: usize = 4096;
+/// How often a long poll looks again when it can't block a thread.
+const POLL_STEP: Duration = Duration::from_millis(2);
+
+pub(super) type Reply = Result<Response, (ErrorCode, String)>;
+
+/// The error code a library error maps to.
+pub(crate) fn code_of(e: &Error) -> ErrorCode {
+    match e {
+        Error::UnknownTopic(_) => ErrorCode::UnknownTopic,
+        Error::TopicExists(_) => ErrorCode::TopicExists,
+        Error::UnknownPartition { .. } => ErrorCode::UnknownPartition,
+        Error::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
+        Error::RecordTooLarge { .. } => ErrorCode::RecordTooLarge,
+        Error::InvalidTopicName { .. } | Error::InvalidConfig(_) | Error::InvalidCut(_) => {
+            ErrorCode::InvalidRequest
+        }
+        Error::Refused(_)
+        | Error::Sealed { .. }
+        | Error::HotKeyMode { .. }
+        | Error::NotAssigned { .. } => ErrorCode::Refused,
+        Error::Fenced { .. } => ErrorCode::Fenced,
+        Error::UnknownGroup(_) => ErrorCode::UnknownGroup,
+        Error::Closed => ErrorCode::ShuttingDown,
+        Error::Retained { .. } | Error::Hole { .. } | Error::PositionLost { .. } => {
+            ErrorCode::DataLost
+        }
+        Error::Io { .. }
+        | Error::NoSpace { .. }
+        | Error::Poisoned { .. }
+        | Error::LogPoisoned { .. }
+        | Error::Corruption { .. }
+        | Error::ChecksumMismatch { .. } => ErrorCode::Storage,
+        _ => ErrorCode::Internal,
+    }
+}
+
+pub(crate) fn lib(e: Error) -> (ErrorCode, String) {
+    (code_of(&e), e.to_string())
+}
+
+pub(crate) fn refused(code: ErrorCode, msg: impl Into<String>) -> (ErrorCode, String) {
+    (code, msg.into())
+}
+
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, (ErrorCode, String)> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| refused(ErrorCode::Internal, format!("a blocking task failed: {e}")))
+}
+
+/// One produce request on its way through the connection's append queue.
+pub(crate) struct ProduceJob {
+    request_id: u32,
+    topic: Topic,
+    acks: Acks,
+    records: Vec<ProduceRecord>,
+    done: Option<oneshot::Sender<()>>,
+}
+
+/// Carries out one request and queues its response.
+pub(crate) async fn dispatch(conn: &Arc<Conn>, request_id: u32, req: Request) {
+    let opcode = req.opcode();
+    let reply = match req {
+        Request::Fetch {
+            topic,
+            partition,
+            offset,
+            max_bytes,
+            max_wait_ms,
+            isolation,
+        } => {
+            fetch(
+                conn,
+                &topic,
+                partition,
+                offset,
+                max_bytes,
+                max_wait_ms,
+                isolation,
+            )
+            .await
+        }
+        Request::JoinGroup {
+            topic,
+            group,
+            session_timeout_ms,
+            processing_timeout_ms,
+            instance_id,
+        } => {
+            join(
+                conn,
+                &topic,
+                &group,
+                session_timeout_ms,
+                processing_timeout_ms,
+                instance_id,
+            )
+            .await
+        }
+        Request::Heartbeat { member } => member_call(conn, opcode, member, |m| m.heartbeat()).await,
+        Request::Commit { member } => member_call(conn, opcode, member, |m| m.commit()).await,
+        Request::LeaveGroup { member } => leave(conn, member).await,
+        Request::GroupPoll {
+            member,
+            max_records,
+            max_bytes,
+            max_wait_ms,
+        } => group_poll(conn, member, max_records, max_bytes, max_wait_ms).await,
+        Request::Produce { .. } => Err(refused(
+            ErrorCode::Internal,
+            "produce requests go through the append queue",
+        )),
+        other => super::handlers_admin::admin(conn, other).await,
+    };
+    let r = reply.unwrap_or_else(|(code, message)| Response::Error {
+        opcode,
+        code,
+        message,
+    });
+    conn.respond(request_id, r).await;
+}
+
+pub(crate) fn topic_for(
+    conn: &Conn,
+    name: &str,
+    access: Access<'_>,
+) -> Result<Topic, (ErrorCode, String)> {
+    if !conn.shared.config.authorizer.allow(&conn.principal, access) {
+        return Err(refused(
+            ErrorCode::Unauthorized,
+            format!("not allowed on topic {name:?}"),
+        ));
+    }
+    conn.shared.log.topic(name).map_err(lib)
+}
+
+/// Checks a produce request and puts it on the connection's append
+/// queue. Called from the connection's reader, in the order requests were
+/// read, so one client's batches are appended in the order it sent them.
+/// Returns what resolves once the request is answered (`None`: answered
+/// already, with an error).
+pub(crate) async fn enqueue_produce(
+    conn: &Arc<Conn>,
+    request_id: u32,
+    topic: String,
+    acks: Acks,
+    records: Vec<ProduceRecord>,
+) -> Option<oneshot::Receiver<()>> {
+    let opcode = Request::Produce {
+        topic: String::new(),
+        acks,
+        records: Vec::new(),
+    }
+    .opcode();
+    let t = match topic_for(conn, &topic, Access::Write(&topic)) {
+        Ok(t) => t,
+        Err((code, message)) => {
+            conn.respond(
+                request_id,
+                Response::Error {
+                    opcode,
+                    code,
+                    message,
+                },
+            )
+            .await;
+            return None;
+        }
+    };
+    if conn.shared.shutting_down() {
+        let r = Response::Error {
+            opcode,
+            code: ErrorCode::ShuttingDown,
+            message: "the server is shutting down".into(),
+        };
+        conn.respond(request_id, r).await;
+        return None;
+    }
+    let (done_tx, done_rx) = oneshot::channel();
+    let job = ProduceJob {
+        request_id,
+        topic: t,
+        acks,
+        records,
+        done: Some(done_tx),
+    };
+    if acks == Acks::None {
+        conn.respond(
+            request_id,
+            Response::Produced {
+                positions: Vec::new(),
+            },
+        )
+        .await;
+    }
+    let tx = conn.produce_tx.lock().ok().and_then(|t| t.clone())?;
+    tx.send(job).await.ok()?;
+    Some(done_rx)
+}
+
+/// Appends a connection's produce requests in the order they were read.
+pub(crate) async fn produce_loop(conn: Arc<Conn>, mut rx: mpsc::Receiver<ProduceJob>) {
+    while let Some(mut job) = rx.recv().await {
+        let opcode = Request::Produce {
+            topic: String::new(),
+            acks: job.acks,
+            records: Vec::new(),
+        }
+        .opcode();
+        let Ok(permit) = conn.shared.appends.acquire().await else {
+            return;
+        };
+        let topic = job.topic.clone();
+        let records = std::mem::take(&mut job.records);
+        let n = records.len() as u64;
+        let appended = blocking(move || {
+            let batch: Vec<NewRecord<'_>> = records
+                .iter()
+                .map(|r| NewRecord {
+                    key: r.key.as_deref(),
+                    value: &r.value,
+                    timestamp: r.timestamp,
+                })
+                .collect();
+            topic.append_batch(&batch)
+        })
+        .await;
+        drop(permit);
+        let positions = match appended {
+            Ok(Ok(a)) => {
+                conn.shared
+                    .stats
+                    .records_produced
+                    .fetch_add(n, Ordering::Relaxed);
+                a
+            }
+            Ok(Err(e)) => {
+                finish_job(&conn, job, Err(lib(e)), opcode).await;
+                continue;
+            }
+            Err(e) => {
+                finish_job(&conn, job, Err(e), opcode).await;
+                continue;
+            }
+        };
+        let positions: Vec<(u32, u64)> =
+            positions.iter().map(|a| (a.partition, a.offset)).collect();
+        match job.acks {
+            Acks::None => {
+                if let Some(d) = job.done.take() {
+                    let _ = d.send(());
+                }
+            }
+            Acks::Leader => {
+                finish_job(&conn, job, Ok(Response::Produced { positions }), opcode).await
+            }
+            Acks::Quorum => {
+                // Durability waits overlap; appends stay in order.
+                let conn = conn.clone();
+                tokio::spawn(async move {
+                    let r = wait_durable(&conn, &job.topic, &positions)
+                        .await
+                        .map(|()| Response::Produced { positions });
+                    finish_job(&conn, job, r, opcode).await;
+                });
+            }
+        }
+    }
+}
+
+async fn finish_job(conn: &Conn, mut job: ProduceJob, r: Reply, opcode: u8) {
+    let r = r.unwrap_or_else(|(code, message)| Response::Error {
+        opcode,
+        code,
+        message,
+    });
+    if job.acks != Acks::None {
+        conn.respond(job.request_id, r).await;
+    } else if let Response::Error { message, .. } = &r {
+        tracing::warn!(%message, "an acks-none produce failed");
+    }
+    if let Some(d) = job.done.take() {
+        let _ = d.send(());
+    }
+}
+
+/// Waits until a sync round covers the highest offset of each partition
+/// the request touched (on a single node, the only replica: that is the
+/// quorum).
+async fn wait_durable(
+    conn: &Conn,
+    topic: &Topic,
+    positions: &[(u32, u64)],
+) -> Result<(), (ErrorCode, String)> {
+    if topic.config().sync == SyncPolicy::Always {
+        return Ok(()); // the append returned once durable
+    }
+    let mut highest: std::collections::BTreeMap<u32, u64> = Default::default();
+    for &(p, o) in positions {
+        let e = highest.entry(p).or_insert(o);
+        *e = (*e).max(o);
+    }
+    conn.shared.syncer.request();
+    let timeout = conn.shared.config.durable_timeout;
+    for (p, o) in highest {
+        match tokio::time::timeout(timeout, topic.durable(p, o)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(lib(e)),
+            Err(_) => {
+                return Err(refused(
+                    ErrorCode::Storage,
+                    format!("no sync round covered partition {p} offset {o} within {timeout:?}"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn isolation_of(p: &fissionlog::Partition, i: Isolation) -> ReadIsolation {
+    match i {
+        Isolation::Default => p.default_isolation(),
+        Isolation::Durable => ReadIsolation::Durable,
+        Isolation::Written => ReadIsolation::Written,
+    }
+}
+
+pub(super) fn response_budget(conn: &Conn, asked: u32) -> usize {
+    let cap = (conn.shared.config.max_frame_bytes as usize)
+        .saturating_sub(RESPONSE_SLACK)
+        .max(1);
+    (asked as usize).clamp(1, cap)
+}
+
+pub(super) fn wait_cap(conn: &Conn, ms: u32) -> Duration {
+    Duration::from_millis(u64::from(ms)).min(conn.shared.config.max_wait)
+}
+
+async fn fetch(
+    conn: &Conn,
+    topic: &str,
+    partition: u32,
+    offset: u64,
+    max_bytes: u32,
+    max_wait_ms: u32,
+    isolation: Isolation,
+) -> Reply {
+    let t = topic_for(conn, topic, Access::Read(topic))?;
+    let p = t.partition(partition).map_err(lib)?;
+    let iso = isolation_of(&p, isolation);
+    let deadline = Instant::now() + wait_cap(conn, max_wait_ms);
+    let budget = response_budget(conn, max_bytes);
+    loop {
+        let end = p.visible_end(iso);
+        if offset < end || offset < p.start_offset() {
+            break;
+        }
+        if offset > p.end_offset() {
+            break; // past anything written: the read reports the range
+        }
+        let now = Instant::now();
+        if now >= deadline || conn.shared.shutting_down() {
+            return Ok(Response::Fetched {
+                partition,
+                next_offset: offset,
+                high_watermark: end,
+                records: Vec::new(),
+            });
+        }
+        if p.is_sealed() {
+            return Ok(Response::Fetched {
+                partition,
+                next_offset: offset,
+                high_watermark: end,
+                records: Vec::new(),
+            });
+        }
+        tokio::time::sleep(POLL_STEP.min(deadline - now)).await;
+    }
+    let batch = p.read_with(offset, budget, iso).map_err(lib)?;
+    let mut records = Vec::new();
+    let mut size = 0usize;
+    let mut next = offset;
+    for r in batch.try_iter() {
+        let r = r.map_err(lib)?;
+        let cost = r.value.len() + r.key.map_or(0, <[u8]>::len) + RECORD_OVERHEAD;
+        if !records.is_empty() && size + cost > budget {
+            break;
+        }
+        size += cost;
+        next = r.offset + 1;
+        records.push(FetchedRecord {
+            offset: r.offset,
+            timestamp: r.timestamp,
+            key: batch.key_bytes(&r),
+            value: batch.value_bytes(&r),
+        });
+    }
+    if records.is_empty() {
+        next = batch.next_offset().max(offset);
+    }
+    conn.shared
+        .stats
+        .records_sent
+        .fetch_add(records.len() as u64, Ordering::Relaxed);
+    Ok(Response::Fetched {
+        partition,
+        next_offset: next,
+        high_watermark: p.visible_end(iso),
+        records,
+    })
+}
+
+pub(crate) fn sync_policy(s: SyncSpec) -> SyncPolicy {
+    match s {
+        SyncSpec::Never => SyncPolicy::Never,
+        SyncSpec::IntervalMs(ms) => SyncPolicy::Interval(Duration::from_millis(ms.max(1))),
+        SyncSpec::Always => SyncPolicy::Always,
+    }
+}
+
+pub(crate) fn topic_config(
+    partitions: u32,
+    sync: SyncSpec,
+    max_record_bytes: u32,
+    target_bytes_per_sec: u64,
+    auto_balance: bool,
+) -> TopicConfig {
+    let mut c = TopicConfig {
+        partitions,
+        sync: sync_policy(sync),
+        ..Default::default()
+    };
+    if max_record_bytes > 0 {
+        c.max_record_bytes = max_record_bytes;
+    }
+    c.balance = BalancePolicy {
+        enabled: auto_balance,
+        target_bytes_per_sec: (target_bytes_per_sec > 0).then_some(target_bytes_per_sec as f64),
+        ..Default::default()
+    };
+    c
+}
+
+pub(crate) fn split_plan(t: &Topic, plan: &SplitSpec) -> SplitPlan {
+    match plan {
+        SplitSpec::LoadMedian => SplitPlan::LoadMedian,
+        SplitSpec::Even => SplitPlan::Even,
+        SplitSpec::At(h) => SplitPlan::At(*h),
+        SplitSpec::HotKey(k) => SplitPlan::IsolateHash(t.hash(k)),
+    }
+}
+
+pub(crate) fn tail_options(from: TailFromSpec) -> TailSplitOptions {
+    match from {
+        TailFromSpec::Offset(o) => TailSplitOptions::from_offset(o),
+        TailFromSpec::SlowestGroup => TailSplitOptions {
+            from: TailFrom::SlowestGroup,
+            throttle_bytes_per_sec: 0,
+        },
+    }
+}
+
+pub(crate) fn hot_key_mode(m: HotKeyModeSpec) -> HotKeyMode {
+    match m {
+        HotKeyModeSpec::Strict => HotKeyMode::Strict,
+        HotKeyModeSpec::WindowedMs(ms) => HotKeyMode::Windowed(Duration::from_millis(ms.max(1))),
+        HotKeyModeSpec::Spread => HotKeyMode::Spread,
+    }
+}
+
+pub(crate) fn json_reply(opcode: u8, v: serde_json::Value) -> Reply {
+    Ok(Response::Json {
+        opcode,
+        json: v.to_string(),
+    })
+}

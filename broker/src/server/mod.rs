@@ -1,0 +1,256 @@
+//! The server: one tokio task per connection over an embedded
+//! [`fissionlog::Log`], bounded queues everywhere, graceful shutdown.
+//!
+//! Memory per connection is bounded by the limits in [`ServerConfig`]:
+//! at most `max_in_flight` requests being handled, at most
+//! `write_queue_frames` responses waiting for the socket, each at most
+//! `max_frame_bytes`. When the write queue is full the connection stops
+//! reading requests, so a client that never reads its socket stalls only
+//! itself, and one that stays stalled past `stall_timeout` is closed.
+
+mod auth;
+mod conn;
+mod handlers;
+mod handlers_admin;
+mod handlers_group;
+mod stats;
+mod syncer;
+
+pub use auth::{constant_time_eq, Access, AllowAll, Authorizer, Grant, Principal, TokenAuthorizer};
+pub use stats::{ServerStats, StatsSnapshot};
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fissionlog::Log;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::protocol::{ErrorCode, Response, DEFAULT_MAX_FRAME_BYTES};
+
+/// Limits and knobs of a server.
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// Largest frame accepted (length prefix excluded); a bigger one gets
+    /// an error frame and the connection is closed.
+    pub max_frame_bytes: u32,
+    /// Requests one connection may have outstanding; more get
+    /// [`ErrorCode::TooManyInFlight`] without being carried out.
+    pub max_in_flight: u32,
+    /// Connections served at once; one more gets
+    /// [`ErrorCode::TooManyConnections`] and is closed.
+    pub max_connections: u32,
+    /// Responses queued per connection before it stops reading requests.
+    pub write_queue_frames: usize,
+    /// A connection whose socket takes no bytes for this long is closed.
+    pub stall_timeout: Duration,
+    /// Longest long poll (fetch or group poll) the server honours.
+    pub max_wait: Duration,
+    /// Appends being carried out at once, server-wide (each holds its
+    /// request's records): bounds the memory of `acks none` floods.
+    pub max_concurrent_appends: usize,
+    /// Longest a quorum produce waits for its sync round.
+    pub durable_timeout: Duration,
+    /// In-flight requests get this long to finish on shutdown.
+    pub shutdown_grace: Duration,
+    /// Group members one connection may hold.
+    pub max_members_per_connection: usize,
+    /// Who may do what.
+    pub authorizer: Arc<dyn Authorizer>,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("max_connections", &self.max_connections)
+            .field("write_queue_frames", &self.write_queue_frames)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            max_in_flight: 256,
+            max_connections: 1024,
+            write_queue_frames: 64,
+            stall_timeout: Duration::from_secs(30),
+            max_wait: Duration::from_secs(30),
+            max_concurrent_appends: 256,
+            durable_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(5),
+            max_members_per_connection: 64,
+            authorizer: Arc::new(AllowAll),
+        }
+    }
+}
+
+/// What every connection task shares.
+pub(crate) struct Shared {
+    pub log: Arc<Log>,
+    pub config: ServerConfig,
+    pub stats: Arc<ServerStats>,
+    pub syncer: syncer::Syncer,
+    pub appends: Semaphore,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl Shared {
+    pub fn shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+}
+
+/// A running server's handle: its address and counters.
+#[derive(Debug, Clone)]
+pub struct ServerHandle {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// Its counters.
+    pub stats: Arc<ServerStats>,
+}
+
+/// Serves `log` on `listener` until `shutdown` resolves, then stops
+/// accepting, lets in-flight requests finish (or fail with
+/// [`ErrorCode::ShuttingDown`] once the grace period is over), and closes
+/// the log cleanly. `on_ready` gets the handle once accepting.
+pub async fn serve(
+    log: Log,
+    listener: TcpListener,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+    on_ready: impl FnOnce(ServerHandle),
+) -> fissionlog::Result<()> {
+    let addr = listener.local_addr().map_err(|e| fissionlog::Error::Io {
+        path: log.dir().to_path_buf(),
+        source: e,
+    })?;
+    let log = Arc::new(log);
+    let stats = Arc::new(ServerStats::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        syncer: syncer::Syncer::start(log.clone()),
+        appends: Semaphore::new(config.max_concurrent_appends),
+        log,
+        stats: stats.clone(),
+        shutdown: stop_rx,
+        config: config.clone(),
+    });
+    let slots = Arc::new(Semaphore::new(config.max_connections as usize));
+    on_ready(ServerHandle {
+        addr,
+        stats: stats.clone(),
+    });
+    tracing::info!(%addr, "serving");
+    let mut conns = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of file descriptors and the like: keep serving the others.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                match slots.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        let shared = shared.clone();
+                        conns.spawn(async move {
+                            conn::handle(stream, peer, shared).await;
+                            drop(permit);
+                        });
+                    }
+                    Err(_) => {
+                        stats.connections_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tokio::spawn(refuse_connection(stream));
+                    }
+                }
+            }
+        }
+    }
+    tracing::info!("shutting down: no new connections");
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let grace = tokio::time::sleep(config.shutdown_grace + Duration::from_secs(1));
+    tokio::pin!(grace);
+    loop {
+        tokio::select! {
+            next = conns.join_next() => if next.is_none() { break },
+            _ = &mut grace => {
+                tracing::warn!("connections still open after the grace period: aborted");
+                conns.abort_all();
+                while conns.join_next().await.is_some() {}
+                break;
+            }
+        }
+    }
+    // Request tasks and blocking calls still running hold the shared
+    // state; they end soon after their connection did.
+    let mut shared = shared;
+    let shared = loop {
+        match Arc::try_unwrap(shared) {
+            Ok(s) => break s,
+            Err(s) if grace_left(&grace) => {
+                shared = s;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(_) => {
+                tracing::warn!("requests still running after the grace period: the log closes when the last of them ends");
+                return Ok(());
+            }
+        }
+    };
+    shared.syncer.stop();
+    let log = shared.log;
+    // Blocking tasks that hold a clone end soon after their connection.
+    let mut log = log;
+    for _ in 0..100 {
+        match Arc::try_unwrap(log) {
+            Ok(l) => {
+                let r = tokio::task::spawn_blocking(move || l.close()).await;
+                tracing::info!("log closed");
+                return r.unwrap_or(Ok(()));
+            }
+            Err(l) => {
+                log = l;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    tracing::warn!("the log is still in use: dropped without a clean close");
+    Ok(())
+}
+
+fn grace_left(grace: &std::pin::Pin<&mut tokio::time::Sleep>) -> bool {
+    !grace.is_elapsed()
+}
+
+/// One error frame, then the connection closes.
+async fn refuse_connection(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let frame = Response::Error {
+        opcode: 0,
+        code: ErrorCode::TooManyConnections,
+        message: "the server is at its connection limit".into(),
+    }
+    .encode(0);
+    for chunk in frame {
+        if stream.write_all(&chunk).await.is_err() {
+            return;
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
+}

@@ -1,0 +1,249 @@
+//! Multi-process runs over loopback: a broker process, consumer-group
+//! processes of which one is SIGKILLed, and the demo's check line.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fissionlog_broker::client::{Admin, Connection, Producer, ProducerConfig};
+use fissionlog_broker::protocol::{Acks, SyncSpec};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fissionlog-broker");
+
+struct Kill(Vec<Child>);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn collect(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let out = child.stdout.take().expect("piped stdout");
+    let l2 = lines.clone();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            l2.lock().unwrap().push(l);
+        }
+    });
+    lines
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `(key, seq)` of each JSON record line.
+fn records(lines: &[String]) -> Vec<(String, u64)> {
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| {
+            let val = v["value"].as_str().expect("UTF-8 values").to_string();
+            let (k, s) = val.split_once(' ').expect("value is KEY SEQ");
+            (k.to_string(), s.parse().expect("a sequence number"))
+        })
+        .collect()
+}
+
+fn assert_key_order(who: &str, recs: &[(String, u64)]) {
+    let mut last: std::collections::HashMap<&str, u64> = Default::default();
+    for (k, s) in recs {
+        if let Some(&l) = last.get(k.as_str()) {
+            assert!(*s > l, "{who}: key {k} went from {l} to {s}");
+        }
+        last.insert(k, *s);
+    }
+}
+
+#[test]
+fn every_acknowledged_record_is_consumed_in_key_order_after_a_consumer_process_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut kids = Kill(Vec::new());
+    let mut broker = Command::new(BIN)
+        .args([
+            "serve",
+            "--dir",
+            dir.path().to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let broker_out = collect(&mut broker);
+    kids.0.push(broker);
+    wait_for("the broker", Duration::from_secs(10), || {
+        !broker_out.lock().unwrap().is_empty()
+    });
+    let addr = broker_out.lock().unwrap()[0]
+        .strip_prefix("listening on ")
+        .expect("the address line")
+        .to_string();
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let conn = rt
+        .block_on(Connection::connect(addr.as_str(), None))
+        .unwrap();
+    rt.block_on(Admin::new(conn.clone()).create_topic("t", 4, SyncSpec::Never, 0, false))
+        .unwrap();
+    let produce = |from: u64, to: u64| {
+        rt.block_on(async {
+            let p = Producer::new(
+                conn.clone(),
+                ProducerConfig {
+                    acks: Acks::Quorum,
+                    ..ProducerConfig::new("t")
+                },
+            );
+            let mut futs = Vec::new();
+            for i in from..to {
+                let key = format!("k{}", i % 10);
+                futs.push(
+                    p.send(
+                        Some(Bytes::from(key.clone())),
+                        Bytes::from(format!("{key} {i}")),
+                    )
+                    .await,
+                );
+            }
+            for f in futs {
+                f.await.expect("acknowledged");
+            }
+        })
+    };
+    produce(0, 3000);
+    let consumer = || {
+        Command::new(BIN)
+            .args([
+                "consume",
+                "--server",
+                &addr,
+                "--topic",
+                "t",
+                "--group",
+                "g",
+                "--json",
+                "--session-timeout-ms",
+                "800",
+                "--idle-ms",
+                "3000",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut a = consumer();
+    let a_out = collect(&mut a);
+    let mut b = consumer();
+    let b_out = collect(&mut b);
+    kids.0.push(a);
+    kids.0.push(b);
+    wait_for(
+        "the first consumer's records",
+        Duration::from_secs(10),
+        || a_out.lock().unwrap().len() >= 100,
+    );
+    kids.0[1].kill().unwrap(); // SIGKILL
+    kids.0[1].wait().unwrap();
+    produce(3000, 4000);
+    // The survivor takes the dead member's partitions after its session
+    // timeout, reads to the end, and exits once idle.
+    let status = {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = kids.0[2].try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the surviving consumer did not finish"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert!(status.success(), "the surviving consumer failed: {status}");
+    let a_recs = records(&a_out.lock().unwrap());
+    let b_recs = records(&b_out.lock().unwrap());
+    assert_key_order("killed consumer", &a_recs);
+    assert_key_order("surviving consumer", &b_recs);
+    let got: std::collections::HashSet<u64> =
+        a_recs.iter().chain(&b_recs).map(|(_, s)| *s).collect();
+    let missing: Vec<u64> = (0..4000).filter(|i| !got.contains(i)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged records never consumed, first {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    // SIGTERM: the broker closes the log cleanly and exits 0.
+    // SAFETY: kill(2) on our own unreaped child's pid.
+    unsafe {
+        libc::kill(kids.0[0].id() as libc::pid_t, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = kids.0[0].try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the broker did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "broker exit: {status}");
+    let log = fissionlog::Log::open(dir.path(), fissionlog::LogOptions::default())
+        .expect("the log reopens");
+    assert!(
+        log.recovery_report().clean_shutdown,
+        "the broker's shutdown was not clean"
+    );
+}
+
+#[test]
+fn the_demo_prints_one_json_check_line_with_nothing_missing_or_out_of_order() {
+    let out = Command::new(BIN)
+        .args(["demo", "--json", "--records", "1500", "--rate", "1500"])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "one JSON line: {text}");
+    let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    for f in [
+        "produced",
+        "consumed",
+        "missing_records",
+        "duplicate_records",
+        "unexplained_duplicates",
+        "order_violations",
+        "rebalance_pauses",
+        "e2e_latency_ms_p50",
+        "e2e_latency_ms_p99",
+    ] {
+        assert!(v.get(f).is_some(), "field {f} missing: {v}");
+    }
+    assert_eq!(v["missing_records"], 0, "{v}");
+    assert_eq!(v["order_violations"], 0, "{v}");
+    assert_eq!(v["unexplained_duplicates"], 0, "{v}");
+    assert_eq!(v["ok"], true, "{v}");
+    assert!(out.status.success());
+    assert!(v["splits"].as_u64().unwrap() >= 1, "{v}");
+}

@@ -788,3 +788,74 @@ fn copy_rounds_run_beside_appends_and_keep_order() {
     );
     check_exactly_once(&read_all(&topic), 0..n, "concurrent appends");
 }
+
+// ---- key readers across a tail split -----------------------------------
+
+/// The numbers of `key`'s records among `0..n` as `common::tail::append`
+/// writes them over `keys` keys.
+fn key_seqs(key: u64, keys: u64, n: u64) -> Vec<u64> {
+    (0..n).filter(|i| i % keys == key && i % 5 != 4).collect()
+}
+
+fn key_record_seq(r: &fissionlog::KeyRecord) -> u64 {
+    let v = std::str::from_utf8(&r.value).unwrap();
+    v.split(':').next().unwrap().parse().unwrap()
+}
+
+/// A key reader reads the records visible when it was made. A tail split
+/// made after it moves some of them into the children: the reader follows
+/// them there and returns each once, in order; what was appended after it
+/// was made is not returned.
+#[test]
+fn a_key_reader_made_before_a_tail_split_returns_every_record_moved() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    common::tail::append(&topic, 0, 200, 5);
+    let reader = topic.key_reader(b"k3");
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(50))
+        .unwrap();
+    common::tail::append(&topic, 200, 100, 5);
+    let got: Vec<u64> = reader.map(|r| key_record_seq(&r.unwrap())).collect();
+    assert_eq!(got, key_seqs(3, 5, 200), "the records visible at creation");
+    let after: Vec<u64> = topic
+        .read_key(b"k3")
+        .unwrap()
+        .iter()
+        .map(key_record_seq)
+        .collect();
+    assert_eq!(after, key_seqs(3, 5, 300), "a reader made after the split");
+}
+
+/// A key reader in the middle of its key, with records read ahead past
+/// the split offset (small records: one read took the whole partition) or
+/// not (1 KiB records: reads of 256 KiB), meets a tail split from below or
+/// above its position: the rest of the key comes from the parent and the
+/// children, each record once, in order.
+#[test]
+fn a_key_reader_in_the_middle_of_its_key_follows_a_tail_split() {
+    for (big, from) in [(false, 100), (false, 5), (true, 100), (true, 1500)] {
+        let ctx = format!("1 KiB records {big}, split from {from}");
+        let dir = tempfile::tempdir().unwrap();
+        let log = Log::open(dir.path(), options()).unwrap();
+        let topic = log.create_topic("t", config()).unwrap();
+        if big {
+            common::tail::append_big(&topic, 0, 2000, 5);
+        } else {
+            common::tail::append(&topic, 0, 2000, 5);
+        }
+        let mut reader = topic.key_reader(b"k3");
+        let mut got: Vec<u64> = reader
+            .by_ref()
+            .take(10)
+            .map(|r| key_record_seq(&r.unwrap()))
+            .collect();
+        topic
+            .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(from))
+            .unwrap();
+        common::tail::append(&topic, 2000, 100, 5);
+        got.extend(reader.map(|r| key_record_seq(&r.unwrap())));
+        assert_eq!(got, key_seqs(3, 5, 2000), "{ctx}");
+    }
+}

@@ -144,11 +144,18 @@ impl KeyReader {
             let lineage = self.topic.lineage();
             if let Some(ends) = self.ends.as_mut() {
                 let mut moved = ends.clone();
-                translate_tails(&lineage, &mut moved, &mut BTreeMap::new());
+                let left = translate_tails(&lineage, &mut moved, &mut BTreeMap::new());
                 // A parent keeps its own bound (its reads stop at its new
                 // end); a child known at creation keeps its own too.
                 for (id, end) in moved {
                     ends.entry(id).or_insert(end);
+                }
+                // A child tail-split in turn past its translated bound
+                // held all it holds below its new end at creation.
+                for id in left {
+                    if let Some(t) = lineage.tails.get(&id) {
+                        ends.entry(id).or_insert(t.index.from);
+                    }
                 }
             }
             if let Some(lanes) = self.lanes.as_mut() {
@@ -175,7 +182,7 @@ impl KeyReader {
                 Ok(p) => p,
                 // Retention removed it since the links were resolved (a
                 // removal moves the generation): go on after it.
-                Err(Error::UnknownPartition { .. }) => return Ok(false),
+                Err(Error::UnknownPartition { .. }) if moved() => return Ok(false),
                 Err(e) => return Err(e),
             };
             let bound = self
@@ -220,7 +227,12 @@ impl KeyReader {
                             window,
                         });
                     }
-                    c.at = Some((link.partition, b.next_offset()));
+                    // Not past `end`: records read beyond it are not the
+                    // lane's here (another era's, appended after the
+                    // reader was made or after `end` was loaded), and a
+                    // tail split from an era boundary must not carry the
+                    // position into children the era does not reach.
+                    c.at = Some((link.partition, b.next_offset().min(end)));
                 }
                 Err(Error::Hole { end: next, .. }) | Err(Error::Retained { end: next, .. }) => {
                     c.at = Some((link.partition, next))
@@ -307,10 +319,12 @@ impl LaneCursor {
             }
             // Retention removed the partition (and every one before it on
             // the chain): what is left of the lane comes after it.
-            None => {
+            None if !lineage.contains(id) => {
                 self.at = None;
                 self.links = mine.into();
             }
+            // Still there but off the lane's links: the lane is done.
+            None => self.links.clear(),
         }
     }
 }

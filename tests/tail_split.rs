@@ -859,3 +859,34 @@ fn a_key_reader_in_the_middle_of_its_key_follows_a_tail_split() {
         assert_eq!(got, key_seqs(3, 5, 2000), "{ctx}");
     }
 }
+
+/// Chained tail splits made after a key reader (the child holding the key
+/// split in turn, from inside its moved records): the reader's bound in
+/// the parent is carried through both, the middle partition keeps what it
+/// holds below its own new end, and every record of the key comes once.
+#[test]
+fn a_key_reader_follows_chained_tail_splits_made_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    // 1 KiB records: the moved ones land in the child in batches of up to
+    // 256 KiB, so the second split can start inside them.
+    common::tail::append_big(&topic, 0, 1000, 5);
+    let reader = topic.key_reader(b"k3");
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(50))
+        .unwrap();
+    let child = topic.route(b"k3");
+    let moved = topic.partition(child).unwrap().end_offset();
+    let out = topic
+        .split_tail(
+            child,
+            SplitPlan::Even,
+            TailSplitOptions::from_offset(moved / 2),
+        )
+        .unwrap();
+    assert!(out.from > 0 && out.from < moved, "{out:?}");
+    common::tail::append(&topic, 1000, 50, 5);
+    let got: Vec<u64> = reader.map(|r| key_record_seq(&r.unwrap())).collect();
+    assert_eq!(got, key_seqs(3, 5, 1000));
+}

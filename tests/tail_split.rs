@@ -890,3 +890,65 @@ fn a_key_reader_follows_chained_tail_splits_made_after_it() {
     let got: Vec<u64> = reader.map(|r| key_record_seq(&r.unwrap())).collect();
     assert_eq!(got, key_seqs(3, 5, 1000));
 }
+
+/// Readers from `Latest` made over and over while tail splits (and merges
+/// back) commit beside them: none ever returns a record appended before
+/// it was made. (A `Latest` position taken from a lineage from before a
+/// split's commit and an end from after it named the parent's new end,
+/// and the reader then read the moved records again from the children.)
+#[test]
+fn latest_readers_made_while_tail_splits_commit_never_return_older_records() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let dir = common::probe::fast_tempdir();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    let appended = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds: u32 = std::env::var("FISSIONLOG_TAIL_LATEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let writer = {
+        let (topic, appended, stop) = (topic.clone(), appended.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for _ in 0..rounds {
+                let n = appended.load(Ordering::SeqCst);
+                for i in n..n + 20 {
+                    topic.append(Some(b"k"), i.to_string().as_bytes()).unwrap();
+                    appended.store(i + 1, Ordering::SeqCst);
+                }
+                let p = topic.route(b"k");
+                let end = topic.partition(p).unwrap().end_offset();
+                let out = topic
+                    .split_tail(p, SplitPlan::Even, TailSplitOptions::from_offset(end - 5))
+                    .unwrap();
+                topic.merge(out.children[0], out.children[1]).unwrap();
+            }
+            stop.store(true, Ordering::SeqCst);
+        })
+    };
+    let mut readers: Vec<(u64, fissionlog::Reader)> = Vec::new();
+    let mut made = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let floor = appended.load(Ordering::SeqCst);
+        readers.push((floor, topic.reader(StartAt::Latest).unwrap()));
+        made += 1;
+        if readers.len() > 8 {
+            readers.remove(0);
+        }
+        for (floor, r) in &mut readers {
+            for rec in r.poll(1000).unwrap() {
+                assert!(
+                    seq(&rec) >= *floor,
+                    "a reader made once {floor} records were appended returned record {} \
+                     (partition {} offset {})",
+                    seq(&rec),
+                    rec.partition,
+                    rec.offset
+                );
+            }
+        }
+    }
+    writer.join().unwrap();
+    assert!(made > u64::from(rounds), "readers made: {made}");
+}

@@ -952,3 +952,72 @@ fn latest_readers_made_while_tail_splits_commit_never_return_older_records() {
     writer.join().unwrap();
     assert!(made > u64::from(rounds), "readers made: {made}");
 }
+
+/// Groups starting at `Latest`, created over and over while tail splits
+/// (and merges back) commit beside them: none ever hands out a record
+/// appended before the group was created.
+#[test]
+fn latest_groups_made_while_tail_splits_commit_never_get_older_records() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let dir = common::probe::fast_tempdir();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    let appended = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds: u32 = std::env::var("FISSIONLOG_TAIL_LATEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let writer = {
+        let (topic, appended, stop) = (topic.clone(), appended.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for _ in 0..rounds {
+                let n = appended.load(Ordering::SeqCst);
+                for i in n..n + 20 {
+                    topic.append(Some(b"k"), i.to_string().as_bytes()).unwrap();
+                    appended.store(i + 1, Ordering::SeqCst);
+                }
+                let p = topic.route(b"k");
+                let end = topic.partition(p).unwrap().end_offset();
+                let out = topic
+                    .split_tail(p, SplitPlan::Even, TailSplitOptions::from_offset(end - 5))
+                    .unwrap();
+                topic.merge(out.children[0], out.children[1]).unwrap();
+            }
+            stop.store(true, Ordering::SeqCst);
+        })
+    };
+    let latest = GroupOptions {
+        start: fissionlog::GroupStart::Latest,
+        ..GroupOptions::default()
+    };
+    let mut groups = Vec::new();
+    let mut made = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let floor = appended.load(Ordering::SeqCst);
+        let name = format!("g{made}");
+        let g = topic.group(&name, latest.clone()).unwrap();
+        let m = g.join(member_opts()).unwrap();
+        groups.push((floor, name, g, m));
+        made += 1;
+        if groups.len() > 4 {
+            let (_, name, g, m) = groups.remove(0);
+            drop((m, g));
+            topic.delete_group(&name).unwrap();
+        }
+        for (floor, _, _, m) in &mut groups {
+            for rec in m.poll(1000).unwrap() {
+                assert!(
+                    seq(&rec) >= *floor,
+                    "a group made once {floor} records were appended got record {} \
+                     (partition {} offset {})",
+                    seq(&rec),
+                    rec.partition,
+                    rec.offset
+                );
+            }
+        }
+    }
+    writer.join().unwrap();
+    assert!(made > 10, "groups made: {made}");
+}

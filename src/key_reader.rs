@@ -64,7 +64,9 @@ impl Topic {
     /// (that mode promises no order). It reads the records visible when it
     /// is made, with the eras of that moment; records appended afterwards
     /// are not returned (after a mode change they would belong to an era
-    /// the reader does not know, and read as the older one's).
+    /// the reader does not know, and read as the older one's). Splits,
+    /// merges and tail splits made while it reads change none of this: the
+    /// records a tail split moves are read in the children, once.
     pub fn key_reader(&self, key: &[u8]) -> KeyReader {
         // The ends first, then the eras. A mode change installs its era
         // before the key's first append in it (both under the key's lock),

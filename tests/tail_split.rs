@@ -1021,3 +1021,60 @@ fn latest_groups_made_while_tail_splits_commit_never_get_older_records() {
     writer.join().unwrap();
     assert!(made > 10, "groups made: {made}");
 }
+
+/// Key readers made and read while tail splits (and merges back) commit
+/// beside them, with appends going on: each returns every record of the
+/// key appended before it was made, once and in order, and none appended
+/// after it was made.
+#[test]
+fn key_readers_read_while_tail_splits_commit_return_each_record_once() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let dir = common::probe::fast_tempdir();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    let appended = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds: u32 = std::env::var("FISSIONLOG_TAIL_LATEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let writer = {
+        let (topic, appended, stop) = (topic.clone(), appended.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for _ in 0..rounds {
+                let n = appended.load(Ordering::SeqCst);
+                for i in n..n + 20 {
+                    topic.append(Some(b"k"), i.to_string().as_bytes()).unwrap();
+                    appended.store(i + 1, Ordering::SeqCst);
+                }
+                let p = topic.route(b"k");
+                let end = topic.partition(p).unwrap().end_offset();
+                let out = topic
+                    .split_tail(p, SplitPlan::Even, TailSplitOptions::from_offset(end - 15))
+                    .unwrap();
+                topic.merge(out.children[0], out.children[1]).unwrap();
+            }
+            stop.store(true, Ordering::SeqCst);
+        })
+    };
+    let mut made = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let floor = appended.load(Ordering::SeqCst);
+        let reader = topic.key_reader(b"k");
+        let ceiling = appended.load(Ordering::SeqCst);
+        let mut got = Vec::new();
+        for r in reader {
+            got.push(key_record_seq(&r.unwrap()));
+            if got.len() % 7 == 0 {
+                std::thread::yield_now();
+            }
+        }
+        made += 1;
+        let ctx = format!("a key reader made between {floor} and {ceiling} records");
+        assert!(got.len() as u64 >= floor, "{ctx}: {} returned", got.len());
+        assert!(got.len() as u64 <= ceiling, "{ctx}: {} returned", got.len());
+        assert_eq!(got, (0..got.len() as u64).collect::<Vec<_>>(), "{ctx}");
+    }
+    writer.join().unwrap();
+    assert!(made > 1, "key readers made: {made}");
+}

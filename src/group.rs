@@ -674,13 +674,24 @@ impl Topic {
             return Ok(Group { shared: g.clone() });
         }
         let record = self.group_record(name);
-        let lineage = self.lineage();
-        let (committed, generation) = match record {
-            Some(g) => (Committed::from_record(&g), g.generation),
+        let (lineage, committed, generation) = match record {
+            Some(g) => (self.lineage(), Committed::from_record(&g), g.generation),
             None => {
-                let c = self.initial_positions(&lineage, options.start)?;
+                // Taken again while a topology change commits meanwhile: a
+                // `Latest` position read under a lineage from before a
+                // tail split, at the parent's new end, would hand the
+                // moved records out again from the children (as for
+                // `Topic::reader`). A split committing after this only
+                // translates the positions (`GroupShared::refresh`).
+                let (lineage, c) = loop {
+                    let lineage = self.lineage();
+                    let got = self.initial_positions(&lineage, options.start);
+                    if self.topology_generation() == lineage.generation {
+                        break (lineage, got?);
+                    }
+                };
                 self.commit_group(name, 0, &c, &[], &[])?;
-                (c, 0)
+                (lineage, c, 0)
             }
         };
         let mut committed = committed;

@@ -1,13 +1,21 @@
 //! Reading one key back in per-key order, streaming: era by era, and in a
 //! windowed era window by window, merging the key's lanes (docs/HOT_KEYS.md).
+//!
+//! A reader follows the topology as it changes under it: when the topology
+//! generation moves, the bounds it took at creation and each lane's
+//! position are carried through the tail splits made since (the
+//! translation [`crate::Reader`] uses), and the lanes' links are resolved
+//! again, so records a tail split moved into the children are read there.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::config::HotKeyMode;
 use crate::error::{Error, Result};
 use crate::format::manifest::HotKeyEra;
 use crate::hot_keys::{lane_of_window, window_ms, window_of, KeyLink, KeyRecord};
+use crate::reader::translate_tails;
 use crate::topic::Topic;
+use crate::topology::lineage::Lineage;
 
 /// Bytes read from a partition at a time by one lane.
 const READ_BYTES: usize = 256 << 10;
@@ -24,9 +32,16 @@ pub struct KeyReader {
     lanes: Option<Vec<LaneCursor>>,
     /// Each partition's visible end when the reader was made (taken before
     /// the eras): nothing at or above it is read, and a partition made
-    /// later is not read at all. `None`: no bound (the caller holds the
-    /// key's lock, so no era can begin meanwhile).
-    ends: Option<HashMap<u32, u64>>,
+    /// later is not read at all, except the children of a tail split made
+    /// since, which hold the parent's records past its new end: their
+    /// bounds are the parent's, translated. `None`: no bound (the caller
+    /// holds the key's lock, so no era can begin meanwhile).
+    ends: Option<BTreeMap<u32, u64>>,
+    /// The topology generation `ends` and the lanes' links are resolved
+    /// at. A link is left behind only at this generation: a read that stops
+    /// at a partition's end may have met a tail split's cut, which moves
+    /// the generation (see [`KeyReader::fill`]).
+    generation: u64,
 }
 
 /// One lane of the era being read: its links, where it is, what it read.
@@ -34,7 +49,10 @@ pub struct KeyReader {
 struct LaneCursor {
     lane: usize,
     links: VecDeque<KeyLink>,
-    offset: u64,
+    /// The partition the lane read last (the front link's, or once the
+    /// links ran out the last one's) and the next offset to read there.
+    /// `None` before the first read.
+    at: Option<(u32, u64)>,
     buf: VecDeque<KeyRecord>,
 }
 
@@ -46,16 +64,27 @@ impl Topic {
     /// (that mode promises no order). It reads the records visible when it
     /// is made, with the eras of that moment; records appended afterwards
     /// are not returned (after a mode change they would belong to an era
-    /// the reader does not know, and read as the older one's).
+    /// the reader does not know, and read as the older one's). Splits,
+    /// merges and tail splits made while it reads change none of this: the
+    /// records a tail split moves are read in the children, once.
     pub fn key_reader(&self, key: &[u8]) -> KeyReader {
         // The ends first, then the eras. A mode change installs its era
         // before the key's first append in it (both under the key's lock),
         // so a record below an end taken here belongs to an era read below.
-        let ends: HashMap<u32, u64> = self
-            .all_partition_handles()
-            .iter()
-            .map(|p| (p.id(), p.visible_end(p.default_isolation())))
-            .collect();
+        // The ends and the generation under one read of the state: a tail
+        // split committed meanwhile is either in both (the parent cut at
+        // its new end, the children listed) or in neither (the parent's
+        // end counts the moved records, translated once the reader sees
+        // the generation move).
+        let (generation, ends) = {
+            let st = self.inner.state.read();
+            let ends: BTreeMap<u32, u64> = st
+                .nodes
+                .iter()
+                .map(|(&id, n)| (id, n.part.visible_end(n.part.default_isolation())))
+                .collect();
+            (self.topology_generation(), ends)
+        };
         KeyReader {
             topic: self.clone(),
             key: key.to_vec(),
@@ -63,6 +92,7 @@ impl Topic {
             era: 0,
             lanes: None,
             ends: Some(ends),
+            generation,
         }
     }
 
@@ -76,6 +106,7 @@ impl Topic {
             era: from,
             lanes: None,
             ends: None,
+            generation: self.topology_generation(),
         }
     }
 
@@ -97,20 +128,65 @@ impl KeyReader {
             .map(|j| LaneCursor {
                 lane: j,
                 links: links.iter().filter(|l| l.lane == j).copied().collect(),
-                offset: 0,
+                at: None,
                 buf: VecDeque::new(),
             })
             .collect()
     }
 
+    /// Brings the bounds and the current era's lanes to the topology
+    /// generation in force: through every tail split committed since, the
+    /// bounds of its parent are carried to its children and the lanes'
+    /// positions past its new end move to the child on their chain; the
+    /// links are those of the topology now. Positions and bounds name
+    /// records, not a generation, so going over them again is harmless:
+    /// repeated until the generation holds still across the pass.
+    fn refresh(&mut self) {
+        while self.topic.topology_generation() != self.generation {
+            let lineage = self.topic.lineage();
+            if let Some(ends) = self.ends.as_mut() {
+                let mut moved = ends.clone();
+                let left = translate_tails(&lineage, &mut moved, &mut BTreeMap::new());
+                // A parent keeps its own bound (its reads stop at its new
+                // end); a child known at creation keeps its own too.
+                for (id, end) in moved {
+                    ends.entry(id).or_insert(end);
+                }
+                // A child tail-split in turn past its translated bound
+                // held all it holds below its new end at creation.
+                for id in left {
+                    if let Some(t) = lineage.tails.get(&id) {
+                        ends.entry(id).or_insert(t.index.from);
+                    }
+                }
+            }
+            if let Some(lanes) = self.lanes.as_mut() {
+                let links = self.topic.era_links(&self.eras, self.era);
+                for c in lanes.iter_mut() {
+                    c.resolve(&lineage, &links);
+                }
+            }
+            self.generation = lineage.generation;
+        }
+    }
+
     /// Fills `c`'s buffer with at least one record unless the lane is done.
-    fn fill(&self, c: &mut LaneCursor) -> Result<()> {
+    /// Returns `false`, leaving the lane where it is, when the topology
+    /// moved under it ([`KeyReader::refresh`] first, then again).
+    fn fill(&self, c: &mut LaneCursor) -> Result<bool> {
         let era = &self.eras[self.era];
+        let moved = || self.topic.topology_generation() != self.generation;
         while c.buf.is_empty() {
             let Some(link) = c.links.front().copied() else {
-                return Ok(());
+                return Ok(true);
             };
-            let part = self.topic.partition(link.partition)?;
+            let part = match self.topic.partition(link.partition) {
+                Ok(p) => p,
+                // Retention removed it since the links were resolved (a
+                // removal moves the generation): go on after it.
+                Err(Error::UnknownPartition { .. }) if moved() => return Ok(false),
+                Err(e) => return Err(e),
+            };
             let bound = self
                 .ends
                 .as_ref()
@@ -119,10 +195,18 @@ impl KeyReader {
                 .visible_end(part.default_isolation())
                 .min(link.until_offset.unwrap_or(u64::MAX))
                 .min(bound);
-            let off = c.offset.max(link.from_offset).max(part.start_offset());
+            let held = c.at.filter(|a| a.0 == link.partition).map_or(0, |a| a.1);
+            let off = held.max(link.from_offset).max(part.start_offset());
             if off >= end {
+                // The end may be a tail split's new end, loaded after the
+                // split moved the generation (`set_logical_end`): the moved
+                // records are then read in the children, which the links
+                // and bounds of this generation do not know yet.
+                if moved() {
+                    return Ok(false);
+                }
                 c.links.pop_front();
-                c.offset = 0;
+                c.at = Some((link.partition, off));
                 continue;
             }
             match part.read(off, READ_BYTES) {
@@ -145,25 +229,44 @@ impl KeyReader {
                             window,
                         });
                     }
-                    c.offset = b.next_offset();
+                    // Not past `end`: records read beyond it are not the
+                    // lane's here (another era's, appended after the
+                    // reader was made or after `end` was loaded), and a
+                    // tail split from an era boundary must not carry the
+                    // position into children the era does not reach.
+                    c.at = Some((link.partition, b.next_offset().min(end)));
                 }
                 Err(Error::Hole { end: next, .. }) | Err(Error::Retained { end: next, .. }) => {
-                    c.offset = next
+                    c.at = Some((link.partition, next))
                 }
+                // Cut by a tail split since the end was loaded.
+                Err(Error::OffsetOutOfRange { .. }) if moved() => return Ok(false),
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     fn next_record(&mut self) -> Result<Option<KeyRecord>> {
-        while self.era < self.eras.len() {
+        loop {
+            self.refresh();
+            if self.era >= self.eras.len() {
+                return Ok(None);
+            }
             let mut lanes = match self.lanes.take() {
                 Some(l) => l,
                 None => self.open_era(),
             };
+            let mut current = self.topic.topology_generation() == self.generation;
             for c in lanes.iter_mut() {
-                self.fill(c)?;
+                if !current {
+                    break;
+                }
+                current = self.fill(c)?;
+            }
+            if !current {
+                self.lanes = Some(lanes);
+                continue;
             }
             // Strict and spread: lane order. Windowed: the lowest window
             // (one window lives in one lane, so there is no tie).
@@ -183,12 +286,48 @@ impl KeyReader {
                     self.lanes = Some(lanes);
                     return Ok(r);
                 }
-                None => {
-                    self.era += 1;
-                }
+                None => self.era += 1,
             }
         }
-        Ok(None)
+    }
+}
+
+impl LaneCursor {
+    /// Takes the lane's links of the topology now (`links`: the era's, of
+    /// every lane) from where the lane is on: its partition, or, when a
+    /// tail split in `lineage` moved the records at its position on, the
+    /// child holding the lane's from there, at the translated offset.
+    fn resolve(&mut self, lineage: &Lineage, links: &[KeyLink]) {
+        let mine: Vec<KeyLink> = links
+            .iter()
+            .filter(|l| l.lane == self.lane)
+            .copied()
+            .collect();
+        let Some((id, offset)) = self.at else {
+            self.links = mine.into();
+            return;
+        };
+        let mut at = BTreeMap::from([(id, offset)]);
+        translate_tails(lineage, &mut at, &mut BTreeMap::new());
+        // One child of each split covers the lane's hash point: the one on
+        // its chain. (The lane's records went there: a tail split moves
+        // records by key hash, and refuses partitions holding lane points
+        // other than a key's own hash.)
+        match mine.iter().position(|l| at.contains_key(&l.partition)) {
+            Some(i) => {
+                let p = mine[i].partition;
+                self.at = Some((p, at[&p]));
+                self.links = mine[i..].iter().copied().collect();
+            }
+            // Retention removed the partition (and every one before it on
+            // the chain): what is left of the lane comes after it.
+            None if !lineage.contains(id) => {
+                self.at = None;
+                self.links = mine.into();
+            }
+            // Still there but off the lane's links: the lane is done.
+            None => self.links.clear(),
+        }
     }
 }
 

@@ -355,8 +355,10 @@ impl Partition {
     }
 
     /// Caps what reads see at `end` (a tail split moved the records from
-    /// there on into the children). Set before the topology generation
-    /// moves, so a reader that sees the new lineage reads up to `end` only.
+    /// there on into the children). Set under the topic state's write lock
+    /// once the topology generation moved (`Topic::install_children_with`):
+    /// a reader that sees the new lineage reads up to `end` only, and one
+    /// that sees the cap sees the new generation.
     pub(crate) fn set_logical_end(&self, end: u64) {
         self.logical_end.store(end, Ordering::SeqCst);
     }

@@ -292,11 +292,58 @@ pub(crate) fn fingerprint(offset: u64, timestamp: i64, key: Option<&[u8]>, value
     h.finish()
 }
 
+/// Where a new reader starts: its lineage and the state it keeps.
+struct Start {
+    lineage: Arc<Lineage>,
+    positions: BTreeMap<u32, u64>,
+    drained: BTreeSet<u32>,
+    last_records: BTreeMap<u32, u64>,
+    removed_before: BTreeSet<u32>,
+}
+
 impl Topic {
     /// A reader from `start`.
     pub fn reader(&self, start: StartAt) -> Result<Reader> {
         self.inner.core.check_not_closed()?;
-        let lineage = self.lineage();
+        // Positions are read from the partitions after the lineage was
+        // taken. A tail split committed in between cuts its parent at the
+        // new end once the generation moved: a `Latest` position at that
+        // end would read the moved records again from the children, and a
+        // cut's position past it would look lost. So the start is taken
+        // again until no topology change came in between.
+        let Start {
+            lineage,
+            positions,
+            drained,
+            last_records,
+            removed_before,
+        } = loop {
+            let lineage = self.lineage();
+            let got = self.start_positions(lineage.clone(), start.clone());
+            if self.topology_generation() == lineage.generation {
+                break got?;
+            }
+        };
+        let mut r = Reader {
+            topic: self.clone(),
+            lineage,
+            positions,
+            drained,
+            next_rr: 0,
+            retained: Vec::new(),
+            last_records,
+            removed_before,
+            isolation: None,
+            pending: VecDeque::new(),
+        };
+        r.drop_removed();
+        r.settle();
+        r.advance_lineage();
+        Ok(r)
+    }
+
+    /// The positions a reader from `start` begins at, under `lineage`.
+    fn start_positions(&self, lineage: Arc<Lineage>, start: StartAt) -> Result<Start> {
         let mut positions = BTreeMap::new();
         let mut drained = BTreeSet::new();
         let mut last_records = BTreeMap::new();
@@ -354,22 +401,13 @@ impl Topic {
                 removed_before = cut.removed_before;
             }
         }
-        let mut r = Reader {
-            topic: self.clone(),
+        Ok(Start {
             lineage,
             positions,
             drained,
-            next_rr: 0,
-            retained: Vec::new(),
             last_records,
             removed_before,
-            isolation: None,
-            pending: VecDeque::new(),
-        };
-        r.drop_removed();
-        r.settle();
-        r.advance_lineage();
-        Ok(r)
+        })
     }
 }
 

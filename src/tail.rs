@@ -435,9 +435,8 @@ impl Topic {
                 for k in &kids {
                     k.unmark_removed();
                 }
-                // Before the generation moves: a reader seeing the new
-                // lineage reads the parent up to `from` only.
-                parent.set_logical_end(from);
+                // Caps the parent at `from` with the generation moved
+                // (see `install_children_with`).
                 self.install_tail_children(partition, from, &children, kids.clone(), info);
                 Ok((seal_offset, counts))
             })

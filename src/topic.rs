@@ -1376,6 +1376,18 @@ impl Topic {
         // at its logical end without it, take a position past that end for
         // drained, and read the moved records again from the children.
         if let Some((parent, info)) = tail {
+            // The parent's reads stop at `from` from here on: after the
+            // generation moved (`write_state`), so whoever sees the parent
+            // cut there also sees the new generation and finds the moved
+            // records in the children (a key reader takes a read that stops
+            // short of its bound for the end of the parent only when the
+            // generation did not move); and under the write lock, so a
+            // lineage built under the read lock sees the cut with it (a
+            // reader seeing the new lineage reads the parent up to `from`
+            // only).
+            if let Some(n) = st.nodes.get(&parent) {
+                n.part.set_logical_end(info.index.from);
+            }
             st.tails.insert(parent, info);
         }
         for &(pid, end_offset) in parents {

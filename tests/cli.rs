@@ -1081,6 +1081,30 @@ fn tail_split_moves_the_backlog_and_dump_prints_every_record_once() {
     }
     values.sort_unstable();
     assert_eq!(values, (0..40).collect::<Vec<u64>>());
+    // The parent alone: its records below the split offset, and a note
+    // on stderr saying where the rest went (not a silent end).
+    let o = run(
+        &["dump", "--topic", "t", "--partition", "0", "--json"],
+        &dir,
+    );
+    expect_code(&o, 0, "dump of the parent");
+    let offsets: Vec<u64> = json_lines(&o)
+        .iter()
+        .map(|r| r["offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(offsets, (0..10).collect::<Vec<u64>>());
+    let note = stderr(&o);
+    assert!(
+        note.contains("offsets 10..40") && note.contains("tail split"),
+        "{note}"
+    );
+    let o = run(
+        &["dump", "--topic", "t", "--partition", "0", "--from", "20"],
+        &dir,
+    );
+    expect_code(&o, 0, "dump of the parent inside the moved range");
+    assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+    assert!(stderr(&o).contains("offsets 10..40"), "{}", stderr(&o));
     // The descendant index is no foreign file, the moved range no damage.
     let o = run(&["verify"], &dir);
     expect_code(&o, 0, "verify after a tail split");

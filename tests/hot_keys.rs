@@ -882,3 +882,374 @@ fn tail_splits_leave_hot_key_lanes_and_era_boundaries_alone() {
     assert_strict_order(&records, 600, "after a tail split");
     assert_window_order(&records, "after a tail split");
 }
+
+/// A key reader in the middle of an era whose records end at a mode
+/// change in the partition it reads, with records past that boundary read
+/// ahead, meets a tail split of that partition from the boundary: the era
+/// still ends there (the moved records are the next era's), and the next
+/// era is read from the children. Every record once, in order.
+#[test]
+fn a_key_reader_reading_ahead_past_an_era_boundary_follows_a_tail_split_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let topic = log.create_topic("t", config(1, true, false)).unwrap();
+    append_hot(&topic, 0..100, |s| T0 + s as i64);
+    let boundary = topic.partition(0).unwrap().end_offset();
+    // One lane: the key's own hash, so the split may move the new era.
+    topic.set_hot_key_mode_lanes(HOT, W100, 1).unwrap();
+    append_hot(&topic, 100..200, |s| T0 + s as i64);
+    let mut reader = topic.key_reader(HOT);
+    let mut got: Vec<KeyRecord> = reader.by_ref().take(10).map(Result::unwrap).collect();
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(boundary))
+        .unwrap();
+    got.extend(reader.map(Result::unwrap));
+    assert_strict_order(&got, 200, "across the split");
+}
+
+// ---- key readers while the topology and the modes change ---------------
+
+/// One step of [`key_readers_return_what_was_visible_at_creation_once_in_order`].
+#[derive(Debug, Clone)]
+enum ReaderOp {
+    /// `n` records, every `hot`-th of `HOT` (the rest of four other keys),
+    /// with values padded by `pad` bytes, in batches of `chunk`, the clock
+    /// moving `step` ms per record.
+    Append {
+        n: u8,
+        hot: u8,
+        pad: u16,
+        chunk: u8,
+        step: u8,
+    },
+    /// A key reader of `HOT`, made now.
+    NewReader,
+    /// Up to `n` records from reader `reader` (modulo the readers alive).
+    Read { reader: u8, n: u8 },
+    /// A tail split of active partition `part` (modulo; `None`: the one
+    /// owning `HOT`'s hash) from `at` per mille of its offsets, evenly or
+    /// isolating `HOT`'s hash.
+    TailSplit {
+        part: Option<u8>,
+        at: u16,
+        isolate: bool,
+    },
+    /// A forward split of active partition `part` (modulo).
+    Split { part: u8 },
+    /// A merge of active partition `at` (modulo) with the next one.
+    Merge { at: u8 },
+    /// `HOT` into mode `mode` (0 strict, 1 windowed, 2 spread) over
+    /// `lanes` lanes, windows of `window_ms`.
+    Mode { mode: u8, lanes: u8, window_ms: u8 },
+}
+
+fn reader_op() -> impl proptest::strategy::Strategy<Value = ReaderOp> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (1u8..40, 1u8..4, 0u16..1200, 1u8..8, 0u8..30).prop_map(|(n, hot, pad, chunk, step)| {
+            ReaderOp::Append { n, hot, pad, chunk, step }
+        }),
+        2 => Just(ReaderOp::NewReader),
+        4 => (any::<u8>(), 1u8..25).prop_map(|(reader, n)| ReaderOp::Read { reader, n }),
+        3 => (proptest::option::of(any::<u8>()), 0u16..=1000, any::<bool>())
+            .prop_map(|(part, at, isolate)| ReaderOp::TailSplit { part, at, isolate }),
+        1 => any::<u8>().prop_map(|part| ReaderOp::Split { part }),
+        1 => any::<u8>().prop_map(|at| ReaderOp::Merge { at }),
+        1 => (0u8..3, 1u8..=4, 1u8..50)
+            .prop_map(|(mode, lanes, window_ms)| ReaderOp::Mode { mode, lanes, window_ms }),
+    ]
+}
+
+/// A key reader under test: what was visible when it was made and what it
+/// returned so far.
+struct ModelReader {
+    reader: fissionlog::KeyReader,
+    visible: u64,
+    got: Vec<KeyRecord>,
+    done: bool,
+}
+
+/// The topic, the key's records appended so far with the era each went
+/// into, and the readers alive.
+struct ReaderModel {
+    _dir: tempfile::TempDir,
+    _log: Log,
+    topic: Topic,
+    /// Era (index in `key_lanes(HOT).eras`) of each record of `HOT`, by
+    /// sequence number.
+    eras: Vec<usize>,
+    ts: i64,
+    bg: u64,
+    readers: Vec<ModelReader>,
+    ops: Vec<String>,
+}
+
+impl ReaderModel {
+    /// `hash_seed`: the topic's routing hash key, so a case routes the
+    /// same way on every run.
+    fn new(hash_seed: u64) -> ReaderModel {
+        let dir = common::probe::fast_tempdir();
+        let options = LogOptions {
+            topic_hash_seed: Some(hash_seed),
+            ..opts()
+        };
+        let log = Log::open(dir.path(), options).unwrap();
+        let cfg = TopicConfig {
+            segment_bytes: 16 << 10,
+            balance: BalancePolicy {
+                max_partitions: 16,
+                ..BalancePolicy::default()
+            },
+            ..config(2, true, true)
+        };
+        let topic = log.create_topic("t", cfg).unwrap();
+        ReaderModel {
+            _dir: dir,
+            _log: log,
+            topic,
+            eras: Vec::new(),
+            ts: T0,
+            bg: 0,
+            readers: Vec::new(),
+            ops: Vec::new(),
+        }
+    }
+
+    fn era_now(&self) -> usize {
+        self.topic.key_lanes(HOT).eras.len() - 1
+    }
+
+    fn apply(&mut self, op: &ReaderOp) {
+        let note = match *op {
+            ReaderOp::Append {
+                n,
+                hot,
+                pad,
+                chunk,
+                step,
+            } => {
+                let era = self.era_now();
+                let mut owned: Vec<(Vec<u8>, Vec<u8>, i64)> = Vec::new();
+                for i in 0..u64::from(n) {
+                    self.ts += i64::from(step);
+                    if i % u64::from(hot) == 0 {
+                        let mut v = (self.eras.len() as u64).to_le_bytes().to_vec();
+                        v.resize(8 + usize::from(pad), b'h');
+                        owned.push((HOT.to_vec(), v, self.ts));
+                        self.eras.push(era);
+                    } else {
+                        let k = format!("bg-{}", self.bg % 4).into_bytes();
+                        let v = vec![b'b'; usize::from(pad) / 2];
+                        self.bg += 1;
+                        owned.push((k, v, self.ts));
+                    }
+                }
+                let recs: Vec<NewRecord<'_>> = owned
+                    .iter()
+                    .map(|(k, v, ts)| NewRecord {
+                        key: Some(k),
+                        value: v,
+                        timestamp: Some(*ts),
+                    })
+                    .collect();
+                for c in recs.chunks(usize::from(chunk)) {
+                    self.topic.append_batch(c).unwrap();
+                }
+                format!("append {n} (every {hot}) pad {pad}")
+            }
+            ReaderOp::NewReader => {
+                self.readers.push(ModelReader {
+                    reader: self.topic.key_reader(HOT),
+                    visible: self.eras.len() as u64,
+                    got: Vec::new(),
+                    done: false,
+                });
+                format!("reader {} at {}", self.readers.len() - 1, self.eras.len())
+            }
+            ReaderOp::Read { reader, n } => {
+                if self.readers.is_empty() {
+                    return;
+                }
+                let i = usize::from(reader) % self.readers.len();
+                let r = &mut self.readers[i];
+                for _ in 0..n {
+                    match r.reader.next() {
+                        Some(rec) => r.got.push(rec.unwrap()),
+                        None => {
+                            r.done = true;
+                            break;
+                        }
+                    }
+                }
+                format!("read {n} from reader {i}: {} so far", r.got.len())
+            }
+            ReaderOp::TailSplit { part, at, isolate } => {
+                let act = self.topic.active_partitions();
+                let p = part.map_or(self.topic.route(HOT), |i| act[usize::from(i) % act.len()]);
+                let pp = self.topic.partition(p).unwrap();
+                let (lo, hi) = (pp.start_offset(), pp.end_offset());
+                let from = lo + (hi - lo) * u64::from(at) / 1000;
+                let plan = if isolate {
+                    SplitPlan::IsolateHash(self.topic.key_lanes(HOT).hash)
+                } else {
+                    SplitPlan::Even
+                };
+                let r = self
+                    .topic
+                    .split_tail(p, plan, TailSplitOptions::from_offset(from));
+                let r = refused_or(r.map(|o| o.children));
+                format!("tail split {p} from {from} of {lo}..{hi} {plan:?}: {r}")
+            }
+            ReaderOp::Split { part } => {
+                let act = self.topic.active_partitions();
+                let p = act[usize::from(part) % act.len()];
+                let r = refused_or(self.topic.split(p, SplitPlan::Even));
+                format!("split {p}: {r}")
+            }
+            ReaderOp::Merge { at } => {
+                let act = self.topic.active_partitions();
+                if act.len() < 2 {
+                    return;
+                }
+                let i = usize::from(at) % (act.len() - 1);
+                let r = refused_or(self.topic.merge(act[i], act[i + 1]));
+                format!("merge {} {}: {r}", act[i], act[i + 1])
+            }
+            ReaderOp::Mode {
+                mode,
+                lanes,
+                window_ms,
+            } => {
+                let mode = match mode {
+                    0 => HotKeyMode::Strict,
+                    1 => HotKeyMode::Windowed(Duration::from_millis(window_ms.into())),
+                    _ => HotKeyMode::Spread,
+                };
+                self.topic
+                    .set_hot_key_mode_lanes(HOT, mode, lanes.into())
+                    .unwrap();
+                format!("mode {mode:?} x{lanes}: era {}", self.era_now())
+            }
+        };
+        self.ops.push(note);
+    }
+
+    /// Drains every reader, and one made now, and checks each.
+    fn finish(mut self) {
+        self.apply(&ReaderOp::NewReader);
+        let modes: Vec<HotKeyMode> = self
+            .topic
+            .key_lanes(HOT)
+            .eras
+            .iter()
+            .map(|e| e.mode)
+            .collect();
+        for (i, r) in self.readers.iter_mut().enumerate() {
+            if !r.done {
+                r.got.extend(r.reader.by_ref().map(Result::unwrap));
+            }
+            check_key_reader(
+                &r.got,
+                r.visible,
+                &self.eras,
+                &modes,
+                &format!("reader {i}"),
+            )
+            .unwrap_or_else(|e| panic!("{e}\nafter {:#?}", self.ops));
+        }
+    }
+}
+
+/// A split, merge or tail split the topology refuses (a single-value
+/// range, too many partitions, hot-key lanes in the way) changes nothing;
+/// anything else is a failure.
+fn refused_or<T: std::fmt::Debug>(r: fissionlog::Result<T>) -> String {
+    match r {
+        Ok(v) => format!("{v:?}"),
+        Err(Error::Refused(why)) => format!("refused ({why})"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// What a key reader made when `visible` records of `HOT` were appended
+/// promises: each of them exactly once and nothing appended later; eras
+/// in sequence, each record tagged with its own; within an era that is
+/// not spread, append order.
+fn check_key_reader(
+    got: &[KeyRecord],
+    visible: u64,
+    eras: &[usize],
+    modes: &[HotKeyMode],
+    ctx: &str,
+) -> Result<(), String> {
+    let seqs: Vec<u64> = got.iter().map(|r| seq_of(&r.value)).collect();
+    let mut sorted = seqs.clone();
+    sorted.sort_unstable();
+    if sorted != (0..visible).collect::<Vec<_>>() {
+        return Err(format!(
+            "{ctx}: not every record visible at creation ({visible}) exactly once: {seqs:?}"
+        ));
+    }
+    for (r, &s) in got.iter().zip(&seqs) {
+        if r.era != eras[s as usize] {
+            return Err(format!(
+                "{ctx}: record {s} in era {}, appended in {}",
+                r.era, eras[s as usize]
+            ));
+        }
+    }
+    for (i, w) in got.windows(2).enumerate() {
+        let (a, b) = (seq_of(&w[0].value), seq_of(&w[1].value));
+        let ordered = w[0].era < w[1].era
+            || (w[0].era == w[1].era && (a < b || modes[w[0].era] == HotKeyMode::Spread));
+        if !ordered {
+            return Err(format!("{ctx}: record {b} after {a} (at {i}): {seqs:?}"));
+        }
+    }
+    Ok(())
+}
+
+fn key_reader_model_cases() -> u32 {
+    std::env::var("FISSIONLOG_KEY_READER_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128)
+}
+
+fn key_reader_model_seed() -> u64 {
+    let seed = std::env::var("FISSIONLOG_KEY_READER_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x6b65_795f_7265_6164);
+    eprintln!("key reader model seed {seed}: reproduce with FISSIONLOG_KEY_READER_SEED={seed}");
+    seed
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: key_reader_model_cases(),
+        max_shrink_iters: 500,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(key_reader_model_seed()),
+        failure_persistence: None,
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
+    /// Key readers made at random points of a history of appends, tail
+    /// splits (of any active partition, from any offset, evenly or
+    /// isolating the key), forward splits, merges and mode changes, read a
+    /// few records at a time between the steps: each returns every record
+    /// of the key appended before it was made exactly once, none appended
+    /// after, era by era and in append order outside spread eras. (A key
+    /// reader does not outlive its log: a reopen is not part of it.)
+    #[test]
+    fn key_readers_return_what_was_visible_at_creation_once_in_order(
+        hash_seed in proptest::prelude::any::<u64>(),
+        ops in proptest::collection::vec(reader_op(), 1..40)
+    ) {
+        let mut m = ReaderModel::new(hash_seed);
+        for op in &ops {
+            m.apply(op);
+        }
+        m.finish();
+    }
+}

@@ -807,3 +807,293 @@ fn copy_rounds_run_beside_appends_and_keep_order() {
     );
     check_exactly_once(&read_all(&topic), 0..n, "concurrent appends");
 }
+
+// ---- key readers across a tail split -----------------------------------
+
+/// The numbers of `key`'s records among `0..n` as `common::tail::append`
+/// writes them over `keys` keys.
+fn key_seqs(key: u64, keys: u64, n: u64) -> Vec<u64> {
+    (0..n).filter(|i| i % keys == key && i % 5 != 4).collect()
+}
+
+fn key_record_seq(r: &fissionlog::KeyRecord) -> u64 {
+    let v = std::str::from_utf8(&r.value).unwrap();
+    v.split(':').next().unwrap().parse().unwrap()
+}
+
+/// A key reader reads the records visible when it was made. A tail split
+/// made after it moves some of them into the children: the reader follows
+/// them there and returns each once, in order; what was appended after it
+/// was made is not returned.
+#[test]
+fn a_key_reader_made_before_a_tail_split_returns_every_record_moved() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    common::tail::append(&topic, 0, 200, 5);
+    let reader = topic.key_reader(b"k3");
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(50))
+        .unwrap();
+    common::tail::append(&topic, 200, 100, 5);
+    let got: Vec<u64> = reader.map(|r| key_record_seq(&r.unwrap())).collect();
+    assert_eq!(got, key_seqs(3, 5, 200), "the records visible at creation");
+    let after: Vec<u64> = topic
+        .read_key(b"k3")
+        .unwrap()
+        .iter()
+        .map(key_record_seq)
+        .collect();
+    assert_eq!(after, key_seqs(3, 5, 300), "a reader made after the split");
+}
+
+/// A key reader in the middle of its key, with records read ahead past
+/// the split offset (small records: one read took the whole partition) or
+/// not (1 KiB records: reads of 256 KiB), meets a tail split from below or
+/// above its position: the rest of the key comes from the parent and the
+/// children, each record once, in order.
+#[test]
+fn a_key_reader_in_the_middle_of_its_key_follows_a_tail_split() {
+    for (big, from) in [(false, 100), (false, 5), (true, 100), (true, 1500)] {
+        let ctx = format!("1 KiB records {big}, split from {from}");
+        let dir = tempfile::tempdir().unwrap();
+        let log = Log::open(dir.path(), options()).unwrap();
+        let topic = log.create_topic("t", config()).unwrap();
+        if big {
+            common::tail::append_big(&topic, 0, 2000, 5);
+        } else {
+            common::tail::append(&topic, 0, 2000, 5);
+        }
+        let mut reader = topic.key_reader(b"k3");
+        let mut got: Vec<u64> = reader
+            .by_ref()
+            .take(10)
+            .map(|r| key_record_seq(&r.unwrap()))
+            .collect();
+        topic
+            .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(from))
+            .unwrap();
+        common::tail::append(&topic, 2000, 100, 5);
+        got.extend(reader.map(|r| key_record_seq(&r.unwrap())));
+        assert_eq!(got, key_seqs(3, 5, 2000), "{ctx}");
+    }
+}
+
+/// Chained tail splits made after a key reader (the child holding the key
+/// split in turn, from inside its moved records): the reader's bound in
+/// the parent is carried through both, the middle partition keeps what it
+/// holds below its own new end, and every record of the key comes once.
+#[test]
+fn a_key_reader_follows_chained_tail_splits_made_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    // 1 KiB records: the moved ones land in the child in batches of up to
+    // 256 KiB, so the second split can start inside them.
+    common::tail::append_big(&topic, 0, 1000, 5);
+    let reader = topic.key_reader(b"k3");
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(50))
+        .unwrap();
+    let child = topic.route(b"k3");
+    let moved = topic.partition(child).unwrap().end_offset();
+    let out = topic
+        .split_tail(
+            child,
+            SplitPlan::Even,
+            TailSplitOptions::from_offset(moved / 2),
+        )
+        .unwrap();
+    assert!(out.from > 0 && out.from < moved, "{out:?}");
+    common::tail::append(&topic, 1000, 50, 5);
+    let got: Vec<u64> = reader.map(|r| key_record_seq(&r.unwrap())).collect();
+    assert_eq!(got, key_seqs(3, 5, 1000));
+}
+
+/// Readers from `Latest` made over and over while tail splits (and merges
+/// back) commit beside them: none ever returns a record appended before
+/// it was made. (A `Latest` position taken from a lineage from before a
+/// split's commit and an end from after it named the parent's new end,
+/// and the reader then read the moved records again from the children.)
+#[test]
+fn latest_readers_made_while_tail_splits_commit_never_return_older_records() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let dir = common::probe::fast_tempdir();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    let appended = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds: u32 = std::env::var("FISSIONLOG_TAIL_LATEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let writer = {
+        let (topic, appended, stop) = (topic.clone(), appended.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for _ in 0..rounds {
+                let n = appended.load(Ordering::SeqCst);
+                for i in n..n + 20 {
+                    topic.append(Some(b"k"), i.to_string().as_bytes()).unwrap();
+                    appended.store(i + 1, Ordering::SeqCst);
+                }
+                let p = topic.route(b"k");
+                let end = topic.partition(p).unwrap().end_offset();
+                let out = topic
+                    .split_tail(p, SplitPlan::Even, TailSplitOptions::from_offset(end - 5))
+                    .unwrap();
+                topic.merge(out.children[0], out.children[1]).unwrap();
+            }
+            stop.store(true, Ordering::SeqCst);
+        })
+    };
+    let mut readers: Vec<(u64, fissionlog::Reader)> = Vec::new();
+    let mut made = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let floor = appended.load(Ordering::SeqCst);
+        readers.push((floor, topic.reader(StartAt::Latest).unwrap()));
+        made += 1;
+        if readers.len() > 8 {
+            readers.remove(0);
+        }
+        for (floor, r) in &mut readers {
+            for rec in r.poll(1000).unwrap() {
+                assert!(
+                    seq(&rec) >= *floor,
+                    "a reader made once {floor} records were appended returned record {} \
+                     (partition {} offset {})",
+                    seq(&rec),
+                    rec.partition,
+                    rec.offset
+                );
+            }
+        }
+    }
+    writer.join().unwrap();
+    assert!(made > u64::from(rounds), "readers made: {made}");
+}
+
+/// Groups starting at `Latest`, created over and over while tail splits
+/// (and merges back) commit beside them: none ever hands out a record
+/// appended before the group was created.
+#[test]
+fn latest_groups_made_while_tail_splits_commit_never_get_older_records() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let dir = common::probe::fast_tempdir();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    let appended = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds: u32 = std::env::var("FISSIONLOG_TAIL_LATEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let writer = {
+        let (topic, appended, stop) = (topic.clone(), appended.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for _ in 0..rounds {
+                let n = appended.load(Ordering::SeqCst);
+                for i in n..n + 20 {
+                    topic.append(Some(b"k"), i.to_string().as_bytes()).unwrap();
+                    appended.store(i + 1, Ordering::SeqCst);
+                }
+                let p = topic.route(b"k");
+                let end = topic.partition(p).unwrap().end_offset();
+                let out = topic
+                    .split_tail(p, SplitPlan::Even, TailSplitOptions::from_offset(end - 5))
+                    .unwrap();
+                topic.merge(out.children[0], out.children[1]).unwrap();
+            }
+            stop.store(true, Ordering::SeqCst);
+        })
+    };
+    let latest = GroupOptions {
+        start: fissionlog::GroupStart::Latest,
+        ..GroupOptions::default()
+    };
+    let mut groups = Vec::new();
+    let mut made = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let floor = appended.load(Ordering::SeqCst);
+        let name = format!("g{made}");
+        let g = topic.group(&name, latest.clone()).unwrap();
+        let m = g.join(member_opts()).unwrap();
+        groups.push((floor, name, g, m));
+        made += 1;
+        if groups.len() > 4 {
+            let (_, name, g, m) = groups.remove(0);
+            drop((m, g));
+            topic.delete_group(&name).unwrap();
+        }
+        for (floor, _, _, m) in &mut groups {
+            for rec in m.poll(1000).unwrap() {
+                assert!(
+                    seq(&rec) >= *floor,
+                    "a group made once {floor} records were appended got record {} \
+                     (partition {} offset {})",
+                    seq(&rec),
+                    rec.partition,
+                    rec.offset
+                );
+            }
+        }
+    }
+    writer.join().unwrap();
+    assert!(made > 10, "groups made: {made}");
+}
+
+/// Key readers made and read while tail splits (and merges back) commit
+/// beside them, with appends going on: each returns every record of the
+/// key appended before it was made, once and in order, and none appended
+/// after it was made.
+#[test]
+fn key_readers_read_while_tail_splits_commit_return_each_record_once() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let dir = common::probe::fast_tempdir();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log.create_topic("t", config()).unwrap();
+    let appended = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds: u32 = std::env::var("FISSIONLOG_TAIL_LATEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let writer = {
+        let (topic, appended, stop) = (topic.clone(), appended.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for _ in 0..rounds {
+                let n = appended.load(Ordering::SeqCst);
+                for i in n..n + 20 {
+                    topic.append(Some(b"k"), i.to_string().as_bytes()).unwrap();
+                    appended.store(i + 1, Ordering::SeqCst);
+                }
+                let p = topic.route(b"k");
+                let end = topic.partition(p).unwrap().end_offset();
+                let out = topic
+                    .split_tail(p, SplitPlan::Even, TailSplitOptions::from_offset(end - 15))
+                    .unwrap();
+                topic.merge(out.children[0], out.children[1]).unwrap();
+            }
+            stop.store(true, Ordering::SeqCst);
+        })
+    };
+    let mut made = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let floor = appended.load(Ordering::SeqCst);
+        let reader = topic.key_reader(b"k");
+        let ceiling = appended.load(Ordering::SeqCst);
+        let mut got = Vec::new();
+        for r in reader {
+            got.push(key_record_seq(&r.unwrap()));
+            if got.len() % 7 == 0 {
+                std::thread::yield_now();
+            }
+        }
+        made += 1;
+        let ctx = format!("a key reader made between {floor} and {ceiling} records");
+        assert!(got.len() as u64 >= floor, "{ctx}: {} returned", got.len());
+        assert!(got.len() as u64 <= ceiling, "{ctx}: {} returned", got.len());
+        assert_eq!(got, (0..got.len() as u64).collect::<Vec<_>>(), "{ctx}");
+    }
+    writer.join().unwrap();
+    assert!(made > 1, "key readers made: {made}");
+}

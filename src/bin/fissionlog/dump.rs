@@ -106,6 +106,24 @@ fn dump_partition(
         }
     }
     pb.finish_and_clear();
+    // A tail split's moved range is past the parent's end now: say where
+    // it went rather than end as if the offsets had never been written.
+    if let Some(m) = topic
+        .partitions()
+        .into_iter()
+        .find(|p| p.id == id)
+        .and_then(|p| p.moved)
+        .filter(|m| from < m.to)
+    {
+        let children: Vec<String> = m.children.iter().map(|(c, _)| c.to_string()).collect();
+        eprintln!(
+            "partition {id}: offsets {}..{} were moved by a tail split to partitions {} \
+             (dump the topic, or those partitions)",
+            m.from,
+            m.to,
+            children.join(", ")
+        );
+    }
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! An error while opening or mapping a file is never taken for damage:
 //! recovery fails the open with a typed error and changes nothing on disk
-//! (issue 7, finding 1). Faults are injected through the I/O hook
+//! Faults are injected through the I/O hook
 //! ([`IoOp::OpenSegment`], [`IoOp::MapSegment`]) and, for the binary, with
 //! a real descriptor shortage (a low `RLIMIT_NOFILE`).
 
@@ -300,6 +300,88 @@ fn newer_format_version_is_refused_and_changes_nothing() {
                 Err(Error::UnsupportedVersion { found: 7, .. }) => {}
                 other => panic!("verify {what}: {other:?}"),
             }
+        }
+    }
+}
+
+/// Whether `e` says that `target` is not a regular file.
+fn names_odd_file(e: &Error, target: &Path, odd: common::odd_files::Odd) -> bool {
+    use common::odd_files::Odd;
+    let want = match odd {
+        Odd::Directory => "directory",
+        Odd::SymlinkToDevZero => "symbolic link",
+        Odd::Fifo => "FIFO (named pipe)",
+        Odd::Socket => "socket",
+    };
+    matches!(e, Error::NotARegularFile { path, found } if path.ends_with(target) && *found == want)
+}
+
+/// A directory, a symlink to `/dev/zero`, a FIFO or a unix socket where
+/// the log keeps its journal, snapshot, a checkpoint, the lock file, a
+/// segment, an index or a tail split's descendant index: every recovery
+/// mode refuses the open with an error naming the file, and `verify`
+/// reports it as a problem, each within a bounded time (a blocking open
+/// or an endless read would hang here); nothing is changed, and once the
+/// file is back every record is there.
+#[test]
+fn a_file_that_is_not_a_regular_file_is_refused_by_open_and_verify() {
+    use common::odd_files::*;
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let pristine = root.path().join("pristine");
+    odd_files_log(&pristine);
+    let limit = std::time::Duration::from_secs(10);
+    let mut case = 0;
+    for (kind, rel) in odd_file_kinds(&pristine) {
+        for odd in ODD {
+            case += 1;
+            let dir = root.path().join(format!("odd{case}"));
+            DirImage::capture(&pristine)
+                .unwrap()
+                .write_to(&dir)
+                .unwrap();
+            let bytes = std::fs::read(dir.join(&rel)).unwrap();
+            let placed = place(&dir.join(&rel), odd);
+            let before = DirImage::capture(&dir).unwrap();
+            let what = format!("{kind} ({}) as {odd:?}", rel.display());
+            for mode in [
+                RecoveryMode::Strict,
+                RecoveryMode::Truncate,
+                RecoveryMode::Salvage,
+            ] {
+                let ctx = format!("{what}, open in {mode:?}");
+                let d = dir.clone();
+                let outcome = within(limit, &ctx, move || {
+                    Log::open(&d, LogOptions {
+                        recovery: mode,
+                        ..odd_files_options()
+                    })
+                    .map(|log| log.abandon())
+                });
+                match outcome {
+                    Err(e) if names_odd_file(&e, &rel, odd) => {}
+                    other => panic!("{ctx}: {other:?}"),
+                }
+                let after = DirImage::capture(&dir).unwrap();
+                assert!(
+                    before == after,
+                    "{ctx}: changed the directory:\n{}",
+                    before.diff_summary(&after)
+                );
+            }
+            let ctx = format!("{what}, verify");
+            let d = dir.clone();
+            match within(limit, &ctx, move || fissionlog::verify(&d)) {
+                Ok((_, problems)) => assert!(
+                    problems
+                        .iter()
+                        .any(|p| p.file.ends_with(&rel) && p.what.contains("not a regular file")),
+                    "{ctx}: {problems:?}"
+                ),
+                Err(e) => panic!("{ctx}: {e}"),
+            }
+            restore(placed, &bytes);
+            assert_odd_files_log_intact(&dir, &what);
         }
     }
 }

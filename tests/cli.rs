@@ -8,6 +8,8 @@ use std::process::{Command, Output, Stdio};
 
 use fissionlog::{Log, LogOptions, SyncPolicy, TopicConfig};
 
+mod common;
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fissionlog"))
 }
@@ -1084,4 +1086,79 @@ fn tail_split_moves_the_backlog_and_dump_prints_every_record_once() {
     // The descendant index is no foreign file, the moved range no damage.
     let o = run(&["verify"], &dir);
     expect_code(&o, 0, "verify after a tail split");
+}
+
+/// Runs the binary with a time limit: a command still running after it is
+/// killed and the test fails (a blocking open would hang it forever).
+fn run_bounded(args: &[&str], dir: &Path, limit: std::time::Duration) -> Output {
+    let mut child = bin()
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "{args:?} on {}: still running after {limit:?} (stderr {:?})",
+                dir.display(),
+                stderr(&o)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A FIFO or a symlink to `/dev/zero` in place of any file of the log:
+/// `verify` and `recover --dry-run` list it as a problem naming the file
+/// (exit 1), `inspect` and `dump` refuse with one sentence naming it
+/// (exit 2), each within seconds, and none of them changes a byte.
+#[test]
+fn a_fifo_or_dev_zero_in_the_log_is_named_by_verify_inspect_and_recover_dry_run() {
+    use common::odd_files::{odd_file_kinds, odd_files_log, place, restore, Odd};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    odd_files_log(&dir);
+    let before = snapshot(&dir);
+    let limit = std::time::Duration::from_secs(20);
+    for (kind, rel) in odd_file_kinds(&dir) {
+        for odd in [Odd::Fifo, Odd::SymlinkToDevZero] {
+            let bytes = std::fs::read(dir.join(&rel)).unwrap();
+            let placed = place(&dir.join(&rel), odd);
+            let name = rel.to_string_lossy().into_owned();
+            for args in [&["verify"][..], &["recover", "--dry-run"][..]] {
+                let what = format!("{args:?} with the {kind} ({name}) as {odd:?}");
+                let o = run_bounded(args, &dir, limit);
+                expect_code(&o, 1, &what);
+                let out = stdout(&o);
+                assert!(
+                    out.lines()
+                        .any(|l| l.contains(&name) && l.contains("not a regular file")),
+                    "{what}: {out}"
+                );
+            }
+            for args in [&["inspect"][..], &["dump", "--topic", "t"][..]] {
+                let what = format!("{args:?} with the {kind} ({name}) as {odd:?}");
+                let o = run_bounded(args, &dir, limit);
+                expect_code(&o, 2, &what);
+                assert_one_line_error(&o, &what);
+                let e = stderr(&o);
+                assert!(
+                    e.contains(&name) && e.contains("not a regular file"),
+                    "{what}: {e}"
+                );
+            }
+            restore(placed, &bytes);
+            assert!(before == snapshot(&dir), "{kind} as {odd:?}: changed the log");
+        }
+    }
+    let o = run_bounded(&["verify"], &dir, limit);
+    expect_code(&o, 0, "verify after restoring every file");
 }

@@ -1,6 +1,7 @@
 //! An error while opening or mapping a file is never taken for damage:
-//! recovery fails the open with a typed error and changes nothing on disk
-//! Faults are injected through the I/O hook
+//! recovery fails the open with a typed error and changes nothing on disk.
+//! So is a name that holds something other than a regular file (a
+//! directory, a symlink, a FIFO, a socket). Faults are injected through the I/O hook
 //! ([`IoOp::OpenSegment`], [`IoOp::MapSegment`]) and, for the binary, with
 //! a real descriptor shortage (a low `RLIMIT_NOFILE`).
 

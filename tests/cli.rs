@@ -1162,3 +1162,81 @@ fn a_fifo_or_dev_zero_in_the_log_is_named_by_verify_inspect_and_recover_dry_run(
     let o = run_bounded(&["verify"], &dir, limit);
     expect_code(&o, 0, "verify after restoring every file");
 }
+
+/// A stdin line longer than the topic's largest record stops `produce`
+/// with one sentence naming the line (exit 1), without reading the line
+/// into memory (it is fed through a pipe, 64 MiB of it against a 1 MiB
+/// limit, and never ends in a newline); every line before it was
+/// acknowledged and stays in the log. A line just over the limit once
+/// framed is refused the same way, after the lines before it in the
+/// same batch.
+#[test]
+fn produce_stops_at_a_line_longer_than_the_largest_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let max = TopicConfig::default().effective_max_record_bytes() as usize;
+    let over_once_framed = {
+        let mut l = b"k\t".to_vec();
+        l.extend(std::iter::repeat_n(b'v', max - 4));
+        l.push(b'\n');
+        l
+    };
+    let cases: [(&str, Box<dyn Fn(&mut dyn Write) + Send>, u64); 2] = [
+        (
+            "endless line",
+            Box::new(|w: &mut dyn Write| {
+                let _ = w.write_all(b"k1\ta\nk2\tb\nk3\tc\n");
+                let chunk = vec![b'x'; 64 * 1024];
+                for _ in 0..1024 {
+                    if w.write_all(&chunk).is_err() {
+                        return;
+                    }
+                }
+            }),
+            4,
+        ),
+        (
+            "line over the limit once framed",
+            Box::new(move |w: &mut dyn Write| {
+                let _ = w.write_all(b"k1\ta\nk2\tb\n");
+                let _ = w.write_all(&over_once_framed);
+                let _ = w.write_all(b"k4\td\n");
+            }),
+            3,
+        ),
+    ];
+    for (i, (what, feed, bad_line)) in cases.into_iter().enumerate() {
+        let dir = tmp.path().join(format!("log{i}"));
+        let mut child = bin()
+            .args(["produce", "--topic", "t", "--create", "--acks"])
+            .arg("--dir")
+            .arg(&dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        // The producer stops reading at the bad line: the rest of the
+        // input meets a closed pipe.
+        let feeder = std::thread::spawn(move || feed(&mut stdin));
+        let o = child.wait_with_output().unwrap();
+        feeder.join().unwrap();
+        expect_code(&o, 1, what);
+        assert_one_line_error(&o, what);
+        let e = stderr(&o);
+        assert!(e.contains(&format!("line {bad_line} ")), "{what}: {e}");
+        let acked = json_lines(&o);
+        assert_eq!(acked.len() as u64, bad_line - 1, "{what}: {}", stdout(&o));
+        let dumped = run(&["dump", "--topic", "t", "--json"], &dir);
+        expect_code(&dumped, 0, what);
+        let values: Vec<String> = json_lines(&dumped)
+            .iter()
+            .map(|r| r["value"].as_str().unwrap().to_string())
+            .collect();
+        let want: Vec<String> = ["a", "b", "c"][..(bad_line - 1) as usize]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(values, want, "{what}");
+    }
+}

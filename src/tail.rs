@@ -788,7 +788,7 @@ pub(crate) fn allocated_bytes(dir: &std::path::Path) -> u64 {
 }
 
 /// Writes the descendant index durably: the file, then its directory.
-fn write_index(topic: &Topic, path: &PathBuf, bytes: &[u8]) -> Result<()> {
+fn write_index(topic: &Topic, path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     let hook = &*topic.inner.core.hook;
     hook.before(IoOp::WriteIndex, path).at(path)?;
     let mut f = crate::storage::file::create_scratch(path)?;

@@ -1156,7 +1156,10 @@ fn a_fifo_or_dev_zero_in_the_log_is_named_by_verify_inspect_and_recover_dry_run(
                 );
             }
             restore(placed, &bytes);
-            assert!(before == snapshot(&dir), "{kind} as {odd:?}: changed the log");
+            assert!(
+                before == snapshot(&dir),
+                "{kind} as {odd:?}: changed the log"
+            );
         }
     }
     let o = run_bounded(&["verify"], &dir, limit);
@@ -1180,7 +1183,9 @@ fn produce_stops_at_a_line_longer_than_the_largest_record() {
         l.push(b'\n');
         l
     };
-    let cases: [(&str, Box<dyn Fn(&mut dyn Write) + Send>, u64); 2] = [
+    /// Writes a case's input into the producer's stdin.
+    type Feed = Box<dyn Fn(&mut dyn Write) + Send>;
+    let cases: [(&str, Feed, u64); 2] = [
         (
             "endless line",
             Box::new(|w: &mut dyn Write| {

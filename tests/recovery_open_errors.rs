@@ -353,10 +353,13 @@ fn a_file_that_is_not_a_regular_file_is_refused_by_open_and_verify() {
                 let ctx = format!("{what}, open in {mode:?}");
                 let d = dir.clone();
                 let outcome = within(limit, &ctx, move || {
-                    Log::open(&d, LogOptions {
-                        recovery: mode,
-                        ..odd_files_options()
-                    })
+                    Log::open(
+                        &d,
+                        LogOptions {
+                            recovery: mode,
+                            ..odd_files_options()
+                        },
+                    )
                     .map(|log| log.abandon())
                 });
                 match outcome {

@@ -202,11 +202,20 @@ fn arguments_that_size_memory_or_loops_are_bounded() {
         (&["--keys", "4294967294"], "--keys"),
         (&["--keys", "4000000", "--producers", "256"], "--producers"),
         (&["--max-partitions", "4294967295"], "--max-partitions"),
-        (&["--partitions", "100000", "--max-partitions", "100000"], "--max-partitions"),
+        (
+            &["--partitions", "100000", "--max-partitions", "100000"],
+            "--max-partitions",
+        ),
         (&["--records", "18446744073709551615"], "--records"),
         (&["--rate", "1e300"], "--rate"),
-        (&["--target-bytes-per-sec", "1e300"], "--target-bytes-per-sec"),
-        (&["--consumers", "2", "--slow-consumer", "1e300"], "--slow-consumer"),
+        (
+            &["--target-bytes-per-sec", "1e300"],
+            "--target-bytes-per-sec",
+        ),
+        (
+            &["--consumers", "2", "--slow-consumer", "1e300"],
+            "--slow-consumer",
+        ),
         (&["--seconds", "1e9"], "--seconds"),
     ];
     for (args, name) in cases {

@@ -9,7 +9,9 @@ use crate::config::RecoveryMode;
 use crate::error::{Error, IoContext, Result};
 use crate::format::manifest::{self as fmt, JournalTail, ManifestRecord, ManifestState};
 use crate::storage::fault::{IoHook, IoOp};
-use crate::storage::file::{create_scratch, open_file, open_optional, read_optional, read_to_end, Access};
+use crate::storage::file::{
+    create_scratch, open_file, open_optional, read_optional, read_to_end, Access,
+};
 use crate::storage::{sync_dir, sync_file};
 use crate::topology::model;
 

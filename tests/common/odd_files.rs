@@ -24,7 +24,12 @@ pub enum Odd {
 }
 
 /// Every kind.
-pub const ODD: [Odd; 4] = [Odd::Directory, Odd::SymlinkToDevZero, Odd::Fifo, Odd::Socket];
+pub const ODD: [Odd; 4] = [
+    Odd::Directory,
+    Odd::SymlinkToDevZero,
+    Odd::Fifo,
+    Odd::Socket,
+];
 
 /// The odd thing in place. Keep it alive while the socket must stay bound
 /// (the socket file stays after it is dropped either way).
@@ -101,7 +106,11 @@ pub fn odd_file_kinds(dir: &Path) -> Vec<(&'static str, PathBuf)> {
             .filter(|n| pick(n))
             .collect();
         names.sort();
-        let name = if last { names.pop() } else { names.into_iter().next() };
+        let name = if last {
+            names.pop()
+        } else {
+            names.into_iter().next()
+        };
         Path::new(sub).join(name.unwrap_or_else(|| panic!("no such file in {sub}")))
     };
     vec![
@@ -118,10 +127,17 @@ pub fn odd_file_kinds(dir: &Path) -> Vec<(&'static str, PathBuf)> {
             "active segment",
             find("topics/t0/p1", &|n| n.ends_with(".seg"), true),
         ),
-        ("index", find("topics/t0/p0", &|n| n.ends_with(".idx"), false)),
+        (
+            "index",
+            find("topics/t0/p0", &|n| n.ends_with(".idx"), false),
+        ),
         (
             "tail index",
-            find("topics/t0", &|n| n.starts_with("tail-p") && n.ends_with(".tix"), false),
+            find(
+                "topics/t0",
+                &|n| n.starts_with("tail-p") && n.ends_with(".tix"),
+                false,
+            ),
         ),
     ]
 }

@@ -389,3 +389,78 @@ fn a_file_that_is_not_a_regular_file_is_refused_by_open_and_verify() {
         }
     }
 }
+
+/// Whatever sits at a scratch name (`manifest.snap.tmp`, an index's
+/// `.idx.tmp`) is a leftover: a FIFO there does not block the manifest
+/// compaction or a roll, and a symlink there is replaced, never written
+/// through (the file it points to keeps its bytes). Afterwards the
+/// snapshot and the index are regular files and the log reopens with
+/// every record.
+#[test]
+fn a_fifo_or_symlink_at_a_scratch_name_is_replaced_not_written_through() {
+    use common::odd_files::{place, within, Odd};
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let victim = root.path().join("victim");
+    for odd in ["FIFO", "symlink"] {
+        let dir = root.path().join(odd);
+        std::fs::write(&victim, b"not fissionlog's").unwrap();
+        let options = LogOptions {
+            manifest_compact_records: 1,
+            ..opts(RecoveryMode::Strict)
+        };
+        let log = Log::open(&dir, options.clone()).unwrap();
+        let pdir = dir.join("topics/t0/p0");
+        let scratch = [
+            dir.join("manifest.snap.tmp"),
+            pdir.join("00000000000000000000.idx.tmp"),
+        ];
+        let mut placed = Vec::new();
+        std::fs::create_dir_all(&pdir).unwrap();
+        for path in &scratch {
+            if odd == "FIFO" {
+                placed.push(place(path, Odd::Fifo));
+            } else {
+                std::os::unix::fs::symlink(&victim, path).unwrap();
+            }
+        }
+        within(
+            std::time::Duration::from_secs(10),
+            &format!("{odd}: create a topic (compaction) and roll"),
+            move || {
+                let t = log
+                    .create_topic(
+                        "t",
+                        TopicConfig {
+                            partitions: 1,
+                            segment_bytes: 4096,
+                            ..TopicConfig::default()
+                        },
+                    )
+                    .unwrap();
+                for i in 0..RECORDS / 10 {
+                    t.append_batch(&[NewRecord {
+                        key: Some(b"k"),
+                        value: &value(i),
+                        timestamp: Some(i as i64),
+                    }])
+                    .unwrap();
+                }
+                log.close().unwrap();
+            },
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"not fissionlog's");
+        for f in [
+            dir.join("manifest.snap"),
+            pdir.join("00000000000000000000.idx"),
+        ] {
+            let meta = std::fs::symlink_metadata(&f).unwrap();
+            assert!(meta.is_file(), "{odd}: {} is {meta:?}", f.display());
+        }
+        drop(placed);
+        let log = Log::open(&dir, options).unwrap();
+        let p = log.topic("t").unwrap().partition(0).unwrap();
+        assert_eq!(p.end_offset(), RECORDS / 10, "{odd}");
+        log.close().unwrap();
+    }
+}

@@ -107,10 +107,7 @@ pub(crate) fn read_to_end(file: &File, path: &Path, max_bytes: u64) -> Result<Ve
     }
     let mut buf = Vec::with_capacity(len as usize);
     // One byte more than allowed, to notice a file that grew meanwhile.
-    file
-        .take(max_bytes + 1)
-        .read_to_end(&mut buf)
-        .at(path)?;
+    file.take(max_bytes + 1).read_to_end(&mut buf).at(path)?;
     if buf.len() as u64 > max_bytes {
         return Err(too_long(path, buf.len() as u64, max_bytes));
     }

@@ -33,6 +33,21 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A name in the log directory where fissionlog keeps one of its files
+    /// holds something else: a directory, a symbolic link (also to a
+    /// regular file), a FIFO, a socket or a device. fissionlog never reads
+    /// or writes through it (a FIFO or `/dev/zero` would block or never
+    /// end), in any recovery mode, and changed nothing. Put the file back
+    /// (or remove what stands in its place, if the file is lost) and open
+    /// again.
+    #[error("{path} is a {found}, not a regular file; a log directory holds only regular files, and nothing was changed")]
+    NotARegularFile {
+        /// The name in the log directory.
+        path: PathBuf,
+        /// What it is instead ("directory", "symbolic link", "FIFO (named
+        /// pipe)", "socket", "character device", ...).
+        found: &'static str,
+    },
     /// The device is full; the operation was not applied.
     #[error("no space left on device while writing {path}")]
     NoSpace {

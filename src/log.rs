@@ -1,7 +1,6 @@
 //! `Log`: a directory of topics. Opening it is recovery.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -21,6 +20,7 @@ use crate::recovery::partition::{
 use crate::recovery::{FileAction, RecoveryReport};
 use crate::storage::durability::{CheckpointFiles, GroupCommit, SyncBackend, Syncer};
 use crate::storage::fault::{IoHook, IoOp, NoFaults};
+use crate::storage::file::{open_optional, Access};
 use crate::storage::lock::DirLock;
 use crate::storage::sync_dir;
 use crate::topic::{even_ranges, partition_dir, Node, Topic, TopicInner, TopicState};
@@ -1044,8 +1044,10 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
         });
     }
     let lock_path = dir.join(LOCK_FILE);
-    let _lock = match File::open(&lock_path) {
-        Ok(f) => match f.try_lock_shared() {
+    let mut report = RecoveryReport::default();
+    let mut problems = Vec::new();
+    let _lock = match open_optional(&lock_path, Access::Read) {
+        Ok(Some(f)) => match f.try_lock_shared() {
             Ok(()) => Some(f),
             Err(std::fs::TryLockError::WouldBlock) => {
                 return Err(Error::Locked {
@@ -1054,10 +1056,14 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&lock_path, e)),
         },
-        Err(_) => None,
+        // No writer can hold the log either: `Log::open` refuses the lock
+        // file too. The check goes on without the lock.
+        Err(e @ Error::NotARegularFile { .. }) => {
+            problems.extend(odd_file_problem(e));
+            None
+        }
+        Ok(None) | Err(_) => None,
     };
-    let mut report = RecoveryReport::default();
-    let mut problems = Vec::new();
     let (_, state, mreport) = match Manifest::open(
         dir,
         crate::config::RecoveryMode::Strict,
@@ -1078,6 +1084,10 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
             });
             return Ok((report, problems));
         }
+        Err(e @ Error::NotARegularFile { .. }) => {
+            problems.extend(odd_file_problem(e));
+            return Ok((report, problems));
+        }
         Err(e) => return Err(e),
     };
     if let Some((pos, reason)) = &mreport.torn_tail {
@@ -1089,7 +1099,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
         });
     }
     report.manifest = mreport;
-    let (ck, bad) = read_checkpoint(dir)?;
+    let (ck, bad) = read_checkpoint(dir, &mut problems)?;
     let checkpoint_lost = ck.seq == 0 && state.topics.iter().any(|t| !t.partitions.is_empty());
     for (file, reason) in bad {
         problems.push(Problem {
@@ -1123,7 +1133,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
             {
                 let file = match &e {
                     Error::Corruption { file, .. } => file.clone(),
-                    Error::Io { path, .. } => path.clone(),
+                    Error::Io { path, .. } | Error::NotARegularFile { path, .. } => path.clone(),
                     _ => topic_dir(dir, t.id),
                 };
                 problems.push(Problem {
@@ -1157,7 +1167,14 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
                 hook: &NoFaults,
             };
             let reclaimed = t.tail_moves.iter().any(|m| m.parent == p.id && m.reclaimed);
-            let chain = recover_chain(&params, &mut report)?;
+            let chain = match recover_chain(&params, &mut report) {
+                Ok(chain) => chain,
+                Err(e @ Error::NotARegularFile { .. }) => {
+                    problems.extend(odd_file_problem(e));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if reclaimed {
                 forget_reclaim_cuts(&mut report, &pdir);
             }
@@ -1197,9 +1214,28 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
     Ok((report, problems))
 }
 
+/// A name that does not hold a regular file, as a problem `verify` lists
+/// (`None` for any other error).
+fn odd_file_problem(e: Error) -> Option<Problem> {
+    let Error::NotARegularFile { path, found } = e else {
+        return None;
+    };
+    Some(Problem {
+        what: format!("{} is a {found}, not a regular file", path.display()),
+        file: path,
+        position: 0,
+        repair: "none: every open refuses the log until the file is put back (or what stands in its place is removed, if the file is lost)".into(),
+    })
+}
+
 fn check_index(seg: &crate::storage::segment::Segment, problems: &mut Vec<Problem>) {
-    let Ok(Some(buf)) = crate::storage::segment::read_optional(seg.index_path()) else {
-        return;
+    let buf = match crate::storage::segment::read_index_file(seg.index_path()) {
+        Ok(Some(buf)) => buf,
+        Err(e @ Error::NotARegularFile { .. }) => {
+            problems.extend(odd_file_problem(e));
+            return;
+        }
+        Ok(None) | Err(_) => return,
     };
     let (_, whole) = crate::format::index::decode_index(
         &buf,
@@ -1217,12 +1253,28 @@ fn check_index(seg: &crate::storage::segment::Segment, problems: &mut Vec<Proble
     }
 }
 
-fn read_checkpoint(dir: &Path) -> Result<(Checkpoint, Vec<(PathBuf, String)>)> {
+/// The newest valid checkpoint and the invalid files; a checkpoint name
+/// that is not a regular file is a problem, and the other file is used.
+fn read_checkpoint(
+    dir: &Path,
+    problems: &mut Vec<Problem>,
+) -> Result<(Checkpoint, Vec<(PathBuf, String)>)> {
     let mut best: Option<Checkpoint> = None;
     let mut bad = Vec::new();
     for name in crate::storage::durability::CHECKPOINT_FILES {
         let path = dir.join(name);
-        if let Some(buf) = crate::storage::segment::read_optional(&path)? {
+        let read = crate::storage::file::read_optional(
+            &path,
+            crate::storage::durability::CHECKPOINT_FILE_MAX_BYTES,
+        );
+        let read = match read {
+            Err(e @ Error::NotARegularFile { .. }) => {
+                problems.extend(odd_file_problem(e));
+                continue;
+            }
+            read => read?,
+        };
+        if let Some(buf) = read {
             if buf.is_empty() {
                 continue;
             }

@@ -219,7 +219,7 @@ impl SyncCapture {
             // No descriptor: a round that ended meanwhile synced it all. A
             // segment that must be synced but can't be opened again (EMFILE)
             // fails the round: nothing is reported durable, nothing poisoned.
-            let Some(file) = seg.sync_handle().map_err(|e| Error::io(seg.path(), e))? else {
+            let Some(file) = seg.sync_handle()? else {
                 continue;
             };
             targets.push(SyncTarget {
@@ -231,7 +231,7 @@ impl SyncCapture {
             });
         }
         if self.sync_dir {
-            let f = std::fs::File::open(dir).map_err(|e| Error::io(dir, e))?;
+            let f = crate::storage::file::open_dir(dir).map_err(|e| Error::io(dir, e))?;
             targets.push(SyncTarget {
                 fd: std::os::unix::io::AsRawFd::as_raw_fd(&f),
                 path: dir.to_path_buf(),

@@ -744,7 +744,11 @@ fn reclaimed_checkpoint(
     {
         return None;
     }
-    let data = std::fs::read(pdir.join(segment_file_name(keep))).ok()?;
+    let data = crate::storage::file::read_optional(
+        &pdir.join(segment_file_name(keep)),
+        crate::config::MAX_SEGMENT_BYTES,
+    )
+    .ok()??;
     let mut pos = crate::format::segment::SEGMENT_HEADER_LEN;
     let mut next = keep;
     while pos < data.len() {
@@ -783,10 +787,10 @@ pub(crate) fn allocated_bytes(dir: &std::path::Path) -> u64 {
 }
 
 /// Writes the descendant index durably: the file, then its directory.
-fn write_index(topic: &Topic, path: &PathBuf, bytes: &[u8]) -> Result<()> {
+fn write_index(topic: &Topic, path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     let hook = &*topic.inner.core.hook;
     hook.before(IoOp::WriteIndex, path).at(path)?;
-    let mut f = std::fs::File::create(path).at(path)?;
+    let mut f = crate::storage::file::create_scratch(path)?;
     f.write_all(bytes).at(path)?;
     sync_file(hook, IoOp::SyncNewSegment, &f, path, true)?;
     let dir = path.parent().expect("the topic directory");
@@ -888,9 +892,14 @@ pub(crate) fn load_tails(
     Ok(out)
 }
 
+/// The longest descendant index read (it holds a few bytes per moved
+/// record at most); a longer file is not one fissionlog wrote.
+const TAIL_INDEX_MAX_BYTES: u64 = 1 << 30;
+
 /// Reads a descendant index and checks it against its manifest record.
 fn read_index(path: &std::path::Path, m: &TailMove) -> Result<TailIndex> {
-    let bytes = std::fs::read(path).at(path)?;
+    let file = crate::storage::file::open_file(path, crate::storage::file::Access::Read)?;
+    let bytes = crate::storage::file::read_to_end(&file, path, TAIL_INDEX_MAX_BYTES)?;
     let bad = |reason: String| Error::Corruption {
         file: path.to_path_buf(),
         position: 0,

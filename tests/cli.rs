@@ -8,6 +8,8 @@ use std::process::{Command, Output, Stdio};
 
 use fissionlog::{Log, LogOptions, SyncPolicy, TopicConfig};
 
+mod common;
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fissionlog"))
 }
@@ -1108,4 +1110,162 @@ fn tail_split_moves_the_backlog_and_dump_prints_every_record_once() {
     // The descendant index is no foreign file, the moved range no damage.
     let o = run(&["verify"], &dir);
     expect_code(&o, 0, "verify after a tail split");
+}
+
+/// Runs the binary with a time limit: a command still running after it is
+/// killed and the test fails (a blocking open would hang it forever).
+fn run_bounded(args: &[&str], dir: &Path, limit: std::time::Duration) -> Output {
+    let mut child = bin()
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "{args:?} on {}: still running after {limit:?} (stderr {:?})",
+                dir.display(),
+                stderr(&o)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A FIFO or a symlink to `/dev/zero` in place of any file of the log:
+/// `verify` and `recover --dry-run` list it as a problem naming the file
+/// (exit 1), `inspect` and `dump` refuse with one sentence naming it
+/// (exit 2), each within seconds, and none of them changes a byte.
+#[test]
+fn a_fifo_or_dev_zero_in_the_log_is_named_by_verify_inspect_and_recover_dry_run() {
+    use common::odd_files::{odd_file_kinds, odd_files_log, place, restore, Odd};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    odd_files_log(&dir);
+    let before = snapshot(&dir);
+    let limit = std::time::Duration::from_secs(20);
+    for (kind, rel) in odd_file_kinds(&dir) {
+        for odd in [Odd::Fifo, Odd::SymlinkToDevZero] {
+            let bytes = std::fs::read(dir.join(&rel)).unwrap();
+            let placed = place(&dir.join(&rel), odd);
+            let name = rel.to_string_lossy().into_owned();
+            for args in [&["verify"][..], &["recover", "--dry-run"][..]] {
+                let what = format!("{args:?} with the {kind} ({name}) as {odd:?}");
+                let o = run_bounded(args, &dir, limit);
+                expect_code(&o, 1, &what);
+                let out = stdout(&o);
+                assert!(
+                    out.lines()
+                        .any(|l| l.contains(&name) && l.contains("not a regular file")),
+                    "{what}: {out}"
+                );
+            }
+            for args in [&["inspect"][..], &["dump", "--topic", "t"][..]] {
+                let what = format!("{args:?} with the {kind} ({name}) as {odd:?}");
+                let o = run_bounded(args, &dir, limit);
+                expect_code(&o, 2, &what);
+                assert_one_line_error(&o, &what);
+                let e = stderr(&o);
+                assert!(
+                    e.contains(&name) && e.contains("not a regular file"),
+                    "{what}: {e}"
+                );
+            }
+            restore(placed, &bytes);
+            assert!(
+                before == snapshot(&dir),
+                "{kind} as {odd:?}: changed the log"
+            );
+        }
+    }
+    let o = run_bounded(&["verify"], &dir, limit);
+    expect_code(&o, 0, "verify after restoring every file");
+}
+
+/// A stdin line longer than the topic's largest record stops `produce`
+/// with one sentence naming the line (exit 1), without reading the line
+/// into memory (it is fed through a pipe, 64 MiB of it against a 1 MiB
+/// limit, and never ends in a newline); every line before it was
+/// acknowledged and stays in the log. A line just over the limit once
+/// framed is refused the same way, after the lines before it in the
+/// same batch.
+#[test]
+fn produce_stops_at_a_line_longer_than_the_largest_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let max = TopicConfig::default().effective_max_record_bytes() as usize;
+    let over_once_framed = {
+        let mut l = b"k\t".to_vec();
+        l.extend(std::iter::repeat_n(b'v', max - 4));
+        l.push(b'\n');
+        l
+    };
+    /// Writes a case's input into the producer's stdin.
+    type Feed = Box<dyn Fn(&mut dyn Write) + Send>;
+    let cases: [(&str, Feed, u64); 2] = [
+        (
+            "endless line",
+            Box::new(|w: &mut dyn Write| {
+                let _ = w.write_all(b"k1\ta\nk2\tb\nk3\tc\n");
+                let chunk = vec![b'x'; 64 * 1024];
+                for _ in 0..1024 {
+                    if w.write_all(&chunk).is_err() {
+                        return;
+                    }
+                }
+            }),
+            4,
+        ),
+        (
+            "line over the limit once framed",
+            Box::new(move |w: &mut dyn Write| {
+                let _ = w.write_all(b"k1\ta\nk2\tb\n");
+                let _ = w.write_all(&over_once_framed);
+                let _ = w.write_all(b"k4\td\n");
+            }),
+            3,
+        ),
+    ];
+    for (i, (what, feed, bad_line)) in cases.into_iter().enumerate() {
+        let dir = tmp.path().join(format!("log{i}"));
+        let mut child = bin()
+            .args(["produce", "--topic", "t", "--create", "--acks"])
+            .arg("--dir")
+            .arg(&dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        // The producer stops reading at the bad line: the rest of the
+        // input meets a closed pipe.
+        let feeder = std::thread::spawn(move || feed(&mut stdin));
+        let o = child.wait_with_output().unwrap();
+        feeder.join().unwrap();
+        expect_code(&o, 1, what);
+        assert_one_line_error(&o, what);
+        let e = stderr(&o);
+        assert!(e.contains(&format!("line {bad_line} ")), "{what}: {e}");
+        let acked = json_lines(&o);
+        assert_eq!(acked.len() as u64, bad_line - 1, "{what}: {}", stdout(&o));
+        let dumped = run(&["dump", "--topic", "t", "--json"], &dir);
+        expect_code(&dumped, 0, what);
+        let values: Vec<String> = json_lines(&dumped)
+            .iter()
+            .map(|r| r["value"].as_str().unwrap().to_string())
+            .collect();
+        let want: Vec<String> = ["a", "b", "c"][..(bad_line - 1) as usize]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(values, want, "{what}");
+    }
 }

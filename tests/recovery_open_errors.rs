@@ -1,6 +1,7 @@
 //! An error while opening or mapping a file is never taken for damage:
-//! recovery fails the open with a typed error and changes nothing on disk
-//! (issue 7, finding 1). Faults are injected through the I/O hook
+//! recovery fails the open with a typed error and changes nothing on disk.
+//! So is a name that holds something other than a regular file (a
+//! directory, a symlink, a FIFO, a socket). Faults are injected through the I/O hook
 //! ([`IoOp::OpenSegment`], [`IoOp::MapSegment`]) and, for the binary, with
 //! a real descriptor shortage (a low `RLIMIT_NOFILE`).
 
@@ -301,5 +302,165 @@ fn newer_format_version_is_refused_and_changes_nothing() {
                 other => panic!("verify {what}: {other:?}"),
             }
         }
+    }
+}
+
+/// Whether `e` says that `target` is not a regular file.
+fn names_odd_file(e: &Error, target: &Path, odd: common::odd_files::Odd) -> bool {
+    use common::odd_files::Odd;
+    let want = match odd {
+        Odd::Directory => "directory",
+        Odd::SymlinkToDevZero => "symbolic link",
+        Odd::Fifo => "FIFO (named pipe)",
+        Odd::Socket => "socket",
+    };
+    matches!(e, Error::NotARegularFile { path, found } if path.ends_with(target) && *found == want)
+}
+
+/// A directory, a symlink to `/dev/zero`, a FIFO or a unix socket where
+/// the log keeps its journal, snapshot, a checkpoint, the lock file, a
+/// segment, an index or a tail split's descendant index: every recovery
+/// mode refuses the open with an error naming the file, and `verify`
+/// reports it as a problem, each within a bounded time (a blocking open
+/// or an endless read would hang here); nothing is changed, and once the
+/// file is back every record is there.
+#[test]
+fn a_file_that_is_not_a_regular_file_is_refused_by_open_and_verify() {
+    use common::odd_files::*;
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let pristine = root.path().join("pristine");
+    odd_files_log(&pristine);
+    let limit = std::time::Duration::from_secs(10);
+    let mut case = 0;
+    for (kind, rel) in odd_file_kinds(&pristine) {
+        for odd in ODD {
+            case += 1;
+            let dir = root.path().join(format!("odd{case}"));
+            DirImage::capture(&pristine)
+                .unwrap()
+                .write_to(&dir)
+                .unwrap();
+            let bytes = std::fs::read(dir.join(&rel)).unwrap();
+            let placed = place(&dir.join(&rel), odd);
+            let before = DirImage::capture(&dir).unwrap();
+            let what = format!("{kind} ({}) as {odd:?}", rel.display());
+            for mode in [
+                RecoveryMode::Strict,
+                RecoveryMode::Truncate,
+                RecoveryMode::Salvage,
+            ] {
+                let ctx = format!("{what}, open in {mode:?}");
+                let d = dir.clone();
+                let outcome = within(limit, &ctx, move || {
+                    Log::open(
+                        &d,
+                        LogOptions {
+                            recovery: mode,
+                            ..odd_files_options()
+                        },
+                    )
+                    .map(|log| log.abandon())
+                });
+                match outcome {
+                    Err(e) if names_odd_file(&e, &rel, odd) => {}
+                    other => panic!("{ctx}: {other:?}"),
+                }
+                let after = DirImage::capture(&dir).unwrap();
+                assert!(
+                    before == after,
+                    "{ctx}: changed the directory:\n{}",
+                    before.diff_summary(&after)
+                );
+            }
+            let ctx = format!("{what}, verify");
+            let d = dir.clone();
+            match within(limit, &ctx, move || fissionlog::verify(&d)) {
+                Ok((_, problems)) => assert!(
+                    problems
+                        .iter()
+                        .any(|p| p.file.ends_with(&rel) && p.what.contains("not a regular file")),
+                    "{ctx}: {problems:?}"
+                ),
+                Err(e) => panic!("{ctx}: {e}"),
+            }
+            restore(placed, &bytes);
+            assert_odd_files_log_intact(&dir, &what);
+        }
+    }
+}
+
+/// Whatever sits at a scratch name (`manifest.snap.tmp`, an index's
+/// `.idx.tmp`) is a leftover: a FIFO there does not block the manifest
+/// compaction or a roll, and a symlink there is replaced, never written
+/// through (the file it points to keeps its bytes). Afterwards the
+/// snapshot and the index are regular files and the log reopens with
+/// every record.
+#[test]
+fn a_fifo_or_symlink_at_a_scratch_name_is_replaced_not_written_through() {
+    use common::odd_files::{place, within, Odd};
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let victim = root.path().join("victim");
+    for odd in ["FIFO", "symlink"] {
+        let dir = root.path().join(odd);
+        std::fs::write(&victim, b"not fissionlog's").unwrap();
+        let options = LogOptions {
+            manifest_compact_records: 1,
+            ..opts(RecoveryMode::Strict)
+        };
+        let log = Log::open(&dir, options.clone()).unwrap();
+        let pdir = dir.join("topics/t0/p0");
+        let scratch = [
+            dir.join("manifest.snap.tmp"),
+            pdir.join("00000000000000000000.idx.tmp"),
+        ];
+        let mut placed = Vec::new();
+        std::fs::create_dir_all(&pdir).unwrap();
+        for path in &scratch {
+            if odd == "FIFO" {
+                placed.push(place(path, Odd::Fifo));
+            } else {
+                std::os::unix::fs::symlink(&victim, path).unwrap();
+            }
+        }
+        within(
+            std::time::Duration::from_secs(10),
+            &format!("{odd}: create a topic (compaction) and roll"),
+            move || {
+                let t = log
+                    .create_topic(
+                        "t",
+                        TopicConfig {
+                            partitions: 1,
+                            segment_bytes: 4096,
+                            ..TopicConfig::default()
+                        },
+                    )
+                    .unwrap();
+                for i in 0..RECORDS / 10 {
+                    t.append_batch(&[NewRecord {
+                        key: Some(b"k"),
+                        value: &value(i),
+                        timestamp: Some(i as i64),
+                    }])
+                    .unwrap();
+                }
+                log.close().unwrap();
+            },
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"not fissionlog's");
+        for f in [
+            dir.join("manifest.snap"),
+            pdir.join("00000000000000000000.idx"),
+        ] {
+            let meta = std::fs::symlink_metadata(&f).unwrap();
+            assert!(meta.is_file(), "{odd}: {} is {meta:?}", f.display());
+        }
+        drop(placed);
+        let log = Log::open(&dir, options).unwrap();
+        let p = log.topic("t").unwrap().partition(0).unwrap();
+        assert_eq!(p.end_offset(), RECORDS / 10, "{odd}");
+        log.close().unwrap();
     }
 }

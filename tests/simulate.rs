@@ -191,3 +191,48 @@ fn hot_key_mode_needs_a_hot_key() {
         "usage error without --hot-key-share"
     );
 }
+
+/// Every argument that sizes memory or a loop is bounded at parse time:
+/// out of range, each is a one-line usage error (exit 2) naming the
+/// argument, given before anything is allocated or created (`--keys
+/// 4294967294` would otherwise size per-key tables of about 34 GB).
+#[test]
+fn arguments_that_size_memory_or_loops_are_bounded() {
+    let cases: [(&[&str], &str); 9] = [
+        (&["--keys", "4294967294"], "--keys"),
+        (&["--keys", "4000000", "--producers", "256"], "--producers"),
+        (&["--max-partitions", "4294967295"], "--max-partitions"),
+        (
+            &["--partitions", "100000", "--max-partitions", "100000"],
+            "--max-partitions",
+        ),
+        (&["--records", "18446744073709551615"], "--records"),
+        (&["--rate", "1e300"], "--rate"),
+        (
+            &["--target-bytes-per-sec", "1e300"],
+            "--target-bytes-per-sec",
+        ),
+        (
+            &["--consumers", "2", "--slow-consumer", "1e300"],
+            "--slow-consumer",
+        ),
+        (&["--seconds", "1e9"], "--seconds"),
+    ];
+    for (args, name) in cases {
+        let started = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_fissionlog"))
+            .arg("simulate")
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(name), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{args:?}: took {:?}",
+            started.elapsed()
+        );
+    }
+}

@@ -138,13 +138,15 @@ fn list_segments(dir: &Path) -> Result<Listing> {
         let entry = entry.at(dir)?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if let Some(base) = parse_segment_file_name(&name) {
+            crate::storage::file::check_listed(&entry)?;
             out.segments.push((base, entry.path()));
         } else if name.ends_with(".idx") && name.len() == 24
-            || name.ends_with(".idx.tmp")
             || crate::format::tail_index::is_file_name(&name)
         {
-            // Index caches (and interrupted index writes) and tail splits'
-            // descendant indexes belong to us.
+            // Index caches and tail splits' descendant indexes belong to us.
+            crate::storage::file::check_listed(&entry)?;
+        } else if name.ends_with(".idx.tmp") {
+            // An interrupted index write: scratch, replaced by the next one.
         } else {
             if let Some(base) = name
                 .strip_suffix(".damaged")

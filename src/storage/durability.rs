@@ -9,7 +9,7 @@
 //! more than what was synced, so recovery may treat damage below them as
 //! corruption and damage above them as a torn tail.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -21,6 +21,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::error::{Error, IoContext, Result};
 use crate::format::checkpoint::{self, Checkpoint, PartitionCheckpoint};
 use crate::storage::fault::{IoHook, IoOp};
+use crate::storage::file::{open_file, read_to_end, Access};
 
 /// Which mechanism syncs files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -264,6 +265,11 @@ pub struct CheckpointFiles {
     seq: u64,
 }
 
+/// The longest checkpoint file read: a few hundred bytes per partition.
+/// A longer file is not one fissionlog wrote, and reading it whole could
+/// exhaust memory.
+pub(crate) const CHECKPOINT_FILE_MAX_BYTES: u64 = 1 << 30;
+
 /// Names of the two checkpoint files.
 pub const CHECKPOINT_FILES: [&str; 2] = ["checkpoint.0", "checkpoint.1"];
 
@@ -277,14 +283,8 @@ impl CheckpointFiles {
         let mut paths = Vec::new();
         for name in CHECKPOINT_FILES {
             let path = dir.join(name);
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-                .at(&path)?;
-            let buf = std::fs::read(&path).at(&path)?;
+            let f = open_file(&path, Access::OpenOrCreate)?;
+            let buf = read_to_end(&f, &path, CHECKPOINT_FILE_MAX_BYTES)?;
             if let Some(found) = checkpoint::newer_version(&buf) {
                 return Err(Error::UnsupportedVersion {
                     file: path,

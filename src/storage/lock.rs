@@ -9,11 +9,12 @@
 //! when the last of them is dropped. A second `Log::open` of the directory,
 //! in this process or another, gets `Error::Locked` until then.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
+use crate::storage::file::{open_file, Access};
 
 /// A held `flock` on a log directory's lock file (released on drop, when
 /// the file is closed).
@@ -27,13 +28,7 @@ impl DirLock {
     /// Takes the exclusive lock of `dir` (its file named `lock_file`).
     pub(crate) fn acquire(dir: &Path, lock_file: &str) -> Result<Arc<DirLock>> {
         let path = dir.join(lock_file);
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .at(&path)?;
+        let f = open_file(&path, Access::OpenOrCreate)?;
         match f.try_lock() {
             Ok(()) => Ok(Arc::new(DirLock {
                 _file: f,

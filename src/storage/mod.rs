@@ -2,11 +2,11 @@
 
 pub(crate) mod durability;
 pub(crate) mod fault;
+pub(crate) mod file;
 pub(crate) mod lock;
 pub(crate) mod position;
 pub(crate) mod segment;
 
-use std::fs::File;
 use std::path::Path;
 
 use crate::error::{IoContext, Result};
@@ -16,7 +16,7 @@ use fault::{IoHook, IoOp};
 /// survive a power loss. Goes through the hook as `op`.
 pub(crate) fn sync_dir(hook: &dyn IoHook, op: IoOp, path: &Path) -> Result<()> {
     hook.before(op, path).at(path)?;
-    let result = File::open(path).and_then(|d| d.sync_all());
+    let result = file::open_dir(path).and_then(|d| d.sync_all());
     hook.after(op, path, result).at(path)
 }
 
@@ -24,7 +24,7 @@ pub(crate) fn sync_dir(hook: &dyn IoHook, op: IoOp, path: &Path) -> Result<()> {
 pub(crate) fn sync_file(
     hook: &dyn IoHook,
     op: IoOp,
-    file: &File,
+    file: &std::fs::File,
     path: &Path,
     datasync: bool,
 ) -> Result<()> {

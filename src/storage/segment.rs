@@ -65,7 +65,7 @@
 //! writer stores there). A segment that takes no more appends is truncated
 //! to its data.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -81,6 +81,16 @@ use crate::format::batch::{self, BatchHeader, RecordIn};
 use crate::format::index::{self, IndexEntry};
 use crate::format::segment::{self, SegmentInfo, SEGMENT_HEADER_LEN};
 use crate::storage::fault::{IoHook, IoOp, NoFaults};
+use crate::storage::file::{create_scratch, open_file, read_optional, Access};
+
+/// How a segment file is opened: read-only for `verify` and analyses.
+fn access(writable: bool) -> Access {
+    if writable {
+        Access::ReadWrite
+    } else {
+        Access::Read
+    }
+}
 
 /// File name of the segment starting at `base_offset`.
 pub fn segment_file_name(base_offset: u64) -> String {
@@ -143,13 +153,11 @@ pub struct Segment {
     pub(crate) index: Mutex<IndexState>,
 }
 
-/// Reads the whole file at `path` if it exists.
-pub(crate) fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
-    match std::fs::read(path) {
-        Ok(b) => Ok(Some(b)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(path, e)),
-    }
+/// Reads the index file at `path` if it exists. No index is longer than
+/// the largest segment (an entry per batch at most, each shorter than a
+/// batch).
+pub(crate) fn read_index_file(path: &Path) -> Result<Option<Vec<u8>>> {
+    read_optional(path, crate::config::MAX_SEGMENT_BYTES)
 }
 
 impl Segment {
@@ -166,12 +174,7 @@ impl Segment {
     ) -> Result<Segment> {
         let path = dir.join(segment_file_name(base_offset));
         hook.before(IoOp::CreateSegment, &path).at(&path)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .at(&path)?;
+        let file = open_file(&path, Access::CreateNew)?;
         let initial = page_up(SEGMENT_HEADER_LEN as u64 + ALLOC_CHUNK_MIN_BYTES).min(capacity);
         let built = (|| {
             hook.before(IoOp::AllocateSegment, &path).at(&path)?;
@@ -250,11 +253,7 @@ impl Segment {
         hook: &dyn IoHook,
     ) -> Result<(Segment, SegmentInfo)> {
         hook.before(IoOp::OpenSegment, path).at(path)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(writable)
-            .open(path)
-            .at(path)?;
+        let file = open_file(path, access(writable))?;
         let len = file.metadata().at(path)?.len();
         let mut head = [0u8; SEGMENT_HEADER_LEN];
         let got = read_prefix(&file, &mut head).at(path)?;
@@ -372,7 +371,7 @@ impl Segment {
         self.hook()
             .before(IoOp::AllocateSegment, &self.path)
             .at(&self.path)?;
-        allocate_range(&*self.file().at(&self.path)?, from, target - from).at(&self.path)?;
+        allocate_range(&*self.file()?, from, target - from).at(&self.path)?;
         // Past the end of a file recovery cut short, the allocation
         // extended it.
         self.file_len.fetch_max(target, Ordering::AcqRel);
@@ -392,7 +391,7 @@ impl Segment {
         self.hook()
             .before(IoOp::TrimSegment, &self.path)
             .at(&self.path)?;
-        self.file().and_then(|f| f.set_len(end)).at(&self.path)?;
+        self.file()?.set_len(end).at(&self.path)?;
         self.allocated.fetch_min(end, Ordering::AcqRel);
         self.file_len.store(end, Ordering::Release);
         Ok(())
@@ -414,14 +413,14 @@ impl Segment {
             .max(file_len)
             .min(crate::config::MAX_SEGMENT_BYTES);
         if capacity > self.capacity {
-            self.map = map_file(&*self.file().at(&self.path)?, capacity, true).at(&self.path)?;
+            self.map = map_file(&*self.file()?, capacity, true).at(&self.path)?;
             self.capacity = capacity;
         }
         let from = page_up(self.committed_pos()).min(self.allocated());
         self.allocated.store(from, Ordering::Release);
         // Only speed is at stake: with a shorter file the writer's
         // allocations extend it, as they would without a sparse length.
-        if file_len < capacity && self.file().and_then(|f| f.set_len(capacity)).is_ok() {
+        if file_len < capacity && self.file().is_ok_and(|f| f.set_len(capacity).is_ok()) {
             self.file_len.store(capacity, Ordering::Release);
         }
         Ok(())
@@ -515,8 +514,8 @@ impl Segment {
         if !segment::decode_header(head).is_ok_and(|h| h.seal.is_some()) {
             return Ok(false);
         }
-        self.file()
-            .and_then(|f| f.write_all_at(&[0u8; 20], segment::SEAL_POS as u64))
+        self.file()?
+            .write_all_at(&[0u8; 20], segment::SEAL_POS as u64)
             .at(&self.path)?;
         Ok(true)
     }
@@ -571,7 +570,7 @@ impl Segment {
 
     /// fdatasync of a segment created outside a sync round.
     pub fn sync_data(&self, hook: &dyn IoHook) -> Result<()> {
-        let file = self.file().at(&self.path)?;
+        let file = self.file()?;
         let pos = self.committed_pos();
         crate::storage::sync_file(hook, IoOp::SyncNewSegment, &file, &self.path, true)?;
         self.set_synced_pos(pos);
@@ -583,7 +582,7 @@ impl Segment {
     /// descriptor was released while it still has unsynced bytes (recovery
     /// opens sealed segments without keeping their descriptors, then may
     /// repair them) opens its file again and keeps it until settled.
-    pub(crate) fn sync_handle(&self) -> std::io::Result<Option<Arc<File>>> {
+    pub(crate) fn sync_handle(&self) -> Result<Option<Arc<File>>> {
         let mut g = self.file.lock();
         if let Some(f) = &*g {
             return Ok(Some(f.clone()));
@@ -591,12 +590,7 @@ impl Segment {
         if self.is_settled() {
             return Ok(None);
         }
-        let f = Arc::new(
-            OpenOptions::new()
-                .read(true)
-                .write(self.writable)
-                .open(&self.path)?,
-        );
+        let f = Arc::new(open_file(&self.path, access(self.writable))?);
         *g = Some(f.clone());
         Ok(Some(f))
     }
@@ -617,15 +611,11 @@ impl Segment {
 
     /// The open file, or the file opened again for one call when its
     /// descriptor was released (a trim of a sealed segment at open).
-    fn file(&self) -> std::io::Result<Arc<File>> {
+    fn file(&self) -> Result<Arc<File>> {
         if let Some(f) = &*self.file.lock() {
             return Ok(f.clone());
         }
-        OpenOptions::new()
-            .read(true)
-            .write(self.writable)
-            .open(&self.path)
-            .map(Arc::new)
+        open_file(&self.path, access(self.writable)).map(Arc::new)
     }
 
     /// Closes the descriptor of a segment that is sealed, whose seal is
@@ -655,8 +645,8 @@ impl Segment {
         }
         let aligned = page_up(from).min(end);
         if aligned > from {
-            self.file()
-                .and_then(|f| f.write_all_at(&vec![0u8; (aligned - from) as usize], from))
+            self.file()?
+                .write_all_at(&vec![0u8; (aligned - from) as usize], from)
                 .at(&self.path)?;
         }
         self.allocated.fetch_min(aligned, Ordering::AcqRel);
@@ -664,7 +654,7 @@ impl Segment {
             return Ok(true);
         }
         let len = end - aligned;
-        let file = self.file().at(&self.path)?;
+        let file = self.file()?;
         // SAFETY: plain syscall on an fd we own; no memory is passed.
         let rc = unsafe {
             libc::fallocate(
@@ -704,11 +694,7 @@ impl Segment {
     pub(crate) fn release_past(&self, pos: u64, end_offset: u64) -> Result<u64> {
         let hook = self.hook();
         hook.before(IoOp::TrimSegment, &self.path).at(&self.path)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&self.path)
-            .at(&self.path)?;
+        let file = open_file(&self.path, Access::ReadWrite)?;
         let head = self.file_prefix(&file)?;
         if segment::decode_header(&head).is_ok_and(|h| h.seal.is_some()) {
             file.write_all_at(&[0u8; 20], segment::SEAL_POS as u64)
@@ -774,7 +760,7 @@ impl Segment {
         let len32 = u32::try_from(len)
             .map_err(|_| Error::corruption(&self.path, pos, "hole longer than a batch"))?;
         let header = batch::hole_header(len32, first_offset, lost);
-        let file = self.file().at(&self.path)?;
+        let file = self.file()?;
         // The zeroed payload in bounded pieces, then the header over it.
         write_zeros(&file, pos, len).at(&self.path)?;
         file.write_all_at(&header, pos).at(&self.path)
@@ -816,7 +802,7 @@ impl Segment {
         let tmp = self.index_path.with_extension("idx.tmp");
         hook.before(IoOp::WriteIndex, &self.index_path)
             .at(&self.index_path)?;
-        let file = File::create(&tmp).at(&tmp)?;
+        let file = create_scratch(&tmp)?;
         file.write_all_at(buf, 0).at(&tmp)?;
         if durable {
             crate::storage::sync_file(hook, IoOp::SyncIndex, &file, &tmp, true)?;
@@ -842,7 +828,7 @@ impl Segment {
         };
         let want = encode_index_file(self.base_offset, entries);
         drop(guard);
-        if !self.writable || read_optional(&self.index_path)?.as_deref() == Some(&want[..]) {
+        if !self.writable || read_index_file(&self.index_path)?.as_deref() == Some(&want[..]) {
             return Ok(false);
         }
         self.write_index_bytes(&want, true, hook)?;
@@ -919,7 +905,7 @@ impl Segment {
     /// Reads the index file; one that is missing or does not match the
     /// segment is rebuilt from the data and written again (durably).
     fn load_index(&self, end: u64) -> Vec<IndexEntry> {
-        if let Ok(Some(buf)) = read_optional(&self.index_path) {
+        if let Ok(Some(buf)) = read_index_file(&self.index_path) {
             let (entries, whole) =
                 index::decode_index(&buf, self.base_offset, end, self.end_offset());
             if whole {
@@ -1311,7 +1297,7 @@ impl SegmentWriter {
         );
         let seg = &self.segment;
         let end = self.write_pos + len as u64;
-        let file = seg.file().at(&seg.path)?;
+        let file = seg.file()?;
         let written = file.write_all_at(dst, self.write_pos);
         if written.is_ok() {
             // Written, hence allocated, up to `end`; not published yet. (A

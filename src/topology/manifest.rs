@@ -1,6 +1,6 @@
 //! The manifest on disk: journal + snapshot, replay and compaction.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,7 +9,9 @@ use crate::config::RecoveryMode;
 use crate::error::{Error, IoContext, Result};
 use crate::format::manifest::{self as fmt, JournalTail, ManifestRecord, ManifestState};
 use crate::storage::fault::{IoHook, IoOp};
-use crate::storage::segment::read_optional;
+use crate::storage::file::{
+    create_scratch, open_file, open_optional, read_optional, read_to_end, Access,
+};
 use crate::storage::{sync_dir, sync_file};
 use crate::topology::model;
 
@@ -17,6 +19,12 @@ use crate::topology::model;
 pub const JOURNAL_FILE: &str = "manifest.log";
 /// Snapshot file name.
 pub const SNAPSHOT_FILE: &str = "manifest.snap";
+
+/// The longest journal or snapshot read: the journal is compacted every
+/// `manifest_compact_records` records, and a snapshot holds one topology.
+/// A longer file is not one fissionlog wrote, and reading it whole could
+/// exhaust memory.
+pub(crate) const MANIFEST_FILE_MAX_BYTES: u64 = 1 << 30;
 
 /// What replaying the manifest found.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -44,7 +52,7 @@ pub struct Manifest {
 }
 
 fn load_snapshot(path: &Path) -> Result<Option<(u64, ManifestState)>> {
-    let Some(buf) = read_optional(path)? else {
+    let Some(buf) = read_optional(path, MANIFEST_FILE_MAX_BYTES)? else {
         return Ok(None);
     };
     refuse_newer(&buf, fmt::SNAPSHOT_MAGIC, path)?;
@@ -145,12 +153,7 @@ impl Manifest {
     /// Creates an empty manifest (new log).
     pub fn create(dir: &Path, hook: Arc<dyn IoHook>) -> Result<Manifest> {
         let path = dir.join(JOURNAL_FILE);
-        let mut f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .at(&path)?;
+        let mut f = open_file(&path, Access::CreateNew)?;
         f.write_all(&fmt::encode_file_header(fmt::JOURNAL_MAGIC))
             .at(&path)?;
         sync_file(&*hook, IoOp::SyncManifestFile, &f, &path, false)?;
@@ -174,8 +177,16 @@ impl Manifest {
     ) -> Result<(Manifest, ManifestState, ManifestReport)> {
         let path = dir.join(JOURNAL_FILE);
         let snapshot = load_snapshot(&dir.join(SNAPSHOT_FILE))?;
-        let buf = match read_optional(&path)? {
-            Some(b) => b,
+        // Read from the descriptor that is kept: the bytes replayed are
+        // those of the file appended to.
+        let access = if read_only {
+            Access::Read
+        } else {
+            Access::ReadWrite
+        };
+        let journal = open_optional(&path, access)?;
+        let buf = match &journal {
+            Some(f) => read_to_end(f, &path, MANIFEST_FILE_MAX_BYTES)?,
             None if snapshot.is_some() => fmt::encode_file_header(fmt::JOURNAL_MAGIC).to_vec(),
             None => {
                 return Err(Error::NotALog {
@@ -185,13 +196,13 @@ impl Manifest {
         };
         refuse_newer(&buf, fmt::JOURNAL_MAGIC, &path)?;
         let (state, seq, valid_end, report) = replay(snapshot, &buf, &path, mode)?;
-        let f = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .create(!read_only)
-            .truncate(false)
-            .open(&path)
-            .at(&path)?;
+        let f = match journal {
+            Some(f) => f,
+            // Only a snapshot: the journal is created empty (a read-only
+            // open finds it missing, as before).
+            None if read_only => open_file(&path, Access::Read)?,
+            None => open_file(&path, Access::OpenOrCreate)?,
+        };
         if !read_only && (valid_end as usize) < buf.len() {
             // Cut the torn tail (and zero nothing: the file shrinks; the
             // journal is never mapped).
@@ -289,11 +300,7 @@ impl Manifest {
         // the caller poisons the log (a power loss may bring either journal
         // back; both replay to the same state, but no later commit may
         // depend on which).
-        self.journal = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&jpath)
-            .at(&jpath)?;
+        self.journal = open_file(&jpath, Access::ReadWrite)?;
         self.since_snapshot = 0;
         self.version = fmt::MANIFEST_VERSION;
         sync_dir(&*self.hook, IoOp::SyncManifestDir, &self.dir)
@@ -301,7 +308,7 @@ impl Manifest {
 }
 
 fn write_durable(hook: &dyn IoHook, path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = File::create(path).at(path)?;
+    let mut f = create_scratch(path)?;
     f.write_all(bytes).at(path)?;
     sync_file(hook, IoOp::SyncManifestFile, &f, path, false)
 }

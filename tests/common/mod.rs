@@ -5,6 +5,7 @@ pub mod groups;
 pub mod hot;
 pub mod lifecycle;
 pub mod model_hook;
+pub mod odd_files;
 pub mod probe;
 pub mod retention;
 pub mod tail;

@@ -94,6 +94,7 @@ impl From<Error> for Failure {
             | Error::Locked { .. }
             | Error::Io { .. }
             | Error::UnsupportedVersion { .. }
+            | Error::NotARegularFile { .. }
             | Error::InvalidTopicName { .. }
             | Error::UnknownTopic(_)
             | Error::UnknownGroup(_)
@@ -111,6 +112,9 @@ impl From<Error> for Failure {
             Error::Locked { .. } => "; close the process that holds it and retry",
             Error::UnsupportedVersion { .. } => {
                 "; it was written by a newer fissionlog: open it with that version (nothing was changed)"
+            }
+            Error::NotARegularFile { .. } => {
+                "; put the file back and retry (no recovery mode reads or removes it)"
             }
             Error::NotALog { .. } => "; pass the directory of an existing log",
             Error::NotFound { .. } => "; pass an existing log directory (produce --create makes one)",

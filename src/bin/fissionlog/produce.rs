@@ -1,6 +1,6 @@
 //! `produce`: appends stdin lines (`KEY<TAB>VALUE`) to a topic.
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::mpsc;
@@ -13,6 +13,9 @@ use crate::common::{check_topic_name, open_options, put_bytes, CmdResult, Failur
 const BATCH_RECORDS_MAX: usize = 4096;
 /// Bytes appended per batch at most.
 const BATCH_BYTES_MAX: usize = 1 << 20;
+/// Framing bytes of an encoded record beside its key and value (see
+/// `TopicConfig::max_record_bytes`).
+const RECORD_FRAMING_BYTES: u64 = 16;
 
 /// When `produce` makes records durable.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,54 +71,88 @@ fn parse_line(mut line: Vec<u8>) -> (Option<Vec<u8>>, Vec<u8>) {
     }
 }
 
+/// What the stdin reader hands the appender.
+enum Input {
+    /// One line, with its newline.
+    Line(Vec<u8>),
+    /// The next line is longer than `line_bytes_max`: reading stopped.
+    TooLong,
+    /// Reading stdin failed.
+    Failed(std::io::Error),
+}
+
 /// Reads stdin on its own thread so the appender can take whatever lines
-/// are already available as one batch.
-fn spawn_reader() -> mpsc::Receiver<std::io::Result<Vec<u8>>> {
+/// are already available as one batch. A line is read up to
+/// `line_bytes_max` bytes (without its newline) and no further: a longer
+/// one could not be a record of the topic, and an endless one would
+/// exhaust memory.
+fn spawn_reader(line_bytes_max: u64) -> mpsc::Receiver<Input> {
     let (tx, rx) = mpsc::sync_channel(BATCH_RECORDS_MAX * 2);
     std::thread::spawn(move || {
         let stdin = std::io::stdin();
         let mut input = stdin.lock();
         loop {
             let mut line = Vec::new();
-            match input.read_until(b'\n', &mut line) {
+            let read = (&mut input)
+                .take(line_bytes_max + 1)
+                .read_until(b'\n', &mut line);
+            let msg = match read {
                 Ok(0) => return,
-                Ok(_) => {
-                    if tx.send(Ok(line)).is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(e));
+                Ok(n) if n as u64 > line_bytes_max && line.last() != Some(&b'\n') => {
+                    let _ = tx.send(Input::TooLong);
                     return;
                 }
+                Ok(_) => Input::Line(line),
+                Err(e) => Input::Failed(e),
+            };
+            let last = matches!(msg, Input::Failed(_));
+            if tx.send(msg).is_err() || last {
+                return;
             }
         }
     });
     rx
 }
 
+/// Why a batch of lines ends input.
+enum Stop {
+    /// The next line was longer than any record of the topic.
+    TooLong,
+    /// Reading stdin failed.
+    Failed(std::io::Error),
+}
+
 /// Waits for at least one line, then takes what is available (bounded).
-fn next_batch(
-    rx: &mpsc::Receiver<std::io::Result<Vec<u8>>>,
-) -> Result<Option<Vec<Vec<u8>>>, Failure> {
-    let first = match rx.recv() {
-        Ok(l) => l,
-        Err(_) => return Ok(None),
-    };
-    let first = first.map_err(|e| Failure::problem(format!("cannot read stdin: {e}")))?;
-    let mut bytes = first.len();
-    let mut lines = vec![first];
-    while lines.len() < BATCH_RECORDS_MAX && bytes < BATCH_BYTES_MAX {
-        match rx.try_recv() {
-            Ok(Ok(l)) => {
+/// The lines before a stop are returned with it, to be appended first.
+fn next_batch(rx: &mpsc::Receiver<Input>) -> Option<(Vec<Vec<u8>>, Option<Stop>)> {
+    let mut lines = Vec::new();
+    let mut bytes = 0;
+    let mut next = rx.recv().ok()?;
+    loop {
+        match next {
+            Input::Line(l) => {
                 bytes += l.len();
                 lines.push(l);
             }
-            Ok(Err(e)) => return Err(Failure::problem(format!("cannot read stdin: {e}"))),
-            Err(_) => break,
+            Input::TooLong => return Some((lines, Some(Stop::TooLong))),
+            Input::Failed(e) => return Some((lines, Some(Stop::Failed(e)))),
+        }
+        if lines.len() >= BATCH_RECORDS_MAX || bytes >= BATCH_BYTES_MAX {
+            return Some((lines, None));
+        }
+        match rx.try_recv() {
+            Ok(i) => next = i,
+            Err(_) => return Some((lines, None)),
         }
     }
-    Ok(Some(lines))
+}
+
+/// The one-sentence failure for line `line` (1-based), longer than the
+/// topic's largest record; `appended` records went in before it.
+fn too_long(line: u64, max: u64, topic: &str, appended: u64) -> Failure {
+    Failure::problem(format!(
+        "line {line} of stdin is longer than the largest record topic {topic:?} takes ({max} bytes of key and value with framing), so input stopped there; the {appended} record(s) before it were appended"
+    ))
 }
 
 /// Runs `produce`.
@@ -143,12 +180,28 @@ pub fn run(args: &ProduceArgs) -> CmdResult {
     // batch is synced explicitly before it is acknowledged.
     let sync_each_batch =
         args.sync == Some(SyncArg::Always) && topic.config().sync != SyncPolicy::Always;
-    let rx = spawn_reader();
+    let record_bytes_max = topic.config().effective_max_record_bytes();
+    // A line holds key, tab and value, and may end in CR LF: longer than
+    // the largest record, it cannot be one.
+    let rx = spawn_reader(record_bytes_max);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut total = 0u64;
-    while let Some(lines) = next_batch(&rx)? {
-        let parsed: Vec<(Option<Vec<u8>>, Vec<u8>)> = lines.into_iter().map(parse_line).collect();
+    let mut lines_read = 0u64;
+    while let Some((lines, mut stop)) = next_batch(&rx) {
+        let mut parsed: Vec<(Option<Vec<u8>>, Vec<u8>)> =
+            lines.into_iter().map(parse_line).collect();
+        // A line shorter than the cap can still make a record over the
+        // limit (the framing): it stops input there too, after the
+        // lines before it.
+        if let Some(i) = parsed.iter().position(|(k, v)| {
+            RECORD_FRAMING_BYTES + k.as_ref().map_or(0, |k| k.len() as u64) + v.len() as u64
+                > record_bytes_max
+        }) {
+            parsed.truncate(i);
+            stop = Some(Stop::TooLong);
+        }
+        lines_read += parsed.len() as u64;
         let records: Vec<NewRecord<'_>> = parsed
             .iter()
             .map(|(k, v)| NewRecord {
@@ -157,7 +210,12 @@ pub fn run(args: &ProduceArgs) -> CmdResult {
                 timestamp: None,
             })
             .collect();
-        let (at, failed) = match topic.append_batch(&records) {
+        let appended = if records.is_empty() {
+            Ok(Vec::new())
+        } else {
+            topic.append_batch(&records)
+        };
+        let (at, failed) = match appended {
             Ok(at) => (at.into_iter().map(Some).collect(), None),
             // Some partitions' records landed: acknowledge exactly those
             // (when synced), then fail, so a retry resends only the rest.
@@ -181,6 +239,22 @@ pub fn run(args: &ProduceArgs) -> CmdResult {
         }
         if let Some(e) = failed {
             return Err(e.into());
+        }
+        match stop {
+            None => {}
+            Some(stop) => {
+                // What was acknowledged stays so: the clean close syncs it.
+                out.flush().map_err(Failure::output)?;
+                log.close()?;
+                return Err(match stop {
+                    Stop::TooLong => {
+                        too_long(lines_read + 1, record_bytes_max, &args.topic, total)
+                    }
+                    Stop::Failed(e) => Failure::problem(format!(
+                        "cannot read stdin after line {lines_read}: {e}; the {total} record(s) before it were appended"
+                    )),
+                });
+            }
         }
     }
     out.flush().map_err(Failure::output)?;

@@ -59,6 +59,20 @@ const SEGMENT_BYTES: u64 = 64 << 20;
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// Window of the final imbalance figures, seconds.
 const IMBALANCE_WINDOW_SECS: f64 = 3.0;
+/// Most `--keys`: per key the run keeps a hash and counters.
+const KEYS_MAX: u32 = 10_000_000;
+/// Most `(--keys + 1) x --producers`: each producer keeps a sequence
+/// number per key and the checker two counters (24 bytes per stream).
+const KEY_STREAMS_MAX: u64 = 20_000_000;
+/// Most `--max-partitions` (and so `--partitions`): a topic's limit.
+const PARTITIONS_MAX: u32 = 65_536;
+/// Most `--records`.
+const RECORDS_MAX: u64 = 1_000_000_000_000;
+/// Most records/s or bytes/s any rate argument takes.
+const RATE_MAX: f64 = 1e12;
+/// Most `--slow-consumer` factor.
+const SLOW_FACTOR_MAX: f64 = 1e6;
+
 /// Share of the surge rate the producers keep in the calm phase.
 const CALM_SHARE: f64 = 0.05;
 /// Share of the run spent in the surge with `--phases`.
@@ -274,8 +288,20 @@ impl Plan {
                 a.value_bytes
             ));
         }
-        if a.keys == 0 || a.keys == u32::MAX {
-            return Err(format!("--keys must be between 1 and {}", u32::MAX - 1));
+        // Every key costs memory: its hash, its load and range counters,
+        // and per producer a sequence number and the checker's two
+        // counters, so both the key count and keys x producers are bounded.
+        if a.keys == 0 || a.keys > KEYS_MAX {
+            return Err(format!(
+                "--keys must be between 1 and {KEYS_MAX}, not {}",
+                a.keys
+            ));
+        }
+        if (u64::from(a.keys) + 1) * u64::from(a.producers) > KEY_STREAMS_MAX {
+            return Err(format!(
+                "--keys x --producers must be at most {KEY_STREAMS_MAX} (each producer keeps counters per key), not {} x {}",
+                a.keys, a.producers
+            ));
         }
         if !(a.zipf.is_finite() && a.zipf >= 0.0) {
             return Err(format!("--zipf must be a number >= 0, not {}", a.zipf));
@@ -285,7 +311,13 @@ impl Plan {
                 return Err(format!("--hot-key-share must be in [0, 1), not {s}"));
             }
         }
-        if a.partitions == 0 || a.partitions > a.max_partitions.max(1) {
+        if a.max_partitions == 0 || a.max_partitions > PARTITIONS_MAX {
+            return Err(format!(
+                "--max-partitions must be between 1 and {PARTITIONS_MAX}, not {}",
+                a.max_partitions
+            ));
+        }
+        if a.partitions == 0 || a.partitions > a.max_partitions {
             return Err(format!(
                 "--partitions must be between 1 and --max-partitions ({}), not {}",
                 a.max_partitions, a.partitions
@@ -302,8 +334,8 @@ impl Plan {
             ("--target-records-per-sec", a.target_records_per_sec),
         ] {
             if let Some(t) = t {
-                if !(t.is_finite() && t > 0.0) {
-                    return Err(format!("{name} must be a positive number, not {t}"));
+                if !(t.is_finite() && t > 0.0 && t <= RATE_MAX) {
+                    return Err(format!("{name} must be in (0, {RATE_MAX:e}], not {t}"));
                 }
             }
         }
@@ -311,7 +343,11 @@ impl Plan {
             return Err("--phases runs for a time; it cannot be combined with --records".into());
         }
         let stop = match (a.records, a.seconds) {
-            (Some(0), _) => return Err("--records must be at least 1".into()),
+            (Some(n), _) if n == 0 || n > RECORDS_MAX => {
+                return Err(format!(
+                    "--records must be between 1 and {RECORDS_MAX}, not {n}"
+                ))
+            }
             (Some(n), _) => Stop::Records(n),
             (None, Some(s)) if !(s.is_finite() && s > 0.0 && s <= 86_400.0) => {
                 return Err(format!("--seconds must be in (0, 86400], not {s}"));
@@ -320,8 +356,10 @@ impl Plan {
             (None, None) => Stop::After(Duration::from_secs(if a.phases { 30 } else { 10 })),
         };
         if let Some(r) = a.rate {
-            if !(r.is_finite() && r >= 1.0) {
-                return Err(format!("--rate must be at least 1 record/s, not {r}"));
+            if !(r.is_finite() && (1.0..=RATE_MAX).contains(&r)) {
+                return Err(format!(
+                    "--rate must be between 1 and {RATE_MAX:e} records/s, not {r}"
+                ));
             }
         }
         let group = match a.consumers {
@@ -331,9 +369,9 @@ impl Plan {
             }
             Some(n) => {
                 let slow_factor = a.slow_consumer.unwrap_or(1.0);
-                if !(slow_factor.is_finite() && slow_factor >= 1.0) {
+                if !(slow_factor.is_finite() && (1.0..=SLOW_FACTOR_MAX).contains(&slow_factor)) {
                     return Err(format!(
-                        "--slow-consumer must be a factor of at least 1, not {slow_factor}"
+                        "--slow-consumer must be a factor between 1 and {SLOW_FACTOR_MAX}, not {slow_factor}"
                     ));
                 }
                 let processing_us = a.processing_us.unwrap_or(0.0);

@@ -1249,11 +1249,15 @@ impl Partition {
         self.mark_dirty();
     }
 
-    /// Writes the active segment's index file durably (clean close), so a
-    /// power loss after a clean close never leaves it stale.
-    pub(crate) fn flush_index(&self) -> Result<()> {
+    /// The active segment and its index file's new bytes when they differ
+    /// from what is durably on disk: a clean close writes those (batched
+    /// over every partition, `log.rs`), so a power loss after it never
+    /// leaves an index stale, and writes nothing for a partition whose
+    /// index did not change.
+    pub(crate) fn index_to_flush(&self) -> Option<(Arc<Segment>, Vec<u8>)> {
         let w = self.writer.lock();
-        w.writer.segment().write_index_file(true)
+        let seg = w.writer.segment();
+        seg.index_file_if_changed().map(|buf| (seg.clone(), buf))
     }
 
     /// Whether every segment was removed by retention (sealed partitions only).

@@ -600,7 +600,15 @@ impl Partition {
         let next = w.writer.next_offset();
         let rolls = self.rolls.load(Ordering::Acquire);
         if self.dir_synced_rolls.load(Ordering::Acquire) < rolls {
-            if let Err(e) = crate::storage::sync_dir(&*self.hook, IoOp::SyncRollDir, &self.p.dir) {
+            // Opening the directory is not its fsync: failing to (too many
+            // open files) loses nothing, so it poisons nothing and the
+            // roll can be retried.
+            let dir = std::fs::File::open(&self.p.dir)
+                .map_err(|e| Error::io(&self.p.dir, e).descriptor_shortage_typed())?;
+            let synced =
+                crate::storage::sync_file(&*self.hook, IoOp::SyncRollDir, &dir, &self.p.dir, false);
+            drop(dir);
+            if let Err(e) = synced {
                 // Registered as failed by the next sync round (log-wide
                 // syncs report it from then on): flagged before the poison
                 // is published, so a round that sees the poison sees the
@@ -620,7 +628,8 @@ impl Partition {
             self.p.segment_bytes,
             now_ms(),
             &*self.hook,
-        )?;
+        )
+        .map_err(Error::descriptor_shortage_typed)?;
         seg.attach_hook(&self.hook);
         w.writer.seal();
         let seg = Arc::new(seg);

@@ -48,6 +48,18 @@ pub enum Error {
         /// pipe)", "socket", "character device", ...).
         found: &'static str,
     },
+    /// Too many open files (EMFILE, ENFILE) while opening `path` for an
+    /// operation on an open log (a segment roll): the operation was not
+    /// applied and nothing is poisoned. Retry once descriptors are free,
+    /// or raise `RLIMIT_NOFILE`.
+    #[error("too many open files while opening {path}: {source}; nothing was changed, retry once descriptors are free")]
+    OutOfDescriptors {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
     /// The device is full; the operation was not applied.
     #[error("no space left on device while writing {path}")]
     NoSpace {
@@ -301,6 +313,19 @@ impl Error {
             Error::NoSpace { path }
         } else {
             Error::Io { path, source }
+        }
+    }
+
+    /// An [`Error::Io`] for too many open files (EMFILE, ENFILE) as
+    /// [`Error::OutOfDescriptors`]; any other error as it is.
+    pub(crate) fn descriptor_shortage_typed(self) -> Error {
+        match self {
+            Error::Io { path, source }
+                if matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) =>
+            {
+                Error::OutOfDescriptors { path, source }
+            }
+            e => e,
         }
     }
 

@@ -18,7 +18,9 @@ use crate::recovery::partition::{
     open_chain, recover_chain, repair_chain, ChainParams, OpenedChain, Problem, RecoverMode,
 };
 use crate::recovery::{FileAction, RecoveryReport};
-use crate::storage::durability::{CheckpointFiles, GroupCommit, SyncBackend, Syncer};
+use crate::storage::durability::{
+    dir_target, CheckpointFiles, GroupCommit, SyncBackend, Syncer, BATCH_OPEN_MAX,
+};
 use crate::storage::fault::{IoHook, IoOp, NoFaults};
 use crate::storage::file::{open_optional, Access};
 use crate::storage::lock::DirLock;
@@ -83,6 +85,82 @@ fn prepare_dir(dir: &Path, create: bool, hook: &dyn IoHook) -> Result<bool> {
         });
     }
     Ok(false)
+}
+
+/// Creates a new topic's directory, its partitions' directories and their
+/// first segments, and makes them durable, before the manifest record that
+/// commits the topic names them (C5: a crash before the commit leaves files
+/// no record names, which the next open removes as orphans; after it, every
+/// file the record names is there).
+///
+/// The fsyncs are batched rather than two per partition one after another:
+/// every segment's data and every partition directory (naming its segment)
+/// in rounds of [`BATCH_OPEN_MAX`] partitions (the directories' descriptors
+/// are open only for their round), then the topic directory (naming the
+/// partition directories), then `topics/` (naming the topic directory).
+fn create_topic_files(
+    core: &Core,
+    tdir: &Path,
+    rec: &TopicRecord,
+    now: i64,
+) -> Result<Vec<Arc<crate::storage::segment::Segment>>> {
+    std::fs::create_dir_all(tdir).at(tdir)?;
+    let mut segments = Vec::with_capacity(rec.partitions.len());
+    for batch in rec.partitions.chunks(BATCH_OPEN_MAX) {
+        let mut targets = Vec::with_capacity(2 * batch.len());
+        let mut synced = Vec::with_capacity(batch.len());
+        for p in batch {
+            let pdir = partition_dir(tdir, p.id);
+            std::fs::create_dir_all(&pdir).at(&pdir)?;
+            let seg = Arc::new(crate::storage::segment::Segment::create(
+                &pdir,
+                (rec.id, p.id),
+                0,
+                rec.config.segment_bytes,
+                now,
+                &*core.hook,
+            )?);
+            let (target, pos) = seg.new_data_target()?;
+            targets.push(target);
+            targets.push(dir_target(&pdir, IoOp::SyncNewDir)?);
+            synced.push((seg, pos));
+        }
+        core.syncer.sync_batch(&targets)?;
+        for (seg, pos) in synced {
+            seg.set_synced_pos(pos);
+            segments.push(seg);
+        }
+    }
+    sync_dir(&*core.hook, IoOp::SyncNewDir, tdir)?;
+    sync_dir(&*core.hook, IoOp::SyncNewDir, &core.dir.join(TOPICS_DIR))?;
+    Ok(segments)
+}
+
+/// Writes durably the index file of every active segment whose index
+/// changed since it was last durable (a clean close), in batches of
+/// [`BATCH_OPEN_MAX`]: each batch writes its temporary files, fdatasyncs
+/// them together, renames them into place and fsyncs their directories
+/// together. An index is a cache, validated on load: the order only keeps
+/// a power loss from leaving a half-written one in place.
+fn flush_indexes(core: &Core, parts: &[Arc<crate::partition::Partition>]) -> Result<()> {
+    let changed: Vec<_> = parts.iter().filter_map(|p| p.index_to_flush()).collect();
+    for batch in changed.chunks(BATCH_OPEN_MAX) {
+        let files = batch
+            .iter()
+            .map(|(seg, buf)| seg.write_index_tmp(buf))
+            .collect::<Result<Vec<_>>>()?;
+        core.syncer.sync_batch(&files)?;
+        drop(files);
+        let dirs = batch
+            .iter()
+            .map(|(seg, _)| seg.install_index_file())
+            .collect::<Result<Vec<_>>>()?;
+        core.syncer.sync_batch(&dirs)?;
+        for (seg, buf) in batch {
+            seg.index_made_durable(buf);
+        }
+    }
+    Ok(())
 }
 
 impl Log {
@@ -321,29 +399,12 @@ impl Log {
         };
         // Files first; the manifest record commits the topic.
         let build = || -> Result<Topic> {
-            std::fs::create_dir_all(&tdir).at(&tdir)?;
+            let segments = create_topic_files(&self.core, &tdir, &rec, now)?;
             let topic = new_topic(&self.core, &self._lock, &rec);
             let mut st = TopicState::default();
-            for p in &rec.partitions {
-                let pdir = partition_dir(&tdir, p.id);
-                std::fs::create_dir_all(&pdir).at(&pdir)?;
-                let seg = crate::storage::segment::Segment::create(
-                    &pdir,
-                    (id, p.id),
-                    0,
-                    rec.config.segment_bytes,
-                    now,
-                    &*self.core.hook,
-                )?;
-                seg.sync_data(&*self.core.hook)?;
-                sync_dir(&*self.core.hook, IoOp::SyncNewDir, &pdir)?;
-                let part = topic.make_partition(
-                    p.id,
-                    vec![Arc::new(seg)],
-                    (p.start, p.end),
-                    false,
-                    (0, 64, 0),
-                );
+            for (p, seg) in rec.partitions.iter().zip(segments) {
+                let part =
+                    topic.make_partition(p.id, vec![seg], (p.start, p.end), false, (0, 64, 0));
                 st.routes.insert(p.start, p.id);
                 st.nodes.insert(
                     p.id,
@@ -356,12 +417,6 @@ impl Log {
                     },
                 );
             }
-            sync_dir(&*self.core.hook, IoOp::SyncNewDir, &tdir)?;
-            sync_dir(
-                &*self.core.hook,
-                IoOp::SyncNewDir,
-                &self.core.dir.join(TOPICS_DIR),
-            )?;
             *topic.inner.write_state() = st;
             Ok(topic)
         };
@@ -533,9 +588,7 @@ impl Log {
         }
         let result = if clean {
             let parts = self.core.all_partitions();
-            parts
-                .iter()
-                .try_for_each(|p| p.flush_index())
+            flush_indexes(&self.core, &parts)
                 .and_then(|()| self.core.group.sync(|| self.core.sync_round(true)))
                 .and_then(|()| self.core.partition_failure())
         } else {

@@ -602,7 +602,15 @@ impl Partition {
         let next = w.writer.next_offset();
         let rolls = self.rolls.load(Ordering::Acquire);
         if self.dir_synced_rolls.load(Ordering::Acquire) < rolls {
-            if let Err(e) = crate::storage::sync_dir(&*self.hook, IoOp::SyncRollDir, &self.p.dir) {
+            // Opening the directory is not its fsync: failing to (too many
+            // open files) loses nothing, so it poisons nothing and the
+            // roll can be retried.
+            let dir = crate::storage::file::open_dir(&self.p.dir)
+                .map_err(|e| Error::io(&self.p.dir, e).descriptor_shortage_typed())?;
+            let synced =
+                crate::storage::sync_file(&*self.hook, IoOp::SyncRollDir, &dir, &self.p.dir, false);
+            drop(dir);
+            if let Err(e) = synced {
                 // Registered as failed by the next sync round (log-wide
                 // syncs report it from then on): flagged before the poison
                 // is published, so a round that sees the poison sees the
@@ -622,7 +630,8 @@ impl Partition {
             self.p.segment_bytes,
             now_ms(),
             &*self.hook,
-        )?;
+        )
+        .map_err(Error::descriptor_shortage_typed)?;
         seg.attach_hook(&self.hook);
         w.writer.seal();
         let seg = Arc::new(seg);
@@ -1251,11 +1260,15 @@ impl Partition {
         self.mark_dirty();
     }
 
-    /// Writes the active segment's index file durably (clean close), so a
-    /// power loss after a clean close never leaves it stale.
-    pub(crate) fn flush_index(&self) -> Result<()> {
+    /// The active segment and its index file's new bytes when they differ
+    /// from what is durably on disk: a clean close writes those (batched
+    /// over every partition, `log.rs`), so a power loss after it never
+    /// leaves an index stale, and writes nothing for a partition whose
+    /// index did not change.
+    pub(crate) fn index_to_flush(&self) -> Option<(Arc<Segment>, Vec<u8>)> {
         let w = self.writer.lock();
-        w.writer.segment().write_index_file(true)
+        let seg = w.writer.segment();
+        seg.index_file_if_changed().map(|buf| (seg.clone(), buf))
     }
 
     /// Whether every segment was removed by retention (sealed partitions only).

@@ -796,3 +796,71 @@ fn full_disk_under_large_batches_is_no_space() {
     let out = run_child(NAME, &fs.path);
     assert_child_ok(NAME, &out);
 }
+
+/// Opens descriptors until the process has none left; dropping the result
+/// gives them back.
+fn hoard_descriptors() -> Vec<std::fs::File> {
+    let mut held = Vec::new();
+    loop {
+        match std::fs::File::open("/dev/null") {
+            Ok(f) => held.push(f),
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "{e}");
+                return held;
+            }
+        }
+        assert!(held.len() < 100_000, "no descriptor limit");
+    }
+}
+
+/// Every append rolls (3000 B records in 4 KiB segments, no sync between
+/// rolls, so each roll first fsyncs the partition directory); with no
+/// descriptor left the roll fails with `OutOfDescriptors`, again on a
+/// retry, and once descriptors are free the same append succeeds, sync
+/// and close succeed, and every acknowledged record is there after reopen.
+fn descriptor_shortage_at_a_roll_scenario(dir: &Path) {
+    limit_open_files(64);
+    let log = Log::open(dir, opts()).unwrap();
+    log.create_topic(
+        "t",
+        TopicConfig {
+            partitions: 1,
+            segment_bytes: 4096,
+            sync: SyncPolicy::Never,
+            ..TopicConfig::default()
+        },
+    )
+    .unwrap();
+    for i in 0..10 {
+        assert_eq!(append(&log, "t", i, 3000).unwrap(), i);
+    }
+    let held = hoard_descriptors();
+    for _ in 0..3 {
+        let err = append(&log, "t", 10, 3000).unwrap_err();
+        assert!(matches!(err, Error::OutOfDescriptors { .. }), "{err}");
+    }
+    drop(held);
+    assert_eq!(append(&log, "t", 10, 3000).unwrap(), 10);
+    log.sync().unwrap();
+    log.close().unwrap();
+    let log = Log::open(dir, opts()).unwrap();
+    assert_eq!(read_all(&log, "t", 0, 3000), 11);
+    log.close().unwrap();
+}
+
+/// A descriptor shortage is the environment, not a failed fsync: a roll
+/// that cannot open the partition directory or the new segment (EMFILE)
+/// returns a typed, retryable error and poisons nothing. Run in a child
+/// process under a limit of 64 descriptors.
+#[test]
+fn a_descriptor_shortage_at_a_roll_is_retryable_and_poisons_nothing() {
+    let _serial = serial();
+    const NAME: &str = "a_descriptor_shortage_at_a_roll_is_retryable_and_poisons_nothing";
+    if let Some(dir) = child_dir(NAME) {
+        descriptor_shortage_at_a_roll_scenario(&dir);
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let out = run_child(NAME, &root.path().join("log"));
+    assert_child_ok(NAME, &out);
+}

@@ -597,3 +597,73 @@ fn sigkill_during_splits_and_merges() {
     }
     assert!(acked.values().sum::<u64>() > 100, "seed {seed}: {acked:?}");
 }
+
+/// A power loss before every I/O step of a topic creation, under the
+/// per-file crash model: the topic is either absent or there with every
+/// partition, each taking appends, and it is there once the call returned
+/// (C5). The creation's fsyncs run in batches (every new segment and
+/// partition directory, then the topic directory, then `topics/`), so this
+/// is what proves each is made durable before the manifest commits.
+#[test]
+fn power_loss_at_every_io_point_of_a_topic_creation_leaves_it_whole_or_absent() {
+    const PARTITIONS: u32 = 3;
+    let opts = CrashOptions::default();
+    let dir = tempfile::tempdir().unwrap();
+    let hook = model_hook(dir.path());
+    let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
+    hook.record_steps(true);
+    log.create_topic(TOPIC, config(PARTITIONS)).unwrap();
+    hook.record_steps(false);
+    let mut points = hook.take_steps();
+    points.push(hook.now(IoOp::SyncDir));
+    assert!(
+        points.len() > 2 * PARTITIONS as usize,
+        "{} steps",
+        points.len()
+    );
+    log.abandon();
+    let n = points.len();
+    let mut saw = (false, false);
+    for (i, point) in points.iter().enumerate() {
+        for s in 0..4u64 {
+            let image_seed = i as u64 * 10 + s;
+            let (image, trace) = point.image(image_seed, &opts);
+            let ctx = format!(
+                "step {i} (before {:?} of {}), image seed {image_seed}: {}",
+                point.op,
+                point.path.display(),
+                trace.join("; ")
+            );
+            let (_d, log) = open_image(&image);
+            match log.topic(TOPIC) {
+                Ok(topic) => {
+                    saw.1 = true;
+                    assert_eq!(
+                        sorted(topic.active_partitions()),
+                        (0..PARTITIONS).collect::<Vec<_>>(),
+                        "C5: {ctx}"
+                    );
+                    for p in 0..PARTITIONS {
+                        let rec = NewRecord {
+                            key: None,
+                            value: b"after",
+                            timestamp: None,
+                        };
+                        assert_eq!(topic.append_to(p, &[rec]).unwrap(), 0, "{ctx}: p{p}");
+                    }
+                    log.sync().unwrap();
+                }
+                Err(Error::UnknownTopic(_)) => {
+                    saw.0 = true;
+                    assert!(
+                        i + 1 < n,
+                        "C5: {ctx}: the topic is gone after the call returned"
+                    );
+                }
+                Err(e) => panic!("{ctx}: {e}"),
+            }
+            log.close().unwrap();
+        }
+    }
+    assert!(saw.0 && saw.1, "both outcomes covered");
+}

@@ -729,8 +729,16 @@ pub fn repair_chain(
             }
         }
         if matches!(*seg.index.lock(), IndexState::NotLoaded) && !sealed {
-            // The active segment's index is rebuilt by walking headers.
-            let entries = rebuild_index(&seg.committed(), base, end_pos, p.index_interval);
+            // After a clean shutdown the active segment's index file is
+            // what the close made durable: read it (metadata, C7) rather
+            // than walk every batch header of the data. Otherwise, or when
+            // it does not decode whole, it is rebuilt from the headers.
+            let from_file = (p.clean && !p.mode.full_scan)
+                .then(|| seg.load_clean_index_file(end_pos))
+                .flatten();
+            let entries = from_file.unwrap_or_else(|| {
+                rebuild_index(&seg.committed(), base, end_pos, p.index_interval)
+            });
             *seg.index.lock() = IndexState::Loaded(entries);
         }
         expected = Some(end_offset);

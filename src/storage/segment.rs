@@ -80,6 +80,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::format::batch::{self, BatchHeader, RecordIn};
 use crate::format::index::{self, IndexEntry};
 use crate::format::segment::{self, SegmentInfo, SEGMENT_HEADER_LEN};
+use crate::storage::durability::SyncTarget;
 use crate::storage::fault::{IoHook, IoOp, NoFaults};
 use crate::storage::file::{create_scratch, open_file, read_optional, Access};
 
@@ -151,6 +152,12 @@ pub struct Segment {
     /// leave a durable, fully synced segment without its seal).
     seal_synced: AtomicBool,
     pub(crate) index: Mutex<IndexState>,
+    /// Length and CRC-32 of the index file's bytes when they are known to
+    /// be durably on disk (written and synced, or read at an open after a
+    /// clean shutdown, which made them durable): a clean close rewrites
+    /// the file only when the index changed since. [`INDEX_UNKNOWN`] when
+    /// unknown.
+    index_durable: AtomicU64,
 }
 
 /// Reads the index file at `path` if it exists. No index is longer than
@@ -320,6 +327,7 @@ impl Segment {
             sealed: AtomicBool::new(false),
             seal_synced: AtomicBool::new(false),
             index: Mutex::new(IndexState::NotLoaded),
+            index_durable: AtomicU64::new(INDEX_UNKNOWN),
         })
     }
 
@@ -568,6 +576,23 @@ impl Segment {
         Committed { data }
     }
 
+    /// The fdatasync of a segment created outside a sync round, for a
+    /// batch of them ([`crate::storage::durability::Syncer::sync_all`]),
+    /// with the position it makes durable: once the target synced, the
+    /// caller passes it to [`Segment::set_synced_pos`].
+    pub(crate) fn new_data_target(&self) -> Result<(SyncTarget, u64)> {
+        let file = self.file()?;
+        let pos = self.committed_pos();
+        let target = SyncTarget {
+            fd: file.as_raw_fd(),
+            path: self.path.clone(),
+            datasync: true,
+            op: IoOp::SyncNewSegment,
+            _keep: Some(file),
+        };
+        Ok((target, pos))
+    }
+
     /// fdatasync of a segment created outside a sync round.
     pub fn sync_data(&self, hook: &dyn IoHook) -> Result<()> {
         let file = self.file()?;
@@ -736,6 +761,7 @@ impl Segment {
         }
         // The index file names batches past `pos`: a stale cache, which
         // an open rebuilds from the data; removed rather than rewritten.
+        self.index_durable.store(INDEX_UNKNOWN, Ordering::Release);
         let _ = std::fs::remove_file(&self.index_path);
         Ok(released)
     }
@@ -802,6 +828,7 @@ impl Segment {
         let tmp = self.index_path.with_extension("idx.tmp");
         hook.before(IoOp::WriteIndex, &self.index_path)
             .at(&self.index_path)?;
+        self.index_durable.store(INDEX_UNKNOWN, Ordering::Release);
         let file = create_scratch(&tmp)?;
         file.write_all_at(buf, 0).at(&tmp)?;
         if durable {
@@ -813,8 +840,75 @@ impl Segment {
             if let Some(dir) = self.index_path.parent() {
                 crate::storage::sync_dir(hook, IoOp::SyncIndexDir, dir)?;
             }
+            self.index_durable
+                .store(index_fingerprint(buf), Ordering::Release);
         }
         Ok(())
+    }
+
+    /// The index file's new bytes when the in-memory index differs from
+    /// what is durably on disk (a clean close writes only those).
+    pub(crate) fn index_file_if_changed(&self) -> Option<Vec<u8>> {
+        let guard = self.index.lock();
+        let IndexState::Loaded(entries) = &*guard else {
+            return None;
+        };
+        let buf = encode_index_file(self.base_offset, entries);
+        drop(guard);
+        (self.index_durable.load(Ordering::Acquire) != index_fingerprint(&buf)).then_some(buf)
+    }
+
+    /// First step of a batched durable index write (a clean close of many
+    /// partitions): writes `buf` into the temporary file and returns its
+    /// fdatasync. Then [`Segment::install_index_file`] once every target of
+    /// the batch synced.
+    pub(crate) fn write_index_tmp(&self, buf: &[u8]) -> Result<SyncTarget> {
+        let tmp = self.index_path.with_extension("idx.tmp");
+        self.hook()
+            .before(IoOp::WriteIndex, &self.index_path)
+            .at(&self.index_path)?;
+        self.index_durable.store(INDEX_UNKNOWN, Ordering::Release);
+        let file = create_scratch(&tmp)?;
+        file.write_all_at(buf, 0).at(&tmp)?;
+        Ok(SyncTarget {
+            fd: file.as_raw_fd(),
+            path: tmp,
+            datasync: true,
+            op: IoOp::SyncIndex,
+            _keep: Some(Arc::new(file)),
+        })
+    }
+
+    /// Second step: renames the synced temporary file into place and
+    /// returns the fsync of the directory that makes the rename durable;
+    /// once it synced, [`Segment::index_made_durable`].
+    pub(crate) fn install_index_file(&self) -> Result<SyncTarget> {
+        let tmp = self.index_path.with_extension("idx.tmp");
+        std::fs::rename(&tmp, &self.index_path).at(&self.index_path)?;
+        let dir = self.index_path.parent().unwrap_or(Path::new("."));
+        crate::storage::durability::dir_target(dir, IoOp::SyncIndexDir)
+    }
+
+    /// Records that the index file durably holds `buf`.
+    pub(crate) fn index_made_durable(&self, buf: &[u8]) {
+        self.index_durable
+            .store(index_fingerprint(buf), Ordering::Release);
+    }
+
+    /// The active segment's index from its file, at an open after a clean
+    /// shutdown (the close wrote it durably): metadata instead of a walk
+    /// over every batch header. `None` when the file is missing or does
+    /// not decode whole against the recovered end (`end` bytes): the
+    /// caller rebuilds it from the data.
+    pub(crate) fn load_clean_index_file(&self, end: u64) -> Option<Vec<IndexEntry>> {
+        let buf = read_index_file(&self.index_path).ok().flatten()?;
+        let (entries, whole) = index::decode_index(&buf, self.base_offset, end, self.end_offset());
+        if !whole {
+            return None;
+        }
+        self.index_durable
+            .store(index_fingerprint(&buf), Ordering::Release);
+        Some(entries)
     }
 
     /// Makes the index file match the in-memory index (rebuilt by a
@@ -938,6 +1032,17 @@ impl Segment {
         }
     }
 }
+
+/// What identifies an index file's bytes: their length (high 32 bits;
+/// an index file holds a few bytes per 4 KiB of a segment of at most
+/// 4 GiB) and CRC-32 (low 32 bits).
+fn index_fingerprint(buf: &[u8]) -> u64 {
+    ((buf.len() as u64 & 0x7fff_ffff) << 32) | u64::from(crc32fast::hash(buf))
+}
+
+/// `Segment::index_durable` when nothing is known: no fingerprint has its
+/// top bit set.
+const INDEX_UNKNOWN: u64 = u64::MAX;
 
 /// End of the last range of `file` (of length `len`) that holds data, so
 /// a trailing hole (the sparse tail of an active segment) is left out;

@@ -1051,18 +1051,29 @@ fn key_readers_read_while_tail_splits_commit_return_each_record_once() {
     let dir = common::probe::fast_tempdir();
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log.create_topic("t", config()).unwrap();
+    // `appended` counts appends that returned, `started` appends that
+    // began: a record is visible once its append began and certainly once
+    // it returned, so a reader made in between returns at least the one
+    // and at most the other.
     let appended = Arc::new(AtomicU64::new(0));
+    let started = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let rounds: u32 = std::env::var("FISSIONLOG_TAIL_LATEST_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(300);
     let writer = {
-        let (topic, appended, stop) = (topic.clone(), appended.clone(), stop.clone());
+        let (topic, appended, started, stop) = (
+            topic.clone(),
+            appended.clone(),
+            started.clone(),
+            stop.clone(),
+        );
         std::thread::spawn(move || {
             for _ in 0..rounds {
                 let n = appended.load(Ordering::SeqCst);
                 for i in n..n + 20 {
+                    started.store(i + 1, Ordering::SeqCst);
                     topic.append(Some(b"k"), i.to_string().as_bytes()).unwrap();
                     appended.store(i + 1, Ordering::SeqCst);
                 }
@@ -1080,7 +1091,7 @@ fn key_readers_read_while_tail_splits_commit_return_each_record_once() {
     while !stop.load(Ordering::SeqCst) {
         let floor = appended.load(Ordering::SeqCst);
         let reader = topic.key_reader(b"k");
-        let ceiling = appended.load(Ordering::SeqCst);
+        let ceiling = started.load(Ordering::SeqCst);
         let mut got = Vec::new();
         for r in reader {
             got.push(key_record_seq(&r.unwrap()));

@@ -64,7 +64,14 @@ fn prepare_dir(dir: &Path, create: bool, hook: &dyn IoHook) -> Result<bool> {
                 });
             }
             std::fs::create_dir_all(dir).at(dir)?;
-            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            // A relative name's parent is "" (the working directory): its
+            // entry for the new directory is made durable as well.
+            if let Some(parent) = dir.parent() {
+                let parent = if parent.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    parent
+                };
                 sync_dir(hook, IoOp::SyncNewDir, parent)?;
             }
         }

@@ -892,13 +892,12 @@ pub(crate) fn load_tails(
     Ok(out)
 }
 
-/// The longest descendant index read (it holds a few bytes per moved
-/// record at most); a longer file is not one fissionlog wrote.
-const TAIL_INDEX_MAX_BYTES: u64 = 1 << 30;
-
-/// The longest descendant index of the move `m` that is read.
-fn index_max_bytes(_m: &TailMove) -> u64 {
-    TAIL_INDEX_MAX_BYTES
+/// The longest descendant index of the move `m` that is read: exactly
+/// the length of the file its split wrote (a slot byte per moved record,
+/// which no fixed cap bounds). A longer file is not that index, and is
+/// refused before it is read whole.
+fn index_max_bytes(m: &TailMove) -> u64 {
+    TailIndex::file_len(m.from, m.seal_offset)
 }
 
 /// Reads a descendant index and checks it against its manifest record.

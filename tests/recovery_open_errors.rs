@@ -590,3 +590,68 @@ fn a_symlinked_partition_or_topic_directory_is_refused_not_shared_with_another_l
     }
     assert_all_records(&a);
 }
+
+/// A sparse index file of gigabytes (damage: no index is longer than a
+/// fraction of its segment) is not read whole: `verify` and `dump` with a
+/// 1 GiB address-space limit finish as they do without it, instead of
+/// aborting on the allocation, and the next open rebuilds the index.
+#[test]
+fn a_sparse_index_of_gigabytes_is_not_read_whole() {
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    synced_log(&dir);
+    let run = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fissionlog"));
+        cmd.args(args)
+            .arg("--dir")
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let limit = libc::rlimit {
+            rlim_cur: 1 << 30,
+            rlim_max: 1 << 30,
+        };
+        // SAFETY: the closure runs in the forked child before exec and
+        // only calls setrlimit, which is async-signal-safe.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || {
+                if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.output().unwrap()
+    };
+    let args: [&[&str]; 2] = [&["verify"], &["dump", "--topic", "t"]];
+    for a in args {
+        let o = run(a);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{a:?} under the limit, healthy log: {o:?}"
+        );
+    }
+    let idx = dir.join("topics/t0/p0/00000000000000000000.idx");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&idx)
+        .unwrap();
+    f.set_len(2 << 30).unwrap();
+    drop(f);
+    for a in args {
+        let o = run(a);
+        assert!(
+            matches!(o.status.code(), Some(0 | 1)),
+            "{a:?} with a 2 GiB sparse index: {o:?}"
+        );
+    }
+    assert_all_records(&dir);
+    let len = std::fs::metadata(&idx).map(|m| m.len()).unwrap_or(0);
+    assert!(len < 1 << 20, "the index was not rebuilt: {len} bytes");
+}

@@ -1236,12 +1236,14 @@ fn odd_file_problem(e: Error) -> Option<Problem> {
 }
 
 fn check_index(seg: &crate::storage::segment::Segment, problems: &mut Vec<Problem>) {
-    let buf = match crate::storage::segment::read_index_file(seg.index_path()) {
+    let buf = match seg.read_index_file() {
         Ok(Some(buf)) => buf,
         Err(e @ Error::NotARegularFile { .. }) => {
             problems.extend(odd_file_problem(e));
             return;
         }
+        // Longer than any index of the segment.
+        Err(Error::Corruption { .. }) => Vec::new(),
         Ok(None) | Err(_) => return,
     };
     let (_, whole) = crate::format::index::decode_index(

@@ -582,6 +582,13 @@ fn a_symlinked_partition_or_topic_directory_is_refused_not_shared_with_another_l
                 panic!("{rel}: a second log opened sharing the first's files");
             }
         }
+        let (_, problems) = fissionlog::verify(&b).unwrap();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.file == b.join(rel) && p.what.contains("symbolic link")),
+            "{rel}: verify: {problems:?}"
+        );
         assert!(
             before == DirImage::capture(&a.join("topics")).unwrap(),
             "{rel}: changed the first log's segments"

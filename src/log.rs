@@ -66,7 +66,14 @@ fn prepare_dir(dir: &Path, create: bool, hook: &dyn IoHook) -> Result<bool> {
                 });
             }
             std::fs::create_dir_all(dir).at(dir)?;
-            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            // A relative name's parent is "" (the working directory): its
+            // entry for the new directory is made durable as well.
+            if let Some(parent) = dir.parent() {
+                let parent = if parent.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    parent
+                };
                 sync_dir(hook, IoOp::SyncNewDir, parent)?;
             }
         }
@@ -1282,12 +1289,14 @@ fn odd_file_problem(e: Error) -> Option<Problem> {
 }
 
 fn check_index(seg: &crate::storage::segment::Segment, problems: &mut Vec<Problem>) {
-    let buf = match crate::storage::segment::read_index_file(seg.index_path()) {
+    let buf = match seg.read_index_file() {
         Ok(Some(buf)) => buf,
         Err(e @ Error::NotARegularFile { .. }) => {
             problems.extend(odd_file_problem(e));
             return;
         }
+        // Longer than any index of the segment.
+        Err(Error::Corruption { .. }) => Vec::new(),
         Ok(None) | Err(_) => return,
     };
     let (_, whole) = crate::format::index::decode_index(

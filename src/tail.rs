@@ -892,14 +892,18 @@ pub(crate) fn load_tails(
     Ok(out)
 }
 
-/// The longest descendant index read (it holds a few bytes per moved
-/// record at most); a longer file is not one fissionlog wrote.
-const TAIL_INDEX_MAX_BYTES: u64 = 1 << 30;
+/// The longest descendant index of the move `m` that is read: exactly
+/// the length of the file its split wrote (a slot byte per moved record,
+/// which no fixed cap bounds). A longer file is not that index, and is
+/// refused before it is read whole.
+fn index_max_bytes(m: &TailMove) -> u64 {
+    TailIndex::file_len(m.from, m.seal_offset)
+}
 
 /// Reads a descendant index and checks it against its manifest record.
 fn read_index(path: &std::path::Path, m: &TailMove) -> Result<TailIndex> {
     let file = crate::storage::file::open_file(path, crate::storage::file::Access::Read)?;
-    let bytes = crate::storage::file::read_to_end(&file, path, TAIL_INDEX_MAX_BYTES)?;
+    let bytes = crate::storage::file::read_to_end(&file, path, index_max_bytes(m))?;
     let bad = |reason: String| Error::Corruption {
         file: path.to_path_buf(),
         position: 0,
@@ -917,4 +921,33 @@ fn read_index(path: &std::path::Path, m: &TailMove) -> Result<TailIndex> {
         ));
     }
     Ok(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The read cap of a descendant index admits the file a split of any
+    /// size writes (a slot byte per moved record: a split moving more
+    /// than 2^30 records writes more than a GiB), and nothing longer.
+    #[test]
+    fn the_descendant_index_cap_admits_the_index_of_a_split_of_any_size() {
+        for moved in [0u64, 1, 4096, 1 << 30, 1 << 31, 1 << 40] {
+            let m = TailMove {
+                parent: 0,
+                from: 7,
+                seal_offset: 7 + moved,
+                children: vec![1, 2],
+                counts: vec![moved, 0],
+                index_crc: 0,
+                reclaimed: false,
+                index_in_topic_dir: true,
+            };
+            assert_eq!(
+                index_max_bytes(&m),
+                TailIndex::file_len(m.from, m.seal_offset),
+                "{moved} records moved"
+            );
+        }
+    }
 }

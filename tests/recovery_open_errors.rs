@@ -464,3 +464,201 @@ fn a_fifo_or_symlink_at_a_scratch_name_is_replaced_not_written_through() {
         log.close().unwrap();
     }
 }
+
+/// The log directory may be reached through a symlink, or through a
+/// symlinked parent, and by a relative path: every file is written,
+/// synced and recovered as through the real path (rolls, a tail split,
+/// manifest compactions, checkpoints, an abandoned process), `verify`
+/// through the link finds nothing wrong and changes nothing, and the
+/// records are all there through the link and through the real path.
+#[test]
+fn a_log_reached_through_a_symlink_or_a_symlinked_parent_works_as_its_target() {
+    use common::odd_files::*;
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let real = root.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    let link = root.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let parent = root.path().join("parent");
+    std::fs::create_dir(&parent).unwrap();
+    let plink = root.path().join("plink");
+    std::os::unix::fs::symlink("parent", &plink).unwrap();
+    for (ctx, through, target) in [
+        ("symlinked log directory", link.clone(), real.clone()),
+        ("symlinked parent", plink.join("log"), parent.join("log")),
+    ] {
+        odd_files_log(&through);
+        let before = DirImage::capture(&target).unwrap();
+        let (_, problems) = fissionlog::verify(&through).unwrap();
+        assert!(problems.is_empty(), "{ctx}: {problems:?}");
+        let after = DirImage::capture(&target).unwrap();
+        assert!(
+            before == after,
+            "{ctx}: verify changed {}",
+            before.diff_summary(&after)
+        );
+        // An abandoned process, through the link: what was synced is there.
+        let log = Log::open(&through, odd_files_options()).unwrap();
+        let t = log.topic("t").unwrap();
+        common::tail::append_big(&t, RECORDS, 10, 4);
+        log.sync().unwrap();
+        log.abandon();
+        let log = Log::open(&target, odd_files_options()).unwrap();
+        let seen = common::tail::read_all(&log.topic("t").unwrap());
+        common::tail::check_exactly_once(&seen, 0..RECORDS + 10, ctx);
+        log.close().unwrap();
+        let log = Log::open(&through, odd_files_options()).unwrap();
+        let seen = common::tail::read_all(&log.topic("t").unwrap());
+        common::tail::check_exactly_once(&seen, 0..RECORDS + 10, ctx);
+        log.close().unwrap();
+    }
+}
+
+/// Directories fsynced as `SyncNewDir`, in order.
+#[derive(Debug, Default)]
+struct NewDirSyncs(std::sync::Mutex<Vec<std::path::PathBuf>>);
+
+impl IoHook for NewDirSyncs {
+    fn before(&self, op: IoOp, path: &Path) -> io::Result<()> {
+        if op == IoOp::SyncNewDir {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(path.to_path_buf());
+        }
+        Ok(())
+    }
+}
+
+/// A log created at a relative path (`Log::open("log")`) makes its new
+/// directory's entry durable like one created at an absolute path: the
+/// directory it was created in (the working directory) is fsynced.
+#[test]
+fn a_log_created_at_a_relative_path_fsyncs_the_directory_it_was_created_in() {
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let cwd = std::env::current_dir().unwrap();
+    std::env::set_current_dir(root.path()).unwrap();
+    let hook = Arc::new(NewDirSyncs::default());
+    let opened = Log::open_with_hook("log", opts(RecoveryMode::Strict), hook.clone())
+        .and_then(|log| log.close());
+    // Resolved in the working directory the log was created in.
+    let synced: Vec<_> = hook.0.lock().unwrap().clone();
+    let first = synced.first().and_then(|p| std::fs::canonicalize(p).ok());
+    std::env::set_current_dir(&cwd).unwrap();
+    opened.unwrap();
+    assert!(
+        first == std::fs::canonicalize(root.path()).ok(),
+        "the directory holding the new log is not the first synced: {synced:?}"
+    );
+}
+
+/// A topic or partition directory of the log that is a symlink (here to
+/// the same partition of another log, which then shares its segment
+/// files, outside this log's lock) is refused like a symlinked file: the
+/// open fails with `NotARegularFile` naming it, and nothing is changed in
+/// either log.
+#[test]
+fn a_symlinked_partition_or_topic_directory_is_refused_not_shared_with_another_log() {
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let a = root.path().join("a");
+    synced_log(&a);
+    for rel in ["topics/t0/p0", "topics/t0", "topics"] {
+        let b = root.path().join(format!("b-{}", rel.replace('/', "-")));
+        DirImage::capture(&a).unwrap().write_to(&b).unwrap();
+        std::fs::remove_dir_all(b.join(rel)).unwrap();
+        std::os::unix::fs::symlink(a.join(rel), b.join(rel)).unwrap();
+        let log_a = Log::open(&a, opts(RecoveryMode::Strict)).unwrap();
+        let before = DirImage::capture(&a.join("topics")).unwrap();
+        match Log::open(&b, opts(RecoveryMode::Truncate)) {
+            Err(Error::NotARegularFile { path, found }) => {
+                assert_eq!((path, found), (b.join(rel), "symbolic link"), "{rel}")
+            }
+            Err(e) => panic!("{rel}: {e}"),
+            Ok(log_b) => {
+                log_b.abandon();
+                panic!("{rel}: a second log opened sharing the first's files");
+            }
+        }
+        let (_, problems) = fissionlog::verify(&b).unwrap();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.file == b.join(rel) && p.what.contains("symbolic link")),
+            "{rel}: verify: {problems:?}"
+        );
+        assert!(
+            before == DirImage::capture(&a.join("topics")).unwrap(),
+            "{rel}: changed the first log's segments"
+        );
+        log_a.close().unwrap();
+    }
+    assert_all_records(&a);
+}
+
+/// A sparse index file of gigabytes (damage: no index is longer than a
+/// fraction of its segment) is not read whole: `verify` and `dump` with a
+/// 1 GiB address-space limit finish as they do without it, instead of
+/// aborting on the allocation, and the next open rebuilds the index.
+#[test]
+fn a_sparse_index_of_gigabytes_is_not_read_whole() {
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    synced_log(&dir);
+    let run = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fissionlog"));
+        cmd.args(args)
+            .arg("--dir")
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let limit = libc::rlimit {
+            rlim_cur: 1 << 30,
+            rlim_max: 1 << 30,
+        };
+        // SAFETY: the closure runs in the forked child before exec and
+        // only calls setrlimit, which is async-signal-safe.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || {
+                if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.output().unwrap()
+    };
+    let args: [&[&str]; 2] = [&["verify"], &["dump", "--topic", "t"]];
+    for a in args {
+        let o = run(a);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{a:?} under the limit, healthy log: {o:?}"
+        );
+    }
+    let idx = dir.join("topics/t0/p0/00000000000000000000.idx");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&idx)
+        .unwrap();
+    f.set_len(2 << 30).unwrap();
+    drop(f);
+    for a in args {
+        let o = run(a);
+        assert!(
+            matches!(o.status.code(), Some(0 | 1)),
+            "{a:?} with a 2 GiB sparse index: {o:?}"
+        );
+    }
+    assert_all_records(&dir);
+    let len = std::fs::metadata(&idx).map(|m| m.len()).unwrap_or(0);
+    assert!(len < 1 << 20, "the index was not rebuilt: {len} bytes");
+}

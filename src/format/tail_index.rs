@@ -143,6 +143,12 @@ impl TailIndex {
         crc32fast::hash(&bytes[..n])
     }
 
+    /// Length of the encoded file of a split that moved `from..seal`:
+    /// the header, a slot per moved record and the CRC.
+    pub fn file_len(from: u64, seal: u64) -> u64 {
+        HEADER_LEN as u64 + seal.saturating_sub(from) + 4
+    }
+
     /// Decodes a file; an error names what is wrong.
     pub fn decode(b: &[u8]) -> Result<TailIndex, String> {
         if b.len() < HEADER_LEN + 4 || b[..8] != MAGIC {

@@ -126,6 +126,11 @@ struct Listing {
 /// Lists a partition directory.
 fn list_segments(dir: &Path) -> Result<Listing> {
     let mut out = Listing::default();
+    // The partition's directory, its topic's and `topics`: none may be a
+    // symlink (see `storage::file::refuse_symlinked_dir`).
+    for d in dir.ancestors().take(3) {
+        crate::storage::file::refuse_symlinked_dir(d)?;
+    }
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

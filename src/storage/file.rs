@@ -29,7 +29,8 @@
 //! and the tmp + rename writes replace the link with a file, so the data
 //! would move out from under it. The log directory itself (and the path
 //! leading to it) may be a symlink: only the last component of a file's
-//! path is checked.
+//! path is checked, and recovery refuses a symlinked `topics`, topic or
+//! partition directory ([`refuse_symlinked_dir`]).
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -189,6 +190,24 @@ pub(crate) fn check_listed(entry: &std::fs::DirEntry) -> Result<()> {
         path: entry.path(),
         found: kind_name(t),
     })
+}
+
+/// Refuses a directory of the log below the log directory (`topics`, a
+/// topic's, a partition's) that is a symbolic link, with
+/// [`Error::NotARegularFile`]: through it, another log's partition (or
+/// any directory) would be this log's, its segments mapped outside this
+/// log's lock, as a symlinked file would (see the module comment). A
+/// missing directory is fine here (recovery decides what that means).
+pub(crate) fn refuse_symlinked_dir(path: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err(Error::NotARegularFile {
+            path: path.to_path_buf(),
+            found: kind_name(m.file_type()),
+        }),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(path, e)),
+    }
 }
 
 /// What a file type is, for messages.

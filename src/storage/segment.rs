@@ -160,11 +160,13 @@ pub struct Segment {
     index_durable: AtomicU64,
 }
 
-/// Reads the index file at `path` if it exists. No index is longer than
-/// the largest segment (an entry per batch at most, each shorter than a
-/// batch).
-pub(crate) fn read_index_file(path: &Path) -> Result<Option<Vec<u8>>> {
-    read_optional(path, crate::config::MAX_SEGMENT_BYTES)
+/// The longest index of a segment of `segment_bytes`: an entry per batch
+/// at most, and every batch is longer than an entry. A longer file is
+/// damage, refused before it is read whole (a sparse file of gigabytes
+/// would otherwise be allocated).
+fn index_max_bytes(segment_bytes: u64) -> u64 {
+    let entries = segment_bytes / batch::BATCH_HEADER_LEN as u64 + 1;
+    index::INDEX_HEADER_LEN as u64 + entries * index::INDEX_ENTRY_LEN as u64
 }
 
 impl Segment {
@@ -339,6 +341,13 @@ impl Segment {
     /// Path of its index file.
     pub fn index_path(&self) -> &Path {
         &self.index_path
+    }
+
+    /// Reads its index file if it exists; one longer than any index of
+    /// this segment is [`Error::Corruption`] (see [`index_max_bytes`]).
+    pub(crate) fn read_index_file(&self) -> Result<Option<Vec<u8>>> {
+        let cap = index_max_bytes(self.capacity.max(self.file_len()));
+        read_optional(&self.index_path, cap)
     }
 
     /// Mapped length: the most data the segment can hold.
@@ -922,8 +931,14 @@ impl Segment {
         };
         let want = encode_index_file(self.base_offset, entries);
         drop(guard);
-        if !self.writable || read_index_file(&self.index_path)?.as_deref() == Some(&want[..]) {
+        if !self.writable {
             return Ok(false);
+        }
+        match self.read_index_file() {
+            Ok(found) if found.as_deref() == Some(&want[..]) => return Ok(false),
+            // Too long to be this segment's index: rewritten below.
+            Ok(_) | Err(Error::Corruption { .. }) => {}
+            Err(e) => return Err(e),
         }
         self.write_index_bytes(&want, true, hook)?;
         Ok(true)
@@ -999,7 +1014,7 @@ impl Segment {
     /// Reads the index file; one that is missing or does not match the
     /// segment is rebuilt from the data and written again (durably).
     fn load_index(&self, end: u64) -> Vec<IndexEntry> {
-        if let Ok(Some(buf)) = read_index_file(&self.index_path) {
+        if let Ok(Some(buf)) = self.read_index_file() {
             let (entries, whole) =
                 index::decode_index(&buf, self.base_offset, end, self.end_offset());
             if whole {

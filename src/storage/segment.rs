@@ -910,7 +910,7 @@ impl Segment {
     /// not decode whole against the recovered end (`end` bytes): the
     /// caller rebuilds it from the data.
     pub(crate) fn load_clean_index_file(&self, end: u64) -> Option<Vec<IndexEntry>> {
-        let buf = read_index_file(&self.index_path).ok().flatten()?;
+        let buf = self.read_index_file().ok().flatten()?;
         let (entries, whole) = index::decode_index(&buf, self.base_offset, end, self.end_offset());
         if !whole {
             return None;

@@ -1,7 +1,7 @@
 //! Model-based property test of consumer groups, in simulated time: random
 //! joins (static or not), leaves, crashes (a member stops), stalls (time
 //! passes while some members neither heartbeat nor poll), polls, commits,
-//! splits, merges and log reopens. The oracle checks:
+//! splits, tail splits, merges and log reopens. The oracle checks:
 //!
 //! - a record the group committed is never delivered again;
 //! - every other duplicate comes from a member that lost its partition
@@ -40,6 +40,9 @@ enum Op {
     Leave(u8),
     Split(u8),
     Merge(u8),
+    /// Tail split of an active partition: from this many records before
+    /// its end, or (255) from the group's slowest position.
+    TailSplit(u8, u8),
     Reopen,
 }
 
@@ -55,6 +58,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u8>().prop_map(Op::Leave),
         1 => any::<u8>().prop_map(Op::Split),
         1 => any::<u8>().prop_map(Op::Merge),
+        2 => (any::<u8>(), prop_oneof![0u8..40, Just(255u8)]).prop_map(|(p, b)| Op::TailSplit(p, b)),
         1 => Just(Op::Reopen),
     ]
 }
@@ -318,6 +322,27 @@ impl Model {
                 }
                 let j = usize::from(i) % (parts.len() - 1);
                 let _ = self.topic.merge(parts[j].id, parts[j + 1].id);
+            }
+            Op::TailSplit(i, back) => {
+                let active = self.topic.active_partitions();
+                if active.len() >= 8 {
+                    return;
+                }
+                let p = active[usize::from(i) % active.len()];
+                let end = self.topic.partition(p).unwrap().end_offset();
+                let from = if back == 255 {
+                    fissionlog::TailFrom::SlowestGroup
+                } else {
+                    fissionlog::TailFrom::Offset(end.saturating_sub(u64::from(back)))
+                };
+                let _ = self.topic.split_tail(
+                    p,
+                    SplitPlan::Even,
+                    fissionlog::TailSplitOptions {
+                        from,
+                        throttle_bytes_per_sec: 0,
+                    },
+                );
             }
             Op::Reopen => {
                 let members = std::mem::take(&mut self.members);

@@ -436,13 +436,13 @@ enum Consumer {
     Saved(Cut, Vec<OwnedRecord>),
 }
 
-fn random_run(seed: u64) {
+fn random_run(seed: u64, steps: u32) {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
-    let topic = log
+    let mut log = Log::open(dir.path(), options()).unwrap();
+    let mut topic = log
         .create_topic(
             "t",
             TopicConfig {
@@ -454,9 +454,9 @@ fn random_run(seed: u64) {
         .unwrap();
     let mut n = 0u64;
     let mut consumers: Vec<Consumer> = Vec::new();
-    for step in 0..40 {
+    for step in 0..steps {
         let ctx = format!("seed {seed} step {step}");
-        match rng.random_range(0..10) {
+        match rng.random_range(0..14) {
             0..=3 => {
                 let k = rng.random_range(1..120);
                 append(&topic, n, k);
@@ -494,6 +494,34 @@ fn random_run(seed: u64) {
                     Err(e) => panic!("{ctx}: {e}"),
                 }
             }
+            9 => {
+                let active = topic.active_partitions();
+                let id = active[rng.random_range(0..active.len())];
+                let _ = topic.split(id, SplitPlan::Even);
+            }
+            10 => {
+                // The moved ranges' bytes go from the parents.
+                log.enforce_retention().unwrap();
+            }
+            11 => {
+                // Clean close or abandon (the process goes on, so the page
+                // cache keeps every write): live readers become saved cuts,
+                // carried as bytes.
+                for c in &mut consumers {
+                    if let Consumer::Live(r, seen) = c {
+                        let cut = Cut::from_bytes(&r.cut().to_bytes()).unwrap();
+                        *c = Consumer::Saved(cut, std::mem::take(seen));
+                    }
+                }
+                drop(topic);
+                if rng.random_bool(0.5) {
+                    log.close().unwrap();
+                } else {
+                    log.abandon();
+                }
+                log = Log::open(dir.path(), options()).unwrap();
+                topic = log.topic("t").unwrap();
+            }
             _ => {
                 let active = topic.active_partitions();
                 if active.len() >= 2 {
@@ -524,11 +552,22 @@ fn random_run(seed: u64) {
 
 /// Every record exactly once and per-key order, for the oldest-first
 /// reader, live readers and saved cuts, through random tail splits (at any
-/// offset, of children of earlier ones too), merges and appends.
+/// offset, of children of earlier ones too), forward splits, merges,
+/// reclaims of moved ranges, appends and reopens (clean or abandoned).
+/// `FISSIONLOG_TAIL_RANDOM_SEEDS` and `FISSIONLOG_TAIL_RANDOM_STEPS` raise
+/// the number of runs (default 3) and their length (default 60).
 #[test]
 fn random_tail_splits_keep_every_record_exactly_once_and_key_order() {
-    for seed in 0..3 {
-        random_run(seed);
+    let seeds: u64 = std::env::var("FISSIONLOG_TAIL_RANDOM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let steps: u32 = std::env::var("FISSIONLOG_TAIL_RANDOM_STEPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    for seed in 0..seeds {
+        random_run(seed, steps);
     }
 }
 

@@ -52,8 +52,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 
-use crate::duration::duration_nanos;
 use crate::balance::{best_single_move, plan_counts, plan_moves};
+use crate::duration::duration_nanos;
 use crate::error::{Error, Result};
 use crate::format::manifest::{GroupPosition, GroupRecord, ManifestRecord};
 use crate::read::OwnedRecord;

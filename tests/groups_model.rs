@@ -43,7 +43,8 @@ enum Op {
     /// Tail split of an active partition: from this many records before
     /// its end, or (255) from the group's slowest position.
     TailSplit(u8, u8),
-    Reopen,
+    /// Close (or abandon, as a crash that keeps the page cache) and open.
+    Reopen(bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -59,7 +60,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u8>().prop_map(Op::Split),
         1 => any::<u8>().prop_map(Op::Merge),
         2 => (any::<u8>(), prop_oneof![0u8..40, Just(255u8)]).prop_map(|(p, b)| Op::TailSplit(p, b)),
-        1 => Just(Op::Reopen),
+        1 => any::<bool>().prop_map(Op::Reopen),
     ]
 }
 
@@ -344,12 +345,17 @@ impl Model {
                     },
                 );
             }
-            Op::Reopen => {
+            Op::Reopen(abandon) => {
                 let members = std::mem::take(&mut self.members);
                 for m in members {
                     self.may_repeat.extend(m.uncommitted);
                 }
-                self.log.take().unwrap().close().unwrap();
+                let log = self.log.take().unwrap();
+                if abandon {
+                    log.abandon();
+                } else {
+                    log.close().unwrap();
+                }
                 let log = Log::open(self.dir.path(), opts(&self.clock)).unwrap();
                 self.topic = log.topic("t").unwrap();
                 self.group = self.topic.group("g", GroupOptions::default()).unwrap();

@@ -25,7 +25,6 @@
 //! positive minimum, and a clock that goes backwards is clamped (the elapsed
 //! time is taken as zero).
 
-
 mod assign;
 mod clock;
 mod cuts;

@@ -1136,3 +1136,61 @@ fn key_readers_read_while_tail_splits_commit_return_each_record_once() {
     writer.join().unwrap();
     assert!(made > 1, "key readers made: {made}");
 }
+
+/// A reader and a group member waiting without a deadline at the end of a
+/// partition wake for records appended after a tail split moved that end
+/// into the children (the wait follows the topology, not the parent).
+#[test]
+fn waits_without_a_deadline_follow_a_tail_split_to_the_children() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    for member in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Log::open(dir.path(), options()).unwrap();
+        let topic = log.create_topic("t", config()).unwrap();
+        append(&topic, 0, 40);
+        let (started, started_rx) = mpsc::channel();
+        let (tx, rx) = mpsc::channel();
+        let waiter = if member {
+            let group = topic.group("g", GroupOptions::default()).unwrap();
+            let mut m = group.join(member_opts()).unwrap();
+            let mut seen = Vec::new();
+            while seen.len() < 40 {
+                seen.extend(m.poll(100).unwrap());
+            }
+            m.commit().unwrap();
+            std::thread::spawn(move || {
+                started.send(()).unwrap();
+                let got = m.poll_wait(100, Duration::MAX).unwrap();
+                let _ = tx.send(got);
+                drop(group);
+            })
+        } else {
+            let mut r = topic.reader(StartAt::Earliest).unwrap();
+            let mut seen = Vec::new();
+            drain(&mut r, &mut seen);
+            assert_eq!(seen.len(), 40);
+            std::thread::spawn(move || {
+                started.send(()).unwrap();
+                let got = r.poll_wait(100, Duration::MAX).unwrap();
+                let _ = tx.send(got);
+            })
+        };
+        started_rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let out = topic
+            .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(30))
+            .unwrap();
+        assert_eq!(out.from, 30);
+        std::thread::sleep(Duration::from_millis(50));
+        append(&topic, 40, 13);
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("member {member}: no records after the split: {e}"));
+        waiter.join().unwrap();
+        assert!(!got.is_empty(), "member {member}");
+        assert!(got.iter().all(|r| seq(r) >= 40), "member {member}: {got:?}");
+        drop(topic);
+        log.close().unwrap();
+    }
+}

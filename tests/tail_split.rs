@@ -1194,3 +1194,100 @@ fn waits_without_a_deadline_follow_a_tail_split_to_the_children() {
         log.close().unwrap();
     }
 }
+
+/// A key reader made before a tail split that moves its parent whole
+/// returns every record of its key once, also when retention removes the
+/// emptied parent before the reader reads, and when it removes it midway.
+#[test]
+fn a_key_reader_made_before_a_whole_parent_moves_and_is_removed_returns_every_record() {
+    for read_before in [0usize, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Log::open(dir.path(), options()).unwrap();
+        let cfg = TopicConfig {
+            retention_bytes: Some(1 << 30),
+            ..config()
+        };
+        let topic = log.create_topic("t", cfg).unwrap();
+        append(&topic, 0, 500);
+        let mut reader = topic.key_reader(b"k3");
+        let mut got: Vec<u64> = Vec::new();
+        for _ in 0..read_before {
+            got.push(key_record_seq(&reader.next().unwrap().unwrap()));
+        }
+        let out = topic
+            .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(0))
+            .unwrap();
+        assert_eq!(out.from, 0);
+        log.enforce_retention().unwrap();
+        assert!(
+            topic.partitions().iter().all(|p| p.id != 0),
+            "the emptied parent is removed"
+        );
+        append(&topic, 500, 50);
+        for r in reader {
+            got.push(key_record_seq(&r.unwrap()));
+        }
+        assert_eq!(got, key_seqs(3, KEYS, 500), "read {read_before} before");
+        drop(topic);
+        log.close().unwrap();
+    }
+}
+
+/// A member that handed out records of a partition a tail split then moves
+/// whole, and retention removes, before its next poll: it goes on in the
+/// children with exactly what it had not handed out, and after a reopen
+/// the group resumes exactly at what it committed.
+#[test]
+fn a_member_goes_on_exactly_after_its_partition_moves_whole_and_is_removed() {
+    for commit_first in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = format!("commit first {commit_first}");
+        let mut seen = Vec::new();
+        {
+            let log = Log::open(dir.path(), options()).unwrap();
+            let cfg = TopicConfig {
+                retention_bytes: Some(1 << 30),
+                ..config()
+            };
+            let topic = log.create_topic("t", cfg).unwrap();
+            append(&topic, 0, 500);
+            let group = topic.group("g", GroupOptions::default()).unwrap();
+            let mut m = group.join(member_opts()).unwrap();
+            seen.extend(m.poll(200).unwrap());
+            if commit_first {
+                m.commit().unwrap();
+            }
+            topic
+                .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(0))
+                .unwrap();
+            log.enforce_retention().unwrap();
+            assert!(topic.partitions().iter().all(|p| p.id != 0), "{ctx}");
+            append(&topic, 500, 50);
+            seen.extend(m.poll(120).unwrap());
+            m.commit().unwrap();
+            let d = group.describe();
+            let distinct: BTreeSet<u64> = seen.iter().map(seq).collect();
+            assert_eq!(
+                distinct.len(),
+                seen.len(),
+                "{ctx}: a record handed out twice"
+            );
+            assert_eq!(d.stats.redelivered, 0, "{ctx}");
+            drop((m, group, topic));
+            log.close().unwrap();
+        }
+        let log = Log::open(dir.path(), options()).unwrap();
+        let topic = log.topic("t").unwrap();
+        let group = topic.group("g", GroupOptions::default()).unwrap();
+        let mut m = group.join(member_opts()).unwrap();
+        loop {
+            let got = m.poll(64).unwrap();
+            if got.is_empty() {
+                break;
+            }
+            seen.extend(got);
+            m.commit().unwrap();
+        }
+        check_exactly_once(&seen, 0..550, &format!("{ctx}, after reopen"));
+    }
+}

@@ -1349,3 +1349,114 @@ fn drain_committing(m: &mut Member) -> Vec<OwnedRecord> {
         out.extend(got);
     }
 }
+
+/// Balancing rounds by load while the topology changes under the group
+/// (hot partitions split forward, tail-split, merged) and members join and
+/// leave: after every round no partition is read by two members, each
+/// reads only what the coordinator gives it, and the group ends with no
+/// lag and nothing delivered again.
+#[test]
+fn balancing_rounds_beside_splits_tail_splits_merges_and_member_churn_keep_c9() {
+    use rand::{Rng, SeedableRng};
+    use std::cell::RefCell;
+    let seed: u64 = std::env::var("FISSIONLOG_GROUP_ROUNDS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(11);
+    eprintln!("seed {seed}");
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(6)).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let rng = RefCell::new(rand::rngs::StdRng::seed_from_u64(seed));
+    let mut rounds = Rounds::new(&clock, &group);
+    rounds.poll_per_turn = 40;
+    rounds.topic = Some(&topic);
+    let seq = std::cell::Cell::new(0u64);
+    rounds.before_balancing = Box::new(|| {
+        let mut rng = rng.borrow_mut();
+        let active = topic.active_partitions();
+        // A few hot partitions, the rest idle.
+        for &p in active.iter().take(3) {
+            let from = seq.get();
+            let values: Vec<String> = (from..from + 15).map(|i| format!("h:{i}")).collect();
+            seq.set(from + 15);
+            let records: Vec<NewRecord<'_>> = values
+                .iter()
+                .map(|v| NewRecord {
+                    key: None,
+                    value: v.as_bytes(),
+                    timestamp: None,
+                })
+                .collect();
+            topic.append_to(p, &records).unwrap();
+        }
+        let p = active[rng.random_range(0..active.len())];
+        match rng.random_range(0..8) {
+            0 if active.len() < 12 => {
+                let _ = topic.split(p, SplitPlan::Even);
+            }
+            1 if active.len() < 12 => {
+                let end = topic.partition(p).unwrap().end_offset();
+                let back = rng.random_range(0..60);
+                let _ = topic.split_tail(
+                    p,
+                    SplitPlan::Even,
+                    fissionlog::TailSplitOptions::from_offset(end.saturating_sub(back)),
+                );
+            }
+            2 => {
+                let mut parts = topic.partitions();
+                parts.retain(|p| p.sealed_at.is_none());
+                parts.sort_by_key(|p| p.start);
+                if parts.len() >= 2 {
+                    let j = rng.random_range(0..parts.len() - 1);
+                    let _ = topic.merge(parts[j].id, parts[j + 1].id);
+                }
+            }
+            _ => {}
+        }
+    });
+    for _ in 0..3 {
+        rounds.join();
+    }
+    let mut churn = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed);
+    for _ in 0..80 {
+        rounds.round();
+        match churn.random_range(0..10) {
+            0 if rounds.members.len() < 5 => {
+                rounds.join();
+            }
+            1 if rounds.members.len() > 1 => {
+                let i = churn.random_range(0..rounds.members.len());
+                let mut m = rounds.members.remove(i);
+                m.commit().unwrap();
+                m.leave().unwrap();
+            }
+            _ => {}
+        }
+    }
+    rounds.before_balancing = Box::new(|| {});
+    for _ in 0..60 {
+        rounds.round();
+    }
+    let d = group.describe();
+    assert_eq!(d.lag_records, 0, "seed {seed}: {d:?}");
+    assert_eq!(d.stats.redelivered, 0, "seed {seed}");
+    let twice: Vec<_> = rounds
+        .polled_values
+        .iter()
+        .filter(|(_, &n)| n > 1)
+        .take(5)
+        .collect();
+    assert!(twice.is_empty(), "seed {seed}: polled twice: {twice:?}");
+    assert_eq!(
+        rounds.polled_values.len() as u64,
+        seq.get(),
+        "seed {seed}: every record polled"
+    );
+    assert!(d.stats.moves > 0, "seed {seed}: nothing moved");
+    drop(rounds);
+    log.close().unwrap();
+}

@@ -1291,3 +1291,107 @@ fn a_member_goes_on_exactly_after_its_partition_moves_whole_and_is_removed() {
         check_exactly_once(&seen, 0..550, &format!("{ctx}, after reopen"));
     }
 }
+
+/// Readers polling in their own threads while appends go on in another and
+/// the main thread tail-splits (with copy rounds beside the appends),
+/// splits forward and merges: each reader returns every record once, per
+/// key in order.
+#[test]
+fn readers_polling_beside_tail_splits_appends_and_merges_return_each_record_once() {
+    use rand::{Rng, SeedableRng};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let seed: u64 = std::env::var("FISSIONLOG_TAIL_THREAD_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    eprintln!("seed {seed}");
+    let dir = common::probe::fast_tempdir();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 2,
+                segment_bytes: 16 * 1024,
+                ..config()
+            },
+        )
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let appended = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (topic, stop, appended) = (topic.clone(), stop.clone(), appended.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                append(&topic, n, 7);
+                n += 7;
+                appended.store(n, Ordering::SeqCst);
+            }
+            n
+        })
+    };
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (topic, stop) = (topic.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut r = topic.reader(StartAt::Earliest).unwrap();
+                let mut seen = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    seen.extend(
+                        r.poll_wait(50, std::time::Duration::from_millis(5))
+                            .unwrap(),
+                    );
+                }
+                (r, seen)
+            })
+        })
+        .collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for step in 0..60u64 {
+        // Let the writer get ahead of this step.
+        let want = (step + 1) * 40;
+        let waited = std::time::Instant::now();
+        while appended.load(Ordering::SeqCst) < want
+            && waited.elapsed() < std::time::Duration::from_secs(5)
+        {
+            std::thread::yield_now();
+        }
+        let active = topic.active_partitions();
+        let id = active[rng.random_range(0..active.len())];
+        match rng.random_range(0..5) {
+            0..=2 if active.len() < 10 => {
+                let p = topic.partition(id).unwrap();
+                let (lo, hi) = (p.start_offset(), p.end_offset());
+                let x = rng.random_range(lo..=hi);
+                match topic.split_tail(
+                    id,
+                    SplitPlan::Even,
+                    TailSplitOptions {
+                        from: TailFrom::Offset(x),
+                        throttle_bytes_per_sec: 2_000_000,
+                    },
+                ) {
+                    Ok(_) | Err(Error::Refused(_)) => {}
+                    Err(e) => panic!("seed {seed} step {step}: {e}"),
+                }
+            }
+            3 if active.len() < 10 => {
+                let _ = topic.split(id, SplitPlan::Even);
+            }
+            _ if active.len() >= 2 => {
+                let i = rng.random_range(0..active.len() - 1);
+                let _ = topic.merge(active[i], active[i + 1]);
+            }
+            _ => {}
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let n = writer.join().unwrap();
+    for (i, h) in readers.into_iter().enumerate() {
+        let (mut r, mut seen) = h.join().unwrap();
+        drain(&mut r, &mut seen);
+        check_exactly_once(&seen, 0..n, &format!("seed {seed}: reader {i}"));
+    }
+    check_exactly_once(&read_all(&topic), 0..n, &format!("seed {seed}: earliest"));
+}

@@ -1460,3 +1460,80 @@ fn balancing_rounds_beside_splits_tail_splits_merges_and_member_churn_keep_c9() 
     drop(rounds);
     log.close().unwrap();
 }
+
+/// A partition revoked from a member that has handed out records there and
+/// not committed them waits for its commit, also when tail splits move
+/// those records into children meanwhile: the new owner does not get them
+/// while the old owner lives.
+#[test]
+fn a_revocation_waits_for_the_owners_commit_across_tail_splits() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let options = LogOptions {
+        topic_hash_seed: Some(1),
+        ..common::groups::options(&clock)
+    };
+    let log = Log::open(dir.path(), options).unwrap();
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    append(&topic, 12, 0, 13);
+    assert_eq!(a.poll(23).unwrap().len(), 13);
+    a.commit().unwrap();
+    append(&topic, 12, 13, 9);
+    let held = seqs(&a.poll(9).unwrap());
+    assert_eq!(held.len(), 9);
+    let mut b = group.join(member_opts()).unwrap();
+    // One of A's two partitions is revoked toward B: it waits for A's
+    // commit of what A handed out there.
+    assert_eq!(
+        group
+            .describe()
+            .assignments
+            .iter()
+            .filter(|x| x.revoking)
+            .count(),
+        1
+    );
+    let first = topic.active_partitions()[0];
+    let end = topic.partition(first).unwrap().end_offset();
+    // The uncommitted records move into the children, then one child is
+    // moved whole into grandchildren.
+    topic
+        .split_tail(
+            first,
+            SplitPlan::Even,
+            fissionlog::TailSplitOptions::from_offset(end.saturating_sub(11)),
+        )
+        .unwrap();
+    let second = topic.active_partitions()[0];
+    topic
+        .split_tail(
+            second,
+            SplitPlan::Even,
+            fissionlog::TailSplitOptions {
+                from: fissionlog::TailFrom::SlowestGroup,
+                throttle_bytes_per_sec: 0,
+            },
+        )
+        .unwrap();
+    clock.advance(Duration::from_secs(3));
+    group.tick();
+    let got = seqs(&b.poll(39).unwrap());
+    let twice: Vec<&u64> = got.intersection(&held).collect();
+    assert!(
+        twice.is_empty(),
+        "records {twice:?} went to a second live member before the first committed them"
+    );
+    // Once A commits, B gets the rest, and nothing went to both.
+    a.commit().unwrap();
+    let mut all = got;
+    for _ in 0..3 {
+        clock.advance(Duration::from_secs(1));
+        group.tick();
+        all.extend(seqs(&drain_committing(&mut b)));
+        all.extend(seqs(&drain_committing(&mut a)));
+    }
+    assert_eq!(group.describe().lag_records, 0);
+    assert_eq!(group.describe().stats.redelivered, 0);
+}

@@ -1241,18 +1241,26 @@ impl GroupShared {
             .sum()
     }
 
-    /// How far `m` handed out `x`'s records before a tail split moved them
-    /// into `x`: records it read from the parent past the split offset,
-    /// which the group knows only by the parent's position until the
-    /// member's next look translates it.
+    /// How far `m` handed out `x`'s records before tail splits moved them
+    /// into `x`: records it read from an ancestor past its split offset,
+    /// which the group knows only by the ancestor's position until the
+    /// member's next look translates it. Through any chain of tail splits
+    /// (a child split in turn past what it was given): one level only
+    /// would leave a grandchild with nothing handed out, and a revocation
+    /// of it would release it at once while its owner holds its records.
+    /// Each position is carried down alone, so a partition the member
+    /// also lists itself does not stop another's translation.
     fn handed_through_tails(st: &GroupState, m: &MemberEntry, x: u32) -> u64 {
-        st.lineage
-            .tails
+        if st.lineage.tails.is_empty() {
+            return 0;
+        }
+        m.delivered
             .iter()
-            .filter_map(|(q, tail)| {
-                let slot = tail.children.iter().position(|&c| c == x)?;
-                let &(pos, _) = m.delivered.get(q)?;
-                tail.translate(pos)?.get(slot).map(|&(_, o)| o)
+            .filter(|(&q, _)| q != x)
+            .filter_map(|(&q, &(pos, _))| {
+                let mut at = BTreeMap::from([(q, pos)]);
+                translate_tails(&st.lineage, &mut at, &mut BTreeMap::new());
+                at.get(&x).copied()
             })
             .max()
             .unwrap_or(0)

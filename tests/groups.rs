@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fissionlog::{
-    Error, GroupOptions, GroupStart, Log, LogOptions, ManualClock, MemberOptions, MemberState,
-    NewRecord, OwnedRecord, SplitPlan, SyncPolicy, TopicConfig,
+    Error, GroupOptions, GroupStart, Log, LogOptions, ManualClock, Member, MemberOptions,
+    MemberState, NewRecord, OwnedRecord, SplitPlan, SyncPolicy, TopicConfig,
 };
 
 #[test]
@@ -1192,4 +1192,348 @@ fn unequal_loads_balance_to_within_one_partition_and_the_stated_tolerance() {
     );
     drop(rounds);
     log.close().unwrap();
+}
+
+/// Members polling and committing in their own threads, leaving and
+/// joining again in bursts, while the main thread appends, splits, tail
+/// splits and merges under them and ticks the coordinator: every record
+/// is delivered, one more time only when the group counts it as
+/// redelivered, and per key in order to each member.
+#[test]
+fn members_in_threads_beside_splits_tail_splits_and_merges_get_every_record_once() {
+    use rand::{Rng, SeedableRng};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+    let seed: u64 = std::env::var("FISSIONLOG_GROUP_THREAD_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(7);
+    eprintln!("seed {seed}");
+    let dir = common::probe::fast_tempdir();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // (member, seq, key) per delivery.
+    let seen = Arc::new(Mutex::new(Vec::<(u64, u64, u64)>::new()));
+    // Polls made: the main thread's operations wait for the members'.
+    let polls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let threads: Vec<_> = (0..3u64)
+        .map(|t| {
+            let (group, stop, seen) = (group.clone(), stop.clone(), seen.clone());
+            let polls = polls.clone();
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (t + 1));
+                while !stop.load(Ordering::SeqCst) {
+                    let mut m = group.join(member_opts()).unwrap();
+                    for _ in 0..rng.random_range(1..40) {
+                        // Fenced: the main thread's clock passed this
+                        // member's session timeout before it ran.
+                        let Ok(got) = m.poll(rng.random_range(1..30)) else {
+                            break;
+                        };
+                        polls.fetch_add(1, Ordering::SeqCst);
+                        {
+                            let mut s = seen.lock().unwrap();
+                            for r in &got {
+                                let v = std::str::from_utf8(&r.value).unwrap();
+                                let (k, q) = v.split_once(':').unwrap();
+                                s.push((m.id(), q.parse().unwrap(), k[1..].parse().unwrap()));
+                            }
+                        }
+                        match m.commit() {
+                            Ok(()) | Err(Error::Fenced { .. }) => {}
+                            Err(e) => panic!("commit: {e}"),
+                        }
+                        std::thread::yield_now();
+                    }
+                    let _ = m.leave();
+                }
+            })
+        })
+        .collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut appended = 0u64;
+    for step in 0..600u64 {
+        let waited = std::time::Instant::now();
+        while polls.load(Ordering::SeqCst) < step * 2 && waited.elapsed() < Duration::from_secs(2) {
+            std::thread::yield_now();
+        }
+        let n = rng.random_range(1..40);
+        append(&topic, 8, appended, n);
+        appended += n;
+        let active = topic.active_partitions();
+        let p = active[rng.random_range(0..active.len())];
+        match rng.random_range(0..6) {
+            0 if active.len() < 8 => {
+                let _ = topic.split(p, SplitPlan::Even);
+            }
+            1 | 2 if active.len() < 8 => {
+                let end = topic.partition(p).unwrap().end_offset();
+                let back = rng.random_range(0..30);
+                let _ = topic.split_tail(
+                    p,
+                    SplitPlan::Even,
+                    fissionlog::TailSplitOptions::from_offset(end.saturating_sub(back)),
+                );
+            }
+            3 => {
+                let mut parts = topic.partitions();
+                parts.retain(|p| p.sealed_at.is_none());
+                parts.sort_by_key(|p| p.start);
+                if parts.len() >= 2 {
+                    let j = rng.random_range(0..parts.len() - 1);
+                    let _ = topic.merge(parts[j].id, parts[j + 1].id);
+                }
+            }
+            _ => {
+                clock.advance(Duration::from_millis(200));
+                group.tick();
+            }
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut last = group.join(member_opts()).unwrap();
+    for r in drain_committing(&mut last) {
+        let v = std::str::from_utf8(&r.value).unwrap();
+        let (k, q) = v.split_once(':').unwrap();
+        seen.lock()
+            .unwrap()
+            .push((last.id(), q.parse().unwrap(), k[1..].parse().unwrap()));
+    }
+    let seen = seen.lock().unwrap();
+    let mut count: BTreeMap<u64, u32> = BTreeMap::new();
+    let mut order: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+    for &(m, q, k) in seen.iter() {
+        let n = count.entry(q).or_default();
+        *n += 1;
+        if *n == 1 {
+            if let Some(prev) = order.insert((m, k), q) {
+                assert!(
+                    q > prev,
+                    "seed {seed}: member {m} key {k}: {q} after {prev}"
+                );
+            }
+        }
+    }
+    let missing: Vec<u64> = (0..appended).filter(|q| !count.contains_key(q)).collect();
+    assert!(
+        missing.is_empty(),
+        "seed {seed}: {} records never delivered, from {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    let again: u64 = count.values().map(|&n| u64::from(n - 1)).sum();
+    let twice: Vec<_> = count.iter().filter(|(_, &n)| n > 1).take(10).collect();
+    assert!(
+        again <= group.describe().stats.redelivered,
+        "seed {seed}: {again} deliveries again, {} counted: {twice:?}",
+        group.describe().stats.redelivered
+    );
+}
+
+/// Polls and commits until a poll returns nothing (a merge child is read
+/// once both parents are committed as read).
+fn drain_committing(m: &mut Member) -> Vec<OwnedRecord> {
+    let mut out = Vec::new();
+    loop {
+        let got = m.poll(1000).unwrap();
+        m.commit().unwrap();
+        if got.is_empty() {
+            return out;
+        }
+        out.extend(got);
+    }
+}
+
+/// Balancing rounds by load while the topology changes under the group
+/// (hot partitions split forward, tail-split, merged) and members join and
+/// leave: after every round no partition is read by two members, each
+/// reads only what the coordinator gives it, and the group ends with no
+/// lag and nothing delivered again.
+#[test]
+fn balancing_rounds_beside_splits_tail_splits_merges_and_member_churn_keep_c9() {
+    use rand::{Rng, SeedableRng};
+    use std::cell::RefCell;
+    let seed: u64 = std::env::var("FISSIONLOG_GROUP_ROUNDS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(11);
+    eprintln!("seed {seed}");
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.topic_or_create("t", config(6)).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let rng = RefCell::new(rand::rngs::StdRng::seed_from_u64(seed));
+    let mut rounds = Rounds::new(&clock, &group);
+    rounds.poll_per_turn = 40;
+    rounds.topic = Some(&topic);
+    let seq = std::cell::Cell::new(0u64);
+    rounds.before_balancing = Box::new(|| {
+        let mut rng = rng.borrow_mut();
+        let active = topic.active_partitions();
+        // A few hot partitions, the rest idle.
+        for &p in active.iter().take(3) {
+            let from = seq.get();
+            let values: Vec<String> = (from..from + 15).map(|i| format!("h:{i}")).collect();
+            seq.set(from + 15);
+            let records: Vec<NewRecord<'_>> = values
+                .iter()
+                .map(|v| NewRecord {
+                    key: None,
+                    value: v.as_bytes(),
+                    timestamp: None,
+                })
+                .collect();
+            topic.append_to(p, &records).unwrap();
+        }
+        let p = active[rng.random_range(0..active.len())];
+        match rng.random_range(0..8) {
+            0 if active.len() < 12 => {
+                let _ = topic.split(p, SplitPlan::Even);
+            }
+            1 if active.len() < 12 => {
+                let end = topic.partition(p).unwrap().end_offset();
+                let back = rng.random_range(0..60);
+                let _ = topic.split_tail(
+                    p,
+                    SplitPlan::Even,
+                    fissionlog::TailSplitOptions::from_offset(end.saturating_sub(back)),
+                );
+            }
+            2 => {
+                let mut parts = topic.partitions();
+                parts.retain(|p| p.sealed_at.is_none());
+                parts.sort_by_key(|p| p.start);
+                if parts.len() >= 2 {
+                    let j = rng.random_range(0..parts.len() - 1);
+                    let _ = topic.merge(parts[j].id, parts[j + 1].id);
+                }
+            }
+            _ => {}
+        }
+    });
+    for _ in 0..3 {
+        rounds.join();
+    }
+    let mut churn = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed);
+    for _ in 0..80 {
+        rounds.round();
+        match churn.random_range(0..10) {
+            0 if rounds.members.len() < 5 => {
+                rounds.join();
+            }
+            1 if rounds.members.len() > 1 => {
+                let i = churn.random_range(0..rounds.members.len());
+                let mut m = rounds.members.remove(i);
+                m.commit().unwrap();
+                m.leave().unwrap();
+            }
+            _ => {}
+        }
+    }
+    rounds.before_balancing = Box::new(|| {});
+    for _ in 0..60 {
+        rounds.round();
+    }
+    let d = group.describe();
+    assert_eq!(d.lag_records, 0, "seed {seed}: {d:?}");
+    assert_eq!(d.stats.redelivered, 0, "seed {seed}");
+    let twice: Vec<_> = rounds
+        .polled_values
+        .iter()
+        .filter(|(_, &n)| n > 1)
+        .take(5)
+        .collect();
+    assert!(twice.is_empty(), "seed {seed}: polled twice: {twice:?}");
+    assert_eq!(
+        rounds.polled_values.len() as u64,
+        seq.get(),
+        "seed {seed}: every record polled"
+    );
+    assert!(d.stats.moves > 0, "seed {seed}: nothing moved");
+    drop(rounds);
+    log.close().unwrap();
+}
+
+/// A partition revoked from a member that has handed out records there and
+/// not committed them waits for its commit, also when tail splits move
+/// those records into children meanwhile: the new owner does not get them
+/// while the old owner lives.
+#[test]
+fn a_revocation_waits_for_the_owners_commit_across_tail_splits() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let options = LogOptions {
+        topic_hash_seed: Some(1),
+        ..common::groups::options(&clock)
+    };
+    let log = Log::open(dir.path(), options).unwrap();
+    let topic = log.topic_or_create("t", config(2)).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut a = group.join(member_opts()).unwrap();
+    append(&topic, 12, 0, 13);
+    assert_eq!(a.poll(23).unwrap().len(), 13);
+    a.commit().unwrap();
+    append(&topic, 12, 13, 9);
+    let held = seqs(&a.poll(9).unwrap());
+    assert_eq!(held.len(), 9);
+    let mut b = group.join(member_opts()).unwrap();
+    // One of A's two partitions is revoked toward B: it waits for A's
+    // commit of what A handed out there.
+    assert_eq!(
+        group
+            .describe()
+            .assignments
+            .iter()
+            .filter(|x| x.revoking)
+            .count(),
+        1
+    );
+    let first = topic.active_partitions()[0];
+    let end = topic.partition(first).unwrap().end_offset();
+    // The uncommitted records move into the children, then one child is
+    // moved whole into grandchildren.
+    topic
+        .split_tail(
+            first,
+            SplitPlan::Even,
+            fissionlog::TailSplitOptions::from_offset(end.saturating_sub(11)),
+        )
+        .unwrap();
+    let second = topic.active_partitions()[0];
+    topic
+        .split_tail(
+            second,
+            SplitPlan::Even,
+            fissionlog::TailSplitOptions {
+                from: fissionlog::TailFrom::SlowestGroup,
+                throttle_bytes_per_sec: 0,
+            },
+        )
+        .unwrap();
+    clock.advance(Duration::from_secs(3));
+    group.tick();
+    let got = seqs(&b.poll(39).unwrap());
+    let twice: Vec<&u64> = got.intersection(&held).collect();
+    assert!(
+        twice.is_empty(),
+        "records {twice:?} went to a second live member before the first committed them"
+    );
+    // Once A commits, B gets the rest, and nothing went to both.
+    a.commit().unwrap();
+    let mut all = got;
+    for _ in 0..3 {
+        clock.advance(Duration::from_secs(1));
+        group.tick();
+        all.extend(seqs(&drain_committing(&mut b)));
+        all.extend(seqs(&drain_committing(&mut a)));
+    }
+    assert_eq!(group.describe().lag_records, 0);
+    assert_eq!(group.describe().stats.redelivered, 0);
 }

@@ -1,7 +1,7 @@
 //! Model-based property test of consumer groups, in simulated time: random
 //! joins (static or not), leaves, crashes (a member stops), stalls (time
 //! passes while some members neither heartbeat nor poll), polls, commits,
-//! splits, merges and log reopens. The oracle checks:
+//! splits, tail splits, merges and log reopens. The oracle checks:
 //!
 //! - a record the group committed is never delivered again;
 //! - every other duplicate comes from a member that lost its partition
@@ -40,7 +40,11 @@ enum Op {
     Leave(u8),
     Split(u8),
     Merge(u8),
-    Reopen,
+    /// Tail split of an active partition: from this many records before
+    /// its end, or (255) from the group's slowest position.
+    TailSplit(u8, u8),
+    /// Close (or abandon, as a crash that keeps the page cache) and open.
+    Reopen(bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -55,7 +59,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u8>().prop_map(Op::Leave),
         1 => any::<u8>().prop_map(Op::Split),
         1 => any::<u8>().prop_map(Op::Merge),
-        1 => Just(Op::Reopen),
+        2 => (any::<u8>(), prop_oneof![0u8..40, Just(255u8)]).prop_map(|(p, b)| Op::TailSplit(p, b)),
+        1 => any::<bool>().prop_map(Op::Reopen),
     ]
 }
 
@@ -69,6 +74,7 @@ struct Live {
 
 struct Model {
     dir: tempfile::TempDir,
+    hash_seed: u64,
     clock: Arc<ManualClock>,
     log: Option<Log>,
     topic: Topic,
@@ -84,9 +90,10 @@ struct Model {
     may_repeat: BTreeSet<u64>,
 }
 
-fn opts(clock: &Arc<ManualClock>) -> LogOptions {
+fn opts(clock: &Arc<ManualClock>, hash_seed: u64) -> LogOptions {
     LogOptions {
         clock: clock.clone(),
+        topic_hash_seed: Some(hash_seed),
         balancer: false,
         manifest_compact_records: 16,
         ..LogOptions::default()
@@ -109,10 +116,12 @@ fn parse(r: &OwnedRecord) -> (u64, u64) {
 }
 
 impl Model {
-    fn new() -> Model {
+    /// `hash_seed`: the topic's routing hash key, so a case routes the
+    /// same way on every run.
+    fn new(hash_seed: u64) -> Model {
         let dir = tempfile::tempdir().unwrap();
         let clock = Arc::new(ManualClock::new(1_000_000_000));
-        let log = Log::open(dir.path(), opts(&clock)).unwrap();
+        let log = Log::open(dir.path(), opts(&clock, hash_seed)).unwrap();
         let topic = log
             .topic_or_create(
                 "t",
@@ -127,6 +136,7 @@ impl Model {
         let group = topic.group("g", GroupOptions::default()).unwrap();
         Model {
             dir,
+            hash_seed,
             clock,
             log: Some(log),
             topic,
@@ -319,13 +329,39 @@ impl Model {
                 let j = usize::from(i) % (parts.len() - 1);
                 let _ = self.topic.merge(parts[j].id, parts[j + 1].id);
             }
-            Op::Reopen => {
+            Op::TailSplit(i, back) => {
+                let active = self.topic.active_partitions();
+                if active.len() >= 8 {
+                    return;
+                }
+                let p = active[usize::from(i) % active.len()];
+                let end = self.topic.partition(p).unwrap().end_offset();
+                let from = if back == 255 {
+                    fissionlog::TailFrom::SlowestGroup
+                } else {
+                    fissionlog::TailFrom::Offset(end.saturating_sub(u64::from(back)))
+                };
+                let _ = self.topic.split_tail(
+                    p,
+                    SplitPlan::Even,
+                    fissionlog::TailSplitOptions {
+                        from,
+                        throttle_bytes_per_sec: 0,
+                    },
+                );
+            }
+            Op::Reopen(abandon) => {
                 let members = std::mem::take(&mut self.members);
                 for m in members {
                     self.may_repeat.extend(m.uncommitted);
                 }
-                self.log.take().unwrap().close().unwrap();
-                let log = Log::open(self.dir.path(), opts(&self.clock)).unwrap();
+                let log = self.log.take().unwrap();
+                if abandon {
+                    log.abandon();
+                } else {
+                    log.close().unwrap();
+                }
+                let log = Log::open(self.dir.path(), opts(&self.clock, self.hash_seed)).unwrap();
                 self.topic = log.topic("t").unwrap();
                 self.group = self.topic.group("g", GroupOptions::default()).unwrap();
                 self.log = Some(log);
@@ -383,8 +419,11 @@ proptest! {
     })]
 
     #[test]
-    fn groups_keep_their_promises(ops in proptest::collection::vec(op(), 1..40)) {
-        let mut m = Model::new();
+    fn groups_keep_their_promises(
+        hash_seed in any::<u64>(),
+        ops in proptest::collection::vec(op(), 1..40),
+    ) {
+        let mut m = Model::new(hash_seed);
         for op in &ops {
             m.apply(op);
         }

@@ -436,13 +436,13 @@ enum Consumer {
     Saved(Cut, Vec<OwnedRecord>),
 }
 
-fn random_run(seed: u64) {
+fn random_run(seed: u64, steps: u32) {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
-    let topic = log
+    let mut log = Log::open(dir.path(), options()).unwrap();
+    let mut topic = log
         .create_topic(
             "t",
             TopicConfig {
@@ -454,9 +454,9 @@ fn random_run(seed: u64) {
         .unwrap();
     let mut n = 0u64;
     let mut consumers: Vec<Consumer> = Vec::new();
-    for step in 0..40 {
+    for step in 0..steps {
         let ctx = format!("seed {seed} step {step}");
-        match rng.random_range(0..10) {
+        match rng.random_range(0..14) {
             0..=3 => {
                 let k = rng.random_range(1..120);
                 append(&topic, n, k);
@@ -494,6 +494,34 @@ fn random_run(seed: u64) {
                     Err(e) => panic!("{ctx}: {e}"),
                 }
             }
+            9 => {
+                let active = topic.active_partitions();
+                let id = active[rng.random_range(0..active.len())];
+                let _ = topic.split(id, SplitPlan::Even);
+            }
+            10 => {
+                // The moved ranges' bytes go from the parents.
+                log.enforce_retention().unwrap();
+            }
+            11 => {
+                // Clean close or abandon (the process goes on, so the page
+                // cache keeps every write): live readers become saved cuts,
+                // carried as bytes.
+                for c in &mut consumers {
+                    if let Consumer::Live(r, seen) = c {
+                        let cut = Cut::from_bytes(&r.cut().to_bytes()).unwrap();
+                        *c = Consumer::Saved(cut, std::mem::take(seen));
+                    }
+                }
+                drop(topic);
+                if rng.random_bool(0.5) {
+                    log.close().unwrap();
+                } else {
+                    log.abandon();
+                }
+                log = Log::open(dir.path(), options()).unwrap();
+                topic = log.topic("t").unwrap();
+            }
             _ => {
                 let active = topic.active_partitions();
                 if active.len() >= 2 {
@@ -524,11 +552,22 @@ fn random_run(seed: u64) {
 
 /// Every record exactly once and per-key order, for the oldest-first
 /// reader, live readers and saved cuts, through random tail splits (at any
-/// offset, of children of earlier ones too), merges and appends.
+/// offset, of children of earlier ones too), forward splits, merges,
+/// reclaims of moved ranges, appends and reopens (clean or abandoned).
+/// `FISSIONLOG_TAIL_RANDOM_SEEDS` and `FISSIONLOG_TAIL_RANDOM_STEPS` raise
+/// the number of runs (default 3) and their length (default 60).
 #[test]
 fn random_tail_splits_keep_every_record_exactly_once_and_key_order() {
-    for seed in 0..3 {
-        random_run(seed);
+    let seeds: u64 = std::env::var("FISSIONLOG_TAIL_RANDOM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let steps: u32 = std::env::var("FISSIONLOG_TAIL_RANDOM_STEPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    for seed in 0..seeds {
+        random_run(seed, steps);
     }
 }
 
@@ -1107,4 +1146,263 @@ fn key_readers_read_while_tail_splits_commit_return_each_record_once() {
     }
     writer.join().unwrap();
     assert!(made > 1, "key readers made: {made}");
+}
+
+/// A reader and a group member waiting without a deadline at the end of a
+/// partition wake for records appended after a tail split moved that end
+/// into the children (the wait follows the topology, not the parent).
+#[test]
+fn waits_without_a_deadline_follow_a_tail_split_to_the_children() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    for member in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Log::open(dir.path(), options()).unwrap();
+        let topic = log.create_topic("t", config()).unwrap();
+        append(&topic, 0, 40);
+        let (started, started_rx) = mpsc::channel();
+        let (tx, rx) = mpsc::channel();
+        let waiter = if member {
+            let group = topic.group("g", GroupOptions::default()).unwrap();
+            let mut m = group.join(member_opts()).unwrap();
+            let mut seen = Vec::new();
+            while seen.len() < 40 {
+                seen.extend(m.poll(100).unwrap());
+            }
+            m.commit().unwrap();
+            std::thread::spawn(move || {
+                started.send(()).unwrap();
+                let got = m.poll_wait(100, Duration::MAX).unwrap();
+                let _ = tx.send(got);
+                drop(group);
+            })
+        } else {
+            let mut r = topic.reader(StartAt::Earliest).unwrap();
+            let mut seen = Vec::new();
+            drain(&mut r, &mut seen);
+            assert_eq!(seen.len(), 40);
+            std::thread::spawn(move || {
+                started.send(()).unwrap();
+                let got = r.poll_wait(100, Duration::MAX).unwrap();
+                let _ = tx.send(got);
+            })
+        };
+        started_rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let out = topic
+            .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(30))
+            .unwrap();
+        assert_eq!(out.from, 30);
+        std::thread::sleep(Duration::from_millis(50));
+        append(&topic, 40, 13);
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("member {member}: no records after the split: {e}"));
+        waiter.join().unwrap();
+        assert!(!got.is_empty(), "member {member}");
+        assert!(got.iter().all(|r| seq(r) >= 40), "member {member}: {got:?}");
+        drop(topic);
+        log.close().unwrap();
+    }
+}
+
+/// A key reader made before a tail split that moves its parent whole
+/// returns every record of its key once, also when retention removes the
+/// emptied parent before the reader reads, and when it removes it midway.
+#[test]
+fn a_key_reader_made_before_a_whole_parent_moves_and_is_removed_returns_every_record() {
+    for read_before in [0usize, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Log::open(dir.path(), options()).unwrap();
+        let cfg = TopicConfig {
+            retention_bytes: Some(1 << 30),
+            ..config()
+        };
+        let topic = log.create_topic("t", cfg).unwrap();
+        append(&topic, 0, 500);
+        let mut reader = topic.key_reader(b"k3");
+        let mut got: Vec<u64> = Vec::new();
+        for _ in 0..read_before {
+            got.push(key_record_seq(&reader.next().unwrap().unwrap()));
+        }
+        let out = topic
+            .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(0))
+            .unwrap();
+        assert_eq!(out.from, 0);
+        log.enforce_retention().unwrap();
+        assert!(
+            topic.partitions().iter().all(|p| p.id != 0),
+            "the emptied parent is removed"
+        );
+        append(&topic, 500, 50);
+        for r in reader {
+            got.push(key_record_seq(&r.unwrap()));
+        }
+        assert_eq!(got, key_seqs(3, KEYS, 500), "read {read_before} before");
+        drop(topic);
+        log.close().unwrap();
+    }
+}
+
+/// A member that handed out records of a partition a tail split then moves
+/// whole, and retention removes, before its next poll: it goes on in the
+/// children with exactly what it had not handed out, and after a reopen
+/// the group resumes exactly at what it committed.
+#[test]
+fn a_member_goes_on_exactly_after_its_partition_moves_whole_and_is_removed() {
+    for commit_first in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = format!("commit first {commit_first}");
+        let mut seen = Vec::new();
+        {
+            let log = Log::open(dir.path(), options()).unwrap();
+            let cfg = TopicConfig {
+                retention_bytes: Some(1 << 30),
+                ..config()
+            };
+            let topic = log.create_topic("t", cfg).unwrap();
+            append(&topic, 0, 500);
+            let group = topic.group("g", GroupOptions::default()).unwrap();
+            let mut m = group.join(member_opts()).unwrap();
+            seen.extend(m.poll(200).unwrap());
+            if commit_first {
+                m.commit().unwrap();
+            }
+            topic
+                .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(0))
+                .unwrap();
+            log.enforce_retention().unwrap();
+            assert!(topic.partitions().iter().all(|p| p.id != 0), "{ctx}");
+            append(&topic, 500, 50);
+            seen.extend(m.poll(120).unwrap());
+            m.commit().unwrap();
+            let d = group.describe();
+            let distinct: BTreeSet<u64> = seen.iter().map(seq).collect();
+            assert_eq!(
+                distinct.len(),
+                seen.len(),
+                "{ctx}: a record handed out twice"
+            );
+            assert_eq!(d.stats.redelivered, 0, "{ctx}");
+            drop((m, group, topic));
+            log.close().unwrap();
+        }
+        let log = Log::open(dir.path(), options()).unwrap();
+        let topic = log.topic("t").unwrap();
+        let group = topic.group("g", GroupOptions::default()).unwrap();
+        let mut m = group.join(member_opts()).unwrap();
+        loop {
+            let got = m.poll(64).unwrap();
+            if got.is_empty() {
+                break;
+            }
+            seen.extend(got);
+            m.commit().unwrap();
+        }
+        check_exactly_once(&seen, 0..550, &format!("{ctx}, after reopen"));
+    }
+}
+
+/// Readers polling in their own threads while appends go on in another and
+/// the main thread tail-splits (with copy rounds beside the appends),
+/// splits forward and merges: each reader returns every record once, per
+/// key in order.
+#[test]
+fn readers_polling_beside_tail_splits_appends_and_merges_return_each_record_once() {
+    use rand::{Rng, SeedableRng};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let seed: u64 = std::env::var("FISSIONLOG_TAIL_THREAD_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    eprintln!("seed {seed}");
+    let dir = common::probe::fast_tempdir();
+    let log = Log::open(dir.path(), options()).unwrap();
+    let topic = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 2,
+                segment_bytes: 16 * 1024,
+                ..config()
+            },
+        )
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let appended = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (topic, stop, appended) = (topic.clone(), stop.clone(), appended.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                append(&topic, n, 7);
+                n += 7;
+                appended.store(n, Ordering::SeqCst);
+            }
+            n
+        })
+    };
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (topic, stop) = (topic.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut r = topic.reader(StartAt::Earliest).unwrap();
+                let mut seen = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    seen.extend(
+                        r.poll_wait(50, std::time::Duration::from_millis(5))
+                            .unwrap(),
+                    );
+                }
+                (r, seen)
+            })
+        })
+        .collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for step in 0..60u64 {
+        // Let the writer get ahead of this step.
+        let want = (step + 1) * 40;
+        let waited = std::time::Instant::now();
+        while appended.load(Ordering::SeqCst) < want
+            && waited.elapsed() < std::time::Duration::from_secs(5)
+        {
+            std::thread::yield_now();
+        }
+        let active = topic.active_partitions();
+        let id = active[rng.random_range(0..active.len())];
+        match rng.random_range(0..5) {
+            0..=2 if active.len() < 10 => {
+                let p = topic.partition(id).unwrap();
+                let (lo, hi) = (p.start_offset(), p.end_offset());
+                let x = rng.random_range(lo..=hi);
+                match topic.split_tail(
+                    id,
+                    SplitPlan::Even,
+                    TailSplitOptions {
+                        from: TailFrom::Offset(x),
+                        throttle_bytes_per_sec: 2_000_000,
+                    },
+                ) {
+                    Ok(_) | Err(Error::Refused(_)) => {}
+                    Err(e) => panic!("seed {seed} step {step}: {e}"),
+                }
+            }
+            3 if active.len() < 10 => {
+                let _ = topic.split(id, SplitPlan::Even);
+            }
+            _ if active.len() >= 2 => {
+                let i = rng.random_range(0..active.len() - 1);
+                let _ = topic.merge(active[i], active[i + 1]);
+            }
+            _ => {}
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let n = writer.join().unwrap();
+    for (i, h) in readers.into_iter().enumerate() {
+        let (mut r, mut seen) = h.join().unwrap();
+        drain(&mut r, &mut seen);
+        check_exactly_once(&seen, 0..n, &format!("seed {seed}: reader {i}"));
+    }
+    check_exactly_once(&read_all(&topic), 0..n, &format!("seed {seed}: earliest"));
 }

@@ -310,3 +310,95 @@ mod tests {
         assert!(plan_counts(&owned, &held, &[0, 1, 2], &frozen).is_empty());
     }
 }
+
+#[cfg(test)]
+mod random {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// Random counts, weights and frozen members: the count plan reaches
+    /// within one with the fewest moves, the load plan's moves add up to
+    /// its planned loads and leave frozen members alone, and a single move
+    /// is one that lowers the larger load by more than the gain.
+    #[test]
+    fn random_plans_keep_their_stated_properties() {
+        for seed in 0..2000u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let n = rng.random_range(1..7u64);
+            let mut owned: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+            let mut held: BTreeMap<u64, usize> = BTreeMap::new();
+            let mut next = 0u32;
+            for m in 0..n {
+                let c = rng.random_range(0..12u32);
+                owned.insert(m, (next..next + c).collect());
+                held.insert(m, c as usize);
+                next += c;
+            }
+            let receivers: Vec<u64> = (0..n).collect();
+            let plan = plan_counts(&owned, &held, &receivers, &BTreeSet::new());
+            let mut end = held.clone();
+            for &(p, from, to) in &plan {
+                assert!(owned[&from].contains(&p));
+                *end.get_mut(&from).unwrap() -= 1;
+                *end.get_mut(&to).unwrap() += 1;
+            }
+            let lo = end.values().min().unwrap();
+            let hi = end.values().max().unwrap();
+            assert!(hi - lo <= 1, "seed {seed}: {held:?} -> {end:?}");
+            let total: usize = held.values().sum();
+            let (q, r) = (total / n as usize, total % n as usize);
+            let mut sorted: Vec<usize> = held.values().copied().collect();
+            sorted.sort_by(|a, b| b.cmp(a));
+            let min_moves: usize = sorted
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| c.saturating_sub(q + usize::from(i < r)))
+                .sum();
+            assert_eq!(plan.len(), min_moves, "seed {seed}: {held:?}");
+            // Weighted.
+            let weights: BTreeMap<u32, f64> = (0..next)
+                .map(|p| {
+                    (
+                        p,
+                        if rng.random_bool(0.3) {
+                            rng.random_range(1.0..50.0)
+                        } else {
+                            1.0
+                        },
+                    )
+                })
+                .collect();
+            let loads: BTreeMap<u64, f64> = owned
+                .iter()
+                .map(|(&m, ps)| (m, ps.iter().map(|p| weights[p]).sum()))
+                .collect();
+            let frozen: BTreeSet<u64> = (0..n).filter(|_| rng.random_bool(0.2)).collect();
+            let (plan, planned) = plan_moves(&owned, &weights, &loads, &receivers, &frozen);
+            let mut end = loads.clone();
+            let mut moved = BTreeSet::new();
+            for &(p, from, to) in &plan {
+                assert!(moved.insert(p), "seed {seed}: {p} twice");
+                assert!(
+                    !frozen.contains(&from) && !frozen.contains(&to),
+                    "seed {seed}"
+                );
+                assert!(owned[&from].contains(&p));
+                *end.get_mut(&from).unwrap() -= weights[&p];
+                *end.get_mut(&to).unwrap() += weights[&p];
+            }
+            for (m, l) in &end {
+                assert!(
+                    (l - planned[m]).abs() < 1e-6,
+                    "seed {seed}: {end:?} vs {planned:?}"
+                );
+            }
+            if let Some((p, from, to)) =
+                best_single_move(&owned, &weights, &loads, &receivers, &frozen, 0.5)
+            {
+                assert!(owned[&from].contains(&p) && from != to);
+                assert!(!frozen.contains(&from) && !frozen.contains(&to));
+                assert!(loads[&to] + weights[&p] < loads[&from] - 0.5);
+            }
+        }
+    }
+}

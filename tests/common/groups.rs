@@ -162,6 +162,12 @@ pub struct Rounds<'a> {
     pub poll_per_turn: usize,
     /// Run before each balancing (e.g. appends that set the loads).
     pub before_balancing: Box<dyn FnMut() + 'a>,
+    /// The group's topic, when splits happen: a member also reads the
+    /// split descendants of the partitions it owns (pinned to it until the
+    /// group commits the parent as read).
+    pub topic: Option<&'a Topic>,
+    /// Every value polled so far, with how many times.
+    pub polled_values: BTreeMap<Vec<u8>, u32>,
 }
 
 /// What one balancing round (or one join) did.
@@ -184,6 +190,8 @@ impl<'a> Rounds<'a> {
             members: Vec::new(),
             poll_per_turn: 50,
             before_balancing: Box::new(|| {}),
+            topic: None,
+            polled_values: BTreeMap::new(),
         }
     }
 
@@ -229,9 +237,30 @@ impl<'a> Rounds<'a> {
             .iter()
             .map(|a| (a.partition, (a.member, a.revoking)))
             .collect();
+        // Each partition's single parent (a split child's), to find the
+        // owned partition a pinned descendant belongs to.
+        let split_parent: BTreeMap<u32, u32> = self
+            .topic
+            .map(|t| {
+                t.partitions()
+                    .iter()
+                    .filter(|p| p.parents.len() == 1)
+                    .map(|p| (p.id, p.parents[0]))
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut seen: BTreeSet<u32> = BTreeSet::new();
         for (m, got) in self.members.iter().zip(&polled) {
             let view = m.assignment().partitions;
+            let reads = |mut p: u32| loop {
+                if view.contains(&p) {
+                    return true;
+                }
+                match split_parent.get(&p) {
+                    Some(&q) => p = q,
+                    None => return false,
+                }
+            };
             for &p in &view {
                 assert!(seen.insert(p), "partition {p} assigned to two members");
                 assert_eq!(
@@ -242,8 +271,9 @@ impl<'a> Rounds<'a> {
                 );
             }
             for r in got {
+                *self.polled_values.entry(r.value.to_vec()).or_default() += 1;
                 assert!(
-                    view.contains(&r.partition),
+                    reads(r.partition),
                     "member {} polled partition {} outside its assignment",
                     m.id(),
                     r.partition

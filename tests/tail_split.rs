@@ -19,7 +19,9 @@ use fissionlog::{
 
 const KEYS: u64 = 13;
 
-use common::tail::{check_exactly_once, config, drain, options, read_all, seq};
+use common::tail::{
+    check_exactly_once, churn_rounds, config, drain, options, read_all, seq, SplitChurn,
+};
 
 fn append(topic: &Topic, from: u64, n: u64) {
     common::tail::append(topic, from, n, KEYS);
@@ -956,39 +958,15 @@ fn a_key_reader_follows_chained_tail_splits_made_after_it() {
 /// and the reader then read the moved records again from the children.)
 #[test]
 fn latest_readers_made_while_tail_splits_commit_never_return_older_records() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let dir = common::probe::fast_tempdir();
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log.create_topic("t", config()).unwrap();
-    let appended = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let rounds: u32 = std::env::var("FISSIONLOG_TAIL_LATEST_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
-    let writer = {
-        let (topic, appended, stop) = (topic.clone(), appended.clone(), stop.clone());
-        std::thread::spawn(move || {
-            for _ in 0..rounds {
-                let n = appended.load(Ordering::SeqCst);
-                for i in n..n + 20 {
-                    topic.append(Some(b"k"), i.to_string().as_bytes()).unwrap();
-                    appended.store(i + 1, Ordering::SeqCst);
-                }
-                let p = topic.route(b"k");
-                let end = topic.partition(p).unwrap().end_offset();
-                let out = topic
-                    .split_tail(p, SplitPlan::Even, TailSplitOptions::from_offset(end - 5))
-                    .unwrap();
-                topic.merge(out.children[0], out.children[1]).unwrap();
-            }
-            stop.store(true, Ordering::SeqCst);
-        })
-    };
+    let rounds = churn_rounds(1000);
+    let churn = SplitChurn::start(&topic, rounds, 5);
     let mut readers: Vec<(u64, fissionlog::Reader)> = Vec::new();
     let mut made = 0u64;
-    while !stop.load(Ordering::SeqCst) {
-        let floor = appended.load(Ordering::SeqCst);
+    while churn.running() {
+        let floor = churn.appended();
         readers.push((floor, topic.reader(StartAt::Latest).unwrap()));
         made += 1;
         if readers.len() > 8 {
@@ -1007,7 +985,7 @@ fn latest_readers_made_while_tail_splits_commit_never_return_older_records() {
             }
         }
     }
-    writer.join().unwrap();
+    churn.join();
     assert!(made > u64::from(rounds), "readers made: {made}");
 }
 
@@ -1016,43 +994,19 @@ fn latest_readers_made_while_tail_splits_commit_never_return_older_records() {
 /// appended before the group was created.
 #[test]
 fn latest_groups_made_while_tail_splits_commit_never_get_older_records() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let dir = common::probe::fast_tempdir();
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log.create_topic("t", config()).unwrap();
-    let appended = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let rounds: u32 = std::env::var("FISSIONLOG_TAIL_LATEST_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
-    let writer = {
-        let (topic, appended, stop) = (topic.clone(), appended.clone(), stop.clone());
-        std::thread::spawn(move || {
-            for _ in 0..rounds {
-                let n = appended.load(Ordering::SeqCst);
-                for i in n..n + 20 {
-                    topic.append(Some(b"k"), i.to_string().as_bytes()).unwrap();
-                    appended.store(i + 1, Ordering::SeqCst);
-                }
-                let p = topic.route(b"k");
-                let end = topic.partition(p).unwrap().end_offset();
-                let out = topic
-                    .split_tail(p, SplitPlan::Even, TailSplitOptions::from_offset(end - 5))
-                    .unwrap();
-                topic.merge(out.children[0], out.children[1]).unwrap();
-            }
-            stop.store(true, Ordering::SeqCst);
-        })
-    };
+    let rounds = churn_rounds(1000);
+    let churn = SplitChurn::start(&topic, rounds, 5);
     let latest = GroupOptions {
         start: fissionlog::GroupStart::Latest,
         ..GroupOptions::default()
     };
     let mut groups = Vec::new();
     let mut made = 0u64;
-    while !stop.load(Ordering::SeqCst) {
-        let floor = appended.load(Ordering::SeqCst);
+    while churn.running() {
+        let floor = churn.appended();
         let name = format!("g{made}");
         let g = topic.group(&name, latest.clone()).unwrap();
         let m = g.join(member_opts()).unwrap();
@@ -1076,7 +1030,7 @@ fn latest_groups_made_while_tail_splits_commit_never_get_older_records() {
             }
         }
     }
-    writer.join().unwrap();
+    churn.join();
     assert!(made > 10, "groups made: {made}");
 }
 
@@ -1086,51 +1040,17 @@ fn latest_groups_made_while_tail_splits_commit_never_get_older_records() {
 /// after it was made.
 #[test]
 fn key_readers_read_while_tail_splits_commit_return_each_record_once() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let dir = common::probe::fast_tempdir();
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log.create_topic("t", config()).unwrap();
-    // `appended` counts appends that returned, `started` appends that
-    // began: a record is visible once its append began and certainly once
-    // it returned, so a reader made in between returns at least the one
-    // and at most the other.
-    let appended = Arc::new(AtomicU64::new(0));
-    let started = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let rounds: u32 = std::env::var("FISSIONLOG_TAIL_LATEST_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
-    let writer = {
-        let (topic, appended, started, stop) = (
-            topic.clone(),
-            appended.clone(),
-            started.clone(),
-            stop.clone(),
-        );
-        std::thread::spawn(move || {
-            for _ in 0..rounds {
-                let n = appended.load(Ordering::SeqCst);
-                for i in n..n + 20 {
-                    started.store(i + 1, Ordering::SeqCst);
-                    topic.append(Some(b"k"), i.to_string().as_bytes()).unwrap();
-                    appended.store(i + 1, Ordering::SeqCst);
-                }
-                let p = topic.route(b"k");
-                let end = topic.partition(p).unwrap().end_offset();
-                let out = topic
-                    .split_tail(p, SplitPlan::Even, TailSplitOptions::from_offset(end - 15))
-                    .unwrap();
-                topic.merge(out.children[0], out.children[1]).unwrap();
-            }
-            stop.store(true, Ordering::SeqCst);
-        })
-    };
+    let churn = SplitChurn::start(&topic, churn_rounds(300), 15);
     let mut made = 0u64;
-    while !stop.load(Ordering::SeqCst) {
-        let floor = appended.load(Ordering::SeqCst);
+    while churn.running() {
+        let floor = churn.appended();
         let reader = topic.key_reader(b"k");
-        let ceiling = started.load(Ordering::SeqCst);
+        // At least what returned before it was made, at most what began
+        // by then.
+        let ceiling = churn.started();
         let mut got = Vec::new();
         for r in reader {
             got.push(key_record_seq(&r.unwrap()));
@@ -1144,7 +1064,7 @@ fn key_readers_read_while_tail_splits_commit_return_each_record_once() {
         assert!(got.len() as u64 <= ceiling, "{ctx}: {} returned", got.len());
         assert_eq!(got, (0..got.len() as u64).collect::<Vec<_>>(), "{ctx}");
     }
-    writer.join().unwrap();
+    churn.join();
     assert!(made > 1, "key readers made: {made}");
 }
 

@@ -88,3 +88,91 @@ pub fn read_all(topic: &Topic) -> Vec<OwnedRecord> {
     drain(&mut r, &mut out);
     out
 }
+
+/// Rounds of the tail-split churn (`FISSIONLOG_TAIL_LATEST_ROUNDS`, else
+/// `default`).
+pub fn churn_rounds(default: u32) -> u32 {
+    std::env::var("FISSIONLOG_TAIL_LATEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A writer thread beside which readers are made and read: for `rounds`
+/// rounds it appends 20 records of key `k` (values 0, 1, 2, ... as text),
+/// then tail-splits the key's partition `back` records from its end and
+/// merges the two children back. `started` counts appends that began and
+/// `appended` appends that returned: a record is visible once its append
+/// began and certainly once it returned.
+pub struct SplitChurn {
+    pub started: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub appended: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    writer: std::thread::JoinHandle<()>,
+}
+
+impl SplitChurn {
+    pub fn start(topic: &Topic, rounds: u32, back: u64) -> SplitChurn {
+        use fissionlog::{SplitPlan, TailSplitOptions};
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::Arc;
+        let started = Arc::new(AtomicU64::new(0));
+        let appended = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (topic, started, appended, stop) = (
+                topic.clone(),
+                started.clone(),
+                appended.clone(),
+                stop.clone(),
+            );
+            std::thread::spawn(move || {
+                for _ in 0..rounds {
+                    let n = appended.load(Ordering::SeqCst);
+                    for i in n..n + 20 {
+                        started.store(i + 1, Ordering::SeqCst);
+                        topic.append(Some(b"k"), i.to_string().as_bytes()).unwrap();
+                        appended.store(i + 1, Ordering::SeqCst);
+                    }
+                    let p = topic.route(b"k");
+                    let end = topic.partition(p).unwrap().end_offset();
+                    let out = topic
+                        .split_tail(
+                            p,
+                            SplitPlan::Even,
+                            TailSplitOptions::from_offset(end - back),
+                        )
+                        .unwrap();
+                    topic.merge(out.children[0], out.children[1]).unwrap();
+                }
+                stop.store(true, Ordering::SeqCst);
+            })
+        };
+        SplitChurn {
+            started,
+            appended,
+            stop,
+            writer,
+        }
+    }
+
+    /// Appends that returned so far.
+    pub fn appended(&self) -> u64 {
+        self.appended.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Appends that began so far.
+    pub fn started(&self) -> u64 {
+        self.started.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether the writer is still going.
+    pub fn running(&self) -> bool {
+        !self.stop.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits for the writer; its panic fails the test.
+    pub fn join(self) {
+        self.writer.join().unwrap();
+    }
+}

@@ -481,3 +481,67 @@ fn torn_roll_below_the_seal_leaves_an_unsealed_active_segment() {
         log.abandon();
     }
 }
+
+/// Appends `n` records of `len`-byte values to partition 0 of `topic`, the
+/// record at offset `i` timestamped `i`.
+fn put_sized(log: &Log, topic: &str, n: u64, len: usize) {
+    let t = log.topic(topic).unwrap();
+    for i in 0..n {
+        let v = vec![i as u8; len];
+        let at = t
+            .append_batch(&[NewRecord {
+                key: Some(b"k"),
+                value: &v,
+                timestamp: Some(i as i64),
+            }])
+            .unwrap();
+        assert_eq!(at[0].offset, i);
+    }
+}
+
+/// The active segment's index file, read at an open after a clean
+/// shutdown, is a cache: one that decodes whole but names positions that
+/// are not where its offsets' batches start (here another partition's
+/// index, same base offset, in bounds) must not make a lookup by offset or
+/// by timestamp answer differently from a walk of the data.
+#[test]
+fn a_wrong_index_file_after_a_clean_close_never_changes_what_reads_answer() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    let big = TopicConfig {
+        partitions: 1,
+        segment_bytes: 1 << 20,
+        ..TopicConfig::default()
+    };
+    let n = 600;
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    log.create_topic("t", big.clone()).unwrap();
+    log.create_topic("u", big).unwrap();
+    put_sized(&log, "t", n, 100);
+    // Fewer bytes and fewer offsets than "t": every entry is in bounds there.
+    put_sized(&log, "u", 60, 500);
+    log.close().unwrap();
+    let idx = |topic: u32| dir.join(format!("topics/t{topic}/p0/{:020}.idx", 0));
+    let theirs = std::fs::read(idx(1)).unwrap();
+    assert!(theirs.len() > 40, "the donor index holds entries");
+    std::fs::write(idx(0), &theirs).unwrap();
+
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    assert_eq!(p.end_offset(), n);
+    for i in (0..n).step_by(7) {
+        let b = p.read(i, 1).unwrap();
+        let first = b.iter().next().expect("a record at every offset below the end");
+        assert_eq!(first.offset, i);
+        assert_eq!(first.value, vec![i as u8; 100].as_slice(), "record {i}");
+        assert_eq!(first.timestamp, i as i64);
+    }
+    for ts in (0..n).step_by(13) {
+        let found = p.offset_for_time(ts as i64);
+        assert!(
+            matches!(found, Ok(Some(o)) if o == ts),
+            "offset_for_time({ts}) = {found:?}, a walk finds {ts}"
+        );
+    }
+    log.close().unwrap();
+}

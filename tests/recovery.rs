@@ -545,3 +545,49 @@ fn a_wrong_index_file_after_a_clean_close_never_changes_what_reads_answer() {
     }
     log.close().unwrap();
 }
+
+/// The entries before the last of an index file read at a clean open are
+/// hints: one that names a position inside a batch (here entry 3 moved by
+/// a byte, the file otherwise the one the close wrote) must not turn a
+/// lookup by timestamp into an error or a wrong answer.
+#[test]
+fn a_wrong_middle_index_entry_after_a_clean_close_never_fails_a_time_lookup() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    let big = TopicConfig {
+        partitions: 1,
+        segment_bytes: 1 << 20,
+        ..TopicConfig::default()
+    };
+    let n = 600;
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    log.create_topic("t", big).unwrap();
+    put_sized(&log, "t", n, 100);
+    log.close().unwrap();
+    let idx = dir.join(format!("topics/t0/p0/{:020}.idx", 0));
+    let mut buf = std::fs::read(&idx).unwrap();
+    // 16-byte header, then 16-byte entries: rel_offset u32, position u32,
+    // max_ts_before i64, little-endian.
+    let (entry, header, entry_len) = (3, 16, 16);
+    assert!(buf.len() >= header + (entry + 2) * entry_len, "{}", buf.len());
+    let at = header + entry * entry_len + 4;
+    let pos = u32::from_le_bytes(buf[at..at + 4].try_into().unwrap());
+    buf[at..at + 4].copy_from_slice(&(pos + 1).to_le_bytes());
+    std::fs::write(&idx, &buf).unwrap();
+
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    assert_eq!(p.end_offset(), n);
+    for ts in 0..n {
+        let found = p.offset_for_time(ts as i64);
+        assert!(
+            matches!(found, Ok(Some(o)) if o == ts),
+            "offset_for_time({ts}) = {found:?}, a walk finds {ts}"
+        );
+    }
+    for i in 0..n {
+        let b = p.read(i, 1).unwrap();
+        assert_eq!(b.iter().next().map(|r| r.offset), Some(i));
+    }
+    log.close().unwrap();
+}

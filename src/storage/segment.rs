@@ -1036,14 +1036,27 @@ impl Segment {
             unreachable!("loaded just above");
         };
         let i = entries.partition_point(|e| e.max_ts_before < ts);
+        let start = (SEGMENT_HEADER_LEN as u64, self.base_offset);
         if i <= 1 {
-            (SEGMENT_HEADER_LEN as u64, self.base_offset)
+            return start;
+        }
+        let e = entries[i - 1];
+        let hint = (
+            u64::from(e.position),
+            self.base_offset + u64::from(e.rel_offset),
+        );
+        drop(guard);
+        // A hint is a cache entry, as for `locate`: one that does not name
+        // the batch of its offset (a damaged or foreign index file) gives
+        // way to a walk from the start rather than a corruption error or a
+        // wrong answer for intact data.
+        let names_its_batch = hint.0 < end
+            && batch::parse_header(self.committed().from(hint.0))
+                .is_ok_and(|h| h.base_offset.get() == hint.1);
+        if names_its_batch {
+            hint
         } else {
-            let e = entries[i - 1];
-            (
-                u64::from(e.position),
-                self.base_offset + u64::from(e.rel_offset),
-            )
+            start
         }
     }
 }

@@ -531,7 +531,10 @@ fn a_wrong_index_file_after_a_clean_close_never_changes_what_reads_answer() {
     assert_eq!(p.end_offset(), n);
     for i in (0..n).step_by(7) {
         let b = p.read(i, 1).unwrap();
-        let first = b.iter().next().expect("a record at every offset below the end");
+        let first = b
+            .iter()
+            .next()
+            .expect("a record at every offset below the end");
         assert_eq!(first.offset, i);
         assert_eq!(first.value, vec![i as u8; 100].as_slice(), "record {i}");
         assert_eq!(first.timestamp, i as i64);
@@ -569,7 +572,11 @@ fn a_wrong_middle_index_entry_after_a_clean_close_never_fails_a_time_lookup() {
     // 16-byte header, then 16-byte entries: rel_offset u32, position u32,
     // max_ts_before i64, little-endian.
     let (entry, header, entry_len) = (3, 16, 16);
-    assert!(buf.len() >= header + (entry + 2) * entry_len, "{}", buf.len());
+    assert!(
+        buf.len() >= header + (entry + 2) * entry_len,
+        "{}",
+        buf.len()
+    );
     let at = header + entry * entry_len + 4;
     let pos = u32::from_le_bytes(buf[at..at + 4].try_into().unwrap());
     buf[at..at + 4].copy_from_slice(&(pos + 1).to_le_bytes());
@@ -599,11 +606,17 @@ fn check_sized(log: &Log, n: u64, len: usize) {
     assert_eq!(p.end_offset(), n);
     for i in 0..n {
         let b = p.read(i, 1).unwrap();
-        let r = b.iter().next().expect("a record at every offset below the end");
+        let r = b
+            .iter()
+            .next()
+            .expect("a record at every offset below the end");
         assert_eq!((r.offset, r.timestamp), (i, i as i64));
         assert_eq!(r.value, vec![i as u8; len].as_slice(), "record {i}");
         let found = p.offset_for_time(i as i64);
-        assert!(matches!(found, Ok(Some(o)) if o == i), "time {i}: {found:?}");
+        assert!(
+            matches!(found, Ok(Some(o)) if o == i),
+            "time {i}: {found:?}"
+        );
     }
 }
 
@@ -634,21 +647,28 @@ fn appends_after_a_clean_reopen_are_indexed_through_a_crash_and_a_second_clean_c
     for i in 300..600u64 {
         t.append_batch(&[NewRecord {
             key: Some(b"k"),
-            value: &vec![i as u8; 100],
+            value: &[i as u8; 100],
             timestamp: Some(i as i64),
         }])
         .unwrap();
     }
     log.sync().unwrap();
     log.abandon();
-    assert_eq!(std::fs::read(&idx).unwrap(), first, "no close, no new index");
+    assert_eq!(
+        std::fs::read(&idx).unwrap(),
+        first,
+        "no close, no new index"
+    );
 
     let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
     assert!(!log.recovery_report().clean_shutdown);
     check_sized(&log, 600, 100);
     log.close().unwrap();
     let second = std::fs::read(&idx).unwrap();
-    assert!(second.len() > first.len(), "the close indexed the new records");
+    assert!(
+        second.len() > first.len(),
+        "the close indexed the new records"
+    );
 
     let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
     assert!(log.recovery_report().clean_shutdown);

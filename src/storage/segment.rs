@@ -902,8 +902,9 @@ impl Segment {
     /// entry does not name a batch from which the headers lead exactly to
     /// the end (a file that decodes but belongs to other data: another
     /// segment's, or one a roll or a cut left behind): the caller rebuilds
-    /// it from the data. The check walks at most one index interval of
-    /// headers, so the open stays metadata-sized (C7); the entries before
+    /// it from the data. For the file the close wrote, the check walks at
+    /// most one index interval of headers, so the open stays
+    /// metadata-sized (C7); the entries before
     /// the last are hints that [`Segment::locate`] and the time lookup
     /// verify when they use them.
     pub(crate) fn load_clean_index_file(&self, end: u64) -> Option<Vec<IndexEntry>> {

@@ -481,3 +481,200 @@ fn torn_roll_below_the_seal_leaves_an_unsealed_active_segment() {
         log.abandon();
     }
 }
+
+/// Appends `n` records of `len`-byte values to partition 0 of `topic`, the
+/// record at offset `i` timestamped `i`.
+fn put_sized(log: &Log, topic: &str, n: u64, len: usize) {
+    let t = log.topic(topic).unwrap();
+    for i in 0..n {
+        let v = vec![i as u8; len];
+        let at = t
+            .append_batch(&[NewRecord {
+                key: Some(b"k"),
+                value: &v,
+                timestamp: Some(i as i64),
+            }])
+            .unwrap();
+        assert_eq!(at[0].offset, i);
+    }
+}
+
+/// The active segment's index file, read at an open after a clean
+/// shutdown, is a cache: one that decodes whole but names positions that
+/// are not where its offsets' batches start (here another partition's
+/// index, same base offset, in bounds) must not make a lookup by offset or
+/// by timestamp answer differently from a walk of the data.
+#[test]
+fn a_wrong_index_file_after_a_clean_close_never_changes_what_reads_answer() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    let big = TopicConfig {
+        partitions: 1,
+        segment_bytes: 1 << 20,
+        ..TopicConfig::default()
+    };
+    let n = 600;
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    log.create_topic("t", big.clone()).unwrap();
+    log.create_topic("u", big).unwrap();
+    put_sized(&log, "t", n, 100);
+    // Fewer bytes and fewer offsets than "t": every entry is in bounds there.
+    put_sized(&log, "u", 60, 500);
+    log.close().unwrap();
+    let idx = |topic: u32| dir.join(format!("topics/t{topic}/p0/{:020}.idx", 0));
+    let theirs = std::fs::read(idx(1)).unwrap();
+    assert!(theirs.len() > 40, "the donor index holds entries");
+    std::fs::write(idx(0), &theirs).unwrap();
+
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    assert_eq!(p.end_offset(), n);
+    for i in (0..n).step_by(7) {
+        let b = p.read(i, 1).unwrap();
+        let first = b
+            .iter()
+            .next()
+            .expect("a record at every offset below the end");
+        assert_eq!(first.offset, i);
+        assert_eq!(first.value, vec![i as u8; 100].as_slice(), "record {i}");
+        assert_eq!(first.timestamp, i as i64);
+    }
+    for ts in (0..n).step_by(13) {
+        let found = p.offset_for_time(ts as i64);
+        assert!(
+            matches!(found, Ok(Some(o)) if o == ts),
+            "offset_for_time({ts}) = {found:?}, a walk finds {ts}"
+        );
+    }
+    log.close().unwrap();
+}
+
+/// The entries before the last of an index file read at a clean open are
+/// hints: one that names a position inside a batch (here entry 3 moved by
+/// a byte, the file otherwise the one the close wrote) must not turn a
+/// lookup by timestamp into an error or a wrong answer.
+#[test]
+fn a_wrong_middle_index_entry_after_a_clean_close_never_fails_a_time_lookup() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    let big = TopicConfig {
+        partitions: 1,
+        segment_bytes: 1 << 20,
+        ..TopicConfig::default()
+    };
+    let n = 600;
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    log.create_topic("t", big).unwrap();
+    put_sized(&log, "t", n, 100);
+    log.close().unwrap();
+    let idx = dir.join(format!("topics/t0/p0/{:020}.idx", 0));
+    let mut buf = std::fs::read(&idx).unwrap();
+    // 16-byte header, then 16-byte entries: rel_offset u32, position u32,
+    // max_ts_before i64, little-endian.
+    let (entry, header, entry_len) = (3, 16, 16);
+    assert!(
+        buf.len() >= header + (entry + 2) * entry_len,
+        "{}",
+        buf.len()
+    );
+    let at = header + entry * entry_len + 4;
+    let pos = u32::from_le_bytes(buf[at..at + 4].try_into().unwrap());
+    buf[at..at + 4].copy_from_slice(&(pos + 1).to_le_bytes());
+    std::fs::write(&idx, &buf).unwrap();
+
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    assert_eq!(p.end_offset(), n);
+    for ts in 0..n {
+        let found = p.offset_for_time(ts as i64);
+        assert!(
+            matches!(found, Ok(Some(o)) if o == ts),
+            "offset_for_time({ts}) = {found:?}, a walk finds {ts}"
+        );
+    }
+    for i in 0..n {
+        let b = p.read(i, 1).unwrap();
+        assert_eq!(b.iter().next().map(|r| r.offset), Some(i));
+    }
+    log.close().unwrap();
+}
+
+/// Every record of partition 0 of "t" (`len`-byte values, offset `i`
+/// timestamped `i`) read by offset and found by its timestamp.
+fn check_sized(log: &Log, n: u64, len: usize) {
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    assert_eq!(p.end_offset(), n);
+    for i in 0..n {
+        let b = p.read(i, 1).unwrap();
+        let r = b
+            .iter()
+            .next()
+            .expect("a record at every offset below the end");
+        assert_eq!((r.offset, r.timestamp), (i, i as i64));
+        assert_eq!(r.value, vec![i as u8; len].as_slice(), "record {i}");
+        let found = p.offset_for_time(i as i64);
+        assert!(
+            matches!(found, Ok(Some(o)) if o == i),
+            "time {i}: {found:?}"
+        );
+    }
+}
+
+/// The index a clean close wrote and the next open read goes stale as
+/// soon as records follow: a crash after them is recovered by a walk (the
+/// clean mark was cleared at the open), and a second clean close writes
+/// the longer index, which the open after it reads; every step answers as
+/// a walk of the data does, and verify finds nothing.
+#[test]
+fn appends_after_a_clean_reopen_are_indexed_through_a_crash_and_a_second_clean_close() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a");
+    let big = TopicConfig {
+        partitions: 1,
+        segment_bytes: 1 << 20,
+        ..TopicConfig::default()
+    };
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    log.create_topic("t", big).unwrap();
+    put_sized(&log, "t", 300, 100);
+    log.close().unwrap();
+    let idx = dir.join(format!("topics/t0/p0/{:020}.idx", 0));
+    let first = std::fs::read(&idx).unwrap();
+
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    assert!(log.recovery_report().clean_shutdown);
+    let t = log.topic("t").unwrap();
+    for i in 300..600u64 {
+        t.append_batch(&[NewRecord {
+            key: Some(b"k"),
+            value: &[i as u8; 100],
+            timestamp: Some(i as i64),
+        }])
+        .unwrap();
+    }
+    log.sync().unwrap();
+    log.abandon();
+    assert_eq!(
+        std::fs::read(&idx).unwrap(),
+        first,
+        "no close, no new index"
+    );
+
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    assert!(!log.recovery_report().clean_shutdown);
+    check_sized(&log, 600, 100);
+    log.close().unwrap();
+    let second = std::fs::read(&idx).unwrap();
+    assert!(
+        second.len() > first.len(),
+        "the close indexed the new records"
+    );
+
+    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    assert!(log.recovery_report().clean_shutdown);
+    check_sized(&log, 600, 100);
+    log.close().unwrap();
+    assert_eq!(std::fs::read(&idx).unwrap(), second);
+    let (_, problems) = fissionlog::verify(&dir).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+}

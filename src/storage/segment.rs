@@ -906,14 +906,30 @@ impl Segment {
 
     /// The active segment's index from its file, at an open after a clean
     /// shutdown (the close wrote it durably): metadata instead of a walk
-    /// over every batch header. `None` when the file is missing or does
-    /// not decode whole against the recovered end (`end` bytes): the
-    /// caller rebuilds it from the data.
+    /// over every batch header. `None` when the file is missing, does not
+    /// decode whole against the recovered end (`end` bytes), or its last
+    /// entry does not name a batch from which the headers lead exactly to
+    /// the end (a file that decodes but belongs to other data: another
+    /// segment's, or one a roll or a cut left behind): the caller rebuilds
+    /// it from the data. For the file the close wrote, the check walks at
+    /// most one index interval of headers, so the open stays
+    /// metadata-sized (C7); the entries before
+    /// the last are hints that [`Segment::locate`] and the time lookup
+    /// verify when they use them.
     pub(crate) fn load_clean_index_file(&self, end: u64) -> Option<Vec<IndexEntry>> {
         let buf = self.read_index_file().ok().flatten()?;
         let (entries, whole) = index::decode_index(&buf, self.base_offset, end, self.end_offset());
         if !whole {
             return None;
+        }
+        if let Some(last) = entries.last() {
+            let from = (
+                u64::from(last.position),
+                self.base_offset + u64::from(last.rel_offset),
+            );
+            if !headers_reach(&self.committed(), from, end, self.end_offset()) {
+                return None;
+            }
         }
         self.index_durable
             .store(index_fingerprint(&buf), Ordering::Release);
@@ -1036,14 +1052,27 @@ impl Segment {
             unreachable!("loaded just above");
         };
         let i = entries.partition_point(|e| e.max_ts_before < ts);
+        let start = (SEGMENT_HEADER_LEN as u64, self.base_offset);
         if i <= 1 {
-            (SEGMENT_HEADER_LEN as u64, self.base_offset)
+            return start;
+        }
+        let e = entries[i - 1];
+        let hint = (
+            u64::from(e.position),
+            self.base_offset + u64::from(e.rel_offset),
+        );
+        drop(guard);
+        // A hint is a cache entry, as for `locate`: one that does not name
+        // the batch of its offset (a damaged or foreign index file) gives
+        // way to a walk from the start rather than a corruption error or a
+        // wrong answer for intact data.
+        let names_its_batch = hint.0 < end
+            && batch::parse_header(self.committed().from(hint.0))
+                .is_ok_and(|h| h.base_offset.get() == hint.1);
+        if names_its_batch {
+            hint
         } else {
-            let e = entries[i - 1];
-            (
-                u64::from(e.position),
-                self.base_offset + u64::from(e.rel_offset),
-            )
+            start
         }
     }
 }
@@ -1218,6 +1247,24 @@ fn walk_to(data: &Committed<'_>, start: (u64, u64), end: u64, target: u64) -> Op
         pos += u64::from(h.batch_len.get());
     }
     None
+}
+
+/// Whether the batch headers from `start` (position, its offset) chain to
+/// exactly `end` (position) at `end_offset`, each naming the offset that
+/// follows the one before.
+fn headers_reach(data: &Committed<'_>, start: (u64, u64), end: u64, end_offset: u64) -> bool {
+    let (mut pos, mut next) = start;
+    while pos < end {
+        let Ok(h) = batch::parse_header(data.from(pos)) else {
+            return false;
+        };
+        if h.base_offset.get() != next || h.batch_len.get() == 0 {
+            return false;
+        }
+        next += batch_span(&h);
+        pos += u64::from(h.batch_len.get());
+    }
+    pos == end && next == end_offset
 }
 
 /// Offsets a batch spans (records, or lost offsets for a hole batch).

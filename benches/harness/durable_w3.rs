@@ -11,10 +11,10 @@
 //!   a file that grows, then fdatasync (the peers bench's baseline);
 //! - `raw-prealloc`: the same into a preallocated (fallocate) file;
 //! - `mmap`: stores of the framed batch into a shared mapping of a
-//!   preallocated file, then fdatasync (the engine's write path, without
-//!   the engine);
+//!   preallocated file, then fdatasync (the engine's write path for
+//!   batches under 16 KiB, without the engine);
 //! - `mmap-populate`: the same with pages populated ahead with
-//!   `MADV_POPULATE_READ`, as the engine's prefault thread does;
+//!   `MADV_POPULATE_READ`, as a thread running ahead of the writer would;
 //! - `pwrite`: pwrite(2) of the framed batch into a preallocated file, then
 //!   fdatasync;
 //! - `raw-sparse`: pwrite(2) of the framed batch into a file set to 1 GiB
@@ -98,7 +98,7 @@ fn minor_faults() -> u64 {
 }
 
 /// User + system CPU time of the whole process (every thread: the engine's
-/// io_uring workers and prefault thread included).
+/// io_uring workers included).
 fn cpu_time() -> Duration {
     let ru = rusage(libc::RUSAGE_SELF);
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);

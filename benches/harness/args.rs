@@ -7,6 +7,10 @@
 //! arguments (or the harness's defaults) apply. The second is a smoke run
 //! that keeps the harness compiling and working: `smoke` stands in for the
 //! arguments, sized to finish in a moment.
+//!
+//! Flags other than `--bench` (`cargo bench -- --noplot zzz`, meant for
+//! the criterion benches) are not for a harness: it says so and exits
+//! without running, so a sweep over every bench goes on.
 
 /// The harness's positional arguments, as described above.
 pub fn harness_args(smoke: &[&str]) -> Vec<String> {
@@ -14,5 +18,12 @@ pub fn harness_args(smoke: &[&str]) -> Vec<String> {
     if given.is_empty() {
         return smoke.iter().map(|s| (*s).to_owned()).collect();
     }
-    given.into_iter().filter(|a| a != "--bench").collect()
+    let args: Vec<String> = given.into_iter().filter(|a| a != "--bench").collect();
+    if let Some(flag) = args.iter().find(|a| a.starts_with('-')) {
+        println!(
+            "skipped: this harness takes positional arguments, not {flag} (docs/PERFORMANCE.md)"
+        );
+        std::process::exit(0);
+    }
+    args
 }

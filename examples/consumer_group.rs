@@ -4,24 +4,25 @@
 //! leaving: the others take over its partitions (here as soon as its lag
 //! grows, since it had committed everything), and it is declared dead once
 //! its session times out. Prints what each member read and the group's
-//! counters.
+//! counters, and checks that every record was read and the dropped member
+//! was declared dead.
 //!
 //! ```sh
-//! cargo run --release --example consumer_group
+//! cargo run --example consumer_group
 //! ```
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fissionlog::{
     GroupOptions, Log, LogOptions, MemberOptions, SplitPlan, SyncPolicy, TopicConfig,
 };
 
-fn main() -> fissionlog::Result<()> {
-    let dir = std::env::temp_dir().join(format!("fissionlog-group-{}", std::process::id()));
-    let log = Log::open(&dir, LogOptions::default())?;
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let log = Log::open(dir.path(), LogOptions::default())?;
     let topic = log.topic_or_create(
         "orders",
         TopicConfig {
@@ -53,9 +54,7 @@ fn main() -> fissionlog::Result<()> {
                     let batch = member.poll_wait(500, Duration::from_millis(50))?;
                     let mut seen = seen.lock().expect("not poisoned");
                     for r in &batch {
-                        seen.insert(u64::from_le_bytes(
-                            r.value[..8].try_into().expect("8 bytes"),
-                        ));
+                        seen.insert(r.value.clone());
                     }
                     read += batch.len() as u64;
                     drop(seen);
@@ -77,7 +76,11 @@ fn main() -> fissionlog::Result<()> {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
+        let deadline = Instant::now() + Duration::from_secs(60);
         while (seen.lock().expect("not poisoned").len() as u64) < total {
+            if Instant::now() > deadline {
+                break;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         done.store(true, Ordering::Release);
@@ -98,8 +101,16 @@ fn main() -> fissionlog::Result<()> {
         d.stats.dead_detected,
         d.stats.redelivered
     );
+    assert_eq!(
+        seen.lock().expect("not poisoned").len() as u64,
+        total,
+        "every record was read by some member"
+    );
+    assert!(
+        d.stats.dead_detected >= 1,
+        "the dropped member was declared dead"
+    );
     drop(topic);
     log.close()?;
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

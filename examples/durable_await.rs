@@ -3,11 +3,15 @@
 //! commit) and `SyncPolicy::Never` + awaiting `Topic::durable` (a future,
 //! woken by a sync thread that runs `Log::sync` back to back while there
 //! is something to sync). The raw baseline is write(2) under a mutex with
-//! a leader/follower fdatasync, as W5 of the peers bench.
+//! a leader/follower fdatasync, as W5 of the peers bench. Each way checks
+//! that every batch it acknowledged is durable.
 //!
 //! ```text
+//! cargo run --example durable_await                                 # 200 batches, seconds
 //! cargo run --release --example durable_await -- [BATCHES] [RUNS] [DIR]
 //! ```
+//!
+//! docs/PERFORMANCE.md quotes `-- 2000 3`.
 
 use std::fs::File;
 use std::future::Future;
@@ -116,6 +120,7 @@ fn always(dir: &Path, batches: usize, value: &[u8]) -> (f64, Vec<Duration>) {
     let r = run(batches, |_| {
         topic.append_to(0, &recs).expect("append");
     });
+    assert_all_durable(&topic, batches);
     drop(topic);
     log.close().expect("close");
     r
@@ -150,12 +155,21 @@ fn awaited(dir: &Path, batches: usize, value: &[u8]) -> (f64, Vec<Duration>) {
     });
     stop.store(true, Ordering::Relaxed);
     syncer.join().expect("syncer");
+    assert_all_durable(&topic, batches);
     drop(topic);
     match Arc::try_unwrap(log) {
         Ok(log) => log.close().expect("close"),
         Err(_) => panic!("the sync thread still holds the log"),
     }
     r
+}
+
+/// Every batch a producer saw acknowledged is covered by a sync.
+fn assert_all_durable(topic: &Topic, batches: usize) {
+    let p = topic.partition(0).expect("partition");
+    let appended = (batches * PER_BATCH) as u64;
+    assert_eq!(p.end_offset(), appended, "every batch was appended");
+    assert_eq!(p.durable_end_offset(), appended, "every batch is durable");
 }
 
 fn raw(dir: &Path, batches: usize, value: &[u8]) -> (f64, Vec<Duration>) {
@@ -217,8 +231,8 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let batches: usize = args.next().map_or(2000, |s| s.parse().expect("BATCHES"));
-    let runs: usize = args.next().map_or(3, |s| s.parse().expect("RUNS"));
+    let batches: usize = args.next().map_or(200, |s| s.parse().expect("BATCHES"));
+    let runs: usize = args.next().map_or(1, |s| s.parse().expect("RUNS"));
     let dir = args.next().map_or_else(
         || std::env::temp_dir().join(format!("fissionlog-await-{}", std::process::id())),
         Into::into,

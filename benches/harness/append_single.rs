@@ -1,26 +1,29 @@
 //! Appends single records (100-byte values by default) as fast as it can
 //! and prints the rate: a target for profilers (`perf record`, `valgrind
-//! --tool=callgrind`) of the single-record append path (issue 8's W1 and,
-//! with 1024-byte values, W2).
+//! --tool=callgrind`) of the single-record append path (the peers bench's W1
+//! and, with 1024-byte values, W2).
 //!
-//! `cargo run --release --example append_single -- [records] [dir] [value_bytes] [mode]`
+//! `cargo bench --bench append_single -- [records] [dir] [value_bytes] [mode]`
+//! (`--no-run` prints the binary's path, for a profiler).
 //!
 //! `mode` is `engine` (default, `Topic::append`) or a raw baseline with the
 //! same record count and a 16-byte frame per record (len, CRC-32, offset):
 //! `raw-write` (a 1 MiB buffer written with write(2) to a file that grows,
-//! the issue's baseline) or `raw-mmap` (stores into a shared mapping of a
+//! the peers bench's baseline) or `raw-mmap` (stores into a shared mapping of a
 //! 1 GiB fallocated file, as the engine's segments are).
 //!
 //! With `FISSIONLOG_APPEND_SYNC=1` the timed part ends with a sync, as
 //! the peers bench's W1/W2 do: `Log::sync` for the engine, `fdatasync`
 //! for `raw-write`.
 
+mod args;
+
 use std::time::Instant;
 
 use fissionlog::{Log, LogOptions, TopicConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
+    let mut args = args::harness_args(&["1000"]).into_iter();
     let n: u64 = args
         .next()
         .map(|s| s.parse())

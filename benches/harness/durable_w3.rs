@@ -1,20 +1,20 @@
-//! Durable 64 x 1 KiB batches (issue 8's W3) next to raw baselines, in one
-//! process, interleaved run by run: the harness behind the "Durable path:
-//! where the time goes" section of docs/PERFORMANCE.md.
+//! Durable 64 x 1 KiB batches (the peers bench's W3) next to raw baselines, in one
+//! process, interleaved run by run: the harness behind W3's figures in
+//! docs/PERFORMANCE.md.
 //!
 //! ```text
-//! cargo run --release --example durable_w3 -- [MODE] [BATCHES] [RUNS] [DIR]
+//! cargo bench --bench durable_w3 -- [MODE] [BATCHES] [RUNS] [DIR]
 //! ```
 //!
 //! MODE is `all` (default: every mode below, interleaved) or one of:
 //! - `raw`: per batch, one write(2) of the 64 framed records at the end of
-//!   a file that grows, then fdatasync (the issue's baseline);
+//!   a file that grows, then fdatasync (the peers bench's baseline);
 //! - `raw-prealloc`: the same into a preallocated (fallocate) file;
 //! - `mmap`: stores of the framed batch into a shared mapping of a
-//!   preallocated file, then fdatasync (the engine's write path, without
-//!   the engine);
+//!   preallocated file, then fdatasync (the engine's write path for
+//!   batches under 16 KiB, without the engine);
 //! - `mmap-populate`: the same with pages populated ahead with
-//!   `MADV_POPULATE_READ`, as the engine's prefault thread does;
+//!   `MADV_POPULATE_READ`, as a thread running ahead of the writer would;
 //! - `pwrite`: pwrite(2) of the framed batch into a preallocated file, then
 //!   fdatasync;
 //! - `raw-sparse`: pwrite(2) of the framed batch into a file set to 1 GiB
@@ -41,6 +41,8 @@
 //! instead of io_uring; `FISSIONLOG_W3_FILE_BYTES` sets the size of the
 //! preallocated raw files (default: just what the run writes; the engine's
 //! W3 segments are 1 GiB).
+
+mod args;
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -96,7 +98,7 @@ fn minor_faults() -> u64 {
 }
 
 /// User + system CPU time of the whole process (every thread: the engine's
-/// io_uring workers and prefault thread included).
+/// io_uring workers included).
 fn cpu_time() -> Duration {
     let ru = rusage(libc::RUSAGE_SELF);
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
@@ -354,7 +356,7 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    let mut args = args::harness_args(&["all", "5", "1"]).into_iter();
     let mode = args.next().unwrap_or_else(|| "all".into());
     let batches: usize = args.next().map_or(2000, |s| s.parse().expect("BATCHES"));
     let runs: usize = args.next().map_or(3, |s| s.parse().expect("RUNS"));

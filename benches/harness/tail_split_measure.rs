@@ -1,4 +1,4 @@
-//! Measures a tail split (issue 10 §1): a partition with a backlog of
+//! Measures a tail split: a partition with a backlog of
 //! `records` records (100-byte values, 10,000 keys) is split into 4 with
 //! the whole backlog moved, while one appender keeps appending single
 //! records to the topic. Prints:
@@ -11,7 +11,9 @@
 //! - the time 4 consumer threads take to drain the moved backlog (one
 //!   child each) against one thread reading the same records.
 //!
-//! `cargo run --release --example tail_split_measure -- [records] [dir]`
+//! `cargo bench --bench tail_split_measure -- [records] [dir]`
+
+mod args;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -69,7 +71,7 @@ fn drain(topic: &Topic, id: u32, end: u64) -> u64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
+    let mut args = args::harness_args(&["2000"]).into_iter();
     let n: u64 = args
         .next()
         .map(|s| s.parse())

@@ -1,4 +1,4 @@
-//! Issue 8's W5 alone, for profiling: 8 threads share 2,000 batches of
+//! The peers bench's W5 alone, for profiling: 8 threads share 2,000 batches of
 //! 64 × 1 KiB, each `append_to` with `SyncPolicy::Always` (durable before
 //! the thread goes on), one partition, 1 GiB segments. Prints records/s
 //! and the batch latency median and p99.
@@ -8,8 +8,10 @@
 //! one sync covering every write before it), so the two can alternate.
 //!
 //! ```text
-//! cargo run --release --example durable_w5 -- [BATCHES] [DIR] [engine|raw]
+//! cargo bench --bench durable_w5 -- [BATCHES] [DIR] [engine|raw]
 //! ```
+
+mod args;
 
 use std::fs::File;
 use std::io::Write;
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 use fissionlog::{Log, LogOptions, NewRecord, SyncPolicy, TopicConfig};
 
 fn main() -> fissionlog::Result<()> {
-    let mut args = std::env::args().skip(1);
+    let mut args = args::harness_args(&["20"]).into_iter();
     let batches: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2_000);
     let dir = args.next().map_or_else(
         || std::env::temp_dir().join(format!("fissionlog-w5-{}", std::process::id())),

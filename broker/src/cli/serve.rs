@@ -29,6 +29,15 @@ pub(crate) struct ServeArgs {
     /// ("*" names every topic). Without it everyone may do everything.
     #[arg(long)]
     auth_file: Option<PathBuf>,
+    /// Serve over TLS with this certificate chain (PEM, leaf first).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of `--tls-cert` (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: accept only clients with a certificate from these CAs (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
     /// Log at debug level (stderr).
     #[arg(long)]
     verbose: bool,
@@ -64,6 +73,12 @@ pub(crate) async fn run(a: ServeArgs) -> CmdResult {
         max_frame_bytes: a.max_frame_bytes,
         ..Default::default()
     };
+    if let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) {
+        let tls =
+            fissionlog_broker::tls::server_config(cert, key, a.tls_client_ca.as_deref())
+                .map_err(|e| Failure::usage(e.to_string()))?;
+        config.tls = Some(tls);
+    }
     if let Some(f) = &a.auth_file {
         let text = std::fs::read_to_string(f)
             .map_err(|e| Failure::usage(format!("cannot read {}: {e}", f.display())))?;

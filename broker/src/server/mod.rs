@@ -60,6 +60,12 @@ pub struct ServerConfig {
     pub max_members_per_connection: usize,
     /// Who may do what.
     pub authorizer: Arc<dyn Authorizer>,
+    /// Serve the protocol over TLS with this configuration (see
+    /// [`crate::tls::server_config`]); `None`: plain TCP.
+    pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// A TLS handshake not done within this is abandoned (a plaintext
+    /// client, a silent socket): the connection closes.
+    pub tls_handshake_timeout: Duration,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -69,6 +75,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_in_flight", &self.max_in_flight)
             .field("max_connections", &self.max_connections)
             .field("write_queue_frames", &self.write_queue_frames)
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -87,6 +94,8 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(5),
             max_members_per_connection: 64,
             authorizer: Arc::new(AllowAll),
+            tls: None,
+            tls_handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -143,6 +152,7 @@ pub async fn serve(
         config: config.clone(),
     });
     let slots = Arc::new(Semaphore::new(config.max_connections as usize));
+    let tls = config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     on_ready(ServerHandle {
         addr,
         stats: stats.clone(),
@@ -168,8 +178,16 @@ pub async fn serve(
                 match slots.clone().try_acquire_owned() {
                     Ok(permit) => {
                         let shared = shared.clone();
+                        let tls = tls.clone();
                         conns.spawn(async move {
-                            conn::handle(stream, peer, shared).await;
+                            match tls {
+                                Some(acceptor) => {
+                                    if let Some(s) = tls_accept(&acceptor, stream, peer, &shared).await {
+                                        conn::handle(s, peer, shared).await;
+                                    }
+                                }
+                                None => conn::handle(stream, peer, shared).await,
+                            }
                             drop(permit);
                         });
                     }
@@ -236,6 +254,34 @@ pub async fn serve(
 
 fn grace_left(grace: &std::pin::Pin<&mut tokio::time::Sleep>) -> bool {
     !grace.is_elapsed()
+}
+
+/// The server side of a TLS handshake, bounded in time. A client that
+/// speaks plaintext, distrusts the certificate or stays silent is closed
+/// here, before any request is read.
+async fn tls_accept(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    shared: &Shared,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    let mut stop = shared.shutdown.clone();
+    tokio::select! {
+        r = tokio::time::timeout(shared.config.tls_handshake_timeout, acceptor.accept(stream)) => match r {
+            Ok(Ok(s)) => Some(s),
+            Ok(Err(e)) => {
+                shared.stats.tls_handshakes_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                shared.stats.tls_handshakes_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::debug!(%peer, "TLS handshake timed out");
+                None
+            }
+        },
+        _ = stop.wait_for(|s| *s) => None,
+    }
 }
 
 /// One error frame, then the connection closes.

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use fissionlog::{Log, LogOptions};
-use fissionlog_broker::server::{serve, ServerConfig, TokenAuthorizer};
+use fissionlog_broker::server::{serve_with_http, ServerConfig, TokenAuthorizer};
 
 use super::{CmdResult, Failure};
 
@@ -29,6 +29,10 @@ pub(crate) struct ServeArgs {
     /// ("*" names every topic). Without it everyone may do everything.
     #[arg(long)]
     auth_file: Option<PathBuf>,
+    /// Also serve HTTP here: `/metrics` (Prometheus) and the live view at
+    /// `/` (port 0: any free port; printed on the second stdout line).
+    #[arg(long)]
+    http: Option<String>,
     /// Serve over TLS with this certificate chain (PEM, leaf first).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -67,6 +71,14 @@ pub(crate) async fn run(a: ServeArgs) -> CmdResult {
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .map_err(|e| Failure::usage(format!("cannot listen on {}: {e}", a.listen)))?;
+    let http = match &a.http {
+        Some(h) => Some(
+            tokio::net::TcpListener::bind(h)
+                .await
+                .map_err(|e| Failure::usage(format!("cannot listen on {h}: {e}")))?,
+        ),
+        None => None,
+    };
     let mut config = ServerConfig {
         max_connections: a.max_connections,
         max_in_flight: a.max_in_flight,
@@ -99,9 +111,12 @@ pub(crate) async fn run(a: ServeArgs) -> CmdResult {
             _ = tokio::signal::ctrl_c() => {}
         }
     };
-    serve(log, listener, config, shutdown, |h| {
+    serve_with_http(log, listener, http, config, shutdown, |h| {
         // The first stdout line: what scripts and the demo wait for.
         println!("listening on {}", h.addr);
+        if let Some(a) = h.http_addr {
+            println!("http on http://{a}/");
+        }
         use std::io::Write;
         let _ = std::io::stdout().flush();
     })

@@ -13,11 +13,16 @@ mod conn;
 mod handlers;
 mod handlers_admin;
 mod handlers_group;
+mod http;
+pub mod metrics;
 mod stats;
 mod syncer;
+mod topology;
+mod view;
 
 pub use auth::{constant_time_eq, Access, AllowAll, Authorizer, Grant, Principal, TokenAuthorizer};
 pub use stats::{ServerStats, StatsSnapshot};
+pub use topology::HeardEvent;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -66,6 +71,13 @@ pub struct ServerConfig {
     /// A TLS handshake not done within this is abandoned (a plaintext
     /// client, a silent socket): the connection closes.
     pub tls_handshake_timeout: Duration,
+    /// HTTP connections (metrics scrapes, live-view pages) served at once.
+    pub http_max_connections: usize,
+    /// Live-view event streams open at once.
+    pub view_max_clients: usize,
+    /// How often the live view gets a fresh snapshot (topology changes
+    /// are sent at once).
+    pub view_refresh: Duration,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -96,6 +108,9 @@ impl Default for ServerConfig {
             authorizer: Arc::new(AllowAll),
             tls: None,
             tls_handshake_timeout: Duration::from_secs(10),
+            http_max_connections: 64,
+            view_max_clients: 16,
+            view_refresh: Duration::from_secs(1),
         }
     }
 }
@@ -108,6 +123,8 @@ pub(crate) struct Shared {
     pub syncer: syncer::Syncer,
     pub appends: Semaphore,
     pub shutdown: watch::Receiver<bool>,
+    pub topology: topology::Topology,
+    pub hub: view::Hub,
 }
 
 impl Shared {
@@ -121,6 +138,8 @@ impl Shared {
 pub struct ServerHandle {
     /// The address it listens on.
     pub addr: SocketAddr,
+    /// The HTTP listener's address (metrics, live view), if it has one.
+    pub http_addr: Option<SocketAddr>,
     /// Its counters.
     pub stats: Arc<ServerStats>,
 }
@@ -136,10 +155,27 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     on_ready: impl FnOnce(ServerHandle),
 ) -> fissionlog::Result<()> {
-    let addr = listener.local_addr().map_err(|e| fissionlog::Error::Io {
+    serve_with_http(log, listener, None, config, shutdown, on_ready).await
+}
+
+/// [`serve`], and with `http` also `/metrics` and the live view on that
+/// listener (see docs/BROKER.md).
+pub async fn serve_with_http(
+    log: Log,
+    listener: TcpListener,
+    http: Option<TcpListener>,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+    on_ready: impl FnOnce(ServerHandle),
+) -> fissionlog::Result<()> {
+    let io = |e: std::io::Error| fissionlog::Error::Io {
         path: log.dir().to_path_buf(),
         source: e,
-    })?;
+    };
+    let addr = listener.local_addr().map_err(io)?;
+    let http_addr = http.as_ref().map(|l| l.local_addr()).transpose().map_err(io)?;
+    metrics::install();
+    let topology = topology::Topology::start(&log);
     let log = Arc::new(log);
     let stats = Arc::new(ServerStats::default());
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -149,15 +185,19 @@ pub async fn serve(
         log,
         stats: stats.clone(),
         shutdown: stop_rx,
+        topology,
+        hub: view::Hub::new(config.view_max_clients),
         config: config.clone(),
     });
+    let http_task = http.map(|l| tokio::spawn(http::run(l, shared.clone())));
     let slots = Arc::new(Semaphore::new(config.max_connections as usize));
     let tls = config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     on_ready(ServerHandle {
         addr,
+        http_addr,
         stats: stats.clone(),
     });
-    tracing::info!(%addr, "serving");
+    tracing::info!(%addr, ?http_addr, "serving");
     let mut conns = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -215,6 +255,9 @@ pub async fn serve(
             }
         }
     }
+    if let Some(t) = http_task {
+        let _ = t.await;
+    }
     // Request tasks and blocking calls still running hold the shared
     // state; they end soon after their connection did.
     let mut shared = shared;
@@ -232,6 +275,7 @@ pub async fn serve(
         }
     };
     shared.syncer.stop();
+    shared.topology.stop();
     let log = shared.log;
     // Blocking tasks that hold a clone end soon after their connection.
     let mut log = log;

@@ -123,7 +123,12 @@ async fn metrics_name_the_traffic_and_move_with_it() {
     assert!(v(names::REQUESTS, &[("op", "fetch"), ("outcome", "ok")]) >= 1.0);
     assert!(v(names::REQUESTS, &[("op", "group_join"), ("outcome", "ok")]) >= 1.0);
     assert!(v(names::REQUESTS, &[("op", "group_poll"), ("outcome", "ok")]) >= 1.0);
-    assert!(v(names::REQUESTS, &[("op", "group_commit"), ("outcome", "ok")]) >= 1.0);
+    assert!(
+        v(
+            names::REQUESTS,
+            &[("op", "group_commit"), ("outcome", "ok")]
+        ) >= 1.0
+    );
     let fetch_count = format!("{}_count", names::REQUEST_SECONDS);
     assert!(v(&fetch_count, &[("op", "fetch")]) >= 1.0);
     let produce_buckets = format!("{}_bucket", names::REQUEST_SECONDS);

@@ -80,9 +80,8 @@ async fn tls_server(p: &Pki, client_cas: Option<Vec<CertificateDer<'static>>>) -
         write: vec!["*".into()],
         admin: true,
     });
-    let tls =
-        tls::server_config_from_der(vec![p.leaf.clone()], p.leaf_key.clone_key(), client_cas)
-            .unwrap();
+    let tls = tls::server_config_from_der(vec![p.leaf.clone()], p.leaf_key.clone_key(), client_cas)
+        .unwrap();
     TestServer::start(ServerConfig {
         authorizer: Arc::new(auth),
         tls: Some(tls),
@@ -345,11 +344,7 @@ fn the_cli_serves_tls_and_http_and_its_client_commands_connect_with_a_ca_file() 
         ],
         "k\tv\n",
     );
-    assert!(
-        o.status.success(),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = run(
         &[
             "groups",
@@ -362,13 +357,13 @@ fn the_cli_serves_tls_and_http_and_its_client_commands_connect_with_a_ca_file() 
         ],
         "",
     );
-    assert!(
-        o.status.success(),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = run(&["groups", "--server", &addr], "");
-    assert_eq!(o.status.code(), Some(2), "plaintext against TLS: unreachable");
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "plaintext against TLS: unreachable"
+    );
 
     let mut s = std::net::TcpStream::connect(&http).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -380,7 +375,10 @@ fn the_cli_serves_tls_and_http_and_its_client_commands_connect_with_a_ca_file() 
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    assert!(text.contains("fissionlog_broker_records_produced_total 1"), "{text}");
+    assert!(
+        text.contains("fissionlog_broker_records_produced_total 1"),
+        "{text}"
+    );
     drop(broker);
 }
 

@@ -86,9 +86,8 @@ pub(crate) async fn run(a: ServeArgs) -> CmdResult {
         ..Default::default()
     };
     if let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) {
-        let tls =
-            fissionlog_broker::tls::server_config(cert, key, a.tls_client_ca.as_deref())
-                .map_err(|e| Failure::usage(e.to_string()))?;
+        let tls = fissionlog_broker::tls::server_config(cert, key, a.tls_client_ca.as_deref())
+            .map_err(|e| Failure::usage(e.to_string()))?;
         config.tls = Some(tls);
     }
     if let Some(f) = &a.auth_file {

@@ -56,11 +56,11 @@ async fn connect(s: &Server) -> Result<Connection, Failure> {
         None => Connection::connect(s.server.as_str(), token()).await,
     };
     connected.map_err(|e| match e {
-            ClientError::Server { .. } => {
-                Failure::refused(format!("the broker at {} refused: {e}", s.server))
-            }
-            e => Failure::usage(format!("cannot reach the broker at {}: {e}", s.server)),
-        })
+        ClientError::Server { .. } => {
+            Failure::refused(format!("the broker at {} refused: {e}", s.server))
+        }
+        e => Failure::usage(format!("cannot reach the broker at {}: {e}", s.server)),
+    })
 }
 
 #[derive(clap::Args)]

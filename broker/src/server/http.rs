@@ -87,11 +87,7 @@ async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Response<Body> {
             let s = shared.clone();
             let stats = shared.stats.snapshot();
             let _ = tokio::task::spawn_blocking(move || metrics::sample(&s.log, &stats)).await;
-            full(
-                StatusCode::OK,
-                "text/plain; version=0.0.4",
-                handle.render(),
-            )
+            full(StatusCode::OK, "text/plain; version=0.0.4", handle.render())
         }
         "/state" => match state_json(&shared).await {
             Some(v) => full(StatusCode::OK, "application/json", v.to_string()),
@@ -110,8 +106,14 @@ async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Response<Body> {
             };
             let mut r = Response::new(EventStream { rx }.boxed());
             let h = r.headers_mut();
-            h.insert(CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/event-stream"));
-            h.insert(CACHE_CONTROL, hyper::header::HeaderValue::from_static("no-cache"));
+            h.insert(
+                CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/event-stream"),
+            );
+            h.insert(
+                CACHE_CONTROL,
+                hyper::header::HeaderValue::from_static("no-cache"),
+            );
             r
         }
         _ => full(StatusCode::NOT_FOUND, "text/plain", "not found\n"),

@@ -134,10 +134,7 @@ pub(crate) fn sample(log: &Log, stats: &StatsSnapshot) {
         let active = parts.iter().filter(|p| p.sealed_at.is_none()).count();
         gauge!(names::TOPIC_ACTIVE_PARTITIONS, "topic" => name.clone()).set(active as f64);
         for p in &parts {
-            let labels = [
-                ("topic", name.clone()),
-                ("partition", p.id.to_string()),
-            ];
+            let labels = [("topic", name.clone()), ("partition", p.id.to_string())];
             let rate = p.rates.first();
             gauge!(names::PARTITION_RECORDS_PER_SEC, &labels)
                 .set(rate.map_or(0.0, |r| r.records_per_sec));

@@ -173,7 +173,11 @@ pub async fn serve_with_http(
         source: e,
     };
     let addr = listener.local_addr().map_err(io)?;
-    let http_addr = http.as_ref().map(|l| l.local_addr()).transpose().map_err(io)?;
+    let http_addr = http
+        .as_ref()
+        .map(|l| l.local_addr())
+        .transpose()
+        .map_err(io)?;
     metrics::install();
     let topology = topology::Topology::start(&log);
     let log = Arc::new(log);

@@ -182,6 +182,10 @@ mod tests {
         let s = std::str::from_utf8(&f).unwrap();
         assert!(s.starts_with("event: state\ndata: {"));
         assert!(s.ends_with("}\n\n"));
-        assert_eq!(s.matches('\n').count(), 3, "the JSON's newline is escaped: {s:?}");
+        assert_eq!(
+            s.matches('\n').count(),
+            3,
+            "the JSON's newline is escaped: {s:?}"
+        );
     }
 }

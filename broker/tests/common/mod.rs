@@ -104,7 +104,9 @@ impl TestServer {
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).await.expect("the HTTP listener");
     let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.expect("the request is sent");
+    s.write_all(req.as_bytes())
+        .await
+        .expect("the request is sent");
     let mut out = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
         .await

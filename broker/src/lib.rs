@@ -11,5 +11,9 @@
 pub mod client;
 pub mod protocol;
 pub mod server;
+pub mod tls;
+
+/// The rustls the broker's TLS is built on (for root stores and configs).
+pub use tokio_rustls::rustls;
 
 pub use protocol::check_decode;

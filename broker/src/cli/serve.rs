@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use fissionlog::{Log, LogOptions};
-use fissionlog_broker::server::{serve, ServerConfig, TokenAuthorizer};
+use fissionlog_broker::server::{serve_with_http, ServerConfig, TokenAuthorizer};
 
 use super::{CmdResult, Failure};
 
@@ -29,6 +29,19 @@ pub(crate) struct ServeArgs {
     /// ("*" names every topic). Without it everyone may do everything.
     #[arg(long)]
     auth_file: Option<PathBuf>,
+    /// Also serve HTTP here: `/metrics` (Prometheus) and the live view at
+    /// `/` (port 0: any free port; printed on the second stdout line).
+    #[arg(long)]
+    http: Option<String>,
+    /// Serve over TLS with this certificate chain (PEM, leaf first).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of `--tls-cert` (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: accept only clients with a certificate from these CAs (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
     /// Log at debug level (stderr).
     #[arg(long)]
     verbose: bool,
@@ -58,12 +71,25 @@ pub(crate) async fn run(a: ServeArgs) -> CmdResult {
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .map_err(|e| Failure::usage(format!("cannot listen on {}: {e}", a.listen)))?;
+    let http = match &a.http {
+        Some(h) => Some(
+            tokio::net::TcpListener::bind(h)
+                .await
+                .map_err(|e| Failure::usage(format!("cannot listen on {h}: {e}")))?,
+        ),
+        None => None,
+    };
     let mut config = ServerConfig {
         max_connections: a.max_connections,
         max_in_flight: a.max_in_flight,
         max_frame_bytes: a.max_frame_bytes,
         ..Default::default()
     };
+    if let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) {
+        let tls = fissionlog_broker::tls::server_config(cert, key, a.tls_client_ca.as_deref())
+            .map_err(|e| Failure::usage(e.to_string()))?;
+        config.tls = Some(tls);
+    }
     if let Some(f) = &a.auth_file {
         let text = std::fs::read_to_string(f)
             .map_err(|e| Failure::usage(format!("cannot read {}: {e}", f.display())))?;
@@ -84,9 +110,12 @@ pub(crate) async fn run(a: ServeArgs) -> CmdResult {
             _ = tokio::signal::ctrl_c() => {}
         }
     };
-    serve(log, listener, config, shutdown, |h| {
+    serve_with_http(log, listener, http, config, shutdown, |h| {
         // The first stdout line: what scripts and the demo wait for.
         println!("listening on {}", h.addr);
+        if let Some(a) = h.http_addr {
+            println!("http on http://{a}/");
+        }
         use std::io::Write;
         let _ = std::io::stdout().flush();
     })

@@ -17,6 +17,24 @@ pub(crate) struct Server {
     /// Broker address.
     #[arg(long, default_value = "127.0.0.1:9092")]
     server: String,
+    /// Connect over TLS, trusting the CA certificates of this PEM file.
+    #[arg(long)]
+    tls_ca: Option<std::path::PathBuf>,
+    /// The name the server's certificate must carry (default: the host
+    /// part of `--server`).
+    #[arg(long, requires = "tls_ca")]
+    tls_server_name: Option<String>,
+}
+
+impl Server {
+    /// `host` of `host:port` (brackets of an IPv6 address removed).
+    fn host(&self) -> &str {
+        let h = self
+            .server
+            .rsplit_once(':')
+            .map_or(self.server.as_str(), |(h, _)| h);
+        h.trim_start_matches('[').trim_end_matches(']')
+    }
 }
 
 /// The credential the client commands send: `FISSIONLOG_BROKER_TOKEN`
@@ -28,14 +46,21 @@ pub(crate) fn token() -> Option<Bytes> {
 }
 
 async fn connect(s: &Server) -> Result<Connection, Failure> {
-    Connection::connect(s.server.as_str(), token())
-        .await
-        .map_err(|e| match e {
-            ClientError::Server { .. } => {
-                Failure::refused(format!("the broker at {} refused: {e}", s.server))
-            }
-            e => Failure::usage(format!("cannot reach the broker at {}: {e}", s.server)),
-        })
+    let connected = match &s.tls_ca {
+        Some(ca) => {
+            let name = s.tls_server_name.as_deref().unwrap_or_else(|| s.host());
+            let tls = fissionlog_broker::tls::ClientTls::from_ca_file(ca, name)
+                .map_err(|e| Failure::usage(e.to_string()))?;
+            Connection::connect_tls(s.server.as_str(), &tls, token()).await
+        }
+        None => Connection::connect(s.server.as_str(), token()).await,
+    };
+    connected.map_err(|e| match e {
+        ClientError::Server { .. } => {
+            Failure::refused(format!("the broker at {} refused: {e}", s.server))
+        }
+        e => Failure::usage(format!("cannot reach the broker at {}: {e}", s.server)),
+    })
 }
 
 #[derive(clap::Args)]

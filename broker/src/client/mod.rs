@@ -45,6 +45,10 @@ pub enum ClientError {
     /// Connecting failed.
     #[error("cannot connect: {0}")]
     Connect(std::io::Error),
+    /// The TLS handshake failed: the server's certificate is not trusted
+    /// or doesn't name the server, or the server refused ours.
+    #[error("TLS handshake failed: {0}")]
+    Tls(std::io::Error),
     /// The server sent bytes that don't parse.
     #[error("bad frame from the server: {0}")]
     Protocol(#[from] ProtocolError),
@@ -104,6 +108,25 @@ impl Connection {
             .await
             .map_err(ClientError::Connect)?;
         let _ = s.set_nodelay(true);
+        Connection::handshake(s, token).await
+    }
+
+    /// Connects over TCP, then TLS (checking the server's certificate
+    /// against `tls`), and shakes hands. The token travels encrypted.
+    pub async fn connect_tls(
+        addr: impl ToSocketAddrs,
+        tls: &crate::tls::ClientTls,
+        token: Option<Bytes>,
+    ) -> Result<Connection, ClientError> {
+        let s = TcpStream::connect(addr)
+            .await
+            .map_err(ClientError::Connect)?;
+        let _ = s.set_nodelay(true);
+        let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+        let s = connector
+            .connect(tls.server_name.clone(), s)
+            .await
+            .map_err(ClientError::Tls)?;
         Connection::handshake(s, token).await
     }
 

@@ -70,6 +70,29 @@ impl Request {
         }
     }
 
+    /// A short name (`produce`, `group_poll`), for metrics labels and spans.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Hello { .. } => "hello",
+            Request::Produce { .. } => "produce",
+            Request::Fetch { .. } => "fetch",
+            Request::JoinGroup { .. } => "group_join",
+            Request::Heartbeat { .. } => "group_heartbeat",
+            Request::GroupPoll { .. } => "group_poll",
+            Request::Commit { .. } => "group_commit",
+            Request::LeaveGroup { .. } => "group_leave",
+            Request::CreateTopic { .. } => "create_topic",
+            Request::ListTopics => "list_topics",
+            Request::Describe { .. } => "describe",
+            Request::Split { .. } => "split",
+            Request::Merge { .. } => "merge",
+            Request::TailSplit { .. } => "tail_split",
+            Request::SetHotKeyMode { .. } => "set_hot_key_mode",
+            Request::ListGroups { .. } => "list_groups",
+            Request::Stats => "stats",
+        }
+    }
+
     /// The whole frame, length prefix included, as chunks to write (long
     /// values are shared, not copied).
     pub fn encode(&self, request_id: u32) -> Vec<Bytes> {

@@ -383,6 +383,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
         }
         let _ = shared;
         let n = rd.read_buf(buf).await.map_err(ReadError::Io)?;
+        metrics::counter!(super::metrics::names::BYTES_IN).increment(n as u64);
         if n == 0 {
             if buf.is_empty() {
                 return Ok(None);
@@ -424,6 +425,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 }
             };
             drop(slices);
+            metrics::counter!(super::metrics::names::BYTES_OUT).increment(n as u64);
             let mut left = n;
             while left > 0 && idx < chunks.len() {
                 let c = &mut chunks[idx];

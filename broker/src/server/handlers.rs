@@ -86,12 +86,68 @@ pub(crate) struct ProduceJob {
     acks: Acks,
     records: Vec<ProduceRecord>,
     done: Option<oneshot::Sender<()>>,
+    /// When the request was read: its latency runs from here to its answer.
+    started: Instant,
 }
 
 /// Carries out one request and queues its response.
 pub(crate) async fn dispatch(conn: &Arc<Conn>, request_id: u32, req: Request) {
+    use tracing::Instrument;
+    let name = req.name();
+    let started = Instant::now();
+    let span = request_span(&req);
+    let ok = async {
+        let opcode = req.opcode();
+        let reply = route(conn, req).await;
+        let r = reply.unwrap_or_else(|(code, message)| Response::Error {
+            opcode,
+            code,
+            message,
+        });
+        let ok = !matches!(r, Response::Error { .. });
+        if let Response::Error { code, .. } = &r {
+            tracing::debug!(%code, "refused");
+        }
+        conn.respond(request_id, r).await;
+        ok
+    }
+    .instrument(span)
+    .await;
+    super::metrics::request_done(name, started, ok);
+}
+
+/// The span a request runs in: its kind and what it names (topic,
+/// partition, group, member). Never the token: a Hello has no span.
+fn request_span(req: &Request) -> tracing::Span {
+    use tracing::{debug_span, info_span};
+    match req {
+        Request::Fetch {
+            topic,
+            partition,
+            offset,
+            ..
+        } => debug_span!("fetch", topic = %topic, partition, offset),
+        Request::JoinGroup { topic, group, .. } => {
+            debug_span!("group_join", topic = %topic, group = %group)
+        }
+        Request::GroupPoll { member, .. } => debug_span!("group_poll", member),
+        Request::Commit { member } => debug_span!("group_commit", member),
+        Request::Heartbeat { member } => debug_span!("group_heartbeat", member),
+        Request::LeaveGroup { member } => debug_span!("group_leave", member),
+        Request::Split {
+            topic, partition, ..
+        } => info_span!("split_request", topic = %topic, partition),
+        Request::TailSplit {
+            topic, partition, ..
+        } => info_span!("tail_split_request", topic = %topic, partition),
+        Request::Merge { topic, a, b } => info_span!("merge_request", topic = %topic, a, b),
+        other => debug_span!("admin", op = other.name()),
+    }
+}
+
+async fn route(conn: &Arc<Conn>, req: Request) -> Reply {
     let opcode = req.opcode();
-    let reply = match req {
+    match req {
         Request::Fetch {
             topic,
             partition,
@@ -142,13 +198,7 @@ pub(crate) async fn dispatch(conn: &Arc<Conn>, request_id: u32, req: Request) {
             "produce requests go through the append queue",
         )),
         other => super::handlers_admin::admin(conn, other).await,
-    };
-    let r = reply.unwrap_or_else(|(code, message)| Response::Error {
-        opcode,
-        code,
-        message,
-    });
-    conn.respond(request_id, r).await;
+    }
 }
 
 pub(crate) fn topic_for(
@@ -177,6 +227,7 @@ pub(crate) async fn enqueue_produce(
     acks: Acks,
     records: Vec<ProduceRecord>,
 ) -> Option<oneshot::Receiver<()>> {
+    let started = Instant::now();
     let opcode = Request::Produce {
         topic: String::new(),
         acks,
@@ -186,6 +237,7 @@ pub(crate) async fn enqueue_produce(
     let t = match topic_for(conn, &topic, Access::Write(&topic)) {
         Ok(t) => t,
         Err((code, message)) => {
+            super::metrics::request_done("produce", started, false);
             conn.respond(
                 request_id,
                 Response::Error {
@@ -199,6 +251,7 @@ pub(crate) async fn enqueue_produce(
         }
     };
     if conn.shared.shutting_down() {
+        super::metrics::request_done("produce", started, false);
         let r = Response::Error {
             opcode,
             code: ErrorCode::ShuttingDown,
@@ -214,6 +267,7 @@ pub(crate) async fn enqueue_produce(
         acks,
         records,
         done: Some(done_tx),
+        started,
     };
     if acks == Acks::None {
         conn.respond(
@@ -244,7 +298,16 @@ pub(crate) async fn produce_loop(conn: Arc<Conn>, mut rx: mpsc::Receiver<Produce
         let topic = job.topic.clone();
         let records = std::mem::take(&mut job.records);
         let n = records.len() as u64;
+        let span = tracing::debug_span!(
+            "produce",
+            topic = %topic.name(),
+            records = n,
+            acks = ?job.acks,
+            partitions = tracing::field::Empty
+        );
+        let in_span = span.clone();
         let appended = blocking(move || {
+            let _entered = in_span.enter();
             let batch: Vec<NewRecord<'_>> = records
                 .iter()
                 .map(|r| NewRecord {
@@ -276,8 +339,16 @@ pub(crate) async fn produce_loop(conn: Arc<Conn>, mut rx: mpsc::Receiver<Produce
         };
         let positions: Vec<(u32, u64)> =
             positions.iter().map(|a| (a.partition, a.offset)).collect();
+        if !span.is_disabled() {
+            let mut touched: Vec<u32> = positions.iter().map(|p| p.0).collect();
+            touched.sort_unstable();
+            touched.dedup();
+            span.record("partitions", tracing::field::debug(&touched));
+            span.in_scope(|| tracing::debug!("appended"));
+        }
         match job.acks {
             Acks::None => {
+                super::metrics::request_done("produce", job.started, true);
                 if let Some(d) = job.done.take() {
                     let _ = d.send(());
                 }
@@ -300,6 +371,7 @@ pub(crate) async fn produce_loop(conn: Arc<Conn>, mut rx: mpsc::Receiver<Produce
 }
 
 async fn finish_job(conn: &Conn, mut job: ProduceJob, r: Reply, opcode: u8) {
+    super::metrics::request_done("produce", job.started, r.is_ok());
     let r = r.unwrap_or_else(|(code, message)| Response::Error {
         opcode,
         code,

@@ -13,11 +13,16 @@ mod conn;
 mod handlers;
 mod handlers_admin;
 mod handlers_group;
+mod http;
+pub mod metrics;
 mod stats;
 mod syncer;
+mod topology;
+mod view;
 
 pub use auth::{constant_time_eq, Access, AllowAll, Authorizer, Grant, Principal, TokenAuthorizer};
 pub use stats::{ServerStats, StatsSnapshot};
+pub use topology::HeardEvent;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -60,6 +65,19 @@ pub struct ServerConfig {
     pub max_members_per_connection: usize,
     /// Who may do what.
     pub authorizer: Arc<dyn Authorizer>,
+    /// Serve the protocol over TLS with this configuration (see
+    /// [`crate::tls::server_config`]); `None`: plain TCP.
+    pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// A TLS handshake not done within this is abandoned (a plaintext
+    /// client, a silent socket): the connection closes.
+    pub tls_handshake_timeout: Duration,
+    /// HTTP connections (metrics scrapes, live-view pages) served at once.
+    pub http_max_connections: usize,
+    /// Live-view event streams open at once.
+    pub view_max_clients: usize,
+    /// How often the live view gets a fresh snapshot (topology changes
+    /// are sent at once).
+    pub view_refresh: Duration,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -69,6 +87,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_in_flight", &self.max_in_flight)
             .field("max_connections", &self.max_connections)
             .field("write_queue_frames", &self.write_queue_frames)
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -87,6 +106,11 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(5),
             max_members_per_connection: 64,
             authorizer: Arc::new(AllowAll),
+            tls: None,
+            tls_handshake_timeout: Duration::from_secs(10),
+            http_max_connections: 64,
+            view_max_clients: 16,
+            view_refresh: Duration::from_secs(1),
         }
     }
 }
@@ -99,6 +123,8 @@ pub(crate) struct Shared {
     pub syncer: syncer::Syncer,
     pub appends: Semaphore,
     pub shutdown: watch::Receiver<bool>,
+    pub topology: topology::Topology,
+    pub hub: view::Hub,
 }
 
 impl Shared {
@@ -112,6 +138,8 @@ impl Shared {
 pub struct ServerHandle {
     /// The address it listens on.
     pub addr: SocketAddr,
+    /// The HTTP listener's address (metrics, live view), if it has one.
+    pub http_addr: Option<SocketAddr>,
     /// Its counters.
     pub stats: Arc<ServerStats>,
 }
@@ -127,10 +155,31 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     on_ready: impl FnOnce(ServerHandle),
 ) -> fissionlog::Result<()> {
-    let addr = listener.local_addr().map_err(|e| fissionlog::Error::Io {
+    serve_with_http(log, listener, None, config, shutdown, on_ready).await
+}
+
+/// [`serve`], and with `http` also `/metrics` and the live view on that
+/// listener (see docs/BROKER.md).
+pub async fn serve_with_http(
+    log: Log,
+    listener: TcpListener,
+    http: Option<TcpListener>,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+    on_ready: impl FnOnce(ServerHandle),
+) -> fissionlog::Result<()> {
+    let io = |e: std::io::Error| fissionlog::Error::Io {
         path: log.dir().to_path_buf(),
         source: e,
-    })?;
+    };
+    let addr = listener.local_addr().map_err(io)?;
+    let http_addr = http
+        .as_ref()
+        .map(|l| l.local_addr())
+        .transpose()
+        .map_err(io)?;
+    metrics::install();
+    let topology = topology::Topology::start(&log);
     let log = Arc::new(log);
     let stats = Arc::new(ServerStats::default());
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -140,14 +189,19 @@ pub async fn serve(
         log,
         stats: stats.clone(),
         shutdown: stop_rx,
+        topology,
+        hub: view::Hub::new(config.view_max_clients),
         config: config.clone(),
     });
+    let http_task = http.map(|l| tokio::spawn(http::run(l, shared.clone())));
     let slots = Arc::new(Semaphore::new(config.max_connections as usize));
+    let tls = config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     on_ready(ServerHandle {
         addr,
+        http_addr,
         stats: stats.clone(),
     });
-    tracing::info!(%addr, "serving");
+    tracing::info!(%addr, ?http_addr, "serving");
     let mut conns = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -168,8 +222,16 @@ pub async fn serve(
                 match slots.clone().try_acquire_owned() {
                     Ok(permit) => {
                         let shared = shared.clone();
+                        let tls = tls.clone();
                         conns.spawn(async move {
-                            conn::handle(stream, peer, shared).await;
+                            match tls {
+                                Some(acceptor) => {
+                                    if let Some(s) = tls_accept(&acceptor, stream, peer, &shared).await {
+                                        conn::handle(s, peer, shared).await;
+                                    }
+                                }
+                                None => conn::handle(stream, peer, shared).await,
+                            }
                             drop(permit);
                         });
                     }
@@ -197,6 +259,9 @@ pub async fn serve(
             }
         }
     }
+    if let Some(t) = http_task {
+        let _ = t.await;
+    }
     // Request tasks and blocking calls still running hold the shared
     // state; they end soon after their connection did.
     let mut shared = shared;
@@ -214,6 +279,7 @@ pub async fn serve(
         }
     };
     shared.syncer.stop();
+    shared.topology.stop();
     let log = shared.log;
     // Blocking tasks that hold a clone end soon after their connection.
     let mut log = log;
@@ -236,6 +302,34 @@ pub async fn serve(
 
 fn grace_left(grace: &std::pin::Pin<&mut tokio::time::Sleep>) -> bool {
     !grace.is_elapsed()
+}
+
+/// The server side of a TLS handshake, bounded in time. A client that
+/// speaks plaintext, distrusts the certificate or stays silent is closed
+/// here, before any request is read.
+async fn tls_accept(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    shared: &Shared,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    let mut stop = shared.shutdown.clone();
+    tokio::select! {
+        r = tokio::time::timeout(shared.config.tls_handshake_timeout, acceptor.accept(stream)) => match r {
+            Ok(Ok(s)) => Some(s),
+            Ok(Err(e)) => {
+                shared.stats.tls_handshakes_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                shared.stats.tls_handshakes_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::debug!(%peer, "TLS handshake timed out");
+                None
+            }
+        },
+        _ = stop.wait_for(|s| *s) => None,
+    }
 }
 
 /// One error frame, then the connection closes.

@@ -29,6 +29,8 @@ pub struct ServerStats {
     pub records_produced: AtomicU64,
     /// Records sent by fetches and group polls.
     pub records_sent: AtomicU64,
+    /// TLS handshakes that failed or timed out.
+    pub tls_handshakes_failed: AtomicU64,
 }
 
 /// A plain copy of [`ServerStats`], as the `Stats` request returns it.
@@ -46,6 +48,8 @@ pub struct StatsSnapshot {
     pub stalled_closed: u64,
     pub records_produced: u64,
     pub records_sent: u64,
+    #[serde(default)]
+    pub tls_handshakes_failed: u64,
 }
 
 impl ServerStats {
@@ -69,6 +73,7 @@ impl ServerStats {
             stalled_closed: l(&self.stalled_closed),
             records_produced: l(&self.records_produced),
             records_sent: l(&self.records_sent),
+            tls_handshakes_failed: l(&self.tls_handshakes_failed),
         }
     }
 }

@@ -42,7 +42,11 @@ impl Syncer {
                     }
                     st.wanted = false;
                 }
-                if let Err(e) = log.sync() {
+                let started = std::time::Instant::now();
+                let r = log.sync();
+                metrics::histogram!(super::metrics::names::SYNC_ROUND_SECONDS)
+                    .record(started.elapsed());
+                if let Err(e) = r {
                     // The waiting futures see the failure (a poisoned
                     // partition, a failed round) and answer with it.
                     tracing::error!(error = %e, "sync round failed");

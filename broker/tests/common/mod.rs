@@ -8,12 +8,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use fissionlog::{Log, LogOptions};
 use fissionlog_broker::protocol::{concat, split_frame, Request, Response, PROTOCOL_VERSION};
-use fissionlog_broker::server::{serve, ServerConfig, ServerStats};
+use fissionlog_broker::server::{serve_with_http, ServerConfig, ServerStats};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The HTTP listener (metrics, live view), when started with one.
+    pub http_addr: Option<SocketAddr>,
     pub stats: Arc<ServerStats>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<fissionlog::Result<()>>>,
@@ -22,16 +24,35 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(config: ServerConfig) -> TestServer {
+        TestServer::start_inner(config, false).await
+    }
+
+    /// A server with an HTTP listener on loopback too.
+    pub async fn start_with_http(config: ServerConfig) -> TestServer {
+        TestServer::start_inner(config, true).await
+    }
+
+    async fn start_inner(config: ServerConfig, with_http: bool) -> TestServer {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let log = Log::open(dir.path(), LogOptions::default()).expect("a fresh log opens");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a loopback port");
+        let http = if with_http {
+            Some(
+                tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("a loopback port"),
+            )
+        } else {
+            None
+        };
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(serve(
+        let task = tokio::spawn(serve_with_http(
             log,
             listener,
+            http,
             config,
             async move {
                 let _ = rx.await;
@@ -43,6 +64,7 @@ impl TestServer {
         let h = ready_rx.await.expect("the server starts");
         TestServer {
             addr: h.addr,
+            http_addr: h.http_addr,
             stats: h.stats,
             stop: Some(stop),
             task: Some(task),
@@ -75,6 +97,29 @@ impl TestServer {
             None => Ok(()),
         }
     }
+}
+
+/// A plain HTTP/1.1 GET on loopback: the status code and the body
+/// (`Connection: close`, so the body is everything after the head).
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.expect("the HTTP listener");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes())
+        .await
+        .expect("the request is sent");
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .expect("the answer comes within 10 s")
+        .expect("the answer is read");
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_string())
 }
 
 /// A raw connection that has sent its Hello.

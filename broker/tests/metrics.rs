@@ -1,0 +1,190 @@
+//! `/metrics` on the HTTP listener: after produce, fetch, group and
+//! split/merge traffic, the named series exist and their values moved.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{http_get, TestServer};
+use fissionlog_broker::client::{
+    Admin, Connection, Consumer, ConsumerConfig, Producer, ProducerConfig,
+};
+use fissionlog_broker::protocol::{Acks, Isolation, Request, SplitSpec, SyncSpec};
+use fissionlog_broker::server::metrics::names;
+use fissionlog_broker::server::ServerConfig;
+
+/// The value of the first sample of `name` whose labels include `labels`.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        let (label_part, value) = match rest.strip_prefix('{') {
+            Some(r) => {
+                let (ls, v) = r.split_once('}')?;
+                (ls, v)
+            }
+            None if rest.starts_with(' ') => ("", rest),
+            None => return None,
+        };
+        let ok = labels
+            .iter()
+            .all(|(k, v)| label_part.contains(&format!("{k}=\"{v}\"")));
+        if !ok {
+            return None;
+        }
+        value.trim().parse().ok()
+    })
+}
+
+async fn scrape(srv: &TestServer) -> String {
+    let (status, body) = http_get(srv.http_addr.expect("an HTTP listener"), "/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_name_the_traffic_and_move_with_it() {
+    let srv = TestServer::start_with_http(ServerConfig::default()).await;
+    let conn = Connection::connect(srv.addr, None).await.unwrap();
+    let admin = Admin::new(conn.clone());
+    admin
+        .create_topic("metered", 2, SyncSpec::Never, 0, false)
+        .await
+        .unwrap();
+    let before = scrape(&srv).await;
+    let produced_before = sample(
+        &before,
+        names::REQUESTS,
+        &[("op", "produce"), ("outcome", "ok")],
+    )
+    .unwrap_or(0.0);
+
+    let mut consumer = Consumer::join(conn.clone(), ConsumerConfig::new("metered", "g"))
+        .await
+        .unwrap();
+    let mut cfg = ProducerConfig::new("metered");
+    cfg.acks = Acks::Quorum; // through the sync thread: sync rounds are timed
+    let producer = Producer::new(conn.clone(), cfg);
+    let mut acks = Vec::new();
+    for i in 0..200u32 {
+        let key = Bytes::from(format!("key-{}", i % 17));
+        acks.push(producer.send(Some(key), Bytes::from(vec![b'x'; 100])).await);
+    }
+    for a in acks {
+        a.await.unwrap();
+    }
+    conn.call(Request::Fetch {
+        topic: "metered".into(),
+        partition: 0,
+        offset: 0,
+        max_bytes: 1 << 20,
+        max_wait_ms: 0,
+        isolation: Isolation::Written,
+    })
+    .await
+    .unwrap();
+    let got = consumer.poll(50, Duration::from_millis(200)).await.unwrap();
+    assert!(!got.is_empty());
+    consumer.commit().await.unwrap();
+    let split = admin.split("metered", 0, SplitSpec::Even).await.unwrap();
+    let children: Vec<u32> = split["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_u64().unwrap() as u32)
+        .collect();
+    admin
+        .merge("metered", children[0], children[1])
+        .await
+        .unwrap();
+
+    // Topology events arrive on their own thread: wait for them.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let text = scrape(&srv).await;
+        let topic = [("topic", "metered")];
+        if sample(&text, names::SPLITS, &topic).unwrap_or(0.0) >= 1.0
+            && sample(&text, names::MERGES, &topic).unwrap_or(0.0) >= 1.0
+        {
+            break text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no split/merge counts within 10 s:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    let v = |name: &str, labels: &[(&str, &str)]| {
+        sample(&after, name, labels).unwrap_or_else(|| panic!("no {name} {labels:?} in\n{after}"))
+    };
+    let produced = v(names::REQUESTS, &[("op", "produce"), ("outcome", "ok")]);
+    assert!(produced > produced_before, "{produced} > {produced_before}");
+    assert!(v(names::REQUESTS, &[("op", "fetch"), ("outcome", "ok")]) >= 1.0);
+    assert!(v(names::REQUESTS, &[("op", "group_join"), ("outcome", "ok")]) >= 1.0);
+    assert!(v(names::REQUESTS, &[("op", "group_poll"), ("outcome", "ok")]) >= 1.0);
+    assert!(
+        v(
+            names::REQUESTS,
+            &[("op", "group_commit"), ("outcome", "ok")]
+        ) >= 1.0
+    );
+    let fetch_count = format!("{}_count", names::REQUEST_SECONDS);
+    assert!(v(&fetch_count, &[("op", "fetch")]) >= 1.0);
+    let produce_buckets = format!("{}_bucket", names::REQUEST_SECONDS);
+    assert!(v(&produce_buckets, &[("op", "produce"), ("le", "+Inf")]) >= 1.0);
+    let sync_rounds = format!("{}_count", names::SYNC_ROUND_SECONDS);
+    assert!(v(&sync_rounds, &[]) >= 1.0);
+    assert!(v(names::BYTES_IN, &[]) > 200.0 * 100.0);
+    assert!(v(names::BYTES_OUT, &[]) > 0.0);
+    assert!(v(names::CONNECTIONS_OPEN, &[]) >= 1.0);
+    assert!(v(names::CONNECTIONS_ACCEPTED, &[]) >= 1.0);
+    assert!(v(names::RECORDS_PRODUCED, &[]) >= 200.0);
+    assert!(v(names::RECORDS_SENT, &[]) >= 1.0);
+    let rate_of = |p: &str| {
+        sample(
+            &after,
+            names::PARTITION_RECORDS_PER_SEC,
+            &[("topic", "metered"), ("partition", p)],
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(
+        rate_of("0") + rate_of("1") > 0.0,
+        "an append rate moved:\n{after}"
+    );
+    assert_eq!(
+        v(
+            names::PARTITION_SEALED,
+            &[("topic", "metered"), ("partition", "0")]
+        ),
+        1.0
+    );
+    assert!(v(names::TOPIC_ACTIVE_PARTITIONS, &[("topic", "metered")]) >= 2.0);
+    let group = [("topic", "metered"), ("group", "g")];
+    assert!(v(names::GROUP_LAG, &group) >= 0.0);
+    assert_eq!(
+        v(
+            names::GROUP_MEMBERS,
+            &[("topic", "metered"), ("group", "g"), ("state", "active")]
+        ),
+        1.0
+    );
+    srv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_listener_answers_unknown_paths_with_404_and_serves_the_page() {
+    let srv = TestServer::start_with_http(ServerConfig::default()).await;
+    let addr = srv.http_addr.unwrap();
+    let (status, _) = http_get(addr, "/nothing-here").await;
+    assert_eq!(status, 404);
+    let (status, page) = http_get(addr, "/").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("new EventSource(\"/events\")"));
+    let (status, state) = http_get(addr, "/state").await;
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&state).unwrap();
+    assert!(v["topics"].is_array());
+    srv.stop().await.unwrap();
+}

@@ -154,9 +154,12 @@ fn every_acknowledged_record_is_consumed_in_key_order_after_a_consumer_process_i
     let b_out = collect(&mut b);
     kids.0.push(a);
     kids.0.push(b);
+    // Two consumer processes start, join and rebalance before the first
+    // records arrive; on a loaded two-core machine that alone can take
+    // several seconds, so the bound is generous (it only ends a hung run).
     wait_for(
         "the first consumer's records",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || a_out.lock().unwrap().len() >= 100,
     );
     kids.0[1].kill().unwrap(); // SIGKILL

@@ -16,8 +16,8 @@
 //! response to its request.
 
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest,
-    InstallSnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -228,9 +228,10 @@ impl FrameCodec {
                 supported: FRAME_VERSION,
             });
         }
-        let (msg, rest) = postcard::take_from_bytes(payload).map_err(|e| Error::MalformedFrame {
-            reason: e.to_string(),
-        })?;
+        let (msg, rest) =
+            postcard::take_from_bytes(payload).map_err(|e| Error::MalformedFrame {
+                reason: e.to_string(),
+            })?;
         if !rest.is_empty() {
             return Err(Error::TrailingFrameBytes { unused: rest.len() });
         }

@@ -85,7 +85,10 @@ pub fn decode_vote(path: &Path, bytes: &[u8]) -> Result<Vote<NodeId>> {
         });
     }
     if bytes[8] != VERSION {
-        return Err(corrupt(format!("version byte {} was never written", bytes[8])));
+        return Err(corrupt(format!(
+            "version byte {} was never written",
+            bytes[8]
+        )));
     }
     if bytes.len() != VOTE_FILE_LEN {
         return Err(corrupt(format!(

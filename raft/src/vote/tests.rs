@@ -199,7 +199,8 @@ fn disk_with(old: Option<Vote<NodeId>>) -> SimDisk {
     let disk = SimDisk::default();
     if let Some(v) = old {
         let mut f = VoteFile::with_io(dir(), Arc::new(disk.clone()));
-        f.save(&v).unwrap_or_else(|e| panic!("saving the first vote: {e}"));
+        f.save(&v)
+            .unwrap_or_else(|e| panic!("saving the first vote: {e}"));
     }
     disk.state().steps.clear();
     disk
@@ -221,7 +222,12 @@ fn a_saved_vote_reads_back_equal_after_reopening_the_file() {
     let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let mut f = VoteFile::new(tmp.path());
     assert_eq!(f.read().ok(), Some(None), "no vote before the first save");
-    for v in [vote(1, 2), committed(1, 2), vote(7, u64::MAX), committed(u64::MAX, 0)] {
+    for v in [
+        vote(1, 2),
+        committed(1, 2),
+        vote(7, u64::MAX),
+        committed(u64::MAX, 0),
+    ] {
         f.save(&v).unwrap_or_else(|e| panic!("save {v}: {e}"));
         let again = VoteFile::new(tmp.path());
         assert_eq!(again.read().ok(), Some(Some(v)));
@@ -289,7 +295,8 @@ fn the_crash_model_catches_a_save_without_the_file_fsync_or_the_directory_fsync(
             s.skip_dir_sync = skip_dir;
         }
         let mut f = VoteFile::with_io(dir(), Arc::new(disk.clone()));
-        f.save(&committed(5, 2)).unwrap_or_else(|e| panic!("save: {e}"));
+        f.save(&committed(5, 2))
+            .unwrap_or_else(|e| panic!("save: {e}"));
         let lost = outcomes(&disk)
             .into_iter()
             .any(|got| got.ok() != Some(Some(committed(5, 2))));
@@ -310,10 +317,17 @@ fn a_leftover_or_torn_tmp_file_is_never_read_and_the_next_save_replaces_it() {
     for leftover in [&full[..], &full[..10], &[0xFFu8; 3][..]] {
         std::fs::write(tmp.path().join(VOTE_TMP_FILE), leftover)
             .unwrap_or_else(|e| panic!("write tmp: {e}"));
-        assert_eq!(VoteFile::new(tmp.path()).read().ok(), Some(Some(vote(2, 9))));
+        assert_eq!(
+            VoteFile::new(tmp.path()).read().ok(),
+            Some(Some(vote(2, 9)))
+        );
     }
-    f.save(&vote(4, 4)).unwrap_or_else(|e| panic!("save over a leftover: {e}"));
-    assert_eq!(VoteFile::new(tmp.path()).read().ok(), Some(Some(vote(4, 4))));
+    f.save(&vote(4, 4))
+        .unwrap_or_else(|e| panic!("save over a leftover: {e}"));
+    assert_eq!(
+        VoteFile::new(tmp.path()).read().ok(),
+        Some(Some(vote(4, 4)))
+    );
 }
 
 #[test]
@@ -353,7 +367,11 @@ fn a_vote_file_of_a_newer_version_is_refused_with_its_version() {
     let crc = crc32fast::hash(&b[0..32]);
     b[32..36].copy_from_slice(&crc.to_le_bytes());
     match decode_vote(Path::new("vote"), &b) {
-        Err(Error::UnsupportedVoteVersion { version: 2, supported: 1, .. }) => {}
+        Err(Error::UnsupportedVoteVersion {
+            version: 2,
+            supported: 1,
+            ..
+        }) => {}
         other => panic!("gave {other:?}"),
     }
 }

@@ -164,6 +164,19 @@ impl VoteIo for StdVoteIo {
     }
 
     fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        // Like every file of a log directory, the vote is a regular file:
+        // nothing is read through a symbolic link, a FIFO or a device.
+        match fs::symlink_metadata(path) {
+            Ok(m) if !m.file_type().is_file() => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "not a regular file",
+                ))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        }
         match fs::read(path) {
             Ok(b) => Ok(Some(b)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),

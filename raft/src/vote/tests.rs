@@ -413,3 +413,24 @@ fn a_failed_fsync_refuses_every_later_save_until_the_file_is_reopened() {
         .save(&vote(2, 1))
         .unwrap_or_else(|e| panic!("save after reopening: {e}"));
 }
+
+#[test]
+fn a_vote_path_that_is_a_symlink_or_a_directory_is_refused_not_followed() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let elsewhere = tmp.path().join("elsewhere");
+    std::fs::write(&elsewhere, encode_vote(&vote(3, 3))).unwrap_or_else(|e| panic!("{e}"));
+    let group = tmp.path().join("group");
+    std::fs::create_dir(&group).unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::symlink(&elsewhere, group.join(VOTE_FILE))
+        .unwrap_or_else(|e| panic!("symlink: {e}"));
+    match VoteFile::new(&group).read() {
+        Err(Error::Io { op: "read", .. }) => {}
+        other => panic!("a symlinked vote gave {other:?}"),
+    }
+    std::fs::remove_file(group.join(VOTE_FILE)).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(group.join(VOTE_FILE)).unwrap_or_else(|e| panic!("{e}"));
+    match VoteFile::new(&group).read() {
+        Err(Error::Io { op: "read", .. }) => {}
+        other => panic!("a directory named vote gave {other:?}"),
+    }
+}

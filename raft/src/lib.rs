@@ -1,0 +1,39 @@
+//! Replication for fissionlog on openraft 0.9.25 (`storage-v2`).
+//!
+//! The design is docs/REPLICATION.md. This crate holds the first pieces
+//! of it, each under its own tests:
+//!
+//! - [`TypeConfig`]: openraft's type configuration for every fissionlog
+//!   group, with the [`Command`]s a partition group's log carries;
+//! - [`VoteFile`]: a group's vote, saved durably (tmp + fsync + rename +
+//!   fsync of the directory, a version byte and a CRC) with all I/O through
+//!   [`VoteIo`], so tests check the order of the steps and what a power
+//!   loss keeps;
+//! - [`FrameCodec`]: the node-to-node frames (length prefix, version byte,
+//!   postcard payload, a maximum size checked before buffering) and the
+//!   [`PeerMessage`]s they carry.
+//!
+//! ## Not done yet
+//!
+//! Nothing here runs a Raft group. Missing, in the order docs/REPLICATION.md
+//! builds them: the library additions (Raft log ids in batch format 2,
+//! control batches, truncation after an index, the index translator); the
+//! `RaftLogStorage`/`RaftLogReader` on a partition, with openraft's storage
+//! test suite; the state machine and its snapshot; the transport's
+//! connection manager and `RaftNetworkFactory`; the controller group;
+//! splits across nodes; the multi-process tests and benchmarks.
+//!
+//! The single-node library does not depend on this crate: a broker that
+//! does not replicate compiles none of openraft, tokio or postcard.
+
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod frame;
+pub mod types;
+pub mod vote;
+
+pub use error::{Error, Result};
+pub use frame::{FrameCodec, PeerMessage, RaftRequest, RaftResponse};
+pub use types::{Command, CommandResponse, GroupId, NodeId, ProducerStamp, RecordIn, TypeConfig};
+pub use vote::{StdVoteIo, VoteFile, VoteIo};

@@ -220,9 +220,10 @@ impl Results {
         baseline: Option<Baseline>,
         f: Figure,
     ) {
-        let found = self.series.iter_mut().find(|s| {
-            s.system == system && s.workload == workload && s.baseline == baseline
-        });
+        let found = self
+            .series
+            .iter_mut()
+            .find(|s| s.system == system && s.workload == workload && s.baseline == baseline);
         match found {
             Some(s) => s.runs.push(f),
             None => self.series.push(Series {
@@ -254,7 +255,10 @@ fn run_raw(cfg: &Config, out: &mut Results) -> R<()> {
     let dir = procs::scratch_dir("raw")?;
     let figures = [
         (Baseline::Raw1, raw::single_writer(dir.path(), cfg.secs)?),
-        (Baseline::Raw16, raw::group_commit(dir.path(), 16, cfg.secs)?),
+        (
+            Baseline::Raw16,
+            raw::group_commit(dir.path(), 16, cfg.secs)?,
+        ),
         (Baseline::RawC1, raw::consume(dir.path(), cfg.messages, 1)?),
         (Baseline::RawC4, raw::consume(dir.path(), cfg.messages, 4)?),
     ];
@@ -265,12 +269,7 @@ fn run_raw(cfg: &Config, out: &mut Results) -> R<()> {
     Ok(())
 }
 
-async fn run_system(
-    spec: &Spec,
-    cfg: &Config,
-    recs: &Arc<Records>,
-    out: &mut Results,
-) -> R<()> {
+async fn run_system(spec: &Spec, cfg: &Config, recs: &Arc<Records>, out: &mut Results) -> R<()> {
     // Spawned here, on the main thread (see `procs::command`).
     let _server;
     let port = match spec.binary {

@@ -180,6 +180,12 @@ pub fn start_fissionlog() -> R<Server> {
         .arg("--dir")
         .arg(dir.path())
         .args(["--listen", "127.0.0.1:0"])
+        // PB keeps 256 requests outstanding, the server's default limit.
+        // The server counts a produce as in flight until a moment after
+        // its answer is queued, so a client that sends its next request as
+        // soon as an answer arrives can be refused with TooManyInFlight
+        // while it keeps within the limit; twice the window leaves room.
+        .args(["--max-in-flight", "512"])
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;

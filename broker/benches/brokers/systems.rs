@@ -78,7 +78,7 @@ pub enum Receiver {
         group: String,
         name: String,
     },
-    Nats(jetstream::consumer::PullConsumer),
+    Nats(Box<jetstream::consumer::PullConsumer>),
 }
 
 fn redis_url(port: u16) -> String {
@@ -219,7 +219,7 @@ impl Target {
             Kind::Nats => {
                 let js = nats_context(self.port).await?;
                 let stream = js.get_stream("C").await?;
-                Receiver::Nats(stream.get_consumer(group).await?)
+                Receiver::Nats(Box::new(stream.get_consumer(group).await?))
             }
         })
     }

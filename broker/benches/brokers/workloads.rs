@@ -19,7 +19,7 @@ use futures_util::StreamExt;
 
 use crate::stats::{Figure, Samples};
 use crate::systems::{Sender, Shape, Target};
-use crate::{R, KEY_BYTES, RECORD_BYTES};
+use crate::{KEY_BYTES, R, RECORD_BYTES};
 
 /// Records a PB connection has unacknowledged at most.
 pub const WINDOW: usize = 256;
@@ -99,12 +99,7 @@ pub async fn serial(
 }
 
 /// PB: one connection keeps up to `window` records unacknowledged, for `secs`.
-pub async fn pipelined(
-    target: &Target,
-    recs: &Records,
-    shape: Shape,
-    secs: Duration,
-) -> R<Figure> {
+pub async fn pipelined(target: &Target, recs: &Records, shape: Shape, secs: Duration) -> R<Figure> {
     let sender = target.sender(shape, false).await?;
     let t0 = Instant::now();
     let s = window(&sender, recs, WINDOW, Stop::At(t0 + secs)).await?;
@@ -130,7 +125,9 @@ async fn window(sender: &Sender, recs: &Records, window: usize, stop: Stop) -> R
             }
         {
             let t = Instant::now();
-            let ack = sender.start(recs.key(sent as usize), recs.value.clone()).await?;
+            let ack = sender
+                .start(recs.key(sent as usize), recs.value.clone())
+                .await?;
             in_flight.push(async move { ack.await.map(|()| t) });
             sent += 1;
         }

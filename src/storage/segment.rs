@@ -79,7 +79,7 @@ use crate::config::{ALLOC_CHUNK_MAX_BYTES, ALLOC_CHUNK_MIN_BYTES};
 use crate::error::{Error, IoContext, Result};
 use crate::format::batch::{self, BatchHeader, RecordIn};
 use crate::format::index::{self, IndexEntry};
-use crate::format::segment::{self, SegmentInfo, SEGMENT_HEADER_LEN};
+use crate::format::segment::{self, HeaderInfo, SEGMENT_HEADER_LEN};
 use crate::storage::durability::SyncTarget;
 use crate::storage::fault::{IoHook, IoOp, NoFaults};
 use crate::storage::file::{create_scratch, open_file, read_optional, Access};
@@ -260,7 +260,7 @@ impl Segment {
         path: &Path,
         writable: bool,
         hook: &dyn IoHook,
-    ) -> Result<(Segment, SegmentInfo)> {
+    ) -> Result<(Segment, HeaderInfo)> {
         hook.before(IoOp::OpenSegment, path).at(path)?;
         let file = open_file(path, access(writable))?;
         let len = file.metadata().at(path)?.len();

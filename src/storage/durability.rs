@@ -393,13 +393,15 @@ impl CheckpointFiles {
 /// (docs/PERFORMANCE.md, Run 7).
 #[derive(Debug, Default)]
 pub struct GroupCommit {
-    state: Mutex<GroupState>,
+    state: Mutex<CommitRounds>,
     /// Waiters for round `n` wait on `rounds[n % 2]`.
     rounds: [Condvar; 2],
 }
 
+/// Where group commit's rounds stand: how many started and completed,
+/// whether one runs now, and the last one that failed.
 #[derive(Debug, Default)]
-struct GroupState {
+struct CommitRounds {
     started: u64,
     completed: u64,
     running: bool,

@@ -12,7 +12,7 @@ use crate::recovery::{FileAction, RecoveryReport};
 use crate::storage::fault::IoOp;
 use crate::storage::segment::{segment_file_name, Segment};
 
-use super::classify::{Cursor, CutState, Disposal, Verdict};
+use super::classify::{damage_response, Cursor, CutState, DamageResponse, Disposal, Verdict};
 use super::keep::keep_segment;
 use super::{problem, ChainParams, RecoveredChain, SegmentFile};
 
@@ -29,15 +29,6 @@ pub(super) struct Repairs<'a, 'b> {
     /// its removal and lose theirs, and the next open would find a segment
     /// missing before one that is there: lost data, not a crash artifact.
     pub torn_creation: Option<PathBuf>,
-}
-
-/// How the mode answers damage in synced data (when it does not refuse).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum DamageResponse {
-    /// Salvage: the chain goes on without the damaged part.
-    Skip,
-    /// Truncate, or an analysis: the chain is cut in synced data.
-    Cut,
 }
 
 /// Carries out `verdict` for one file of the chain.
@@ -67,7 +58,7 @@ pub(super) fn apply(
         Verdict::Damaged { what } => {
             let response = r.corrupt(path, 0, what)?;
             r.set_aside(path, "damaged")?;
-            if response == DamageResponse::Cut {
+            if response != DamageResponse::Skip {
                 cur.cut_at(CutState::Synced);
             }
             Ok(())
@@ -101,7 +92,7 @@ pub(super) fn apply(
                 r.fill_hole(lost)?;
                 keep(base, path, file, cur, r)
             }
-            DamageResponse::Cut => {
+            DamageResponse::Refuse | DamageResponse::Cut => {
                 cur.handed_out(held_by(&mut file, base, r.p));
                 r.set_aside(path, "follows missing segments")?;
                 cur.cut_at(CutState::Synced);
@@ -176,7 +167,7 @@ impl Repairs<'_, '_> {
             lost.end
         );
         match self.missing(&path, lost.clone(), what)? {
-            DamageResponse::Cut => cur.cut_at(CutState::Synced),
+            DamageResponse::Refuse | DamageResponse::Cut => cur.cut_at(CutState::Synced),
             DamageResponse::Skip => {
                 let first = lost.end;
                 self.fill_hole(lost)?;
@@ -255,9 +246,9 @@ impl Repairs<'_, '_> {
         Ok(())
     }
 
-    /// Handles corruption in synced data according to the mode: an
-    /// analysis notes the problem and cuts, Strict refuses, Truncate cuts,
-    /// Salvage skips it.
+    /// Handles corruption in synced data according to the mode (see
+    /// [`damage_response`]): an analysis notes the problem and cuts, Strict
+    /// refuses, Truncate cuts, Salvage skips it. Never answers `Refuse`.
     pub(super) fn corrupt(
         &mut self,
         file: &Path,
@@ -276,14 +267,13 @@ impl Repairs<'_, '_> {
                 .push(problem(file, position, what, repair));
             return Ok(DamageResponse::Cut);
         }
-        match p.mode.recovery {
-            RecoveryMode::Strict => Err(Error::corruption(
+        match damage_response(&p.mode) {
+            DamageResponse::Refuse => Err(Error::corruption(
                 file,
                 position,
                 format!("{what}; open with RecoveryMode::Truncate or Salvage (fissionlog recover --mode truncate|salvage) to repair"),
             )),
-            RecoveryMode::Truncate => Ok(DamageResponse::Cut),
-            RecoveryMode::Salvage => Ok(DamageResponse::Skip),
+            response => Ok(response),
         }
     }
 

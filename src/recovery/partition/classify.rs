@@ -12,7 +12,7 @@ use crate::format::checkpoint::PartitionCheckpoint;
 use crate::format::segment::HeaderInfo;
 use crate::storage::segment::segment_file_name;
 
-use super::ChainParams;
+use super::{ChainParams, RecoverMode};
 
 /// Whether the chain was cut before the file at hand, and where.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -178,6 +178,30 @@ pub enum Verdict {
     Keep,
 }
 
+/// How the mode answers damage in synced data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DamageResponse {
+    /// Strict, repairing: the open fails and no file changes.
+    Refuse,
+    /// Truncate, or an analysis (which notes the problem): the chain is cut
+    /// in synced data.
+    Cut,
+    /// Salvage: the chain goes on without the damaged part.
+    Skip,
+}
+
+/// How `mode` answers damage in synced data. Pure.
+pub fn damage_response(mode: &RecoverMode) -> DamageResponse {
+    if !mode.write {
+        return DamageResponse::Cut;
+    }
+    match mode.recovery {
+        RecoveryMode::Strict => DamageResponse::Refuse,
+        RecoveryMode::Truncate => DamageResponse::Cut,
+        RecoveryMode::Salvage => DamageResponse::Skip,
+    }
+}
+
 /// Why a retired segment is deleted.
 pub const RETIRED_BACK: &str = "retired by retention, back after a crash";
 /// Why a segment after a cut leaves the chain.
@@ -310,7 +334,7 @@ fn discontinuity(
 mod tests {
     use super::*;
     use crate::config::RecoveryMode;
-    use crate::recovery::partition::{PartitionIds, RecoverMode};
+    use crate::recovery::partition::PartitionIds;
     use crate::storage::fault::NoFaults;
 
     fn params<'a>(cp: Option<&'a PartitionCheckpoint>, recovery: RecoveryMode) -> ChainParams<'a> {

@@ -24,6 +24,9 @@ use crate::recovery::scan::{scan_segment, ScanParams, ScanStop};
 use crate::topic::{NewRecord, SplitPlan, Topic};
 use crate::topology::{manifest, model};
 
+mod chain_repair;
+pub use chain_repair::check_chain_repair;
+
 const MODES: [RecoveryMode; 3] = [
     RecoveryMode::Strict,
     RecoveryMode::Truncate,

@@ -746,7 +746,11 @@ fn load_topic(
             forget_reclaim_cuts(report, &pdir);
         }
         for h in &chain.holes {
-            report.holes.push((rec.name.clone(), p.id, h.start, h.end));
+            report.holes.push(crate::recovery::Hole {
+                topic: rec.name.clone(),
+                partition: p.id,
+                offsets: h.clone().into(),
+            });
         }
         let sealed = matches!(p.state, PartitionState::Sealed { .. });
         crate::storage::segment::prepare_recovered_chain(

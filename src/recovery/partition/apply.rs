@@ -207,7 +207,7 @@ impl Repairs<'_, '_> {
             self.report.add(
                 path,
                 FileAction::MissingData {
-                    lost_offsets: (lost.start, lost.end),
+                    lost_offsets: lost.clone().into(),
                 },
             );
         }
@@ -239,7 +239,7 @@ impl Repairs<'_, '_> {
             filler.path(),
             FileAction::Salvaged {
                 position: SEGMENT_HEADER_LEN as u64,
-                lost_offsets: (lost.start, lost.end),
+                lost_offsets: lost.clone().into(),
             },
         );
         self.out.segments.push(filler);

@@ -272,7 +272,7 @@ impl Repairs<'_, '_> {
                 path,
                 FileAction::Salvaged {
                     position: h.position,
-                    lost_offsets: (lost.start, lost.end),
+                    lost_offsets: lost.clone().into(),
                 },
             );
             self.out.holes.push(lost);
@@ -312,7 +312,7 @@ impl Repairs<'_, '_> {
             path,
             FileAction::Salvaged {
                 position,
-                lost_offsets: (hole.start, hole.end),
+                lost_offsets: hole.clone().into(),
             },
         );
         self.out.holes.push(hole.clone());

@@ -141,42 +141,8 @@ pub fn check_chain_repair(data: &[u8]) {
         let before = cur.clone();
         let sync = SyncKnowledge::of(*base, &p);
         check_verdict(&verdict, &facts, &before, &sync);
-        // What the applier does to the cursor.
-        let held = match file {
-            File::Retired => 0,
-            File::Damaged(_) => *base,
-            File::Opened {
-                header, records, ..
-            } => header.seal.map_or(base + records, |s| s.0),
-        };
-        match &verdict {
-            Verdict::Discard {
-                held_handed_out, ..
-            } => {
-                if *held_handed_out {
-                    cur.handed_out(held);
-                }
-            }
-            Verdict::Damaged { .. } => match damage_response(&mode) {
-                DamageResponse::Refuse => return,
-                DamageResponse::Cut => cur.cut_at(CutState::Synced),
-                DamageResponse::Skip => {}
-            },
-            Verdict::TornCreation { .. } | Verdict::FollowsTornTail { .. } => {
-                if refuse_unknown_sync {
-                    return;
-                }
-                cur.cut_at(CutState::Unsynced);
-            }
-            Verdict::Gap { .. } => match damage_response(&mode) {
-                DamageResponse::Refuse => return,
-                DamageResponse::Cut => {
-                    cur.handed_out(held);
-                    cur.cut_at(CutState::Synced);
-                }
-                DamageResponse::Skip => keep(&mut cur, *base, file),
-            },
-            Verdict::Keep => keep(&mut cur, *base, file),
+        if !model_apply(&verdict, &mut cur, *base, file, &mode, refuse_unknown_sync) {
+            return;
         }
         assert!(cur.cut >= before.cut, "a cut healed: {before:?} -> {cur:?}");
         assert!(
@@ -184,6 +150,55 @@ pub fn check_chain_repair(data: &[u8]) {
             "handed-out offsets shrank: {before:?} -> {cur:?}"
         );
     }
+}
+
+/// What the applier does to the cursor for `verdict`; false when the mode
+/// refuses (the open fails, nothing after it is looked at).
+fn model_apply(
+    verdict: &Verdict,
+    cur: &mut Cursor,
+    base: u64,
+    file: &File,
+    mode: &RecoverMode,
+    refuse_unknown_sync: bool,
+) -> bool {
+    let held = match file {
+        File::Retired => 0,
+        File::Damaged(_) => base,
+        File::Opened {
+            header, records, ..
+        } => header.seal.map_or(base + records, |s| s.0),
+    };
+    match verdict {
+        Verdict::Discard {
+            held_handed_out, ..
+        } => {
+            if *held_handed_out {
+                cur.handed_out(held);
+            }
+        }
+        Verdict::Damaged { .. } => match damage_response(mode) {
+            DamageResponse::Refuse => return false,
+            DamageResponse::Cut => cur.cut_at(CutState::Synced),
+            DamageResponse::Skip => {}
+        },
+        Verdict::TornCreation { .. } | Verdict::FollowsTornTail { .. } => {
+            if refuse_unknown_sync {
+                return false;
+            }
+            cur.cut_at(CutState::Unsynced);
+        }
+        Verdict::Gap { .. } => match damage_response(mode) {
+            DamageResponse::Refuse => return false,
+            DamageResponse::Cut => {
+                cur.handed_out(held);
+                cur.cut_at(CutState::Synced);
+            }
+            DamageResponse::Skip => keep(cur, base, file),
+        },
+        Verdict::Keep => keep(cur, base, file),
+    }
+    true
 }
 
 /// A kept segment, as the applier keeps it after its scan.

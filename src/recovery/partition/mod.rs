@@ -378,6 +378,34 @@ pub(crate) struct ChainEnd {
     pub dir_missing: bool,
 }
 
+impl ChainEnd {
+    /// The end of a chain of `segments` repaired from `opened`, whose live
+    /// (not retired) files start at `live`.
+    fn of(
+        segments: &[Segment],
+        opened: &OpenedChain,
+        live: &[u64],
+        floor: u64,
+        p: &ChainParams<'_>,
+    ) -> ChainEnd {
+        let cp = p.checkpoint_in_data();
+        ChainEnd {
+            chain_end: segments.last().map_or(floor, |s| s.end_offset()),
+            checkpoint_file_missing: cp.is_some_and(|c| {
+                c.segment_base >= floor
+                    && !live.contains(&c.segment_base)
+                    && !opened.set_aside.contains(&c.segment_base)
+            }),
+            no_segment: live.is_empty()
+                && opened.set_aside.is_empty()
+                && (p.sealed.is_none() || p.checkpoint.is_none()),
+            ends_rolled: segments.last().is_some_and(|s| s.is_sealed()),
+            last_file: segments.last().map(|s| s.path().to_path_buf()),
+            dir_missing: opened.dir_missing,
+        }
+    }
+}
+
 /// Data missing at the end of a chain: the offsets, the file that should
 /// hold them, and what the report says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -455,21 +483,7 @@ fn finish_chain(
         // their stale records would continue the chain (phantoms, C2).
         crate::storage::sync_dir(p.hook, IoOp::SyncRecoveryDir, p.dir)?;
     }
-    let cp = p.checkpoint_in_data();
-    let end = ChainEnd {
-        chain_end: r.out.segments.last().map_or(floor, |s| s.end_offset()),
-        checkpoint_file_missing: cp.is_some_and(|c| {
-            c.segment_base >= floor
-                && !live.contains(&c.segment_base)
-                && !opened.set_aside.contains(&c.segment_base)
-        }),
-        no_segment: live.is_empty()
-            && opened.set_aside.is_empty()
-            && (p.sealed.is_none() || p.checkpoint.is_none()),
-        ends_rolled: r.out.segments.last().is_some_and(|s| s.is_sealed()),
-        last_file: r.out.segments.last().map(|s| s.path().to_path_buf()),
-        dir_missing: opened.dir_missing,
-    };
+    let end = ChainEnd::of(&r.out.segments, opened, live, floor, p);
     // A sealed partition whose files hold less than its seal lost data
     // whatever its files look like (its only segment unreadable, say): the
     // split or merge that sealed it synced its segments and their names

@@ -29,17 +29,19 @@ enum File {
     Damaged(Error),
 }
 
+/// A generated chain and the parameters it is repaired under.
+struct Chain {
+    mode: RecoverMode,
+    checkpoint: Option<PartitionCheckpoint>,
+    sealed: Option<u64>,
+    checkpoint_lost: bool,
+    /// Base offsets (increasing) and files.
+    files: Vec<(u64, File)>,
+}
+
 /// Decodes a chain: the mode, a checkpoint, a seal, then up to 16 files
 /// with increasing base offsets.
-fn decode(
-    input: &mut Input<'_>,
-) -> (
-    RecoverMode,
-    Option<PartitionCheckpoint>,
-    Option<u64>,
-    bool,
-    Vec<(u64, File)>,
-) {
+fn decode(input: &mut Input<'_>) -> Chain {
     let flags = input.u8();
     let mode = RecoverMode {
         write: flags & 1 != 0,
@@ -86,7 +88,13 @@ fn decode(
         files.push((base, file));
         base += 1;
     }
-    (mode, checkpoint, sealed, checkpoint_lost, files)
+    Chain {
+        mode,
+        checkpoint,
+        sealed,
+        checkpoint_lost,
+        files,
+    }
 }
 
 /// Chain repair's classifier, over an arbitrary chain: the same facts give
@@ -96,7 +104,13 @@ fn decode(
 /// exactly the missing offsets.
 pub fn check_chain_repair(data: &[u8]) {
     let mut input = Input::new(data);
-    let (mode, checkpoint, sealed, checkpoint_lost, files) = decode(&mut input);
+    let Chain {
+        mode,
+        checkpoint,
+        sealed,
+        checkpoint_lost,
+        files,
+    } = decode(&mut input);
     let dir = PathBuf::from("/nonexistent/topics/t1/p2");
     let p = ChainParams {
         dir: &dir,

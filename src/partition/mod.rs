@@ -185,6 +185,14 @@ pub struct Partition {
     me: Weak<Partition>,
 }
 
+/// Wall-clock milliseconds since the Unix epoch (0 before it): the default
+/// record timestamp. One `clock_gettime(CLOCK_REALTIME)` and integer math;
+/// `SystemTime::now().duration_since(UNIX_EPOCH)` cost ~84 instructions per
+/// single-record append (callgrind), 10% of it.
+#[allow(
+    clippy::unnecessary_cast,
+    reason = "time_t and c_long are 32 bits on some Linux targets"
+)]
 pub(crate) fn now_ms() -> i64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

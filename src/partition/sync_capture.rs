@@ -53,15 +53,6 @@ impl SyncCapture {
     }
 }
 
-/// Wall-clock milliseconds since the Unix epoch (0 before it): the default
-/// record timestamp. One `clock_gettime(CLOCK_REALTIME)` and integer math;
-/// `SystemTime::now().duration_since(UNIX_EPOCH)` cost ~84 instructions per
-/// single-record append (callgrind), 10% of it.
-#[allow(
-    clippy::unnecessary_cast,
-    reason = "time_t and c_long are 32 bits on some Linux targets"
-)]
-
 impl Partition {
     /// Syncs everything written so far while the caller holds the writer
     /// lock (nothing can be appended meanwhile). A failed fsync poisons

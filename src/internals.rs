@@ -12,8 +12,8 @@
 /// replay tests (`tests/fuzz_corpus.rs`): see `src/fuzz_checks.rs`.
 pub mod fuzz_checks {
     pub use crate::fuzz_checks::{
-        check_batch_decode, check_checkpoint_decode, check_log_recovery, check_manifest_replay,
-        check_ops_model, check_segment_scan, ScratchDir,
+        check_batch_decode, check_chain_repair, check_checkpoint_decode, check_log_recovery,
+        check_manifest_replay, check_ops_model, check_segment_scan, ScratchDir,
     };
 }
 

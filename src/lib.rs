@@ -118,7 +118,7 @@ pub use partition::{Partition, SegmentInfo};
 pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};
 pub use reader::{Cut, Reader, RetainedRange, StartAt};
 pub use recovery::partition::Problem;
-pub use recovery::{FileAction, FileReport, RecoveryReport};
+pub use recovery::{FileAction, FileReport, Hole, OffsetRange, RecoveryReport};
 pub use storage::durability::SyncBackend;
 pub use storage::fault::{IoHook, IoOp, NoFaults};
 pub use tail::{MovedRange, TailFrom, TailReclaimOutcome, TailSplitOptions, TailSplitOutcome};

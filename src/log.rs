@@ -15,7 +15,8 @@ use crate::events::{EventHub, TopologyEvent};
 use crate::format::checkpoint::{Checkpoint, PartitionCheckpoint};
 use crate::format::manifest::{ManifestRecord, PartitionRecord, PartitionState, TopicRecord};
 use crate::recovery::partition::{
-    open_chain, recover_chain, repair_chain, ChainParams, OpenedChain, Problem, RecoverMode,
+    open_chain, recover_chain, repair_chain, ChainParams, OpenedChain, PartitionIds, Problem,
+    RecoverMode,
 };
 use crate::recovery::{FileAction, RecoveryReport};
 use crate::storage::durability::{
@@ -679,7 +680,10 @@ fn chain_params<'a>(
         });
     ChainParams {
         dir: pdir,
-        ids: (rec.id, partition),
+        ids: PartitionIds {
+            topic: rec.id,
+            partition,
+        },
         index_interval: u64::from(rec.config.index_interval_bytes),
         segment_bytes: rec.config.segment_bytes,
         checkpoint: cps.get(&(rec.id, partition)).copied(),
@@ -741,8 +745,12 @@ fn load_topic(
         {
             forget_reclaim_cuts(report, &pdir);
         }
-        for &(s, e) in &chain.holes {
-            report.holes.push((rec.name.clone(), p.id, s, e));
+        for h in &chain.holes {
+            report.holes.push(crate::recovery::Hole {
+                topic: rec.name.clone(),
+                partition: p.id,
+                offsets: h.clone().into(),
+            });
         }
         let sealed = matches!(p.state, PartitionState::Sealed { .. });
         crate::storage::segment::prepare_recovered_chain(
@@ -798,7 +806,7 @@ fn load_topic(
             segs.push(Arc::new(seg));
         }
         let retired_below = cps.get(&(rec.id, p.id)).map_or(0, |c| c.start_offset);
-        let part = topic.make_partition(p.id, segs, (p.start, p.end), sealed, chain.durable);
+        let part = topic.make_partition(p.id, segs, (p.start, p.end), sealed, chain.durable.into());
         part.set_retired_below(retired_below);
         if let Some(c) = cps.get(&(rec.id, p.id)) {
             let snap = crate::balance::RateSnapshot {
@@ -1211,7 +1219,10 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
             let pdir = partition_dir(&topic_dir(dir, t.id), p.id);
             let params = ChainParams {
                 dir: &pdir,
-                ids: (t.id, p.id),
+                ids: PartitionIds {
+                    topic: t.id,
+                    partition: p.id,
+                },
                 index_interval: u64::from(t.config.index_interval_bytes),
                 segment_bytes: t.config.segment_bytes,
                 checkpoint: cps.get(&(t.id, p.id)).copied(),

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::format::batch::{self, RecordIter};
 use crate::storage::lock::DirLock;
-use crate::storage::segment::{Committed, Segment};
+use crate::storage::segment::{CommittedBytes, Segment};
 
 /// How far a read may see into a partition.
 ///
@@ -266,7 +266,7 @@ enum Failure {
 /// The records of a batch range, parsed again as they are iterated.
 struct Records<'a> {
     segment: &'a Segment,
-    data: Committed<'a>,
+    data: CommittedBytes<'a>,
     /// File position of the next batch.
     pos: u64,
     end: u64,

@@ -17,13 +17,14 @@ use fissionlog::internals::fuzz_checks as fc;
 
 type Check = fn(&[u8]);
 
-const TARGETS: [(&str, Check, usize); 6] = [
+const TARGETS: [(&str, Check, usize); 7] = [
     ("segment_scan", fc::check_segment_scan, 200),
     ("manifest_replay", fc::check_manifest_replay, 200),
     ("batch_decode", fc::check_batch_decode, 200),
     ("checkpoint_decode", fc::check_checkpoint_decode, 200),
     ("log_recovery", fc::check_log_recovery, 60),
     ("ops_model", fc::check_ops_model, 40),
+    ("chain_repair", fc::check_chain_repair, 500),
 ];
 
 fn corpus_dir(target: &str) -> PathBuf {
@@ -151,6 +152,11 @@ fn log_recovery_corpus() {
 #[test]
 fn ops_model_corpus() {
     run_target("ops_model");
+}
+
+#[test]
+fn chain_repair_corpus() {
+    run_target("chain_repair");
 }
 
 // ------------------------------------------------------------ seed corpus
@@ -420,6 +426,32 @@ fn ops_seeds() -> Vec<Vec<u8>> {
     ]
 }
 
+/// Chains for `check_chain_repair`: a mode byte (bit 0 write, bit 1 full
+/// scan, bits 2.. the recovery mode, bit 6 checkpoint lost, bit 7 a
+/// checkpoint follows: segment base, position (2 bytes), end offset,
+/// floor), a seal byte (bit 0: sealed at the rest), then per file: the gap
+/// to its base, its kind (0 retired, 1 damaged, else opened; bit 2 sealed,
+/// bits 3.. how its scan stops), its records, a damage byte.
+fn chain_seeds() -> Vec<Vec<u8>> {
+    vec![
+        // Salvage, repairing, the checkpoint in the third segment: two
+        // sealed rolled segments, then one with a torn tail.
+        vec![
+            0x81, 8, 64, 0, 8, 0, 0, 0, 6, 4, 0, 3, 6, 4, 0, 3, 0x0A, 4, 0,
+        ],
+        // Truncate, repairing, no checkpoint: an offset missing before the
+        // second segment, then a torn creation.
+        vec![0x05, 0, 0, 6, 3, 0, 3, 2, 3, 0, 0, 1],
+        // Strict analysis of a sealed partition: a retired file brought
+        // back, a corrupt segment, a header naming another partition.
+        vec![
+            0x84, 9, 100, 0, 7, 1, 21, 0, 0, 0, 6, 4, 0, 3, 0x12, 3, 0, 2, 2, 2, 0xFF,
+        ],
+        // Salvage with the checkpoint lost: a header naming another base.
+        vec![0x45, 0, 0, 3, 2, 0xFE, 0, 6, 2, 0],
+    ]
+}
+
 /// Writes the seed corpora. Run after a format change.
 #[test]
 #[ignore]
@@ -431,6 +463,7 @@ fn generate_seed_corpus() {
         ("checkpoint_decode", checkpoint_seeds()),
         ("log_recovery", log_recovery_seeds()),
         ("ops_model", ops_seeds()),
+        ("chain_repair", chain_seeds()),
     ];
     for (target, seeds) in all {
         let dir = corpus_dir(target);

@@ -244,7 +244,7 @@ fn run_case(root: &Path, made: Made, m: Missing) {
             .files
             .iter()
             .filter_map(|f| match f.action {
-                FileAction::MissingData { lost_offsets } => Some(lost_offsets),
+                FileAction::MissingData { lost_offsets: l } => Some((l.start, l.end)),
                 _ => None,
             })
             .collect();
@@ -578,7 +578,7 @@ fn sealed_partition_missing_every_file_is_repaired_once() {
             .files
             .iter()
             .filter_map(|f| match f.action {
-                FileAction::MissingData { lost_offsets } => Some(lost_offsets),
+                FileAction::MissingData { lost_offsets: l } => Some((l.start, l.end)),
                 _ => None,
             })
             .collect();

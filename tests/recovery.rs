@@ -209,10 +209,10 @@ fn mid_segment_corruption_per_mode() {
                         ..
                     })
                 ));
-                assert_eq!(
-                    log.recovery_report().holes,
-                    vec![("t".to_string(), 0, 3, 4)]
-                );
+                let holes = &log.recovery_report().holes;
+                assert_eq!(holes.len(), 1, "{holes:?}");
+                assert_eq!((holes[0].topic.as_str(), holes[0].partition), ("t", 0));
+                assert_eq!(holes[0].offsets.as_range(), 3..4);
                 drop(p);
                 log.close().unwrap();
                 // The hole is permanent and reopening is idempotent.

@@ -328,7 +328,7 @@ fn sealed_partition_missing_its_last_segment_is_not_silently_shorter() {
         .files
         .iter()
         .filter_map(|f| match f.action {
-            fissionlog::FileAction::MissingData { lost_offsets } => Some(lost_offsets),
+            fissionlog::FileAction::MissingData { lost_offsets: l } => Some((l.start, l.end)),
             _ => None,
         })
         .collect();

@@ -622,7 +622,11 @@ fn salvage_keeps_the_segments_after_a_torn_rolled_segment() {
     let log = Log::open(&path, opts(RecoveryMode::Salvage)).unwrap();
     let holes = log.recovery_report().holes.clone();
     assert_eq!(holes.len(), 1, "{holes:?}");
-    let (_, partition, start, end) = holes[0].clone();
+    let (partition, start, end) = (
+        holes[0].partition,
+        holes[0].offsets.start,
+        holes[0].offsets.end,
+    );
     assert_eq!(partition, 0);
     // The tear cost the last batches of the first segment only.
     assert!(start > 0 && end <= 40 && start < end, "{holes:?}");

@@ -76,7 +76,7 @@ fn salvaged_gap_survives_a_strict_reopen() {
             .recovery_report()
             .holes
             .iter()
-            .any(|h| h.2 == lost_start && h.3 == lost_end));
+            .any(|h| h.offsets.start == lost_start && h.offsets.end == lost_end));
         log.close().unwrap();
     }
     // The hole is on disk now: a strict open accepts the chain.

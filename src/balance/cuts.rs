@@ -10,7 +10,7 @@
 /// largest piece smallest (at least an equal share, at least the heaviest
 /// key), and within that each piece aims at an equal share of what is
 /// left. Empty when there is no load.
-pub(super) fn cut_points(segments: &[Segment], pieces: usize) -> Vec<u64> {
+pub(super) fn cut_points(segments: &[HashSpan], pieces: usize) -> Vec<u64> {
     let sum = segments.last().map_or(0.0, |s| s.cum_after);
     if pieces < 2 || !(sum.is_finite() && sum > 0.0) {
         return Vec::new();
@@ -53,7 +53,7 @@ pub(super) fn cut_points(segments: &[Segment], pieces: usize) -> Vec<u64> {
 }
 
 /// The load of the largest piece that `cuts` make.
-pub(super) fn largest_piece(segments: &[Segment], cuts: &[u64]) -> f64 {
+pub(super) fn largest_piece(segments: &[HashSpan], cuts: &[u64]) -> f64 {
     let sum = segments.last().map_or(0.0, |s| s.cum_after);
     let mut largest: f64 = 0.0;
     let mut before = 0.0;
@@ -66,7 +66,7 @@ pub(super) fn largest_piece(segments: &[Segment], cuts: &[u64]) -> f64 {
 }
 
 /// The load on hashes `<= m`.
-pub(super) fn load_up_to(segments: &[Segment], m: u64) -> f64 {
+pub(super) fn load_up_to(segments: &[HashSpan], m: u64) -> f64 {
     let mut total = 0.0;
     for s in segments {
         if s.hi <= m {
@@ -83,7 +83,7 @@ pub(super) fn load_up_to(segments: &[Segment], m: u64) -> f64 {
 
 /// A stretch of a load map's range with its load, in hash order.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Segment {
+pub struct HashSpan {
     /// First hash.
     pub lo: u64,
     /// Last hash.
@@ -92,14 +92,14 @@ pub struct Segment {
     pub mass: f64,
     /// One tracked key (`lo == hi`), which a cut cannot divide.
     pub point: bool,
-    /// Load of every segment up to and including this one.
+    /// Load of every span up to and including this one.
     pub cum_after: f64,
 }
 
 /// Cuts (each the last hash of a piece) that fill pieces from the left up to
 /// `limit` each: a tracked key is never divided (a piece ends before it if
 /// it would not fit), a uniform stretch is cut where the piece is full.
-fn greedy_cuts(segments: &[Segment], limit: f64) -> Vec<u64> {
+fn greedy_cuts(segments: &[HashSpan], limit: f64) -> Vec<u64> {
     let mut cuts = Vec::new();
     let mut acc = 0.0;
     for s in segments {
@@ -153,7 +153,7 @@ fn value_before(lo: u64, at: f64) -> u64 {
 /// goes to the piece whose end it brings closer to that aim (never past
 /// `cap`), a uniform stretch is cut at the aim. The last piece takes the
 /// rest.
-fn balanced_cuts(segments: &[Segment], pieces: usize, cap: f64) -> Vec<u64> {
+fn balanced_cuts(segments: &[HashSpan], pieces: usize, cap: f64) -> Vec<u64> {
     let total = segments.last().map_or(0.0, |s| s.cum_after);
     let mut cuts: Vec<u64> = Vec::new();
     let mut done = 0.0;
@@ -208,13 +208,13 @@ mod tests {
     use super::*;
 
     /// Segments from (lo, hi, mass, point) in order.
-    fn segments(parts: &[(u64, u64, f64, bool)]) -> Vec<Segment> {
+    fn segments(parts: &[(u64, u64, f64, bool)]) -> Vec<HashSpan> {
         let mut cum = 0.0;
         parts
             .iter()
             .map(|&(lo, hi, mass, point)| {
                 cum += mass;
-                Segment {
+                HashSpan {
                     lo,
                     hi,
                     mass,

@@ -14,7 +14,7 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::cuts::{cut_points, load_up_to, Segment};
+use super::cuts::{cut_points, load_up_to, HashSpan};
 use super::policy::RateOf;
 use super::{duration_nanos, BalancePolicy, HotKey, WindowRate};
 
@@ -50,7 +50,7 @@ pub struct PartitionLoad {
     /// unknown, and a topic with a loaded partition of unknown profile is
     /// only split partition by partition.
     #[serde(skip)]
-    pub profile: Vec<Segment>,
+    pub profile: Vec<HashSpan>,
     /// The partitions it was made from: none for an initial partition, one
     /// after a split, two after a merge. Children of one split are never
     /// merged back by the grid's fit rule (only the cold rule may): a
@@ -639,7 +639,7 @@ const EDGE_TOLERANCE: f64 = 0.1;
 struct Grid {
     /// The topic's load in hash order, in targets: the partitions that may
     /// be cut by their profiles, every other one as one indivisible block.
-    segments: Vec<Segment>,
+    segments: Vec<HashSpan>,
     /// Cut points of `segments` into the fewest pieces that fit.
     cuts: Vec<u64>,
     /// Mean load of a piece when every partition may be cut, in targets.
@@ -657,12 +657,12 @@ struct Grid {
 
 /// The topic's load in hash order, in targets: each partition's profile
 /// scaled to its load if `cuttable`, otherwise one indivisible block.
-fn layout(sorted: &[&PartitionLoad], loads: &[f64], cuttable: &[bool]) -> Vec<Segment> {
-    let mut out: Vec<Segment> = Vec::new();
+fn layout(sorted: &[&PartitionLoad], loads: &[f64], cuttable: &[bool]) -> Vec<HashSpan> {
+    let mut out: Vec<HashSpan> = Vec::new();
     let mut cum = 0.0;
     let mut push = |lo: u64, hi: u64, mass: f64, point: bool| {
         cum += mass;
-        out.push(Segment {
+        out.push(HashSpan {
             lo,
             hi,
             mass,
@@ -690,7 +690,7 @@ fn layout(sorted: &[&PartitionLoad], loads: &[f64], cuttable: &[bool]) -> Vec<Se
 /// The fewest pieces (at most `max`) that cut `segments` into pieces of at
 /// most [`GRID_FILL`] each, except a piece that is a single indivisible segment,
 /// with their cut points.
-fn pieces_for(segments: &[Segment], max: usize) -> (usize, Vec<u64>) {
+fn pieces_for(segments: &[HashSpan], max: usize) -> (usize, Vec<u64>) {
     let total = segments.last().map_or(0.0, |s| s.cum_after);
     let heavy: Vec<f64> = segments
         .iter()
@@ -715,7 +715,7 @@ fn pieces_for(segments: &[Segment], max: usize) -> (usize, Vec<u64>) {
 /// heavy keys can leave one (the pieces on either side of a key are
 /// whatever the key leaves), and a sliver is a partition more for the same
 /// load: it lowers the mean against the busiest piece.
-fn without_slivers(segments: &[Segment], mut cuts: Vec<u64>) -> Vec<u64> {
+fn without_slivers(segments: &[HashSpan], mut cuts: Vec<u64>) -> Vec<u64> {
     let total = segments.last().map_or(0.0, |s| s.cum_after);
     let Some(last) = segments.last().map(|s| s.hi) else {
         return cuts;
@@ -758,7 +758,7 @@ fn without_slivers(segments: &[Segment], mut cuts: Vec<u64>) -> Vec<u64> {
 
 /// Whether every piece `cuts` makes carries at most [`GRID_FILL`], or is one
 /// indivisible segment and nothing else.
-fn fits(segments: &[Segment], cuts: &[u64]) -> bool {
+fn fits(segments: &[HashSpan], cuts: &[u64]) -> bool {
     let total = segments.last().map_or(0.0, |s| s.cum_after);
     let slack = 1e-9 * total.max(1.0);
     let mut lo = segments.first().map_or(0, |s| s.lo);

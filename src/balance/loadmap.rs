@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::cuts::{cut_points, Segment};
+use super::cuts::{cut_points, HashSpan};
 use super::duration_nanos;
 
 /// Weights below this total are dropped entirely after a decay: the
@@ -283,7 +283,7 @@ impl LoadMap {
     /// the bucket's remaining weight. Empty when nothing was recorded: the
     /// balancer lays the profiles of all partitions side by side to cut
     /// the topic as a whole (see `balance::decide`).
-    pub(crate) fn profile(&self) -> Vec<Segment> {
+    pub(crate) fn profile(&self) -> Vec<HashSpan> {
         if self.is_empty() {
             return Vec::new();
         }
@@ -291,7 +291,7 @@ impl LoadMap {
     }
 
     /// See [`LoadMap::profile`].
-    fn segments(&self) -> Vec<Segment> {
+    fn segments(&self) -> Vec<HashSpan> {
         let mut keys: Vec<(u64, f64)> = self
             .counters
             .iter()
@@ -300,9 +300,9 @@ impl LoadMap {
         keys.sort_by_key(|k| k.0);
         let mut out = Vec::with_capacity(self.buckets.len() + 2 * keys.len());
         let mut cum = 0.0;
-        let mut push = |lo: u64, hi: u64, mass: f64, point: bool, out: &mut Vec<Segment>| {
+        let mut push = |lo: u64, hi: u64, mass: f64, point: bool, out: &mut Vec<HashSpan>| {
             cum += mass;
-            out.push(Segment {
+            out.push(HashSpan {
                 lo,
                 hi,
                 mass,

@@ -52,7 +52,7 @@ const _: () = assert!(std::mem::size_of::<SegmentHeader>() == SEGMENT_HEADER_LEN
 
 /// Decoded segment identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SegmentInfo {
+pub struct HeaderInfo {
     /// Topic id.
     pub topic_id: u32,
     /// Partition id.
@@ -131,7 +131,7 @@ pub fn encode_seal(end_offset: u64, end_pos: u64) -> [u8; 20] {
 pub const SEAL_POS: usize = 44;
 
 /// Decodes and validates a header.
-pub fn decode_header(buf: &[u8]) -> Result<SegmentInfo, HeaderError> {
+pub fn decode_header(buf: &[u8]) -> Result<HeaderInfo, HeaderError> {
     let Ok((h, _)) = SegmentHeader::read_from_prefix(buf) else {
         return Err(HeaderError::Short);
     };
@@ -156,7 +156,7 @@ pub fn decode_header(buf: &[u8]) -> Result<SegmentInfo, HeaderError> {
         && h.seal_end_pos.get() >= SEGMENT_HEADER_LEN as u64
         && h.seal_end_offset.get() >= h.base_offset.get())
     .then(|| (h.seal_end_offset.get(), h.seal_end_pos.get()));
-    Ok(SegmentInfo {
+    Ok(HeaderInfo {
         topic_id: h.topic_id.get(),
         partition_id: h.partition_id.get(),
         base_offset: h.base_offset.get(),
@@ -175,7 +175,7 @@ mod tests {
         let info = decode_header(&h).unwrap();
         assert_eq!(
             info,
-            SegmentInfo {
+            HeaderInfo {
                 topic_id: 3,
                 partition_id: 9,
                 base_offset: 1000,

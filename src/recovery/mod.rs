@@ -9,9 +9,66 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+/// Offsets `[start, end)`. In JSON, `[start, end]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OffsetRange {
+    /// The first offset of the range.
+    pub start: u64,
+    /// The offset after its last.
+    pub end: u64,
+}
+
+impl OffsetRange {
+    /// The offsets as a `Range`.
+    pub fn as_range(&self) -> std::ops::Range<u64> {
+        self.start..self.end
+    }
+}
+
+impl From<std::ops::Range<u64>> for OffsetRange {
+    fn from(r: std::ops::Range<u64>) -> OffsetRange {
+        OffsetRange {
+            start: r.start,
+            end: r.end,
+        }
+    }
+}
+
+impl Serialize for OffsetRange {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (self.start, self.end).serialize(s)
+    }
+}
+
+/// Offsets of one partition that read as a hole after recovery: salvaged
+/// damage, or data whose file was missing. In JSON, `[topic, partition,
+/// start, end]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hole {
+    /// The topic's name.
+    pub topic: String,
+    /// The partition's id.
+    pub partition: u32,
+    /// The lost offsets.
+    pub offsets: OffsetRange,
+}
+
+impl Serialize for Hole {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (
+            &self.topic,
+            self.partition,
+            self.offsets.start,
+            self.offsets.end,
+        )
+            .serialize(s)
+    }
+}
+
 /// What recovery did to one file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FileAction {
     /// A torn tail (unsynced writes) was cut off.
     TruncatedTornTail {
@@ -35,8 +92,8 @@ pub enum FileAction {
     Salvaged {
         /// Position of the damage.
         position: u64,
-        /// Lost offsets `[start, end)`.
-        lost_offsets: (u64, u64),
+        /// The offsets lost with the damage.
+        lost_offsets: OffsetRange,
     },
     /// A segment after the truncation point was deleted.
     DeletedSegment {
@@ -63,8 +120,8 @@ pub enum FileAction {
     /// without it; Strict refuses). The offsets are never handed out again:
     /// they read as a hole.
     MissingData {
-        /// Offsets `[start, end)` that were lost with it.
-        lost_offsets: (u64, u64),
+        /// The offsets that were lost with it.
+        lost_offsets: OffsetRange,
     },
     /// A checkpoint file was invalid (the other one was used).
     InvalidCheckpoint {
@@ -113,8 +170,8 @@ pub struct RecoveryReport {
     pub manifest: crate::topology::manifest::ManifestReport,
     /// Per-file actions.
     pub files: Vec<FileReport>,
-    /// Salvage holes: (topic, partition, first lost offset, end).
-    pub holes: Vec<(String, u32, u64, u64)>,
+    /// Offsets that read as holes: salvaged damage and missing data.
+    pub holes: Vec<Hole>,
     /// Consumer group positions past what recovery kept: moved back to the
     /// partition's end (durably, before any append) and reported here.
     pub group_positions_lost: Vec<crate::group::LostGroupPosition>,

@@ -111,40 +111,16 @@ pub fn scan_segment(file: &[u8], p: &ScanParams) -> ScanOutcome {
         let rest = file.get(pos as usize..).unwrap_or(&[]);
         let err = match batch::validate(rest, Some(out.end_offset)) {
             Ok(h) => {
-                if last_indexed.is_none_or(|l| pos - l >= p.index_interval) {
-                    out.index.push(IndexEntry {
-                        rel_offset: (out.end_offset - p.base_offset) as u32,
-                        position: pos as u32,
-                        max_ts_before: out.max_ts,
-                    });
-                    last_indexed = Some(pos);
-                }
-                if !batch::is_hole(&h) {
-                    out.records += u64::from(h.record_count.get());
-                    out.max_ts = out.max_ts.max(h.max_ts.get());
-                }
-                out.end_offset += u64::from(h.record_count.get());
-                pos += u64::from(h.batch_len.get());
-                out.end_pos = pos;
+                take_batch(&mut out, &h, pos, &mut last_indexed, p);
+                pos = out.end_pos;
                 continue;
             }
             Err(e) => e,
         };
         if pos >= p.durable_until {
-            // Past the synced region: zeros are the end of data; anything
-            // else is a torn write. Only a bounded window is examined, so a
-            // large preallocated segment costs nothing at open.
-            let window = &rest[..rest.len().min(TORN_LOOKAHEAD)];
-            if window.iter().all(|&b| b == 0) {
-                return out;
+            if let Some(stop) = past_synced(file, pos, out.end_offset, &err) {
+                out.stop = stop;
             }
-            let window_end = (pos as usize + TORN_LOOKAHEAD).min(file.len());
-            let later = find_next_valid(&file[..window_end], pos + 1, out.end_offset);
-            out.stop = ScanStop::Torn {
-                position: pos,
-                reason: err.to_string(),
-                later_valid: later.is_some(),
-            };
             return out;
         }
         let next = find_next_valid(file, pos + 1, out.end_offset);
@@ -181,6 +157,55 @@ pub fn scan_segment(file: &[u8], p: &ScanParams) -> ScanOutcome {
             }
         }
     }
+}
+
+/// Takes the valid batch `h` at `pos` into `out`, with an index entry when
+/// it starts `p.index_interval` bytes or more after the last one.
+fn take_batch(
+    out: &mut ScanOutcome,
+    h: &batch::BatchHeader,
+    pos: u64,
+    last_indexed: &mut Option<u64>,
+    p: &ScanParams,
+) {
+    if last_indexed.is_none_or(|l| pos - l >= p.index_interval) {
+        out.index.push(IndexEntry {
+            rel_offset: (out.end_offset - p.base_offset) as u32,
+            position: pos as u32,
+            max_ts_before: out.max_ts,
+        });
+        *last_indexed = Some(pos);
+    }
+    if !batch::is_hole(h) {
+        out.records += u64::from(h.record_count.get());
+        out.max_ts = out.max_ts.max(h.max_ts.get());
+    }
+    out.end_offset += u64::from(h.record_count.get());
+    out.end_pos = pos + u64::from(h.batch_len.get());
+}
+
+/// How a scan stops at invalid bytes at `pos`, past the synced region:
+/// zeros are the end of data (`None`); anything else is a torn write. Only
+/// a bounded window is examined, so a large preallocated segment costs
+/// nothing at open.
+fn past_synced(
+    file: &[u8],
+    pos: u64,
+    end_offset: u64,
+    err: &impl std::fmt::Display,
+) -> Option<ScanStop> {
+    let rest = file.get(pos as usize..).unwrap_or(&[]);
+    let window = &rest[..rest.len().min(TORN_LOOKAHEAD)];
+    if window.iter().all(|&b| b == 0) {
+        return None;
+    }
+    let window_end = (pos as usize + TORN_LOOKAHEAD).min(file.len());
+    let later = find_next_valid(&file[..window_end], pos + 1, end_offset);
+    Some(ScanStop::Torn {
+        position: pos,
+        reason: err.to_string(),
+        later_valid: later.is_some(),
+    })
 }
 
 /// First position at or after `from` holding a valid batch whose base offset

@@ -393,13 +393,15 @@ impl CheckpointFiles {
 /// (docs/PERFORMANCE.md, Run 7).
 #[derive(Debug, Default)]
 pub struct GroupCommit {
-    state: Mutex<GroupState>,
+    state: Mutex<CommitRounds>,
     /// Waiters for round `n` wait on `rounds[n % 2]`.
     rounds: [Condvar; 2],
 }
 
+/// Where group commit's rounds stand: how many started and completed,
+/// whether one runs now, and the last one that failed.
 #[derive(Debug, Default)]
-struct GroupState {
+struct CommitRounds {
     started: u64,
     completed: u64,
     running: bool,
@@ -506,14 +508,14 @@ mod tests {
         (i * 7 + round).is_multiple_of(5)
     }
 
-    /// Issue 7, finding 8: signals interrupting io_uring waits. A no-op
+    /// Signals interrupting io_uring waits. A no-op
     /// SIGUSR1 handler without SA_RESTART makes a blocking io_uring_enter
     /// return EINTR; another thread sends SIGUSR1 to the syncing thread
     /// over and over while rounds of 1 to 300 targets (crossing the
     /// 128-entry chunks) run. Every round must report exactly its own
     /// per-target results, and nothing may panic or underflow.
     #[test]
-    fn f8_sync_rounds_interrupted_by_signals_report_each_target() {
+    fn sync_rounds_interrupted_by_signals_report_each_target() {
         let syncer = Syncer::new(true, Arc::new(NoFaults));
         let backend = syncer.backend();
         if backend != SyncBackend::IoUring {

@@ -20,6 +20,35 @@
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
+/// Where a partition's data is known durable: the segment, the byte
+/// position in it up to which data is on disk, and the offset found there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DurablePoint {
+    /// Base offset of the segment `position` refers to.
+    pub segment_base: u64,
+    /// Byte position in that segment up to which data is durable.
+    pub position: u64,
+    /// Offset matching `position` (exclusive end).
+    pub end_offset: u64,
+}
+
+impl DurablePoint {
+    /// Nothing durable yet: the first segment's header, offset 0.
+    pub(crate) const START: DurablePoint = DurablePoint {
+        segment_base: 0,
+        position: crate::format::segment::SEGMENT_HEADER_LEN as u64,
+        end_offset: 0,
+    };
+}
+
+impl From<DurablePoint> for (u64, u64, u64) {
+    /// `(segment_base, position, end_offset)`, as `Topic::make_partition`
+    /// takes it.
+    fn from(d: DurablePoint) -> (u64, u64, u64) {
+        (d.segment_base, d.position, d.end_offset)
+    }
+}
+
 /// How many values a cell holds.
 pub(crate) const FIELDS: usize = 4;
 

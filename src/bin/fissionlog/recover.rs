@@ -79,7 +79,7 @@ fn describe(action: &FileAction) -> String {
             lost_offsets,
         } => format!(
             "salvaged around damage at byte {position}; offsets {}..{} lost",
-            lost_offsets.0, lost_offsets.1
+            lost_offsets.start, lost_offsets.end
         ),
         FileAction::DeletedSegment { reason } => format!("deleted ({reason})"),
         FileAction::RebuiltIndex => "index rebuilt".into(),
@@ -90,9 +90,10 @@ fn describe(action: &FileAction) -> String {
         ),
         FileAction::ForeignFile => "unknown file, left untouched".into(),
         FileAction::CreatedSegment => "missing active segment recreated empty".into(),
-        FileAction::MissingData {
-            lost_offsets: (s, e),
-        } => format!("missing: offsets {s}..{e} lost (they read as a hole)"),
+        FileAction::MissingData { lost_offsets: l } => format!(
+            "missing: offsets {}..{} lost (they read as a hole)",
+            l.start, l.end
+        ),
         FileAction::InvalidCheckpoint { reason } => format!("invalid checkpoint ({reason})"),
         FileAction::DescendantIndexLost {
             parent,
@@ -101,6 +102,7 @@ fn describe(action: &FileAction) -> String {
         } => format!(
             "descendant index of tail-split partition {parent} unusable ({reason}); positions inside its moved range {s}..{e} resume at the children's first moved records (records may be delivered again)"
         ),
+        other => format!("{other:?}"),
     }
 }
 
@@ -200,10 +202,12 @@ pub fn run(args: &RecoverArgs) -> CmdResult {
             for f in &report.files {
                 writeln!(out, "{}: {}", f.file.display(), describe(&f.action))?;
             }
-            for (topic, p, start, end) in &report.holes {
+            for h in &report.holes {
+                let (topic, p, o) = (&h.topic, h.partition, h.offsets);
                 writeln!(
                     out,
-                    "hole: topic {topic:?} partition {p} offsets {start}..{end}"
+                    "hole: topic {topic:?} partition {p} offsets {}..{}",
+                    o.start, o.end
                 )?;
             }
             if !report.changed_anything() {

@@ -78,11 +78,20 @@ use parking_lot::Mutex;
 use crate::config::{ALLOC_CHUNK_MAX_BYTES, ALLOC_CHUNK_MIN_BYTES};
 use crate::error::{Error, IoContext, Result};
 use crate::format::batch::{self, BatchHeader, RecordIn};
-use crate::format::index::{self, IndexEntry};
-use crate::format::segment::{self, SegmentInfo, SEGMENT_HEADER_LEN};
+use crate::format::index::{self as format_index, IndexEntry};
+use crate::format::segment::{self, HeaderInfo, SEGMENT_HEADER_LEN};
 use crate::storage::durability::SyncTarget;
 use crate::storage::fault::{IoHook, IoOp, NoFaults};
 use crate::storage::file::{create_scratch, open_file, read_optional, Access};
+
+mod alloc;
+mod index;
+mod writer;
+
+use alloc::*;
+pub(crate) use index::rebuild_index;
+use index::*;
+pub use writer::SegmentWriter;
 
 /// How a segment file is opened: read-only for `verify` and analyses.
 fn access(writable: bool) -> Access {
@@ -166,7 +175,7 @@ pub struct Segment {
 /// would otherwise be allocated).
 fn index_max_bytes(segment_bytes: u64) -> u64 {
     let entries = segment_bytes / batch::BATCH_HEADER_LEN as u64 + 1;
-    index::INDEX_HEADER_LEN as u64 + entries * index::INDEX_ENTRY_LEN as u64
+    format_index::INDEX_HEADER_LEN as u64 + entries * format_index::INDEX_ENTRY_LEN as u64
 }
 
 impl Segment {
@@ -260,7 +269,7 @@ impl Segment {
         path: &Path,
         writable: bool,
         hook: &dyn IoHook,
-    ) -> Result<(Segment, SegmentInfo)> {
+    ) -> Result<(Segment, HeaderInfo)> {
         hook.before(IoOp::OpenSegment, path).at(path)?;
         let file = open_file(path, access(writable))?;
         let len = file.metadata().at(path)?.len();
@@ -376,71 +385,6 @@ impl Segment {
             Some(h) => &**h,
             None => &NoFaults,
         }
-    }
-
-    /// Grows the file to `target` bytes, all allocated (writer only).
-    fn grow(&self, target: u64) -> Result<()> {
-        let from = self.allocated();
-        debug_assert!(target <= self.capacity);
-        if target <= from {
-            return Ok(());
-        }
-        self.hook()
-            .before(IoOp::AllocateSegment, &self.path)
-            .at(&self.path)?;
-        allocate_range(&*self.file()?, from, target - from).at(&self.path)?;
-        // Past the end of a file recovery cut short, the allocation
-        // extended it.
-        self.file_len.fetch_max(target, Ordering::AcqRel);
-        self.allocated.store(target, Ordering::Release);
-        Ok(())
-    }
-
-    /// Truncates the file to its data once the segment takes no more
-    /// appends (rolled, or its partition sealed): a sealed segment keeps no
-    /// preallocated space. See rule 4 of the module comment for why this is
-    /// sound while readers hold the mapping.
-    pub(crate) fn trim(&self) -> Result<()> {
-        let end = self.committed_pos();
-        if !self.writable || self.file_len.load(Ordering::Acquire) <= end {
-            return Ok(());
-        }
-        self.hook()
-            .before(IoOp::TrimSegment, &self.path)
-            .at(&self.path)?;
-        self.file()?.set_len(end).at(&self.path)?;
-        self.allocated.fetch_min(end, Ordering::AcqRel);
-        self.file_len.store(end, Ordering::Release);
-        Ok(())
-    }
-
-    /// Readies a recovered segment that will take appends: maps it at the
-    /// full `segment_bytes` and sets its file to that length (sparse past
-    /// the data). Nothing past the data (rounded up to a page) counts as
-    /// allocated: the file's length says nothing about allocation (an
-    /// older version punched holes there, a crash can keep a length whose
-    /// blocks were never allocated), so the writer allocates before it
-    /// stores there.
-    pub(crate) fn prepare_for_appends(&mut self, segment_bytes: u64) -> Result<()> {
-        if !self.writable {
-            return Ok(());
-        }
-        let file_len = self.file_len.load(Ordering::Acquire);
-        let capacity = segment_bytes
-            .max(file_len)
-            .min(crate::config::MAX_SEGMENT_BYTES);
-        if capacity > self.capacity {
-            self.map = map_file(&*self.file()?, capacity, true).at(&self.path)?;
-            self.capacity = capacity;
-        }
-        let from = page_up(self.committed_pos()).min(self.allocated());
-        self.allocated.store(from, Ordering::Release);
-        // Only speed is at stake: with a shorter file the writer's
-        // allocations extend it, as they would without a sparse length.
-        if file_len < capacity && self.file().is_ok_and(|f| f.set_len(capacity).is_ok()) {
-            self.file_len.store(capacity, Ordering::Release);
-        }
-        Ok(())
     }
 
     /// End of valid data in bytes.
@@ -571,7 +515,7 @@ impl Segment {
     /// Committed data bytes `[SEGMENT_HEADER_LEN, committed_pos)`, indexed
     /// from the start of the file (the header part reads as an empty gap:
     /// callers index with file positions >= `SEGMENT_HEADER_LEN`).
-    pub fn committed(&self) -> Committed<'_> {
+    pub fn committed(&self) -> CommittedBytes<'_> {
         let end = self.committed_pos() as usize;
         // SAFETY: see the module comment: bytes in [SEGMENT_HEADER_LEN, end)
         // were published by the writer's Release store and are never written
@@ -582,7 +526,7 @@ impl Segment {
                 end - SEGMENT_HEADER_LEN,
             )
         };
-        Committed { data }
+        CommittedBytes { data }
     }
 
     /// The fdatasync of a segment created outside a sync round, for a
@@ -816,361 +760,6 @@ impl Segment {
         }
         self.sealed.store(true, Ordering::Release);
     }
-
-    /// Writes the in-memory index to the index file (tmp + rename). With
-    /// `durable`, the tmp file is fsynced before the rename and the
-    /// directory after it, so a power loss leaves the old or the new index,
-    /// never an empty one. A roll writes it without syncing (it is a cache
-    /// on the append path, and a stale one is noticed and rebuilt); a
-    /// rebuild after a mismatch writes it durably.
-    pub(crate) fn write_index_file(&self, durable: bool) -> Result<()> {
-        let guard = self.index.lock();
-        let IndexState::Loaded(entries) = &*guard else {
-            return Ok(());
-        };
-        let buf = encode_index_file(self.base_offset, entries);
-        drop(guard);
-        self.write_index_bytes(&buf, durable, self.hook())
-    }
-
-    fn write_index_bytes(&self, buf: &[u8], durable: bool, hook: &dyn IoHook) -> Result<()> {
-        let tmp = self.index_path.with_extension("idx.tmp");
-        hook.before(IoOp::WriteIndex, &self.index_path)
-            .at(&self.index_path)?;
-        self.index_durable.store(INDEX_UNKNOWN, Ordering::Release);
-        let file = create_scratch(&tmp)?;
-        file.write_all_at(buf, 0).at(&tmp)?;
-        if durable {
-            crate::storage::sync_file(hook, IoOp::SyncIndex, &file, &tmp, true)?;
-        }
-        drop(file);
-        std::fs::rename(&tmp, &self.index_path).at(&self.index_path)?;
-        if durable {
-            if let Some(dir) = self.index_path.parent() {
-                crate::storage::sync_dir(hook, IoOp::SyncIndexDir, dir)?;
-            }
-            self.index_durable
-                .store(index_fingerprint(buf), Ordering::Release);
-        }
-        Ok(())
-    }
-
-    /// The index file's new bytes when the in-memory index differs from
-    /// what is durably on disk (a clean close writes only those).
-    pub(crate) fn index_file_if_changed(&self) -> Option<Vec<u8>> {
-        let guard = self.index.lock();
-        let IndexState::Loaded(entries) = &*guard else {
-            return None;
-        };
-        let buf = encode_index_file(self.base_offset, entries);
-        drop(guard);
-        (self.index_durable.load(Ordering::Acquire) != index_fingerprint(&buf)).then_some(buf)
-    }
-
-    /// First step of a batched durable index write (a clean close of many
-    /// partitions): writes `buf` into the temporary file and returns its
-    /// fdatasync. Then [`Segment::install_index_file`] once every target of
-    /// the batch synced.
-    pub(crate) fn write_index_tmp(&self, buf: &[u8]) -> Result<SyncTarget> {
-        let tmp = self.index_path.with_extension("idx.tmp");
-        self.hook()
-            .before(IoOp::WriteIndex, &self.index_path)
-            .at(&self.index_path)?;
-        self.index_durable.store(INDEX_UNKNOWN, Ordering::Release);
-        let file = create_scratch(&tmp)?;
-        file.write_all_at(buf, 0).at(&tmp)?;
-        Ok(SyncTarget {
-            fd: file.as_raw_fd(),
-            path: tmp,
-            datasync: true,
-            op: IoOp::SyncIndex,
-            _keep: Some(Arc::new(file)),
-        })
-    }
-
-    /// Second step: renames the synced temporary file into place and
-    /// returns the fsync of the directory that makes the rename durable;
-    /// once it synced, [`Segment::index_made_durable`].
-    pub(crate) fn install_index_file(&self) -> Result<SyncTarget> {
-        let tmp = self.index_path.with_extension("idx.tmp");
-        std::fs::rename(&tmp, &self.index_path).at(&self.index_path)?;
-        let dir = self.index_path.parent().unwrap_or(Path::new("."));
-        crate::storage::durability::dir_target(dir, IoOp::SyncIndexDir)
-    }
-
-    /// Records that the index file durably holds `buf`.
-    pub(crate) fn index_made_durable(&self, buf: &[u8]) {
-        self.index_durable
-            .store(index_fingerprint(buf), Ordering::Release);
-    }
-
-    /// The active segment's index from its file, at an open after a clean
-    /// shutdown (the close wrote it durably): metadata instead of a walk
-    /// over every batch header. `None` when the file is missing, does not
-    /// decode whole against the recovered end (`end` bytes), or its last
-    /// entry does not name a batch from which the headers lead exactly to
-    /// the end (a file that decodes but belongs to other data: another
-    /// segment's, or one a roll or a cut left behind): the caller rebuilds
-    /// it from the data. For the file the close wrote, the check walks at
-    /// most one index interval of headers, so the open stays
-    /// metadata-sized (C7); the entries before
-    /// the last are hints that [`Segment::locate`] and the time lookup
-    /// verify when they use them.
-    pub(crate) fn load_clean_index_file(&self, end: u64) -> Option<Vec<IndexEntry>> {
-        let buf = self.read_index_file().ok().flatten()?;
-        let (entries, whole) = index::decode_index(&buf, self.base_offset, end, self.end_offset());
-        if !whole {
-            return None;
-        }
-        if let Some(last) = entries.last() {
-            let from = (
-                u64::from(last.position),
-                self.base_offset + u64::from(last.rel_offset),
-            );
-            if !headers_reach(&self.committed(), from, end, self.end_offset()) {
-                return None;
-            }
-        }
-        self.index_durable
-            .store(index_fingerprint(&buf), Ordering::Release);
-        Some(entries)
-    }
-
-    /// Makes the index file match the in-memory index (rebuilt by a
-    /// recovery scan), writing it durably when it does not. Returns whether
-    /// it was rewritten. `recover` uses this so that `verify` is clean again
-    /// after a power loss left a stale index.
-    pub(crate) fn repair_index_file(&self, hook: &dyn IoHook) -> Result<bool> {
-        let guard = self.index.lock();
-        let IndexState::Loaded(entries) = &*guard else {
-            return Ok(false);
-        };
-        let want = encode_index_file(self.base_offset, entries);
-        drop(guard);
-        if !self.writable {
-            return Ok(false);
-        }
-        match self.read_index_file() {
-            Ok(found) if found.as_deref() == Some(&want[..]) => return Ok(false),
-            // Too long to be this segment's index: rewritten below.
-            Ok(_) | Err(Error::Corruption { .. }) => {}
-            Err(e) => return Err(e),
-        }
-        self.write_index_bytes(&want, true, hook)?;
-        Ok(true)
-    }
-
-    /// Replaces an index found not to match the segment with one rebuilt
-    /// from the data, in memory and (durably, best effort: the in-memory
-    /// one is right either way) on disk.
-    fn rebuild_stale_index(&self, end: u64) -> Vec<IndexEntry> {
-        let entries = rebuild_index(&self.committed(), self.base_offset, end, 4096);
-        if self.writable && self.hook.get().is_some() {
-            let buf = encode_index_file(self.base_offset, &entries);
-            let _ = self.write_index_bytes(&buf, true, self.hook());
-        }
-        entries
-    }
-
-    /// Finds the file position of the batch holding `offset` (which must be
-    /// in `[base_offset, end_offset)`), using the sparse index as a hint.
-    pub(crate) fn locate(&self, offset: u64) -> Result<u64> {
-        let data = self.committed();
-        let end = self.committed_pos();
-        let hint = self.index_hint(offset, end);
-        match walk_to(&data, hint, end, offset) {
-            Some(pos) => Ok(pos),
-            // The hint was wrong (a damaged cache): rebuild the index and
-            // walk from the start.
-            None => {
-                if self.is_sealed() {
-                    // Under the index lock: one reader rebuilds and writes it.
-                    let mut guard = self.index.lock();
-                    *guard = IndexState::Loaded(self.rebuild_stale_index(end));
-                }
-                walk_to(
-                    &data,
-                    (SEGMENT_HEADER_LEN as u64, self.base_offset),
-                    end,
-                    offset,
-                )
-                .ok_or_else(|| {
-                    Error::corruption(
-                        &self.path,
-                        hint.0,
-                        format!("no batch holds offset {offset}"),
-                    )
-                })
-            }
-        }
-    }
-
-    /// Best index entry at or before `offset`: (position, its offset).
-    fn index_hint(&self, offset: u64, end: u64) -> (u64, u64) {
-        let mut guard = self.index.lock();
-        if matches!(*guard, IndexState::NotLoaded) {
-            *guard = IndexState::Loaded(self.load_index(end));
-        }
-        let IndexState::Loaded(entries) = &*guard else {
-            unreachable!("loaded just above");
-        };
-        let rel = offset - self.base_offset;
-        let i = entries.partition_point(|e| u64::from(e.rel_offset) <= rel);
-        if i == 0 {
-            (SEGMENT_HEADER_LEN as u64, self.base_offset)
-        } else {
-            let e = entries[i - 1];
-            (
-                u64::from(e.position),
-                self.base_offset + u64::from(e.rel_offset),
-            )
-        }
-    }
-
-    /// Reads the index file; one that is missing or does not match the
-    /// segment is rebuilt from the data and written again (durably).
-    fn load_index(&self, end: u64) -> Vec<IndexEntry> {
-        if let Ok(Some(buf)) = self.read_index_file() {
-            let (entries, whole) =
-                index::decode_index(&buf, self.base_offset, end, self.end_offset());
-            if whole {
-                return entries;
-            }
-        }
-        self.rebuild_stale_index(end)
-    }
-
-    /// Index entries for the time lookup: first position whose batch may hold
-    /// a record with timestamp >= `ts`.
-    pub(crate) fn time_hint(&self, ts: i64) -> (u64, u64) {
-        let end = self.committed_pos();
-        let mut guard = self.index.lock();
-        if matches!(*guard, IndexState::NotLoaded) {
-            *guard = IndexState::Loaded(self.load_index(end));
-        }
-        let IndexState::Loaded(entries) = &*guard else {
-            unreachable!("loaded just above");
-        };
-        let i = entries.partition_point(|e| e.max_ts_before < ts);
-        let start = (SEGMENT_HEADER_LEN as u64, self.base_offset);
-        if i <= 1 {
-            return start;
-        }
-        let e = entries[i - 1];
-        let hint = (
-            u64::from(e.position),
-            self.base_offset + u64::from(e.rel_offset),
-        );
-        drop(guard);
-        // A hint is a cache entry, as for `locate`: one that does not name
-        // the batch of its offset (a damaged or foreign index file) gives
-        // way to a walk from the start rather than a corruption error or a
-        // wrong answer for intact data.
-        let names_its_batch = hint.0 < end
-            && batch::parse_header(self.committed().from(hint.0))
-                .is_ok_and(|h| h.base_offset.get() == hint.1);
-        if names_its_batch {
-            hint
-        } else {
-            start
-        }
-    }
-}
-
-/// What identifies an index file's bytes: their length (high 32 bits;
-/// an index file holds a few bytes per 4 KiB of a segment of at most
-/// 4 GiB) and CRC-32 (low 32 bits).
-fn index_fingerprint(buf: &[u8]) -> u64 {
-    ((buf.len() as u64 & 0x7fff_ffff) << 32) | u64::from(crc32fast::hash(buf))
-}
-
-/// `Segment::index_durable` when nothing is known: no fingerprint has its
-/// top bit set.
-const INDEX_UNKNOWN: u64 = u64::MAX;
-
-/// End of the last range of `file` (of length `len`) that holds data, so
-/// a trailing hole (the sparse tail of an active segment) is left out;
-/// `len` where the filesystem cannot tell (`SEEK_DATA` unsupported).
-/// Holes inside the data are kept: they read as zeros, as before.
-fn data_end(file: &File, len: u64) -> u64 {
-    let fd = file.as_raw_fd();
-    let mut end = 0u64;
-    let mut pos = 0u64;
-    while pos < len {
-        // SAFETY: plain syscalls on an fd we own; no memory is passed.
-        let data = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
-        if data < 0 {
-            return match std::io::Error::last_os_error().raw_os_error() {
-                // No data at or after `pos`: the rest is a hole.
-                Some(libc::ENXIO) => end,
-                _ => len,
-            };
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
-        if hole < 0 {
-            return len;
-        }
-        end = (hole as u64).min(len);
-        if end <= pos {
-            return len;
-        }
-        pos = end;
-    }
-    end.min(len)
-}
-
-fn read_prefix(file: &File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match file.read_at(&mut buf[got..], got as u64)? {
-            0 => break,
-            n => got += n,
-        }
-    }
-    Ok(got)
-}
-
-fn page_up(pos: u64) -> u64 {
-    pos.div_ceil(4096) * 4096
-}
-
-fn map_file(file: &File, len: u64, writable: bool) -> std::io::Result<MmapRaw> {
-    let mut opts = memmap2::MmapOptions::new();
-    opts.len(len as usize);
-    if writable {
-        opts.map_raw(file)
-    } else {
-        opts.map_raw_read_only(file)
-    }
-}
-
-/// Allocates `[from, from + len)` of `file`, extending it when that lies
-/// past its end. Filesystems without `fallocate` get zeros written, which
-/// allocates the blocks just the same.
-fn allocate_range(file: &File, from: u64, len: u64) -> std::io::Result<()> {
-    // SAFETY: plain syscall on an fd we own; no memory is passed.
-    let rc =
-        unsafe { libc::fallocate(file.as_raw_fd(), 0, from as libc::off_t, len as libc::off_t) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EOPNOTSUPP) {
-        return write_zeros(file, from, len);
-    }
-    Err(err)
-}
-
-fn write_zeros(file: &File, from: u64, len: u64) -> std::io::Result<()> {
-    let zeros = vec![0u8; len.min(1 << 20) as usize];
-    let mut pos = from;
-    while pos < from + len {
-        let n = (from + len - pos).min(zeros.len() as u64) as usize;
-        file.write_all_at(&zeros[..n], pos)?;
-        pos += n as u64;
-    }
-    Ok(())
 }
 
 /// Readies a partition's recovered segments (oldest first) for use: every
@@ -1197,13 +786,13 @@ pub(crate) fn prepare_recovered_chain(
     Ok(())
 }
 
-/// Committed bytes of a segment, addressed by file position.
+/// The committed bytes of a segment, addressed by file position.
 #[derive(Debug, Clone, Copy)]
-pub struct Committed<'a> {
+pub struct CommittedBytes<'a> {
     data: &'a [u8],
 }
 
-impl<'a> Committed<'a> {
+impl<'a> CommittedBytes<'a> {
     /// Bytes from file position `pos` to the committed end.
     pub fn from(&self, pos: u64) -> &'a [u8] {
         let start = (pos as usize)
@@ -1217,278 +806,5 @@ impl<'a> Committed<'a> {
         let s = start as usize - SEGMENT_HEADER_LEN;
         let e = end as usize - SEGMENT_HEADER_LEN;
         &self.data[s..e]
-    }
-}
-
-/// The bytes of an index file holding `entries`.
-fn encode_index_file(base_offset: u64, entries: &[IndexEntry]) -> Vec<u8> {
-    let mut buf =
-        Vec::with_capacity(index::INDEX_HEADER_LEN + entries.len() * index::INDEX_ENTRY_LEN);
-    buf.extend_from_slice(&index::encode_index_header(base_offset));
-    for e in entries {
-        buf.extend_from_slice(&index::encode_entry(e));
-    }
-    buf
-}
-
-/// Walks batch headers from `(pos, offset)` to the batch holding `target`.
-fn walk_to(data: &Committed<'_>, start: (u64, u64), end: u64, target: u64) -> Option<u64> {
-    let (mut pos, mut next) = start;
-    while pos < end {
-        let h = batch::parse_header(data.from(pos)).ok()?;
-        if h.base_offset.get() != next {
-            return None;
-        }
-        let count = batch_span(&h);
-        if target < next + count {
-            return Some(pos);
-        }
-        next += count;
-        pos += u64::from(h.batch_len.get());
-    }
-    None
-}
-
-/// Whether the batch headers from `start` (position, its offset) chain to
-/// exactly `end` (position) at `end_offset`, each naming the offset that
-/// follows the one before.
-fn headers_reach(data: &Committed<'_>, start: (u64, u64), end: u64, end_offset: u64) -> bool {
-    let (mut pos, mut next) = start;
-    while pos < end {
-        let Ok(h) = batch::parse_header(data.from(pos)) else {
-            return false;
-        };
-        if h.base_offset.get() != next || h.batch_len.get() == 0 {
-            return false;
-        }
-        next += batch_span(&h);
-        pos += u64::from(h.batch_len.get());
-    }
-    pos == end && next == end_offset
-}
-
-/// Offsets a batch spans (records, or lost offsets for a hole batch).
-pub fn batch_span(h: &BatchHeader) -> u64 {
-    u64::from(h.record_count.get())
-}
-
-/// Rebuilds index entries by walking (already validated) batch headers.
-pub(crate) fn rebuild_index(
-    data: &Committed<'_>,
-    base: u64,
-    end: u64,
-    interval: u64,
-) -> Vec<IndexEntry> {
-    let mut out = Vec::new();
-    let mut pos = SEGMENT_HEADER_LEN as u64;
-    let mut last_indexed: Option<u64> = None;
-    let mut max_ts = i64::MIN;
-    while pos < end {
-        let Ok(h) = batch::parse_header(data.from(pos)) else {
-            break;
-        };
-        if last_indexed.is_none_or(|l| pos - l >= interval) {
-            out.push(IndexEntry {
-                rel_offset: (h.base_offset.get() - base) as u32,
-                position: pos as u32,
-                max_ts_before: max_ts,
-            });
-            last_indexed = Some(pos);
-        }
-        max_ts = max_ts.max(h.max_ts.get());
-        pos += u64::from(h.batch_len.get());
-    }
-    out
-}
-
-/// Batches of this many bytes or more are written with one `pwrite`
-/// instead of stores into the mapping (see "Append path choice" in
-/// docs/ARCHITECTURE.md): for them a syscall costs less than the page
-/// faults of the stores, and the file grows by the write, so the space it
-/// lands in needs no allocation ahead of the writer (whose unwritten
-/// extents every `fdatasync` would have to convert).
-pub(crate) const PWRITE_MIN_BYTES: usize = 16 << 10;
-
-/// The one handle allowed to write into a segment.
-#[derive(Debug)]
-pub struct SegmentWriter {
-    segment: std::sync::Arc<Segment>,
-    write_pos: u64,
-    next_offset: u64,
-    last_indexed_pos: Option<u64>,
-    max_ts: i64,
-    index_interval: u64,
-    /// Encoding buffer of the `pwrite` path, kept between batches.
-    buf: Vec<u8>,
-}
-
-impl SegmentWriter {
-    /// Takes the writing role for `segment` (its recovered end).
-    pub fn new(segment: std::sync::Arc<Segment>, index_interval: u64) -> SegmentWriter {
-        let last_indexed_pos = match &*segment.index.lock() {
-            IndexState::Loaded(e) => e.last().map(|e| u64::from(e.position)),
-            IndexState::NotLoaded => None,
-        };
-        SegmentWriter {
-            write_pos: segment.committed_pos(),
-            next_offset: segment.end_offset(),
-            max_ts: segment.max_timestamp(),
-            segment,
-            last_indexed_pos,
-            index_interval,
-            buf: Vec::new(),
-        }
-    }
-
-    /// The segment being written.
-    pub fn segment(&self) -> &std::sync::Arc<Segment> {
-        &self.segment
-    }
-
-    /// Bytes still free.
-    pub fn remaining(&self) -> u64 {
-        self.segment.capacity - self.write_pos
-    }
-
-    /// Makes sure the next `len` bytes are allocated in the file before the
-    /// writer stores there, growing the file ahead of the writer in steps
-    /// that double with the data written, from `ALLOC_CHUNK_MIN_BYTES` to
-    /// `ALLOC_CHUNK_MAX_BYTES`. The caller checked `len <= remaining()`.
-    /// An error (`Error::NoSpace` on a full disk) changes nothing: the
-    /// segment takes appends again once space frees.
-    fn reserve(&mut self, len: u64) -> Result<()> {
-        let capacity = self.segment.capacity;
-        let need = self.write_pos + len;
-        debug_assert!(
-            need <= capacity,
-            "caller rolls before a batch that does not fit"
-        );
-        let step = (self.write_pos - SEGMENT_HEADER_LEN as u64)
-            .clamp(ALLOC_CHUNK_MIN_BYTES, ALLOC_CHUNK_MAX_BYTES);
-        let allocated = self.segment.allocated();
-        if allocated >= (need + step).min(capacity) {
-            return Ok(());
-        }
-        let ahead = page_up(need + 2 * step).min(capacity);
-        if let Err(e) = self.segment.grow(ahead) {
-            if need > allocated {
-                // Not enough room for two steps: take exactly what this batch needs.
-                self.segment
-                    .grow(page_up(need).min(capacity))
-                    .map_err(|_| e)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Offset the next record gets.
-    pub fn next_offset(&self) -> u64 {
-        self.next_offset
-    }
-
-    /// Encodes `records` at the end and publishes them. The caller checked
-    /// that `len == batch_len(records) <= remaining()`. Batches of
-    /// [`PWRITE_MIN_BYTES`] or more are written with `pwrite`, smaller ones
-    /// stored into the mapping (in space allocated first). An error
-    /// (`Error::NoSpace` on a full disk) publishes nothing: the segment
-    /// takes appends again once space frees.
-    pub fn append(&mut self, records: &[RecordIn<'_>], len: usize) -> Result<BatchHeader> {
-        let pos = self.write_pos;
-        let header = if len >= PWRITE_MIN_BYTES {
-            self.write_batch(records, len)?
-        } else {
-            self.reserve(len as u64)?;
-            self.store_batch(records, len)
-        };
-        if self
-            .last_indexed_pos
-            .is_none_or(|l| pos - l >= self.index_interval)
-        {
-            if let IndexState::Loaded(entries) = &mut *self.segment.index.lock() {
-                entries.push(IndexEntry {
-                    rel_offset: (self.next_offset - self.segment.base_offset) as u32,
-                    position: pos as u32,
-                    max_ts_before: self.max_ts,
-                });
-            }
-            self.last_indexed_pos = Some(pos);
-        }
-        self.write_pos += len as u64;
-        self.next_offset += records.len() as u64;
-        self.max_ts = self.max_ts.max(header.max_ts.get());
-        self.segment
-            .max_timestamp
-            .store(self.max_ts, Ordering::Release);
-        self.segment
-            .committed_pos
-            .store(self.write_pos, Ordering::Release);
-        self.segment
-            .end_offset
-            .store(self.next_offset, Ordering::Release);
-        Ok(header)
-    }
-
-    /// Stores a batch into the mapping at the write position.
-    fn store_batch(&mut self, records: &[RecordIn<'_>], len: usize) -> BatchHeader {
-        assert!(
-            self.write_pos + len as u64 <= self.segment.allocated(),
-            "caller reserves space before a batch is stored"
-        );
-        let pos = self.write_pos;
-        let base = self.segment.map.as_mut_ptr();
-        // [pos, pos+len) is inside the mapping, below EOF, in allocated
-        // space (checked above), and above `committed_pos`: no reader forms
-        // a slice over it, and `&mut self` makes this the only writer.
-        // SAFETY: see the comment above and rule 3 of the module comment.
-        let dst = unsafe { std::slice::from_raw_parts_mut(base.add(pos as usize), len) };
-        let header = batch::encode_batch(dst, self.next_offset, records);
-        debug_assert!(
-            batch::validate(dst, Some(self.next_offset)).is_ok(),
-            "a batch just written validates"
-        );
-        header
-    }
-
-    /// Encodes a batch into the writer's buffer and writes it to the file
-    /// at the write position with `pwrite`, which allocates what it writes
-    /// past `allocated` (rule 3 of the module comment).
-    fn write_batch(&mut self, records: &[RecordIn<'_>], len: usize) -> Result<BatchHeader> {
-        if self.buf.len() < len {
-            self.buf.resize(len, 0);
-        }
-        let dst = &mut self.buf[..len];
-        let header = batch::encode_batch(dst, self.next_offset, records);
-        debug_assert!(
-            batch::validate(dst, Some(self.next_offset)).is_ok(),
-            "a batch just encoded validates"
-        );
-        let seg = &self.segment;
-        let end = self.write_pos + len as u64;
-        let file = seg.file()?;
-        let written = file.write_all_at(dst, self.write_pos);
-        if written.is_ok() {
-            // Written, hence allocated, up to `end`; not published yet. (A
-            // failed or short write leaves `allocated` as it was: what it
-            // did write is not known to be allocated.)
-            seg.file_len.fetch_max(end, Ordering::AcqRel);
-            seg.allocated.fetch_max(end, Ordering::AcqRel);
-        }
-        if self.buf.len() > 4 * PWRITE_MIN_BYTES.max(len.min(1 << 20)) {
-            // After an outsized batch: keep what usual batches need.
-            self.buf.truncate(len.min(1 << 20));
-            self.buf.shrink_to_fit();
-        }
-        written.map_err(|e| Error::io(&seg.path, e))?;
-        Ok(header)
-    }
-
-    /// Seals the segment: writes the seal into its header (it takes no
-    /// more appends), then writes its index file and gives back the space
-    /// past its data. Cannot fail: the index is a cache (a missing or stale
-    /// one is rebuilt on first use) and a failed trim only keeps space.
-    pub fn seal(&self) {
-        self.segment.write_seal(self.next_offset, self.write_pos);
-        let _ = self.segment.write_index_file(false);
-        let _ = self.segment.trim();
     }
 }

@@ -1,0 +1,233 @@
+//! Checks of the pure byte layers: batches, checkpoints, segment scans.
+
+use super::*;
+
+/// `format::batch`: `validate` never panics; a valid batch iterates exactly
+/// `record_count` well-formed records with consecutive offsets, and
+/// re-encoding them gives a batch with the same payload.
+pub fn check_batch_decode(data: &[u8]) {
+    let _ = batch::parse_header(data);
+    let Ok(h) = batch::validate(data, None) else {
+        return;
+    };
+    let base = h.base_offset.get();
+    let len = h.batch_len.get() as usize;
+    assert!(len <= data.len(), "validated batch longer than its input");
+    assert!(
+        batch::validate(data, Some(base)).is_ok(),
+        "batch does not validate at its own base offset"
+    );
+    assert!(
+        batch::validate(data, Some(base.wrapping_add(1))).is_err(),
+        "batch validates at a foreign offset"
+    );
+    if batch::is_hole(&h) {
+        return;
+    }
+    let mut records = Vec::new();
+    for (i, r) in RecordIter::new(data, &h).enumerate() {
+        let r = r.unwrap_or_else(|e| panic!("record {i} of a validated batch is invalid: {e}"));
+        assert_eq!(
+            r.offset,
+            base + i as u64,
+            "record offsets are not consecutive"
+        );
+        records.push(batch::RecordIn {
+            key: r.key,
+            value: r.value,
+            timestamp: r.timestamp,
+        });
+    }
+    assert_eq!(
+        records.len() as u64,
+        u64::from(h.record_count.get()),
+        "record count differs from the header"
+    );
+    let mut again = vec![0u8; batch::batch_len(&records)];
+    batch::encode_batch(&mut again, base, &records);
+    assert_eq!(
+        &again[batch::BATCH_HEADER_LEN..],
+        &data[batch::BATCH_HEADER_LEN..len],
+        "re-encoded records differ"
+    );
+    assert!(
+        batch::validate(&again, Some(base)).is_ok(),
+        "re-encoded batch is invalid"
+    );
+}
+
+// ------------------------------------------------------------- checkpoints
+
+/// `format::checkpoint`: decoding never panics; whatever decodes encodes to
+/// bytes that decode to the same value (compared through its encoding, so
+/// NaN rates compare equal to themselves).
+pub fn check_checkpoint_decode(data: &[u8]) {
+    let Ok(c) = checkpoint::decode_checkpoint(data) else {
+        return;
+    };
+    let bytes = checkpoint::encode_checkpoint(&c);
+    let back = checkpoint::decode_checkpoint(&bytes)
+        .unwrap_or_else(|e| panic!("re-encoded checkpoint does not decode: {e}"));
+    assert_eq!(
+        checkpoint::encode_checkpoint(&back),
+        bytes,
+        "checkpoint round trip changed the value"
+    );
+}
+
+// ---------------------------------------------------------------- segments
+
+/// Builds the segment file a `segment_scan` input describes: byte 0 chooses
+/// whether a valid segment header is prepended (bit 0) and which base offset
+/// it names (bits 1-2), so the fuzzer starts past the header.
+pub(super) fn segment_input(data: &[u8]) -> (Vec<u8>, u64, u8) {
+    let Some((&sel, rest)) = data.split_first() else {
+        return (Vec::new(), 0, 0);
+    };
+    let base = match (sel >> 1) & 3 {
+        0 => 0,
+        1 => 100,
+        2 => u64::from(u32::MAX) - 3,
+        _ => u64::MAX - 3,
+    };
+    if sel & 1 == 1 {
+        let mut f = encode_header(1, 0, base, 0).to_vec();
+        f.extend_from_slice(rest);
+        (f, base, sel)
+    } else {
+        (rest.to_vec(), base, sel)
+    }
+}
+
+/// `recovery::scan::scan_segment` on arbitrary bytes, in every mode and for
+/// several durable positions: see `check_scan_outcome`.
+pub fn check_segment_scan(data: &[u8]) {
+    let (file, base, sel) = segment_input(data);
+    let len = file.len() as u64;
+    let interval = if sel & 8 == 0 { 4096 } else { 64 };
+    for durable_until in [0, SEGMENT_HEADER_LEN as u64, len / 2, len, len + 1] {
+        for mode in MODES {
+            let p = ScanParams {
+                base_offset: base,
+                from_pos: SEGMENT_HEADER_LEN as u64,
+                from_offset: base,
+                durable_until,
+                mode,
+                index_interval: interval,
+            };
+            check_scan_outcome(&file, &p);
+        }
+    }
+}
+
+/// The contract of one scan: the scanned range `[64, end_pos)` is made of
+/// valid batches (salvage holes aside) at consecutive offsets, the counters
+/// agree with the batches, and scanning the repaired file again finds the
+/// same end (recovery is idempotent, C7).
+pub(super) fn check_scan_outcome(file: &[u8], p: &ScanParams) {
+    let o = scan_segment(file, p);
+    let ctx = format!("mode {:?}, durable_until {}", p.mode, p.durable_until);
+    let header = SEGMENT_HEADER_LEN as u64;
+    if file.len() as u64 <= header {
+        assert_eq!(o.end_pos, p.from_pos, "{ctx}: data found in an empty file");
+        assert!(
+            o.holes.is_empty() && o.records == 0,
+            "{ctx}: data found in an empty file"
+        );
+        return;
+    }
+    assert!(o.end_pos >= p.from_pos, "{ctx}: end before start");
+    assert!(
+        o.end_pos <= (file.len() as u64).max(p.from_pos),
+        "{ctx}: end past the file"
+    );
+    if p.mode != RecoveryMode::Salvage {
+        assert!(o.holes.is_empty(), "{ctx}: holes outside salvage mode");
+    }
+    // Walk the scanned range.
+    let mut pos = header;
+    let mut offset = p.from_offset;
+    let mut records = 0u64;
+    let mut max_ts = i64::MIN;
+    let mut batch_starts = Vec::new();
+    let mut holes = o.holes.iter().peekable();
+    while pos < o.end_pos {
+        if let Some(h) = holes.next_if(|h| h.position == pos) {
+            assert!(h.lost > 0, "{ctx}: salvage hole at {pos} loses no offsets");
+            assert!(
+                h.len >= batch::BATCH_HEADER_LEN as u64 && pos + h.len <= o.end_pos,
+                "{ctx}: salvage hole at {pos} outside the scanned range"
+            );
+            assert_eq!(
+                h.first_offset, offset,
+                "{ctx}: hole starts at the wrong offset"
+            );
+            batch_starts.push((pos, offset));
+            pos += h.len;
+            offset += h.lost;
+            continue;
+        }
+        let bytes = &file[pos as usize..o.end_pos as usize];
+        let hdr = batch::validate(bytes, Some(offset)).unwrap_or_else(|e| {
+            panic!("{ctx}: invalid batch at {pos} inside the scanned range: {e}")
+        });
+        batch_starts.push((pos, offset));
+        if !batch::is_hole(&hdr) {
+            for (i, r) in RecordIter::new(bytes, &hdr).enumerate() {
+                let r = r.unwrap_or_else(|e| panic!("{ctx}: bad record in batch at {pos}: {e}"));
+                assert_eq!(r.offset, offset + i as u64, "{ctx}: record offsets");
+                records += 1;
+            }
+            max_ts = max_ts.max(hdr.max_ts.get());
+        }
+        pos += u64::from(hdr.batch_len.get());
+        offset += u64::from(hdr.record_count.get());
+    }
+    assert!(
+        holes.next().is_none(),
+        "{ctx}: hole outside the walked batches"
+    );
+    assert_eq!(pos, o.end_pos, "{ctx}: last batch overruns end_pos");
+    assert_eq!(offset, o.end_offset, "{ctx}: end_offset");
+    assert_eq!(
+        records, o.records,
+        "{ctx}: records counted != records iterated"
+    );
+    assert_eq!(max_ts, o.max_ts, "{ctx}: max timestamp");
+    for e in &o.index {
+        let at = (
+            u64::from(e.position),
+            p.base_offset + u64::from(e.rel_offset),
+        );
+        assert!(
+            batch_starts.contains(&at),
+            "{ctx}: index entry {e:?} names no batch start"
+        );
+    }
+    // Repair as recovery does (holes written, tail zeroed), then scan again.
+    let mut repaired = file[..o.end_pos as usize].to_vec();
+    for h in &o.holes {
+        let lost = u32::try_from(h.lost).expect("salvage holes span < 2^32 offsets");
+        let at = h.position as usize..(h.position + h.len) as usize;
+        batch::encode_hole(&mut repaired[at], h.first_offset, lost);
+    }
+    repaired.resize(file.len().max(o.end_pos as usize), 0);
+    let again = scan_segment(
+        &repaired,
+        &ScanParams {
+            durable_until: o.end_pos,
+            mode: RecoveryMode::Strict,
+            ..*p
+        },
+    );
+    assert_eq!(
+        again.stop,
+        ScanStop::End,
+        "{ctx}: rescan of the repaired file stopped"
+    );
+    assert_eq!(
+        (again.end_pos, again.end_offset, again.records),
+        (o.end_pos, o.end_offset, o.records),
+        "{ctx}: rescan is not idempotent"
+    );
+}

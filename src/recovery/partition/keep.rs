@@ -1,0 +1,384 @@
+//! Keeping a segment that continues the chain: trusting its seal or
+//! scanning it, salvaging or cutting what the scan found, and publishing
+//! its recovered end.
+
+use std::path::Path;
+
+use crate::config::RecoveryMode;
+use crate::error::Result;
+use crate::format::batch::BATCH_HEADER_LEN;
+use crate::format::segment::{HeaderInfo, SEGMENT_HEADER_LEN};
+use crate::recovery::scan::{
+    scan_segment, CorruptAction, HoleFix, ScanOutcome, ScanParams, ScanStop,
+};
+use crate::recovery::FileAction;
+use crate::storage::position::DurablePoint;
+use crate::storage::segment::{rebuild_index, IndexState, Segment};
+
+use super::apply::Repairs;
+use super::classify::{Cursor, CutState, SyncKnowledge};
+use super::{problem, ChainParams};
+
+/// How a kept segment's end is found.
+#[derive(Debug, Clone, Copy)]
+pub enum ScanPlan {
+    /// A durable sealed segment that fits its mapping: its seal is its end.
+    TrustSeal {
+        /// End of data.
+        end_pos: u64,
+        /// Offset after its last record.
+        end_offset: u64,
+    },
+    /// Scan it.
+    Scan(ScanParams),
+}
+
+/// Where a kept segment ends.
+#[derive(Debug, Clone, Copy)]
+struct RecoveredEnd {
+    end_pos: u64,
+    end_offset: u64,
+    sealed: bool,
+    /// Stale bytes past the end were cleared, not yet durably.
+    tail_cleared: bool,
+}
+
+/// Where scanning a kept segment starts and what it may take for synced.
+/// Pure.
+pub fn plan_scan(
+    base: u64,
+    info: &HeaderInfo,
+    capacity: u64,
+    sync: &SyncKnowledge<'_>,
+    p: &ChainParams<'_>,
+) -> ScanPlan {
+    let trusted_seal = info
+        .seal
+        .filter(|_| sync.durable_segment && !p.mode.full_scan);
+    if let Some((end_offset, end_pos)) = trusted_seal.filter(|s| s.1 <= capacity) {
+        return ScanPlan::TrustSeal {
+            end_pos,
+            end_offset,
+        };
+    }
+    let header = SEGMENT_HEADER_LEN as u64;
+    let (from_pos, from_offset, durable_until) = match (sync.durable_segment, sync.checkpoint) {
+        // A rolled segment's data ends at its seal: the slack after it is
+        // never written, so zeros there are the end.
+        (true, _) => (
+            header,
+            base,
+            info.seal.map_or(capacity, |s| s.1.min(capacity)),
+        ),
+        (false, Some(c)) if !p.mode.full_scan && c.position <= capacity => {
+            (c.position, c.end_offset, c.position)
+        }
+        (false, Some(c)) => (header, base, c.position.min(capacity)),
+        (false, None) => (header, base, 0),
+    };
+    ScanPlan::Scan(ScanParams {
+        base_offset: base,
+        from_pos,
+        from_offset,
+        durable_until,
+        mode: p.mode.recovery,
+        index_interval: p.index_interval,
+    })
+}
+
+/// Where Salvage completes a rolled segment that ends below its seal,
+/// however the scan stopped (a torn batch, a cut exactly at a batch
+/// boundary, or damage with nothing valid after it in synced data): the
+/// segment after it starts at the seal, so what follows the end is known
+/// to end there. Salvage keeps the later segments (valid records after
+/// damage) and fills the segment up to its seal with one hole batch, as it
+/// does for damage inside a segment. Only for data known synced up to the
+/// seal (a checkpoint past the segment, or a split or merge that sealed
+/// the partition, which syncs it first): otherwise the end below the seal
+/// is a power loss of unsynced writes, which leaves a prefix (C3) and is
+/// cut as in Truncate. The seal must leave room for a hole batch's header
+/// and its length and lost offsets must fit the batch fields. A seal past
+/// the topic's segment size was never written by a roll: it is damage, and
+/// its word would have Salvage write gigabytes of hole. Pure.
+pub fn reseal_target(
+    info: &HeaderInfo,
+    outcome: &ScanOutcome,
+    durable_segment: bool,
+    p: &ChainParams<'_>,
+) -> Option<(u64, u64)> {
+    info.seal.filter(|&(off, pos)| {
+        p.mode.write
+            && p.mode.recovery == RecoveryMode::Salvage
+            && (durable_segment || p.sealed.is_some())
+            && off > outcome.end_offset
+            && pos >= outcome.end_pos + BATCH_HEADER_LEN as u64
+            && pos <= p.segment_bytes
+            && u32::try_from(off - outcome.end_offset).is_ok()
+            && u32::try_from(pos - outcome.end_pos).is_ok()
+    })
+}
+
+/// How a scan's stop cuts the chain: a torn tail is unsynced, corruption
+/// is in synced data. Pure.
+pub fn stop_cut(stop: &ScanStop) -> CutState {
+    match stop {
+        ScanStop::End => CutState::None,
+        ScanStop::Torn { .. } => CutState::Unsynced,
+        ScanStop::Corrupt { .. } => CutState::Synced,
+    }
+}
+
+/// Recovers the end of `seg`, which continues the chain, and appends it.
+pub(super) fn keep_segment(
+    base: u64,
+    path: &Path,
+    mut seg: Segment,
+    info: &HeaderInfo,
+    cur: &mut Cursor,
+    r: &mut Repairs<'_, '_>,
+) -> Result<()> {
+    let p = r.p;
+    let sync = SyncKnowledge::of(base, p);
+    r.report.segments_opened += 1;
+    let end = match plan_scan(base, info, seg.capacity(), &sync, p) {
+        ScanPlan::TrustSeal {
+            end_pos,
+            end_offset,
+        } => RecoveredEnd {
+            end_pos,
+            end_offset,
+            sealed: true,
+            tail_cleared: false,
+        },
+        ScanPlan::Scan(params) => scan_and_repair(path, &mut seg, info, &params, &sync, cur, r)?,
+    };
+    let synced = if end.tail_cleared {
+        // The cleared tail is not durable yet: until it is, a power loss
+        // can bring the stale batches back, and once appends after this
+        // open refill the bytes before them they would validate and
+        // continue the chain (records this recovery cut, after records
+        // appended later). Counted as unsynced, the file is fdatasynced by
+        // the open's own sync round, before any append.
+        0
+    } else if sync.durable_segment {
+        end.end_pos
+    } else {
+        sync.checkpoint
+            .map_or(SEGMENT_HEADER_LEN as u64, |c| c.position)
+    };
+    seg.set_recovered_end(end.end_pos, end.end_offset, synced, end.sealed);
+    if let Some(c) = sync.checkpoint.filter(|c| c.position <= end.end_pos) {
+        r.out.durable = DurablePoint {
+            segment_base: base,
+            position: c.position,
+            end_offset: c.end_offset,
+        };
+    }
+    if matches!(*seg.index.lock(), IndexState::NotLoaded) && !end.sealed {
+        // After a clean shutdown the active segment's index file is what
+        // the close made durable: read it (metadata, C7) rather than walk
+        // every batch header of the data. Otherwise, or when it does not
+        // decode whole, it is rebuilt from the headers.
+        let from_file = (p.clean && !p.mode.full_scan)
+            .then(|| seg.load_clean_index_file(end.end_pos))
+            .flatten();
+        let entries = from_file.unwrap_or_else(|| {
+            rebuild_index(&seg.committed(), base, end.end_pos, p.index_interval)
+        });
+        *seg.index.lock() = IndexState::Loaded(entries);
+    }
+    cur.kept(end.end_offset, end.sealed);
+    r.out.segments.push(seg);
+    Ok(())
+}
+
+/// Scans a kept segment and repairs what the scan found: salvage holes, a
+/// reseal, a torn tail or corruption cut, stale bytes past the end, the
+/// index.
+fn scan_and_repair(
+    path: &Path,
+    seg: &mut Segment,
+    info: &HeaderInfo,
+    params: &ScanParams,
+    sync: &SyncKnowledge<'_>,
+    cur: &mut Cursor,
+    r: &mut Repairs<'_, '_>,
+) -> Result<RecoveredEnd> {
+    let p = r.p;
+    let outcome = scan_segment(seg.raw_for_recovery(), params);
+    r.report.bytes_scanned += outcome.end_pos - params.from_pos;
+    r.report.records_scanned += outcome.records;
+    r.salvage_holes(path, seg, &outcome.holes)?;
+    // Set when Salvage completes a torn rolled segment to its seal.
+    let resealed = reseal_target(info, &outcome, sync.durable_segment, p);
+    match resealed {
+        Some(seal) => r.reseal(path, seg, &outcome, seal)?,
+        None => r.note_stop(path, &outcome, cur)?,
+    }
+    // The chain was not cut before this segment (it is kept): a cut now is
+    // this segment's.
+    let cut_here = cur.cut != CutState::None;
+    // A sealed partition cut below its seal is missing data (see after the
+    // chain): Strict refuses it here, before the tail is cleared and the
+    // segments after it are removed, so a refusing open changes no file.
+    if cut_here && p.mode.write && p.mode.recovery == RecoveryMode::Strict {
+        if let Some(seal) = p.sealed.filter(|&s| outcome.end_offset < s) {
+            let lost = outcome.end_offset..seal;
+            let what = format!(
+                "the sealed partition is cut at offset {} but was sealed at {}: offsets {}..{} are missing",
+                lost.start, lost.end, lost.start, lost.end
+            );
+            r.missing(path, lost, what)?;
+        }
+    }
+    // Past the synced region, stale bytes may lie beyond the end (unsynced
+    // batches a crash half kept): clear them so they can never validate
+    // after later appends.
+    let (end_pos, end_offset) =
+        resealed.map_or((outcome.end_pos, outcome.end_offset), |(o, pos)| (pos, o));
+    let mut tail_cleared = false;
+    if p.mode.write && (cut_here || !p.clean) {
+        tail_cleared = seg.clear_tail(end_pos)?;
+    }
+    if params.from_pos == SEGMENT_HEADER_LEN as u64 {
+        *seg.index.lock() = IndexState::Loaded(outcome.index.clone());
+        // A full scan (`recover`) also rewrites an index file that does not
+        // match (a power loss at a roll can leave it stale); it is a cache,
+        // so failing to is no error. So does a salvaged tear: the file may
+        // name batches past it.
+        if p.mode.write
+            && (p.mode.full_scan || resealed.is_some())
+            && matches!(seg.repair_index_file(p.hook), Ok(true))
+        {
+            r.report.add(seg.index_path(), FileAction::RebuiltIndex);
+        }
+    }
+    Ok(RecoveredEnd {
+        end_pos,
+        end_offset,
+        sealed: info.seal.is_some() && !cut_here && end_pos == info.seal.map_or(0, |s| s.1),
+        tail_cleared,
+    })
+}
+
+impl Repairs<'_, '_> {
+    /// Replaces the damaged regions a Salvage scan found with hole batches
+    /// (write mode; an analysis names them).
+    fn salvage_holes(&mut self, path: &Path, seg: &mut Segment, holes: &[HoleFix]) -> Result<()> {
+        let p = self.p;
+        for h in holes {
+            let lost = h.first_offset..h.first_offset + h.lost;
+            self.report.add(
+                path,
+                FileAction::Salvaged {
+                    position: h.position,
+                    lost_offsets: lost.clone().into(),
+                },
+            );
+            self.out.holes.push(lost);
+            if p.mode.write {
+                seg.write_hole(h.position, h.len, h.first_offset, h.lost)?;
+            } else {
+                self.out.problems.push(problem(
+                    path,
+                    h.position,
+                    "damaged batches".into(),
+                    "salvage replaces them with a hole",
+                ));
+            }
+        }
+        if p.mode.write && !holes.is_empty() {
+            // The segment counts as synced up to its recovered end (below
+            // the checkpoint), so no sync round covers the hole batches:
+            // sync them here, or a power loss brings the damaged bytes back
+            // after a repair that reported success.
+            seg.sync_data(p.hook)?;
+        }
+        Ok(())
+    }
+
+    /// Fills a rolled segment from its scanned end up to its seal with one
+    /// hole batch (see [`reseal_target`]).
+    fn reseal(
+        &mut self,
+        path: &Path,
+        seg: &mut Segment,
+        outcome: &ScanOutcome,
+        (seal_offset, seal_pos): (u64, u64),
+    ) -> Result<()> {
+        let position = outcome.end_pos;
+        let hole = outcome.end_offset..seal_offset;
+        self.report.add(
+            path,
+            FileAction::Salvaged {
+                position,
+                lost_offsets: hole.clone().into(),
+            },
+        );
+        self.out.holes.push(hole.clone());
+        seg.write_hole(
+            position,
+            seal_pos - position,
+            hole.start,
+            hole.end - hole.start,
+        )?;
+        seg.sync_data(self.p.hook)?;
+        if seal_pos > seg.capacity() {
+            // The tear shortened the file: the hole batch extended it past
+            // the mapping, so map it again.
+            *seg = Segment::open_with(path, true, self.p.hook)?.0;
+        }
+        Ok(())
+    }
+
+    /// Reports how a scan that found no reseal stopped, and cuts the chain
+    /// at a torn tail or at corruption.
+    fn note_stop(&mut self, path: &Path, outcome: &ScanOutcome, cur: &mut Cursor) -> Result<()> {
+        match &outcome.stop {
+            ScanStop::End => {}
+            ScanStop::Torn {
+                position,
+                reason,
+                later_valid,
+            } => {
+                self.unknown_sync(path, *position, reason)?;
+                self.report.add(
+                    path,
+                    FileAction::TruncatedTornTail {
+                        position: *position,
+                        reason: reason.clone(),
+                        discarded_later_batches: *later_valid,
+                    },
+                );
+            }
+            ScanStop::Corrupt {
+                position,
+                reason,
+                later_valid,
+                action,
+            } => {
+                let what = format!(
+                    "{reason}{}",
+                    if *later_valid {
+                        " (valid records follow: mid-segment corruption)"
+                    } else {
+                        ""
+                    }
+                );
+                if *action == CorruptAction::Refused || !self.p.mode.write {
+                    self.corrupt(path, *position, what.clone())?;
+                }
+                self.report.add(
+                    path,
+                    FileAction::TruncatedCorruption {
+                        position: *position,
+                        reason: what,
+                        first_lost_offset: outcome.end_offset,
+                    },
+                );
+            }
+        }
+        cur.cut_at(stop_cut(&outcome.stop));
+        Ok(())
+    }
+}

@@ -8,6 +8,7 @@ use crate::balance::BalancePolicy;
 use crate::error::{Error, Result};
 use crate::format::batch::BATCH_HEADER_LEN;
 use crate::format::segment::SEGMENT_HEADER_LEN;
+pub use crate::types::HotKeyMode;
 
 /// When appended data is made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -59,24 +60,6 @@ pub struct TopicConfig {
     /// written before hot-key modes existed: strict only.
     #[serde(default)]
     pub hot_keys: HotKeyPolicy,
-}
-
-/// How much order a hot key's records keep, and so how far they spread.
-/// Set per key with [`crate::Topic::set_hot_key_mode`] (or by the balancer,
-/// see [`HotKeyPolicy::auto_window`]); a key never set is `Strict`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub enum HotKeyMode {
-    /// All the key's records go to one lane (the partition owning its
-    /// hash), in order: today's routing.
-    #[default]
-    Strict,
-    /// Records are grouped into time windows of this length by their
-    /// timestamp; all records of one window go to one lane in order, and
-    /// successive windows rotate over the key's lanes. Reading the windows
-    /// in sequence ([`crate::Topic::read_key`]) gives full per-key order.
-    Windowed(Duration),
-    /// Round-robin over the key's lanes: no order at all.
-    Spread,
 }
 
 /// A topic's rules for hot-key modes.

@@ -194,7 +194,7 @@ pub enum Error {
     )]
     PartialBatch {
         /// Per input record: where it landed, or `None`.
-        landed: Vec<Option<crate::topic::Appended>>,
+        landed: Vec<Option<crate::types::Appended>>,
         /// Why the rest was not appended.
         #[source]
         source: Box<Error>,
@@ -299,7 +299,7 @@ pub enum Error {
         /// Topic name.
         topic: String,
         /// The mode asked for.
-        mode: crate::config::HotKeyMode,
+        mode: crate::types::HotKeyMode,
         /// Why it was refused.
         reason: String,
     },

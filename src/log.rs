@@ -12,6 +12,7 @@ use crate::config::{LogOptions, SyncPolicy, TopicConfig};
 use crate::core::{Core, Topology};
 use crate::error::{Error, IoContext, Result};
 use crate::events::{EventHub, TopologyEvent};
+use crate::layout::{topic_dir, LOCK_FILE, TOPICS_DIR};
 use crate::format::checkpoint::{Checkpoint, PartitionCheckpoint};
 use crate::format::manifest::{ManifestRecord, PartitionRecord, PartitionState, TopicRecord};
 use crate::recovery::partition::{
@@ -28,10 +29,6 @@ use crate::storage::sync_dir;
 use crate::topic::{even_ranges, partition_dir, Node, Topic, TopicInner, TopicState};
 use crate::topology::manifest::Manifest;
 
-/// Name of the lock file.
-pub const LOCK_FILE: &str = "fissionlog.lock";
-/// Folder holding one folder per topic.
-pub const TOPICS_DIR: &str = "topics";
 
 /// An open log directory. Dropping it closes it cleanly.
 #[derive(Debug)]
@@ -43,10 +40,6 @@ pub struct Log {
     _lock: Arc<DirLock>,
     background: Option<std::thread::JoinHandle<()>>,
     abandoned: bool,
-}
-
-pub(crate) fn topic_dir(dir: &Path, id: u32) -> PathBuf {
-    dir.join(TOPICS_DIR).join(format!("t{id}"))
 }
 
 /// Checks that `dir` is usable: creates it (when allowed) or recognises a log.

@@ -185,7 +185,7 @@ pub struct TailGroupMove {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HotKeyEra {
     /// The mode of the era.
-    pub mode: crate::config::HotKeyMode,
+    pub mode: crate::types::HotKeyMode,
     /// Lane hash points; `lanes[0]` is the key's own hash (so `Strict` is
     /// `[hash]`).
     pub lanes: Vec<u64>,

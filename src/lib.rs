@@ -103,8 +103,8 @@ pub use balance::{
     BalancePolicy, Clock, CutPoints, Decision, ManualClock, SplitAt, SystemClock, WindowRate,
 };
 pub use config::{
-    HotKeyPolicy, LogOptions, RecoveryMode, SyncPolicy, TopicConfig,
-    ACTIVE_HEADROOM_MAX_BYTES, MAX_HOT_KEY_LANES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
+    HotKeyPolicy, LogOptions, RecoveryMode, SyncPolicy, TopicConfig, ACTIVE_HEADROOM_MAX_BYTES,
+    MAX_HOT_KEY_LANES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
 };
 pub use durable::Durable;
 pub use error::{Error, Result};

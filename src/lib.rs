@@ -99,9 +99,9 @@ mod topology;
 mod types;
 mod wake;
 
-pub use balance::{
-    BalancePolicy, Clock, CutPoints, Decision, ManualClock, SplitAt, SystemClock, WindowRate,
-};
+#[cfg(feature = "testing")]
+pub use balance::ManualClock;
+pub use balance::{BalancePolicy, Clock, CutPoints, Decision, SplitAt, SystemClock, WindowRate};
 pub use config::{
     HotKeyPolicy, LogOptions, RecoveryMode, SyncPolicy, TopicConfig, ACTIVE_HEADROOM_MAX_BYTES,
     MAX_HOT_KEY_LANES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
@@ -122,6 +122,7 @@ pub use reader::{Cut, Reader, RetainedRange, StartAt};
 pub use recovery::partition::Problem;
 pub use recovery::{FileAction, FileReport, RecoveryReport};
 pub use storage::durability::SyncBackend;
+#[cfg(feature = "testing")]
 pub use storage::fault::{IoHook, IoOp, NoFaults};
 pub use tail::{MovedRange, TailFrom, TailReclaimOutcome, TailSplitOptions, TailSplitOutcome};
 pub use topic::{ChainLink, NewRecord, PartitionInfo, SplitPlan, Topic};

@@ -21,7 +21,9 @@ use crate::format::manifest::{ManifestRecord, PartitionRecord, PartitionState, T
 use crate::layout::{topic_dir, TOPICS_DIR};
 use crate::recovery::RecoveryReport;
 use crate::storage::durability::{dir_target, SyncBackend, BATCH_OPEN_MAX};
-use crate::storage::fault::{IoHook, IoOp, NoFaults};
+#[cfg(feature = "testing")]
+use crate::storage::fault::IoHook;
+use crate::storage::fault::{IoOp, NoFaults};
 use crate::storage::lock::DirLock;
 use crate::storage::sync_dir;
 use crate::topic::{even_ranges, partition_dir, Node, Topic, TopicInner, TopicState};
@@ -122,7 +124,9 @@ impl Log {
         open::open(dir.as_ref(), options, Arc::new(NoFaults))
     }
 
-    /// [`Log::open`] with a fault-injection hook on the rare I/O paths.
+    /// [`Log::open`] with a fault-injection hook on the rare I/O paths
+    /// (a test seam: `testing` feature).
+    #[cfg(feature = "testing")]
     pub fn open_with_hook(
         dir: impl AsRef<Path>,
         options: LogOptions,
@@ -360,8 +364,9 @@ impl Log {
     }
 
     /// Stops without syncing or checkpointing, as a killed process would
-    /// (the page cache keeps what was written). For crash tests.
-    #[doc(hidden)]
+    /// (the page cache keeps what was written). For crash tests (a test
+    /// seam: `testing` feature).
+    #[cfg(feature = "testing")]
     pub fn abandon(mut self) {
         self.abandoned = true;
         // Without `clean` the shutdown syncs nothing and cannot fail.

@@ -479,3 +479,34 @@ fn new_topic(core: &Arc<Core>, lock: &Arc<DirLock>, rec: &TopicRecord) -> Topic 
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_topic_record_tiles_the_hash_space_with_active_partitions_numbered_from_zero() {
+        let config = TopicConfig {
+            partitions: 3,
+            ..TopicConfig::default()
+        };
+        let rec = initial_record(7, "orders", &config, [1, 2], 1_000);
+        assert_eq!(
+            (rec.id, rec.name.as_str(), rec.hash_key),
+            (7, "orders", [1, 2])
+        );
+        assert_eq!(rec.config, config.to_record());
+        assert_eq!(rec.next_partition_id, 3);
+        let ids: Vec<u32> = rec.partitions.iter().map(|p| p.id).collect();
+        assert_eq!(ids, vec![0, 1, 2]);
+        assert_eq!(rec.partitions[0].start, 0);
+        assert_eq!(rec.partitions[2].end, u64::MAX);
+        for w in rec.partitions.windows(2) {
+            assert_eq!(w[0].end + 1, w[1].start, "ranges tile without gaps");
+        }
+        for p in &rec.partitions {
+            assert!(p.parents.is_empty() && p.removed_parents.is_empty());
+            assert_eq!((p.state, p.created_ms), (PartitionState::Active, 1_000));
+        }
+    }
+}

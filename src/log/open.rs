@@ -705,3 +705,33 @@ fn discard_orphan(
     report.add(path, FileAction::SetAsideOrphan { moved_to: to });
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(topic_id: u32, partition_id: u32, end_offset: u64) -> PartitionCheckpoint {
+        PartitionCheckpoint {
+            topic_id,
+            partition_id,
+            segment_base: 0,
+            position: 0,
+            end_offset,
+            start_offset: 0,
+            rates: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_reclaimed_parents_entry_replaces_the_checkpoints_own_and_the_others_stay() {
+        let checkpoint = Checkpoint {
+            partitions: vec![entry(1, 0, 10), entry(1, 1, 20)],
+            ..Checkpoint::default()
+        };
+        let reclaimed = HashMap::from([((1, 1), entry(1, 1, 5))]);
+        let cps = checkpoint_entries(&checkpoint, &reclaimed);
+        assert_eq!(cps.len(), 2);
+        assert_eq!(cps[&(1, 0)].end_offset, 10);
+        assert_eq!(cps[&(1, 1)].end_offset, 5);
+    }
+}

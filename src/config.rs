@@ -7,7 +7,11 @@ use serde::{Deserialize, Serialize};
 use crate::balance::BalancePolicy;
 use crate::error::{Error, Result};
 use crate::format::batch::BATCH_HEADER_LEN;
+use crate::format::config_record::{
+    BalancePolicyRecord, HotKeyPolicyRecord, SyncPolicyRecord, TopicConfigRecord,
+};
 use crate::format::segment::SEGMENT_HEADER_LEN;
+pub use crate::types::HotKeyMode;
 
 /// When appended data is made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -59,24 +63,6 @@ pub struct TopicConfig {
     /// written before hot-key modes existed: strict only.
     #[serde(default)]
     pub hot_keys: HotKeyPolicy,
-}
-
-/// How much order a hot key's records keep, and so how far they spread.
-/// Set per key with [`crate::Topic::set_hot_key_mode`] (or by the balancer,
-/// see [`HotKeyPolicy::auto_window`]); a key never set is `Strict`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub enum HotKeyMode {
-    /// All the key's records go to one lane (the partition owning its
-    /// hash), in order: today's routing.
-    #[default]
-    Strict,
-    /// Records are grouped into time windows of this length by their
-    /// timestamp; all records of one window go to one lane in order, and
-    /// successive windows rotate over the key's lanes. Reading the windows
-    /// in sequence ([`crate::Topic::read_key`]) gives full per-key order.
-    Windowed(Duration),
-    /// Round-robin over the key's lanes: no order at all.
-    Spread,
 }
 
 /// A topic's rules for hot-key modes.
@@ -206,6 +192,168 @@ impl TopicConfig {
     }
 }
 
+// The manifest keeps a topic's configuration in its own records
+// (`format::config_record`): these conversions are the one place where the
+// public field names meet the file format's. Every field is named on both
+// sides (no `..`), so a field added to either fails to compile here until
+// it is mapped.
+
+// Crate-private functions rather than `From` impls: a public impl on the
+// public `TopicConfig` would make the record types reachable from outside.
+impl TopicConfig {
+    /// The manifest's record of this configuration.
+    pub(crate) fn to_record(&self) -> TopicConfigRecord {
+        let TopicConfig {
+            partitions,
+            segment_bytes,
+            index_interval_bytes,
+            max_record_bytes,
+            sync,
+            retention_age,
+            retention_bytes,
+            balance,
+            hot_keys,
+        } = self;
+        TopicConfigRecord {
+            partitions: *partitions,
+            segment_bytes: *segment_bytes,
+            index_interval_bytes: *index_interval_bytes,
+            max_record_bytes: *max_record_bytes,
+            sync: sync_record(*sync),
+            retention_age: *retention_age,
+            retention_bytes: *retention_bytes,
+            balance: balance_record(balance),
+            hot_keys: hot_keys_record(hot_keys),
+        }
+    }
+
+    /// The configuration a manifest record holds.
+    pub(crate) fn from_record(r: &TopicConfigRecord) -> TopicConfig {
+        let TopicConfigRecord {
+            partitions,
+            segment_bytes,
+            index_interval_bytes,
+            max_record_bytes,
+            sync,
+            retention_age,
+            retention_bytes,
+            balance,
+            hot_keys,
+        } = r;
+        TopicConfig {
+            partitions: *partitions,
+            segment_bytes: *segment_bytes,
+            index_interval_bytes: *index_interval_bytes,
+            max_record_bytes: *max_record_bytes,
+            sync: match *sync {
+                SyncPolicyRecord::Never => SyncPolicy::Never,
+                SyncPolicyRecord::Interval(d) => SyncPolicy::Interval(d),
+                SyncPolicyRecord::Always => SyncPolicy::Always,
+            },
+            retention_age: *retention_age,
+            retention_bytes: *retention_bytes,
+            balance: balance_policy(balance),
+            hot_keys: hot_key_policy(hot_keys),
+        }
+    }
+}
+
+fn sync_record(sync: SyncPolicy) -> SyncPolicyRecord {
+    match sync {
+        SyncPolicy::Never => SyncPolicyRecord::Never,
+        SyncPolicy::Interval(d) => SyncPolicyRecord::Interval(d),
+        SyncPolicy::Always => SyncPolicyRecord::Always,
+    }
+}
+
+fn balance_record(b: &BalancePolicy) -> BalancePolicyRecord {
+    let BalancePolicy {
+        enabled,
+        target_bytes_per_sec,
+        target_records_per_sec,
+        hot_factor,
+        cold_fraction,
+        merge_fraction,
+        min_age,
+        min_partitions,
+        max_partitions,
+        hot_key_share,
+        check_interval,
+    } = b;
+    BalancePolicyRecord {
+        enabled: *enabled,
+        target_bytes_per_sec: *target_bytes_per_sec,
+        target_records_per_sec: *target_records_per_sec,
+        hot_factor: *hot_factor,
+        cold_fraction: *cold_fraction,
+        merge_fraction: *merge_fraction,
+        min_age: *min_age,
+        min_partitions: *min_partitions,
+        max_partitions: *max_partitions,
+        hot_key_share: *hot_key_share,
+        check_interval: *check_interval,
+    }
+}
+
+fn balance_policy(r: &BalancePolicyRecord) -> BalancePolicy {
+    let BalancePolicyRecord {
+        enabled,
+        target_bytes_per_sec,
+        target_records_per_sec,
+        hot_factor,
+        cold_fraction,
+        merge_fraction,
+        min_age,
+        min_partitions,
+        max_partitions,
+        hot_key_share,
+        check_interval,
+    } = r;
+    BalancePolicy {
+        enabled: *enabled,
+        target_bytes_per_sec: *target_bytes_per_sec,
+        target_records_per_sec: *target_records_per_sec,
+        hot_factor: *hot_factor,
+        cold_fraction: *cold_fraction,
+        merge_fraction: *merge_fraction,
+        min_age: *min_age,
+        min_partitions: *min_partitions,
+        max_partitions: *max_partitions,
+        hot_key_share: *hot_key_share,
+        check_interval: *check_interval,
+    }
+}
+
+fn hot_keys_record(h: &HotKeyPolicy) -> HotKeyPolicyRecord {
+    let HotKeyPolicy {
+        allow_windowed,
+        allow_spread,
+        max_lanes,
+        auto_window,
+    } = h;
+    HotKeyPolicyRecord {
+        allow_windowed: *allow_windowed,
+        allow_spread: *allow_spread,
+        max_lanes: *max_lanes,
+        auto_window: *auto_window,
+    }
+}
+
+fn hot_key_policy(r: &HotKeyPolicyRecord) -> HotKeyPolicy {
+    let HotKeyPolicyRecord {
+        allow_windowed,
+        allow_spread,
+        max_lanes,
+        auto_window,
+    } = r;
+    HotKeyPolicy {
+        allow_windowed: *allow_windowed,
+        allow_spread: *allow_spread,
+        max_lanes: *max_lanes,
+        auto_window: *auto_window,
+    }
+}
+
 /// Options for [`crate::Log::open`].
 #[derive(Debug, Clone)]
 pub struct LogOptions {
@@ -259,5 +407,77 @@ impl Default for LogOptions {
             clock: std::sync::Arc::new(crate::balance::SystemClock),
             topic_hash_seed: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::config_record::tests::{CUSTOM_JSON, DEFAULT_JSON, OLDEST_JSON};
+
+    fn decode(json: &str) -> TopicConfig {
+        let rec: TopicConfigRecord = serde_json::from_str(json).expect("decodes");
+        TopicConfig::from_record(&rec)
+    }
+
+    fn encode(config: &TopicConfig) -> String {
+        serde_json::to_string(&config.to_record()).expect("encodes")
+    }
+
+    #[test]
+    fn a_manifest_config_in_todays_format_decodes_to_the_config_that_wrote_it() {
+        let mut want = TopicConfig {
+            partitions: 3,
+            segment_bytes: 1 << 20,
+            index_interval_bytes: 1024,
+            max_record_bytes: 4096,
+            sync: SyncPolicy::Interval(Duration::from_millis(1500)),
+            retention_age: Some(Duration::from_secs(3600)),
+            retention_bytes: Some(1 << 30),
+            ..TopicConfig::default()
+        };
+        want.balance = BalancePolicy {
+            enabled: false,
+            target_bytes_per_sec: Some(1e6),
+            target_records_per_sec: Some(5000.0),
+            hot_factor: 3.0,
+            cold_fraction: 0.25,
+            merge_fraction: 0.4,
+            min_age: Duration::from_secs(5),
+            min_partitions: 2,
+            max_partitions: 32,
+            hot_key_share: 0.6,
+            check_interval: Duration::from_millis(100),
+        };
+        want.hot_keys = HotKeyPolicy {
+            allow_windowed: true,
+            allow_spread: true,
+            max_lanes: 8,
+            auto_window: Some(Duration::from_millis(200)),
+        };
+        assert_eq!(decode(CUSTOM_JSON), want);
+        assert_eq!(encode(&want), CUSTOM_JSON);
+    }
+
+    #[test]
+    fn the_default_config_round_trips_through_the_manifest_record_byte_for_byte() {
+        let config = TopicConfig::default();
+        assert_eq!(encode(&config), DEFAULT_JSON);
+        assert_eq!(decode(DEFAULT_JSON), config);
+        for sync in [SyncPolicy::Never, SyncPolicy::Always] {
+            let config = TopicConfig {
+                sync,
+                ..TopicConfig::default()
+            };
+            assert_eq!(decode(&encode(&config)), config);
+        }
+    }
+
+    #[test]
+    fn the_record_defaults_for_fields_old_manifests_lack_are_the_api_defaults() {
+        let config = decode(OLDEST_JSON);
+        assert_eq!(config.balance, BalancePolicy::default());
+        assert_eq!(config.hot_keys, HotKeyPolicy::default());
+        assert_eq!(config.sync, SyncPolicy::Always);
     }
 }

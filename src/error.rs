@@ -194,7 +194,7 @@ pub enum Error {
     )]
     PartialBatch {
         /// Per input record: where it landed, or `None`.
-        landed: Vec<Option<crate::topic::Appended>>,
+        landed: Vec<Option<crate::types::Appended>>,
         /// Why the rest was not appended.
         #[source]
         source: Box<Error>,
@@ -288,6 +288,18 @@ pub enum Error {
         /// The partition.
         partition: u32,
     },
+    /// The OS refused to start one of the engine's threads (EAGAIN: a
+    /// limit on threads or memory). Retry once the limit allows: a
+    /// [`crate::Log::open`] that fails this way had finished recovery, so
+    /// the directory is consistent and the next open recovers it again.
+    #[error("cannot start thread {thread:?}: {source}")]
+    ThreadSpawn {
+        /// The thread's name.
+        thread: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
     /// No consumer group of that name in the topic.
     #[error("no consumer group {0:?}")]
     UnknownGroup(String),
@@ -299,7 +311,7 @@ pub enum Error {
         /// Topic name.
         topic: String,
         /// The mode asked for.
-        mode: crate::config::HotKeyMode,
+        mode: crate::types::HotKeyMode,
         /// Why it was refused.
         reason: String,
     },

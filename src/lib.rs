@@ -85,6 +85,7 @@ mod hot_keys;
 #[doc(hidden)]
 pub mod internals;
 mod key_reader;
+pub mod layout;
 mod log;
 mod partition;
 mod read;
@@ -95,14 +96,15 @@ mod tail;
 mod topic;
 mod topic_name;
 mod topology;
+mod types;
 mod wake;
 
-pub use balance::{
-    BalancePolicy, Clock, CutPoints, Decision, ManualClock, SplitAt, SystemClock, WindowRate,
-};
+#[cfg(feature = "testing")]
+pub use balance::ManualClock;
+pub use balance::{BalancePolicy, Clock, CutPoints, Decision, SplitAt, SystemClock, WindowRate};
 pub use config::{
-    HotKeyMode, HotKeyPolicy, LogOptions, RecoveryMode, SyncPolicy, TopicConfig,
-    ACTIVE_HEADROOM_MAX_BYTES, MAX_HOT_KEY_LANES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
+    HotKeyPolicy, LogOptions, RecoveryMode, SyncPolicy, TopicConfig, ACTIVE_HEADROOM_MAX_BYTES,
+    MAX_HOT_KEY_LANES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
 };
 pub use durable::Durable;
 pub use error::{Error, Result};
@@ -120,18 +122,10 @@ pub use reader::{Cut, Reader, RetainedRange, StartAt};
 pub use recovery::partition::Problem;
 pub use recovery::{FileAction, FileReport, Hole, OffsetRange, RecoveryReport};
 pub use storage::durability::SyncBackend;
+#[cfg(feature = "testing")]
 pub use storage::fault::{IoHook, IoOp, NoFaults};
 pub use tail::{MovedRange, TailFrom, TailReclaimOutcome, TailSplitOptions, TailSplitOutcome};
-pub use topic::{Appended, ChainLink, NewRecord, PartitionInfo, SplitPlan, Topic};
+pub use topic::{ChainLink, NewRecord, PartitionInfo, SplitPlan, Topic};
 pub use topic_name::{validate as validate_topic_name, MAX_TOPIC_NAME};
 pub use topology::manifest::ManifestReport;
-
-/// Names of the files and directories inside a log directory
-/// (docs/FORMAT.md), for operators' tools that inspect or back up a log.
-/// Writing to these files while a [`Log`] (or any handle or batch read
-/// from it) is alive is not supported: the directory lock says who owns
-/// them.
-pub mod layout {
-    pub use crate::log::{LOCK_FILE, TOPICS_DIR};
-    pub use crate::topology::manifest::{JOURNAL_FILE, SNAPSHOT_FILE};
-}
+pub use types::{Appended, HotKeyMode};

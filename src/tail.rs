@@ -692,7 +692,7 @@ pub(crate) fn reclaimed_checkpoints(
 ) -> std::collections::HashMap<(u32, u32), crate::format::checkpoint::PartitionCheckpoint> {
     let mut out = std::collections::HashMap::new();
     for t in topics {
-        let tdir = crate::log::topic_dir(dir, t.id);
+        let tdir = crate::layout::topic_dir(dir, t.id);
         for m in t.tail_moves.iter().filter(|m| m.reclaimed) {
             let Some(cp) = ck
                 .partitions

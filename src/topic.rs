@@ -37,14 +37,7 @@ pub struct NewRecord<'a> {
     pub timestamp: Option<i64>,
 }
 
-/// Where an appended record landed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Appended {
-    /// Partition id.
-    pub partition: u32,
-    /// Offset in it.
-    pub offset: u64,
-}
+pub use crate::types::Appended;
 
 /// A partition as seen from outside: range, lineage, state, offsets, rates.
 #[derive(Debug, Clone, Serialize)]

@@ -1,16 +1,15 @@
 //! Time sources.
 //!
 //! Balancing code never reads the system clock directly: it takes
-//! `now_nanos` from a [`Clock`], so tests drive it with a [`ManualClock`] and
+//! `now_nanos` from a [`Clock`], so tests drive it with a `ManualClock` and
 //! production uses [`SystemClock`]. Nanoseconds in a `u64` cover 584 years,
 //! which is why a plain integer is used instead of `Instant` (an `Instant`
 //! cannot be constructed in a test, serialized, or subtracted without a
 //! panic when the order is wrong).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::duration_nanos;
 
@@ -79,58 +78,72 @@ impl Clock for SystemClock {
     }
 }
 
-/// A clock that only moves when told to: for tests and simulations.
-///
-/// It may be shared between threads (`Arc<ManualClock>` is a `Clock` too).
-/// [`ManualClock::set_nanos`] may move it backwards, on purpose, so tests can
-/// check that consumers clamp.
-#[derive(Debug, Default)]
-pub struct ManualClock {
-    nanos: AtomicU64,
-}
+#[cfg(any(test, feature = "testing"))]
+pub use manual::ManualClock;
 
-impl ManualClock {
-    /// A clock reading `start_nanos`.
-    pub fn new(start_nanos: u64) -> Self {
-        ManualClock {
-            nanos: AtomicU64::new(start_nanos),
+#[cfg(any(test, feature = "testing"))]
+mod manual {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use super::{duration_nanos, Clock};
+
+    /// A clock that only moves when told to: for tests and simulations
+    /// (behind the `testing` feature).
+    ///
+    /// It may be shared between threads (`Arc<ManualClock>` is a `Clock` too).
+    /// [`ManualClock::set_nanos`] may move it backwards, on purpose, so tests can
+    /// check that consumers clamp.
+    #[derive(Debug, Default)]
+    pub struct ManualClock {
+        nanos: AtomicU64,
+    }
+
+    impl ManualClock {
+        /// A clock reading `start_nanos`.
+        pub fn new(start_nanos: u64) -> Self {
+            ManualClock {
+                nanos: AtomicU64::new(start_nanos),
+            }
+        }
+
+        /// Moves the clock forward by `by`, saturating at `u64::MAX`.
+        pub fn advance(&self, by: Duration) {
+            let by = duration_nanos(by);
+            // SeqCst: a test clock should behave like a sequentially consistent
+            // global variable; the cost does not matter here.
+            let _ = self
+                .nanos
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    Some(n.saturating_add(by))
+                });
+        }
+
+        /// Sets the clock to `nanos`, which may be earlier than the current
+        /// reading.
+        pub fn set_nanos(&self, nanos: u64) {
+            self.nanos.store(nanos, Ordering::SeqCst);
         }
     }
 
-    /// Moves the clock forward by `by`, saturating at `u64::MAX`.
-    pub fn advance(&self, by: Duration) {
-        let by = duration_nanos(by);
-        // SeqCst: a test clock should behave like a sequentially consistent
-        // global variable; the cost does not matter here.
-        let _ = self
-            .nanos
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                Some(n.saturating_add(by))
-            });
-    }
+    impl Clock for ManualClock {
+        fn now_nanos(&self) -> u64 {
+            self.nanos.load(Ordering::SeqCst)
+        }
 
-    /// Sets the clock to `nanos`, which may be earlier than the current
-    /// reading.
-    pub fn set_nanos(&self, nanos: u64) {
-        self.nanos.store(nanos, Ordering::SeqCst);
-    }
-}
-
-impl Clock for ManualClock {
-    fn now_nanos(&self) -> u64 {
-        self.nanos.load(Ordering::SeqCst)
-    }
-
-    /// The same reading in milliseconds: a test that reopens a log with a
-    /// new `ManualClock` set later than the old one simulates that much
-    /// downtime.
-    fn wall_millis(&self) -> u64 {
-        self.now_nanos() / 1_000_000
+        /// The same reading in milliseconds: a test that reopens a log with a
+        /// new `ManualClock` set later than the old one simulates that much
+        /// downtime.
+        fn wall_millis(&self) -> u64 {
+            self.now_nanos() / 1_000_000
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

@@ -36,7 +36,9 @@ mod rate;
 mod sim;
 
 pub(crate) use assign::{best_single_move, plan_counts, plan_moves};
-pub use clock::{Clock, ManualClock, SystemClock};
+#[cfg(any(test, feature = "testing"))]
+pub use clock::ManualClock;
+pub use clock::{Clock, SystemClock};
 pub use decision::{decide, CutPoints, Decision, PartitionLoad, SplitAt};
 #[cfg(any(test, feature = "internals"))]
 pub use loadmap::LoadMapConfig;

@@ -13,11 +13,13 @@
 //!
 //! Payloads are JSON (serde) of [`ManifestRecord`] or [`ManifestState`]:
 //! topology changes are rare and small, and JSON keeps the manifest readable
-//! with a hex dump and extensible without a format bump.
+//! with a hex dump and extensible without a format bump. A topic's
+//! configuration is a [`TopicConfigRecord`], the format's own type: the
+//! public config types never reach the encoding.
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::TopicConfig;
+pub use super::config_record::TopicConfigRecord;
 
 /// Journal magic.
 pub const JOURNAL_MAGIC: [u8; 8] = *b"FSNLMAN\0";
@@ -83,8 +85,9 @@ pub struct TopicRecord {
     pub id: u32,
     /// Topic name.
     pub name: String,
-    /// Configuration.
-    pub config: TopicConfig,
+    /// Configuration, in the manifest's own record (converted to and from
+    /// the public `TopicConfig` in `config.rs`).
+    pub config: TopicConfigRecord,
     /// SipHash-1-3 key for routing.
     pub hash_key: [u64; 2],
     /// Next partition id to hand out.
@@ -185,7 +188,7 @@ pub struct TailGroupMove {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HotKeyEra {
     /// The mode of the era.
-    pub mode: crate::config::HotKeyMode,
+    pub mode: crate::types::HotKeyMode,
     /// Lane hash points; `lanes[0]` is the key's own hash (so `Strict` is
     /// `[hash]`).
     pub lanes: Vec<u64>,
@@ -289,7 +292,7 @@ pub enum ManifestRecord {
         /// Topic id.
         topic_id: u32,
         /// New configuration.
-        config: TopicConfig,
+        config: TopicConfigRecord,
     },
     /// A consumer group committed positions (creating the group if it is
     /// new): atomic across every partition it names.

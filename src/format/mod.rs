@@ -3,6 +3,7 @@
 
 pub(crate) mod batch;
 pub(crate) mod checkpoint;
+pub(crate) mod config_record;
 pub(crate) mod index;
 pub(crate) mod manifest;
 pub(crate) mod segment;

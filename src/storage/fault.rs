@@ -7,13 +7,19 @@
 //! and [`IoHook::after`] with an [`IoOp`] naming its call site. A hook that
 //! ignores the success of one op models "that fsync was never called": the
 //! crash-model tests use this to prove they notice each missing fsync.
+//!
+//! The engine always calls through a hook ([`NoFaults`] in production);
+//! outside the crate the hook types and `Log::open_with_hook` exist only
+//! with the `testing` feature, as test seams, not as an extension point.
 
 use std::io;
 use std::path::Path;
 
 /// An I/O operation a hook may observe or fail. The `Sync*` ops name each
-/// fsync/fdatasync call site of the engine.
+/// fsync/fdatasync call site of the engine. New call sites add variants:
+/// a hook matches with a wildcard arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum IoOp {
     /// Creating a segment file.
     CreateSegment,

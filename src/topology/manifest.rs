@@ -15,10 +15,7 @@ use crate::storage::file::{
 use crate::storage::{sync_dir, sync_file};
 use crate::topology::model;
 
-/// Journal file name.
-pub const JOURNAL_FILE: &str = "manifest.log";
-/// Snapshot file name.
-pub const SNAPSHOT_FILE: &str = "manifest.snap";
+pub(crate) use crate::layout::{JOURNAL_FILE, SNAPSHOT_FILE};
 
 /// The longest journal or snapshot read: the journal is compacted every
 /// `manifest_compact_records` records, and a snapshot holds one topology.

@@ -592,7 +592,7 @@ mod tests {
         let topic = TopicRecord {
             id: 0,
             name: "t".into(),
-            config: TopicConfig::default(),
+            config: TopicConfig::default().to_record(),
             hash_key: [0, 0],
             next_partition_id: 1,
             partitions: vec![part(0, (0, u64::MAX), vec![])],
@@ -673,7 +673,7 @@ mod tests {
         let topic = TopicRecord {
             id: 0,
             name: "t".into(),
-            config: TopicConfig::default(),
+            config: TopicConfig::default().to_record(),
             hash_key: [0, 0],
             next_partition_id: max + 100,
             partitions: vec![part(1, (0, u64::MAX), vec![0])],
@@ -704,7 +704,7 @@ mod tests {
         let topic = TopicRecord {
             id: 0,
             name: "t".into(),
-            config: TopicConfig::default(),
+            config: TopicConfig::default().to_record(),
             hash_key: [0, 0],
             next_partition_id: max + 1,
             partitions: vec![part(0, (0, u64::MAX), vec![])],
@@ -749,7 +749,7 @@ mod tests {
         let topic = TopicRecord {
             id: 0,
             name: "t".into(),
-            config: TopicConfig::default(),
+            config: TopicConfig::default().to_record(),
             hash_key: [0, 0],
             next_partition_id: max + 1,
             partitions: vec![part(0, (0, u64::MAX), vec![])],

@@ -69,10 +69,8 @@
 compile_error!("fissionlog supports Linux only (see docs/ARCHITECTURE.md, \"Platform\")");
 
 mod balance;
-mod balance_step;
 mod config;
 mod core;
-mod durable;
 mod duration;
 mod error;
 mod events;
@@ -80,19 +78,18 @@ mod format;
 #[cfg(feature = "internals")]
 mod fuzz_checks;
 mod group;
-mod hot_keys;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
-mod key_reader;
 mod log;
 mod partition;
 mod read;
 mod reader;
 mod recovery;
 mod storage;
-mod tail;
 mod topic;
+// The tail split's recovery helpers, under the name the log's open uses.
+use topic::tail_split as tail;
 mod topic_name;
 mod topology;
 mod wake;
@@ -104,15 +101,12 @@ pub use config::{
     HotKeyMode, HotKeyPolicy, LogOptions, RecoveryMode, SyncPolicy, TopicConfig,
     ACTIVE_HEADROOM_MAX_BYTES, MAX_HOT_KEY_LANES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
 };
-pub use durable::Durable;
 pub use error::{Error, Result};
 pub use events::TopologyEvent;
 pub use group::{
     Assignment, AssignmentDescription, Group, GroupDescription, GroupOptions, GroupStart,
     GroupStats, LostGroupPosition, Member, MemberDescription, MemberOptions, MemberState,
 };
-pub use hot_keys::{KeyEra, KeyLane, KeyLanes, KeyLink, KeyRecord};
-pub use key_reader::KeyReader;
 pub use log::{verify, Log};
 pub use partition::{Partition, SegmentInfo};
 pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};
@@ -121,7 +115,12 @@ pub use recovery::partition::Problem;
 pub use recovery::{FileAction, FileReport, RecoveryReport};
 pub use storage::durability::SyncBackend;
 pub use storage::fault::{IoHook, IoOp, NoFaults};
-pub use tail::{MovedRange, TailFrom, TailReclaimOutcome, TailSplitOptions, TailSplitOutcome};
+pub use topic::durable::Durable;
+pub use topic::hot_keys::{KeyEra, KeyLane, KeyLanes, KeyLink, KeyRecord};
+pub use topic::key_reader::KeyReader;
+pub use topic::tail_split::{
+    MovedRange, TailFrom, TailReclaimOutcome, TailSplitOptions, TailSplitOutcome,
+};
 pub use topic::{Appended, ChainLink, NewRecord, PartitionInfo, SplitPlan, Topic};
 pub use topic_name::{validate as validate_topic_name, MAX_TOPIC_NAME};
 pub use topology::manifest::ManifestReport;

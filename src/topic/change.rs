@@ -99,6 +99,9 @@ impl Topic {
     /// Splits an active partition: children are created first, then one
     /// durable manifest record commits the split while appends to the
     /// parent wait (only for that commit). Returns the children, in range order.
+    ///
+    /// A sealed partition is refused with [`Error::Sealed`], as
+    /// [`Topic::split_tail`] refuses it.
     pub fn split(&self, partition: u32, plan: SplitPlan) -> Result<Vec<u32>> {
         let _change = self.inner.change.lock();
         // Checked under the change lock: a split that failed to commit
@@ -116,7 +119,10 @@ impl Topic {
                     partition,
                 })?;
             if n.rec.state != PartitionState::Active {
-                return Err(Error::Refused(format!("partition {partition} is sealed")));
+                return Err(Error::Sealed {
+                    topic: self.name().into(),
+                    partition,
+                });
             }
             (n.rec.start, n.rec.end, n.part.clone())
         };
@@ -173,6 +179,7 @@ impl Topic {
     }
 
     /// Merges two active partitions with adjacent ranges into one child.
+    /// A sealed one is refused with [`Error::Sealed`].
     pub fn merge(&self, a: u32, b: u32) -> Result<u32> {
         let _change = self.inner.change.lock();
         self.check_live()?;
@@ -184,7 +191,10 @@ impl Topic {
                     partition: id,
                 })?;
                 if n.rec.state != PartitionState::Active {
-                    return Err(Error::Refused(format!("partition {id} is sealed")));
+                    return Err(Error::Sealed {
+                        topic: self.name().into(),
+                        partition: id,
+                    });
                 }
                 Ok(n)
             };

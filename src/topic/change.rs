@@ -13,6 +13,7 @@ use crate::storage::segment::Segment;
 use crate::storage::sync_dir;
 
 use super::{partition_dir, Node, SplitPlan, Topic};
+use crate::topology::ranges::{child_records, split_ranges, LoadCuts};
 
 impl Topic {
     /// Creates the directories and empty first segments of new partitions.
@@ -126,7 +127,7 @@ impl Topic {
             }
             (n.rec.start, n.rec.end, n.part.clone())
         };
-        let ranges = split_ranges(start, end, plan, &parent)?;
+        let ranges = plan_ranges(start, end, plan, &parent)?;
         let max = self.config().balance.max_partitions as usize;
         let active = self.inner.state.read().routes.len();
         if active - 1 + ranges.len() > max {
@@ -137,7 +138,7 @@ impl Topic {
         let first_id = self.next_partition_id();
         let ids: Vec<u32> = (0..ranges.len() as u32).map(|i| first_id + i).collect();
         let segs = self.create_partition_files(&ids)?;
-        let children = child_records(partition, &ids, &ranges);
+        let children = child_records(partition, &ids, &ranges, now_ms());
         let core = self.inner.core.clone();
         let result = parent.seal_with(&core.syncer, |seal_offset| {
             let mut topo = core.topology.lock();
@@ -474,102 +475,34 @@ impl Topic {
     }
 }
 
-/// The records of the children of a split of `partition`: ids and hash
-/// ranges pairwise, active, created now.
-pub(crate) fn child_records(
-    partition: u32,
-    ids: &[u32],
-    ranges: &[(u64, u64)],
-) -> Vec<PartitionRecord> {
-    let created = now_ms();
-    ids.iter()
-        .zip(ranges)
-        .map(|(&id, &(start, end))| PartitionRecord {
-            id,
-            start,
-            end,
-            parents: vec![partition],
-            state: PartitionState::Active,
-            created_ms: created,
-            removed_parents: Vec::new(),
-        })
-        .collect()
-}
-
-/// Children ranges for a split plan.
-pub(crate) fn split_ranges(
+/// The children ranges of a split of `parent`'s `[start, end]` by `plan`:
+/// reads what the plan needs from the parent's recent load, then the pure
+/// [`split_ranges`].
+pub(crate) fn plan_ranges(
     start: u64,
     end: u64,
     plan: SplitPlan,
     parent: &Partition,
 ) -> Result<Vec<(u64, u64)>> {
-    if start == end {
-        return Err(Error::Refused(
-            "a partition of a single hash value cannot be split (it carries one hot key)".into(),
-        ));
+    split_ranges(start, end, plan, &load_cuts(plan, parent))
+}
+
+/// What `plan` needs from `parent`'s load map (nothing for a plan that
+/// names its points).
+fn load_cuts(plan: SplitPlan, parent: &Partition) -> LoadCuts {
+    let median = || parent.with_writer(|w| w.load.split_point());
+    match plan {
+        SplitPlan::LoadMedian => LoadCuts {
+            median: median(),
+            quantiles: Vec::new(),
+        },
+        SplitPlan::LoadQuantiles(k) if (2..=16).contains(&k) => {
+            let quantiles = parent.with_writer(|w| w.load.quantile_points(usize::from(k)));
+            LoadCuts {
+                median: if quantiles.len() < 2 { median() } else { None },
+                quantiles,
+            }
+        }
+        _ => LoadCuts::default(),
     }
-    let mid = start + (end - start) / 2;
-    let at = match plan {
-        SplitPlan::At(at) => at,
-        SplitPlan::Even => mid,
-        SplitPlan::LoadMedian => parent.with_writer(|w| w.load.split_point()).unwrap_or(mid),
-        SplitPlan::LoadQuantiles(k) => {
-            if !(2..=16).contains(&k) {
-                return Err(Error::Refused(format!(
-                    "a split makes 2 to 16 children, not {k}"
-                )));
-            }
-            let points = parent.with_writer(|w| w.load.quantile_points(usize::from(k)));
-            if points.len() < 2 {
-                parent.with_writer(|w| w.load.split_point()).unwrap_or(mid)
-            } else {
-                let mut out = Vec::with_capacity(points.len() + 1);
-                let mut lo = start;
-                for m in points {
-                    out.push((lo, m));
-                    lo = m + 1;
-                }
-                out.push((lo, end));
-                return Ok(out);
-            }
-        }
-        SplitPlan::Cuts(points) => {
-            let points = points.points();
-            if points.is_empty() || points.iter().any(|&c| c < start || c >= end) {
-                return Err(Error::Refused(format!(
-                    "split points {points:x?} are not all inside [{start:#x}, {end:#x})"
-                )));
-            }
-            let mut out = Vec::with_capacity(points.len() + 1);
-            let mut lo = start;
-            for &c in points {
-                out.push((lo, c));
-                lo = c + 1;
-            }
-            out.push((lo, end));
-            return Ok(out);
-        }
-        SplitPlan::IsolateHash(h) => {
-            if h < start || h > end {
-                return Err(Error::Refused(format!(
-                    "hash {h:#x} is outside the partition's range"
-                )));
-            }
-            let mut v = Vec::new();
-            if h > start {
-                v.push((start, h - 1));
-            }
-            v.push((h, h));
-            if h < end {
-                v.push((h + 1, end));
-            }
-            return Ok(v);
-        }
-    };
-    if at < start || at >= end {
-        return Err(Error::Refused(format!(
-            "split point {at:#x} is not inside [{start:#x}, {end:#x})"
-        )));
-    }
-    Ok(vec![(start, at), (at + 1, end)])
 }

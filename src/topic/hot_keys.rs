@@ -16,6 +16,8 @@ use crate::error::{Error, Result};
 use crate::format::manifest::{HotKeyEra, HotKeyRecord, ManifestRecord};
 use crate::partition::now_ms;
 use crate::topic::{ChainLink, Topic};
+use crate::topology::hot_keys::{duration_ms, lane_after};
+pub(crate) use crate::topology::hot_keys::{lane_of_window, lane_points, window_ms, window_of};
 
 /// The hot keys of one topic, in memory.
 #[derive(Debug, Default)]
@@ -145,47 +147,6 @@ impl HotKeys {
             })
         })
     }
-}
-
-/// The lane points of a key over `k` lanes: its hash, then `k - 1` points
-/// spaced evenly around the hash ring, so the lanes fall into as many
-/// different partitions as the topology allows.
-pub(crate) fn lane_points(hash: u64, k: u32) -> Vec<u64> {
-    (0..u128::from(k))
-        .map(|j| (u128::from(hash) + j * (1u128 << 64) / u128::from(k)) as u64)
-        .collect()
-}
-
-/// The window of a timestamp, for a window length in ms.
-pub(crate) fn window_of(ts: i64, window_ms: i64) -> i64 {
-    ts.div_euclid(window_ms)
-}
-
-pub(crate) fn window_ms(era: &HotKeyEra) -> Option<i64> {
-    match era.mode {
-        HotKeyMode::Windowed(d) => Some(duration_ms(d)),
-        _ => None,
-    }
-}
-
-/// The lane of window `w` in a windowed era.
-pub(crate) fn lane_of_window(era: &HotKeyEra, w: i64) -> usize {
-    let wm = window_ms(era).expect("a windowed era");
-    lane_after(w, window_of(era.from_ms, wm), era.lanes.len())
-}
-
-/// `(w - first) mod lanes`. Record timestamps may be anywhere in `i64`
-/// (the caller's), so the difference wraps: the lane written and the lane
-/// read are computed by this one function, and builds with and without
-/// overflow checks agree.
-fn lane_after(w: i64, first: i64, lanes: usize) -> usize {
-    w.wrapping_sub(first).rem_euclid(lanes as i64) as usize
-}
-
-/// A window length in ms as routing uses it: saturated to `i64::MAX`, at
-/// least 1.
-fn duration_ms(d: std::time::Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
 }
 
 /// One era of a key as [`Topic::key_lanes`] reports it.

@@ -6,7 +6,7 @@
 
 mod append;
 mod balance;
-mod change;
+pub(crate) mod change;
 mod describe;
 pub(crate) mod durable;
 pub(crate) mod hot_keys;
@@ -14,7 +14,8 @@ pub(crate) mod key_reader;
 mod route;
 pub(crate) mod tail_split;
 
-pub(crate) use change::{child_records, split_ranges};
+pub(crate) use crate::topology::ranges::even_ranges;
+pub use crate::topology::ranges::SplitPlan;
 
 use std::collections::BTreeMap;
 use std::hash::Hasher;
@@ -103,25 +104,6 @@ pub struct ChainLink {
     pub partition: u32,
     /// End offset when sealed; None for the active partition at the end.
     pub sealed_at: Option<u64>,
-}
-
-/// How to split a partition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SplitPlan {
-    /// Children `[start, at]` and `[at + 1, end]`.
-    At(u64),
-    /// At the middle of the range.
-    Even,
-    /// At the load-weighted median of recent appends (falls back to Even).
-    LoadMedian,
-    /// Into this many children (2–16) of about equal recent load (falls
-    /// back to LoadMedian when the load is too concentrated).
-    LoadQuantiles(u8),
-    /// Isolate the hash value of a key into `[h, h]`, remainder on each side.
-    IsolateHash(u64),
-    /// At these points, each the last hash of a child (1 to 7 points,
-    /// strictly increasing, each inside `[start, end)`).
-    Cuts(crate::balance::CutPoints),
 }
 
 #[derive(Debug)]
@@ -249,18 +231,6 @@ pub fn key_hash(hash_key: [u64; 2], key: &[u8]) -> u64 {
     let mut h = siphasher::sip::SipHasher13::new_with_keys(hash_key[0], hash_key[1]);
     h.write(key);
     h.finish()
-}
-
-/// Splits `[0, u64::MAX]` into `n` near-equal ranges.
-pub(crate) fn even_ranges(n: u32) -> Vec<(u64, u64)> {
-    let total = 1u128 << 64;
-    (0..n)
-        .map(|i| {
-            let s = total * i as u128 / n as u128;
-            let e = total * (i as u128 + 1) / n as u128 - 1;
-            (s as u64, e as u64)
-        })
-        .collect()
 }
 
 pub(crate) fn partition_dir(topic_dir: &std::path::Path, id: u32) -> PathBuf {

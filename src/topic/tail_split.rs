@@ -29,8 +29,11 @@ use crate::partition::Partition;
 use crate::read::ReadIsolation;
 use crate::storage::fault::IoOp;
 use crate::storage::{sync_dir, sync_file};
-use crate::topic::{key_hash, partition_dir, split_ranges, SplitPlan, Topic};
+use crate::topic::change::plan_ranges;
+use crate::topic::{key_hash, partition_dir, SplitPlan, Topic};
 use crate::topology::lineage::Lineage;
+pub use crate::topology::tail::MovedRange;
+pub(crate) use crate::topology::tail::TailInfo;
 
 /// Where a tail split starts moving the parent's records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,60 +84,6 @@ pub struct TailSplitOutcome {
     pub copied_bytes: u64,
     /// Copy rounds run before the parent was sealed.
     pub rounds: u32,
-}
-
-/// A committed tail split, as readers need it: where the parent's moved
-/// range went.
-#[derive(Debug)]
-pub(crate) struct TailInfo {
-    pub children: Vec<u32>,
-    pub index: TailIndex,
-    /// The `TailReclaimed` record is durable.
-    pub reclaimed: std::sync::atomic::AtomicBool,
-}
-
-impl TailInfo {
-    /// Where a position `pos` of the parent continues: `None` if it is at
-    /// or below the logical end (the parent holds it), else per child the
-    /// first moved record at or after it.
-    pub(crate) fn translate(&self, pos: u64) -> Option<Vec<(u32, u64)>> {
-        (pos > self.index.from).then(|| {
-            self.children
-                .iter()
-                .copied()
-                .zip(self.index.translate(pos))
-                .collect()
-        })
-    }
-}
-
-/// A partition's moved range, as `Topic::partitions` reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct MovedRange {
-    /// First moved offset (the logical end).
-    pub from: u64,
-    /// End of the moved range (the physical seal).
-    pub to: u64,
-    /// The children holding it, with how many records each.
-    pub children: Vec<(u32, u64)>,
-    /// The parent's bytes of the range were released.
-    pub reclaimed: bool,
-}
-
-impl TailInfo {
-    pub(crate) fn moved_range(&self) -> MovedRange {
-        MovedRange {
-            from: self.index.from,
-            to: self.index.seal,
-            children: self
-                .children
-                .iter()
-                .copied()
-                .zip(self.index.counts())
-                .collect(),
-            reclaimed: self.reclaimed.load(std::sync::atomic::Ordering::Acquire),
-        }
-    }
 }
 
 /// Records copied at once into one child (and the most read at once from
@@ -339,7 +288,7 @@ impl Topic {
                 "partition {partition} holds lanes of a windowed or spread hot key, or a hot-key mode change past offset {from}"
             )));
         }
-        let ranges = split_ranges(start, end, plan, &parent)?;
+        let ranges = plan_ranges(start, end, plan, &parent)?;
         if ranges.len() > usize::from(u8::MAX) {
             return Err(Error::Refused("too many children".into()));
         }
@@ -365,7 +314,12 @@ impl Topic {
                 p
             })
             .collect();
-        let children = crate::topic::child_records(partition, &ids, &ranges);
+        let children = crate::topology::ranges::child_records(
+            partition,
+            &ids,
+            &ranges,
+            crate::partition::now_ms(),
+        );
         let core = self.inner.core.clone();
         let mut copier = Copier {
             topic: self,

@@ -116,13 +116,14 @@ pub use recovery::{FileAction, FileReport, RecoveryReport};
 pub use storage::durability::SyncBackend;
 pub use storage::fault::{IoHook, IoOp, NoFaults};
 pub use topic::durable::Durable;
-pub use topic::hot_keys::{KeyEra, KeyLane, KeyLanes, KeyLink, KeyRecord};
+pub use topic::hot_keys::{HotKey, KeyEra, KeyLane, KeyLanes, KeyLink, KeyRecord};
 pub use topic::key_reader::KeyReader;
 pub use topic::tail_split::{
-    MovedRange, TailFrom, TailReclaimOutcome, TailSplitOptions, TailSplitOutcome,
+    MovedChild, MovedRange, TailFrom, TailReclaimOutcome, TailSplitOptions, TailSplitOutcome,
 };
-pub use topic::{Appended, ChainLink, NewRecord, PartitionInfo, SplitPlan, Topic};
+pub use topic::{Appended, ChainLink, NewRecord, PartitionInfo, RemovedParent, SplitPlan, Topic};
 pub use topic_name::{validate as validate_topic_name, MAX_TOPIC_NAME};
+pub use topology::command::{Applied, HashRange, TopologyCommand};
 pub use topology::manifest::ManifestReport;
 
 /// Names of the files and directories inside a log directory

@@ -372,7 +372,16 @@ impl Topic {
         }
     }
 
-    /// Appends records to one partition, bypassing routing.
+    /// Appends records to one partition, bypassing routing; returns the
+    /// first record's offset.
+    ///
+    /// A keyed record appended here opts out of per-key order (DESIGN C4):
+    /// it sits wherever the caller put it, not in the partition that owns
+    /// its key's hash, so a lineage-aware reader returns it in that
+    /// partition's order, not in the key's, and the key readers
+    /// ([`Topic::key_reader`], [`Topic::read_key`], [`Topic::key_chain`])
+    /// do not look for it there. Use [`Topic::append`] or
+    /// [`Topic::append_batch`] for records whose key order matters.
     pub fn append_to(&self, partition: u32, records: &[NewRecord<'_>]) -> Result<u64> {
         self.inner.core.check_open()?;
         let now = now_ms();

@@ -13,6 +13,8 @@ use crate::storage::segment::Segment;
 use crate::storage::sync_dir;
 
 use super::{partition_dir, Node, SplitPlan, Topic};
+use crate::format::manifest::TopicRecord;
+use crate::topology::command::{validate, Applied, HashRange, Plan, TopologyCommand};
 use crate::topology::ranges::{child_records, split_ranges, LoadCuts};
 
 impl Topic {
@@ -104,11 +106,30 @@ impl Topic {
     /// A sealed partition is refused with [`Error::Sealed`], as
     /// [`Topic::split_tail`] refuses it.
     pub fn split(&self, partition: u32, plan: SplitPlan) -> Result<Vec<u32>> {
-        let _change = self.inner.change.lock();
-        // Checked under the change lock: a split that failed to commit
-        // poisons the log and keeps its children's files (its record may be
-        // on disk); no later change may reuse their ids. A deleted topic
-        // takes no children into its removed directory.
+        match self.apply(self.split_command(partition, plan)?)? {
+            Applied::Split { children } => Ok(children),
+            other => unreachable!("a split command applies as a split: {other:?}"),
+        }
+    }
+
+    /// The command of a forward split of `partition` by `plan`: the plan
+    /// is resolved here, against the partition's range and recent load,
+    /// into the children's ranges, so applying the command does not depend
+    /// on the load any more. Errors as [`Topic::split`] (for the state of
+    /// the partition now; [`Topic::apply`] checks again).
+    pub fn split_command(&self, partition: u32, plan: SplitPlan) -> Result<TopologyCommand> {
+        Ok(TopologyCommand::Split {
+            partition,
+            ranges: self.children_ranges(partition, plan)?,
+        })
+    }
+
+    /// The children's ranges of a split of the active `partition` by `plan`.
+    pub(super) fn children_ranges(
+        &self,
+        partition: u32,
+        plan: SplitPlan,
+    ) -> Result<Vec<HashRange>> {
         self.check_live()?;
         let (start, end, parent) = {
             let st = self.inner.state.read();
@@ -127,16 +148,114 @@ impl Topic {
             }
             (n.rec.start, n.rec.end, n.part.clone())
         };
-        let ranges = plan_ranges(start, end, plan, &parent)?;
-        let max = self.config().balance.max_partitions as usize;
-        let active = self.inner.state.read().routes.len();
-        if active - 1 + ranges.len() > max {
-            return Err(Error::Refused(format!(
-                "split would exceed max_partitions ({max})"
-            )));
+        Ok(plan_ranges(start, end, plan, &parent)?
+            .into_iter()
+            .map(|(start, end)| HashRange { start, end })
+            .collect())
+    }
+
+    /// Applies a topology change: the one path every split, merge, tail
+    /// split, hot-key mode change and partition removal takes, whether the
+    /// API, the balancer or the CLI made the command. Under the topic's
+    /// change lock, [`validate`] checks the command against the committed
+    /// topology (deterministic: the same command against the same topology
+    /// gives the same outcome), then the change is built and committed by
+    /// one durable manifest record.
+    ///
+    /// Errors, with nothing changed: [`Error::UnknownPartition`],
+    /// [`Error::Sealed`] (a split, tail split or merge of a sealed
+    /// partition), [`Error::Refused`] (ranges that do not tile the parent,
+    /// a partition limit, a removal the topology does not allow yet),
+    /// [`Error::HotKeyMode`], and those of [`Topic::split_tail`].
+    pub fn apply(&self, cmd: TopologyCommand) -> Result<Applied> {
+        let _change = self.inner.change.lock();
+        // Checked under the change lock: a split that failed to commit
+        // poisons the log and keeps its children's files (its record may be
+        // on disk); no later change may reuse their ids. A deleted topic
+        // takes no children into its removed directory.
+        self.check_live()?;
+        self.apply_locked(&cmd)
+    }
+
+    /// [`Topic::apply`] under the change lock.
+    pub(super) fn apply_locked(&self, cmd: &TopologyCommand) -> Result<Applied> {
+        match validate(&self.topic_record()?, cmd)? {
+            Plan::Split {
+                parent,
+                ids,
+                ranges,
+                tail: None,
+            } => self
+                .commit_split(parent, ids, ranges)
+                .map(|children| Applied::Split { children }),
+            Plan::Split {
+                parent,
+                ids,
+                ranges,
+                tail: Some(options),
+            } => self
+                .split_tail_locked(parent, ids, ranges, options)
+                .map(Applied::SplitTail),
+            Plan::Merge {
+                left,
+                right,
+                child,
+                range,
+            } => self
+                .commit_merge(left, right, child, range)
+                .map(|child| Applied::Merge { child }),
+            Plan::HotKeyMode { hash, mode, lanes } => self
+                .set_hash_mode_locked(hash, mode, lanes)
+                .map(|()| Applied::HotKeyMode),
+            Plan::RemovePartition { partition } => {
+                let part = self.part_of(partition)?;
+                if !part.fully_retired() {
+                    return Err(Error::Refused(format!(
+                        "partition {partition} still holds records retention keeps"
+                    )));
+                }
+                self.remove_partition(partition, &part)
+                    .map(|()| Applied::PartitionRemoved)
+            }
         }
-        let first_id = self.next_partition_id();
-        let ids: Vec<u32> = (0..ranges.len() as u32).map(|i| first_id + i).collect();
+    }
+
+    /// The partition `id` of the topology (open or not: a change under the
+    /// change lock finds it whatever the log's state).
+    fn part_of(&self, id: u32) -> Result<Arc<Partition>> {
+        self.inner
+            .state
+            .read()
+            .nodes
+            .get(&id)
+            .map(|n| n.part.clone())
+            .ok_or_else(|| Error::UnknownPartition {
+                topic: self.name().into(),
+                partition: id,
+            })
+    }
+
+    /// The committed topology of the topic, as the manifest holds it.
+    fn topic_record(&self) -> Result<TopicRecord> {
+        let topo = self.inner.core.topology.lock();
+        topo.state
+            .topics
+            .iter()
+            .find(|t| t.id == self.inner.id)
+            .cloned()
+            .ok_or_else(|| Error::UnknownTopic(self.name().into()))
+    }
+
+    /// Builds and commits a validated forward split of `partition` into
+    /// children `ids` with `ranges`.
+    fn commit_split(
+        &self,
+        partition: u32,
+        ids: Vec<u32>,
+        ranges: Vec<(u64, u64)>,
+    ) -> Result<Vec<u32>> {
+        let parent = self.part_of(partition)?;
+
         let segs = self.create_partition_files(&ids)?;
         let children = child_records(partition, &ids, &ranges, now_ms());
         let core = self.inner.core.clone();
@@ -182,46 +301,18 @@ impl Topic {
     /// Merges two active partitions with adjacent ranges into one child.
     /// A sealed one is refused with [`Error::Sealed`].
     pub fn merge(&self, a: u32, b: u32) -> Result<u32> {
-        let _change = self.inner.change.lock();
-        self.check_live()?;
-        let (left, right) = {
-            let st = self.inner.state.read();
-            let get = |id: u32| -> Result<&Node> {
-                let n = st.nodes.get(&id).ok_or_else(|| Error::UnknownPartition {
-                    topic: self.name().into(),
-                    partition: id,
-                })?;
-                if n.rec.state != PartitionState::Active {
-                    return Err(Error::Sealed {
-                        topic: self.name().into(),
-                        partition: id,
-                    });
-                }
-                Ok(n)
-            };
-            let (na, nb) = (get(a)?, get(b)?);
-            let (l, r) = if na.rec.start < nb.rec.start {
-                (na, nb)
-            } else {
-                (nb, na)
-            };
-            if l.rec.end.checked_add(1) != Some(r.rec.start) {
-                return Err(Error::Refused(format!(
-                    "partitions {a} and {b} do not have adjacent ranges"
-                )));
-            }
-            let min = self.config().balance.min_partitions as usize;
-            if st.routes.len() - 1 < min {
-                return Err(Error::Refused(format!(
-                    "merge would go below min_partitions ({min})"
-                )));
-            }
-            (
-                (l.rec.id, l.rec.start, l.part.clone()),
-                (r.rec.id, r.rec.end, r.part.clone()),
-            )
-        };
-        let id = self.next_partition_id();
+        match self.apply(TopologyCommand::Merge { a, b })? {
+            Applied::Merge { child } => Ok(child),
+            other => unreachable!("a merge command applies as a merge: {other:?}"),
+        }
+    }
+
+    /// Builds and commits a validated merge of `left` and `right` (in hash
+    /// order) into `id` over `range`.
+    fn commit_merge(&self, left: u32, right: u32, id: u32, range: (u64, u64)) -> Result<u32> {
+        let left = (left, range.0, self.part_of(left)?);
+        let right = (right, range.1, self.part_of(right)?);
+
         let segs = self.create_partition_files(&[id])?;
         let child = PartitionRecord {
             id,
@@ -298,7 +389,8 @@ impl Topic {
             let Some((id, part)) = next else {
                 return Ok(removed);
             };
-            self.remove_partition(id, &part)?;
+            drop(part);
+            self.apply_locked(&TopologyCommand::RemovePartition { partition: id })?;
             removed += 1;
         }
     }

@@ -8,7 +8,7 @@ use crate::format::manifest::PartitionState;
 use crate::partition::Partition;
 use crate::topology::lineage::{Lineage, LineageNode};
 
-use super::{ChainLink, Node, PartitionInfo, Topic};
+use super::{ChainLink, Node, PartitionInfo, RemovedParent, Topic};
 
 impl Topic {
     /// Every partition in the topology: the active ones and the sealed
@@ -48,7 +48,15 @@ impl Topic {
             start: n.rec.start,
             end: n.rec.end,
             parents: n.rec.parents.clone(),
-            removed_parents: n.rec.removed_parents.clone(),
+            removed_parents: n
+                .rec
+                .removed_parents
+                .iter()
+                .map(|&(partition, end_offset)| RemovedParent {
+                    partition,
+                    end_offset,
+                })
+                .collect(),
             children: n.children.clone(),
             sealed_at: match n.rec.state {
                 PartitionState::Active => None,

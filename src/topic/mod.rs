@@ -72,7 +72,7 @@ pub struct PartitionInfo {
     pub parents: Vec<u32>,
     /// The parents removed from the topology after retention emptied them,
     /// each with the end offset it was sealed at.
-    pub removed_parents: Vec<(u32, u64)>,
+    pub removed_parents: Vec<RemovedParent>,
     /// Children.
     pub children: Vec<u32>,
     /// Sealed at this end offset, or active (None).
@@ -94,6 +94,16 @@ pub struct PartitionInfo {
     /// start).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moved: Option<crate::topic::tail_split::MovedRange>,
+}
+
+/// A parent retention emptied and removed from the topology, with the end
+/// offset it was sealed at (see [`PartitionInfo::removed_parents`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RemovedParent {
+    /// The removed parent's id.
+    pub partition: u32,
+    /// The end offset it was sealed at.
+    pub end_offset: u64,
 }
 
 /// One step of a key's lineage: the partition and the offsets where the key

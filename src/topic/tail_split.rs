@@ -21,53 +21,18 @@ use serde::Serialize;
 use crate::error::{Error, IoContext, Result};
 use crate::events::TopologyEvent;
 use crate::format::batch::RecordIn;
-use crate::format::manifest::{
-    ManifestRecord, PartitionRecord, PartitionState, TailGroupMove, TailMove,
-};
+use crate::format::manifest::{ManifestRecord, PartitionRecord, TailGroupMove, TailMove};
 use crate::format::tail_index::{self, TailIndex};
 use crate::partition::Partition;
 use crate::read::ReadIsolation;
 use crate::storage::fault::IoOp;
 use crate::storage::{sync_dir, sync_file};
-use crate::topic::change::plan_ranges;
 use crate::topic::{key_hash, partition_dir, SplitPlan, Topic};
+use crate::topology::command::{Applied, TopologyCommand};
+pub use crate::topology::command::{TailFrom, TailSplitOptions};
 use crate::topology::lineage::Lineage;
-pub use crate::topology::tail::MovedRange;
 pub(crate) use crate::topology::tail::TailInfo;
-
-/// Where a tail split starts moving the parent's records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TailFrom {
-    /// From this offset (rounded down to the start of the batch holding
-    /// it: batches are never cut). The parent's end moves everything
-    /// appended so far; nothing is moved then, as in a forward split.
-    Offset(u64),
-    /// From the slowest committed position of the topic's consumer groups
-    /// in the partition (a group with no position there counts as at the
-    /// partition's first offset). Refused when the topic has no group.
-    SlowestGroup,
-}
-
-/// Options of [`Topic::split_tail`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TailSplitOptions {
-    /// Where the move starts.
-    pub from: TailFrom,
-    /// Copy budget in bytes per second for the rounds that run while
-    /// appends to the parent go on (0: no limit). The final round, under
-    /// the parent's writer lock, is not throttled.
-    pub throttle_bytes_per_sec: u64,
-}
-
-impl TailSplitOptions {
-    /// From an offset, unthrottled.
-    pub fn from_offset(offset: u64) -> TailSplitOptions {
-        TailSplitOptions {
-            from: TailFrom::Offset(offset),
-            throttle_bytes_per_sec: 0,
-        }
-    }
-}
+pub use crate::topology::tail::{MovedChild, MovedRange};
 
 /// What a tail split did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -243,8 +208,36 @@ impl Topic {
         plan: SplitPlan,
         options: TailSplitOptions,
     ) -> Result<TailSplitOutcome> {
-        let _change = self.inner.change.lock();
-        self.check_live()?;
+        match self.apply(self.split_tail_command(partition, plan, options)?)? {
+            Applied::SplitTail(out) => Ok(out),
+            other => unreachable!("a tail split command applies as a tail split: {other:?}"),
+        }
+    }
+
+    /// The command of a tail split of `partition` by `plan` (resolved
+    /// here into the children's ranges, as [`Topic::split_command`] does).
+    pub fn split_tail_command(
+        &self,
+        partition: u32,
+        plan: SplitPlan,
+        options: TailSplitOptions,
+    ) -> Result<TopologyCommand> {
+        Ok(TopologyCommand::SplitTail {
+            partition,
+            ranges: self.children_ranges(partition, plan)?,
+            options,
+        })
+    }
+
+    /// Builds and commits a validated tail split of `partition` into
+    /// children `ids` with `ranges`. Under the change lock.
+    pub(super) fn split_tail_locked(
+        &self,
+        partition: u32,
+        ids: Vec<u32>,
+        ranges: Vec<(u64, u64)>,
+        options: TailSplitOptions,
+    ) -> Result<TailSplitOutcome> {
         let (start, end, parent) = {
             let st = self.inner.state.read();
             let n = st
@@ -254,12 +247,6 @@ impl Topic {
                     topic: self.name().into(),
                     partition,
                 })?;
-            if n.rec.state != PartitionState::Active {
-                return Err(Error::Sealed {
-                    topic: self.name().into(),
-                    partition,
-                });
-            }
             (n.rec.start, n.rec.end, n.part.clone())
         };
         let wanted = match options.from {
@@ -288,19 +275,6 @@ impl Topic {
                 "partition {partition} holds lanes of a windowed or spread hot key, or a hot-key mode change past offset {from}"
             )));
         }
-        let ranges = plan_ranges(start, end, plan, &parent)?;
-        if ranges.len() > usize::from(u8::MAX) {
-            return Err(Error::Refused("too many children".into()));
-        }
-        let max = self.config().balance.max_partitions as usize;
-        let active = self.inner.state.read().routes.len();
-        if active - 1 + ranges.len() > max {
-            return Err(Error::Refused(format!(
-                "split would exceed max_partitions ({max})"
-            )));
-        }
-        let first_id = self.next_partition_id();
-        let ids: Vec<u32> = (0..ranges.len() as u32).map(|i| first_id + i).collect();
         let segs = self.create_partition_files(&ids)?;
         // Unrouted until the record commits: no sync round or checkpoint
         // may name them before (their ids are reused if this fails).

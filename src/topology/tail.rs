@@ -32,6 +32,15 @@ impl TailInfo {
     }
 }
 
+/// A child of a tail split and how many of the parent's moved records it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MovedChild {
+    /// The child's id.
+    pub partition: u32,
+    /// Moved records it holds.
+    pub records: u64,
+}
+
 /// A partition's moved range, as `Topic::partitions` reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MovedRange {
@@ -40,7 +49,7 @@ pub struct MovedRange {
     /// End of the moved range (the physical seal).
     pub to: u64,
     /// The children holding it, with how many records each.
-    pub children: Vec<(u32, u64)>,
+    pub children: Vec<MovedChild>,
     /// The parent's bytes of the range were released.
     pub reclaimed: bool,
 }
@@ -55,6 +64,7 @@ impl TailInfo {
                 .iter()
                 .copied()
                 .zip(self.index.counts())
+                .map(|(partition, records)| MovedChild { partition, records })
                 .collect(),
             reclaimed: self.reclaimed.load(std::sync::atomic::Ordering::Acquire),
         }
@@ -96,6 +106,18 @@ mod tests {
         let t = info(vec![0, 1, 0]);
         let m = t.moved_range();
         assert_eq!((m.from, m.to, m.reclaimed), (10, 13, false));
-        assert_eq!(m.children, vec![(7, 2), (8, 1)]);
+        assert_eq!(
+            m.children,
+            vec![
+                MovedChild {
+                    partition: 7,
+                    records: 2
+                },
+                MovedChild {
+                    partition: 8,
+                    records: 1
+                }
+            ]
+        );
     }
 }

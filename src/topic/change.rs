@@ -405,63 +405,9 @@ impl Topic {
     /// reports it). Called under the change lock.
     pub(super) fn remove_partition(&self, id: u32, part: &Arc<Partition>) -> Result<()> {
         let core = &self.inner.core;
-        let dropped_indexes = {
-            let mut topo = core.topology.lock();
-            let kept = |topo: &crate::core::Topology| -> Vec<u32> {
-                topo.state
-                    .topics
-                    .iter()
-                    .find(|t| t.id == self.inner.id)
-                    .map(|t| {
-                        t.tail_moves
-                            .iter()
-                            .filter(|m| m.index_in_topic_dir)
-                            .map(|m| m.parent)
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            };
-            let before = kept(&topo);
-            core.commit(
-                &mut topo,
-                ManifestRecord::RemovePartition {
-                    topic_id: self.inner.id,
-                    partition: id,
-                },
-            )?;
-            let after = kept(&topo);
-            before
-                .into_iter()
-                .filter(|p| !after.contains(p))
-                .collect::<Vec<u32>>()
-        };
+        let dropped_indexes = self.commit_removal(id)?;
         part.mark_removed();
-        {
-            // Through `write_state`: the topology generation moves, so
-            // readers take a lineage without the removed partition.
-            // A tail split's index stays for this run: a reader still
-            // positioned past the removed parent's logical end is
-            // translated at its next look, not sent back to the children's
-            // first offsets.
-            let mut st = self.inner.write_state();
-            if let Some(n) = st.nodes.remove(&id) {
-                // As the record did in the manifest (with the seal readers
-                // used: the recovered end, where that is lower).
-                if let PartitionState::Sealed { end_offset } = n.rec.state {
-                    for c in &n.children {
-                        if let Some(child) = st.nodes.get_mut(c) {
-                            child.rec.removed_parents.push((id, end_offset));
-                        }
-                    }
-                    st.removed.push(crate::format::manifest::RemovedPartition {
-                        id,
-                        parents: n.rec.parents.clone(),
-                        end_offset,
-                    });
-                    crate::topology::model::bound_removed(&mut st.removed);
-                }
-            }
-        }
+        self.forget_removed(id);
         core.ck_cache.lock().remove_partition(self.inner.id, id);
         // A reader waiting on the removed partition moves on.
         self.inner.wake.notify_partition(id);
@@ -487,6 +433,67 @@ impl Topic {
             let _ = std::fs::remove_file(&path);
         }
         sync_dir(&*core.hook, IoOp::SyncNewDir, &self.inner.dir)
+    }
+
+    /// Step (1) of [`Topic::remove_partition`]: the durable record. Returns
+    /// the parents whose descendant index file the record dropped (their
+    /// tail entry left the manifest with the removed list).
+    fn commit_removal(&self, id: u32) -> Result<Vec<u32>> {
+        let core = &self.inner.core;
+        let mut topo = core.topology.lock();
+        let kept = |topo: &crate::core::Topology| -> Vec<u32> {
+            topo.state
+                .topics
+                .iter()
+                .find(|t| t.id == self.inner.id)
+                .map(|t| {
+                    t.tail_moves
+                        .iter()
+                        .filter(|m| m.index_in_topic_dir)
+                        .map(|m| m.parent)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let before = kept(&topo);
+        core.commit(
+            &mut topo,
+            ManifestRecord::RemovePartition {
+                topic_id: self.inner.id,
+                partition: id,
+            },
+        )?;
+        let after = kept(&topo);
+        Ok(before.into_iter().filter(|p| !after.contains(p)).collect())
+    }
+
+    /// Step (2) of [`Topic::remove_partition`]: out of the in-memory
+    /// topology, as the record did in the manifest.
+    fn forget_removed(&self, id: u32) {
+        // Through `write_state`: the topology generation moves, so
+        // readers take a lineage without the removed partition.
+        // A tail split's index stays for this run: a reader still
+        // positioned past the removed parent's logical end is
+        // translated at its next look, not sent back to the children's
+        // first offsets.
+        let mut st = self.inner.write_state();
+        if let Some(n) = st.nodes.remove(&id) {
+            // As the record did in the manifest (with the seal readers
+            // used: the recovered end, where that is lower).
+            if let PartitionState::Sealed { end_offset } = n.rec.state {
+                for c in &n.children {
+                    if let Some(child) = st.nodes.get_mut(c) {
+                        child.rec.removed_parents.push((id, end_offset));
+                    }
+                }
+                st.removed.push(crate::format::manifest::RemovedPartition {
+                    id,
+                    parents: n.rec.parents.clone(),
+                    end_offset,
+                });
+                crate::topology::model::bound_removed(&mut st.removed);
+            }
+        }
     }
 
     pub(crate) fn next_partition_id(&self) -> u32 {

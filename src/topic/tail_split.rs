@@ -92,6 +92,29 @@ impl Copier<'_> {
         }
     }
 
+    /// The rounds that copy while appends to the parent go on, until the
+    /// gap left is small, stops shrinking (appends outrun the copy) or
+    /// `MAX_ROUNDS` ran: the rest goes in the sealed round. Returns the
+    /// rounds run.
+    fn catch_up(&mut self) -> Result<u32> {
+        let mut rounds = 0;
+        let mut last_gap = u64::MAX;
+        loop {
+            let target = self.parent.end_offset();
+            let gap = target.saturating_sub(self.pos);
+            // A round that did not shrink the gap means appends outrun the
+            // copy (its budget): the rest goes in the sealed round.
+            if gap <= CATCH_UP_RECORDS || rounds >= MAX_ROUNDS || gap >= last_gap {
+                break Ok(rounds);
+            }
+            last_gap = gap;
+            rounds += 1;
+            if let Err(e) = self.copy_to(target, true) {
+                break Err(e);
+            }
+        }
+    }
+
     fn copy_to(&mut self, to: u64, throttled: bool) -> Result<()> {
         let n = self.kids.len();
         while self.pos < to {
@@ -249,32 +272,7 @@ impl Topic {
                 })?;
             (n.rec.start, n.rec.end, n.part.clone())
         };
-        let wanted = match options.from {
-            TailFrom::Offset(x) => x,
-            TailFrom::SlowestGroup => self.slowest_group_position(partition, &parent)?,
-        };
-        let (held, now_end) = (parent.start_offset(), parent.end_offset());
-        if wanted > now_end || wanted < held {
-            return Err(Error::OffsetOutOfRange {
-                partition,
-                offset: wanted,
-                start: held,
-                end: now_end,
-            });
-        }
-        let from = batch_start(&parent, wanted)?;
-        if self
-            .inner
-            .hot
-            .blocks_tail_split(partition, (start, end), from)
-        {
-            // A windowed or spread key's records sit at its lane points,
-            // not at its hash, and an era boundary is an offset of the
-            // partition: moving them by key hash would break both.
-            return Err(Error::Refused(format!(
-                "partition {partition} holds lanes of a windowed or spread hot key, or a hot-key mode change past offset {from}"
-            )));
-        }
+        let from = self.tail_start(partition, &parent, (start, end), options.from)?;
         let segs = self.create_partition_files(&ids)?;
         // Unrouted until the record commits: no sync round or checkpoint
         // may name them before (their ids are reused if this fails).
@@ -306,29 +304,15 @@ impl Topic {
             started: Instant::now(),
             throttle: options.throttle_bytes_per_sec,
         };
-        let mut rounds = 0;
-        let mut last_gap = u64::MAX;
-        let caught_up = loop {
-            let target = parent.end_offset();
-            let gap = target.saturating_sub(copier.pos);
-            // A round that did not shrink the gap means appends outrun the
-            // copy (its budget): the rest goes in the sealed round.
-            if gap <= CATCH_UP_RECORDS || rounds >= MAX_ROUNDS || gap >= last_gap {
-                break Ok(());
-            }
-            last_gap = gap;
-            rounds += 1;
-            if let Err(e) = copier.copy_to(target, true) {
-                break Err(e);
-            }
-        };
+        let caught_up = copier.catch_up();
+        let rounds = caught_up.as_ref().map_or(0, |&r| r);
         // In the topic's directory: it outlives the children, as long as
         // a saved position in the parent may need it.
         let index_path = self.inner.dir.join(tail_index::file_name(partition));
         // The bulk of the children's bytes is synced before the parent's
         // writer lock is taken: under it only the last round's remain.
         let caught_up =
-            caught_up.and_then(|()| kids.iter().try_for_each(|k| k.sync_now(&core.syncer)));
+            caught_up.and_then(|_| kids.iter().try_for_each(|k| k.sync_now(&core.syncer)));
         let result = caught_up.and_then(|()| {
             parent.seal_with(&core.syncer, |seal_offset| {
                 copier.copy_to(seal_offset, false)?;
@@ -401,6 +385,46 @@ impl Topic {
                 Err(e)
             }
         }
+    }
+
+    /// Where a tail split of `partition` starts: the offset `from` asks
+    /// for, rounded down to its batch's start, refused when it is outside
+    /// the partition's records or a hot key's lanes or mode change sit in
+    /// what would move.
+    fn tail_start(
+        &self,
+        partition: u32,
+        parent: &Partition,
+        (start, end): (u64, u64),
+        from: TailFrom,
+    ) -> Result<u64> {
+        let wanted = match from {
+            TailFrom::Offset(x) => x,
+            TailFrom::SlowestGroup => self.slowest_group_position(partition, parent)?,
+        };
+        let (held, now_end) = (parent.start_offset(), parent.end_offset());
+        if wanted > now_end || wanted < held {
+            return Err(Error::OffsetOutOfRange {
+                partition,
+                offset: wanted,
+                start: held,
+                end: now_end,
+            });
+        }
+        let from = batch_start(parent, wanted)?;
+        if self
+            .inner
+            .hot
+            .blocks_tail_split(partition, (start, end), from)
+        {
+            // A windowed or spread key's records sit at its lane points,
+            // not at its hash, and an era boundary is an offset of the
+            // partition: moving them by key hash would break both.
+            return Err(Error::Refused(format!(
+                "partition {partition} holds lanes of a windowed or spread hot key, or a hot-key mode change past offset {from}"
+            )));
+        }
+        Ok(from)
     }
 
     /// The slowest committed position of the topic's groups in `id`.

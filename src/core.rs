@@ -386,7 +386,7 @@ impl Core {
             // for one fails now, not never.
             let topics: Vec<_> = self.topics.read().values().cloned().collect();
             for t in topics {
-                t.inner.wake.notify_all();
+                t.inner.wake().notify_all();
             }
             return Err(e);
         }

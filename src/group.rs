@@ -655,7 +655,7 @@ impl Topic {
     /// starting positions) if it does not exist. Every handle of one group
     /// in one log shares one coordinator.
     pub fn group(&self, name: &str, options: GroupOptions) -> Result<Group> {
-        self.inner.core.check_not_closed()?;
+        self.inner.core().check_not_closed()?;
         crate::topic_name::validate(name).map_err(|e| match e {
             Error::InvalidTopicName { reason, .. } => {
                 Error::InvalidConfig(format!("group name {name:?}: {reason}"))
@@ -724,7 +724,7 @@ impl Topic {
 
     /// Names of the topic's consumer groups.
     pub fn groups(&self) -> Vec<String> {
-        let topo = self.inner.core.topology.lock();
+        let topo = self.inner.core().topology.lock();
         topo.state
             .topics
             .iter()
@@ -746,7 +746,7 @@ impl Topic {
         let shared = groups.get(name).cloned();
         let mut st = shared.as_ref().map(|g| g.st.lock());
         {
-            let core = &self.inner.core;
+            let core = self.inner.core();
             let mut topo = core.topology.lock();
             core.commit(
                 &mut topo,
@@ -767,7 +767,7 @@ impl Topic {
     }
 
     pub(crate) fn group_record(&self, name: &str) -> Option<GroupRecord> {
-        let topo = self.inner.core.topology.lock();
+        let topo = self.inner.core().topology.lock();
         topo.state
             .topics
             .iter()
@@ -808,7 +808,7 @@ impl Topic {
                 last_record: c.last_records.get(&partition).copied(),
             })
             .collect();
-        let core = &self.inner.core;
+        let core = self.inner.core();
         let mut topo = core.topology.lock();
         core.commit(
             &mut topo,
@@ -836,7 +836,7 @@ fn member_id_base() -> u64 {
 
 impl GroupShared {
     fn now(&self) -> u64 {
-        self.topic.inner.core.clock.now_nanos()
+        self.topic.inner.core().clock.now_nanos()
     }
 
     fn fenced(&self, member: u64, reason: &str) -> Error {
@@ -1661,7 +1661,7 @@ impl Group {
     /// changes; it resumes from the committed positions.
     pub fn join(&self, options: MemberOptions) -> Result<Member> {
         let s = &self.shared;
-        s.topic.inner.core.check_not_closed()?;
+        s.topic.inner.core().check_not_closed()?;
         options.validate()?;
         let now = s.now();
         let mut st = s.st.lock();
@@ -2327,7 +2327,7 @@ impl Member {
     /// Like [`Member::poll`], but waits up to `timeout` for records.
     pub fn poll_wait(&mut self, max_records: usize, timeout: Duration) -> Result<Vec<OwnedRecord>> {
         let deadline = crate::duration::deadline_after(timeout);
-        let wake = self.shared.topic.inner.wake.clone();
+        let wake = self.shared.topic.inner.wake().clone();
         self.polls += 1;
         loop {
             let got = self.poll_once(max_records)?;

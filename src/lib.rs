@@ -69,10 +69,8 @@
 compile_error!("fissionlog supports Linux only (see docs/ARCHITECTURE.md, \"Platform\")");
 
 mod balance;
-mod balance_step;
 mod config;
 mod core;
-mod durable;
 mod duration;
 mod error;
 mod events;
@@ -80,11 +78,9 @@ mod format;
 #[cfg(feature = "internals")]
 mod fuzz_checks;
 mod group;
-mod hot_keys;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
-mod key_reader;
 pub mod layout;
 mod log;
 mod partition;
@@ -92,8 +88,9 @@ mod read;
 mod reader;
 mod recovery;
 mod storage;
-mod tail;
 mod topic;
+// The tail split's recovery helpers, under the name the log's open uses.
+use topic::tail_split as tail;
 mod topic_name;
 mod topology;
 mod types;
@@ -106,15 +103,12 @@ pub use config::{
     HotKeyPolicy, LogOptions, RecoveryMode, SyncPolicy, TopicConfig, ACTIVE_HEADROOM_MAX_BYTES,
     MAX_HOT_KEY_LANES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
 };
-pub use durable::Durable;
 pub use error::{Error, Result};
 pub use events::TopologyEvent;
 pub use group::{
     Assignment, AssignmentDescription, Group, GroupDescription, GroupOptions, GroupStart,
     GroupStats, LostGroupPosition, Member, MemberDescription, MemberOptions, MemberState,
 };
-pub use hot_keys::{KeyEra, KeyLane, KeyLanes, KeyLink, KeyRecord};
-pub use key_reader::KeyReader;
 pub use log::{verify, Log};
 pub use partition::{Partition, SegmentInfo};
 pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};
@@ -124,8 +118,14 @@ pub use recovery::{FileAction, FileReport, Hole, OffsetRange, RecoveryReport};
 pub use storage::durability::SyncBackend;
 #[cfg(feature = "testing")]
 pub use storage::fault::{IoHook, IoOp, NoFaults};
-pub use tail::{MovedRange, TailFrom, TailReclaimOutcome, TailSplitOptions, TailSplitOutcome};
-pub use topic::{ChainLink, NewRecord, PartitionInfo, SplitPlan, Topic};
+pub use topic::durable::Durable;
+pub use topic::hot_keys::{HotKey, KeyEra, KeyLane, KeyLanes, KeyLink, KeyRecord};
+pub use topic::key_reader::KeyReader;
+pub use topic::tail_split::{
+    MovedChild, MovedRange, TailFrom, TailReclaimOutcome, TailSplitOptions, TailSplitOutcome,
+};
+pub use topic::{ChainLink, NewRecord, PartitionInfo, RemovedParent, SplitPlan, Topic};
 pub use topic_name::{validate as validate_topic_name, MAX_TOPIC_NAME};
+pub use topology::command::{Applied, HashRange, TopologyCommand};
 pub use topology::manifest::ManifestReport;
 pub use types::{Appended, HotKeyMode};

@@ -304,7 +304,7 @@ struct Start {
 impl Topic {
     /// A reader from `start`.
     pub fn reader(&self, start: StartAt) -> Result<Reader> {
-        self.inner.core.check_not_closed()?;
+        self.inner.core().check_not_closed()?;
         // Positions are read from the partitions after the lineage was
         // taken. A tail split committed in between cuts its parent at the
         // new end once the generation moved: a `Latest` position at that
@@ -802,7 +802,7 @@ impl Reader {
     /// those records; the next poll meets it again (positions move only
     /// past records handed out).
     pub fn poll(&mut self, max_records: usize) -> Result<Vec<OwnedRecord>> {
-        self.topic.inner.core.check_not_closed()?;
+        self.topic.inner.core().check_not_closed()?;
         let mut out = Vec::new();
         while out.len() < max_records {
             if self.pending.is_empty() {
@@ -913,7 +913,7 @@ impl Reader {
     /// on to children.
     pub fn poll_wait(&mut self, max_records: usize, timeout: Duration) -> Result<Vec<OwnedRecord>> {
         let deadline = crate::duration::deadline_after(timeout);
-        let wake = self.topic.inner.wake.clone();
+        let wake = self.topic.inner.wake().clone();
         loop {
             let got = self.poll(max_records)?;
             if !got.is_empty() || deadline.is_some_and(|d| Instant::now() >= d) {

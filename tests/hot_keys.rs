@@ -498,7 +498,15 @@ fn the_balancer_windows_a_hot_key_once_and_it_never_flaps() {
             windowed_at = Some(tick);
         }
         if windowed_at.is_some() {
-            assert_eq!(keys, vec![(h, W100, 4)], "tick {tick}: stays windowed");
+            assert_eq!(
+                keys,
+                vec![fissionlog::HotKey {
+                    hash: h,
+                    mode: W100,
+                    lanes: 4
+                }],
+                "tick {tick}: stays windowed"
+            );
         }
     }
     let at = windowed_at.expect("the hot key was put into windowed mode");

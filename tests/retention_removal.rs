@@ -278,7 +278,13 @@ fn emptied_parent_is_removed_and_readers_go_on() {
     // where it was sealed), and each key's chain starts at the child now.
     for p in topic.partitions() {
         assert_eq!(p.parents, vec![0]);
-        assert_eq!(p.removed_parents, vec![(0, 300)]);
+        assert_eq!(
+            p.removed_parents,
+            vec![fissionlog::RemovedParent {
+                partition: 0,
+                end_offset: 300
+            }]
+        );
     }
     for k in 0..KEYS {
         let chain = topic.key_chain(&key(k));

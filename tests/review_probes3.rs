@@ -1552,7 +1552,9 @@ fn random_reader_run(seed: u64) {
         let infos = topic.partitions();
         let named: HashSet<u32> = infos
             .iter()
-            .flat_map(|p| std::iter::once(p.id).chain(p.removed_parents.iter().map(|q| q.0)))
+            .flat_map(|p| {
+                std::iter::once(p.id).chain(p.removed_parents.iter().map(|q| q.partition))
+            })
             .chain(cut.positions.keys().copied())
             .chain(cut.drained.iter().copied())
             .collect();

@@ -8,12 +8,11 @@ mod retention;
 mod verify;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
 
-use crate::config::{LogOptions, SyncPolicy, TopicConfig};
+use crate::config::{LogOptions, TopicConfig};
 use crate::core::Core;
 use crate::error::{Error, IoContext, Result};
 use crate::events::TopologyEvent;
@@ -26,7 +25,7 @@ use crate::storage::fault::IoHook;
 use crate::storage::fault::{IoOp, NoFaults};
 use crate::storage::lock::DirLock;
 use crate::storage::sync_dir;
-use crate::topic::{even_ranges, partition_dir, Node, Topic, TopicInner, TopicState};
+use crate::topic::{even_ranges, partition_dir, Node, Topic, TopicState};
 
 pub use verify::verify;
 
@@ -271,7 +270,7 @@ impl Log {
         // No split, merge, tail split, hot-key change or removal of the
         // topic's partitions runs meanwhile, and none starts afterwards
         // (`deleted`): each writes files into the directory removed below.
-        let _change = topic.inner.change.lock();
+        let _change = topic.inner.lock_changes();
         if topic.is_deleted() {
             // A concurrent delete of the same topic went first.
             return Err(Error::UnknownTopic(name.to_string()));
@@ -284,7 +283,7 @@ impl Log {
             },
         )?;
         drop(topo);
-        topic.inner.deleted.store(true, Ordering::Release);
+        topic.inner.mark_deleted();
         {
             // By identity: a topic of the same name created since the
             // commit (the name was free from then on) stays.
@@ -302,7 +301,7 @@ impl Log {
             deleted.push(Arc::downgrade(&topic.inner));
         }
         // A `Durable` future waiting on the topic fails now, not never.
-        topic.inner.wake.notify_all();
+        topic.inner.wake().notify_all();
         // Before the files go: a sync round that meets one of its
         // partitions afterwards skips it, instead of failing on the missing
         // directory (and every round after it, as the partition stayed
@@ -455,29 +454,7 @@ fn initial_record(
 }
 
 fn new_topic(core: &Arc<Core>, lock: &Arc<DirLock>, rec: &TopicRecord) -> Topic {
-    let config = TopicConfig::from_record(&rec.config);
-    let sync_always = config.sync == SyncPolicy::Always;
-    Topic {
-        inner: Arc::new(TopicInner {
-            core: core.clone(),
-            lock: Mutex::new(Some(lock.clone())),
-            id: rec.id,
-            name: Arc::from(rec.name.as_str()),
-            config: RwLock::new(config),
-            hash_key: rec.hash_key,
-            state: RwLock::new(TopicState::default()),
-            generation: AtomicU64::new(0),
-            lineage: Mutex::new(None),
-            wake: Arc::default(),
-            change: Mutex::new(()),
-            deleted: std::sync::atomic::AtomicBool::new(false),
-            round_robin: AtomicU64::new(0),
-            sync_always,
-            dir: topic_dir(&core.dir, rec.id),
-            groups: Mutex::default(),
-            hot: crate::hot_keys::HotKeys::from_records(&rec.hot_keys),
-        }),
-    }
+    Topic::new(core, lock, rec, topic_dir(&core.dir, rec.id))
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ pub(crate) struct Lineage {
     pub removed_named: HashSet<u32>,
     /// Committed tail splits by parent: where a position past a parent's
     /// logical end continues in its children.
-    pub tails: HashMap<u32, std::sync::Arc<crate::tail::TailInfo>>,
+    pub tails: HashMap<u32, std::sync::Arc<crate::topology::tail::TailInfo>>,
 }
 
 impl Lineage {

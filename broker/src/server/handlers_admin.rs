@@ -98,7 +98,7 @@ pub(crate) async fn admin(conn: &Conn, req: Request) -> Reply {
             let hot: Vec<Value> = t
                 .hot_keys()
                 .into_iter()
-                .map(|(h, mode, lanes)| json!({"hash": hex(h), "mode": format!("{mode:?}"), "lanes": lanes}))
+                .map(|k| json!({"hash": hex(k.hash), "mode": format!("{:?}", k.mode), "lanes": k.lanes}))
                 .collect();
             json_reply(
                 opcode,

@@ -56,7 +56,7 @@ pub(crate) fn snapshot(log: &Log, recent: Vec<HeardEvent>) -> Value {
         let hot_keys: Vec<Value> = t
             .hot_keys()
             .into_iter()
-            .map(|(h, mode, lanes)| json!({"hash": hex(h), "mode": format!("{mode:?}"), "lanes": lanes}))
+            .map(|k| json!({"hash": hex(k.hash), "mode": format!("{:?}", k.mode), "lanes": k.lanes}))
             .collect();
         let mut groups = Vec::new();
         for g in t.groups() {

@@ -115,7 +115,7 @@ fn dump_partition(
         .and_then(|p| p.moved)
         .filter(|m| from < m.to)
     {
-        let children: Vec<String> = m.children.iter().map(|(c, _)| c.to_string()).collect();
+        let children: Vec<String> = m.children.iter().map(|c| c.partition.to_string()).collect();
         eprintln!(
             "partition {id}: offsets {}..{} were moved by a tail split to partitions {} \
              (dump the topic, or those partitions)",

@@ -46,7 +46,7 @@ fn partition_json(p: &PartitionInfo) -> Value {
         "removed_parents": p
             .removed_parents
             .iter()
-            .map(|&(id, sealed_at)| json!({"id": id, "sealed_at": sealed_at}))
+            .map(|r| json!({"id": r.partition, "sealed_at": r.end_offset}))
             .collect::<Vec<_>>(),
         "children": p.children,
         "start_offset": p.start_offset,
@@ -61,7 +61,7 @@ fn partition_json(p: &PartitionInfo) -> Value {
             "children": m
                 .children
                 .iter()
-                .map(|&(id, records)| json!({"id": id, "records": records}))
+                .map(|c| json!({"id": c.partition, "records": c.records}))
                 .collect::<Vec<_>>(),
             "reclaimed": m.reclaimed,
         })),
@@ -107,7 +107,7 @@ fn partition_line(p: &PartitionInfo) -> String {
         let to: Vec<String> = m
             .children
             .iter()
-            .map(|(id, n)| format!("{n} to p{id}"))
+            .map(|c| format!("{} to p{}", c.records, c.partition))
             .collect();
         format!(
             ", moved {}..{} ({}){}",
@@ -147,7 +147,7 @@ fn print_tree(
     let removed: Vec<String> = p
         .removed_parents
         .iter()
-        .map(|(q, at)| format!("p{q} sealed at {at}"))
+        .map(|r| format!("p{} sealed at {}", r.partition, r.end_offset))
         .collect();
     let after = if removed.is_empty() {
         String::new()

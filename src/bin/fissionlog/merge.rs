@@ -4,6 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use fissionlog::{Applied, TopologyCommand};
 use serde_json::json;
 
 use crate::common::{check_topic_name, open_existing, write_json, CmdResult, Failure};
@@ -35,7 +36,10 @@ pub fn run(args: &MergeArgs) -> CmdResult {
     };
     let log = open_existing(&args.dir)?;
     let topic = log.topic(&args.topic)?;
-    let child = topic.merge(a, b)?;
+    let child = match topic.apply(TopologyCommand::Merge { a, b })? {
+        Applied::Merge { child } => child,
+        other => return Err(crate::split::unexpected(&other)),
+    };
     let (cj, ct) = describe_children(&topic, &[child]);
     drop(topic);
     log.close()?;

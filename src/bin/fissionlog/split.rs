@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use fissionlog::{PartitionInfo, SplitPlan, TailFrom, TailSplitOptions, Topic};
+use fissionlog::{Applied, PartitionInfo, SplitPlan, TailFrom, TailSplitOptions, Topic};
 use serde_json::{json, Value};
 
 use crate::common::{
@@ -71,6 +71,14 @@ pub fn describe_children(topic: &Topic, ids: &[u32]) -> (Vec<Value>, Vec<String>
     (json_out, text)
 }
 
+/// A command applied as another kind of change than it is: a bug, said as
+/// one sentence rather than a panic.
+pub(crate) fn unexpected(applied: &Applied) -> Failure {
+    Failure::problem(format!(
+        "the topology change was applied as {applied:?}, not as the command asked"
+    ))
+}
+
 /// Runs `split`.
 pub fn run(args: &SplitArgs) -> CmdResult {
     check_topic_name(&args.topic)?;
@@ -83,7 +91,12 @@ pub fn run(args: &SplitArgs) -> CmdResult {
         _ => SplitPlan::LoadMedian,
     };
     let (children, tail) = match &args.tail_from {
-        None => (topic.split(args.partition, plan)?, None),
+        // The plan is resolved into a command (the children's ranges) and
+        // applied through the topic's one path for topology changes.
+        None => match topic.apply(topic.split_command(args.partition, plan)?)? {
+            Applied::Split { children } => (children, None),
+            other => return Err(unexpected(&other)),
+        },
         Some(from) => {
             let from = if from == "slowest-group" {
                 TailFrom::SlowestGroup
@@ -98,8 +111,11 @@ pub fn run(args: &SplitArgs) -> CmdResult {
                 from,
                 throttle_bytes_per_sec: args.throttle,
             };
-            let out = topic.split_tail(args.partition, plan, options)?;
-            (out.children.clone(), Some(out))
+            let cmd = topic.split_tail_command(args.partition, plan, options)?;
+            match topic.apply(cmd)? {
+                Applied::SplitTail(out) => (out.children.clone(), Some(out)),
+                other => return Err(unexpected(&other)),
+            }
         }
     };
     let (cj, ct) = describe_children(&topic, &children);

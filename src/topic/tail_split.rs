@@ -21,50 +21,18 @@ use serde::Serialize;
 use crate::error::{Error, IoContext, Result};
 use crate::events::TopologyEvent;
 use crate::format::batch::RecordIn;
-use crate::format::manifest::{
-    ManifestRecord, PartitionRecord, PartitionState, TailGroupMove, TailMove,
-};
+use crate::format::manifest::{ManifestRecord, PartitionRecord, TailGroupMove, TailMove};
 use crate::format::tail_index::{self, TailIndex};
 use crate::partition::Partition;
 use crate::read::ReadIsolation;
 use crate::storage::fault::IoOp;
 use crate::storage::{sync_dir, sync_file};
-use crate::topic::{key_hash, partition_dir, split_ranges, SplitPlan, Topic};
+use crate::topic::{key_hash, partition_dir, SplitPlan, Topic};
+use crate::topology::command::{Applied, TopologyCommand};
+pub use crate::topology::command::{TailFrom, TailSplitOptions};
 use crate::topology::lineage::Lineage;
-
-/// Where a tail split starts moving the parent's records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TailFrom {
-    /// From this offset (rounded down to the start of the batch holding
-    /// it: batches are never cut). The parent's end moves everything
-    /// appended so far; nothing is moved then, as in a forward split.
-    Offset(u64),
-    /// From the slowest committed position of the topic's consumer groups
-    /// in the partition (a group with no position there counts as at the
-    /// partition's first offset). Refused when the topic has no group.
-    SlowestGroup,
-}
-
-/// Options of [`Topic::split_tail`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TailSplitOptions {
-    /// Where the move starts.
-    pub from: TailFrom,
-    /// Copy budget in bytes per second for the rounds that run while
-    /// appends to the parent go on (0: no limit). The final round, under
-    /// the parent's writer lock, is not throttled.
-    pub throttle_bytes_per_sec: u64,
-}
-
-impl TailSplitOptions {
-    /// From an offset, unthrottled.
-    pub fn from_offset(offset: u64) -> TailSplitOptions {
-        TailSplitOptions {
-            from: TailFrom::Offset(offset),
-            throttle_bytes_per_sec: 0,
-        }
-    }
-}
+pub(crate) use crate::topology::tail::TailInfo;
+pub use crate::topology::tail::{MovedChild, MovedRange};
 
 /// What a tail split did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -81,60 +49,6 @@ pub struct TailSplitOutcome {
     pub copied_bytes: u64,
     /// Copy rounds run before the parent was sealed.
     pub rounds: u32,
-}
-
-/// A committed tail split, as readers need it: where the parent's moved
-/// range went.
-#[derive(Debug)]
-pub(crate) struct TailInfo {
-    pub children: Vec<u32>,
-    pub index: TailIndex,
-    /// The `TailReclaimed` record is durable.
-    pub reclaimed: std::sync::atomic::AtomicBool,
-}
-
-impl TailInfo {
-    /// Where a position `pos` of the parent continues: `None` if it is at
-    /// or below the logical end (the parent holds it), else per child the
-    /// first moved record at or after it.
-    pub(crate) fn translate(&self, pos: u64) -> Option<Vec<(u32, u64)>> {
-        (pos > self.index.from).then(|| {
-            self.children
-                .iter()
-                .copied()
-                .zip(self.index.translate(pos))
-                .collect()
-        })
-    }
-}
-
-/// A partition's moved range, as `Topic::partitions` reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct MovedRange {
-    /// First moved offset (the logical end).
-    pub from: u64,
-    /// End of the moved range (the physical seal).
-    pub to: u64,
-    /// The children holding it, with how many records each.
-    pub children: Vec<(u32, u64)>,
-    /// The parent's bytes of the range were released.
-    pub reclaimed: bool,
-}
-
-impl TailInfo {
-    pub(crate) fn moved_range(&self) -> MovedRange {
-        MovedRange {
-            from: self.index.from,
-            to: self.index.seal,
-            children: self
-                .children
-                .iter()
-                .copied()
-                .zip(self.index.counts())
-                .collect(),
-            reclaimed: self.reclaimed.load(std::sync::atomic::Ordering::Acquire),
-        }
-    }
 }
 
 /// Records copied at once into one child (and the most read at once from
@@ -175,6 +89,29 @@ impl Copier<'_> {
                 .saturating_sub(1)),
             // Keyless records have no order to keep: spread by offset.
             None => Ok((offset % self.ranges.len() as u64) as usize),
+        }
+    }
+
+    /// The rounds that copy while appends to the parent go on, until the
+    /// gap left is small, stops shrinking (appends outrun the copy) or
+    /// `MAX_ROUNDS` ran: the rest goes in the sealed round. Returns the
+    /// rounds run.
+    fn catch_up(&mut self) -> Result<u32> {
+        let mut rounds = 0;
+        let mut last_gap = u64::MAX;
+        loop {
+            let target = self.parent.end_offset();
+            let gap = target.saturating_sub(self.pos);
+            // A round that did not shrink the gap means appends outrun the
+            // copy (its budget): the rest goes in the sealed round.
+            if gap <= CATCH_UP_RECORDS || rounds >= MAX_ROUNDS || gap >= last_gap {
+                break Ok(rounds);
+            }
+            last_gap = gap;
+            rounds += 1;
+            if let Err(e) = self.copy_to(target, true) {
+                break Err(e);
+            }
         }
     }
 
@@ -294,8 +231,36 @@ impl Topic {
         plan: SplitPlan,
         options: TailSplitOptions,
     ) -> Result<TailSplitOutcome> {
-        let _change = self.inner.change.lock();
-        self.check_live()?;
+        match self.apply(self.split_tail_command(partition, plan, options)?)? {
+            Applied::SplitTail(out) => Ok(out),
+            other => unreachable!("a tail split command applies as a tail split: {other:?}"),
+        }
+    }
+
+    /// The command of a tail split of `partition` by `plan` (resolved
+    /// here into the children's ranges, as [`Topic::split_command`] does).
+    pub fn split_tail_command(
+        &self,
+        partition: u32,
+        plan: SplitPlan,
+        options: TailSplitOptions,
+    ) -> Result<TopologyCommand> {
+        Ok(TopologyCommand::SplitTail {
+            partition,
+            ranges: self.children_ranges(partition, plan)?,
+            options,
+        })
+    }
+
+    /// Builds and commits a validated tail split of `partition` into
+    /// children `ids` with `ranges`. Under the change lock.
+    pub(super) fn split_tail_locked(
+        &self,
+        partition: u32,
+        ids: Vec<u32>,
+        ranges: Vec<(u64, u64)>,
+        options: TailSplitOptions,
+    ) -> Result<TailSplitOutcome> {
         let (start, end, parent) = {
             let st = self.inner.state.read();
             let n = st
@@ -305,53 +270,9 @@ impl Topic {
                     topic: self.name().into(),
                     partition,
                 })?;
-            if n.rec.state != PartitionState::Active {
-                return Err(Error::Sealed {
-                    topic: self.name().into(),
-                    partition,
-                });
-            }
             (n.rec.start, n.rec.end, n.part.clone())
         };
-        let wanted = match options.from {
-            TailFrom::Offset(x) => x,
-            TailFrom::SlowestGroup => self.slowest_group_position(partition, &parent)?,
-        };
-        let (held, now_end) = (parent.start_offset(), parent.end_offset());
-        if wanted > now_end || wanted < held {
-            return Err(Error::OffsetOutOfRange {
-                partition,
-                offset: wanted,
-                start: held,
-                end: now_end,
-            });
-        }
-        let from = batch_start(&parent, wanted)?;
-        if self
-            .inner
-            .hot
-            .blocks_tail_split(partition, (start, end), from)
-        {
-            // A windowed or spread key's records sit at its lane points,
-            // not at its hash, and an era boundary is an offset of the
-            // partition: moving them by key hash would break both.
-            return Err(Error::Refused(format!(
-                "partition {partition} holds lanes of a windowed or spread hot key, or a hot-key mode change past offset {from}"
-            )));
-        }
-        let ranges = split_ranges(start, end, plan, &parent)?;
-        if ranges.len() > usize::from(u8::MAX) {
-            return Err(Error::Refused("too many children".into()));
-        }
-        let max = self.config().balance.max_partitions as usize;
-        let active = self.inner.state.read().routes.len();
-        if active - 1 + ranges.len() > max {
-            return Err(Error::Refused(format!(
-                "split would exceed max_partitions ({max})"
-            )));
-        }
-        let first_id = self.next_partition_id();
-        let ids: Vec<u32> = (0..ranges.len() as u32).map(|i| first_id + i).collect();
+        let from = self.tail_start(partition, &parent, (start, end), options.from)?;
         let segs = self.create_partition_files(&ids)?;
         // Unrouted until the record commits: no sync round or checkpoint
         // may name them before (their ids are reused if this fails).
@@ -365,7 +286,12 @@ impl Topic {
                 p
             })
             .collect();
-        let children = crate::topic::child_records(partition, &ids, &ranges);
+        let children = crate::topology::ranges::child_records(
+            partition,
+            &ids,
+            &ranges,
+            crate::partition::now_ms(),
+        );
         let core = self.inner.core.clone();
         let mut copier = Copier {
             topic: self,
@@ -378,29 +304,15 @@ impl Topic {
             started: Instant::now(),
             throttle: options.throttle_bytes_per_sec,
         };
-        let mut rounds = 0;
-        let mut last_gap = u64::MAX;
-        let caught_up = loop {
-            let target = parent.end_offset();
-            let gap = target.saturating_sub(copier.pos);
-            // A round that did not shrink the gap means appends outrun the
-            // copy (its budget): the rest goes in the sealed round.
-            if gap <= CATCH_UP_RECORDS || rounds >= MAX_ROUNDS || gap >= last_gap {
-                break Ok(());
-            }
-            last_gap = gap;
-            rounds += 1;
-            if let Err(e) = copier.copy_to(target, true) {
-                break Err(e);
-            }
-        };
+        let caught_up = copier.catch_up();
+        let rounds = caught_up.as_ref().map_or(0, |&r| r);
         // In the topic's directory: it outlives the children, as long as
         // a saved position in the parent may need it.
         let index_path = self.inner.dir.join(tail_index::file_name(partition));
         // The bulk of the children's bytes is synced before the parent's
         // writer lock is taken: under it only the last round's remain.
         let caught_up =
-            caught_up.and_then(|()| kids.iter().try_for_each(|k| k.sync_now(&core.syncer)));
+            caught_up.and_then(|_| kids.iter().try_for_each(|k| k.sync_now(&core.syncer)));
         let result = caught_up.and_then(|()| {
             parent.seal_with(&core.syncer, |seal_offset| {
                 copier.copy_to(seal_offset, false)?;
@@ -473,6 +385,46 @@ impl Topic {
                 Err(e)
             }
         }
+    }
+
+    /// Where a tail split of `partition` starts: the offset `from` asks
+    /// for, rounded down to its batch's start, refused when it is outside
+    /// the partition's records or a hot key's lanes or mode change sit in
+    /// what would move.
+    fn tail_start(
+        &self,
+        partition: u32,
+        parent: &Partition,
+        (start, end): (u64, u64),
+        from: TailFrom,
+    ) -> Result<u64> {
+        let wanted = match from {
+            TailFrom::Offset(x) => x,
+            TailFrom::SlowestGroup => self.slowest_group_position(partition, parent)?,
+        };
+        let (held, now_end) = (parent.start_offset(), parent.end_offset());
+        if wanted > now_end || wanted < held {
+            return Err(Error::OffsetOutOfRange {
+                partition,
+                offset: wanted,
+                start: held,
+                end: now_end,
+            });
+        }
+        let from = batch_start(parent, wanted)?;
+        if self
+            .inner
+            .hot
+            .blocks_tail_split(partition, (start, end), from)
+        {
+            // A windowed or spread key's records sit at its lane points,
+            // not at its hash, and an era boundary is an offset of the
+            // partition: moving them by key hash would break both.
+            return Err(Error::Refused(format!(
+                "partition {partition} holds lanes of a windowed or spread hot key, or a hot-key mode change past offset {from}"
+            )));
+        }
+        Ok(from)
     }
 
     /// The slowest committed position of the topic's groups in `id`.

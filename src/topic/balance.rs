@@ -8,6 +8,7 @@ use crate::events::TopologyEvent;
 use crate::format::manifest::PartitionState;
 use crate::partition::Partition;
 use crate::topic::{SplitPlan, Topic};
+use crate::topology::command::TopologyCommand;
 
 impl Topic {
     /// One balancer pass: decides from current rates and load maps and
@@ -70,9 +71,13 @@ impl Topic {
                         SplitAt::IsolateKey(h) => SplitPlan::IsolateHash(h),
                         SplitAt::Cuts(points) => SplitPlan::Cuts(points),
                     };
-                    self.split(partition, plan).is_ok()
+                    self.split_command(partition, plan)
+                        .and_then(|cmd| self.apply(cmd))
+                        .is_ok()
                 }
-                Decision::Merge { left, right } => self.merge(left, right).is_ok(),
+                Decision::Merge { left, right } => self
+                    .apply(TopologyCommand::Merge { a: left, b: right })
+                    .is_ok(),
                 Decision::HotKey { partition, hash } => {
                     if let Some(n) = self.inner.write_state().nodes.get_mut(&partition) {
                         n.hot_key_reported = true;
@@ -108,14 +113,14 @@ impl Topic {
         // A key with a mode already, or one of such a key's lanes (its
         // records reach the load map under the lane's hash point): never
         // changed by the balancer.
-        if self.hot_keys().iter().any(|k| k.0 == hash) || self.is_lane_point(hash) {
+        if self.hot_keys().iter().any(|k| k.hash == hash) || self.is_lane_point(hash) {
             return;
         }
-        let _ = self.set_hash_mode(
+        let _ = self.apply(TopologyCommand::SetHotKeyMode {
             hash,
-            crate::config::HotKeyMode::Windowed(window),
-            cfg.max_lanes,
-        );
+            mode: crate::config::HotKeyMode::Windowed(window),
+            lanes: cfg.max_lanes,
+        });
     }
 
     /// Seeds the rates and load maps of the children of a committed split

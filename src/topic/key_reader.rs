@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, VecDeque};
 use crate::config::HotKeyMode;
 use crate::error::{Error, Result};
 use crate::format::manifest::HotKeyEra;
-use crate::hot_keys::{lane_of_window, window_ms, window_of, KeyLink, KeyRecord};
 use crate::reader::translate_tails;
+use crate::topic::hot_keys::{lane_of_window, window_ms, window_of, KeyLink, KeyRecord};
 use crate::topic::Topic;
 use crate::topology::lineage::Lineage;
 

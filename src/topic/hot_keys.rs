@@ -12,10 +12,13 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
 use crate::config::HotKeyMode;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::format::manifest::{HotKeyEra, HotKeyRecord, ManifestRecord};
 use crate::partition::now_ms;
 use crate::topic::{ChainLink, Topic};
+use crate::topology::command::TopologyCommand;
+use crate::topology::hot_keys::{duration_ms, lane_after};
+pub(crate) use crate::topology::hot_keys::{lane_of_window, lane_points, window_ms, window_of};
 
 /// The hot keys of one topic, in memory.
 #[derive(Debug, Default)]
@@ -147,45 +150,16 @@ impl HotKeys {
     }
 }
 
-/// The lane points of a key over `k` lanes: its hash, then `k - 1` points
-/// spaced evenly around the hash ring, so the lanes fall into as many
-/// different partitions as the topology allows.
-pub(crate) fn lane_points(hash: u64, k: u32) -> Vec<u64> {
-    (0..u128::from(k))
-        .map(|j| (u128::from(hash) + j * (1u128 << 64) / u128::from(k)) as u64)
-        .collect()
-}
-
-/// The window of a timestamp, for a window length in ms.
-pub(crate) fn window_of(ts: i64, window_ms: i64) -> i64 {
-    ts.div_euclid(window_ms)
-}
-
-pub(crate) fn window_ms(era: &HotKeyEra) -> Option<i64> {
-    match era.mode {
-        HotKeyMode::Windowed(d) => Some(duration_ms(d)),
-        _ => None,
-    }
-}
-
-/// The lane of window `w` in a windowed era.
-pub(crate) fn lane_of_window(era: &HotKeyEra, w: i64) -> usize {
-    let wm = window_ms(era).expect("a windowed era");
-    lane_after(w, window_of(era.from_ms, wm), era.lanes.len())
-}
-
-/// `(w - first) mod lanes`. Record timestamps may be anywhere in `i64`
-/// (the caller's), so the difference wraps: the lane written and the lane
-/// read are computed by this one function, and builds with and without
-/// overflow checks agree.
-fn lane_after(w: i64, first: i64, lanes: usize) -> usize {
-    w.wrapping_sub(first).rem_euclid(lanes as i64) as usize
-}
-
-/// A window length in ms as routing uses it: saturated to `i64::MAX`, at
-/// least 1.
-fn duration_ms(d: std::time::Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
+/// A key (by routing hash) given a hot-key mode, as [`Topic::hot_keys`]
+/// reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct HotKey {
+    /// The key's routing hash.
+    pub hash: u64,
+    /// The mode in force.
+    pub mode: HotKeyMode,
+    /// Its number of lanes.
+    pub lanes: usize,
 }
 
 /// One era of a key as [`Topic::key_lanes`] reports it.
@@ -314,16 +288,20 @@ impl Topic {
 
     /// The keys (by routing hash) given a mode, with the mode in force and
     /// its number of lanes.
-    pub fn hot_keys(&self) -> Vec<(u64, HotKeyMode, usize)> {
+    pub fn hot_keys(&self) -> Vec<HotKey> {
         let states: Vec<Arc<HotKeyState>> = self.inner.hot.map.read().values().cloned().collect();
-        let mut out: Vec<(u64, HotKeyMode, usize)> = states
+        let mut out: Vec<HotKey> = states
             .iter()
             .filter_map(|s| {
                 let run = s.run.lock();
-                run.eras.last().map(|e| (run.hash, e.mode, e.lanes.len()))
+                run.eras.last().map(|e| HotKey {
+                    hash: run.hash,
+                    mode: e.mode,
+                    lanes: e.lanes.len(),
+                })
             })
             .collect();
-        out.sort_unstable_by_key(|k| k.0);
+        out.sort_unstable_by_key(|k| k.hash);
         out
     }
 
@@ -359,51 +337,21 @@ impl Topic {
         self.set_hash_mode(self.hash(key), mode, lanes)
     }
 
-    fn check_mode(&self, mode: HotKeyMode, lanes: u32) -> Result<u32> {
-        let cfg = self.config().hot_keys;
-        let refuse = |reason: String| {
-            Err(Error::HotKeyMode {
-                topic: self.name().into(),
-                mode,
-                reason,
-            })
-        };
-        // Checked for every mode, as documented: `Strict` takes one lane
-        // whatever it is given, but a count outside the range is still bad
-        // input (it was accepted and switched the key to strict).
-        if lanes == 0 || lanes > cfg.max_lanes {
-            return refuse(format!(
-                "{lanes} lanes; the topic allows 1 to {}",
-                cfg.max_lanes
-            ));
-        }
-        match mode {
-            HotKeyMode::Strict => Ok(1),
-            HotKeyMode::Windowed(d) => {
-                if !cfg.allow_windowed {
-                    return refuse("the topic does not allow windowed keys".into());
-                }
-                if d.as_millis() == 0 {
-                    return refuse("a window is at least 1 ms".into());
-                }
-                Ok(lanes)
-            }
-            HotKeyMode::Spread => {
-                if !cfg.allow_spread {
-                    return refuse("the topic does not allow spread keys".into());
-                }
-                Ok(lanes)
-            }
-        }
-    }
-
     /// [`Topic::set_hot_key_mode_lanes`] by routing hash.
     pub(crate) fn set_hash_mode(&self, hash: u64, mode: HotKeyMode, lanes: u32) -> Result<()> {
-        // No split or merge meanwhile: the lane owners read below stay the
-        // owners until the record commits.
-        let _change = self.inner.change.lock();
-        self.check_live()?;
-        let lanes = self.check_mode(mode, lanes)?;
+        self.apply(TopologyCommand::SetHotKeyMode { hash, mode, lanes })
+            .map(|_| ())
+    }
+
+    /// Commits a validated hot-key mode over `lanes` lanes (checked against
+    /// the policy). Under the change lock: no split or merge meanwhile, so
+    /// the lane owners read below stay the owners until the record commits.
+    pub(super) fn set_hash_mode_locked(
+        &self,
+        hash: u64,
+        mode: HotKeyMode,
+        lanes: u32,
+    ) -> Result<()> {
         let points = lane_points(hash, lanes);
         let hot = &self.inner.hot;
         let (state, fresh) = match hot.get(hash) {

@@ -109,7 +109,7 @@ pub use error::{Error, Result};
 pub use events::TopologyEvent;
 pub use group::{
     Assignment, AssignmentDescription, Group, GroupDescription, GroupOptions, GroupStart,
-    GroupStats, LostGroupPosition, Member, MemberDescription, MemberOptions, MemberState,
+    GroupStats, Member, MemberDescription, MemberOptions, MemberState,
 };
 pub use hot_keys::{KeyEra, KeyLane, KeyLanes, KeyLink, KeyRecord};
 pub use key_reader::KeyReader;
@@ -118,7 +118,7 @@ pub use partition::{Partition, SegmentInfo};
 pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};
 pub use reader::{Cut, Reader, RetainedRange, StartAt};
 pub use recovery::partition::Problem;
-pub use recovery::{FileAction, FileReport, RecoveryReport};
+pub use recovery::{FileAction, FileReport, LostGroupPosition, RecoveryReport};
 pub use storage::durability::SyncBackend;
 pub use storage::fault::{IoHook, IoOp, NoFaults};
 pub use tail::{MovedRange, TailFrom, TailReclaimOutcome, TailSplitOptions, TailSplitOutcome};

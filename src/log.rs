@@ -640,7 +640,7 @@ fn new_topic(core: &Arc<Core>, lock: &Arc<DirLock>, rec: &TopicRecord) -> Topic 
             round_robin: AtomicU64::new(0),
             sync_always: rec.config.sync == SyncPolicy::Always,
             dir: topic_dir(&core.dir, rec.id),
-            groups: Mutex::default(),
+            groups: Default::default(),
             hot: crate::hot_keys::HotKeys::from_records(&rec.hot_keys),
         }),
     }

@@ -183,7 +183,7 @@ pub(crate) struct TopicInner {
     pub sync_always: bool,
     pub dir: PathBuf,
     /// Coordinators of the topic's consumer groups taken so far.
-    pub groups: Mutex<std::collections::HashMap<String, Arc<crate::group::GroupShared>>>,
+    pub groups: crate::group::Registry,
     /// Keys with a hot-key mode (docs/HOT_KEYS.md).
     pub hot: crate::hot_keys::HotKeys,
 }
@@ -320,8 +320,7 @@ impl Topic {
         // keep each other (and the log's manifest and checkpoint files)
         // alive after the log closed. Group handles still held go on
         // answering `Error::Closed`.
-        let groups = std::mem::take(&mut *self.inner.groups.lock());
-        drop(groups);
+        self.inner.groups.clear();
         // Readers blocked in `poll_wait` return `Error::Closed` now.
         self.inner.wake.notify_all();
     }

@@ -51,6 +51,7 @@ mod committed;
 mod coordinator;
 mod heartbeat;
 mod member;
+mod membership;
 mod recovery;
 mod registry;
 

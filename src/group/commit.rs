@@ -18,8 +18,13 @@ impl Member {
     /// with [`Error::Fenced`] if the member was declared dead; a partition
     /// revoked in the meantime moves to its new owner once committed.
     pub fn commit(&mut self) -> Result<()> {
-        let positions: Vec<(u32, u64)> = self.positions.iter().map(|(&p, &o)| (p, o)).collect();
-        let drained: Vec<u32> = self.drained.iter().copied().collect();
+        let positions: Vec<(u32, u64)> = self
+            .cursor
+            .positions
+            .iter()
+            .map(|(&p, &o)| (p, o))
+            .collect();
+        let drained: Vec<u32> = self.cursor.drained.iter().copied().collect();
         self.commit_handed(&positions, &drained)
     }
 
@@ -42,20 +47,24 @@ impl Member {
         // Offsets of records handed out from a tail-split parent before the
         // split, past its logical end: the children's translated positions,
         // the parent read (as this member's positions were translated).
-        let lineage = self.lineage.clone();
+        let lineage = self.cursor.lineage.clone();
         for p in translate_tails(&lineage, &mut highest, &mut BTreeMap::new()) {
-            if self.drained.contains(&p) {
+            if self.cursor.drained.contains(&p) {
                 drained.push(p);
             }
         }
         for (p, o) in highest {
-            let handed = match self.positions.get(&p) {
+            let handed = match self.cursor.positions.get(&p) {
                 Some(&h) => h,
-                None if self.drained.contains(&p) => self.lineage.sealed_at(p).unwrap_or(0),
+                None if self.cursor.drained.contains(&p) => {
+                    self.cursor.lineage.sealed_at(p).unwrap_or(0)
+                }
                 // Removed by retention (this member reported what it had
                 // not handed out there): nothing left to commit, as in
                 // `commit`.
-                None if !self.lineage.contains(p) && self.lineage.removed.contains_key(&p) => {
+                None if !self.cursor.lineage.contains(p)
+                    && self.cursor.lineage.removed.contains_key(&p) =>
+                {
                     continue
                 }
                 None => {
@@ -71,7 +80,7 @@ impl Member {
                     "commit of offset {o} in partition {p} past what was handed out ({handed})"
                 )));
             }
-            if self.drained.contains(&p) && o >= handed {
+            if self.cursor.drained.contains(&p) && o >= handed {
                 drained.push(p);
             } else {
                 pos.push((p, o));
@@ -129,9 +138,9 @@ impl Member {
             tenures: self.tenures(),
             positions,
             drained,
-            handed: &self.positions,
-            fingerprints: &self.last_records,
-            seals: &self.lineage,
+            handed: &self.cursor.positions,
+            fingerprints: &self.cursor.last_records,
+            seals: &self.cursor.lineage,
             told,
         };
         match co.plan_commit(&request)? {

@@ -1,15 +1,14 @@
 //! A group member: reads the partitions the coordinator gives it, in
 //! lineage order, and tells the coordinator what it handed out.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::read::OwnedRecord;
 use crate::reader::{
-    drained_at, fingerprint, read_step, take_batch, translate_tails, ReadStep, RetainedRange,
-    REMOVED_END,
+    read_step, take_batch, translate_tails, LineageCursor, ReadStep, RetainedRange, REMOVED_END,
 };
 use crate::topology::lineage::Lineage;
 
@@ -26,27 +25,22 @@ pub struct Member {
     pub(super) runtime: Arc<Runtime>,
     pub(super) id: u64,
     pub(super) generation: u64,
-    pub(super) lineage: Arc<Lineage>,
     /// Ready partitions owned, as of `generation`.
     pub(super) owned: BTreeSet<u32>,
-    /// Next offset to hand out per partition being read (owned ones and
-    /// their pinned split children).
-    pub(super) positions: BTreeMap<u32, u64>,
-    pub(super) last_records: BTreeMap<u32, u64>,
-    /// Read to their seal, not committed yet.
-    pub(super) drained: BTreeSet<u32>,
-    pub(super) pending: VecDeque<OwnedRecord>,
-    pub(super) next_rr: u32,
-    pub(super) retained: Vec<RetainedRange>,
+    /// Lineage and reading state: positions per partition being read
+    /// (owned ones and their pinned split children), those read to their
+    /// seal and not committed yet, what was read and not handed out.
+    pub(super) cursor: LineageCursor,
     /// Partitions being moved away: not read any more, their handed-out
     /// positions kept for the commit that releases them.
     pub(super) paused: BTreeSet<u32>,
-    /// Per ready partition owned, the tenure ([`Owner::epoch`]) its
+    /// Per ready partition owned, the tenure
+    /// ([`super::coordinator::Owner::epoch`]) its
     /// reading state belongs to.
     pub(super) tenure: BTreeMap<u32, u64>,
     /// Removed partitions this member was reading (or had read to their
     /// seal) when it saw them go: it reported their rest from its own
-    /// position, so the group's [`Loss`] is not reported for them again.
+    /// position, so the group's [`super::committed::Loss`] is not reported for them again.
     pub(super) own_gone: BTreeSet<u32>,
     /// Per partition, the last run of offsets this member skipped because
     /// retention removed them (reported in `retained`): `(from, to, poll)`,
@@ -71,14 +65,8 @@ impl Member {
             runtime: runtime.clone(),
             id,
             generation: 0,
-            lineage,
+            cursor: LineageCursor::new(lineage, BTreeMap::new(), BTreeSet::new(), BTreeMap::new()),
             owned: BTreeSet::new(),
-            positions: BTreeMap::new(),
-            last_records: BTreeMap::new(),
-            drained: BTreeSet::new(),
-            pending: VecDeque::new(),
-            next_rr: 0,
-            retained: Vec::new(),
             paused: BTreeSet::new(),
             tenure: BTreeMap::new(),
             own_gone: BTreeSet::new(),
@@ -137,7 +125,7 @@ impl Member {
     /// the next owner, also after a reopen, until a member told of it
     /// commits.
     pub fn retained(&self) -> &[RetainedRange] {
-        &self.retained
+        &self.cursor.retained
     }
 
     /// Tells the coordinator this member is alive (independently of
@@ -173,11 +161,19 @@ impl Member {
     /// committed, pauses those being revoked, starts new ones at their
     /// committed positions.
     pub(super) fn take_assignment(&mut self, co: &Coordinator) {
-        self.lineage = co.lineage.clone();
-        let lineage = self.lineage.clone();
+        self.cursor.lineage = co.lineage.clone();
+        let lineage = self.cursor.lineage.clone();
+        self.follow_lineage(&lineage);
+        self.take_ownership(co, &lineage);
+    }
+
+    /// Brings the reading state to a new `lineage`: positions past a tail
+    /// split's logical end continue in the children, and what retention
+    /// removed of the partitions being read is reported.
+    fn follow_lineage(&mut self, lineage: &Lineage) {
         // A tail split moved what this member read past its parent's
         // logical end: read it from the children, at translated positions.
-        self.pending.retain(|r| {
+        self.cursor.pending.retain(|r| {
             lineage
                 .tails
                 .get(&r.partition)
@@ -187,20 +183,26 @@ impl Member {
         // this member needs: drained (else the parent, still this member's
         // until a commit says otherwise, is read again from the committed
         // position, and a commit naming the children is refused).
-        let left = translate_tails(&lineage, &mut self.positions, &mut self.last_records);
-        self.drained.extend(left);
+        let left = translate_tails(
+            lineage,
+            &mut self.cursor.positions,
+            &mut self.cursor.last_records,
+        );
+        self.cursor.drained.extend(left);
         // Partitions this member was reading that retention emptied and
         // removed: what it had not handed out is gone with their files, and
         // is reported (up to the seal their children record) as a reader
         // reports it, not dropped silently with the position below.
         let gone: Vec<(u32, u64)> = self
+            .cursor
             .positions
             .iter()
             .filter(|(p, _)| !lineage.contains(**p))
             .map(|(&p, &o)| (p, o))
             .collect();
         self.own_gone.extend(
-            self.drained
+            self.cursor
+                .drained
                 .iter()
                 .filter(|p| !lineage.contains(**p))
                 .copied(),
@@ -208,6 +210,7 @@ impl Member {
         for (p, pos) in gone {
             self.own_gone.insert(p);
             let start = self
+                .cursor
                 .pending
                 .iter()
                 .filter(|r| r.partition == p)
@@ -227,6 +230,12 @@ impl Member {
                 });
             }
         }
+    }
+
+    /// Keeps the reading state of the partitions this member owns in the
+    /// tenure it belongs to, pauses those being revoked and starts new
+    /// ones at their committed positions.
+    fn take_ownership(&mut self, co: &Coordinator, lineage: &Lineage) {
         // Ours, in a tenure this member's reading state belongs to (the
         // same one, or its parent's for a split child it kept). A
         // partition taken away and given back since is read again from
@@ -250,18 +259,19 @@ impl Member {
         let keep: BTreeSet<u32> = mine
             .keys()
             .filter(|p| !fresh.contains(p))
-            .flat_map(|&p| closure(&lineage, p))
+            .flat_map(|&p| closure(lineage, p))
             .collect();
         self.paused = mine
             .iter()
             .filter(|(_, &revoking)| revoking)
-            .flat_map(|(&p, _)| closure(&lineage, p))
+            .flat_map(|(&p, _)| closure(lineage, p))
             .collect();
-        self.positions.retain(|p, _| keep.contains(p));
-        self.drained.retain(|p| keep.contains(p));
-        self.last_records.retain(|p, _| keep.contains(p));
+        self.cursor.positions.retain(|p, _| keep.contains(p));
+        self.cursor.drained.retain(|p| keep.contains(p));
+        self.cursor.last_records.retain(|p, _| keep.contains(p));
         let paused = &self.paused;
-        self.pending
+        self.cursor
+            .pending
             .retain(|r| keep.contains(&r.partition) && !paused.contains(&r.partition));
         let owned: BTreeSet<u32> = mine
             .iter()
@@ -269,14 +279,14 @@ impl Member {
             .map(|(&p, _)| p)
             .collect();
         for &p in &owned {
-            if self.positions.contains_key(&p) || self.drained.contains(&p) {
+            if self.cursor.positions.contains_key(&p) || self.cursor.drained.contains(&p) {
                 continue;
             }
             // New to this member: from the committed position.
             let pos = co.committed_position(p);
-            self.positions.insert(p, pos);
+            self.cursor.positions.insert(p, pos);
             if let Some(&f) = co.committed.last_records.get(&p) {
-                self.last_records.insert(p, f);
+                self.cursor.last_records.insert(p, f);
             }
         }
         self.owned = owned;
@@ -287,8 +297,8 @@ impl Member {
     /// range already (the group's loss and the member's own reading can
     /// both come to the same removed partition).
     fn tell(&mut self, r: RetainedRange) {
-        if !self.retained.contains(&r) {
-            self.retained.push(r);
+        if !self.cursor.retained.contains(&r) {
+            self.cursor.retained.push(r);
         }
     }
 
@@ -360,11 +370,12 @@ impl Member {
     /// Publishes what this member handed out (under the group lock).
     pub(super) fn report(&self, co: &mut Coordinator) {
         let delivered = self
+            .cursor
             .positions
             .iter()
-            .map(|(&p, &pos)| (p, (pos, self.last_records.get(&p).copied())))
+            .map(|(&p, &pos)| (p, (pos, self.cursor.last_records.get(&p).copied())))
             .collect();
-        co.handed_out(self.id, delivered, self.drained.clone());
+        co.handed_out(self.id, delivered, self.cursor.drained.clone());
     }
 
     /// Up to `max_records` records of this member's partitions that are
@@ -406,10 +417,10 @@ impl Member {
                 .collect();
             if out.iter().any(|r| !mine.contains(&r.partition)) {
                 out.retain(|r| mine.contains(&r.partition));
-                self.positions.retain(|p, _| mine.contains(p));
-                self.last_records.retain(|p, _| mine.contains(p));
-                self.drained.retain(|p| mine.contains(p));
-                self.pending.retain(|r| mine.contains(&r.partition));
+                self.cursor.positions.retain(|p, _| mine.contains(p));
+                self.cursor.last_records.retain(|p, _| mine.contains(p));
+                self.cursor.drained.retain(|p| mine.contains(p));
+                self.cursor.pending.retain(|r| mine.contains(&r.partition));
             }
         }
         co.count_handed_out(self.id, out.len() as u64, runtime.now());
@@ -421,7 +432,7 @@ impl Member {
     /// Hands out pending and newly read records into `out`, up to `max`.
     fn take(&mut self, out: &mut Vec<OwnedRecord>, max: usize) -> Result<()> {
         while out.len() < max {
-            if self.pending.is_empty() {
+            if self.cursor.pending.is_empty() {
                 match self.fill() {
                     Ok(true) => continue,
                     Ok(false) => break,
@@ -429,13 +440,8 @@ impl Member {
                     Err(_) => break,
                 }
             }
-            let n = (max - out.len()).min(self.pending.len());
-            out.extend(self.pending.drain(..n));
-            if let Some(r) = out.last().filter(|_| n > 0) {
-                self.positions.insert(r.partition, r.offset + 1);
-                let f = fingerprint(r.offset, r.timestamp, r.key.as_deref(), &r.value);
-                self.last_records.insert(r.partition, f);
-            }
+            let room = max - out.len();
+            self.cursor.hand_out(out, room);
         }
         Ok(())
     }
@@ -450,11 +456,12 @@ impl Member {
         let done: Vec<u32> = {
             let co = self.runtime.lock();
             let candidates: Vec<u32> = self
+                .cursor
                 .drained
                 .iter()
                 .copied()
                 .filter(|&d| {
-                    let seal = self.lineage.sealed_at(d).unwrap_or(u64::MAX);
+                    let seal = self.cursor.lineage.sealed_at(d).unwrap_or(u64::MAX);
                     let end = self
                         .runtime
                         .topic
@@ -474,14 +481,16 @@ impl Member {
                 .collect();
             // Parents first: a split child only with (or after) its
             // parents committed as read.
-            let read = co.committed.all_drained(&self.lineage);
+            let read = co.committed.all_drained(&self.cursor.lineage);
             let mut done: Vec<u32> = Vec::new();
             loop {
                 let before = done.len();
                 for &d in &candidates {
                     if !done.contains(&d)
-                        && self.lineage.parents(d).iter().all(|q| {
-                            read.contains(q) || done.contains(q) || !self.lineage.contains(*q)
+                        && self.cursor.lineage.parents(d).iter().all(|q| {
+                            read.contains(q)
+                                || done.contains(q)
+                                || !self.cursor.lineage.contains(*q)
                         })
                     {
                         done.push(d);
@@ -518,22 +527,15 @@ impl Member {
         }
     }
 
+    /// Partitions being revoked are not read: records there are no reason
+    /// to wake (the wait would spin until its timeout).
     fn can_move(&self) -> bool {
-        if !self.pending.is_empty() {
-            return true;
-        }
-        // Partitions being revoked are not read: records there are no
-        // reason to wake (the wait would spin until its timeout).
-        self.positions.iter().any(|(&id, &pos)| {
-            !self.paused.contains(&id)
-                && self.runtime.topic.partition(id).map_or(true, |p| {
-                    p.visible_end(p.default_isolation()) > pos || self.is_drained_at(id, pos)
-                })
-        })
+        self.cursor
+            .can_move(&self.runtime.topic, None, &self.paused)
     }
 
     fn is_drained_at(&self, id: u32, pos: u64) -> bool {
-        drained_at(&self.runtime.topic, &self.lineage, id, pos)
+        self.cursor.is_drained_at(&self.runtime.topic, id, pos)
     }
 
     /// Moves partitions handed out to their seal into `drained` and opens
@@ -542,10 +544,12 @@ impl Member {
         let mut changed = false;
         loop {
             let done: Vec<u32> = self
+                .cursor
                 .positions
                 .iter()
                 .filter(|(&id, &pos)| {
-                    self.is_drained_at(id, pos) && !self.pending.iter().any(|r| r.partition == id)
+                    self.is_drained_at(id, pos)
+                        && !self.cursor.pending.iter().any(|r| r.partition == id)
                 })
                 .map(|(&id, _)| id)
                 .collect();
@@ -554,12 +558,14 @@ impl Member {
             }
             changed = true;
             for id in done {
-                self.positions.remove(&id);
-                self.last_records.remove(&id);
-                self.drained.insert(id);
-                for &c in self.lineage.children(id) {
-                    if self.lineage.parents(c).len() == 1 && !self.positions.contains_key(&c) {
-                        self.positions.insert(c, 0);
+                self.cursor.positions.remove(&id);
+                self.cursor.last_records.remove(&id);
+                self.cursor.drained.insert(id);
+                for &c in self.cursor.lineage.children(id) {
+                    if self.cursor.lineage.parents(c).len() == 1
+                        && !self.cursor.positions.contains_key(&c)
+                    {
+                        self.cursor.positions.insert(c, 0);
                     }
                 }
             }
@@ -569,17 +575,12 @@ impl Member {
     /// Reads the next partition (in turn) with records into `pending`.
     fn fill(&mut self) -> Result<bool> {
         let mut moved = self.advance();
-        let ids: Vec<u32> = self
-            .positions
-            .range(self.next_rr..)
-            .chain(self.positions.range(..self.next_rr))
-            .map(|(&id, _)| id)
-            .collect();
+        let ids = self.cursor.turn();
         for id in ids {
             if self.paused.contains(&id) {
                 continue;
             }
-            let pos = self.positions[&id];
+            let pos = self.cursor.positions[&id];
             let part = match self.runtime.topic.partition(id) {
                 Ok(p) => p,
                 Err(Error::UnknownPartition { .. }) => continue,
@@ -596,16 +597,16 @@ impl Member {
                         _ => pos,
                     };
                     self.skipped.insert(id, (from, to, self.polls));
-                    self.positions.insert(id, to);
-                    self.last_records.remove(&id);
+                    self.cursor.positions.insert(id, to);
+                    self.cursor.last_records.remove(&id);
                     moved = true;
                     continue;
                 }
                 ReadStep::Batch(b) => b,
             };
-            self.next_rr = id.wrapping_add(1);
-            if let Some(to) = take_batch(&mut self.pending, id, pos, &batch)? {
-                self.positions.insert(id, to);
+            self.cursor.next_rr = id.wrapping_add(1);
+            if let Some(to) = take_batch(&mut self.cursor.pending, id, pos, &batch)? {
+                self.cursor.positions.insert(id, to);
             }
             return Ok(true);
         }

@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+mod cursor;
+
+pub(crate) use cursor::LineageCursor;
+
 use crate::error::{Error, Result};
 use crate::read::{OwnedRecord, ReadBatch, ReadIsolation, Record};
 use crate::topic::Topic;
@@ -248,24 +252,12 @@ pub(crate) const REMOVED_END: u64 = u64::MAX;
 #[derive(Debug)]
 pub struct Reader {
     topic: Topic,
-    /// The lineage at the generation last seen.
-    lineage: Arc<Lineage>,
-    /// Next offset to hand out, per open partition.
-    positions: BTreeMap<u32, u64>,
-    /// See [`Cut::drained`].
-    drained: BTreeSet<u32>,
-    /// The next read looks at open partitions from this id on (wrapping).
-    next_rr: u32,
-    retained: Vec<RetainedRange>,
-    /// See [`Cut::last_records`].
-    last_records: BTreeMap<u32, u64>,
+    /// Lineage, positions, what was read and not handed out.
+    cursor: LineageCursor,
     /// See [`Cut::removed_before`].
     removed_before: BTreeSet<u32>,
     /// None: each partition's default (from its topic's sync policy).
     isolation: Option<ReadIsolation>,
-    /// Records read and not handed out yet: consecutive records of one
-    /// partition, the first at that partition's position.
-    pending: VecDeque<OwnedRecord>,
 }
 
 /// Fingerprint of a record for [`Cut::last_records`]: SipHash-1-3 (fixed
@@ -326,15 +318,9 @@ impl Topic {
         };
         let mut r = Reader {
             topic: self.clone(),
-            lineage,
-            positions,
-            drained,
-            next_rr: 0,
-            retained: Vec::new(),
-            last_records,
+            cursor: LineageCursor::new(lineage, positions, drained, last_records),
             removed_before,
             isolation: None,
-            pending: VecDeque::new(),
         };
         r.drop_removed();
         r.settle();
@@ -474,19 +460,20 @@ impl Reader {
     pub fn cut(&self) -> Cut {
         Cut {
             topic_id: self.topic.id(),
-            positions: self.positions.clone(),
-            drained: self.drained.clone(),
+            positions: self.cursor.positions.clone(),
+            drained: self.cursor.drained.clone(),
             last_records: self
+                .cursor
                 .last_records
                 .iter()
-                .filter(|(id, _)| self.positions.contains_key(id))
+                .filter(|(id, _)| self.cursor.positions.contains_key(id))
                 .map(|(&id, &f)| (id, f))
                 .collect(),
             // Only those still named matter: bounded by the topology.
             removed_before: self
                 .removed_before
                 .iter()
-                .filter(|id| self.lineage.removed_named.contains(id))
+                .filter(|id| self.cursor.lineage.removed_named.contains(id))
                 .copied()
                 .collect(),
         }
@@ -497,40 +484,44 @@ impl Reader {
     pub fn set_isolation(&mut self, isolation: ReadIsolation) {
         self.isolation = Some(isolation);
         // Read under the old isolation: read again under the new one.
-        self.pending.clear();
+        self.cursor.pending.clear();
     }
 
     /// Ranges this reader passed over because retention had removed them
     /// (oldest first). Positions are never moved silently: every offset a
     /// reader skips is either here or behind an error it returned.
     pub fn retained(&self) -> &[RetainedRange] {
-        &self.retained
+        &self.cursor.retained
     }
 
     /// Partitions currently being read.
     pub fn open_partitions(&self) -> Vec<u32> {
-        self.positions.keys().copied().collect()
+        self.cursor.positions.keys().copied().collect()
     }
 
     /// Takes the current lineage snapshot if the topology generation moved
     /// since the last one (one atomic load otherwise).
     fn refresh_lineage(&mut self) {
-        if self.topic.topology_generation() != self.lineage.generation {
-            self.lineage = self.topic.lineage();
+        if self.topic.topology_generation() != self.cursor.lineage.generation {
+            self.cursor.lineage = self.topic.lineage();
             // Records of a tail-split parent read before its split committed
             // and not handed out yet: those past its logical end are read
             // again from the children.
-            let lineage = self.lineage.clone();
-            self.pending.retain(|r| {
+            let lineage = self.cursor.lineage.clone();
+            self.cursor.pending.retain(|r| {
                 lineage
                     .tails
                     .get(&r.partition)
                     .is_none_or(|t| r.offset < t.index.from)
             });
-            translate_tails(&lineage, &mut self.positions, &mut self.last_records);
+            translate_tails(
+                &lineage,
+                &mut self.cursor.positions,
+                &mut self.cursor.last_records,
+            );
             self.drop_removed();
             // No partition will name a removed one no partition names now.
-            let named = &self.lineage.removed_named;
+            let named = &self.cursor.lineage.removed_named;
             self.removed_before.retain(|id| named.contains(id));
         }
     }
@@ -543,11 +534,12 @@ impl Reader {
     /// included, since their files are gone too. Either way it counts as
     /// drained: its children open once their other parents are drained.
     fn drop_removed(&mut self) {
-        let lineage = self.lineage.clone();
+        let lineage = self.cursor.lineage.clone();
         let gone: BTreeSet<u32> = self
+            .cursor
             .positions
             .keys()
-            .chain(&self.drained)
+            .chain(&self.cursor.drained)
             .filter(|id| !lineage.contains(**id))
             .copied()
             .collect();
@@ -556,35 +548,36 @@ impl Reader {
         }
         // Removed partitions behind what the reader holds: read, or passed.
         let behind = lineage.removed_ancestors(
-            self.positions
+            self.cursor
+                .positions
                 .keys()
-                .chain(&self.drained)
+                .chain(&self.cursor.drained)
                 .filter(|id| !gone.contains(id))
                 .copied(),
         );
         let mut opened = Vec::new();
         for &id in &gone {
-            if let Some(start) = self.positions.remove(&id) {
-                self.pending.retain(|r| r.partition != id);
+            if let Some(start) = self.cursor.positions.remove(&id) {
+                self.cursor.pending.retain(|r| r.partition != id);
                 let end = lineage
                     .removed_seals
                     .get(&id)
                     .copied()
                     .unwrap_or(REMOVED_END);
                 if start < end {
-                    self.retained.push(RetainedRange {
+                    self.cursor.retained.push(RetainedRange {
                         partition: id,
                         start,
                         end,
                     });
                 }
             }
-            self.last_records.remove(&id);
-            self.drained.remove(&id);
+            self.cursor.last_records.remove(&id);
+            self.cursor.drained.remove(&id);
             for c in lineage.children_naming(id) {
                 if self.may_open(&lineage, c) {
                     // From the child's first offset: see `open_children`.
-                    self.positions.insert(c, 0);
+                    self.cursor.positions.insert(c, 0);
                     opened.push(c);
                 }
             }
@@ -603,7 +596,7 @@ impl Reader {
                     .copied()
                     .unwrap_or(REMOVED_END);
                 if end > 0 {
-                    self.retained.push(RetainedRange {
+                    self.cursor.retained.push(RetainedRange {
                         partition: q,
                         start: 0,
                         end,
@@ -617,33 +610,45 @@ impl Reader {
         // in the topology that the reader neither reads nor passed. None of
         // their ancestors is still readable (a partition is removed only
         // after its parents), so nothing of the reader's is before them.
-        let passed = lineage.ancestors(self.positions.keys().chain(&self.drained).copied());
+        let passed = lineage.ancestors(
+            self.cursor
+                .positions
+                .keys()
+                .chain(&self.cursor.drained)
+                .copied(),
+        );
         let orphans: Vec<u32> = lineage
             .roots()
             .filter(|&r| {
                 !lineage.parents(r).is_empty()
-                    && !self.positions.contains_key(&r)
-                    && !self.drained.contains(&r)
+                    && !self.cursor.positions.contains_key(&r)
+                    && !self.cursor.drained.contains(&r)
                     && !passed.contains(&r)
             })
             .collect();
         for r in orphans {
-            self.positions.insert(r, 0);
+            self.cursor.positions.insert(r, 0);
             opened.push(r);
         }
         // A removed partition the reader had read (or was reading) stays
         // in `drained` while one of its children is not open yet (a merge
         // child waiting for its other parent), as any drained partition
         // does: the cut then still says it was passed.
-        let passed = lineage.ancestors(self.positions.keys().chain(&self.drained).copied());
+        let passed = lineage.ancestors(
+            self.cursor
+                .positions
+                .keys()
+                .chain(&self.cursor.drained)
+                .copied(),
+        );
         for &id in &gone {
             let waiting = lineage.children_naming(id).into_iter().any(|c| {
-                !self.positions.contains_key(&c)
-                    && !self.drained.contains(&c)
+                !self.cursor.positions.contains_key(&c)
+                    && !self.cursor.drained.contains(&c)
                     && !passed.contains(&c)
             });
             if waiting {
-                self.drained.insert(id);
+                self.cursor.drained.insert(id);
             }
         }
         // A removed parent of a partition opened here that the reader did
@@ -659,26 +664,36 @@ impl Reader {
     /// another listed one left out (they are implied). Costs up to the
     /// number of ancestors, once per reader.
     fn settle(&mut self) {
-        let lineage = self.lineage.clone();
-        let passed = lineage.ancestors(self.positions.keys().chain(&self.drained).copied());
+        let lineage = self.cursor.lineage.clone();
+        let passed = lineage.ancestors(
+            self.cursor
+                .positions
+                .keys()
+                .chain(&self.cursor.drained)
+                .copied(),
+        );
         let known = |r: &Reader, id: u32| {
-            r.positions.contains_key(&id) || r.drained.contains(&id) || passed.contains(&id)
+            r.cursor.positions.contains_key(&id)
+                || r.cursor.drained.contains(&id)
+                || passed.contains(&id)
         };
-        let drained: Vec<u32> = self.drained.iter().copied().collect();
+        let drained: Vec<u32> = self.cursor.drained.iter().copied().collect();
         for x in drained {
             for &c in lineage.children(x) {
                 if !known(self, c)
                     && lineage.parents(c).iter().all(|q| {
-                        self.drained.contains(q) || passed.contains(q) || !lineage.contains(*q)
+                        self.cursor.drained.contains(q)
+                            || passed.contains(q)
+                            || !lineage.contains(*q)
                     })
                 {
                     // From the child's first offset: see `open_children`.
-                    self.positions.insert(c, 0);
+                    self.cursor.positions.insert(c, 0);
                 }
             }
         }
-        let positions = &self.positions;
-        self.drained.retain(|x| {
+        let positions = &self.cursor.positions;
+        self.cursor.drained.retain(|x| {
             !passed.contains(x)
                 && !lineage
                     .children(*x)
@@ -696,6 +711,7 @@ impl Reader {
         let mut changed = false;
         loop {
             let done: Vec<u32> = self
+                .cursor
                 .positions
                 .iter()
                 .filter(|(&id, &pos)| self.is_drained_at(id, pos))
@@ -706,8 +722,8 @@ impl Reader {
             }
             changed = true;
             for &id in &done {
-                self.positions.remove(&id);
-                self.drained.insert(id);
+                self.cursor.positions.remove(&id);
+                self.cursor.drained.insert(id);
             }
             for id in done {
                 self.open_children(id);
@@ -717,24 +733,24 @@ impl Reader {
 
     /// Whether open partition `id` at `pos` has nothing more to give.
     fn is_drained_at(&self, id: u32, pos: u64) -> bool {
-        drained_at(&self.topic, &self.lineage, id, pos)
+        self.cursor.is_drained_at(&self.topic, id, pos)
     }
 
     /// Whether `c` is neither open nor drained and all its parents are
     /// drained (a parent no longer in the topology was removed: drained).
     fn may_open(&self, lineage: &Lineage, c: u32) -> bool {
-        let known = self.positions.contains_key(&c) || self.drained.contains(&c);
+        let known = self.cursor.positions.contains_key(&c) || self.cursor.drained.contains(&c);
         !known
             && lineage
                 .parents(c)
                 .iter()
-                .all(|q| self.drained.contains(q) || !lineage.contains(*q))
+                .all(|q| self.cursor.drained.contains(q) || !lineage.contains(*q))
     }
 
     /// Opens the children of drained `x` whose parents are all drained,
     /// and forgets drained parents whose children are then all open.
     fn open_children(&mut self, x: u32) {
-        let lineage = self.lineage.clone();
+        let lineage = self.cursor.lineage.clone();
         for &c in lineage.children(x) {
             if !self.may_open(&lineage, c) {
                 continue;
@@ -742,7 +758,7 @@ impl Reader {
             // From the child's first offset, not its first held one: what
             // retention removed before this reader got there is then
             // reported by `poll`, not skipped.
-            self.positions.insert(c, 0);
+            self.cursor.positions.insert(c, 0);
             self.report_unread_parents(c, &BTreeSet::new());
             for &q in lineage.parents(c) {
                 // A removed parent's children are found by their naming it.
@@ -751,12 +767,11 @@ impl Reader {
                 } else {
                     lineage.children_naming(q)
                 };
-                if children
-                    .iter()
-                    .all(|s| self.positions.contains_key(s) || self.drained.contains(s))
-                {
+                if children.iter().all(|s| {
+                    self.cursor.positions.contains_key(s) || self.cursor.drained.contains(s)
+                }) {
                     // An ancestor of an open partition: implied drained.
-                    self.drained.remove(&q);
+                    self.cursor.drained.remove(&q);
                 }
             }
         }
@@ -769,11 +784,11 @@ impl Reader {
     /// ([`Cut::removed_before`]). Their records went with them, from
     /// their first offset to their seal.
     fn report_unread_parents(&mut self, c: u32, gone: &BTreeSet<u32>) {
-        let lineage = self.lineage.clone();
+        let lineage = self.cursor.lineage.clone();
         for &q in lineage.parents(c) {
             if lineage.contains(q)
                 || gone.contains(&q)
-                || self.drained.contains(&q)
+                || self.cursor.drained.contains(&q)
                 || self.removed_before.contains(&q)
             {
                 continue;
@@ -784,7 +799,7 @@ impl Reader {
                 .copied()
                 .unwrap_or(REMOVED_END);
             if end > 0 {
-                self.retained.push(RetainedRange {
+                self.cursor.retained.push(RetainedRange {
                     partition: q,
                     start: 0,
                     end,
@@ -805,7 +820,7 @@ impl Reader {
         self.topic.inner.core.check_not_closed()?;
         let mut out = Vec::new();
         while out.len() < max_records {
-            if self.pending.is_empty() {
+            if self.cursor.pending.is_empty() {
                 match self.fill() {
                     Ok(true) => continue,
                     Ok(false) => break,
@@ -814,27 +829,15 @@ impl Reader {
                 }
             }
             let room = max_records - out.len();
-            self.hand_out(&mut out, room);
+            self.cursor.hand_out(&mut out, room);
         }
         // A partition read to its seal leaves the positions now, not at the
         // next poll: a cut taken meanwhile names it drained, so its later
         // removal is never taken for a loss.
-        if out.len() >= max_records && self.pending.is_empty() {
+        if out.len() >= max_records && self.cursor.pending.is_empty() {
             self.advance_lineage();
         }
         Ok(out)
-    }
-
-    /// Moves up to `room` pending records into `out` and the position past
-    /// them.
-    fn hand_out(&mut self, out: &mut Vec<OwnedRecord>, room: usize) {
-        let n = room.min(self.pending.len());
-        out.extend(self.pending.drain(..n));
-        if let Some(r) = out.last().filter(|_| n > 0) {
-            self.positions.insert(r.partition, r.offset + 1);
-            let f = fingerprint(r.offset, r.timestamp, r.key.as_deref(), &r.value);
-            self.last_records.insert(r.partition, f);
-        }
     }
 
     /// Reads the next open partition (in turn) that has records into
@@ -842,14 +845,9 @@ impl Reader {
     /// anything moved (records read, a position or the lineage changed).
     fn fill(&mut self) -> Result<bool> {
         let mut moved = self.advance_lineage();
-        let ids: Vec<u32> = self
-            .positions
-            .range(self.next_rr..)
-            .chain(self.positions.range(..self.next_rr))
-            .map(|(&id, _)| id)
-            .collect();
+        let ids = self.cursor.turn();
         for id in ids {
-            let pos = self.positions[&id];
+            let pos = self.cursor.positions[&id];
             let part = match self.topic.partition(id) {
                 Ok(p) => p,
                 // Removed since the lineage was taken: the next refresh
@@ -861,14 +859,14 @@ impl Reader {
             let batch = match read_step(&part, pos, iso)? {
                 ReadStep::Nothing => continue,
                 ReadStep::Skip { to, retained } => {
-                    self.retained.extend(retained);
+                    self.cursor.retained.extend(retained);
                     self.skip_to(id, to);
                     moved = true;
                     continue;
                 }
                 ReadStep::Batch(b) => b,
             };
-            self.next_rr = id.wrapping_add(1);
+            self.cursor.next_rr = id.wrapping_add(1);
             self.take_batch(id, pos, &batch)?;
             return Ok(true);
         }
@@ -876,35 +874,25 @@ impl Reader {
     }
 
     fn skip_to(&mut self, id: u32, pos: u64) {
-        self.positions.insert(id, pos);
-        self.last_records.remove(&id);
+        self.cursor.positions.insert(id, pos);
+        self.cursor.last_records.remove(&id);
     }
 
     /// Copies a batch's records into `pending` (see [`take_batch`]).
     fn take_batch(&mut self, id: u32, pos: u64, batch: &ReadBatch) -> Result<()> {
-        if let Some(to) = take_batch(&mut self.pending, id, pos, batch)? {
+        if let Some(to) = take_batch(&mut self.cursor.pending, id, pos, batch)? {
             self.skip_to(id, to);
         }
         Ok(())
     }
 
-    /// Whether a poll could move now: records pending, an open partition
-    /// with records past its position (under the reader's isolation) or
-    /// drained, a topology change, or the log closed. What it loads with
-    /// SeqCst is what appends, sync rounds, seals and close publish before
-    /// they notify the topic's [`crate::wake::TailWake`].
+    /// Whether a poll could move now: a topology change, or what
+    /// [`LineageCursor::can_move`] says under the reader's isolation.
     fn can_move(&self) -> bool {
-        if !self.pending.is_empty() || self.topic.topology_generation() != self.lineage.generation {
-            return true;
-        }
-        self.positions.iter().any(|(&id, &pos)| {
-            let Ok(part) = self.topic.partition(id) else {
-                // Closed: the next poll says so.
-                return true;
-            };
-            let iso = self.isolation.unwrap_or(part.default_isolation());
-            part.visible_end(iso) > pos || self.is_drained_at(id, pos)
-        })
+        self.topic.topology_generation() != self.cursor.lineage.generation
+            || self
+                .cursor
+                .can_move(&self.topic, self.isolation, &BTreeSet::new())
     }
 
     /// Like [`Reader::poll`], but waits up to `timeout` for data. Any open

@@ -224,7 +224,10 @@ impl Coordinator {
     }
 
     /// The load rule of [`Coordinator::balance_load`], among members not
-    /// in `gave`. Returns whether anything moved.
+    /// in `gave`. Returns whether anything moved. Kept in one piece (about
+    /// 100 lines): the planned moves and the single moves after them share
+    /// one budget and one bookkeeping of who holds what (`owned`, `loads`),
+    /// which split functions would pass back and forth.
     fn balance_by_load(
         &mut self,
         now: u64,

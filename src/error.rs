@@ -303,6 +303,20 @@ pub enum Error {
     /// No consumer group of that name in the topic.
     #[error("no consumer group {0:?}")]
     UnknownGroup(String),
+    /// A commit named a split child before its parents were committed as
+    /// read (in this commit or an earlier one): the child's records follow
+    /// the parent's per key, so the group cannot pass the parent by it.
+    /// Commit the parent to its seal first, or with the child. Nothing of
+    /// the commit was applied.
+    #[error("member {member} of group {group:?} committed split child {partition} before its parents are committed as read; nothing was committed")]
+    CommitBeforeParent {
+        /// Group name.
+        group: String,
+        /// Member id.
+        member: u64,
+        /// The split child.
+        partition: u32,
+    },
     /// A hot-key mode the topic's [`crate::HotKeyPolicy`] does not allow,
     /// or with invalid parameters (zero lanes, more than `max_lanes`, a
     /// zero window). Nothing was changed.

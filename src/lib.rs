@@ -107,14 +107,16 @@ pub use error::{Error, Result};
 pub use events::TopologyEvent;
 pub use group::{
     Assignment, AssignmentDescription, Group, GroupDescription, GroupOptions, GroupStart,
-    GroupStats, LostGroupPosition, Member, MemberDescription, MemberOptions, MemberState,
+    GroupStats, Member, MemberDescription, MemberOptions, MemberState,
 };
 pub use log::{verify, Log};
 pub use partition::{Partition, SegmentInfo};
 pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};
 pub use reader::{Cut, Reader, RetainedRange, StartAt};
 pub use recovery::partition::Problem;
-pub use recovery::{FileAction, FileReport, Hole, OffsetRange, RecoveryReport};
+pub use recovery::{
+    FileAction, FileReport, Hole, LostGroupPosition, OffsetRange, RecoveryReport,
+};
 pub use storage::durability::SyncBackend;
 #[cfg(feature = "testing")]
 pub use storage::fault::{IoHook, IoOp, NoFaults};

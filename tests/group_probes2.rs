@@ -357,7 +357,10 @@ fn simulate(seed: u64) {
                     let (&p, &h) = s.handed.iter().nth(k).unwrap();
                     let o = rng.below(h + 1);
                     match s.member.commit_positions(&[(p, o)]) {
-                        Ok(()) | Err(Error::NotAssigned { .. }) | Err(Error::InvalidConfig(_)) => {}
+                        Ok(())
+                        | Err(Error::NotAssigned { .. })
+                        | Err(Error::InvalidConfig(_))
+                        | Err(Error::CommitBeforeParent { .. }) => {}
                         Err(e) => panic!("seed {seed}: commit_positions: {e}"),
                     }
                 }
@@ -593,7 +596,10 @@ fn members_racing_splits_merges_and_churn_keep_every_group_promise() {
                         m.commit()
                     };
                     match r {
-                        Ok(()) | Err(Error::NotAssigned { .. }) | Err(Error::InvalidConfig(_)) => {}
+                        Ok(())
+                        | Err(Error::NotAssigned { .. })
+                        | Err(Error::InvalidConfig(_))
+                        | Err(Error::CommitBeforeParent { .. }) => {}
                         Err(e) => panic!("{e}"),
                     }
                 }

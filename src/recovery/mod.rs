@@ -65,6 +65,21 @@ impl Serialize for Hole {
     }
 }
 
+/// What a crash recovery cut under a group's committed position.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LostGroupPosition {
+    /// Topic name.
+    pub topic: String,
+    /// Group name.
+    pub group: String,
+    /// Partition id.
+    pub partition: u32,
+    /// The committed position.
+    pub committed: u64,
+    /// Where the partition ends now; the group resumes here.
+    pub end: u64,
+}
+
 /// What recovery did to one file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
@@ -174,7 +189,7 @@ pub struct RecoveryReport {
     pub holes: Vec<Hole>,
     /// Consumer group positions past what recovery kept: moved back to the
     /// partition's end (durably, before any append) and reported here.
-    pub group_positions_lost: Vec<crate::group::LostGroupPosition>,
+    pub group_positions_lost: Vec<LostGroupPosition>,
     /// Wall time of open.
     #[serde(serialize_with = "ser_duration_ms")]
     pub duration: Duration,

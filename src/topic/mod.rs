@@ -180,7 +180,7 @@ pub(crate) struct TopicInner {
     sync_always: bool,
     dir: PathBuf,
     /// Coordinators of the topic's consumer groups taken so far.
-    pub(crate) groups: Mutex<std::collections::HashMap<String, Arc<crate::group::GroupShared>>>,
+    pub(crate) groups: crate::group::Registry,
     /// Keys with a hot-key mode (docs/HOT_KEYS.md).
     hot: hot_keys::HotKeys,
 }
@@ -268,7 +268,7 @@ impl Topic {
                 round_robin: AtomicU64::new(0),
                 sync_always,
                 dir,
-                groups: Mutex::default(),
+                groups: Default::default(),
                 hot: hot_keys::HotKeys::from_records(&rec.hot_keys),
             }),
         }
@@ -329,8 +329,7 @@ impl Topic {
         // keep each other (and the log's manifest and checkpoint files)
         // alive after the log closed. Group handles still held go on
         // answering `Error::Closed`.
-        let groups = std::mem::take(&mut *self.inner.groups.lock());
-        drop(groups);
+        self.inner.groups.clear();
         // Readers blocked in `poll_wait` return `Error::Closed` now.
         self.inner.wake.notify_all();
     }

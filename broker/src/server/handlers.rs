@@ -40,9 +40,10 @@ pub(crate) fn code_of(e: &Error) -> ErrorCode {
         Error::UnknownPartition { .. } => ErrorCode::UnknownPartition,
         Error::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
         Error::RecordTooLarge { .. } => ErrorCode::RecordTooLarge,
-        Error::InvalidTopicName { .. } | Error::InvalidConfig(_) | Error::InvalidCut(_) => {
-            ErrorCode::InvalidRequest
-        }
+        Error::InvalidTopicName { .. }
+        | Error::InvalidConfig(_)
+        | Error::InvalidCut(_)
+        | Error::CommitBeforeParent { .. } => ErrorCode::InvalidRequest,
         Error::Refused(_)
         | Error::Sealed { .. }
         | Error::HotKeyMode { .. }

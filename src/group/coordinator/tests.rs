@@ -1,0 +1,449 @@
+//! The coordinator in simulated time: no topic, no clock, no thread. A
+//! [`World`] stands for the topic (a lineage and partition ends), `now`
+//! is a number the test moves, and a member is only what it tells the
+//! coordinator (joins, heartbeats, polls, what it handed out, commits).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::balance::BalancePolicy;
+use crate::error::Error;
+use crate::format::tail_index::TailIndex;
+use crate::group::commit::CommitRequest;
+use crate::group::committed::Committed;
+use crate::group::{GroupOptions, MemberOptions, MemberState};
+use crate::tail::TailInfo;
+use crate::topology::lineage::{Lineage, LineageNode};
+
+use super::{Coordinator, TopicView};
+
+const SECOND: u64 = 1_000_000_000;
+
+/// What the coordinator sees of a topic.
+struct World {
+    lineage: Arc<Lineage>,
+    ends: HashMap<u32, u64>,
+}
+
+impl TopicView for World {
+    fn topology_generation(&self) -> u64 {
+        self.lineage.generation
+    }
+
+    fn lineage(&self) -> Arc<Lineage> {
+        self.lineage.clone()
+    }
+
+    fn end_offset(&self, id: u32) -> u64 {
+        self.ends.get(&id).copied().unwrap_or(0)
+    }
+
+    fn balance_policy(&self) -> BalancePolicy {
+        BalancePolicy::default()
+    }
+}
+
+impl World {
+    /// Partitions as `(id, parents, sealed_at, end)`.
+    fn new(partitions: &[(u32, &[u32], Option<u64>, u64)]) -> World {
+        let mut lineage = Lineage {
+            generation: 1,
+            ..Lineage::default()
+        };
+        for &(id, parents, sealed_at, _) in partitions {
+            lineage.nodes.insert(
+                id,
+                LineageNode {
+                    parents: parents.to_vec(),
+                    children: Vec::new(),
+                    sealed_at,
+                },
+            );
+        }
+        for &(id, parents, _, _) in partitions {
+            for q in parents {
+                let parent = lineage.nodes.get_mut(q).expect("parents come first");
+                parent.children.push(id);
+            }
+        }
+        World {
+            lineage: Arc::new(lineage),
+            ends: partitions
+                .iter()
+                .map(|&(id, _, _, end)| (id, end))
+                .collect(),
+        }
+    }
+}
+
+/// A coordinator of group "g" that balances at every tick and never
+/// splits for lag (the world has no topic to split).
+fn coordinator(world: &World) -> Coordinator {
+    let options = GroupOptions {
+        split_lagging: false,
+        rebalance_interval: Duration::ZERO,
+        move_cooldown: Duration::ZERO,
+        ..GroupOptions::default()
+    };
+    let mut co = Coordinator::new(
+        "g".into(),
+        options,
+        world.lineage.clone(),
+        Committed::default(),
+        0,
+        1,
+    );
+    co.refresh(world);
+    co
+}
+
+fn member_options() -> MemberOptions {
+    MemberOptions {
+        session_timeout: Duration::from_secs(10),
+        processing_timeout: Duration::from_secs(30),
+        instance_id: None,
+        background_heartbeat: None,
+    }
+}
+
+fn owner(co: &Coordinator, p: u32) -> Option<u64> {
+    co.owners.get(&p).and_then(|o| o.member)
+}
+
+/// The ready partitions `id` owns and is not being moved away from.
+fn reading(co: &Coordinator, id: u64) -> Vec<u32> {
+    co.owned_by(id)
+}
+
+fn tenures(co: &Coordinator, id: u64) -> BTreeSet<u64> {
+    co.owners
+        .values()
+        .filter(|o| o.member == Some(id))
+        .map(|o| o.epoch)
+        .collect()
+}
+
+/// Member `id` handed out up to these next offsets, and these partitions
+/// to their seal.
+fn hand_out(co: &mut Coordinator, id: u64, positions: &[(u32, u64)], drained: &[u32]) {
+    let delivered = positions.iter().map(|&(p, o)| (p, (o, None))).collect();
+    co.handed_out(id, delivered, drained.iter().copied().collect());
+}
+
+/// Member `id` commits, as [`crate::Member`] would once the positions are
+/// translated: plan, persist (nothing to persist here), apply.
+fn commit(
+    co: &mut Coordinator,
+    world: &World,
+    id: u64,
+    positions: &[(u32, u64)],
+    drained: &[u32],
+    now: u64,
+) -> crate::Result<()> {
+    co.tick(world, now);
+    let handed: BTreeMap<u32, u64> = positions.iter().copied().collect();
+    let request = CommitRequest {
+        member: id,
+        tenures: tenures(co, id),
+        positions: positions.to_vec(),
+        drained: drained.to_vec(),
+        handed: &handed,
+        fingerprints: &BTreeMap::new(),
+        seals: &world.lineage.clone(),
+        told: Vec::new(),
+    };
+    match co.plan_commit(&request)? {
+        None => co.committed_nothing(id, now),
+        Some(plan) => co.apply_commit(id, plan, now),
+    }
+    Ok(())
+}
+
+/// C9 in the coordinator's terms: every ready partition and each of its
+/// pinned children is read by at most one member, and a partition moving
+/// away is read by nobody until it lands.
+fn assert_one_reader(co: &Coordinator) {
+    let mut seen: BTreeMap<u32, u64> = BTreeMap::new();
+    for &id in co.members.keys() {
+        for p in reading(co, id) {
+            for x in super::closure(&co.lineage, p) {
+                if let Some(other) = seen.insert(x, id) {
+                    panic!("partition {x} is read by members {other} and {id}");
+                }
+            }
+        }
+    }
+}
+
+fn two_idle_partitions() -> World {
+    World::new(&[(0, &[], None, 100), (1, &[], None, 100)])
+}
+
+#[test]
+fn a_revoked_partition_moves_only_once_its_owner_commits_what_it_handed_out() {
+    let world = two_idle_partitions();
+    let mut co = coordinator(&world);
+    let a = co.join(&world, 0, &member_options()).unwrap();
+    assert_eq!(reading(&co, a), [0, 1]);
+    hand_out(&mut co, a, &[(0, 10), (1, 10)], &[]);
+    let b = co.join(&world, SECOND, &member_options()).unwrap();
+    // One partition is on its way to b, but a handed out records there
+    // that nobody committed: it stays a's (paused) until a commits.
+    let moving: Vec<u32> = co
+        .owners
+        .iter()
+        .filter(|(_, o)| o.revoking.is_some())
+        .map(|(&p, _)| p)
+        .collect();
+    assert_eq!(moving.len(), 1, "{:?}", co.owners);
+    let p = moving[0];
+    assert_eq!(owner(&co, p), Some(a));
+    assert!(reading(&co, b).is_empty());
+    assert_one_reader(&co);
+    for t in 2..8 {
+        co.tick(&world, t * SECOND);
+        assert_eq!(owner(&co, p), Some(a), "moved at {t} s before a's commit");
+        assert_one_reader(&co);
+    }
+    commit(&mut co, &world, a, &[(0, 10), (1, 10)], &[], 8 * SECOND).unwrap();
+    assert_eq!(owner(&co, p), Some(b));
+    assert_eq!(reading(&co, a).len(), 1);
+    assert_eq!(reading(&co, b), [p]);
+    assert_eq!(co.stats.redelivered, 0);
+    assert_one_reader(&co);
+}
+
+#[test]
+fn a_revoked_partition_moves_without_a_commit_once_its_owner_is_dead() {
+    let world = two_idle_partitions();
+    let mut co = coordinator(&world);
+    let a = co.join(&world, 0, &member_options()).unwrap();
+    hand_out(&mut co, a, &[(0, 10), (1, 10)], &[]);
+    let b = co.join(&world, SECOND, &member_options()).unwrap();
+    // a stops heartbeating; b keeps polling.
+    for t in 2..=10 {
+        co.polled(&world, t * SECOND, b).unwrap();
+        assert_eq!(owner(&co, 0), Some(a));
+        assert_eq!(owner(&co, 1), Some(a));
+        assert_one_reader(&co);
+    }
+    co.polled(&world, 11 * SECOND, b).unwrap();
+    assert!(!co.members.contains_key(&a));
+    assert_eq!(reading(&co, b), [0, 1]);
+    // What a handed out and did not commit is delivered again.
+    assert_eq!(co.stats.redelivered, 20);
+    assert_eq!(co.stats.dead_detected, 1);
+    assert!(matches!(
+        co.heartbeat(&world, 12 * SECOND, a),
+        Err(Error::Fenced { member, .. }) if member == a
+    ));
+}
+
+fn four_partitions() -> World {
+    World::new(&[
+        (0, &[], None, 100),
+        (1, &[], None, 100),
+        (2, &[], None, 100),
+        (3, &[], None, 100),
+    ])
+}
+
+#[test]
+fn a_member_that_heartbeats_without_polling_is_slow_and_relieved_not_fenced() {
+    let world = four_partitions();
+    let mut co = coordinator(&world);
+    let a = co.join(&world, 0, &member_options()).unwrap();
+    let b = co.join(&world, 0, &member_options()).unwrap();
+    assert_eq!(reading(&co, a).len(), 2);
+    for t in 1..=31 {
+        co.heartbeat(&world, t * SECOND, a).unwrap();
+        co.polled(&world, t * SECOND, b).unwrap();
+    }
+    assert_eq!(co.members[&a].state, MemberState::Slow);
+    assert_eq!(co.stats.slow_detected, 1);
+    assert_eq!(co.stats.dead_detected, 0);
+    // Half of its partitions went to the member that makes progress.
+    assert_eq!(reading(&co, a).len(), 1);
+    assert_eq!(reading(&co, b).len(), 3);
+    assert_one_reader(&co);
+    // A poll makes it active again; it stays a member all along.
+    co.polled(&world, 32 * SECOND, a).unwrap();
+    assert_eq!(co.members[&a].state, MemberState::Active);
+}
+
+#[test]
+fn a_member_that_stops_heartbeating_is_dead_and_fenced_after_its_session() {
+    let world = four_partitions();
+    let mut co = coordinator(&world);
+    let a = co.join(&world, 0, &member_options()).unwrap();
+    let b = co.join(&world, 0, &member_options()).unwrap();
+    for t in 1..=10 {
+        co.polled(&world, t * SECOND, b).unwrap();
+        assert!(co.members.contains_key(&a), "dead before its session ended");
+    }
+    co.polled(&world, 11 * SECOND, b).unwrap();
+    assert!(!co.members.contains_key(&a));
+    assert_eq!(co.stats.dead_detected, 1);
+    assert_eq!(co.stats.slow_detected, 0);
+    assert_eq!(reading(&co, b), [0, 1, 2, 3]);
+}
+
+#[test]
+fn a_static_rejoin_inside_the_session_takes_the_old_assignment_and_moves_nothing_else() {
+    let world = four_partitions();
+    let mut co = coordinator(&world);
+    let static_options = MemberOptions {
+        instance_id: Some("worker-1".into()),
+        ..member_options()
+    };
+    let a = co.join(&world, 0, &static_options).unwrap();
+    let b = co.join(&world, 0, &member_options()).unwrap();
+    let a_had = reading(&co, a);
+    let b_had = reading(&co, b);
+    assert_eq!(a_had.len(), 2);
+    hand_out(&mut co, a, &[(a_had[0], 5)], &[]);
+    let moves = co.stats.moves;
+    // a restarts: its new incarnation joins inside a's session.
+    let a2 = co.join(&world, 5 * SECOND, &static_options).unwrap();
+    assert_ne!(a2, a);
+    assert_eq!(reading(&co, a2), a_had);
+    assert_eq!(reading(&co, b), b_had);
+    assert!(!co.members.contains_key(&a));
+    assert_eq!(co.stats.moves, moves);
+    assert_eq!(co.stats.redelivered, 5);
+    assert!(matches!(
+        co.polled(&world, 6 * SECOND, a),
+        Err(Error::Fenced { .. })
+    ));
+    assert_one_reader(&co);
+}
+
+#[test]
+fn split_children_stay_with_the_parents_owner_until_it_commits_what_it_read() {
+    // 0 was split at 100 into 1 and 2, 50 records each since.
+    let world = World::new(&[
+        (0, &[], Some(100), 100),
+        (1, &[0], None, 50),
+        (2, &[0], None, 50),
+    ]);
+    let mut co = coordinator(&world);
+    let a = co.join(&world, 0, &member_options()).unwrap();
+    let b = co.join(&world, 0, &member_options()).unwrap();
+    assert_eq!(reading(&co, a), [0]);
+    assert!(reading(&co, b).is_empty(), "the children are pinned to a");
+    let tenure = co.owners[&0].epoch;
+    hand_out(&mut co, a, &[(1, 50), (2, 50)], &[0]);
+    // The parent committed as read: the children are ready, with a, in
+    // the tenure a has been reading them in.
+    commit(&mut co, &world, a, &[], &[0], SECOND).unwrap();
+    assert_eq!(owner(&co, 1), Some(a));
+    assert_eq!(owner(&co, 2), Some(a));
+    assert_eq!(co.owners[&1].epoch, tenure);
+    // One child is on its way to b, after a commits the child's records.
+    co.tick(&world, 2 * SECOND);
+    let moving: Vec<u32> = [1, 2]
+        .into_iter()
+        .filter(|p| co.owners[p].revoking.is_some())
+        .collect();
+    assert_eq!(moving.len(), 1);
+    assert!(reading(&co, b).is_empty());
+    commit(&mut co, &world, a, &[(1, 50), (2, 50)], &[], 3 * SECOND).unwrap();
+    assert_eq!(reading(&co, b), moving);
+    assert_eq!(co.stats.redelivered, 0);
+    assert_one_reader(&co);
+}
+
+#[test]
+fn a_split_child_committed_before_its_parent_is_refused_with_its_own_error() {
+    let world = World::new(&[
+        (0, &[], Some(100), 100),
+        (1, &[0], None, 50),
+        (2, &[0], None, 50),
+    ]);
+    let mut co = coordinator(&world);
+    let a = co.join(&world, 0, &member_options()).unwrap();
+    hand_out(&mut co, a, &[(0, 100), (1, 50)], &[]);
+    let refused = commit(&mut co, &world, a, &[(1, 50)], &[], SECOND);
+    assert!(
+        matches!(refused, Err(Error::CommitBeforeParent { partition: 1, .. })),
+        "{refused:?}"
+    );
+    assert!(co.committed.positions.is_empty());
+    assert_eq!(co.stats.commits, 0);
+}
+
+#[test]
+fn a_merge_child_is_ready_once_both_parents_are_read_and_goes_to_who_completed_them() {
+    // 0 and 1 were merged into 2 at 10 records each.
+    let world = World::new(&[
+        (0, &[], Some(10), 10),
+        (1, &[], Some(10), 10),
+        (2, &[0, 1], None, 30),
+    ]);
+    let mut co = coordinator(&world);
+    let a = co.join(&world, 0, &member_options()).unwrap();
+    let b = co.join(&world, 0, &member_options()).unwrap();
+    let a_parent = match reading(&co, a).as_slice() {
+        &[p] => p,
+        other => panic!("a reads {other:?}"),
+    };
+    let b_parent = 1 - a_parent;
+    assert_eq!(reading(&co, b), [b_parent]);
+    hand_out(&mut co, a, &[], &[a_parent]);
+    commit(&mut co, &world, a, &[], &[a_parent], SECOND).unwrap();
+    assert!(
+        !co.owners.contains_key(&2),
+        "ready before both parents are read"
+    );
+    hand_out(&mut co, b, &[], &[b_parent]);
+    commit(&mut co, &world, b, &[], &[b_parent], 2 * SECOND).unwrap();
+    assert_eq!(owner(&co, 2), Some(b));
+    assert_one_reader(&co);
+}
+
+/// 0 (100 records) tail-split at 50: records 50..100 moved to 1 and 2
+/// alternately, so 0's offsets 50, 52, ... are 1's 0, 1, ... and 51, 53,
+/// ... are 2's.
+fn tail_split_world() -> World {
+    let mut world = World::new(&[
+        (0, &[], Some(50), 50),
+        (1, &[0], None, 25),
+        (2, &[0], None, 25),
+    ]);
+    let slots: Vec<u8> = (0..50).map(|i| (i % 2) as u8).collect();
+    let lineage = Arc::get_mut(&mut world.lineage).expect("not shared yet");
+    lineage.tails.insert(
+        0,
+        Arc::new(TailInfo {
+            children: vec![1, 2],
+            index: TailIndex::new(0, 50, 2, slots),
+            reclaimed: Default::default(),
+        }),
+    );
+    world
+}
+
+#[test]
+fn a_child_of_a_tail_split_waits_for_what_its_owner_handed_out_of_the_parent() {
+    let world = tail_split_world();
+    let mut co = coordinator(&world);
+    let a = co.join(&world, 0, &member_options()).unwrap();
+    // a read the parent to 80 before the split moved 50..100 away: 15 of
+    // each child's records are out with a.
+    hand_out(&mut co, a, &[(0, 80)], &[]);
+    commit(&mut co, &world, a, &[], &[0], SECOND).unwrap();
+    assert_eq!(owner(&co, 1), Some(a));
+    assert_eq!(owner(&co, 2), Some(a));
+    let b = co.join(&world, 2 * SECOND, &member_options()).unwrap();
+    let moving: Vec<u32> = [1, 2]
+        .into_iter()
+        .filter(|p| co.owners[p].revoking.is_some())
+        .collect();
+    assert_eq!(moving.len(), 1);
+    assert!(reading(&co, b).is_empty(), "moved with a's records out");
+    commit(&mut co, &world, a, &[(1, 15), (2, 15)], &[], 3 * SECOND).unwrap();
+    assert_eq!(reading(&co, b), moving);
+    assert_eq!(co.stats.redelivered, 0);
+    assert_one_reader(&co);
+}

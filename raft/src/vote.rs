@@ -145,7 +145,19 @@ pub struct StdVoteIo;
 
 impl VoteIo for StdVoteIo {
     fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
-        let mut f = fs::File::create(path)?;
+        // A leftover `vote.tmp` is removed, not opened: were it a symbolic
+        // link, opening it would write the vote into whatever it points at
+        // and rename the link itself into place. `create_new` (O_EXCL)
+        // never follows one.
+        match fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)?;
         f.write_all(bytes)
     }
 
@@ -177,11 +189,19 @@ impl VoteIo for StdVoteIo {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         }
-        match fs::read(path) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+        let file = match fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        // One byte more than a vote file holds is enough to tell a file
+        // of the wrong length: a huge (or sparse) file is never read whole.
+        let mut bytes = Vec::with_capacity(VOTE_FILE_LEN + 1);
+        io::Read::read_to_end(
+            &mut io::Read::take(file, VOTE_FILE_LEN as u64 + 1),
+            &mut bytes,
+        )?;
+        Ok(Some(bytes))
     }
 }
 

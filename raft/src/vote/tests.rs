@@ -462,7 +462,8 @@ fn a_huge_sparse_vote_file_is_refused_as_corrupt_without_reading_it_whole() {
     head.truncate(VOTE_FILE_LEN);
     std::io::Write::write_all(&mut &f, &head).unwrap_or_else(|e| panic!("{e}"));
     // A terabyte, sparse: reading it whole would ask for a terabyte of memory.
-    f.set_len(1 << 40).unwrap_or_else(|e| panic!("set_len: {e}"));
+    f.set_len(1 << 40)
+        .unwrap_or_else(|e| panic!("set_len: {e}"));
     match VoteFile::new(tmp.path()).read() {
         Err(Error::CorruptVote { .. }) => {}
         other => panic!("a terabyte vote file gave {other:?}"),

@@ -188,3 +188,108 @@ async fn the_http_listener_answers_unknown_paths_with_404_and_serves_the_page() 
     assert!(v["topics"].is_array());
     srv.stop().await.unwrap();
 }
+
+/// Sends `raw` on a fresh connection and reads the answer (or the close)
+/// within 15 s: the status code, 0 when the server closed without one.
+async fn raw_http(addr: std::net::SocketAddr, raw: &[u8]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = s.write_all(raw).await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(15), s.read_to_end(&mut out))
+        .await
+        .expect("the server answers or closes within 15 s");
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_http_requests_get_an_error_or_a_close_and_the_listener_keeps_serving() {
+    let srv = TestServer::start_with_http(ServerConfig::default()).await;
+    let addr = srv.http_addr.unwrap();
+    for method in [
+        "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "TRACE", "CONNECT",
+    ] {
+        let req = format!("{method} /state HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let (status, _) = raw_http(addr, req.as_bytes()).await;
+        assert_eq!(status, 405, "{method}");
+    }
+    for path in [
+        "/../../etc/passwd",
+        "/%2e%2e/%2e%2e/etc/passwd",
+        "//etc/passwd",
+        "/state/../x",
+    ] {
+        let (status, body) = http_get(addr, path).await;
+        assert_eq!(status, 404, "{path}");
+        assert!(!body.contains("root:"), "{path}");
+    }
+    let (status, _) = http_get(addr, "/state?topic=../../x&a=b").await;
+    assert_eq!(status, 200);
+    // A request line and a header of a megabyte each.
+    let long_path = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(1 << 20));
+    let (status, _) = raw_http(addr, long_path.as_bytes()).await;
+    assert!(
+        status == 0 || status >= 400,
+        "a 1 MiB request line got {status}"
+    );
+    let long_header = format!(
+        "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "b".repeat(1 << 20)
+    );
+    let (status, _) = raw_http(addr, long_header.as_bytes()).await;
+    assert!(status == 0 || status >= 400, "a 1 MiB header got {status}");
+    // Garbage, a bare HTTP/1.0 request, and pipelined keep-alive requests.
+    let (status, _) = raw_http(addr, b"\x16\x03\x01\x00\xff garbage\r\n\r\n").await;
+    assert!(status == 0 || status >= 400);
+    let (status, _) = raw_http(addr, b"GET /state HTTP/1.0\r\n\r\n").await;
+    assert_eq!(status, 200);
+    let pipelined = "GET /state HTTP/1.1\r\nHost: x\r\n\r\n".repeat(50)
+        + "GET /state HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let (status, text) = raw_http(addr, pipelined.as_bytes()).await;
+    assert_eq!(status, 200);
+    assert_eq!(text.matches("HTTP/1.1 200").count(), 51);
+    let (status, _) = http_get(addr, "/state").await;
+    assert_eq!(status, 200);
+    srv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_http_connections_past_the_limit_are_closed_and_the_silent_ones_time_out() {
+    use tokio::io::AsyncReadExt;
+    let srv = TestServer::start_with_http(ServerConfig {
+        http_max_connections: 2,
+        ..ServerConfig::default()
+    })
+    .await;
+    let addr = srv.http_addr.unwrap();
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The third is closed at once.
+    let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(5), third.read(&mut buf))
+        .await
+        .expect("a connection past the limit is closed at once");
+    assert!(matches!(n, Ok(0) | Err(_)));
+    // The silent ones are closed by the 10 s header timeout.
+    let started = std::time::Instant::now();
+    for mut s in silent {
+        let n = tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf))
+            .await
+            .expect("a silent connection is closed by the header timeout");
+        assert!(matches!(n, Ok(0) | Err(_)));
+    }
+    assert!(started.elapsed() < Duration::from_secs(15));
+    let (status, _) = http_get(addr, "/state").await;
+    assert_eq!(status, 200);
+    srv.stop().await.unwrap();
+}

@@ -12,7 +12,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 #[non_exhaustive]
 pub enum Error {
     /// An operating-system call failed. `op` names the step (for the vote
-    /// file: `write`, `fsync`, `rename`, `fsync-dir`, `read`).
+    /// file: `lock`, `write`, `fsync`, `rename`, `fsync-dir`, `read`).
     #[error("{op} of {path} failed: {source}")]
     Io {
         /// The step that failed.
@@ -56,6 +56,15 @@ pub enum Error {
         path: PathBuf,
         /// The failure that poisoned it.
         reason: String,
+    },
+
+    /// Another vote file (in this process or another) holds the group's
+    /// directory: two writers could interleave their saves and one would
+    /// acknowledge a vote the file no longer holds. Stop the other first.
+    #[error("vote directory {dir} is held by another writer")]
+    VoteFileLocked {
+        /// The group's directory.
+        dir: PathBuf,
     },
 
     /// A frame announces (or would need) more payload bytes than allowed.

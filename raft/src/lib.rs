@@ -36,4 +36,4 @@ pub mod vote;
 pub use error::{Error, Result};
 pub use frame::{FrameCodec, PeerMessage, RaftRequest, RaftResponse};
 pub use types::{Command, CommandResponse, GroupId, NodeId, ProducerStamp, RecordIn, TypeConfig};
-pub use vote::{StdVoteIo, VoteFile, VoteIo};
+pub use vote::{DirLock, StdVoteIo, VoteFile, VoteIo};

@@ -4,6 +4,8 @@
 //! must be on disk before `save_vote` returns, and a vote that cannot be
 //! read back must stop the group rather than reset it to "no vote". So:
 //!
+//! - the first save takes an exclusive `flock` on the directory, held until
+//!   the file is dropped, so no second writer interleaves its saves;
 //! - a save writes `vote.tmp`, fsyncs it, renames it over `vote` and
 //!   fsyncs the directory, in that order, and returns only after all four;
 //! - a crash between any two steps leaves either the old `vote` (the
@@ -137,6 +139,21 @@ pub trait VoteIo: Send + Sync + fmt::Debug {
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// Reads the whole of `path`; `Ok(None)` when it does not exist.
     fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
+    /// Takes the exclusive hold on directory `dir` that a vote file keeps
+    /// from its first save until it is dropped, so a second writer (another
+    /// handle, another process) cannot interleave its saves with ours; a
+    /// directory already held is [`io::ErrorKind::WouldBlock`]. The default
+    /// holds nothing: for a [`VoteIo`] whose files only one handle sees.
+    fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {
+        let _ = dir;
+        Ok(DirLock { _held: None })
+    }
+}
+
+/// The hold [`VoteIo::lock_dir`] took, released when dropped.
+#[derive(Debug)]
+pub struct DirLock {
+    _held: Option<fs::File>,
 }
 
 /// [`VoteIo`] on the real file system.
@@ -145,7 +162,19 @@ pub struct StdVoteIo;
 
 impl VoteIo for StdVoteIo {
     fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
-        let mut f = fs::File::create(path)?;
+        // A leftover `vote.tmp` is removed, not opened: were it a symbolic
+        // link, opening it would write the vote into whatever it points at
+        // and rename the link itself into place. `create_new` (O_EXCL)
+        // never follows one.
+        match fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)?;
         f.write_all(bytes)
     }
 
@@ -163,6 +192,19 @@ impl VoteIo for StdVoteIo {
         fs::File::open(dir)?.sync_all()
     }
 
+    fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {
+        use std::os::fd::AsRawFd;
+        // An exclusive `flock` on the directory itself: no lock file to
+        // leave behind, and the kernel releases it when the process dies.
+        let f = fs::File::open(dir)?;
+        // SAFETY: flock on a descriptor this function owns; no memory is passed.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(DirLock { _held: Some(f) })
+    }
+
     fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
         // Like every file of a log directory, the vote is a regular file:
         // nothing is read through a symbolic link, a FIFO or a device.
@@ -177,11 +219,19 @@ impl VoteIo for StdVoteIo {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         }
-        match fs::read(path) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+        let file = match fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        // One byte more than a vote file holds is enough to tell a file
+        // of the wrong length: a huge (or sparse) file is never read whole.
+        let mut bytes = Vec::with_capacity(VOTE_FILE_LEN + 1);
+        io::Read::read_to_end(
+            &mut io::Read::take(file, VOTE_FILE_LEN as u64 + 1),
+            &mut bytes,
+        )?;
+        Ok(Some(bytes))
     }
 }
 
@@ -196,6 +246,8 @@ pub struct VoteFile {
     tmp_path: PathBuf,
     io: Arc<dyn VoteIo>,
     poisoned: Option<String>,
+    /// Taken by the first save, held until the file is dropped.
+    lock: Option<DirLock>,
 }
 
 impl VoteFile {
@@ -214,6 +266,7 @@ impl VoteFile {
             dir,
             io,
             poisoned: None,
+            lock: None,
         }
     }
 
@@ -234,13 +287,33 @@ impl VoteFile {
     }
 
     /// Saves `vote` durably: returns only once a power loss can no longer
-    /// take it back. On any failure the file refuses later saves.
+    /// take it back. On any failure the file refuses later saves. The
+    /// first save takes the directory (see [`VoteIo::lock_dir`]): while
+    /// this file holds it, a save through another is
+    /// [`Error::VoteFileLocked`].
     pub fn save(&mut self, vote: &Vote<NodeId>) -> Result<()> {
         if let Some(reason) = &self.poisoned {
             return Err(Error::VoteFilePoisoned {
                 path: self.path.clone(),
                 reason: reason.clone(),
             });
+        }
+        if self.lock.is_none() {
+            match self.io.lock_dir(&self.dir) {
+                Ok(l) => self.lock = Some(l),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Err(Error::VoteFileLocked {
+                        dir: self.dir.clone(),
+                    })
+                }
+                Err(source) => {
+                    return Err(Error::Io {
+                        op: "lock",
+                        path: self.dir.clone(),
+                        source,
+                    })
+                }
+            }
         }
         let result = self.save_steps(vote);
         if let Err(e) = &result {

@@ -257,3 +257,39 @@ async fn frames_cross_a_stream_and_a_clean_end_of_stream_is_told_from_a_cut_fram
         }
     }
 }
+
+#[test]
+fn a_vector_that_declares_more_elements_than_its_frame_holds_is_malformed_without_allocating_them()
+{
+    // A postcard varint of u32::MAX elements and nothing after it: a decoder
+    // that trusted the length would ask for 32 GiB before reading one.
+    let mut body = vec![FRAME_VERSION];
+    body.extend_from_slice(&[0xFF, 0xFF, 0xFF, 0xFF, 0x0F]);
+    match FrameCodec::default().decode::<Vec<u64>>(&framed(&body)) {
+        Err(Error::MalformedFrame { .. }) => {}
+        other => panic!("a vector of u32::MAX declared elements gave {other:?}"),
+    }
+    // The same declared length at the place of the entries of an AppendEntries.
+    let codec = FrameCodec::default();
+    let frame = frame_of(&append_entries());
+    for cut in LEN_PREFIX_BYTES + 1..frame.len() {
+        let mut body = frame[LEN_PREFIX_BYTES..cut].to_vec();
+        body.extend_from_slice(&[0xFF, 0xFF, 0xFF, 0xFF, 0x0F]);
+        let result = std::panic::catch_unwind(|| codec.decode::<PeerMessage>(&framed(&body)));
+        assert!(result.is_ok(), "a huge length after {cut} bytes panicked");
+    }
+}
+
+#[test]
+fn a_length_prefix_at_u32_max_is_refused_even_by_a_codec_whose_maximum_is_u32_max_minus_one() {
+    let codec = FrameCodec::new(u32::MAX - 1);
+    let mut buf = u32::MAX.to_le_bytes().to_vec();
+    buf.push(FRAME_VERSION);
+    match codec.decode::<PeerMessage>(&buf) {
+        Err(Error::FrameTooLarge { len, .. }) => assert_eq!(len, u64::from(u32::MAX)),
+        other => panic!("a u32::MAX prefix gave {other:?}"),
+    }
+    // At the maximum itself, a partial body only asks for more bytes.
+    let codec = FrameCodec::new(u32::MAX);
+    assert!(matches!(codec.decode::<PeerMessage>(&buf), Ok(None)));
+}

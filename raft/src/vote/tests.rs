@@ -434,3 +434,60 @@ fn a_vote_path_that_is_a_symlink_or_a_directory_is_refused_not_followed() {
         other => panic!("a directory named vote gave {other:?}"),
     }
 }
+
+#[test]
+fn a_leftover_tmp_that_is_a_symlink_is_replaced_not_written_through() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let victim = tmp.path().join("victim");
+    std::fs::write(&victim, b"someone else's bytes").unwrap_or_else(|e| panic!("{e}"));
+    let group = tmp.path().join("group");
+    std::fs::create_dir(&group).unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::symlink(&victim, group.join(VOTE_TMP_FILE))
+        .unwrap_or_else(|e| panic!("symlink: {e}"));
+    let mut file = VoteFile::new(&group);
+    file.save(&vote(4, 2))
+        .unwrap_or_else(|e| panic!("save over a symlinked tmp: {e}"));
+    assert_eq!(
+        std::fs::read(&victim).unwrap_or_else(|e| panic!("{e}")),
+        b"someone else's bytes"
+    );
+    assert_eq!(VoteFile::new(&group).read().ok(), Some(Some(vote(4, 2))));
+}
+
+#[test]
+fn a_huge_sparse_vote_file_is_refused_as_corrupt_without_reading_it_whole() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let f = std::fs::File::create(tmp.path().join(VOTE_FILE)).unwrap_or_else(|e| panic!("{e}"));
+    let mut head = encode_vote(&vote(1, 1)).to_vec();
+    head.truncate(VOTE_FILE_LEN);
+    std::io::Write::write_all(&mut &f, &head).unwrap_or_else(|e| panic!("{e}"));
+    // A terabyte, sparse: reading it whole would ask for a terabyte of memory.
+    f.set_len(1 << 40)
+        .unwrap_or_else(|e| panic!("set_len: {e}"));
+    match VoteFile::new(tmp.path()).read() {
+        Err(Error::CorruptVote { .. }) => {}
+        other => panic!("a terabyte vote file gave {other:?}"),
+    }
+}
+
+#[test]
+fn a_second_handle_on_one_directory_cannot_save_while_the_first_holds_it() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let mut first = VoteFile::new(tmp.path());
+    let mut second = VoteFile::new(tmp.path());
+    first
+        .save(&vote(5, 1))
+        .unwrap_or_else(|e| panic!("first save: {e}"));
+    // Two writers would interleave their tmp files: one could acknowledge a
+    // vote the file no longer holds, or overwrite a newer vote with an older.
+    assert!(
+        second.save(&vote(3, 2)).is_err(),
+        "a second writer overwrote the vote"
+    );
+    assert_eq!(first.read().ok(), Some(Some(vote(5, 1))));
+    drop(first);
+    let mut third = VoteFile::new(tmp.path());
+    third
+        .save(&vote(6, 1))
+        .unwrap_or_else(|e| panic!("save once the first handle is gone: {e}"));
+}

@@ -4,6 +4,7 @@ pub mod durable;
 pub mod groups;
 pub mod hot;
 pub mod lifecycle;
+pub mod log;
 pub mod model_hook;
 pub mod odd_files;
 pub mod probe;

@@ -1,5 +1,5 @@
 //! `Topic::append_batch` is all-or-nothing per partition and says exactly
-//! which records landed when it fails part-way (issue 7, finding 19).
+//! which records landed when it fails part-way.
 
 use std::io;
 use std::path::Path;
@@ -34,7 +34,7 @@ fn key_for(t: &Topic, p: u32) -> Vec<u8> {
         .unwrap()
 }
 
-/// Issue 7, finding 19: a record too large for the topic, routed to a
+/// A record too large for the topic, routed to a
 /// partition written after another one, fails the whole batch before any
 /// record is written (a retrying caller gets no duplicates).
 #[test]
@@ -86,7 +86,7 @@ impl IoHook for FailCreateIn {
     }
 }
 
-/// Issue 7, finding 19: when a later partition's group fails with an I/O
+/// When a later partition's group fails with an I/O
 /// error after an earlier group was written, the error names exactly the
 /// records that landed and where.
 #[test]

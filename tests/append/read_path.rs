@@ -1,10 +1,9 @@
-//! The read path under rolls, retention, recovery and a closed `Log`
-//! (issue 7, findings 3, 10, 12, 18).
+//! The read path under rolls, retention, recovery and a closed `Log`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-mod common;
+use crate::common;
 
 use fissionlog::{Error, Log, LogOptions, NewRecord, TopicConfig};
 
@@ -16,7 +15,7 @@ fn opts() -> LogOptions {
     }
 }
 
-/// Issue 7, finding 3: a reader following the tail while the writer rolls
+/// A reader following the tail while the writer rolls
 /// segments never gets `Error::Hole` for live data. The partition's segment
 /// list used to be snapshotted before its end offset was loaded, so a roll
 /// in between made a just-appended offset look like a gap after the old
@@ -179,7 +178,7 @@ fn emptied_sealed_partition(
     (log, t, cut)
 }
 
-/// Issue 7, finding 18: a sealed partition that retention emptied reads as
+/// A sealed partition that retention emptied reads as
 /// removed by retention (a typed error), never a panic, and its start
 /// offset is its end (it holds nothing).
 #[test]
@@ -220,7 +219,7 @@ fn read_of_a_partition_emptied_by_retention_is_a_retention_error() {
     ));
 }
 
-/// Issue 7, finding 18: readers over a partition that retention emptied
+/// Readers over a partition that retention emptied
 /// (from Earliest, and from a cut taken before the split) treat it as
 /// drained, go on to its children, and report what retention removed
 /// under them.
@@ -267,7 +266,7 @@ fn reader_passes_a_partition_emptied_by_retention_and_reports_it() {
     assert_eq!(open_children(earliest.cut()), children);
 }
 
-/// Issue 7, finding 12: the directory lock lives as long as any mapping a
+/// The directory lock lives as long as any mapping a
 /// caller holds. A batch read before `Log::close` keeps the directory
 /// locked, so no second open can repair files under it; once it is
 /// dropped the directory opens again.
@@ -313,7 +312,7 @@ fn read_batch_outliving_the_log_keeps_the_directory_locked() {
     log.close().unwrap();
 }
 
-/// Issue 7, finding 12: bytes changed under a live batch (by something
+/// Bytes changed under a live batch (by something
 /// outside fissionlog writing the file) make iteration stop, and
 /// `try_iter` report a typed error; nothing panics.
 #[test]
@@ -407,7 +406,7 @@ fn put(t: &fissionlog::Topic, value: &[u8]) -> u64 {
     .unwrap()
 }
 
-/// Issue 7, finding 10: a durable read shows only what a completed sync
+/// A durable read shows only what a completed sync
 /// covered, a durable wait wakes when a sync moves the durable end, and
 /// the default follows the sync policy (durable for `Always`).
 #[test]
@@ -475,7 +474,7 @@ fn durable_reads_show_only_synced_records_and_wake_on_sync() {
     assert_eq!(always.read(0, at, 1024).unwrap().iter().count(), 1);
 }
 
-/// Issue 7, finding 10: a cut whose position lies past records that a
+/// A cut whose position lies past records that a
 /// power loss took (recovery cut the unsynced tail) is reported when the
 /// reader resumes, both before and after new appends reuse the offsets,
 /// instead of silently skipping the new records.

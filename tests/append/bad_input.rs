@@ -1,6 +1,7 @@
 //! C6: bad input is a typed error, never a panic, and loses nothing.
 
-mod common;
+use crate::common;
+use common::log::serial;
 
 use std::io;
 use std::path::Path;
@@ -11,15 +12,6 @@ use common::crash::{flip_byte, zero_range};
 use fissionlog::FileAction;
 use fissionlog::{Error, Log, LogOptions, RecoveryMode, TopicConfig};
 use fissionlog::{IoHook, IoOp};
-
-/// Every test here holds this: `second_process_is_locked_out` forks a
-/// child, which holds copies of the parent's descriptors (a log's lock
-/// among them) until it execs; a test closing and reopening a log in that
-/// window would find its own directory locked.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn opts() -> LogOptions {
     LogOptions {
@@ -350,7 +342,12 @@ fn second_process_is_locked_out() {
     let log = Log::open(dir.path(), opts()).unwrap();
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(exe)
-        .args(["--exact", "lock_child", "--nocapture", "--include-ignored"])
+        .args([
+            "--exact",
+            &common::log::test_name(module_path!(), "lock_child"),
+            "--nocapture",
+            "--include-ignored",
+        ])
         .env("FISSIONLOG_LOCK_CHILD", dir.path())
         .output()
         .unwrap();

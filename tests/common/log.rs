@@ -25,3 +25,49 @@ pub fn test_name(module: &str, name: &str) -> String {
         None => name.to_string(),
     }
 }
+
+/// Options for a log the test drives alone: no balancer and no
+/// background retention, so nothing splits, merges or deletes behind the
+/// test's back.
+pub fn quiet() -> fissionlog::LogOptions {
+    fissionlog::LogOptions {
+        balancer: false,
+        background_retention: false,
+        ..fissionlog::LogOptions::default()
+    }
+}
+
+/// [`quiet`] opening in recovery `mode`.
+pub fn quiet_in(mode: fissionlog::RecoveryMode) -> fissionlog::LogOptions {
+    fissionlog::LogOptions {
+        recovery: mode,
+        ..quiet()
+    }
+}
+
+/// Options with the balancer off and background retention on.
+pub fn no_balancer() -> fissionlog::LogOptions {
+    fissionlog::LogOptions {
+        balancer: false,
+        ..fissionlog::LogOptions::default()
+    }
+}
+
+/// [`no_balancer`] opening in recovery `mode`.
+pub fn no_balancer_in(mode: fissionlog::RecoveryMode) -> fissionlog::LogOptions {
+    fissionlog::LogOptions {
+        recovery: mode,
+        ..no_balancer()
+    }
+}
+
+/// The 100-byte value of record `i`: every record's bytes differ, so a
+/// record read at the wrong offset shows.
+pub fn value(i: u64) -> Vec<u8> {
+    sized_value(i, 100)
+}
+
+/// The `len`-byte value of record `i`, the same pattern as [`value`].
+pub fn sized_value(i: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i as usize * 31 + j) as u8).collect()
+}

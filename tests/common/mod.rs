@@ -1,6 +1,7 @@
 #![allow(dead_code)]
 pub mod crash;
 pub mod durable;
+pub mod faults;
 pub mod groups;
 pub mod hot;
 pub mod lifecycle;

@@ -1,24 +1,17 @@
 //! C6: bad input is a typed error, never a panic, and loses nothing.
 
 use crate::common;
+use common::log::no_balancer;
+use common::faults::Fail;
 use common::log::serial;
 
-use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::crash::{flip_byte, zero_range};
 use fissionlog::FileAction;
 use fissionlog::{Error, Log, LogOptions, RecoveryMode, TopicConfig};
-use fissionlog::{IoHook, IoOp};
-
-fn opts() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        ..LogOptions::default()
-    }
-}
+use fissionlog::IoOp;
 
 fn config() -> TopicConfig {
     TopicConfig {
@@ -53,7 +46,7 @@ fn fill(log: &Log, from: u64, to: u64) {
 fn api_arguments() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let t = log.create_topic("t", config()).unwrap();
     fill(&log, 0, 3);
     let big = vec![0u8; 5000];
@@ -95,7 +88,7 @@ fn api_arguments() {
     assert_eq!(topics.len(), 1);
     check_all(&log, 3);
     log.close().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     check_all(&log, 3);
 }
 
@@ -105,21 +98,21 @@ fn not_a_log_foreign_file_and_lock() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("notes.txt"), b"hello").unwrap();
     assert!(matches!(
-        Log::open(dir.path(), opts()),
+        Log::open(dir.path(), no_balancer()),
         Err(Error::NotALog { .. })
     ));
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     log.create_topic("t", config()).unwrap();
     fill(&log, 0, 2);
     assert!(matches!(
-        Log::open(dir.path(), opts()),
+        Log::open(dir.path(), no_balancer()),
         Err(Error::Locked { .. })
     ));
     log.close().unwrap();
     let foreign = dir.path().join("topics/t0/p0/README");
     std::fs::write(&foreign, b"mine").unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     assert!(log
         .recovery_report()
         .files
@@ -132,7 +125,7 @@ fn not_a_log_foreign_file_and_lock() {
 /// A log with `n` records, closed cleanly; returns the directory.
 fn closed_log(n: u64) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     log.create_topic("t", config()).unwrap();
     fill(&log, 0, n);
     log.close().unwrap();
@@ -152,11 +145,11 @@ fn corrupt_index_is_rebuilt() {
     for pos in [0, len / 2, len - 1] {
         flip_byte(dir.path(), Path::new(IDX0), pos);
     }
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     check_all(&log, 300);
     log.close().unwrap();
     std::fs::write(&idx, b"").unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     check_all(&log, 300);
 }
 
@@ -165,7 +158,7 @@ fn corrupt_segment_header_is_an_error_naming_the_file() {
     let _serial = serial();
     let dir = closed_log(300);
     flip_byte(dir.path(), Path::new(SEG0), 20);
-    match Log::open(dir.path(), opts()) {
+    match Log::open(dir.path(), no_balancer()) {
         Err(Error::Corruption { file, .. }) => assert!(file.ends_with(SEG0)),
         other => panic!("{:?}", other.map(|_| ())),
     }
@@ -173,12 +166,12 @@ fn corrupt_segment_header_is_an_error_naming_the_file() {
     let dir = closed_log(300);
     std::fs::write(dir.path().join(SEG0), b"").unwrap();
     assert!(matches!(
-        Log::open(dir.path(), opts()),
+        Log::open(dir.path(), no_balancer()),
         Err(Error::Corruption { .. })
     ));
     let o = LogOptions {
         recovery: RecoveryMode::Truncate,
-        ..opts()
+        ..no_balancer()
     };
     let log = Log::open(dir.path(), o).unwrap();
     let p = log.topic("t").unwrap().partition(0).unwrap();
@@ -197,7 +190,7 @@ fn checkpoint_files() {
             break;
         }
     }
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     assert!(log
         .recovery_report()
         .files
@@ -209,7 +202,7 @@ fn checkpoint_files() {
     for name in ["checkpoint.0", "checkpoint.1"] {
         std::fs::write(dir.path().join(name), b"garbage garbage garbage garbage!!").unwrap();
     }
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     assert!(!log.recovery_report().checkpoint_found);
     check_all(&log, 50);
 }
@@ -218,7 +211,7 @@ fn checkpoint_files() {
 fn manifest_torn_tail_vs_mid_journal_corruption() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     log.create_topic("t", config()).unwrap();
     log.create_topic("u", config()).unwrap();
     fill(&log, 0, 3);
@@ -231,7 +224,7 @@ fn manifest_torn_tail_vs_mid_journal_corruption() {
     copy_dir(dir.path(), torn.path());
     let len = bytes.len() as u64;
     zero_range(torn.path(), Path::new("manifest.log"), len - 10, 10);
-    let log = Log::open(torn.path(), opts()).unwrap();
+    let log = Log::open(torn.path(), no_balancer()).unwrap();
     assert!(log.recovery_report().manifest.torn_tail.is_some());
     check_all(&log, 3);
     drop(log);
@@ -240,7 +233,7 @@ fn manifest_torn_tail_vs_mid_journal_corruption() {
     copy_dir(dir.path(), mid.path());
     flip_byte(mid.path(), Path::new("manifest.log"), 40);
     assert!(matches!(
-        Log::open(mid.path(), opts()),
+        Log::open(mid.path(), no_balancer()),
         Err(Error::Corruption { .. })
     ));
 }
@@ -251,35 +244,14 @@ fn copy_dir(from: &Path, to: &Path) {
     img.write_to(to).unwrap();
 }
 
-/// Fails one kind of operation while armed.
-#[derive(Debug)]
-struct FailOp {
-    op: IoOp,
-    errno: i32,
-    armed: AtomicBool,
-}
-
-impl IoHook for FailOp {
-    fn before(&self, op: IoOp, _path: &Path) -> io::Result<()> {
-        if op == self.op && self.armed.load(Ordering::SeqCst) {
-            return Err(io::Error::from_raw_os_error(self.errno));
-        }
-        Ok(())
-    }
-}
-
 #[test]
 fn enospc_on_roll_is_no_space_and_loses_nothing() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let hook = Arc::new(FailOp {
-        op: IoOp::CreateSegment,
-        errno: libc::ENOSPC,
-        armed: AtomicBool::new(false),
-    });
-    let log = Log::open_with_hook(dir.path(), opts(), hook.clone()).unwrap();
+    let hook = Arc::new(Fail::new(IoOp::CreateSegment, libc::ENOSPC).disarmed());
+    let log = Log::open_with_hook(dir.path(), no_balancer(), hook.clone()).unwrap();
     let t = log.create_topic("t", config()).unwrap();
-    hook.armed.store(true, Ordering::SeqCst);
+    hook.arm();
     let mut n = 0u64;
     let err = loop {
         match t.append(None, format!("v{n}").as_bytes()) {
@@ -298,10 +270,10 @@ fn enospc_on_roll_is_no_space_and_loses_nothing() {
     ));
     check_all(&log, n);
     log.sync().unwrap();
-    hook.armed.store(false, Ordering::SeqCst);
+    hook.disarm();
     fill(&log, n, n + 5);
     log.close().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     check_all(&log, n + 5);
 }
 
@@ -309,24 +281,20 @@ fn enospc_on_roll_is_no_space_and_loses_nothing() {
 fn fsync_failure_poisons_and_keeps_synced_data() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let hook = Arc::new(FailOp {
-        op: IoOp::SyncSegment,
-        errno: libc::EIO,
-        armed: AtomicBool::new(false),
-    });
-    let log = Log::open_with_hook(dir.path(), opts(), hook.clone()).unwrap();
+    let hook = Arc::new(Fail::new(IoOp::SyncSegment, libc::EIO).disarmed());
+    let log = Log::open_with_hook(dir.path(), no_balancer(), hook.clone()).unwrap();
     log.create_topic("t", config()).unwrap();
     fill(&log, 0, 5);
     log.sync().unwrap();
     fill(&log, 5, 7);
-    hook.armed.store(true, Ordering::SeqCst);
+    hook.arm();
     assert!(log.sync().is_err());
     let t = log.topic("t").unwrap();
     assert!(matches!(t.append(None, b"x"), Err(Error::Poisoned { .. })));
-    hook.armed.store(false, Ordering::SeqCst);
+    hook.disarm();
     assert!(matches!(t.append(None, b"x"), Err(Error::Poisoned { .. })));
     log.abandon();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let p = log.topic("t").unwrap().partition(0).unwrap();
     assert!(p.end_offset() >= 5);
     check_all(&log, p.end_offset());
@@ -339,7 +307,7 @@ fn second_process_is_locked_out() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(exe)
         .args([
@@ -362,7 +330,7 @@ fn lock_child() {
     let Some(dir) = std::env::var_os("FISSIONLOG_LOCK_CHILD") else {
         return;
     };
-    match Log::open(Path::new(&dir), opts()) {
+    match Log::open(Path::new(&dir), no_balancer()) {
         Err(Error::Locked { .. }) => println!("LOCKED"),
         other => println!("UNEXPECTED {:?}", other.map(|_| ())),
     }
@@ -406,7 +374,7 @@ fn append_later(topic: &fissionlog::Topic) -> std::thread::JoinHandle<()> {
 }
 
 fn waiting_topic(dir: &Path, records: u64) -> (Log, fissionlog::Topic) {
-    let log = Log::open(dir, opts()).unwrap();
+    let log = Log::open(dir, no_balancer()).unwrap();
     let cfg = TopicConfig {
         partitions: 1,
         ..TopicConfig::default()
@@ -516,7 +484,7 @@ fn aged_topic(log: &Log, name: &str, retention_age: std::time::Duration, timesta
 fn a_retention_age_past_i64_milliseconds_keeps_every_record() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     // Records from 1970: older than an hour, far younger than either age.
     aged_topic(&log, "forever", std::time::Duration::MAX, 1_000);
     aged_topic(
@@ -547,7 +515,7 @@ fn a_retention_age_past_i64_milliseconds_keeps_every_record() {
 fn records_stamped_near_i64_min_expire_without_overflow() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     aged_topic(
         &log,
         "ancient",

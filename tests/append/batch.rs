@@ -1,21 +1,14 @@
 //! `Topic::append_batch` is all-or-nothing per partition and says exactly
 //! which records landed when it fails part-way.
 
+use crate::common::log::quiet;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use fissionlog::{Appended, Error, Log, LogOptions, NewRecord, Topic, TopicConfig};
+use fissionlog::{Appended, Error, Log, NewRecord, Topic, TopicConfig};
 use fissionlog::{IoHook, IoOp};
-
-fn opts() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
 
 fn config() -> TopicConfig {
     TopicConfig {
@@ -40,7 +33,7 @@ fn key_for(t: &Topic, p: u32) -> Vec<u8> {
 #[test]
 fn append_batch_validates_every_group_before_writing_any() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     let t = log.create_topic("t", config()).unwrap();
     let (k0, k1) = (key_for(&t, 0), key_for(&t, 1));
     let big = vec![1u8; 2000];
@@ -96,7 +89,7 @@ fn append_batch_reports_which_records_landed_when_a_later_group_fails() {
         dir_suffix: "p1",
         armed: AtomicBool::new(false),
     });
-    let log = Log::open_with_hook(dir.path(), opts(), hook.clone()).unwrap();
+    let log = Log::open_with_hook(dir.path(), quiet(), hook.clone()).unwrap();
     let t = log.create_topic("t", config()).unwrap();
     let (k0, k1) = (key_for(&t, 0), key_for(&t, 1));
     // Fill partition 1's segment so its next batch rolls.

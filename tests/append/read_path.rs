@@ -4,16 +4,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::common;
+use common::log::quiet;
 
-use fissionlog::{Error, Log, LogOptions, NewRecord, TopicConfig};
-
-fn opts() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
+use fissionlog::{Error, Log, NewRecord, TopicConfig};
 
 /// A reader following the tail while the writer rolls
 /// segments never gets `Error::Hole` for live data. The partition's segment
@@ -23,7 +16,7 @@ fn opts() -> LogOptions {
 #[test]
 fn tail_reader_during_rolls_never_sees_a_hole() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     let t = log
         .create_topic(
             "t",
@@ -126,7 +119,7 @@ impl fissionlog::IoHook for FailManifestWrites {
 /// Returns the log, the topic and a cut taken after `read_before` records.
 ///
 /// Retention removes an emptied partition from the topology right after
-/// emptying it (tests/retention_removal.rs); this one keeps it: the
+/// emptying it (tests/topology/retention_removal.rs); this one keeps it: the
 /// process dies before its `RemovePartition` record is written, and the
 /// reopened log (background retention off) holds it, empty.
 fn emptied_sealed_partition(
@@ -135,7 +128,7 @@ fn emptied_sealed_partition(
     read_before: usize,
 ) -> (Log, fissionlog::Topic, fissionlog::Cut) {
     let hook = Arc::new(FailManifestWrites::default());
-    let log = Log::open_with_hook(dir, opts(), hook.clone()).unwrap();
+    let log = Log::open_with_hook(dir, quiet(), hook.clone()).unwrap();
     let t = log
         .create_topic(
             "t",
@@ -173,7 +166,7 @@ fn emptied_sealed_partition(
     assert!(p.is_empty_sealed(), "retention removed every segment");
     drop((p, t));
     log.abandon();
-    let log = Log::open(dir, opts()).unwrap();
+    let log = Log::open(dir, quiet()).unwrap();
     let t = log.topic("t").unwrap();
     (log, t, cut)
 }
@@ -207,7 +200,7 @@ fn read_of_a_partition_emptied_by_retention_is_a_retention_error() {
     drop(p);
     log.close().unwrap();
     // The floor survives a reopen.
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     let t = log.topic("t").unwrap();
     assert!(matches!(
         t.read(0, 0, 1024),
@@ -273,7 +266,7 @@ fn reader_passes_a_partition_emptied_by_retention_and_reports_it() {
 #[test]
 fn read_batch_outliving_the_log_keeps_the_directory_locked() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     let t = log.create_topic("t", TopicConfig::default()).unwrap();
     t.append_to(
         0,
@@ -288,25 +281,25 @@ fn read_batch_outliving_the_log_keeps_the_directory_locked() {
     drop(t);
     log.close().unwrap();
     assert!(matches!(
-        Log::open(dir.path(), opts()),
+        Log::open(dir.path(), quiet()),
         Err(Error::Locked { .. })
     ));
     assert_eq!(batch.iter().next().unwrap().value, b"held");
     // A partition handle outliving the log holds it too.
     drop(batch);
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     let t = log.topic("t").unwrap();
     let p = t.partition(0).unwrap();
     log.close().unwrap();
     assert!(matches!(
-        Log::open(dir.path(), opts()),
+        Log::open(dir.path(), quiet()),
         Err(Error::Locked { .. })
     ));
     assert_eq!(p.read(0, 1024).unwrap().iter().count(), 1);
     drop(p);
     // A topic handle alone does not: it let go of its partitions at close
     // and answers Closed.
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     assert!(matches!(t.read(0, 0, 1024), Err(Error::Closed)));
     drop(t);
     log.close().unwrap();
@@ -319,7 +312,7 @@ fn read_batch_outliving_the_log_keeps_the_directory_locked() {
 fn bytes_changed_under_a_read_batch_are_an_error_not_a_panic() {
     use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     let t = log.create_topic("t", TopicConfig::default()).unwrap();
     for i in 0..3u8 {
         t.append_to(
@@ -367,7 +360,7 @@ fn bytes_changed_under_a_read_batch_are_an_error_not_a_panic() {
 fn a_changed_record_ends_try_iter_with_one_checksum_error() {
     use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     let t = log.create_topic("t", TopicConfig::default()).unwrap();
     for i in 0..3u8 {
         put(&t, &[i; 100]);
@@ -414,7 +407,7 @@ fn durable_reads_show_only_synced_records_and_wake_on_sync() {
     use fissionlog::ReadIsolation::{Durable, Written};
     use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     let t = log
         .create_topic(
             "never",
@@ -481,7 +474,7 @@ fn durable_reads_show_only_synced_records_and_wake_on_sync() {
 #[test]
 fn cut_past_a_tail_recovery_cut_is_reported_not_skipped() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     let t = log
         .create_topic(
             "t",
@@ -514,7 +507,7 @@ fn cut_past_a_tail_recovery_cut_is_reported_not_skipped() {
     // Power loss: the unsynced ten are gone.
     std::fs::remove_dir_all(dir.path()).unwrap();
     durable.write_to(dir.path()).unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     let t = log.topic("t").unwrap();
     assert_eq!(t.partition(0).unwrap().end_offset(), 10);
     let resume = |cut: &fissionlog::Cut| t.reader(fissionlog::StartAt::Cut(cut.clone()));

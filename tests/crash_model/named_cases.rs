@@ -1,12 +1,10 @@
-//! Named crash-model cases (tests/model/harness.rs under the per-file
+//! Named crash-model cases (tests/crash_model/harness.rs under the per-file
 //! crash model of tests/common/durable.rs): power loss at every I/O step of
 //! recovery, and each engine gap the model found that is still open (each
 //! `#[ignore]`d with its reason until the engine closes it; the model test
 //! grants it meanwhile, see `harness::KnownGaps`).
 
-mod common;
-#[path = "model/harness.rs"]
-mod harness;
+use crate::harness;
 
 use harness::{
     recovery_steps_case, retention_case, roll_chain_case, try_case, Case, KnownGaps, Op, Settings,
@@ -155,7 +153,7 @@ fn segments_deleted_by_recovery_stay_deleted() {
     }
 }
 
-/// Issue 7 finding 9: a split used to commit without syncing its parent,
+/// A split used to commit without syncing its parent,
 /// so a power loss kept the seal but lost the parent's unsynced records
 /// below it: the parent came back sealed lower than committed (C5).
 #[test]
@@ -183,7 +181,7 @@ fn split_commit_keeps_the_parents_records() {
 /// and keeps the segment as the active one with the seal still in its
 /// header; the next open sees the seal and starts a new segment, so a
 /// second open is not a no-op (C7), and appends land in a segment whose
-/// header says sealed (compare issue 7 finding 5). Found by the model
+/// header says sealed. Found by the model
 /// test (FISSIONLOG_SEED=1796072910103595480, shrunk).
 #[test]
 fn torn_roll_recovers_to_a_stable_state() {

@@ -1,5 +1,5 @@
 //! Model-based property test of the core engine under the per-file crash
-//! model (contracts C1, C2, C3, C5, C7). The harness is `tests/model/harness.rs`;
+//! model (contracts C1, C2, C3, C5, C7). The harness is `tests/crash_model/harness.rs`;
 //! docs/TESTING.md says how to reproduce a failure and run a long campaign.
 //!
 //! Each run explores new cases: the proptest seed comes from
@@ -10,9 +10,7 @@
 //!
 //! Cases: 256 by default; `FISSIONLOG_MODEL_CASES` or `PROPTEST_CASES` set more.
 
-mod common;
-#[path = "model/harness.rs"]
-mod harness;
+use crate::harness;
 
 use harness::{case_strategy, try_case, Settings};
 use proptest::prelude::*;

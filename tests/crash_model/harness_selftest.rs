@@ -1,6 +1,6 @@
 //! Self-tests of the power-loss harness in tests/common/crash.rs.
 
-mod common;
+use crate::common;
 
 use common::crash::*;
 use proptest::prelude::*;

@@ -9,9 +9,8 @@
 //! unnoticed (the model lost power), and if one expected to go unnoticed is
 //! caught (the table is out of date).
 
-mod common;
-#[path = "model/harness.rs"]
-mod harness;
+use crate::common;
+use crate::harness;
 
 use common::model_hook::SYNC_OPS;
 use fissionlog::IoOp;
@@ -37,19 +36,19 @@ fn first_violation(op: IoOp) -> Option<(&'static str, usize, String)> {
         drop_op: Some(op),
         ..settings
     };
-    // tests/crash_model.rs, power_loss_after_retention.
+    // tests/crash_model/named_cases.rs, power_loss_after_retention.
     for seed in 0..32 {
         if let Err(r) = try_case(&retention_case(seed), with_drop(Settings::default())) {
             return Some(("crash_model::power_loss_after_retention", seed as usize, r));
         }
     }
-    // tests/crash_model.rs, power_loss_after_rolls.
+    // tests/crash_model/named_cases.rs, power_loss_after_rolls.
     for seed in 0..32 {
         if let Err(r) = try_case(&roll_chain_case(seed), with_drop(Settings::default())) {
             return Some(("crash_model::power_loss_after_rolls", seed as usize, r));
         }
     }
-    // tests/crash_model.rs, power_loss_at_every_step_of_recovery.
+    // tests/crash_model/named_cases.rs, power_loss_at_every_step_of_recovery.
     let every_step = with_drop(Settings {
         recovery_crash_points: usize::MAX,
         ..Settings::default()
@@ -63,7 +62,7 @@ fn first_violation(op: IoOp) -> Option<(&'static str, usize, String)> {
             ));
         }
     }
-    // tests/model.rs: generated cases from a fixed seed.
+    // tests/crash_model/model.rs: generated cases from a fixed seed.
     let mut runner = TestRunner::new_with_rng(
         Config::default(),
         TestRng::from_seed(RngAlgorithm::ChaCha, &[0x5A; 32]),

@@ -1,6 +1,6 @@
 #![allow(dead_code)]
-//! The model-based crash harness of `tests/model.rs`, shared with
-//! `tests/mutations.rs` (which runs it with one fsync call site removed).
+//! The model-based crash harness of `tests/crash_model/model.rs`, shared with
+//! `tests/crash_model/mutations.rs` (which runs it with one fsync call site removed).
 //!
 //! Random sequences of appends, syncs, rolls, retention, forward splits,
 //! merges, deleting and re-creating the topic, clean reopens and
@@ -88,7 +88,7 @@ pub struct Settings {
     pub recovery_crash_points: usize,
     /// Engine gaps the model finds that are open today; while one is, the
     /// harness grants it (or works around it) so the rest stays checked.
-    /// `tests/crash_model.rs` shows each with its grant off.
+    /// `tests/crash_model/named_cases.rs` shows each with its grant off.
     pub gaps: KnownGaps,
 }
 
@@ -100,7 +100,7 @@ pub struct KnownGaps {
     pub segment_headers: bool,
     /// Recovery's deletions are not synced ([`ModelHook::grant_deletions`]).
     pub recovery_deletions: bool,
-    /// Issue 7 finding 9: a split or merge commits without syncing its
+    /// A split or merge commits without syncing its
     /// parents, so a power loss can cut a parent below its seal offset. The
     /// harness syncs the log before each split and merge.
     pub split_parent_unsynced: bool,
@@ -695,8 +695,9 @@ fn check_log(log: &Log, model: &mut Model, what: &str, rep: &RecoveryReport) {
         );
         let p = t.partition(pid).unwrap();
         if p.is_empty_sealed() {
-            // Retention removed every segment of a sealed partition; reading
-            // it is issue 7 finding 18 (a panic today), not this test's job.
+            // Retention removed every segment of a sealed partition; what
+            // reading it gives is `append::read_path`'s subject, not this
+            // test's.
             continue;
         }
         let (start, end) = (p.start_offset(), p.end_offset());

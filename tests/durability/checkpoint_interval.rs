@@ -2,9 +2,10 @@
 //! or when something needs it (open, retention, clean close), not in every
 //! sync round; a power loss after rounds that synced data but no checkpoint
 //! keeps every synced record (C1), and recovery scans only what follows the
-//! last checkpoint (C7). Issue 8, item 2.
+//! last checkpoint (C7).
 
-mod common;
+use crate::common;
+use common::faults::Both;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -55,20 +56,6 @@ impl IoHook for FsyncImage {
             self.files.lock().unwrap().insert(rel, bytes);
         }
         result
-    }
-}
-
-/// Counts and records.
-#[derive(Debug)]
-struct Both(Arc<Counter>, Arc<FsyncImage>);
-
-impl IoHook for Both {
-    fn before(&self, op: IoOp, path: &Path) -> std::io::Result<()> {
-        self.0.before(op, path)
-    }
-
-    fn after(&self, op: IoOp, path: &Path, result: std::io::Result<()>) -> std::io::Result<()> {
-        self.1.after(op, path, result)
     }
 }
 
@@ -247,6 +234,7 @@ fn crash_after_rounds_without_checkpoint_keeps_every_synced_record() {
     log.sync().unwrap();
     log.abandon();
     // Reopening writes checkpoints naming the end of those 30 records.
+    // Counts and records.
     let both = Arc::new(Both(hook.clone(), image.clone()));
     let log = Log::open_with_hook(&base, opts(Duration::from_secs(3600)), both).unwrap();
     let checkpoints = hook.checkpoint_writes.load(Ordering::SeqCst);

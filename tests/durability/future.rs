@@ -1,16 +1,17 @@
 //! `Topic::durable`: a future that resolves once an offset is durable,
-//! without a thread blocked per request (issue 8, "await durability").
+//! without a thread blocked per request.
 //! Driven here by a minimal executor, so the test needs no runtime.
 
+use crate::common::log::quiet;
 use std::future::Future;
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use fissionlog::{Error, IoHook, IoOp, Log, LogOptions, NewRecord, SyncPolicy, TopicConfig};
+use crate::common::faults::Fail;
+use fissionlog::{Error, IoOp, Log, NewRecord, SyncPolicy, TopicConfig};
 
 /// Counts its wakes and unparks the thread that made it.
 struct Counter {
@@ -57,14 +58,6 @@ fn block_on<F: Future + Unpin>(mut f: F) -> F::Output {
     }
 }
 
-fn opts() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
-
 fn config(sync: SyncPolicy) -> TopicConfig {
     TopicConfig {
         partitions: 2,
@@ -89,7 +82,7 @@ fn append(t: &fissionlog::Topic, p: u32, i: u64) -> u64 {
 #[test]
 fn resolves_once_a_sync_covers_the_offset_and_not_before() {
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path().join("log"), opts()).unwrap();
+    let log = Log::open(root.path().join("log"), quiet()).unwrap();
     let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
     let last = (0..10).map(|i| append(&t, 0, i)).next_back().unwrap();
     let (c, waker) = counter();
@@ -124,7 +117,7 @@ fn resolves_once_a_sync_covers_the_offset_and_not_before() {
 #[test]
 fn concurrent_producers_await_their_offsets() {
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path().join("log"), opts()).unwrap();
+    let log = Log::open(root.path().join("log"), quiet()).unwrap();
     let t = log
         .create_topic("t", config(SyncPolicy::Interval(Duration::from_millis(2))))
         .unwrap();
@@ -151,7 +144,7 @@ fn concurrent_producers_await_their_offsets() {
 #[test]
 fn closing_the_log_fails_a_pending_future() {
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path().join("log"), opts()).unwrap();
+    let log = Log::open(root.path().join("log"), quiet()).unwrap();
     let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
     let off = append(&t, 1, 0);
     let (c, waker) = counter();
@@ -169,34 +162,22 @@ fn closing_the_log_fails_a_pending_future() {
     ));
 }
 
-/// Fails every segment fdatasync once armed (EIO after the call).
-#[derive(Debug, Default)]
-struct FailSegmentSync(AtomicBool);
-
-impl IoHook for FailSegmentSync {
-    fn before(&self, _op: IoOp, _path: &Path) -> std::io::Result<()> {
-        Ok(())
-    }
-
-    fn after(&self, op: IoOp, _path: &Path, result: std::io::Result<()>) -> std::io::Result<()> {
-        if op == IoOp::SyncSegment && self.0.load(Ordering::SeqCst) {
-            return Err(std::io::Error::from_raw_os_error(libc::EIO));
-        }
-        result
-    }
-}
-
 #[test]
 fn a_failed_fsync_fails_the_future_instead_of_resolving_it() {
     let root = tempfile::tempdir().unwrap();
-    let hook = Arc::new(FailSegmentSync::default());
-    let log = Log::open_with_hook(root.path().join("log"), opts(), hook.clone()).unwrap();
+    // Every segment fdatasync fails once armed (EIO after the call).
+    let hook = Arc::new(
+        Fail::new(IoOp::SyncSegment, libc::EIO)
+            .after_the_call()
+            .disarmed(),
+    );
+    let log = Log::open_with_hook(root.path().join("log"), quiet(), hook.clone()).unwrap();
     let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
     let off = append(&t, 0, 0);
     let (c, waker) = counter();
     let mut f = t.durable(0, off);
     assert!(poll_once(&mut f, &waker).is_pending());
-    hook.0.store(true, Ordering::SeqCst);
+    hook.arm();
     assert!(log.sync().is_err());
     assert!(
         c.wakes.load(Ordering::SeqCst) > 0,
@@ -212,7 +193,7 @@ fn a_failed_fsync_fails_the_future_instead_of_resolving_it() {
 #[test]
 fn an_offset_past_a_seal_is_an_error() {
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path().join("log"), opts()).unwrap();
+    let log = Log::open(root.path().join("log"), quiet()).unwrap();
     let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
     let off = append(&t, 0, 0);
     t.split(0, fissionlog::SplitPlan::Even).unwrap();
@@ -231,7 +212,7 @@ fn an_offset_past_a_seal_is_an_error() {
 #[test]
 fn a_round_moving_another_partition_does_not_wake_the_future() {
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path().join("log"), opts()).unwrap();
+    let log = Log::open(root.path().join("log"), quiet()).unwrap();
     let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
     let a_end = append(&t, 0, 0) + 1;
     log.sync().unwrap();
@@ -267,7 +248,7 @@ fn a_round_moving_another_partition_does_not_wake_the_future() {
 #[test]
 fn deleting_the_topic_wakes_futures_on_every_partition() {
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path().join("log"), opts()).unwrap();
+    let log = Log::open(root.path().join("log"), quiet()).unwrap();
     let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
     let wakers: Vec<_> = (0..2u32)
         .map(|p| {
@@ -315,7 +296,7 @@ fn registration_racing_sync_rounds_loses_no_wakeup() {
     const PRODUCERS: u32 = 4;
     const ROUNDS: u64 = 60;
     let root = tempfile::tempdir().unwrap();
-    let log = Arc::new(Log::open(root.path().join("log"), opts()).unwrap());
+    let log = Arc::new(Log::open(root.path().join("log"), quiet()).unwrap());
     let t = log
         .create_topic(
             "t",

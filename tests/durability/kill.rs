@@ -74,7 +74,12 @@ fn acknowledged_records_survive_sigkill() {
         let mut acked = Vec::new();
         for round in 0..2u64 {
             let mut child = Command::new(&exe)
-                .args(["--exact", "kill_child", "--nocapture", "--include-ignored"])
+                .args([
+                    "--exact",
+                    &crate::common::log::test_name(module_path!(), "kill_child"),
+                    "--nocapture",
+                    "--include-ignored",
+                ])
                 .env(CHILD_ENV, &dir)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())

@@ -1,10 +1,11 @@
-//! Issue 7: what a failed fsync or manifest write leaves behind (findings 6,
-//! 7 and 9), and the appender/waiter wakeup protocol (finding 11).
+//! What a failed fsync or manifest write leaves behind, and the
+//! appender/waiter wakeup protocol.
 //!
 //! Faults go through `IoHook`: `before` fails a call before it runs,
 //! `after` turns a successful fsync into EIO (the write reached the page
 //! cache, then the fsync failed: the kernel may have dropped those pages).
 
+use crate::common::log::quiet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,14 +13,6 @@ use std::time::{Duration, Instant};
 use fissionlog::{Error, Log, LogOptions, NewRecord, SplitPlan, SyncPolicy, Topic, TopicConfig};
 use fissionlog::{IoHook, IoOp};
 use parking_lot::Mutex;
-
-fn options() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
 
 fn config(sync: SyncPolicy) -> TopicConfig {
     TopicConfig {
@@ -174,18 +167,18 @@ impl IoHook for Hook {
     }
 }
 
-/// Issue 7, finding 6: an fdatasync that failed after the write reached the
+/// An fdatasync that failed after the write reached the
 /// page cache (EIO; the kernel may have dropped those pages, and the next
 /// fdatasync returns 0 without writing them) is never reported durable.
 /// The partition stays out of later sync rounds, every later sync reports
 /// it, appends to it are refused, other partitions keep working, and a
 /// reopen keeps exactly what was durable before the failure.
 #[test]
-fn f6_fsync_eio_is_never_reported_durable_and_not_retried() {
+fn fsync_eio_is_never_reported_durable_and_not_retried() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     let hook = Arc::new(Hook::default());
-    let log = Log::open_with_hook(&dir, options(), hook.clone()).unwrap();
+    let log = Log::open_with_hook(&dir, quiet(), hook.clone()).unwrap();
     let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
     let u = log.create_topic("u", config(SyncPolicy::Always)).unwrap();
     put(&t, 0, 0, 5);
@@ -234,7 +227,7 @@ fn f6_fsync_eio_is_never_reported_durable_and_not_retried() {
     // holds what was durable. A checkpoint that claimed more makes a strict
     // open fail (synced data missing below it).
     std::fs::write(&seg, &durable_image).unwrap();
-    let log = Log::open(&dir, options()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     let t = log.topic("t").unwrap();
     check(&t, 0, 5);
     let u = log.topic("u").unwrap();
@@ -257,7 +250,7 @@ fn failed_directory_sync_at_a_roll_poisons_the_partition() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     let hook = Arc::new(Hook::default());
-    let log = Log::open_with_hook(&dir, options(), hook.clone()).unwrap();
+    let log = Log::open_with_hook(&dir, quiet(), hook.clone()).unwrap();
     let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
     put(&t, 0, 0, 5);
     log.sync().unwrap();
@@ -298,7 +291,7 @@ fn failed_directory_sync_at_a_roll_poisons_the_partition() {
         );
     }
     log.abandon();
-    let log = Log::open(&dir, options()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     let t = log.topic("t").unwrap();
     check(&t, 0, end);
     put(&t, 0, end, end + 600);
@@ -310,7 +303,7 @@ fn failed_directory_sync_at_a_roll_poisons_the_partition() {
 fn split_options(compact_every: u32) -> LogOptions {
     LogOptions {
         manifest_compact_records: compact_every,
-        ..options()
+        ..quiet()
     }
 }
 
@@ -335,13 +328,13 @@ fn assert_log_poisoned(log: &Log, t: &Topic) {
     assert!(matches!(log.sync(), Err(Error::LogPoisoned { .. })));
 }
 
-/// Issue 7, finding 7 (a): a split whose commit failed (the journal write,
+/// A split whose commit failed (the journal write,
 /// its fdatasync before it ran, or its fdatasync after the record reached
 /// the page cache) poisons the log and deletes nothing a replay could
 /// reference. If the record did reach the disk, reopening finds the split
 /// done with every file of its children; if not, the split is not done.
 #[test]
-fn f7a_failed_split_commit_poisons_and_keeps_files_replay_may_need() {
+fn failed_split_commit_poisons_and_keeps_files_replay_may_need() {
     for (op, after) in [
         (IoOp::WriteManifest, false),
         (IoOp::SyncManifest, false),
@@ -372,7 +365,7 @@ fn f7a_failed_split_commit_poisons_and_keeps_files_replay_may_need() {
             // The record did reach the disk (the truncation, if any, did not).
             std::fs::write(dir.join("manifest.log"), bytes).unwrap();
         }
-        let log = Log::open(&dir, options()).unwrap();
+        let log = Log::open(&dir, quiet()).unwrap();
         let t = log.topic("t").unwrap();
         check(&t, 0, 20);
         // Without a power loss the outcome is what the journal file holds:
@@ -406,12 +399,12 @@ fn f7a_failed_split_commit_poisons_and_keeps_files_replay_may_need() {
     }
 }
 
-/// Issue 7, finding 7 (b): a manifest compaction that fails (the snapshot's
+/// A manifest compaction that fails (the snapshot's
 /// fsync, or the directory fsync after it is renamed) poisons the log. The
 /// change that triggered it was committed (its journal record is durable),
 /// so it is reported done and survives a reopen.
 #[test]
-fn f7b_failed_manifest_compaction_poisons_the_log() {
+fn failed_manifest_compaction_poisons_the_log() {
     for op in [IoOp::SyncManifestFile, IoOp::SyncManifestDir] {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("log");
@@ -426,7 +419,7 @@ fn f7b_failed_manifest_compaction_poisons_the_log() {
         assert!(hook.0.lock().fired, "{op:?}: compaction ran");
         assert_log_poisoned(&log, &t);
         log.abandon();
-        let log = Log::open(&dir, options()).unwrap();
+        let log = Log::open(&dir, quiet()).unwrap();
         let t = log.topic("t").unwrap();
         assert_eq!(t.active_partitions(), children, "{op:?}");
         check(&t, 0, 20);
@@ -434,11 +427,11 @@ fn f7b_failed_manifest_compaction_poisons_the_log() {
     }
 }
 
-/// Issue 7, finding 7 (c): if the directory fsync after the new journal's
+/// If the directory fsync after the new journal's
 /// rename fails, the log does not keep committing into the old, unlinked
 /// journal (those commits would vanish on reopen): it is poisoned.
 #[test]
-fn f7c_failed_dir_sync_after_journal_rename_poisons_the_log() {
+fn failed_dir_sync_after_journal_rename_poisons_the_log() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     let hook = Arc::new(Hook::default());
@@ -452,25 +445,25 @@ fn f7c_failed_dir_sync_after_journal_rename_poisons_the_log() {
     assert!(hook.0.lock().fired, "compaction ran");
     assert_log_poisoned(&log, &t);
     log.abandon();
-    let log = Log::open(&dir, options()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     let t = log.topic("t").unwrap();
     assert_eq!(t.active_partitions(), children);
     check(&t, 0, 20);
     log.close().unwrap();
 }
 
-/// Issue 7, finding 9: a split commits only after the parent's data up to
+/// A split commits only after the parent's data up to
 /// the seal is durable, so a power loss can never keep a key's later
 /// records (in a child) while losing its earlier ones (in the parent).
 /// The hook sees which files were fsynced before the commit record's
 /// fdatasync: the parent's segments written since the last sync (including
 /// the one sealed by a roll) and its directory must be among them.
 #[test]
-fn f9_split_syncs_the_parent_before_its_commit_record() {
+fn split_syncs_the_parent_before_its_commit_record() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     let hook = Arc::new(Hook::default());
-    let log = Log::open_with_hook(&dir, options(), hook.clone()).unwrap();
+    let log = Log::open_with_hook(&dir, quiet(), hook.clone()).unwrap();
     let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
     put(&t, 0, 0, 10);
     log.sync().unwrap();
@@ -503,15 +496,15 @@ fn f9_split_syncs_the_parent_before_its_commit_record() {
     log.close().unwrap();
 }
 
-/// Issue 7, finding 9: if the parent's sync before the commit fails, the
+/// If the parent's sync before the commit fails, the
 /// split is not committed, the parent is poisoned (EIO: never retried) and
 /// the children's files are gone.
 #[test]
-fn f9_failed_parent_sync_refuses_the_split() {
+fn failed_parent_sync_refuses_the_split() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     let hook = Arc::new(Hook::default());
-    let log = Log::open_with_hook(&dir, options(), hook.clone()).unwrap();
+    let log = Log::open_with_hook(&dir, quiet(), hook.clone()).unwrap();
     let t = log.create_topic("t", config(SyncPolicy::Never)).unwrap();
     put(&t, 0, 0, 10);
     log.sync().unwrap();
@@ -526,21 +519,21 @@ fn f9_failed_parent_sync_refuses_the_split() {
     ));
     assert!(matches!(log.sync(), Err(Error::Poisoned { .. })));
     log.abandon();
-    let log = Log::open(&dir, options()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     let t = log.topic("t").unwrap();
     assert_eq!(t.active_partitions(), vec![0]);
     check(&t, 0, 20);
     log.close().unwrap();
 }
 
-/// Issue 7, finding 9, for merges: both parents are synced before the
+/// For merges: both parents are synced before the
 /// merge record.
 #[test]
-fn f9_merge_syncs_both_parents_before_its_commit_record() {
+fn merge_syncs_both_parents_before_its_commit_record() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     let hook = Arc::new(Hook::default());
-    let log = Log::open_with_hook(&dir, options(), hook.clone()).unwrap();
+    let log = Log::open_with_hook(&dir, quiet(), hook.clone()).unwrap();
     let mut cfg = config(SyncPolicy::Never);
     cfg.partitions = 2;
     cfg.balance.min_partitions = 1;
@@ -566,7 +559,7 @@ fn f9_merge_syncs_both_parents_before_its_commit_record() {
     log.close().unwrap();
 }
 
-/// Issue 7, finding 11: an appender and a waiter racing on one record.
+/// An appender and a waiter racing on one record.
 /// Each round the waiter asks for the next offset at the moment the
 /// appender (spinning on a shared counter, so both sides are running)
 /// writes it; a lost wakeup leaves the waiter asleep until its timeout,
@@ -575,10 +568,10 @@ fn f9_merge_syncs_both_parents_before_its_commit_record() {
 /// prove the protocol correct (the race window is a few instructions
 /// wide); failing proves a lost wakeup.
 #[test]
-fn f11_waiter_racing_an_append_is_always_woken() {
+fn waiter_racing_an_append_is_always_woken() {
     use std::sync::atomic::{AtomicU64, Ordering};
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path().join("log"), options()).unwrap();
+    let log = Log::open(root.path().join("log"), quiet()).unwrap();
     let t = log
         .create_topic(
             "t",

@@ -1,8 +1,9 @@
-//! Review probes for a5d7fbb ("A sync round captures each partition's end
-//! without the writer lock"): can the lock-free capture report something
-//! durable that a power loss could still take back?
+//! A sync round captures each partition's end without the writer lock:
+//! the capture never reports something durable that a power loss could
+//! still take back (C1).
 
-mod common;
+use crate::common;
+use common::log::quiet;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,14 +17,6 @@ use common::probe::{
     fast_tempdir, install_pause_handler, pause_thread, poll_once, self_thread, wait_flag,
 };
 use fissionlog::{IoHook, IoOp, Log, LogOptions, NewRecord, RecoveryMode, SyncPolicy, TopicConfig};
-
-fn opts() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
 
 /// Sees when each segment file was created and when each directory fsync
 /// started and completed, on one global sequence: a file's name is durable
@@ -167,6 +160,8 @@ fn race_rolls_with_rounds(
     names: &NameHook,
     at_break: impl FnOnce(u64),
 ) -> Race {
+    // The pause handler and its length are the process's.
+    let _serial = common::log::serial();
     let stop = AtomicBool::new(false);
     let appended = AtomicU64::new(0);
     let budget = Duration::from_millis(
@@ -175,7 +170,8 @@ fn race_rolls_with_rounds(
             .and_then(|s| s.parse().ok())
             .unwrap_or(3000),
     );
-    // Under the gdb script (see the test's doc) the pauses come from gdb.
+    // Under a debugger (see the first race test's doc) the pauses come
+    // from the debugger.
     let pauses = std::env::var_os("PROBE_NO_PAUSES").is_none();
     let pause_stop = AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -249,40 +245,23 @@ fn rolling_topic(log: &Log) -> fissionlog::Topic {
     .unwrap()
 }
 
-/// Q4/Q1: a round's capture swapped the `dir_dirty` flag before it loaded
-/// the published position (`capture_unsynced` at a5d7fbb). A roll in
+/// A round's capture must not swap the `dir_dirty` flag before it loads
+/// the published position (`capture_unsynced`). A roll in
 /// between (its flag stored after the swap, its position published before
-/// the load) gave a capture whose position lay in the new segment but whose
-/// `sync_dir` was false: the round fdatasynced the new segment, raised the
-/// durable end into it, and did not fsync the directory that names it. The
-/// capture now reads the roll count after the position and fsyncs the
-/// directory unless a completed directory fsync covers that count.
+/// the load) would give a capture whose position lies in the new segment
+/// but whose `sync_dir` is false: the round would fdatasync the new
+/// segment, raise the durable end into it, and not fsync the directory
+/// that names it. The capture reads the roll count after the position and
+/// fsyncs the directory unless a completed directory fsync covers that
+/// count.
 ///
-/// The window was four instructions, so without help this passes almost
+/// The window is a few instructions, so without help this passes almost
 /// always (signals pause the round at random points to widen the odds a
-/// little): it is opt-in. At a5d7fbb it failed every time when a debugger
-/// stopped the round right after the swap returned `false` while the
-/// appender went on:
-///
-/// ```text
-/// cargo test --test review_probes_capture --no-run   # note the binary
-/// nm -C BIN | grep capture_unsynced                  # e.g. 0xf97b0
-/// # offset of the instruction after `xchg %cl,0x28b(%rsi)` (the swap): +37
-/// cat > /tmp/probe_capture.gdb <<'G'
-/// set pagination off
-/// set non-stop on
-/// starti
-/// break *(0x555555554000 + 0xf97b0 + 37) if ($rcx & 0xff) == 0
-/// while $_isvoid($_exitcode)
-///   continue -a
-///   shell sleep 0.02
-/// end
-/// G
-/// PROBE_NO_PAUSES=1 gdb -q -batch -x /tmp/probe_capture.gdb --args BIN \
-///     durable_end_never --nocapture --test-threads=1
-/// ```
+/// little): it is opt-in. A debugger stopping the round right after the
+/// swap (while the appender goes on) makes the race certain; set
+/// `PROBE_NO_PAUSES=1` then, so the pauses come from the debugger alone.
 #[test]
-#[ignore = "narrow race, ~3 s: reproduced under a debugger (see the comment)"]
+#[ignore = "narrow race, ~3 s: made certain under a debugger (see the comment)"]
 fn durable_end_never_covers_a_segment_whose_name_is_not_synced() {
     let dir = fast_tempdir();
     let names = Arc::new(NameHook::default());
@@ -290,7 +269,7 @@ fn durable_end_never_covers_a_segment_whose_name_is_not_synced() {
         names: names.clone(),
         model: None,
     });
-    let log = Log::open_with_hook(dir.path(), opts(), hook).unwrap();
+    let log = Log::open_with_hook(dir.path(), quiet(), hook).unwrap();
     let topic = rolling_topic(&log);
     let race = race_rolls_with_rounds(&log, &topic, &names, |_| {});
     assert!(race.rounds > 0);
@@ -307,8 +286,8 @@ fn durable_end_never_covers_a_segment_whose_name_is_not_synced() {
 /// for the last record resolves `Ok` (C1 promises that record survives a
 /// power loss), yet a power-loss image from the per-file model that drops
 /// the new segment's name (its directory was never fsynced since) opens
-/// without it. Passes unless the race happened (see the gdb script on the
-/// test above; run it with this test's name).
+/// without it. Passes unless the race happened (see the test above on
+/// making it certain).
 #[test]
 #[ignore = "narrow race, ~3 s: reproduced under a debugger (see the first race test)"]
 fn durable_future_record_survives_power_loss_after_racing_roll() {
@@ -321,7 +300,7 @@ fn durable_future_record_survives_power_loss_after_racing_roll() {
         names: names.clone(),
         model: Some(model.clone()),
     });
-    let log = Log::open_with_hook(dir.path(), opts(), hook).unwrap();
+    let log = Log::open_with_hook(dir.path(), quiet(), hook).unwrap();
     let topic = rolling_topic(&log);
     let point = Mutex::new(None);
     let race = race_rolls_with_rounds(&log, &topic, &names, |d| {
@@ -356,7 +335,7 @@ fn durable_future_record_survives_power_loss_after_racing_roll() {
         image.write_to(out.path()).unwrap();
         let o = LogOptions {
             recovery: RecoveryMode::Truncate,
-            ..opts()
+            ..quiet()
         };
         let end = match Log::open(out.path(), o) {
             Ok(l) => l.topic("t").unwrap().partition(0).unwrap().end_offset(),
@@ -424,7 +403,7 @@ impl IoHook for SealGate {
     }
 }
 
-/// Q4/Q2 (seals for split/merge), the same hole with a wide window and
+/// Seals for a split or merge, the same hole with a wide window and
 /// deterministic: a split seals the parent under its writer lock and
 /// `sync_locked` fsyncs its segments and directory (it takes the
 /// "directory changed" flag for that). A round used to wait for the lock;
@@ -448,7 +427,7 @@ fn round_during_a_split_seal_does_not_call_an_unnamed_segment_durable() {
     });
     let o = LogOptions {
         checkpoint_interval: Duration::from_secs(3600),
-        ..opts()
+        ..quiet()
     };
     let log = Log::open_with_hook(dir.path(), o, gate.clone()).unwrap();
     let topic = rolling_topic(&log);
@@ -484,7 +463,6 @@ fn round_during_a_split_seal_does_not_call_an_unnamed_segment_durable() {
             done.store(true, Ordering::Release);
             r
         });
-        // a5d7fbb^: the round waits for the writer lock the seal holds.
         let finished = wait_flag(done, Duration::from_secs(2));
         let seen = finished.then(|| {
             let d = p.durable_end_offset();
@@ -515,7 +493,7 @@ fn round_during_a_split_seal_does_not_call_an_unnamed_segment_durable() {
         }
         let out = tempfile::tempdir().unwrap();
         image.write_to(out.path()).unwrap();
-        outcomes.push(match Log::open(out.path(), opts()) {
+        outcomes.push(match Log::open(out.path(), quiet()) {
             Ok(l) => {
                 let end = l.topic("t").unwrap().partition(0).unwrap().end_offset();
                 format!("seed {seed}: opens, partition 0 ends at {end}")
@@ -575,7 +553,7 @@ impl IoHook for AlwaysGate {
     }
 }
 
-/// Q1, deterministic: a `SyncPolicy::Always` append that rolled returns
+/// Deterministic: a `SyncPolicy::Always` append that rolled returns
 /// before the new segment's name is durable. The append (A) rolls to a new
 /// segment and waits for a round that starts after it (a round R0 on
 /// another topic is in flight, so A waits for the next one). A split seals
@@ -584,8 +562,8 @@ impl IoHook for AlwaysGate {
 /// next round (R1, led by A's group commit) captures the partition without
 /// the writer lock, finds the flag taken, fsyncs A's segment only and
 /// completes: A returns `Ok` while no completed directory fsync names the
-/// segment holding its record. On a5d7fbb^ R1 waits for the writer lock,
-/// so A returns only after the split's directory fsync.
+/// segment holding its record. A must return only after the split's
+/// directory fsync.
 #[test]
 fn always_append_during_a_split_seal_returns_covered() {
     use fissionlog::SplitPlan;
@@ -593,7 +571,7 @@ fn always_append_during_a_split_seal_returns_covered() {
     let gate = Arc::new(AlwaysGate::default());
     let o = LogOptions {
         checkpoint_interval: Duration::from_secs(3600),
-        ..opts()
+        ..quiet()
     };
     let log = Log::open_with_hook(dir.path(), o, gate.clone()).unwrap();
     let cfg = TopicConfig {
@@ -720,7 +698,7 @@ impl IoHook for ReclaimGate {
     }
 }
 
-/// Q2 (tail splits, `reclaim_past`): the reclaim cuts the parent's segment
+/// Tail splits (`reclaim_past`): the reclaim cuts the parent's segment
 /// holding `from` under the writer lock, then publishes (keep, cut, from)
 /// and lowers the durable position to it. A round used to capture either
 /// before the reclaim or after it. Now it captures without the lock, so it
@@ -732,8 +710,7 @@ impl IoHook for ReclaimGate {
 /// while its files (and `end_offset`) end at `from`, and every later
 /// checkpoint names that old end. Deterministic here: the round reads the
 /// position lock-free, then waits for the segment list the reclaim holds
-/// (write-locked for the whole `reclaim_past`), and finishes after it. On
-/// a5d7fbb^ the round waits for the writer lock before it reads anything.
+/// (write-locked for the whole `reclaim_past`), and finishes after it.
 /// Recovery repairs such an entry (`reclaimed_checkpoints`), so the cost
 /// is the broken invariant (`durable_end <= end_offset`) and checkpoints
 /// naming bytes that were punched out.
@@ -746,7 +723,7 @@ fn reclaim_racing_a_round_keeps_the_reclaimed_durable_end() {
     let o = || LogOptions {
         checkpoint_interval: Duration::from_secs(3600),
         recovery: RecoveryMode::Strict,
-        ..opts()
+        ..quiet()
     };
     let log = Log::open_with_hook(dir.path(), o(), gate.clone()).unwrap();
     let topic = log.create_topic("t", config()).unwrap();
@@ -806,7 +783,7 @@ fn reclaim_racing_a_round_keeps_the_reclaimed_durable_end() {
     );
 }
 
-/// Q3: a partition retention removed is named by no checkpoint written
+/// A partition retention removed is named by no checkpoint written
 /// after its removal (a checkpoint in every round here, not only the clean
 /// one at close), and an abandoned log reopens without it.
 #[test]
@@ -816,7 +793,7 @@ fn removed_partition_stays_out_of_every_later_checkpoint() {
     let o = || LogOptions {
         checkpoint_interval: Duration::ZERO,
         recovery: RecoveryMode::Strict,
-        ..opts()
+        ..quiet()
     };
     let log = Log::open(dir.path(), o()).unwrap();
     let topic = log
@@ -873,20 +850,16 @@ fn removed_partition_stays_out_of_every_later_checkpoint() {
     assert_eq!(ids, vec![1, 2]);
 }
 
-/// Q3: a deleted topic's partitions are named by no later checkpoint, even
-/// while a handle to the topic lives. Fails, but the same on a5d7fbb^:
-/// appends through a handle of a deleted topic are accepted (no liveness
-/// check on the append path), mark its partition dirty, and the next round
-/// puts it back into the cache (`update` only checks `is_removed`, which
-/// topic deletion does not set), so checkpoints name the deleted topic for
-/// as long as the handle lives. Harmless to recovery (ids are never reused,
-/// and the reopen below ignores it), so low severity and not new.
+/// A deleted topic's partitions are named by no later checkpoint, even
+/// while a handle to the topic lives: an append through such a handle must
+/// not mark its partition dirty and put it back into the checkpoint cache.
+/// (Recovery would ignore such an entry, since ids are never reused.)
 #[test]
 fn deleted_topic_stays_out_of_every_later_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let o = || LogOptions {
         checkpoint_interval: Duration::ZERO,
-        ..opts()
+        ..quiet()
     };
     let log = Log::open(dir.path(), o()).unwrap();
     let gone = log.create_topic("gone", TopicConfig::default()).unwrap();
@@ -922,7 +895,7 @@ fn deleted_topic_stays_out_of_every_later_checkpoint() {
     );
 }
 
-/// Adjacent to Q3/Q4 (not new in a5d7fbb): a topic deleted while its
+/// A topic deleted while its
 /// partition's "directory changed" flag is set (a roll since the last
 /// round) must not fail the next sync round of the whole log: the round
 /// skips directories of removed partitions, but topic deletion does not
@@ -930,7 +903,7 @@ fn deleted_topic_stays_out_of_every_later_checkpoint() {
 #[test]
 fn deleting_a_topic_right_after_a_roll_does_not_fail_the_next_round() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     let small = TopicConfig {
         segment_bytes: 4096,
         ..TopicConfig::default()
@@ -957,7 +930,7 @@ fn deleting_a_topic_right_after_a_roll_does_not_fail_the_next_round() {
     );
 }
 
-/// Q3: the rates a checkpoint carries are those of the moment it is
+/// The rates a checkpoint carries are those of the moment it is
 /// written (entries marked stale by rounds that wrote none are recomputed
 /// then), and survive an abandoned (crash-like) reopen.
 #[test]
@@ -968,7 +941,7 @@ fn rates_in_an_interval_checkpoint_are_current_and_survive_a_crash() {
     let o = || LogOptions {
         checkpoint_interval: Duration::from_millis(300),
         clock: clock.clone(),
-        ..opts()
+        ..quiet()
     };
     let log = Log::open(dir.path(), o()).unwrap();
     let topic = log.create_topic("t", TopicConfig::default()).unwrap();

@@ -1,9 +1,9 @@
-//! Second review of the lock-free capture (a5d7fbb) and its fixes
-//! (16111ac): the directory fsync rule (`segment_roll`), `sync_done`
-//! ignoring captures past the partition's end, and `delete_topic` marking
-//! its partitions removed.
+//! The edges of the lock-free capture of a sync round: the directory fsync
+//! rule (`segment_roll`), `sync_done` and captures past the partition's
+//! end, `delete_topic` marking its partitions removed, and the durable
+//! ends of new partitions (C1).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -88,9 +88,8 @@ fn lost_after_power_loss(
     (tried, lost)
 }
 
-/// Q1, "0 for a recovered segment": `WriterState::segment_roll` is 0 for
-/// the segment recovery hands the writer, on the grounds that recovery
-/// made its name durable. It does not: after a process kill the page
+/// The segment recovery hands the writer (`WriterState::segment_roll` 0)
+/// must have a durable name before the durable end enters it: after a process kill the page
 /// cache still holds a segment a roll created just before (its name
 /// never fsynced), recovery opens it without fsyncing the partition
 /// directory (it does only after removing files), and with
@@ -265,7 +264,7 @@ fn budget() -> Duration {
     )
 }
 
-/// Q2: `publish_written` stores the position cell, then `end_offset`. A
+/// `publish_written` stores the position cell, then `end_offset`. A
 /// round whose capture reads the cell in between (the appender preempted
 /// there, under its writer lock, in the middle of its next append) and
 /// whose `sync_done` runs before the appender resumes sees
@@ -283,6 +282,7 @@ fn budget() -> Duration {
 #[test]
 #[ignore = "race, ~1 run in 2 fails within 3 s on 2 cores; PROBE_MS sets the budget"]
 fn sync_returns_with_the_durable_end_covering_appends_returned_before_it() {
+    let _serial = common::log::serial();
     PAUSE_US.store(400, Ordering::Relaxed);
     install_pause_handler(libc::SIGUSR2);
     let dir = fast_tempdir();
@@ -357,12 +357,12 @@ fn sync_returns_with_the_durable_end_covering_appends_returned_before_it() {
     }
 }
 
-/// Q2 with `SyncPolicy::Always`: three appenders on one partition (more
+/// The same with `SyncPolicy::Always`: three appenders on one partition (more
 /// threads than the machine's two cores, so appenders are preempted at
 /// random points, among them the few instructions between an appender's
 /// cell store and its `end_offset` store, under the writer lock). After
 /// each `append_to` returns, the partition's durable end must cover the
-/// record (what tests/durable_concurrent.rs checks): it does not when the
+/// record (what `concurrent_writers` checks): it does not when the
 /// round that served it captured the preempted appender's cell and was
 /// ignored by `sync_done`.
 #[test]
@@ -412,7 +412,7 @@ fn always_append_returns_with_the_durable_end_covering_it_under_preemption() {
     }
 }
 
-/// Q3: a topic deleted and re-created under the same name gets a new id,
+/// A topic deleted and re-created under the same name gets a new id,
 /// new directories and new `Partition`s: the old ones being marked removed
 /// touches none of the new topic's data. Rounds keep working while the
 /// old handle still appends (its partitions are skipped), and everything
@@ -462,13 +462,11 @@ fn recreated_topic_is_synced_while_the_old_handle_lives() {
     }
 }
 
-/// Q3: an `Always` append through the handle of a deleted topic. The
-/// partition is marked removed, so the round it waits for skips it (no
-/// fsync at all, its directory is gone) and `sync_covering` returns Ok:
-/// the append is acknowledged as durable although nothing of it can
-/// survive (C1), while `Topic::durable` for the same offset says
-/// `UnknownTopic`. Before 16111ac the round fsynced the unlinked file
-/// (still no survival): the acknowledgement is older than that commit.
+/// An `Always` append through the handle of a deleted topic is not
+/// acknowledged as durable: the partition is marked removed, so the round
+/// it waits for skips it (no fsync at all, its directory is gone), and
+/// nothing of it can survive (C1); `Topic::durable` for the same offset
+/// says `UnknownTopic`.
 #[test]
 fn always_append_through_a_deleted_topic_handle_is_not_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
@@ -488,7 +486,7 @@ fn always_append_through_a_deleted_topic_handle_is_not_acknowledged() {
     );
 }
 
-/// Q1, new partitions (split, merge, tail split with children that roll
+/// New partitions (split, merge, tail split with children that roll
 /// while the copy fills them, and the reclaim that sends the parent's
 /// writer back to an older segment): after `Log::sync`, every record
 /// below each partition's durable end survives every power-loss image of

@@ -1,4 +1,4 @@
-//! Issue 7, finding 16: a sync round costs O(dirty partitions), not
+//! A sync round costs O(dirty partitions), not
 //! O(every partition ever created).
 //!
 //! `sync_round_cost_with_many_partitions` creates `FISSIONLOG_SCALE_PARTITIONS`

@@ -1,9 +1,9 @@
-//! Probes of how consumer groups report what retention removed under a
+//! How consumer groups report what retention removed under a
 //! committed position: the report matches what a reader from the group's
 //! committed cut reports, is settled by one commit for good (also across
 //! reopens), and every record is either delivered or reported.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,7 +11,7 @@
 //!
 //! `FISSIONLOG_GROUP_CRASH_SEEDS` raises the number of seeds (default 24).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

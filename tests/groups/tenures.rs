@@ -5,7 +5,7 @@
 //! partial positions, rejoins statically and checks that no committed
 //! record is delivered again.
 
-mod common;
+use crate::common;
 
 use common::crash::SplitMix64;
 use common::groups::*;
@@ -250,7 +250,7 @@ struct Sim {
     handed: BTreeMap<u32, u64>,
 }
 
-/// Like the seeded simulation of `group_probes`, with static members that
+/// Like the seeded simulation of `handover`, with static members that
 /// rejoin (replacing a live incarnation), partial `commit_positions`, and
 /// a check that no record below the group's committed position is ever
 /// delivered.

@@ -4,7 +4,7 @@
 //! reopen or a member's death until a member told of them commits, and
 //! never after that commit.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! retention and recovery under committed positions, odd commit inputs,
 //! manifest compaction and format upgrade with group records.
 
-mod common;
+use crate::common;
 
 use common::crash::SplitMix64;
 use common::groups::*;

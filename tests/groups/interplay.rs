@@ -1,4 +1,4 @@
-//! Probes of features working together: consumer groups and key readers
+//! Features working together: consumer groups and key readers
 //! over a windowed hot key whose lane partitions split forward, tail split
 //! and merge; many-way cut splits followed by a tail split of one child;
 //! retention removing a tail-split generation under a live member and a
@@ -6,7 +6,8 @@
 //! split on a topic with groups and a key that has eras; the command line
 //! on a directory using all of it.
 
-mod common;
+use crate::common;
+use common::log::quiet;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -15,7 +16,7 @@ use std::time::Duration;
 use common::crash::{CrashOptions, DirImage};
 use common::model_hook::ModelHook;
 use fissionlog::{
-    CutPoints, GroupOptions, HotKeyMode, HotKeyPolicy, IoOp, Log, LogOptions, MemberOptions,
+    CutPoints, GroupOptions, HotKeyMode, HotKeyPolicy, IoOp, Log, MemberOptions,
     NewRecord, OwnedRecord, SplitPlan, StartAt, SyncPolicy, TailSplitOptions, Topic, TopicConfig,
 };
 
@@ -23,14 +24,6 @@ const HOT: &[u8] = b"the-hot-key";
 const KEYS: u64 = 7;
 /// A fixed base time (ms since the epoch).
 const T0: i64 = 1_700_000_000_000;
-
-fn options() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
 
 fn config(partitions: u32) -> TopicConfig {
     TopicConfig {
@@ -205,7 +198,7 @@ fn poll_all(m: &mut fissionlog::Member, out: &mut Vec<OwnedRecord>) {
 fn open_log(dir: &Path) -> fissionlog::Result<Log> {
     let mut tries = 0;
     loop {
-        match Log::open(dir, options()) {
+        match Log::open(dir, quiet()) {
             Err(fissionlog::Error::Locked { .. }) if tries < 500 => {
                 tries += 1;
                 std::thread::sleep(Duration::from_millis(20));
@@ -533,7 +526,7 @@ fn power_loss_during_a_tail_split_with_groups_and_hot_key_eras() {
     let dir = tempfile::tempdir().unwrap();
     let hook = ModelHook::new(dir.path(), None);
     hook.grant_segment_headers(true);
-    let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
+    let log = Log::open_with_hook(dir.path(), quiet(), hook.clone()).unwrap();
     let topic = log.create_topic("t", config(2)).unwrap();
     topic
         .set_hot_key_mode_lanes(HOT, HotKeyMode::Windowed(Duration::from_millis(100)), 2)
@@ -1101,7 +1094,7 @@ fn power_loss_during_a_mode_change_after_a_tail_split_with_a_group() {
     let dir = tempfile::tempdir().unwrap();
     let hook = ModelHook::new(dir.path(), None);
     hook.grant_segment_headers(true);
-    let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
+    let log = Log::open_with_hook(dir.path(), quiet(), hook.clone()).unwrap();
     let topic = log.create_topic("t", config(1)).unwrap();
     append(&topic, 0, 300);
     let g = topic.group("g", GroupOptions::default()).unwrap();

@@ -2,7 +2,7 @@
 //! heartbeat by hand (no background thread), and every timeout is crossed
 //! by advancing the clock.
 
-mod common;
+use crate::common;
 
 use common::groups::*;
 

@@ -102,7 +102,7 @@ fn committed_positions_survive_sigkill() {
         let mut child = Command::new(&exe)
             .args([
                 "--exact",
-                "group_kill_child",
+                &crate::common::log::test_name(module_path!(), "group_kill_child"),
                 "--nocapture",
                 "--include-ignored",
             ])

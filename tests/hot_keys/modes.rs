@@ -4,7 +4,7 @@
 //! splits, clock jumps, reopens and power losses. Bad input gets a typed
 //! error and changes nothing; the balancer windows a hot key once.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -1,4 +1,4 @@
-//! Probes of `Topic::append_batch` writing windowed keys' records in rounds
+//! `Topic::append_batch` writing windowed keys' records in rounds
 //! (docs/HOT_KEYS.md, "Batches of a windowed key"): generated batches mixing
 //! windowed keys (conflicting lane orders, a key coming back to a lane),
 //! strict, spread and keyless records, with a segment creation failing in
@@ -10,7 +10,7 @@
 //! there once, in per-key (strict) and per-window (windowed) order, also
 //! after a reopen and after a power loss.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;

@@ -1,10 +1,10 @@
-//! Probes of hot-key modes at their edges: a key reader racing a mode
+//! Hot-key modes at their edges: a key reader racing a mode
 //! change, extreme record timestamps and window lengths, bad input on a key
 //! that already has a mode, a power loss at every I/O step of a mode change
 //! (also when it upgrades the manifest), appends of several keys racing
 //! mode changes, and the command line on a directory with eras.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};

@@ -1,10 +1,10 @@
-//! Missing files are missing data, never an empty partition (issue 7,
-//! finding 2). A partition the checkpoint or the manifest knows, whose
+//! Missing files are missing data, never an empty partition. A partition the checkpoint or the manifest knows, whose
 //! first, middle, last or every segment (or whose directory) is gone:
 //! Strict refuses and names what is missing; Truncate and Salvage say in
 //! the report what they lose, and offsets are never handed out again.
 
-mod common;
+use crate::common;
+use common::log::value;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +23,7 @@ const PER_SEGMENT: u64 = 25;
 /// that what the checkpoint calls durable is never silently lost. With the
 /// default interval a sync writes no checkpoint until one is due, and
 /// without a checkpoint entry nothing durable says which offsets existed
-/// (tests/checkpoint_interval.rs covers that cadence).
+/// (tests/durability/checkpoint_interval.rs covers that cadence).
 fn opts(mode: RecoveryMode) -> LogOptions {
     LogOptions {
         balancer: false,
@@ -31,10 +31,6 @@ fn opts(mode: RecoveryMode) -> LogOptions {
         checkpoint_interval: std::time::Duration::ZERO,
         ..LogOptions::default()
     }
-}
-
-fn value(i: u64) -> Vec<u8> {
-    (0..100).map(|j| (i * 31 + j) as u8).collect()
 }
 
 fn append(log: &Log, i: u64) -> u64 {

@@ -1,11 +1,10 @@
-//! Adversarial probes of recovery, the checkpoint cadence and segment
+//! Recovery, the checkpoint cadence and segment
 //! creation (contracts C1-C3, C5, C7, C8). Each test builds the exact
 //! power-loss image it needs from the per-file crash model
 //! (`common::model_hook`): every file as of its own last fsync, plus the
-//! pages the test names as written back. A test that still fails on main
-//! is `#[ignore]`d with the reason until the engine is fixed.
+//! pages the test names as written back.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,8 +1,8 @@
-//! Adversarial probes of the storage, recovery and sync paths (issue 7).
-//! Each test states the contract it checks; a test that still fails on
-//! main is `#[ignore]`d with the reason until the engine is fixed.
+//! Power-loss images around the storage, recovery and sync paths: a cut
+//! past a lost tail, a salvage hole, the retention floor and a failed
+//! checkpoint write. Each test states the contract it checks.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,10 +1,11 @@
-//! Adversarial probes of Salvage's repair of a rolled segment torn below
+//! Salvage's repair of a rolled segment torn below
 //! the seal in its header (the segments after it are kept, the torn part
 //! becomes one hole up to the seal), and of readers reporting partitions
-//! retention removed. A test that still fails is `#[ignore]`d with the
-//! reason until the engine is fixed.
+//! retention removed.
 
-mod common;
+use crate::common;
+use common::log::quiet_in;
+use common::log::value;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,15 +15,6 @@ use fissionlog::{
     TopicConfig,
 };
 
-fn opts(mode: RecoveryMode) -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        recovery: mode,
-        ..LogOptions::default()
-    }
-}
-
 fn config(partitions: u32) -> TopicConfig {
     TopicConfig {
         partitions,
@@ -30,10 +22,6 @@ fn config(partitions: u32) -> TopicConfig {
         sync: SyncPolicy::Never,
         ..TopicConfig::default()
     }
-}
-
-fn value(i: u64) -> Vec<u8> {
-    (0..100).map(|j| (i * 31 + j) as u8).collect()
 }
 
 fn append(t: &Topic, p: u32, i: u64) -> u64 {
@@ -85,7 +73,7 @@ fn batch_starts(path: &Path) -> (Vec<u64>, u64) {
 fn sealed_log(dir: &Path, records: u64, checkpoint: bool) {
     let o = LogOptions {
         checkpoint_interval: Duration::from_secs(3600),
-        ..opts(RecoveryMode::Strict)
+        ..quiet_in(RecoveryMode::Strict)
     };
     let log = Log::open(dir, o).unwrap();
     let t = log.create_topic("t", config(1)).unwrap();
@@ -154,13 +142,13 @@ fn salvage_keeps_the_later_segments_when_the_tear_is_at_a_batch_boundary() {
     let (starts, _) = batch_starts(&segs[0]);
     let cut_at = starts[starts.len() - 3];
     cut_file(&segs[0], cut_at);
-    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Salvage)).unwrap();
     let holes = read_all(&log, 80);
     assert_eq!(holes.len(), 1, "{holes:?}");
     let lost = holes[0].1 - holes[0].0;
     assert_eq!(lost, 3, "only the three cut batches are lost: {holes:?}");
     drop(log);
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Strict)).unwrap();
     assert_eq!(read_all(&log, 80), holes);
 }
 
@@ -175,12 +163,12 @@ fn salvage_keeps_the_later_segments_after_a_checkpointed_torn_rolled_segment() {
     assert!(segs.len() >= 3, "{segs:?}");
     let len = std::fs::metadata(&segs[0]).unwrap().len();
     cut_file(&segs[0], len - 60);
-    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Salvage)).unwrap();
     let holes = read_all(&log, 80);
     assert_eq!(holes.len(), 1, "{holes:?}");
     assert_eq!(holes[0].1 - holes[0].0, 1, "{holes:?}");
     drop(log);
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Strict)).unwrap();
     assert_eq!(read_all(&log, 80), holes);
 }
 
@@ -225,7 +213,7 @@ fn salvage_does_not_fill_a_torn_segment_to_an_impossible_seal() {
         .parse()
         .unwrap();
     assert_eq!(end_offset, name, "the seal names the next segment's base");
-    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Salvage)).unwrap();
     let size = std::fs::metadata(&segs[0]).unwrap().len();
     assert!(size <= 4096, "the torn segment grew to {size} bytes");
     let holes = read_all(&log, 80);
@@ -239,7 +227,7 @@ fn salvage_does_not_fill_a_torn_segment_to_an_impossible_seal() {
         assert!(kept, "{} was deleted", s.display());
     }
     drop(log);
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Strict)).unwrap();
     assert_eq!(read_all(&log, 80), holes);
 }
 
@@ -259,7 +247,7 @@ fn a_power_loss_after_salvaging_a_checkpointed_torn_rolled_segment_keeps_the_rep
     let len = std::fs::metadata(&segs[0]).unwrap().len();
     cut_file(&segs[0], len - 60);
     let hook = ModelHook::new(&dir, None);
-    let log = Log::open_with_hook(&dir, opts(RecoveryMode::Salvage), hook.clone()).unwrap();
+    let log = Log::open_with_hook(&dir, quiet_in(RecoveryMode::Salvage), hook.clone()).unwrap();
     let holes = read_all(&log, 80);
     assert_eq!(holes.len(), 1, "{holes:?}");
     let point = hook.now(IoOp::SyncDir);
@@ -269,7 +257,7 @@ fn a_power_loss_after_salvaging_a_checkpointed_torn_rolled_segment_keeps_the_rep
         let d = tempfile::tempdir().unwrap();
         let r = d.path().join("log");
         image.write_to(&r).unwrap();
-        let log = Log::open(&r, opts(RecoveryMode::Strict)).unwrap_or_else(|e| {
+        let log = Log::open(&r, quiet_in(RecoveryMode::Strict)).unwrap_or_else(|e| {
             panic!(
                 "seed {seed}: the reported repair did not survive: {e}; {}",
                 trace.join("; ")
@@ -312,7 +300,7 @@ fn power_loss_during_the_salvage_of_a_torn_rolled_segment_keeps_the_later_segmen
         let seal = torn_sealed_log(&dir, 60, boundary);
         let hook = ModelHook::new(&dir, None);
         hook.record_steps(true);
-        let log = Log::open_with_hook(&dir, opts(RecoveryMode::Salvage), hook.clone()).unwrap();
+        let log = Log::open_with_hook(&dir, quiet_in(RecoveryMode::Salvage), hook.clone()).unwrap();
         let first = read_all(&log, 80);
         assert_eq!(first.len(), 1, "{first:?}");
         assert_eq!(first[0].1, seal, "{first:?}");
@@ -340,12 +328,12 @@ fn power_loss_during_the_salvage_of_a_torn_rolled_segment_keeps_the_later_segmen
                     point.op,
                     trace.join("; ")
                 );
-                let log = Log::open(&r, opts(RecoveryMode::Salvage))
+                let log = Log::open(&r, quiet_in(RecoveryMode::Salvage))
                     .unwrap_or_else(|e| panic!("{ctx}: salvage open: {e}"));
                 let holes = read_all(&log, 80);
                 assert_eq!(holes, first, "{ctx}");
                 drop(log);
-                let log = Log::open(&r, opts(RecoveryMode::Strict))
+                let log = Log::open(&r, quiet_in(RecoveryMode::Strict))
                     .unwrap_or_else(|e| panic!("{ctx}: strict open after salvage: {e}"));
                 assert_eq!(read_all(&log, 80), first, "{ctx}");
             }
@@ -362,7 +350,7 @@ fn a_segment_torn_again_after_its_salvage_loses_only_the_new_tear() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     let seal = torn_sealed_log(&dir, 60, false);
-    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Salvage)).unwrap();
     let first = read_all(&log, 80);
     assert_eq!(first.len(), 1);
     let t = log.topic("t").unwrap();
@@ -379,12 +367,12 @@ fn a_segment_torn_again_after_its_salvage_loses_only_the_new_tear() {
     let before = starts[starts.len() - 2];
     assert!(before < hole_at);
     cut_file(&segs[0], before + 30);
-    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Salvage)).unwrap();
     let holes = read_all(&log, 80);
     assert_eq!(holes.len(), 1, "{holes:?}");
     assert_eq!(holes[0], (first[0].0 - 1, seal), "{holes:?}");
     drop(log);
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Strict)).unwrap();
     assert_eq!(read_all(&log, 80), holes);
 }
 
@@ -429,11 +417,11 @@ fn salvage_of_a_tear_just_below_a_seal_too_close_for_a_hole_batch_opens() {
     // The scan stops at the start of the torn (last) batch.
     let torn_at = *starts.last().unwrap();
     write_seal(&segs[0], next, torn_at + 8);
-    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Salvage)).unwrap();
     let holes = read_all(&log, 80);
     assert!(!holes.is_empty(), "{holes:?}");
     drop(log);
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Strict)).unwrap();
     assert_eq!(read_all(&log, 80), holes);
 }
 
@@ -451,7 +439,7 @@ fn verify_reports_a_torn_rolled_segment_and_accepts_its_salvage() {
         assert!(!problems.is_empty(), "boundary {boundary}");
         let after = common::crash::DirImage::capture(&dir).unwrap();
         assert!(before == after, "{}", before.diff_summary(&after));
-        let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+        let log = Log::open(&dir, quiet_in(RecoveryMode::Salvage)).unwrap();
         let holes = read_all(&log, 80);
         log.close().unwrap();
         let (_, problems) = fissionlog::verify(&dir).unwrap();
@@ -526,7 +514,7 @@ fn lost(r: &fissionlog::Reader) -> Vec<(u32, u64, u64)> {
 #[test]
 fn a_removed_merge_below_a_removed_split_is_reported_once_and_nothing_read_is() {
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path(), opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(root.path(), quiet_in(RecoveryMode::Strict)).unwrap();
     let cfg = TopicConfig {
         partitions: 1,
         segment_bytes: 4096,
@@ -592,7 +580,7 @@ fn a_removed_merge_below_a_removed_split_is_reported_once_and_nothing_read_is() 
     drop(inside);
     drop(read_all_before);
     log.close().unwrap();
-    let log = Log::open(root.path(), opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(root.path(), quiet_in(RecoveryMode::Strict)).unwrap();
     check(&log.topic("t").unwrap());
 }
 
@@ -723,7 +711,7 @@ fn salvage_after_a_power_loss_in_an_active_partition_keeps_a_prefix() {
     std::fs::create_dir_all(&dir).unwrap();
     let o = LogOptions {
         checkpoint_interval: Duration::from_secs(3600),
-        ..opts(RecoveryMode::Strict)
+        ..quiet_in(RecoveryMode::Strict)
     };
     {
         let log = Log::open(&dir, o.clone()).unwrap();
@@ -750,7 +738,7 @@ fn salvage_after_a_power_loss_in_an_active_partition_keeps_a_prefix() {
         let d = tempfile::tempdir().unwrap();
         let r = d.path().join("log");
         image.write_to(&r).unwrap();
-        let log = Log::open(&r, opts(RecoveryMode::Salvage)).unwrap();
+        let log = Log::open(&r, quiet_in(RecoveryMode::Salvage)).unwrap();
         let end = log.topic("t").unwrap().partition(0).unwrap().end_offset();
         let holes = read_all(&log, end);
         if !holes.is_empty() {
@@ -780,7 +768,7 @@ fn removed_partitions_survive_manifest_compaction() {
     let root = tempfile::tempdir().unwrap();
     let o = LogOptions {
         manifest_compact_records: 2,
-        ..opts(RecoveryMode::Strict)
+        ..quiet_in(RecoveryMode::Strict)
     };
     let log = Log::open(root.path(), o.clone()).unwrap();
     let cfg = TopicConfig {
@@ -831,7 +819,7 @@ fn appends_after_salvaging_an_active_partition_survive_a_strict_reopen() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     {
-        let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+        let log = Log::open(&dir, quiet_in(RecoveryMode::Strict)).unwrap();
         let t = log.create_topic("t", config(1)).unwrap();
         for i in 0..80 {
             append(&t, 0, i);
@@ -843,7 +831,7 @@ fn appends_after_salvaging_an_active_partition_survive_a_strict_reopen() {
     assert!(segs.len() >= 3, "{segs:?}");
     let len = std::fs::metadata(&segs[0]).unwrap().len();
     cut_file(&segs[0], len - 60);
-    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Salvage)).unwrap();
     let holes = read_all(&log, 80);
     assert_eq!(holes.len(), 1, "{holes:?}");
     assert_eq!(holes[0].1 - holes[0].0, 1, "{holes:?}");
@@ -853,7 +841,7 @@ fn appends_after_salvaging_an_active_partition_survive_a_strict_reopen() {
     }
     drop(t);
     log.close().unwrap();
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Strict)).unwrap();
     assert_eq!(read_all(&log, 100), holes);
     let t = log.topic("t").unwrap();
     let mut r = t.reader(fissionlog::StartAt::Earliest).unwrap();
@@ -885,7 +873,7 @@ fn salvage_of_a_segment_torn_inside_its_header(torn: usize) {
     let base = |p: &Path| -> u64 { p.file_stem().unwrap().to_str().unwrap().parse().unwrap() };
     let lost = (base(&segs[torn]), base(&segs[torn + 1]));
     cut_file(&segs[torn], 30);
-    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Salvage)).unwrap();
     // The later segments' files are still there (kept, or set aside).
     let names: Vec<String> = std::fs::read_dir(dir.join("topics/t0/p0"))
         .unwrap()
@@ -903,7 +891,7 @@ fn salvage_of_a_segment_torn_inside_its_header(torn: usize) {
     let holes = read_all(&log, 80);
     assert_eq!(holes, vec![lost], "only segment {torn} is lost");
     drop(log);
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Strict)).unwrap();
     assert_eq!(read_all(&log, 80), vec![lost]);
 }
 
@@ -929,7 +917,7 @@ fn truncate_sets_aside_the_synced_segments_after_a_segment_torn_inside_its_heade
     let segs = segments(&dir.join("topics/t0/p0"));
     assert!(segs.len() >= 4, "{segs:?}");
     cut_file(&segs[1], 30);
-    let log = Log::open(&dir, opts(RecoveryMode::Truncate)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Truncate)).unwrap();
     let names: Vec<String> = std::fs::read_dir(dir.join("topics/t0/p0"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -957,7 +945,7 @@ fn strict_refuses_a_checkpointed_rolled_segment_cut_short() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     {
-        let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+        let log = Log::open(&dir, quiet_in(RecoveryMode::Strict)).unwrap();
         let t = log.create_topic("t", config(1)).unwrap();
         for i in 0..80 {
             append(&t, 0, i);
@@ -971,7 +959,7 @@ fn strict_refuses_a_checkpointed_rolled_segment_cut_short() {
     let len = std::fs::metadata(&segs[0]).unwrap().len();
     cut_file(&segs[0], len - 60);
     let before: Vec<_> = segs.iter().map(|s| std::fs::read(s).unwrap()).collect();
-    match Log::open(&dir, opts(RecoveryMode::Strict)) {
+    match Log::open(&dir, quiet_in(RecoveryMode::Strict)) {
         Err(fissionlog::Error::Corruption { file, .. }) => {
             assert_eq!(file, segs[0], "names the cut segment");
         }
@@ -986,7 +974,7 @@ fn strict_refuses_a_checkpointed_rolled_segment_cut_short() {
     }
     let after: Vec<_> = segs.iter().map(|s| std::fs::read(s).unwrap()).collect();
     assert!(before == after, "a refusing open changed a segment file");
-    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Salvage)).unwrap();
     let holes = read_all(&log, 80);
     assert_eq!(holes.len(), 1, "{holes:?}");
     assert_eq!(holes[0].1 - holes[0].0, 1, "{holes:?}");
@@ -1023,7 +1011,7 @@ fn salvage_takes_a_seal_at_exactly_the_segment_size() {
         seal[..4].copy_from_slice(&crc.to_le_bytes());
         f.write_all_at(&seal, 44).unwrap();
         drop(f);
-        let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+        let log = Log::open(&dir, quiet_in(RecoveryMode::Salvage)).unwrap();
         let size = std::fs::metadata(&segs[0]).unwrap().len();
         assert!(size <= 4096, "{at}: the torn segment grew to {size} bytes");
         let holes = read_all(&log, 80);
@@ -1033,7 +1021,7 @@ fn salvage_takes_a_seal_at_exactly_the_segment_size() {
             assert_eq!(holes[0], (end_offset - 1, end_offset), "{at}");
         }
         drop(log);
-        let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+        let log = Log::open(&dir, quiet_in(RecoveryMode::Strict)).unwrap();
         assert_eq!(read_all(&log, 80), holes, "{at}");
     }
 }
@@ -1051,7 +1039,7 @@ fn salvage_writes_a_hole_of_several_mebibytes_that_strict_accepts() {
     {
         let o = LogOptions {
             checkpoint_interval: Duration::from_secs(3600),
-            ..opts(RecoveryMode::Strict)
+            ..quiet_in(RecoveryMode::Strict)
         };
         let log = Log::open(&dir, o).unwrap();
         let cfg = TopicConfig {
@@ -1114,7 +1102,7 @@ fn salvage_writes_a_hole_of_several_mebibytes_that_strict_accepts() {
         }
         hole.expect("one hole")
     };
-    let log = Log::open(&dir, opts(RecoveryMode::Salvage)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Salvage)).unwrap();
     let hole = check(&log);
     assert_eq!(hole.1, next, "the hole runs to the next segment");
     assert!(hole.0 < 200, "{hole:?}");
@@ -1124,6 +1112,6 @@ fn salvage_writes_a_hole_of_several_mebibytes_that_strict_accepts() {
         seal_pos,
         "the hole is written out to the seal"
     );
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Strict)).unwrap();
     assert_eq!(check(&log), hole);
 }

@@ -1,7 +1,9 @@
 //! Focused recovery scenarios (C1, C3, C7) and regression tests for
 //! recovery and durability fixes.
 
-mod common;
+use crate::common;
+use common::log::no_balancer_in;
+use common::log::value;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -16,22 +18,14 @@ const SEG: u64 = 4096;
 const BATCH: u64 = 157;
 const HEADER: u64 = 64;
 
-fn opts(mode: RecoveryMode) -> LogOptions {
-    LogOptions {
-        balancer: false,
-        recovery: mode,
-        ..LogOptions::default()
-    }
-}
-
 /// A checkpoint in every sync round (`checkpoint_interval` zero), for the
 /// scenarios that put synced data *below* the checkpoint (or move the
 /// checkpointed segments) by syncing; with the default interval a sync
-/// writes no checkpoint until one is due (tests/checkpoint_interval.rs).
+/// writes no checkpoint until one is due (tests/durability/checkpoint_interval.rs).
 fn opts_every_round(mode: RecoveryMode) -> LogOptions {
     LogOptions {
         checkpoint_interval: std::time::Duration::ZERO,
-        ..opts(mode)
+        ..no_balancer_in(mode)
     }
 }
 
@@ -41,10 +35,6 @@ fn config() -> TopicConfig {
         segment_bytes: SEG,
         ..TopicConfig::default()
     }
-}
-
-fn value(i: u64) -> Vec<u8> {
-    (0..100).map(|j| (i * 31 + j) as u8).collect()
 }
 
 fn put(log: &Log, from: u64, n: u64) {
@@ -85,7 +75,7 @@ fn rel_seg(base: u64) -> PathBuf {
 fn torn_tail_is_cut_reported_and_never_resurrected() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     log.create_topic("t", config()).unwrap();
     put(&log, 0, 5);
     log.sync().unwrap();
@@ -94,7 +84,7 @@ fn torn_tail_is_cut_reported_and_never_resurrected() {
     // Only a prefix of the unsynced writes reached the disk: a torn tail.
     let tear = HEADER + 12 * BATCH + 10;
     zero_range(&dir, &rel_seg(0), tear, SEG - tear);
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     let rep = log.recovery_report().clone();
     let (_, end) = all(&log);
     assert_eq!(end, 12);
@@ -116,7 +106,7 @@ fn torn_tail_is_cut_reported_and_never_resurrected() {
         .unwrap();
     }
     log.abandon();
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     let (_, end2) = all(&log);
     assert!(
         end2 <= end + 2,
@@ -154,7 +144,7 @@ fn mid_segment_corruption_per_mode() {
         // Data below the checkpoint is trusted at open: a plain open finds
         // the damage only when reading, as a typed error.
         if mode == RecoveryMode::Strict {
-            let log = Log::open(&dir, opts(mode)).unwrap();
+            let log = Log::open(&dir, no_balancer_in(mode)).unwrap();
             let p = log.topic("t").unwrap().partition(0).unwrap();
             assert!(matches!(
                 p.read(3, 1),
@@ -165,7 +155,7 @@ fn mid_segment_corruption_per_mode() {
         }
         let full = LogOptions {
             full_scan: true,
-            ..opts(mode)
+            ..no_balancer_in(mode)
         };
         match (mode, Log::open(&dir, full)) {
             (RecoveryMode::Strict, Err(Error::Corruption { file, position, .. })) => {
@@ -216,7 +206,7 @@ fn mid_segment_corruption_per_mode() {
                 drop(p);
                 log.close().unwrap();
                 // The hole is permanent and reopening is idempotent.
-                let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+                let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
                 assert!(!log.recovery_report().changed_anything());
                 let p = log.topic("t").unwrap().partition(0).unwrap();
                 assert!(matches!(p.read(3, 1), Err(Error::Hole { .. })));
@@ -231,7 +221,7 @@ fn mid_segment_corruption_per_mode() {
 fn clean_reopen_of_many_segments_scans_nothing_and_is_idempotent() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     log.create_topic("t", config()).unwrap();
     put(&log, 0, 400);
     assert!(
@@ -245,7 +235,7 @@ fn clean_reopen_of_many_segments_scans_nothing_and_is_idempotent() {
     log.close().unwrap();
     for _ in 0..2 {
         let before = DirImage::capture(&dir).unwrap();
-        let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+        let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
         let rep = log.recovery_report().clone();
         assert!(rep.clean_shutdown);
         assert_eq!(rep.bytes_scanned, 0, "{rep:#?}");
@@ -263,13 +253,13 @@ fn clean_reopen_of_many_segments_scans_nothing_and_is_idempotent() {
         assert!(segs(&before) == segs(&after), "segments changed");
     }
     // After a crash, a second open changes nothing more.
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     put(&log, 400, 7);
     log.abandon();
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     assert_eq!(all(&log), (0, 407));
     log.abandon();
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     assert!(!log.recovery_report().changed_anything());
     assert_eq!(log.recovery_report().bytes_scanned, 0);
     assert_eq!(all(&log), (0, 407));
@@ -297,7 +287,8 @@ fn sync_after_roll_flushes_the_seal() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
     let hook = Arc::new(SyncRecorder::default());
-    let log = Log::open_with_hook(&dir, opts(RecoveryMode::Strict), hook.clone()).unwrap();
+    let log =
+        Log::open_with_hook(&dir, no_balancer_in(RecoveryMode::Strict), hook.clone()).unwrap();
     log.create_topic("t", config()).unwrap();
     put(&log, 0, 3);
     log.sync().unwrap();
@@ -334,7 +325,7 @@ fn sync_after_roll_flushes_the_seal() {
 fn recovery_seals_a_segment_that_lost_its_seal() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     log.create_topic("t", config()).unwrap();
     put(&log, 0, 5);
     log.sync().unwrap();
@@ -348,10 +339,10 @@ fn recovery_seals_a_segment_that_lost_its_seal() {
     put(&log, 5, 3);
     log.abandon();
     zero_range(&dir, &rel_seg(0), 44, 20); // the seal
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     assert_eq!(all(&log), (0, 8));
     log.abandon();
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     assert_eq!(all(&log), (0, 8));
     assert!(!log.recovery_report().changed_anything());
 }
@@ -363,7 +354,7 @@ fn recovery_seals_a_segment_that_lost_its_seal() {
 fn retention_keeps_the_checkpointed_segment() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     log.create_topic(
         "t",
         TopicConfig {
@@ -390,7 +381,7 @@ fn retention_keeps_the_checkpointed_segment() {
     assert_eq!(p.start_offset(), 5, "retention resumes once synced");
     drop(p);
     log.abandon();
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     assert_eq!(all(&log), (5, 6));
 }
 
@@ -426,7 +417,7 @@ fn resurrected_retention_leftovers_are_dropped() {
     drop(p);
     log.abandon();
     std::fs::write(dir.join(rel_seg(0)), old).unwrap();
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     assert_eq!(all(&log), (4, 5));
     assert!(log
         .recovery_report()
@@ -447,7 +438,7 @@ fn resurrected_retention_leftovers_are_dropped() {
 fn torn_roll_below_the_seal_leaves_an_unsealed_active_segment() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     log.create_topic("t", config()).unwrap();
     put(&log, 0, 10);
     log.topic("t")
@@ -460,7 +451,7 @@ fn torn_roll_below_the_seal_leaves_an_unsealed_active_segment() {
     // What the disk kept: the seal (header page), records 0..6, no new segment.
     std::fs::remove_file(dir.join(rel_seg(10))).unwrap();
     zero_range(&dir, &rel_seg(0), HEADER + 6 * BATCH, 4 * BATCH);
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     assert_eq!(all(&log), (0, 6));
     // Records of the same size: the segment ends where the stale seal says.
     put(&log, 6, 4);
@@ -471,7 +462,7 @@ fn torn_roll_below_the_seal_leaves_an_unsealed_active_segment() {
         "the active segment's header still carries a seal"
     );
     for _ in 0..2 {
-        let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+        let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
         assert_eq!(all(&log), (0, 10));
         assert!(
             !log.recovery_report().changed_anything(),
@@ -514,7 +505,7 @@ fn a_wrong_index_file_after_a_clean_close_never_changes_what_reads_answer() {
         ..TopicConfig::default()
     };
     let n = 600;
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     log.create_topic("t", big.clone()).unwrap();
     log.create_topic("u", big).unwrap();
     put_sized(&log, "t", n, 100);
@@ -526,7 +517,7 @@ fn a_wrong_index_file_after_a_clean_close_never_changes_what_reads_answer() {
     assert!(theirs.len() > 40, "the donor index holds entries");
     std::fs::write(idx(0), &theirs).unwrap();
 
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     let p = log.topic("t").unwrap().partition(0).unwrap();
     assert_eq!(p.end_offset(), n);
     for i in (0..n).step_by(7) {
@@ -563,7 +554,7 @@ fn a_wrong_middle_index_entry_after_a_clean_close_never_fails_a_time_lookup() {
         ..TopicConfig::default()
     };
     let n = 600;
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     log.create_topic("t", big).unwrap();
     put_sized(&log, "t", n, 100);
     log.close().unwrap();
@@ -582,7 +573,7 @@ fn a_wrong_middle_index_entry_after_a_clean_close_never_fails_a_time_lookup() {
     buf[at..at + 4].copy_from_slice(&(pos + 1).to_le_bytes());
     std::fs::write(&idx, &buf).unwrap();
 
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     let p = log.topic("t").unwrap().partition(0).unwrap();
     assert_eq!(p.end_offset(), n);
     for ts in 0..n {
@@ -634,14 +625,14 @@ fn appends_after_a_clean_reopen_are_indexed_through_a_crash_and_a_second_clean_c
         segment_bytes: 1 << 20,
         ..TopicConfig::default()
     };
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     log.create_topic("t", big).unwrap();
     put_sized(&log, "t", 300, 100);
     log.close().unwrap();
     let idx = dir.join(format!("topics/t0/p0/{:020}.idx", 0));
     let first = std::fs::read(&idx).unwrap();
 
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     assert!(log.recovery_report().clean_shutdown);
     let t = log.topic("t").unwrap();
     for i in 300..600u64 {
@@ -660,7 +651,7 @@ fn appends_after_a_clean_reopen_are_indexed_through_a_crash_and_a_second_clean_c
         "no close, no new index"
     );
 
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     assert!(!log.recovery_report().clean_shutdown);
     check_sized(&log, 600, 100);
     log.close().unwrap();
@@ -670,7 +661,7 @@ fn appends_after_a_clean_reopen_are_indexed_through_a_crash_and_a_second_clean_c
         "the close indexed the new records"
     );
 
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     assert!(log.recovery_report().clean_shutdown);
     check_sized(&log, 600, 100);
     log.close().unwrap();

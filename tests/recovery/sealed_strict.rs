@@ -1,11 +1,11 @@
-//! Adversarial probes of two contracts: a sealed partition holding less
+//! Two contracts: a sealed partition holding less
 //! than its seal is missing data (C7: a legitimate crash state must still
 //! open in Strict; C8: Truncate must not hand offsets out twice), and
 //! `Topic::durable` (resolves only once the offset is durable, never hangs
-//! while something syncs). A test that still fails is `#[ignore]`d with the
-//! reason until the engine is fixed.
+//! while something syncs).
 
-mod common;
+use crate::common;
+use common::log::quiet_in;
 
 use std::future::Future;
 use std::path::Path;
@@ -21,15 +21,6 @@ use fissionlog::{
     Error, IoOp, Log, LogOptions, NewRecord, RecoveryMode, SplitPlan, SyncPolicy, Topic,
     TopicConfig,
 };
-
-fn opts(mode: RecoveryMode) -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        recovery: mode,
-        ..LogOptions::default()
-    }
-}
 
 fn config(partitions: u32, sync: SyncPolicy) -> TopicConfig {
     TopicConfig {
@@ -68,7 +59,7 @@ fn segments(dir: &Path) -> Vec<std::path::PathBuf> {
 /// gone (closed cleanly first, so the checkpoint names it): a Truncate
 /// open fills a hole up to the checkpoint's end.
 fn damaged_log(dir: &Path) -> u64 {
-    let log = Log::open(dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(dir, quiet_in(RecoveryMode::Strict)).unwrap();
     let t = log.create_topic("t", config(1, SyncPolicy::Never)).unwrap();
     let mut end = 0;
     for i in 0..120 {
@@ -95,7 +86,7 @@ fn split_and_merge_right_after_a_truncate_repair_reopen_in_strict() {
     let end = damaged_log(&dir);
     let hook = ModelHook::new(&dir, None);
     hook.grant_segment_headers(true);
-    let log = Log::open_with_hook(&dir, opts(RecoveryMode::Truncate), hook.clone()).unwrap();
+    let log = Log::open_with_hook(&dir, quiet_in(RecoveryMode::Truncate), hook.clone()).unwrap();
     assert!(log.recovery_report().changed_anything());
     let t = log.topic("t").unwrap();
     assert_eq!(t.partition(0).unwrap().end_offset(), end);
@@ -117,7 +108,7 @@ fn split_and_merge_right_after_a_truncate_repair_reopen_in_strict() {
             let d = tempfile::tempdir().unwrap();
             let r = d.path().join("log");
             image.write_to(&r).unwrap();
-            match Log::open(&r, opts(RecoveryMode::Strict)) {
+            match Log::open(&r, quiet_in(RecoveryMode::Strict)) {
                 Ok(log) => {
                     let t = log.topic("t").unwrap();
                     let p0 = t.partition(0).unwrap();
@@ -186,7 +177,7 @@ fn block_on<F: Future + Unpin>(mut f: F) -> F::Output {
 #[test]
 fn a_future_polled_from_two_tasks_wakes_both() {
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path().join("log"), opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(root.path().join("log"), quiet_in(RecoveryMode::Strict)).unwrap();
     let t = log.create_topic("t", config(1, SyncPolicy::Never)).unwrap();
     let off = append(&t, 0, 0);
     let mut a = t.durable(0, off);
@@ -209,7 +200,7 @@ fn a_future_polled_from_two_tasks_wakes_both() {
 #[test]
 fn futures_made_before_the_append_resolve_only_once_durable() {
     let root = tempfile::tempdir().unwrap();
-    let log = Arc::new(Log::open(root.path().join("log"), opts(RecoveryMode::Strict)).unwrap());
+    let log = Arc::new(Log::open(root.path().join("log"), quiet_in(RecoveryMode::Strict)).unwrap());
     let t = log.create_topic("t", config(4, SyncPolicy::Never)).unwrap();
     let done = Arc::new(AtomicBool::new(false));
     let syncer = {
@@ -252,7 +243,7 @@ fn futures_made_before_the_append_resolve_only_once_durable() {
 #[test]
 fn a_merged_parent_resolves_below_its_seal_and_fails_past_it() {
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path().join("log"), opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(root.path().join("log"), quiet_in(RecoveryMode::Strict)).unwrap();
     let t = log.create_topic("t", config(2, SyncPolicy::Never)).unwrap();
     let a = append(&t, 0, 0);
     let b = append(&t, 1, 1);
@@ -275,11 +266,11 @@ fn a_merged_parent_resolves_below_its_seal_and_fails_past_it() {
 fn after_a_reopen_only_what_is_on_disk_resolves() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Strict)).unwrap();
     let t = log.create_topic("t", config(1, SyncPolicy::Never)).unwrap();
     let last = (0..10).map(|i| append(&t, 0, i)).next_back().unwrap();
     log.close().unwrap();
-    let log = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Strict)).unwrap();
     let t = log.topic("t").unwrap();
     let (_c, w) = counter();
     assert!(matches!(
@@ -334,7 +325,7 @@ fn retention_probe(cfg: TopicConfig, removed: bool) {
     hook.grant_segment_headers(true);
     let eager = LogOptions {
         checkpoint_interval: Duration::ZERO,
-        ..opts(RecoveryMode::Strict)
+        ..quiet_in(RecoveryMode::Strict)
     };
     let log = Log::open_with_hook(&dir, eager, hook.clone()).unwrap();
     let t = log.create_topic("t", cfg).unwrap();
@@ -368,7 +359,7 @@ fn retention_probe(cfg: TopicConfig, removed: bool) {
             let d = tempfile::tempdir().unwrap();
             let r = d.path().join("log");
             image.write_to(&r).unwrap();
-            if let Err(e) = Log::open(&r, opts(RecoveryMode::Strict)) {
+            if let Err(e) = Log::open(&r, quiet_in(RecoveryMode::Strict)) {
                 refused.push(format!(
                     "step {i} (before {:?}) seed {s}: {e} [{}]",
                     point.op,
@@ -411,7 +402,7 @@ fn an_offset_in_a_recovered_hole_does_not_wait_forever() {
     let dir = root.path().join("log");
     std::fs::create_dir_all(&dir).unwrap();
     let end = damaged_log(&dir);
-    let log = Log::open(&dir, opts(RecoveryMode::Truncate)).unwrap();
+    let log = Log::open(&dir, quiet_in(RecoveryMode::Truncate)).unwrap();
     let t = log.topic("t").unwrap();
     assert_eq!(t.partition(0).unwrap().end_offset(), end);
     let r = resolves_with_syncs(&log, t.durable(0, end - 1));
@@ -432,7 +423,7 @@ fn a_sealed_parent_recovered_past_its_checkpoint_does_not_wait_forever() {
     let dir = root.path().join("log");
     let slow = LogOptions {
         checkpoint_interval: Duration::from_secs(3600),
-        ..opts(RecoveryMode::Strict)
+        ..quiet_in(RecoveryMode::Strict)
     };
     let log = Log::open(&dir, slow.clone()).unwrap();
     let t = log.create_topic("t", config(1, SyncPolicy::Never)).unwrap();
@@ -459,7 +450,7 @@ fn a_sealed_parent_recovered_past_its_checkpoint_does_not_wait_forever() {
 #[test]
 fn a_deleted_topic_fails_a_pending_future_instead_of_resolving_it() {
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path().join("log"), opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(root.path().join("log"), quiet_in(RecoveryMode::Strict)).unwrap();
     let t = log.create_topic("t", config(1, SyncPolicy::Never)).unwrap();
     let off = append(&t, 0, 0);
     let (c, w) = counter();
@@ -484,7 +475,7 @@ fn a_deleted_topic_fails_a_pending_future_instead_of_resolving_it() {
 #[test]
 fn a_deleted_topic_does_not_leave_a_future_pending_past_the_close() {
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path().join("log"), opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(root.path().join("log"), quiet_in(RecoveryMode::Strict)).unwrap();
     let t = log.create_topic("t", config(1, SyncPolicy::Never)).unwrap();
     let off = append(&t, 0, 0);
     let (_c, w) = counter();
@@ -523,7 +514,7 @@ fn a_failed_checkpoint_sync_fails_a_pending_future() {
     let hook = Arc::new(FailCheckpointSync::default());
     let eager = LogOptions {
         checkpoint_interval: Duration::ZERO,
-        ..opts(RecoveryMode::Strict)
+        ..quiet_in(RecoveryMode::Strict)
     };
     let log = Log::open_with_hook(root.path().join("log"), eager, hook.clone()).unwrap();
     let t = log.create_topic("t", config(1, SyncPolicy::Never)).unwrap();
@@ -566,7 +557,7 @@ fn a_failed_checkpoint_sync_fails_a_pending_future() {
 fn sealed_with_a_torn_segment(dir: &Path, records: u64, torn: usize) -> u64 {
     let no_checkpoint = LogOptions {
         checkpoint_interval: Duration::from_secs(3600),
-        ..opts(RecoveryMode::Strict)
+        ..quiet_in(RecoveryMode::Strict)
     };
     let log = Log::open(dir, no_checkpoint).unwrap();
     let t = log.create_topic("t", config(1, SyncPolicy::Never)).unwrap();
@@ -594,7 +585,7 @@ fn strict_refusal_changes_nothing(records: u64, torn: usize) -> tempfile::TempDi
     let dir = root.path().join("log");
     let seal = sealed_with_a_torn_segment(&dir, records, torn);
     let before = common::crash::DirImage::capture(&dir).unwrap();
-    let err = Log::open(&dir, opts(RecoveryMode::Strict)).unwrap_err();
+    let err = Log::open(&dir, quiet_in(RecoveryMode::Strict)).unwrap_err();
     assert!(err.to_string().contains(&format!("{seal}")), "{err}");
     let after = common::crash::DirImage::capture(&dir).unwrap();
     assert!(before == after, "{}", before.diff_summary(&after));
@@ -619,7 +610,7 @@ fn strict_refusing_a_sealed_partition_torn_before_its_last_segment_changes_nothi
 fn salvage_keeps_the_segments_after_a_torn_rolled_segment() {
     let dir = strict_refusal_changes_nothing(80, 0);
     let path = dir.path().join("log");
-    let log = Log::open(&path, opts(RecoveryMode::Salvage)).unwrap();
+    let log = Log::open(&path, quiet_in(RecoveryMode::Salvage)).unwrap();
     let holes = log.recovery_report().holes.clone();
     assert_eq!(holes.len(), 1, "{holes:?}");
     let (_, partition, start, end) = holes[0].clone();
@@ -653,7 +644,7 @@ fn salvage_keeps_the_segments_after_a_torn_rolled_segment() {
     check(&log);
     drop(log);
     // The repair is durable and complete: a Strict open accepts it.
-    let log = Log::open(&path, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(&path, quiet_in(RecoveryMode::Strict)).unwrap();
     check(&log);
 }
 
@@ -670,7 +661,7 @@ fn strict_refusing_a_sealed_partition_missing_a_middle_segment_changes_nothing()
     std::fs::remove_file(&segs[1]).unwrap();
     let _ = std::fs::remove_file(segs[1].with_extension("idx"));
     let before = common::crash::DirImage::capture(&dir).unwrap();
-    assert!(Log::open(&dir, opts(RecoveryMode::Strict)).is_err());
+    assert!(Log::open(&dir, quiet_in(RecoveryMode::Strict)).is_err());
     let after = common::crash::DirImage::capture(&dir).unwrap();
     assert!(before == after, "{}", before.diff_summary(&after));
 }
@@ -681,7 +672,7 @@ fn strict_refusing_a_sealed_partition_missing_a_middle_segment_changes_nothing()
 #[test]
 fn clones_awaited_from_three_threads_all_resolve() {
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path().join("log"), opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(root.path().join("log"), quiet_in(RecoveryMode::Strict)).unwrap();
     let t = log.create_topic("t", config(1, SyncPolicy::Never)).unwrap();
     for i in 0..100u64 {
         let off = append(&t, 0, i);

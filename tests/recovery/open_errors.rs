@@ -5,46 +5,29 @@
 //! ([`IoOp::OpenSegment`], [`IoOp::MapSegment`]) and, for the binary, with
 //! a real descriptor shortage (a low `RLIMIT_NOFILE`).
 
-mod common;
+use crate::common;
+use common::faults::Fail;
+use common::log::no_balancer_in;
+use common::log::serial;
+use common::log::value;
 
 use std::io;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::crash::DirImage;
 use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
 
-/// Tests of this file run one at a time: one spawns processes, and a
-/// process forked while another test holds a log's `flock` keeps that lock
-/// until it execs, so a following open or verify by that test could see
-/// `Locked`.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 use fissionlog::{IoHook, IoOp};
 
 const RECORDS: u64 = 300;
-
-fn opts(mode: RecoveryMode) -> LogOptions {
-    LogOptions {
-        balancer: false,
-        recovery: mode,
-        ..LogOptions::default()
-    }
-}
-
-fn value(i: u64) -> Vec<u8> {
-    (0..100).map(|j| (i * 31 + j) as u8).collect()
-}
 
 /// A log of one partition holding `RECORDS` synced records in about a dozen
 /// 4 KiB segments. The process then "dies": the checkpoint lags one sync
 /// round, so the newest segments lie after the checkpointed position.
 fn synced_log(dir: &Path) {
-    let log = Log::open(dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     let t = log
         .create_topic(
             "t",
@@ -74,7 +57,7 @@ fn synced_log(dir: &Path) {
 
 /// Checks that every synced record is there, byte for byte.
 fn assert_all_records(dir: &Path) {
-    let log = Log::open(dir, opts(RecoveryMode::Strict)).unwrap();
+    let log = Log::open(dir, no_balancer_in(RecoveryMode::Strict)).unwrap();
     let p = log.topic("t").unwrap().partition(0).unwrap();
     assert_eq!((p.start_offset(), p.end_offset()), (0, RECORDS));
     let mut next = 0;
@@ -99,24 +82,6 @@ fn segment_count(dir: &Path) -> usize {
                 .is_some_and(|x| x == "seg")
         })
         .count()
-}
-
-/// Fails the `nth` (0-based) call of `op` and every later one with `errno`.
-#[derive(Debug)]
-struct FailFrom {
-    op: IoOp,
-    nth: usize,
-    errno: i32,
-    seen: AtomicUsize,
-}
-
-impl IoHook for FailFrom {
-    fn before(&self, op: IoOp, _path: &Path) -> io::Result<()> {
-        if op == self.op && self.seen.fetch_add(1, Ordering::SeqCst) >= self.nth {
-            return Err(io::Error::from_raw_os_error(self.errno));
-        }
-        Ok(())
-    }
 }
 
 fn errno_of(e: &Error) -> Option<i32> {
@@ -158,14 +123,10 @@ fn transient_open_error_deletes_nothing() {
                     .write_to(&dir)
                     .unwrap();
                 let before = DirImage::capture(&dir).unwrap();
-                let hook = Arc::new(FailFrom {
-                    op,
-                    nth,
-                    errno,
-                    seen: AtomicUsize::new(0),
-                });
+                // The `nth` (0-based) call of `op` and every later one fail.
+                let hook = Arc::new(Fail::new(op, errno).from_nth(nth));
                 let what = format!("{op:?} errno {errno} at segment {nth} in {mode:?}");
-                let outcome = Log::open_with_hook(&dir, opts(mode), hook).map(|log| {
+                let outcome = Log::open_with_hook(&dir, no_balancer_in(mode), hook).map(|log| {
                     let report = log.recovery_report().clone();
                     log.abandon();
                     report
@@ -284,7 +245,7 @@ fn newer_format_version_is_refused_and_changes_nothing() {
             img.write_to(&dir).unwrap();
             let before = DirImage::capture(&dir).unwrap();
             let what = format!("{target} in {mode:?}");
-            let outcome = Log::open(&dir, opts(mode)).map(|log| log.abandon());
+            let outcome = Log::open(&dir, no_balancer_in(mode)).map(|log| log.abandon());
             let after = DirImage::capture(&dir).unwrap();
             assert!(
                 before == after,
@@ -407,7 +368,7 @@ fn a_fifo_or_symlink_at_a_scratch_name_is_replaced_not_written_through() {
         std::fs::write(&victim, b"not fissionlog's").unwrap();
         let options = LogOptions {
             manifest_compact_records: 1,
-            ..opts(RecoveryMode::Strict)
+            ..no_balancer_in(RecoveryMode::Strict)
         };
         let log = Log::open(&dir, options.clone()).unwrap();
         let pdir = dir.join("topics/t0/p0");
@@ -541,7 +502,7 @@ fn a_log_created_at_a_relative_path_fsyncs_the_directory_it_was_created_in() {
     let cwd = std::env::current_dir().unwrap();
     std::env::set_current_dir(root.path()).unwrap();
     let hook = Arc::new(NewDirSyncs::default());
-    let opened = Log::open_with_hook("log", opts(RecoveryMode::Strict), hook.clone())
+    let opened = Log::open_with_hook("log", no_balancer_in(RecoveryMode::Strict), hook.clone())
         .and_then(|log| log.close());
     // Resolved in the working directory the log was created in.
     let synced: Vec<_> = hook.0.lock().unwrap().clone();
@@ -570,9 +531,9 @@ fn a_symlinked_partition_or_topic_directory_is_refused_not_shared_with_another_l
         DirImage::capture(&a).unwrap().write_to(&b).unwrap();
         std::fs::remove_dir_all(b.join(rel)).unwrap();
         std::os::unix::fs::symlink(a.join(rel), b.join(rel)).unwrap();
-        let log_a = Log::open(&a, opts(RecoveryMode::Strict)).unwrap();
+        let log_a = Log::open(&a, no_balancer_in(RecoveryMode::Strict)).unwrap();
         let before = DirImage::capture(&a.join("topics")).unwrap();
-        match Log::open(&b, opts(RecoveryMode::Truncate)) {
+        match Log::open(&b, no_balancer_in(RecoveryMode::Truncate)) {
             Err(Error::NotARegularFile { path, found }) => {
                 assert_eq!((path, found), (b.join(rel), "symbolic link"), "{rel}")
             }

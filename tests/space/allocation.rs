@@ -1,45 +1,28 @@
-//! Disk space, allocation and descriptors (issue 7, findings 4, 5, 14, 15
-//! and 17): a full disk is an error and never a SIGBUS, files hold their
+//! Disk space, allocation and descriptors: a full disk is an error and never a SIGBUS, files hold their
 //! data plus a bounded headroom, a failed roll never wedges a partition, a
 //! stale index is rebuilt durably, and descriptors do not grow with the
 //! number of segments.
 
-mod common;
+use crate::common;
+use common::faults::Fail;
+use common::log::quiet;
+use common::log::serial;
+use common::log::sized_value;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::tmpfs::{assert_child_ok, child_dir, fill_disk, run_child, Tmpfs};
-use fissionlog::{Error, Log, LogOptions, NewRecord, SyncPolicy, TopicConfig};
+use fissionlog::{Error, Log, NewRecord, SyncPolicy, TopicConfig};
 use fissionlog::{IoHook, IoOp};
-
-/// Tests of this file run one at a time: several spawn processes, and a
-/// process forked while another test holds a log's `flock` keeps that lock
-/// until it execs, so a quick reopen by that test could see `Locked`.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn opts() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
-
-fn value(i: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|j| (i as usize * 31 + j) as u8).collect()
-}
 
 fn append(log: &Log, topic: &str, i: u64, len: usize) -> fissionlog::Result<u64> {
     let t = log.topic(topic)?;
     let key = format!("k{i}");
     let at = t.append_batch(&[NewRecord {
         key: Some(key.as_bytes()),
-        value: &value(i, len),
+        value: &sized_value(i, len),
         timestamp: Some(i as i64),
     }])?;
     Ok(at[0].offset)
@@ -52,7 +35,7 @@ fn read_all(log: &Log, topic: &str, partition: u32, len: usize) -> u64 {
         let b = p.read(next, 1 << 20).unwrap();
         for r in b.iter() {
             assert_eq!(r.offset, next);
-            assert_eq!(r.value, value(next, len).as_slice(), "record {next}");
+            assert_eq!(r.value, sized_value(next, len).as_slice(), "record {next}");
             next += 1;
         }
     }
@@ -71,7 +54,7 @@ fn full_disk_scenario(mnt: &Path) {
         segment_bytes: SEG_4M,
         ..TopicConfig::default()
     };
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     log.create_topic("t", config).unwrap();
     for i in 0..100 {
         assert_eq!(append(&log, "t", i, LEN).unwrap(), i);
@@ -79,7 +62,7 @@ fn full_disk_scenario(mnt: &Path) {
     log.sync().unwrap();
     // A crash: the next open is unclean and clears the active segment's tail.
     log.abandon();
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     assert!(!log.recovery_report().clean_shutdown);
     let filler = mnt.join("filler");
     fill_disk(&filler);
@@ -104,11 +87,11 @@ fn full_disk_scenario(mnt: &Path) {
     }
     acked += 50;
     log.close().unwrap();
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     assert_eq!(read_all(&log, "t", 0, LEN), acked);
     // And the same again, starting from a full disk after an unclean open.
     log.abandon();
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     fill_disk(&filler);
     let err = loop {
         match append(&log, "t", acked, LEN) {
@@ -119,12 +102,12 @@ fn full_disk_scenario(mnt: &Path) {
     assert!(matches!(err, Error::NoSpace { .. }), "{err}");
     log.abandon();
     std::fs::remove_file(&filler).unwrap();
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     assert_eq!(read_all(&log, "t", 0, LEN), acked);
     log.close().unwrap();
 }
 
-/// Issue 7, finding 4: recovery cleared the active segment's free tail by
+/// Recovery cleared the active segment's free tail by
 /// punching holes, so later stores into the mapping allocated inside a page
 /// fault and a full disk killed the process with SIGBUS. Every byte the
 /// writer stores into must be allocated first; a full disk is
@@ -140,7 +123,7 @@ fn full_disk_after_unclean_open_is_no_space_not_sigbus() {
     let Some(fs) = Tmpfs::mount(24 << 20) else {
         return;
     };
-    let out = run_child(NAME, &fs.path);
+    let out = run_child(module_path!(), NAME, &fs.path);
     assert_child_ok(NAME, &out);
 }
 
@@ -164,7 +147,7 @@ fn disk_usage(dir: &Path) -> (u64, u64) {
     (used, len)
 }
 
-/// Issue 7, finding 14: 3 records in 4 partitions took 513 MB, because
+/// 3 records in 4 partitions took 513 MB, because
 /// every partition preallocated a whole 128 MiB segment. Preallocation
 /// runs in bounded chunks ahead of the writer.
 #[test]
@@ -172,7 +155,7 @@ fn small_log_occupies_its_data_plus_bounded_headroom() {
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     log.create_topic(
         "t",
         TopicConfig {
@@ -200,7 +183,7 @@ fn data_bytes(log: &Log, topic: &str, partition: u32) -> u64 {
     p.size_bytes() + 64 * p.segment_count() as u64
 }
 
-/// Issue 7, finding 14: a rolled segment and the last segment of a sealed
+/// A rolled segment and the last segment of a sealed
 /// (split) partition keep only their data: bytes on disk per byte of data
 /// stay within 1.01 for sealed data (index files included), plus a bounded
 /// headroom for each active partition.
@@ -210,7 +193,7 @@ fn sealed_segments_are_trimmed_to_their_data() {
     const LEN: usize = 1000;
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     let config = TopicConfig {
         partitions: 1,
         segment_bytes: SEG_4M,
@@ -244,37 +227,11 @@ fn sealed_segments_are_trimmed_to_their_data() {
         "sealed partition: {used} bytes on disk for {data} bytes of data"
     );
     log.close().unwrap();
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     assert_eq!(read_all(&log, "t", 0, LEN), 20_000);
     let (used, _) = disk_usage(&pdir);
     assert!(used as f64 <= 1.01 * data as f64, "after reopen: {used}");
     assert!(!children.is_empty());
-}
-
-/// Fails the next operation of one kind, once.
-#[derive(Debug, Default)]
-struct FailNext {
-    op: std::sync::Mutex<Option<IoOp>>,
-    failed: std::sync::atomic::AtomicUsize,
-}
-
-impl FailNext {
-    fn arm(&self, op: IoOp) {
-        *self.op.lock().unwrap() = Some(op);
-    }
-}
-
-impl IoHook for FailNext {
-    fn before(&self, op: IoOp, _path: &Path) -> std::io::Result<()> {
-        let mut armed = self.op.lock().unwrap();
-        if *armed == Some(op) {
-            *armed = None;
-            self.failed
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
-        }
-        Ok(())
-    }
 }
 
 /// Segments of 8 KiB hold 7 records of 1000 bytes (1057 bytes each with
@@ -293,14 +250,14 @@ fn small_segments() -> TopicConfig {
 /// Asserts the log in `dir` holds exactly records `0..n` of topic "t" and
 /// that `verify` finds nothing wrong.
 fn assert_log_holds(dir: &Path, n: u64) {
-    let log = Log::open(dir, opts()).unwrap();
+    let log = Log::open(dir, quiet()).unwrap();
     assert_eq!(read_all(&log, "t", 0, 1000), n);
     log.close().unwrap();
     let (_, problems) = fissionlog::verify(dir).unwrap();
     assert!(problems.is_empty(), "{problems:#?}");
 }
 
-/// Issue 7, finding 5: a failure at any step of a roll leaves the partition
+/// A failure at any step of a roll leaves the partition
 /// writable. Steps that make the new segment (create, allocate, map) fail
 /// the append that needed the roll and change nothing; the index write (a
 /// cache) and the trim (space only) do not fail it. Later appends roll
@@ -318,15 +275,20 @@ fn a_failure_at_any_roll_step_leaves_the_partition_writable() {
     for (op, fails_append) in steps {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("log");
-        let hook = std::sync::Arc::new(FailNext::default());
-        let log = Log::open_with_hook(&dir, opts(), hook.clone()).unwrap();
+        // The next call of `op` fails with ENOSPC, once.
+        let hook = std::sync::Arc::new(
+            Fail::new(IoOp::CreateSegment, libc::ENOSPC)
+                .once()
+                .disarmed(),
+        );
+        let log = Log::open_with_hook(&dir, quiet(), hook.clone()).unwrap();
         log.create_topic("t", small_segments()).unwrap();
         let mut next = 0;
         while next < PER_SMALL_SEG {
             append(&log, "t", next, 1000).unwrap();
             next += 1;
         }
-        hook.arm(op);
+        hook.arm_for(op);
         match append(&log, "t", next, 1000) {
             Ok(off) => {
                 assert!(!fails_append, "{op:?}: the roll should have failed");
@@ -338,11 +300,7 @@ fn a_failure_at_any_roll_step_leaves_the_partition_writable() {
                 assert!(matches!(e, Error::NoSpace { .. }), "{op:?}: {e}");
             }
         }
-        assert_eq!(
-            hook.failed.load(std::sync::atomic::Ordering::SeqCst),
-            1,
-            "{op:?}"
-        );
+        assert_eq!(hook.failures(), 1, "{op:?}");
         // The partition keeps working: small and large records, several rolls.
         for _ in 0..3 * PER_SMALL_SEG {
             assert_eq!(append(&log, "t", next, 1000).unwrap(), next, "{op:?}");
@@ -354,7 +312,7 @@ fn a_failure_at_any_roll_step_leaves_the_partition_writable() {
     }
 }
 
-/// Issue 7, finding 5, as first reproduced: the seal's index write fails
+/// As first reproduced: the seal's index write fails
 /// after the new segment file was created (here: a directory sits where
 /// the index's temporary file goes). Before the fix every later roll failed
 /// with "File exists" until restart, and records went on landing in the
@@ -364,7 +322,7 @@ fn a_failed_index_write_at_a_roll_does_not_wedge_the_partition() {
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     log.create_topic("t", small_segments()).unwrap();
     let pdir = log
         .topic("t")
@@ -416,7 +374,7 @@ fn cli(args: &[&str], dir: &Path) -> std::process::Output {
 /// A log whose partition rolled three times; returns the first segment's
 /// index path and its bytes.
 fn rolled_log(dir: &Path) -> (PathBuf, Vec<u8>, u64) {
-    let log = Log::open(dir, opts()).unwrap();
+    let log = Log::open(dir, quiet()).unwrap();
     log.create_topic("t", small_segments()).unwrap();
     let n = 3 * PER_SMALL_SEG + 2;
     for i in 0..n {
@@ -452,7 +410,7 @@ fn stale_indexes(good: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-/// Issue 7, finding 17: after a power loss at a roll the rolled segment's
+/// After a power loss at a roll the rolled segment's
 /// index was empty on disk, never rewritten, and `verify` failed forever.
 /// The read that notices a stale index rebuilds it and writes it durably
 /// (tmp + fsync + rename + directory fsync, through the hook).
@@ -465,7 +423,7 @@ fn a_stale_index_is_rebuilt_durably_by_the_read_that_notices_it() {
         let (idx, good, n) = rolled_log(&dir);
         std::fs::write(&idx, &stale).unwrap();
         let hook = std::sync::Arc::new(OpLog::default());
-        let log = Log::open_with_hook(&dir, opts(), hook.clone()).unwrap();
+        let log = Log::open_with_hook(&dir, quiet(), hook.clone()).unwrap();
         assert_eq!(read_all(&log, "t", 0, 1000), n, "{what}");
         // Reads that start at each offset (they use the index's hints).
         let p = log.topic("t").unwrap().partition(0).unwrap();
@@ -474,7 +432,7 @@ fn a_stale_index_is_rebuilt_durably_by_the_read_that_notices_it() {
             let r = b.iter().next().unwrap();
             assert_eq!(
                 (r.offset, r.value),
-                (i, value(i, 1000).as_slice()),
+                (i, sized_value(i, 1000).as_slice()),
                 "{what}"
             );
         }
@@ -499,8 +457,8 @@ fn a_stale_index_is_rebuilt_durably_by_the_read_that_notices_it() {
     }
 }
 
-/// Issue 7, finding 17: `recover` said the log was consistent but left a
-/// stale index in place. It rewrites it, so `verify` is clean again.
+/// `recover` must not call the log consistent and leave a stale index in
+/// place: it rewrites the index, so `verify` is clean again.
 #[test]
 fn recover_rebuilds_a_stale_index() {
     let _serial = serial();
@@ -518,7 +476,7 @@ fn recover_rebuilds_a_stale_index() {
     }
 }
 
-/// Issue 7, findings 4 and 14: files written by versions that preallocated
+/// Files written by versions that preallocated
 /// whole segments (and punched holes into the free tail on an unclean
 /// open) still open; nothing past the data counts as allocated (the writer
 /// allocates before it stores there), and the data stays readable.
@@ -528,7 +486,7 @@ fn segments_preallocated_or_punched_by_older_versions_still_open() {
     for (what, sparse) in [("preallocated", false), ("punched", true)] {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("log");
-        let log = Log::open(&dir, opts()).unwrap();
+        let log = Log::open(&dir, quiet()).unwrap();
         let config = TopicConfig {
             partitions: 1,
             segment_bytes: SEG_4M,
@@ -563,7 +521,7 @@ fn segments_preallocated_or_punched_by_older_versions_still_open() {
             assert_eq!(rc, 0, "{what}");
         }
         drop(f);
-        let log = Log::open(&dir, opts()).unwrap();
+        let log = Log::open(&dir, quiet()).unwrap();
         // The file's length says nothing about its allocation: the log
         // counts as allocated only its data (to a page), so the writer
         // allocates before it stores into the punched tail.
@@ -582,7 +540,7 @@ fn segments_preallocated_or_punched_by_older_versions_still_open() {
             append(&log, "t", i, 1000).unwrap();
         }
         log.abandon();
-        let log = Log::open(&dir, opts()).unwrap();
+        let log = Log::open(&dir, quiet()).unwrap();
         assert_eq!(read_all(&log, "t", 0, 1000), 5000, "{what}");
         log.close().unwrap();
         assert_log_holds(&dir, 5000);
@@ -610,7 +568,7 @@ fn open_fds() -> usize {
 /// One record of 3000 bytes fills a 4 KiB segment: every append rolls.
 fn many_segments_scenario(dir: &Path, segments: u64, fd_limit: u64) {
     limit_open_files(fd_limit);
-    let log = Log::open(dir, opts()).unwrap();
+    let log = Log::open(dir, quiet()).unwrap();
     log.create_topic(
         "t",
         TopicConfig {
@@ -639,7 +597,7 @@ fn many_segments_scenario(dir: &Path, segments: u64, fd_limit: u64) {
     );
     log.close().unwrap();
     // Opening (recovery), reading and verifying stay under the limit too.
-    let log = Log::open(dir, opts()).unwrap();
+    let log = Log::open(dir, quiet()).unwrap();
     assert!(
         open_fds() < 64,
         "{} descriptors open after open",
@@ -652,7 +610,7 @@ fn many_segments_scenario(dir: &Path, segments: u64, fd_limit: u64) {
         open_fds()
     );
     log.abandon();
-    let log = Log::open(dir, opts()).unwrap();
+    let log = Log::open(dir, quiet()).unwrap();
     assert_eq!(read_all(&log, "t", 0, 3000), segments);
     log.close().unwrap();
     let (_, problems) = fissionlog::verify(dir).unwrap();
@@ -666,11 +624,11 @@ fn run_many_segments(name: &str) {
     let root = tempfile::tempdir().unwrap();
     let fs = Tmpfs::mount(1 << 30);
     let base = fs.as_ref().map_or(root.path(), |f| f.path.as_path());
-    let out = run_child(name, &base.join("log"));
+    let out = run_child(module_path!(), name, &base.join("log"));
     assert_child_ok(name, &out);
 }
 
-/// Issue 7, finding 15: every segment held a descriptor for the life of
+/// Every segment held a descriptor for the life of
 /// the log, so about 20k segments hit "too many open files". A sealed
 /// segment closes its descriptor once its seal is synced (the mapping
 /// stays valid), so 2,000 segments run under a limit of 64 descriptors.
@@ -709,7 +667,7 @@ fn append_batch_of(
     n: u64,
     len: usize,
 ) -> fissionlog::Result<u64> {
-    let values: Vec<Vec<u8>> = (first..first + n).map(|i| value(i, len)).collect();
+    let values: Vec<Vec<u8>> = (first..first + n).map(|i| sized_value(i, len)).collect();
     let keys: Vec<String> = (first..first + n).map(|i| format!("k{i}")).collect();
     let records: Vec<NewRecord<'_>> = (0..n as usize)
         .map(|j| NewRecord {
@@ -763,16 +721,16 @@ fn full_disk_large_batches_scenario(mnt: &Path) {
         segment_bytes: SEG_4M,
         ..TopicConfig::default()
     };
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     log.create_topic("t", config).unwrap();
     let acked = fill_with_large_batches(&log, &filler, 0);
     // Again from an unclean open.
     log.abandon();
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     assert!(!log.recovery_report().clean_shutdown);
     let acked = fill_with_large_batches(&log, &filler, acked);
     log.close().unwrap();
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     assert!(log.recovery_report().clean_shutdown);
     assert_eq!(read_all(&log, "t", 0, 1000), acked);
     log.close().unwrap();
@@ -793,7 +751,7 @@ fn full_disk_under_large_batches_is_no_space() {
     let Some(fs) = Tmpfs::mount(24 << 20) else {
         return;
     };
-    let out = run_child(NAME, &fs.path);
+    let out = run_child(module_path!(), NAME, &fs.path);
     assert_child_ok(NAME, &out);
 }
 
@@ -820,7 +778,7 @@ fn hoard_descriptors() -> Vec<std::fs::File> {
 /// and close succeed, and every acknowledged record is there after reopen.
 fn descriptor_shortage_at_a_roll_scenario(dir: &Path) {
     limit_open_files(64);
-    let log = Log::open(dir, opts()).unwrap();
+    let log = Log::open(dir, quiet()).unwrap();
     log.create_topic(
         "t",
         TopicConfig {
@@ -843,7 +801,7 @@ fn descriptor_shortage_at_a_roll_scenario(dir: &Path) {
     assert_eq!(append(&log, "t", 10, 3000).unwrap(), 10);
     log.sync().unwrap();
     log.close().unwrap();
-    let log = Log::open(dir, opts()).unwrap();
+    let log = Log::open(dir, quiet()).unwrap();
     assert_eq!(read_all(&log, "t", 0, 3000), 11);
     log.close().unwrap();
 }
@@ -861,6 +819,6 @@ fn a_descriptor_shortage_at_a_roll_is_retryable_and_poisons_nothing() {
         return;
     }
     let root = tempfile::tempdir().unwrap();
-    let out = run_child(NAME, &root.path().join("log"));
+    let out = run_child(module_path!(), NAME, &root.path().join("log"));
     assert_child_ok(NAME, &out);
 }

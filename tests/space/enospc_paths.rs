@@ -1,33 +1,16 @@
-//! A full disk at every write path (issue 7, "ENOSPC in every write path"):
+//! A full disk at every write path:
 //! segment growth on append, the roll's new segment, the roll's index file,
 //! the checkpoint, the manifest record of a split and a split's child
 //! segments. Each gets a typed error, nothing acknowledged is lost, and the
 //! log reopens with every synced record byte for byte.
 
-use std::io;
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use fissionlog::IoOp;
 use fissionlog::{Error, Log, LogOptions, NewRecord, SplitPlan, TopicConfig};
-use fissionlog::{IoHook, IoOp};
 
-/// Fails every `op` with ENOSPC while armed.
-#[derive(Debug)]
-struct FullDisk {
-    op: Mutex<IoOp>,
-    armed: AtomicBool,
-}
-
-impl IoHook for FullDisk {
-    fn before(&self, op: IoOp, _path: &Path) -> io::Result<()> {
-        if self.armed.load(Ordering::SeqCst) && op == *self.op.lock().unwrap() {
-            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
-        }
-        Ok(())
-    }
-}
+use crate::common::faults::Fail;
 
 fn opts() -> LogOptions {
     LogOptions {
@@ -95,10 +78,8 @@ fn full_disk_at(
     provoke: impl FnOnce(&Log, &fissionlog::Topic) -> fissionlog::Result<()>,
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let hook = Arc::new(FullDisk {
-        op: Mutex::new(op),
-        armed: AtomicBool::new(false),
-    });
+    // Every `op` fails with ENOSPC while armed.
+    let hook = Arc::new(Fail::new(op, libc::ENOSPC).disarmed());
     let log = Log::open_with_hook(dir.path(), opts(), hook.clone()).unwrap();
     let t = log.create_topic("t", config()).unwrap();
     let synced = 150u64;
@@ -107,7 +88,7 @@ fn full_disk_at(
     }
     log.sync().unwrap();
     let want: Vec<(u64, Vec<u8>)> = (0..synced).map(|i| (i, value(i))).collect();
-    hook.armed.store(true, Ordering::SeqCst);
+    hook.arm();
     match provoke(&log, &t) {
         Ok(()) => assert!(may_succeed, "{op:?}: a full disk went unnoticed"),
         Err(e) => assert!(
@@ -124,7 +105,7 @@ fn full_disk_at(
         want[..],
         "{op:?}: synced records changed"
     );
-    hook.armed.store(false, Ordering::SeqCst);
+    hook.disarm();
     drop(t);
     log.abandon();
     // A power loss is not needed to show loss here: the reopen must find

@@ -1,11 +1,12 @@
-//! Adversarial probes of full-length sparse segment files, the `pwrite`
+//! Full-length sparse segment files, the `pwrite`
 //! path for large batches, single-target syncs and the lineage reader
 //! (contracts C1-C8). Scenarios that can kill the process (SIGBUS) run in
-//! a child process on a size-limited tmpfs, as in tests/space.rs. A test
-//! that still fails is `#[ignore]`d with the reason until the engine is
-//! fixed.
+//! a child process on a size-limited tmpfs, as in `allocation`.
 
-mod common;
+use crate::common;
+use common::log::quiet;
+use common::log::serial;
+use common::log::sized_value;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -16,27 +17,7 @@ use common::tmpfs::{
 };
 use fissionlog::{Error, Log, LogOptions, NewRecord, SyncPolicy, TopicConfig};
 
-/// Tests of this file run one at a time: several spawn processes, and a
-/// process forked while another test holds a log's `flock` keeps that lock
-/// until it execs, so a reopen by that test could see `Locked`.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn opts() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
-
-fn value(i: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|j| (i as usize * 31 + j) as u8).collect()
-}
-
-/// Appends one record with value `value(i, len)` to partition 0 of "t".
+/// Appends one record with value `sized_value(i, len)` to partition 0 of "t".
 fn append(log: &Log, i: u64, len: usize) -> fissionlog::Result<u64> {
     let t = log.topic("t")?;
     let key = format!("k{i}");
@@ -44,14 +25,14 @@ fn append(log: &Log, i: u64, len: usize) -> fissionlog::Result<u64> {
         0,
         &[NewRecord {
             key: Some(key.as_bytes()),
-            value: &value(i, len),
+            value: &sized_value(i, len),
             timestamp: Some(i as i64),
         }],
     )?;
     Ok(at)
 }
 
-/// Reads partition 0 of "t" and checks record `i` holds `value(i, len)`;
+/// Reads partition 0 of "t" and checks record `i` holds `sized_value(i, len)`;
 /// returns the end offset.
 fn read_all(log: &Log, len_of: impl Fn(u64) -> usize) -> u64 {
     let p = log.topic("t").unwrap().partition(0).unwrap();
@@ -62,7 +43,7 @@ fn read_all(log: &Log, len_of: impl Fn(u64) -> usize) -> u64 {
             assert_eq!(r.offset, next);
             assert_eq!(
                 r.value,
-                value(next, len_of(next)).as_slice(),
+                sized_value(next, len_of(next)).as_slice(),
                 "record {next}"
             );
             next += 1;
@@ -81,7 +62,7 @@ fn in_child_on_tmpfs(name: &str, bytes: u64, scenario: fn(&Path)) {
     let Some(fs) = Tmpfs::mount(bytes) else {
         return;
     };
-    let out = run_child(name, &fs.path);
+    let out = run_child(module_path!(), name, &fs.path);
     assert_child_ok(name, &out);
 }
 
@@ -106,7 +87,7 @@ const SEG_4M: u64 = 4 << 20;
 const BIG: usize = 40 << 10;
 
 fn create(dir: &Path) -> Log {
-    let log = Log::open(dir, opts()).unwrap();
+    let log = Log::open(dir, quiet()).unwrap();
     log.create_topic(
         "t",
         TopicConfig {
@@ -138,7 +119,7 @@ fn unclean_open_full_disk_after_big_batch(mnt: &Path) {
     let filler = mnt.join("filler");
     fill_disk(&filler);
     let len_of = |i: u64| if i == 3 { BIG } else { 100 };
-    match Log::open(&dir, opts()) {
+    match Log::open(&dir, quiet()) {
         Ok(log) => {
             assert!(!log.recovery_report().clean_shutdown);
             assert_eq!(read_all(&log, len_of), 4);
@@ -152,7 +133,7 @@ fn unclean_open_full_disk_after_big_batch(mnt: &Path) {
         Err(e) => assert!(matches!(e, Error::NoSpace { .. }), "{e}"),
     }
     std::fs::remove_file(&filler).unwrap();
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     assert!(read_all(&log, len_of) >= 4);
     log.close().unwrap();
 }
@@ -180,7 +161,7 @@ fn strict_open_of_damaged_segment_on_small_tmpfs(mnt: &Path) {
     let opts = || LogOptions {
         checkpoint_interval: std::time::Duration::ZERO,
         full_scan: true,
-        ..opts()
+        ..quiet()
     };
     let log = Log::open(&dir, opts()).unwrap();
     log.create_topic(
@@ -303,7 +284,7 @@ fn drain_values(r: &mut fissionlog::Reader) -> Vec<String> {
 fn removal_of_a_parent_and_its_child_reports_both_losses() {
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path(), opts()).unwrap();
+    let log = Log::open(root.path(), quiet()).unwrap();
     let topic = log.create_topic("t", retention_config()).unwrap();
     put_keyed(&topic, "p0", 100, true);
     let mut live = topic.reader(fissionlog::StartAt::Earliest).unwrap();
@@ -383,7 +364,7 @@ fn now_ms() -> i64 {
 fn removal_of_a_drained_merge_parent_is_not_reported_lost() {
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path(), opts()).unwrap();
+    let log = Log::open(root.path(), quiet()).unwrap();
     let topic = log
         .create_topic(
             "t",
@@ -484,7 +465,7 @@ fn split_and_fill(topic: &fissionlog::Topic, p: u32, n: u32, old: bool) -> Vec<u
 fn removal_of_a_whole_generation_reports_every_lost_partition() {
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path(), opts()).unwrap();
+    let log = Log::open(root.path(), quiet()).unwrap();
     let topic = log.create_topic("t", retention_config()).unwrap();
     put_keyed(&topic, "p0", 40, true);
     let mut r = topic.reader(fissionlog::StartAt::Earliest).unwrap();
@@ -531,7 +512,7 @@ fn removal_of_a_whole_generation_reports_every_lost_partition() {
     assert!(fresh.retained().is_empty(), "{:?}", fresh.retained());
     drop(topic);
     log.close().unwrap();
-    let log = Log::open(root.path(), opts()).unwrap();
+    let log = Log::open(root.path(), quiet()).unwrap();
     assert_eq!(report(&log.topic("t").unwrap()), lost, "after a reopen");
 }
 
@@ -581,7 +562,7 @@ fn failed_single_target_fdatasync_is_never_reported_durable() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("log");
         let hook = std::sync::Arc::new(FailSegmentSync::default());
-        let log = Log::open_with_hook(&dir, opts(), hook.clone()).unwrap();
+        let log = Log::open_with_hook(&dir, quiet(), hook.clone()).unwrap();
         let t = log
             .create_topic(
                 "t",
@@ -666,7 +647,7 @@ fn mixed_full_disk(mnt: &Path) {
     let dir = mnt.join("log");
     let reserve = mnt.join("reserve");
     std::fs::write(&reserve, vec![1u8; 3 << 20]).unwrap();
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     log.create_topic(
         "t",
         TopicConfig {
@@ -683,14 +664,14 @@ fn mixed_full_disk(mnt: &Path) {
     log.sync().unwrap();
     log.abandon();
     // Unclean open on the full disk.
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     assert_eq!(read_all(&log, mixed_len), acked);
     let acked = append_until_full(&log, acked);
     assert_eq!(read_all(&log, mixed_len), acked);
     log.sync().unwrap();
     log.abandon();
     std::fs::remove_file(&reserve).unwrap();
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     assert_eq!(read_all(&log, mixed_len), acked);
     let mut next = acked;
     for _ in 0..10 {
@@ -698,7 +679,7 @@ fn mixed_full_disk(mnt: &Path) {
         next += 1;
     }
     log.close().unwrap();
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     assert!(log.recovery_report().clean_shutdown);
     assert_eq!(read_all(&log, mixed_len), next);
     let used = disk_usage(&dir);
@@ -729,7 +710,7 @@ fn mixed_batches_to_a_full_disk_and_back() {
 fn tail_reader_follows_mixed_batches_across_rolls_and_a_split() {
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path(), opts()).unwrap();
+    let log = Log::open(root.path(), quiet()).unwrap();
     let topic = log
         .create_topic(
             "t",
@@ -749,7 +730,7 @@ fn tail_reader_follows_mixed_batches_across_rolls_and_a_split() {
             for i in 0..N {
                 let key = format!("k{}", i % 4);
                 let recs: Vec<Vec<u8>> = (0..1 + i % 3)
-                    .map(|j| value(i * 10 + j, mixed_len(i) / 2))
+                    .map(|j| sized_value(i * 10 + j, mixed_len(i) / 2))
                     .collect();
                 let batch: Vec<NewRecord<'_>> = recs
                     .iter()
@@ -782,7 +763,7 @@ fn tail_reader_follows_mixed_batches_across_rolls_and_a_split() {
             let key = String::from_utf8(r.key.clone().unwrap()).unwrap();
             let i = r.timestamp as u64;
             let j = (0..3)
-                .find(|&j| r.value == value(i * 10 + j, mixed_len(i) / 2))
+                .find(|&j| r.value == sized_value(i * 10 + j, mixed_len(i) / 2))
                 .unwrap_or_else(|| panic!("record {i} of {key}: bytes differ"));
             let at = (r.timestamp, j);
             if let Some(prev) = last.get(&key) {
@@ -812,7 +793,7 @@ fn cuts_taken_mid_buffer_resume_exactly_once_after_a_kill() {
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     let topic = log
         .create_topic(
             "t",
@@ -879,7 +860,7 @@ fn cuts_taken_mid_buffer_resume_exactly_once_after_a_kill() {
     take(&mut r, &mut all);
     assert_eq!(all.len(), 210, "the live reader got every record");
     log.abandon();
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     let topic = log.topic("t").unwrap();
     for (i, (cut, at)) in cuts.iter().enumerate() {
         let mut r = topic.reader(fissionlog::StartAt::Cut(cut.clone())).unwrap();
@@ -925,7 +906,7 @@ fn cuts_taken_mid_buffer_resume_exactly_once_after_a_kill() {
 fn partition_removed_before_an_earliest_reader_started_is_not_reported() {
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path(), opts()).unwrap();
+    let log = Log::open(root.path(), quiet()).unwrap();
     let topic = log
         .create_topic(
             "t",
@@ -1028,14 +1009,14 @@ fn older_layouts(mnt: &Path) {
             _ => fallocate(&path, 0, SEG_4M),
         }
         drop(f);
-        let log = Log::open(&dir, opts()).unwrap();
+        let log = Log::open(&dir, quiet()).unwrap();
         assert_eq!(read_all(&log, mixed_len), next, "{layout}");
         for _ in 0..5 {
             assert_eq!(append(&log, next, mixed_len(next)).unwrap(), next);
             next += 1;
         }
         log.abandon();
-        let log = Log::open(&dir, opts()).unwrap();
+        let log = Log::open(&dir, quiet()).unwrap();
         assert_eq!(read_all(&log, mixed_len), next, "{layout}");
         log.close().unwrap();
     }
@@ -1046,7 +1027,7 @@ fn older_layouts(mnt: &Path) {
     let mut ends = Vec::new();
     for n in 0..2 {
         let dir = mnt.join(format!("log{n}"));
-        let log = Log::open(&dir, opts()).unwrap();
+        let log = Log::open(&dir, quiet()).unwrap();
         let end = read_all(&log, mixed_len);
         let end = append_until_full(&log, end);
         assert_eq!(read_all(&log, mixed_len), end);
@@ -1059,7 +1040,7 @@ fn older_layouts(mnt: &Path) {
     std::fs::remove_file(&reserve).unwrap();
     for (n, end) in ends.into_iter().enumerate() {
         let dir = mnt.join(format!("log{n}"));
-        let log = Log::open(&dir, opts()).unwrap();
+        let log = Log::open(&dir, quiet()).unwrap();
         assert_eq!(read_all(&log, mixed_len), end);
         log.close().unwrap();
         let before = std::fs::read_dir(dir.join("topics/t0/p0"))
@@ -1069,7 +1050,7 @@ fn older_layouts(mnt: &Path) {
                 (e.file_name(), std::fs::read(e.path()).unwrap())
             })
             .collect::<std::collections::BTreeMap<_, _>>();
-        let log = Log::open(&dir, opts()).unwrap();
+        let log = Log::open(&dir, quiet()).unwrap();
         assert_eq!(read_all(&log, mixed_len), end);
         log.close().unwrap();
         let after = std::fs::read_dir(dir.join("topics/t0/p0"))
@@ -1118,7 +1099,7 @@ fn kill_value(i: u64) -> Vec<u8> {
     } else {
         20 + (i as usize * 31) % 300
     };
-    value(i, len)
+    sized_value(i, len)
 }
 
 fn kill_config() -> TopicConfig {
@@ -1134,7 +1115,7 @@ fn kill_config() -> TopicConfig {
 /// acknowledged offset.
 fn kill_child_scenario(dir: &Path) {
     use std::io::Write;
-    let log = Log::open(dir, opts()).unwrap();
+    let log = Log::open(dir, quiet()).unwrap();
     let t = log.topic_or_create("t", kill_config()).unwrap();
     let mut next = t.partition(0).unwrap().end_offset();
     let mut out = std::io::stdout().lock();
@@ -1177,7 +1158,12 @@ fn sigkill_around_large_batches_keeps_every_acknowledged_record() {
     let mut acked_end = 0u64;
     for round in 0..4u64 {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+            .args([
+                &common::log::test_name(module_path!(), NAME),
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_ENV, NAME)
             .env(CHILD_DIR_ENV, &dir)
             .stdout(std::process::Stdio::piped())
@@ -1203,7 +1189,7 @@ fn sigkill_around_large_batches_keeps_every_acknowledged_record() {
         assert_eq!(acks, kill_after, "round {round}: the child stopped early");
         child.kill().unwrap();
         child.wait().unwrap();
-        let log = Log::open(&dir, opts()).unwrap();
+        let log = Log::open(&dir, quiet()).unwrap();
         let p = log.topic("t").unwrap().partition(0).unwrap();
         let end = p.end_offset();
         assert!(
@@ -1268,7 +1254,7 @@ fn second_unclean_open_after_large_batches_changes_nothing() {
         }
     }
     log.abandon();
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     assert_eq!(read_all(&log, mixed_len), 40);
     log.abandon();
     let segs = |m: std::collections::BTreeMap<PathBuf, Vec<u8>>| {
@@ -1277,7 +1263,7 @@ fn second_unclean_open_after_large_batches_changes_nothing() {
             .collect::<std::collections::BTreeMap<_, _>>()
     };
     let before = segs(contents(&dir));
-    let log = Log::open(&dir, opts()).unwrap();
+    let log = Log::open(&dir, quiet()).unwrap();
     let report = log.recovery_report().clone();
     assert_eq!(read_all(&log, mixed_len), 40);
     log.abandon();
@@ -1313,7 +1299,7 @@ fn power_loss_around_large_batches() {
     let hook = ModelHook::new(&dir, None);
     let opts = || LogOptions {
         checkpoint_interval: std::time::Duration::ZERO,
-        ..opts()
+        ..quiet()
     };
     let log = Log::open_with_hook(&dir, opts(), hook.clone()).unwrap();
     log.create_topic(
@@ -1613,7 +1599,7 @@ fn put_to(topic: &fissionlog::Topic, p: u32, n: u32, old: bool) {
 fn removed_merge_parent_never_read_is_reported_when_the_child_opens() {
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
-    let log = Log::open(root.path(), opts()).unwrap();
+    let log = Log::open(root.path(), quiet()).unwrap();
     let topic = log.create_topic("t", retention_config()).unwrap();
     let cut = topic.reader(fissionlog::StartAt::Earliest).unwrap().cut();
     assert_eq!(

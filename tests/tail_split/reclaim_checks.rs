@@ -1,8 +1,8 @@
-//! Probes of the tail-split reclaim: checks of a reclaimed log (verify,
+//! The tail-split reclaim: checks of a reclaimed log (verify,
 //! Salvage, a damaged or missing descendant index), and readers holding
 //! positions or batches in the parent while the reclaim runs.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

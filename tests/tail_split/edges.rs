@@ -1,8 +1,8 @@
-//! Edge probes of tail splits: group commits racing the split, offsets at
+//! The edges of tail splits: group commits racing the split, offsets at
 //! the edges of the partition, chained and merged children, time lookups,
 //! power loss while the children roll segments, retention, verify.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

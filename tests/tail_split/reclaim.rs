@@ -5,7 +5,7 @@
 //! valid bytes, and a power loss before every I/O step of the reclaim
 //! leaves a log that opens in Strict mode and verifies clean.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! positions and a reopen; bad input changes nothing; a kill or power loss
 //! at every I/O step leaves the old layout or the new one.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -1,9 +1,9 @@
-//! Probes of a lost tail-split descendant index (groups, a reclaim of the
+//! A lost tail-split descendant index (groups, a reclaim of the
 //! degraded parent, read errors that are not damage), of a group's
 //! retention loss settled by the member that reported it, and of
 //! `LogOptions::topic_hash_seed`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,9 +1,9 @@
-//! Review probes of the topic lifecycle: `Log::create_topic`,
+//! The topic lifecycle: `Log::create_topic`,
 //! `Log::delete_topic`, a topic created again under a deleted one's name,
 //! handles of a deleted topic, crashes and power losses in between, many
 //! create/delete cycles, and bad configurations.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,13 +1,12 @@
-//! Review probes of `Log::delete_topic` after 564d458 (the delete holds the
-//! topic's change lock; changes through a deleted handle are refused) and
-//! 207aae9 (a deleted topic's partitions take no appends or rolls, and
-//! their failures stop failing log-wide syncs): changes parked in I/O
+//! `Log::delete_topic` holds the topic's change lock, refuses changes
+//! through a deleted handle, and leaves partitions that take no appends or
+//! rolls and whose failures do not fail log-wide syncs: changes parked in I/O
 //! while the delete waits, sync rounds failing on the deleted topic's
 //! files, a topic of the same name created while the delete is parked,
 //! the balancer thread, retention removal, and a lock-order stress run
 //! under a watchdog.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::path::Path;

@@ -3,24 +3,16 @@
 //! or the change sees the topic gone before it writes anything, so no
 //! deleted topic's directory comes back and nothing else is disturbed.
 
-mod common;
+use crate::common;
+use common::log::quiet;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::probe::wait_flag;
+use common::faults::Gate;
 
-use fissionlog::{Error, IoHook, IoOp, Log, LogOptions, SplitPlan, SyncPolicy, TopicConfig};
-
-fn opts() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
+use fissionlog::{Error, IoOp, Log, SplitPlan, SyncPolicy, TopicConfig};
 
 fn config() -> TopicConfig {
     TopicConfig {
@@ -28,30 +20,6 @@ fn config() -> TopicConfig {
         segment_bytes: 1 << 16,
         sync: SyncPolicy::Never,
         ..TopicConfig::default()
-    }
-}
-
-/// Holds a split of `topics/t0/p0` right after its first child's
-/// directory is created and synced, before the next child's is.
-#[derive(Debug, Default)]
-struct ChildGate {
-    reached: AtomicBool,
-    release: AtomicBool,
-}
-
-impl IoHook for ChildGate {
-    fn before(&self, _: IoOp, _: &Path) -> std::io::Result<()> {
-        Ok(())
-    }
-
-    fn after(&self, op: IoOp, path: &Path, result: std::io::Result<()>) -> std::io::Result<()> {
-        if op == IoOp::SyncNewDir
-            && path.ends_with("topics/t0/p1")
-            && !self.reached.swap(true, Ordering::AcqRel)
-        {
-            wait_flag(&self.release, Duration::from_secs(10));
-        }
-        result
     }
 }
 
@@ -63,8 +31,14 @@ impl IoHook for ChildGate {
 #[test]
 fn delete_during_a_split_leaves_no_directory_of_the_deleted_topic() {
     let dir = tempfile::tempdir().unwrap();
-    let gate = Arc::new(ChildGate::default());
-    let log = Arc::new(Log::open_with_hook(dir.path(), opts(), gate.clone()).unwrap());
+    // Holds a split of `topics/t0/p0` right after its first child's
+    // directory is created and synced, before the next child's is.
+    let gate = Arc::new(
+        Gate::new(IoOp::SyncNewDir)
+            .on_path("topics/t0/p1")
+            .after_the_call(),
+    );
+    let log = Arc::new(Log::open_with_hook(dir.path(), quiet(), gate.clone()).unwrap());
     let a = log.create_topic("a", config()).unwrap();
     let b = log.create_topic("b", config()).unwrap();
     for i in 0..50u32 {
@@ -78,13 +52,13 @@ fn delete_during_a_split_leaves_no_directory_of_the_deleted_topic() {
         std::thread::spawn(move || a.split(0, SplitPlan::Even))
     };
     assert!(
-        wait_flag(&gate.reached, Duration::from_secs(10)),
+        gate.wait_reached(Duration::from_secs(10)),
         "the split never created its first child"
     );
     let (delete, _) = common::lifecycle::delete_in_thread(&log, "a");
     // Long enough for a delete that does not wait for the split to finish.
     std::thread::sleep(Duration::from_millis(300));
-    gate.release.store(true, Ordering::Release);
+    gate.release();
     let split = split.join().unwrap();
     delete
         .join()
@@ -114,7 +88,7 @@ fn delete_during_a_split_leaves_no_directory_of_the_deleted_topic() {
     drop((a, b));
     Arc::try_unwrap(log).ok().unwrap().close().unwrap();
 
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     assert!(log.topic("a").is_err(), "topic a came back");
     let b = log.topic("b").unwrap();
     let got = b.read(0, 0, 1 << 20).unwrap();
@@ -129,7 +103,7 @@ fn delete_during_a_split_leaves_no_directory_of_the_deleted_topic() {
 fn changes_through_a_deleted_topics_handle_are_refused_and_write_nothing() {
     use fissionlog::{HotKeyMode, TailSplitOptions};
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     let cfg = TopicConfig {
         partitions: 2,
         ..config()
@@ -176,7 +150,7 @@ fn changes_through_a_deleted_topics_handle_are_refused_and_write_nothing() {
     assert_eq!(log.enforce_retention().unwrap(), 0);
     drop(a);
     log.close().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
     assert!(log.topic("a").is_err());
     let b = log.create_topic("a", cfg).unwrap();
     assert_eq!(

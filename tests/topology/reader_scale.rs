@@ -5,24 +5,18 @@
 //! partition), `poll_wait` woken by any partition, and small polls that
 //! return the same sequence as large ones.
 
+use crate::common::log::no_balancer;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use fissionlog::{
-    Cut, Log, LogOptions, NewRecord, OwnedRecord, ReadIsolation, Reader, SplitPlan, StartAt,
-    SyncPolicy, Topic, TopicConfig,
+    Cut, Log, NewRecord, OwnedRecord, ReadIsolation, Reader, SplitPlan, StartAt, SyncPolicy, Topic,
+    TopicConfig,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const KEYS: u32 = 12;
-
-fn options() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        ..LogOptions::default()
-    }
-}
 
 fn config(partitions: u32) -> TopicConfig {
     let mut c = TopicConfig {
@@ -141,7 +135,7 @@ fn poll_after_many_splits_and_merges_returns_every_record_once_in_key_order() {
     for seed in [1, 2, 3] {
         let ctx = format!("seed {seed}");
         let dir = tempfile::tempdir().unwrap();
-        let log = Log::open(dir.path(), options()).unwrap();
+        let log = Log::open(dir.path(), no_balancer()).unwrap();
         let topic = log.create_topic("t", config(2)).unwrap();
         // A reader that follows along while the history is made, and one
         // that starts after it.
@@ -175,7 +169,7 @@ fn poll_after_many_splits_and_merges_returns_every_record_once_in_key_order() {
 #[test]
 fn cut_taken_after_pruning_resumes_exactly_after_serialization_and_reopen() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log.create_topic("t", config(2)).unwrap();
     let mut appended = BTreeMap::new();
     history(&topic, 50, 7, &mut appended);
@@ -229,13 +223,13 @@ fn cut_taken_after_pruning_resumes_exactly_after_serialization_and_reopen() {
     resume_all(&topic, "same log");
     drop(topic);
     log.close().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log.topic("t").unwrap();
     resume_all(&topic, "after reopen");
     drop(topic);
     log.abandon();
     // After a reopen that recovers (no clean close) as well.
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log.topic("t").unwrap();
     resume_all(&topic, "after an unclean reopen");
     drop(topic);
@@ -245,7 +239,7 @@ fn cut_taken_after_pruning_resumes_exactly_after_serialization_and_reopen() {
 #[test]
 fn a_merge_parent_stays_in_the_cut_until_the_other_parent_is_drained() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log.create_topic("t", config(2)).unwrap();
     let put = |p: u32, v: &[u8]| {
         topic
@@ -289,7 +283,7 @@ fn a_merge_parent_stays_in_the_cut_until_the_other_parent_is_drained() {
 #[test]
 fn cuts_listing_every_drained_partition_still_resume_and_are_pruned() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log.create_topic("t", config(1)).unwrap();
     // 0 splits into 1, 2; they merge into 3; 3 splits into 4, 5.
     topic.append(Some(b"a"), b"0").unwrap();
@@ -339,7 +333,7 @@ fn cuts_listing_every_drained_partition_still_resume_and_are_pruned() {
 #[test]
 fn poll_one_at_a_time_returns_the_same_sequence_as_poll_thousand() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log.create_topic("t", config(3)).unwrap();
     // Batches of many records (a small poll must not skip or repeat the
     // rest of a batch), segment rolls (16 KiB segments) and a history.
@@ -407,7 +401,7 @@ fn assert_wakes(topic: &Topic, r: &mut Reader, partition: u32, after: impl FnOnc
 fn poll_wait_wakes_for_data_on_a_non_first_partition() {
     for sync in [SyncPolicy::Never, SyncPolicy::Always] {
         let dir = tempfile::tempdir().unwrap();
-        let log = Log::open(dir.path(), options()).unwrap();
+        let log = Log::open(dir.path(), no_balancer()).unwrap();
         let topic = log
             .create_topic("t", TopicConfig { sync, ..config(4) })
             .unwrap();
@@ -424,7 +418,7 @@ fn poll_wait_wakes_for_data_on_a_non_first_partition() {
 fn durable_poll_wait_wakes_on_the_sync_of_a_non_first_partition() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log.create_topic("t", config(3)).unwrap();
     let mut r = topic.reader(StartAt::Latest).unwrap();
     r.set_isolation(ReadIsolation::Durable);
@@ -466,7 +460,7 @@ fn durable_poll_wait_wakes_on_the_sync_of_a_non_first_partition() {
 #[test]
 fn poll_wait_wakes_when_a_split_opens_children() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log.create_topic("t", config(2)).unwrap();
     let mut r = topic.reader(StartAt::Latest).unwrap();
     let generation = topic.topology_generation();
@@ -509,7 +503,7 @@ fn poll_wait_wakes_when_a_split_opens_children() {
 #[test]
 fn topology_generation_moves_with_splits_and_merges_only() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log.create_topic("t", config(1)).unwrap();
     let g0 = topic.topology_generation();
     topic.append(Some(b"k"), b"v").unwrap();
@@ -528,7 +522,7 @@ fn topology_generation_moves_with_splits_and_merges_only() {
 #[test]
 fn poll_wait_returns_closed_when_the_log_closes() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log.create_topic("t", config(2)).unwrap();
     let mut r = topic.reader(StartAt::Latest).unwrap();
     let t0 = Instant::now();

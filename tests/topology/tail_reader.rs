@@ -1,24 +1,18 @@
 //! A lineage-aware reader following the tail of a topic while the writer
 //! rolls segments, splits and merges partitions, and retention deletes old
-//! segments (issue 7, "Concurrency"). The reader must never see a gap, a
+//! segments. The reader must never see a gap, a
 //! duplicate or a key out of order, except for ranges retention removed,
 //! which it reports.
 
+use crate::common::log::no_balancer;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fissionlog::{Log, LogOptions, SplitPlan, StartAt, SyncPolicy, TopicConfig};
+use fissionlog::{Log, SplitPlan, StartAt, SyncPolicy, TopicConfig};
 
 const KEYS: u64 = 16;
-
-fn opts() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        ..LogOptions::default()
-    }
-}
 
 fn key(i: u64) -> Vec<u8> {
     format!("key-{}", i % KEYS).into_bytes()
@@ -43,7 +37,7 @@ fn decode(v: &[u8]) -> (u64, u64) {
 /// with a tail reader checking every key's sequence as it goes.
 fn run(total: u64, sync: SyncPolicy, retention: Option<u64>) {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), opts()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log
         .create_topic(
             "t",

@@ -1,12 +1,11 @@
-//! Sealed partitions that retention emptied leave the topology (issue 7,
-//! finding 16): one durable `RemovePartition` manifest record, then the
+//! Sealed partitions that retention emptied leave the topology: one durable `RemovePartition` manifest record, then the
 //! in-memory topology, then the directory. Readers go on through the
 //! lineage (a removed parent counts as drained, a cut naming it reports the
 //! loss), every reopen and every crash between the steps opens in Strict
 //! mode with every live record, and the topology stays bounded however
 //! many splits retention has emptied.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

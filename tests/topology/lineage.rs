@@ -2,24 +2,18 @@
 //! through the lineage-aware reader, from saved cuts, and along
 //! `Topic::key_chain`.
 
+use crate::common::log::no_balancer;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use fissionlog::{
-    Cut, Error, Log, LogOptions, NewRecord, OwnedRecord, SplitPlan, StartAt, TailSplitOptions,
-    Topic, TopicConfig,
+    Cut, Error, Log, NewRecord, OwnedRecord, SplitPlan, StartAt, TailSplitOptions, Topic,
+    TopicConfig,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const TOPIC: &str = "lineage";
-
-fn options() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        ..LogOptions::default()
-    }
-}
 
 fn config() -> TopicConfig {
     let mut c = TopicConfig {
@@ -258,7 +252,7 @@ impl Run {
 fn lineage_run(seed: u64, ops: u32, batch_max: usize, keys: u32, mix: Mix) -> Stats {
     let dir = tempfile::tempdir().unwrap();
     let mut run = Run::new(seed, keys);
-    let mut log = Log::open(dir.path(), options()).unwrap();
+    let mut log = Log::open(dir.path(), no_balancer()).unwrap();
     let mut topic = log.create_topic(TOPIC, config()).unwrap();
     let mut live = topic.reader(StartAt::Earliest).unwrap();
     let mut live_next = BTreeMap::new();
@@ -282,7 +276,7 @@ fn lineage_run(seed: u64, ops: u32, batch_max: usize, keys: u32, mix: Mix) -> St
             } else {
                 log.abandon();
             }
-            log = Log::open(dir.path(), options()).unwrap();
+            log = Log::open(dir.path(), no_balancer()).unwrap();
             topic = log.topic(TOPIC).unwrap();
             let cut = Cut::from_bytes(&cut).unwrap();
             live = topic.reader(StartAt::Cut(cut)).unwrap();
@@ -309,7 +303,7 @@ fn lineage_run(seed: u64, ops: u32, batch_max: usize, keys: u32, mix: Mix) -> St
     // One more reopen, then everything from Earliest.
     drop(live);
     log.close().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log.topic(TOPIC).unwrap();
     let mut r = topic.reader(StartAt::Earliest).unwrap();
     let all = drain(&mut r);
@@ -374,7 +368,7 @@ fn per_key_order_through_random_tail_splits_merges_and_reopens() {
 #[test]
 fn cut_rejects_foreign_and_garbage_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let a = log.create_topic("a", config()).unwrap();
     let b = log.create_topic("b", config()).unwrap();
     let cut = a.reader(StartAt::Earliest).unwrap().cut();
@@ -394,7 +388,7 @@ fn cut_rejects_foreign_and_garbage_bytes() {
 fn concurrent_reader_during_splits_and_merges() {
     let seed = 77u64;
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log.create_topic(TOPIC, config()).unwrap();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     // The reader is polling before the first operation (a reader scheduled
@@ -470,7 +464,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 #[ignore]
 fn split_append_pause() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let mut cfg = config();
     cfg.partitions = 1;
     cfg.segment_bytes = 64 << 20;

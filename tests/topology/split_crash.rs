@@ -5,7 +5,8 @@
 //! killed (SIGKILL) while it splits and merges loses no acknowledged record
 //! and keeps per-key order.
 
-mod common;
+use crate::common;
+use common::log::no_balancer;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -19,21 +20,13 @@ use common::model_hook::{CrashPoint, ModelHook};
 use fissionlog::FileAction;
 use fissionlog::IoOp;
 use fissionlog::{
-    Error, Log, LogOptions, NewRecord, OwnedRecord, SplitPlan, StartAt, SyncPolicy, Topic,
-    TopicConfig,
+    Error, Log, NewRecord, OwnedRecord, SplitPlan, StartAt, SyncPolicy, Topic, TopicConfig,
 };
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const TOPIC: &str = "crash";
-
-fn options() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        ..LogOptions::default()
-    }
-}
 
 fn config(partitions: u32) -> TopicConfig {
     TopicConfig {
@@ -50,7 +43,7 @@ fn config(partitions: u32) -> TopicConfig {
 /// gets ENOSPC.
 fn model_hook(dir: &Path) -> Arc<ModelHook> {
     let hook = ModelHook::new(dir, None);
-    // The engine gap the model tests grant (tests/model/harness.rs).
+    // The engine gap the model tests grant (tests/crash_model/harness.rs).
     hook.grant_segment_headers(true);
     hook
 }
@@ -203,7 +196,7 @@ fn failed_commit_poisons_then_reopen_keeps_the_old_topology() {
     let hook = model_hook(dir.path());
     let faults = Arc::new(Mutex::new(Faults::default()));
     install_faults(&hook, faults.clone());
-    let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
+    let log = Log::open_with_hook(dir.path(), no_balancer(), hook.clone()).unwrap();
     let topic = log.create_topic(TOPIC, config(2)).unwrap();
     let mut model = Model::new();
     append_keyed(&topic, &mut model, &mut rng, 500);
@@ -233,7 +226,7 @@ fn failed_commit_poisons_then_reopen_keeps_the_old_topology() {
     );
     log.close().unwrap();
 
-    let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
+    let log = Log::open_with_hook(dir.path(), no_balancer(), hook.clone()).unwrap();
     assert_eq!(removed_orphans(&log), 2);
     let topic = log.topic(TOPIC).unwrap();
     assert_eq!(topic.active_partitions(), vec![0, 1]);
@@ -261,7 +254,7 @@ fn failed_commit_poisons_then_reopen_keeps_the_old_topology() {
     assert_exactly(&read_all(&topic, "live"), &model, "live");
     log.close().unwrap();
 
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     assert_eq!(removed_orphans(&log), 0);
     let topic = log.topic(TOPIC).unwrap();
     let mut active = topic.active_partitions();
@@ -278,7 +271,7 @@ fn open_image(image: &DirImage) -> (tempfile::TempDir, Log) {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("log");
     image.write_to(&root).unwrap();
-    let log = Log::open(&root, options()).unwrap();
+    let log = Log::open(&root, no_balancer()).unwrap();
     (dir, log)
 }
 
@@ -311,7 +304,7 @@ fn record_split_and_merge(seed: u64) -> TopologyChanges {
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let hook = model_hook(dir.path());
-    let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
+    let log = Log::open_with_hook(dir.path(), no_balancer(), hook.clone()).unwrap();
     let topic = log.create_topic(TOPIC, config(2)).unwrap();
     let mut model = Model::new();
     append_keyed(&topic, &mut model, &mut rng, 300);
@@ -427,7 +420,7 @@ fn abandon_after_split_and_merge_keeps_new_topology() {
     let mut rng = StdRng::seed_from_u64(7);
     let dir = tempfile::tempdir().unwrap();
     let mut model = Model::new();
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log.create_topic(TOPIC, config(1)).unwrap();
     append_keyed(&topic, &mut model, &mut rng, 700);
     let kids = topic.split(0, SplitPlan::Even).unwrap();
@@ -435,7 +428,7 @@ fn abandon_after_split_and_merge_keeps_new_topology() {
     let want = sorted(topic.active_partitions());
     log.abandon();
 
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     assert!(!log.recovery_report().clean_shutdown);
     let topic = log.topic(TOPIC).unwrap();
     assert_eq!(sorted(topic.active_partitions()), want);
@@ -444,7 +437,7 @@ fn abandon_after_split_and_merge_keeps_new_topology() {
     append_keyed(&topic, &mut model, &mut rng, 700);
     log.abandon();
 
-    let log = Log::open(dir.path(), options()).unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
     let topic = log.topic(TOPIC).unwrap();
     assert_eq!(topic.active_partitions(), vec![child]);
     assert_exactly(&read_all(&topic, "after merge"), &model, "after merge");
@@ -465,7 +458,7 @@ fn split_crash_child() {
         .parse()
         .unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
-    let log = Log::open(&dir, options()).unwrap();
+    let log = Log::open(&dir, no_balancer()).unwrap();
     let topic = log.topic_or_create(TOPIC, config(2)).unwrap();
     let mut model: Model = read_all(&topic, "child start")
         .into_iter()
@@ -523,7 +516,7 @@ fn sigkill_during_splits_and_merges() {
         let mut child = Command::new(&exe)
             .args([
                 "--exact",
-                "split_crash_child",
+                &common::log::test_name(module_path!(), "split_crash_child"),
                 "--nocapture",
                 "--test-threads=1",
             ])
@@ -583,7 +576,7 @@ fn sigkill_during_splits_and_merges() {
             "seed {seed} round {round} (killed after {:?}, {n} acks)",
             started.elapsed()
         );
-        let log = Log::open(&log_dir, options()).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        let log = Log::open(&log_dir, no_balancer()).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         let topic = log.topic(TOPIC).unwrap();
         let seen = read_all(&topic, &ctx);
         // A kill keeps the page cache: every acknowledged record, in order,
@@ -610,7 +603,7 @@ fn power_loss_at_every_io_point_of_a_topic_creation_leaves_it_whole_or_absent() 
     let opts = CrashOptions::default();
     let dir = tempfile::tempdir().unwrap();
     let hook = model_hook(dir.path());
-    let log = Log::open_with_hook(dir.path(), options(), hook.clone()).unwrap();
+    let log = Log::open_with_hook(dir.path(), no_balancer(), hook.clone()).unwrap();
     hook.record_steps(true);
     log.create_topic(TOPIC, config(PARTITIONS)).unwrap();
     hook.record_steps(false);

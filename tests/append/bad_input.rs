@@ -1,8 +1,8 @@
 //! C6: bad input is a typed error, never a panic, and loses nothing.
 
 use crate::common;
-use common::log::no_balancer;
 use common::faults::Fail;
+use common::log::no_balancer;
 use common::log::serial;
 
 use std::path::Path;
@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use common::crash::{flip_byte, zero_range};
 use fissionlog::FileAction;
-use fissionlog::{Error, Log, LogOptions, RecoveryMode, TopicConfig};
 use fissionlog::IoOp;
+use fissionlog::{Error, Log, LogOptions, RecoveryMode, TopicConfig};
 
 fn config() -> TopicConfig {
     TopicConfig {

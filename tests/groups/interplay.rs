@@ -16,8 +16,8 @@ use std::time::Duration;
 use common::crash::{CrashOptions, DirImage};
 use common::model_hook::ModelHook;
 use fissionlog::{
-    CutPoints, GroupOptions, HotKeyMode, HotKeyPolicy, IoOp, Log, MemberOptions,
-    NewRecord, OwnedRecord, SplitPlan, StartAt, SyncPolicy, TailSplitOptions, Topic, TopicConfig,
+    CutPoints, GroupOptions, HotKeyMode, HotKeyPolicy, IoOp, Log, MemberOptions, NewRecord,
+    OwnedRecord, SplitPlan, StartAt, SyncPolicy, TailSplitOptions, Topic, TopicConfig,
 };
 
 const HOT: &[u8] = b"the-hot-key";

@@ -46,7 +46,7 @@ impl Fail {
 
     /// Lets the first `nth` calls (0-based: the `nth` call is the first to
     /// fail) through.
-    pub fn from_nth(mut self, nth: usize) -> Self {
+    pub fn failing_from(mut self, nth: usize) -> Self {
         self.nth = nth;
         self
     }

@@ -124,7 +124,7 @@ fn transient_open_error_deletes_nothing() {
                     .unwrap();
                 let before = DirImage::capture(&dir).unwrap();
                 // The `nth` (0-based) call of `op` and every later one fail.
-                let hook = Arc::new(Fail::new(op, errno).from_nth(nth));
+                let hook = Arc::new(Fail::new(op, errno).failing_from(nth));
                 let what = format!("{op:?} errno {errno} at segment {nth} in {mode:?}");
                 let outcome = Log::open_with_hook(&dir, no_balancer_in(mode), hook).map(|log| {
                     let report = log.recovery_report().clone();

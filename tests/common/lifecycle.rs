@@ -1,5 +1,4 @@
-//! Scaffolding of the topic-lifecycle probes (`tests/review_probes_lifecycle.rs`,
-//! `tests/review_probes_delete2.rs`): options, a small-segment topic
+//! Scaffolding of the topic-lifecycle tests (`tests/topics/`): options, a small-segment topic
 //! configuration, directory listings, reading a partition whole, an I/O
 //! gate, and a `delete_topic` run on another thread.
 

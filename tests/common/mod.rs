@@ -1,9 +1,11 @@
 #![allow(dead_code)]
 pub mod crash;
 pub mod durable;
+pub mod faults;
 pub mod groups;
 pub mod hot;
 pub mod lifecycle;
+pub mod log;
 pub mod model_hook;
 pub mod odd_files;
 pub mod probe;

@@ -124,7 +124,7 @@ impl ModelHook {
     /// points into it. With this on, a directory fsync also makes durable
     /// the header (and zero-filled length) of each `.seg` file it names
     /// that was never synced itself, as if the engine had synced it at
-    /// creation. `tests/crash_model.rs` shows the gap with it off.
+    /// creation. `tests/crash_model/named_cases.rs` shows the gap with it off.
     pub fn grant_segment_headers(&self, on: bool) {
         self.lock().grant_segment_headers = on;
     }

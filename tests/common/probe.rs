@@ -1,4 +1,4 @@
-//! Scaffolding shared by the review probes: one-record batches, a single
+//! Scaffolding for race tests: one-record batches, a single
 //! poll of a future, waiting on a flag set by a hook, a fast temporary
 //! directory, and seeded pauses of a thread (a preemption at whatever
 //! instruction it is running) to widen races.

@@ -50,12 +50,13 @@ impl Drop for Tmpfs {
     }
 }
 
-/// Runs the test `name` again in a child process with `dir` and returns
-/// its exit status (a SIGBUS kills only the child).
-pub fn run_child(name: &str, dir: &Path) -> std::process::Output {
+/// Runs the test `name` of `module` (its `module_path!()`) again in a
+/// child process with `dir` and returns its exit status (a SIGBUS kills
+/// only the child). The child finds itself with [`child_dir`]`(name)`.
+pub fn run_child(module: &str, name: &str, dir: &Path) -> std::process::Output {
     Command::new(std::env::current_exe().unwrap())
         .args([
-            name,
+            &super::log::test_name(module, name),
             "--exact",
             "--nocapture",
             "--test-threads=1",

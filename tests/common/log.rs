@@ -1,0 +1,73 @@
+//! Helpers for driving a log in a test, written once: the process-wide
+//! test lock, the name a test has in its binary (for re-running it in a
+//! child process), quiet options, a small topic, values and appends that
+//! can be checked back, and reads of a whole partition.
+
+use std::sync::{Mutex, MutexGuard};
+
+/// Held by every test that needs the process to itself: one that forks
+/// a child (the child holds copies of the parent's descriptors, a log's
+/// lock among them, until it execs, so a test closing and reopening a log
+/// in that window would find its own directory locked), changes an
+/// `RLIMIT`, or installs a signal handler. One lock for the whole binary,
+/// since a binary holds the tests of many files.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The name libtest gives the test `name` defined in `module` (pass
+/// `module_path!()`), for `--exact` when a test re-runs itself in a child
+/// process: the module path without the binary's crate name.
+pub fn test_name(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// Options for a log the test drives alone: no balancer and no
+/// background retention, so nothing splits, merges or deletes behind the
+/// test's back.
+pub fn quiet() -> fissionlog::LogOptions {
+    fissionlog::LogOptions {
+        balancer: false,
+        background_retention: false,
+        ..fissionlog::LogOptions::default()
+    }
+}
+
+/// [`quiet`] opening in recovery `mode`.
+pub fn quiet_in(mode: fissionlog::RecoveryMode) -> fissionlog::LogOptions {
+    fissionlog::LogOptions {
+        recovery: mode,
+        ..quiet()
+    }
+}
+
+/// Options with the balancer off and background retention on.
+pub fn no_balancer() -> fissionlog::LogOptions {
+    fissionlog::LogOptions {
+        balancer: false,
+        ..fissionlog::LogOptions::default()
+    }
+}
+
+/// [`no_balancer`] opening in recovery `mode`.
+pub fn no_balancer_in(mode: fissionlog::RecoveryMode) -> fissionlog::LogOptions {
+    fissionlog::LogOptions {
+        recovery: mode,
+        ..no_balancer()
+    }
+}
+
+/// The 100-byte value of record `i`: every record's bytes differ, so a
+/// record read at the wrong offset shows.
+pub fn value(i: u64) -> Vec<u8> {
+    sized_value(i, 100)
+}
+
+/// The `len`-byte value of record `i`, the same pattern as [`value`].
+pub fn sized_value(i: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i as usize * 31 + j) as u8).collect()
+}

@@ -89,8 +89,6 @@ mod reader;
 mod recovery;
 mod storage;
 mod topic;
-// The tail split's recovery helpers, under the name the log's open uses.
-use topic::tail_split as tail;
 mod topic_name;
 mod topology;
 mod types;
@@ -112,17 +110,15 @@ pub use group::{
 pub use log::{verify, Log};
 pub use partition::{Partition, SegmentInfo};
 pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};
+pub use reader::key_reader::KeyReader;
 pub use reader::{Cut, Reader, RetainedRange, StartAt};
 pub use recovery::partition::Problem;
-pub use recovery::{
-    FileAction, FileReport, Hole, LostGroupPosition, OffsetRange, RecoveryReport,
-};
+pub use recovery::{FileAction, FileReport, Hole, LostGroupPosition, OffsetRange, RecoveryReport};
 pub use storage::durability::SyncBackend;
 #[cfg(feature = "testing")]
 pub use storage::fault::{IoHook, IoOp, NoFaults};
 pub use topic::durable::Durable;
 pub use topic::hot_keys::{HotKey, KeyEra, KeyLane, KeyLanes, KeyLink, KeyRecord};
-pub use topic::key_reader::KeyReader;
 pub use topic::tail_split::{
     MovedChild, MovedRange, TailFrom, TailReclaimOutcome, TailSplitOptions, TailSplitOutcome,
 };

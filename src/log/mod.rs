@@ -11,7 +11,6 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-
 use crate::config::{LogOptions, TopicConfig};
 use crate::core::Core;
 use crate::error::{Error, IoContext, Result};

@@ -206,7 +206,7 @@ fn recover(
     report: &mut RecoveryReport,
 ) -> Result<()> {
     let dir = &core.dir;
-    let reclaimed = crate::tail::reclaimed_checkpoints(dir, &state.topics, checkpoint);
+    let reclaimed = crate::topic::tail_split::reclaimed_checkpoints(dir, &state.topics, checkpoint);
     let cps = checkpoint_entries(checkpoint, &reclaimed);
     // Phase one opens and maps every segment of every partition and
     // changes nothing: a failing OS call (too many open files, no memory
@@ -338,9 +338,9 @@ fn chain_params<'a>(
         .iter()
         .find(|p| p.id == partition)
         .and_then(|p| match p.state {
-            PartitionState::Sealed { end_offset } => {
-                Some(crate::tail::recovery_seal(rec, partition, end_offset))
-            }
+            PartitionState::Sealed { end_offset } => Some(crate::topic::tail_split::recovery_seal(
+                rec, partition, end_offset,
+            )),
             PartitionState::Active => None,
         });
     ChainParams {
@@ -592,7 +592,8 @@ fn link_topic_state(
     }
     st.removed = rec.removed.clone();
     // Tail-split parents end, for readers, where their moved range starts.
-    st.tails = crate::tail::load_tails(tdir, &rec.tail_moves, Some((mode.recovery, report)))?;
+    st.tails =
+        crate::topic::tail_split::load_tails(tdir, &rec.tail_moves, Some((mode.recovery, report)))?;
     for (id, t) in &st.tails {
         if let Some(n) = st.nodes.get_mut(id) {
             n.part.set_logical_end(t.index.from);

@@ -11,9 +11,7 @@ use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, PartitionCheckpoint};
 use crate::format::manifest::{ManifestState, PartitionRecord, PartitionState, TopicRecord};
 use crate::layout::{topic_dir, LOCK_FILE};
-use crate::recovery::partition::{
-    recover_chain, ChainParams, PartitionIds, Problem, RecoverMode,
-};
+use crate::recovery::partition::{recover_chain, ChainParams, PartitionIds, Problem, RecoverMode};
 use crate::recovery::{FileAction, RecoveryReport};
 use crate::storage::fault::NoFaults;
 use crate::storage::file::{open_optional, Access};
@@ -59,7 +57,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
             repair: "the other checkpoint file is used; the next sync rewrites it".into(),
         });
     }
-    let reclaimed = crate::tail::reclaimed_checkpoints(dir, &state.topics, &ck);
+    let reclaimed = crate::topic::tail_split::reclaimed_checkpoints(dir, &state.topics, &ck);
     let cps = checkpoint_entries(&ck, &reclaimed);
     for t in &state.topics {
         check_tail_indexes(dir, t, &mut problems);
@@ -154,9 +152,11 @@ fn read_manifest(
 /// else says which child holds which offset.
 fn check_tail_indexes(dir: &Path, t: &TopicRecord, problems: &mut Vec<Problem>) {
     for m in &t.tail_moves {
-        if let Err(e) =
-            crate::tail::load_tails(&topic_dir(dir, t.id), std::slice::from_ref(m), None)
-        {
+        if let Err(e) = crate::topic::tail_split::load_tails(
+            &topic_dir(dir, t.id),
+            std::slice::from_ref(m),
+            None,
+        ) {
             let file = match &e {
                 Error::Corruption { file, .. } => file.clone(),
                 Error::Io { path, .. } | Error::NotARegularFile { path, .. } => path.clone(),
@@ -206,7 +206,7 @@ fn check_partition(
         clean: ck.clean,
         sealed: match p.state {
             PartitionState::Sealed { end_offset } => {
-                Some(crate::tail::recovery_seal(t, p.id, end_offset))
+                Some(crate::topic::tail_split::recovery_seal(t, p.id, end_offset))
             }
             PartitionState::Active => None,
         },

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 mod cursor;
+pub(crate) mod key_reader;
 mod walk;
 
 pub(crate) use cursor::LineageCursor;

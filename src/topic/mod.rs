@@ -10,7 +10,7 @@ pub(crate) mod change;
 mod describe;
 pub(crate) mod durable;
 pub(crate) mod hot_keys;
-pub(crate) mod key_reader;
+
 mod route;
 pub(crate) mod tail_split;
 
@@ -220,6 +220,19 @@ impl TopicInner {
         // SeqCst: a waiter's readiness check loads it (see `TailWake`).
         self.generation.fetch_add(1, Ordering::SeqCst);
         st
+    }
+
+    /// Each partition's visible end, with the topology generation, under
+    /// one read of the state: a change committed meanwhile is either in
+    /// both or in neither.
+    pub(crate) fn visible_ends(&self) -> (u64, std::collections::BTreeMap<u32, u64>) {
+        let st = self.state.read();
+        let ends = st
+            .nodes
+            .iter()
+            .map(|(&id, n)| (id, n.part.visible_end(n.part.default_isolation())))
+            .collect();
+        (self.generation.load(Ordering::SeqCst), ends)
     }
 }
 

@@ -121,7 +121,7 @@ pub enum Applied {
         child: u32,
     },
     /// A tail split.
-    SplitTail(crate::topic::tail_split::TailSplitOutcome),
+    SplitTail(crate::topology::tail::TailSplitOutcome),
     /// The hot-key mode is in force (a mode already in force changes nothing).
     HotKeyMode,
     /// The partition left the topology.

@@ -71,6 +71,23 @@ impl TailInfo {
     }
 }
 
+/// What a tail split did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TailSplitOutcome {
+    /// Children, in range order.
+    pub children: Vec<u32>,
+    /// First moved offset of the parent: its logical end now.
+    pub from: u64,
+    /// The parent's physical end (its seal).
+    pub seal_offset: u64,
+    /// Moved records per child (in `children` order).
+    pub moved: Vec<u64>,
+    /// Bytes of batches read from the parent and copied.
+    pub copied_bytes: u64,
+    /// Copy rounds run before the parent was sealed.
+    pub rounds: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

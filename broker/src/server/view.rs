@@ -56,7 +56,9 @@ pub(crate) fn snapshot(log: &Log, recent: Vec<HeardEvent>) -> Value {
         let hot_keys: Vec<Value> = t
             .hot_keys()
             .into_iter()
-            .map(|k| json!({"hash": hex(k.hash), "mode": format!("{:?}", k.mode), "lanes": k.lanes}))
+            .map(
+                |k| json!({"hash": hex(k.hash), "mode": format!("{:?}", k.mode), "lanes": k.lanes}),
+            )
             .collect();
         let mut groups = Vec::new();
         for g in t.groups() {

@@ -13,7 +13,7 @@ use crate::format::tail_index::TailIndex;
 use crate::group::commit::CommitRequest;
 use crate::group::committed::Committed;
 use crate::group::{GroupOptions, MemberOptions, MemberState};
-use crate::tail::TailInfo;
+use crate::topic::tail_split::TailInfo;
 use crate::topology::lineage::{Lineage, LineageNode};
 
 use super::{Coordinator, TopicView};

@@ -25,29 +25,9 @@ const KNOWN_EXCEPTIONS: &[(&str, &str, &str)] = &[
         "the shared log state holds the topic map; it moves above `topic` or the map moves out",
     ),
     (
-        "topology",
-        "tail",
-        "the lineage holds `tail::TailInfo`; it moves into `topology`",
-    ),
-    (
-        "recovery",
-        "group",
-        "the recovery report holds `group::LostGroupPosition`; it moves into `recovery`",
-    ),
-    (
         "topic",
         "group",
         "the topic owns its group coordinators; they move to a registry in the log's shared state",
-    ),
-    (
-        "hot_keys",
-        "topic",
-        "`impl Topic` blocks outside topic.rs; they fold into a `topic/` folder",
-    ),
-    (
-        "tail",
-        "topic",
-        "`impl Topic` blocks outside topic.rs; they fold into a `topic/` folder",
     ),
 ];
 

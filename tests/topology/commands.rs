@@ -1,17 +1,9 @@
 //! Topology changes through the topic's one `apply` path, seen from the
 //! public API.
 
-use fissionlog::{
-    Applied, Error, HashRange, Log, LogOptions, SplitPlan, TopicConfig, TopologyCommand,
-};
+use fissionlog::{Applied, Error, HashRange, Log, SplitPlan, TopicConfig, TopologyCommand};
 
-fn options() -> LogOptions {
-    LogOptions {
-        balancer: false,
-        background_retention: false,
-        ..LogOptions::default()
-    }
-}
+use crate::common::log::quiet as options;
 
 #[test]
 fn splitting_or_merging_a_sealed_partition_returns_sealed() {

@@ -9,10 +9,10 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use super::translate_tails;
 use crate::config::HotKeyMode;
 use crate::error::{Error, Result};
 use crate::format::manifest::HotKeyEra;
-use crate::reader::translate_tails;
 use crate::topic::hot_keys::{lane_of_window, window_ms, window_of, KeyLink, KeyRecord};
 use crate::topic::Topic;
 use crate::topology::lineage::Lineage;
@@ -76,15 +76,7 @@ impl Topic {
         // its new end, the children listed) or in neither (the parent's
         // end counts the moved records, translated once the reader sees
         // the generation move).
-        let (generation, ends) = {
-            let st = self.inner.state.read();
-            let ends: BTreeMap<u32, u64> = st
-                .nodes
-                .iter()
-                .map(|(&id, n)| (id, n.part.visible_end(n.part.default_isolation())))
-                .collect();
-            (self.topology_generation(), ends)
-        };
+        let (generation, ends) = self.inner.visible_ends();
         KeyReader {
             topic: self.clone(),
             key: key.to_vec(),

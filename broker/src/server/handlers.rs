@@ -13,10 +13,10 @@ use fissionlog::{
     BalancePolicy, Error, HotKeyMode, NewRecord, ReadIsolation, SplitPlan, SyncPolicy, TailFrom,
     TailSplitOptions, Topic, TopicConfig,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use super::auth::Access;
-use super::conn::Conn;
+use super::conn::{Conn, InFlight};
 use super::handlers_group::{group_poll, join, leave, member_call};
 use crate::protocol::{
     Acks, ErrorCode, FetchedRecord, HotKeyModeSpec, Isolation, ProduceRecord, Request, Response,
@@ -85,13 +85,14 @@ pub(crate) struct ProduceJob {
     topic: Topic,
     acks: Acks,
     records: Vec<ProduceRecord>,
-    done: Option<oneshot::Sender<()>>,
+    /// Released just before the answer is queued.
+    slot: InFlight,
     /// When the request was read: its latency runs from here to its answer.
     started: Instant,
 }
 
 /// Carries out one request and queues its response.
-pub(crate) async fn dispatch(conn: &Arc<Conn>, request_id: u32, req: Request) {
+pub(crate) async fn dispatch(conn: &Arc<Conn>, request_id: u32, req: Request, mut slot: InFlight) {
     use tracing::Instrument;
     let name = req.name();
     let started = Instant::now();
@@ -108,6 +109,7 @@ pub(crate) async fn dispatch(conn: &Arc<Conn>, request_id: u32, req: Request) {
         if let Response::Error { code, .. } = &r {
             tracing::debug!(%code, "refused");
         }
+        slot.release();
         conn.respond(request_id, r).await;
         ok
     }
@@ -218,15 +220,16 @@ pub(crate) fn topic_for(
 /// Checks a produce request and puts it on the connection's append
 /// queue. Called from the connection's reader, in the order requests were
 /// read, so one client's batches are appended in the order it sent them.
-/// Returns what resolves once the request is answered (`None`: answered
-/// already, with an error).
+/// The request's in-flight slot goes with it, released when it is
+/// answered (an acks-none request: when its early answer is queued).
 pub(crate) async fn enqueue_produce(
     conn: &Arc<Conn>,
     request_id: u32,
     topic: String,
     acks: Acks,
     records: Vec<ProduceRecord>,
-) -> Option<oneshot::Receiver<()>> {
+    mut slot: InFlight,
+) {
     let started = Instant::now();
     let opcode = Request::Produce {
         topic: String::new(),
@@ -238,6 +241,7 @@ pub(crate) async fn enqueue_produce(
         Ok(t) => t,
         Err((code, message)) => {
             super::metrics::request_done("produce", started, false);
+            slot.release();
             conn.respond(
                 request_id,
                 Response::Error {
@@ -247,7 +251,7 @@ pub(crate) async fn enqueue_produce(
                 },
             )
             .await;
-            return None;
+            return;
         }
     };
     if conn.shared.shutting_down() {
@@ -257,19 +261,13 @@ pub(crate) async fn enqueue_produce(
             code: ErrorCode::ShuttingDown,
             message: "the server is shutting down".into(),
         };
+        slot.release();
         conn.respond(request_id, r).await;
-        return None;
+        return;
     }
-    let (done_tx, done_rx) = oneshot::channel();
-    let job = ProduceJob {
-        request_id,
-        topic: t,
-        acks,
-        records,
-        done: Some(done_tx),
-        started,
-    };
     if acks == Acks::None {
+        // Answered now; the bounded append queue holds the reader back.
+        slot.release();
         conn.respond(
             request_id,
             Response::Produced {
@@ -278,9 +276,18 @@ pub(crate) async fn enqueue_produce(
         )
         .await;
     }
-    let tx = conn.produce_tx.lock().ok().and_then(|t| t.clone())?;
-    tx.send(job).await.ok()?;
-    Some(done_rx)
+    let job = ProduceJob {
+        request_id,
+        topic: t,
+        acks,
+        records,
+        slot,
+        started,
+    };
+    let Some(tx) = conn.produce_tx.lock().ok().and_then(|t| t.clone()) else {
+        return;
+    };
+    let _ = tx.send(job).await;
 }
 
 /// Appends a connection's produce requests in the order they were read.
@@ -349,9 +356,6 @@ pub(crate) async fn produce_loop(conn: Arc<Conn>, mut rx: mpsc::Receiver<Produce
         match job.acks {
             Acks::None => {
                 super::metrics::request_done("produce", job.started, true);
-                if let Some(d) = job.done.take() {
-                    let _ = d.send(());
-                }
             }
             Acks::Leader => {
                 finish_job(&conn, job, Ok(Response::Produced { positions }), opcode).await
@@ -377,13 +381,11 @@ async fn finish_job(conn: &Conn, mut job: ProduceJob, r: Reply, opcode: u8) {
         code,
         message,
     });
+    job.slot.release();
     if job.acks != Acks::None {
         conn.respond(job.request_id, r).await;
     } else if let Response::Error { message, .. } = &r {
         tracing::warn!(%message, "an acks-none produce failed");
-    }
-    if let Some(d) = job.done.take() {
-        let _ = d.send(());
     }
 }
 

@@ -340,7 +340,7 @@ pub(crate) async fn produce_loop(conn: Arc<Conn>, mut rx: mpsc::Receiver<Produce
         let results = append_group(&mut group).await;
         drop(permit);
         let acks = group[0].acks;
-        let mut done: Vec<(ProduceJob, Reply, Vec<(u32, u64)>)> = Vec::with_capacity(group.len());
+        let mut done: Vec<Answered> = Vec::with_capacity(group.len());
         for (job, r) in group.into_iter().zip(results) {
             match r {
                 Ok((n, positions)) => {
@@ -387,6 +387,10 @@ pub(crate) async fn produce_loop(conn: Arc<Conn>, mut rx: mpsc::Receiver<Produce
         }
     }
 }
+
+/// A request of a group, its answer, and the positions its durability
+/// wait covers.
+type Answered = (ProduceJob, Reply, Vec<(u32, u64)>);
 
 /// Per request of a group: its record count and positions, or its error.
 type Appended = Result<(u64, Vec<(u32, u64)>), (ErrorCode, String)>;

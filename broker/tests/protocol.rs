@@ -407,3 +407,228 @@ async fn a_group_poll_answer_stays_within_its_max_bytes_and_loses_nothing() {
     assert_eq!(seen, (0..100).collect::<Vec<u32>>());
     srv.stop().await.unwrap();
 }
+
+fn one_record(topic: &str, acks: Acks, key: Option<&str>, value: Vec<u8>) -> Request {
+    Request::Produce {
+        topic: topic.into(),
+        acks,
+        records: vec![fissionlog_broker::protocol::ProduceRecord {
+            key: key.map(|k| Bytes::from(k.to_string())),
+            value: Bytes::from(value),
+            timestamp: None,
+        }],
+    }
+}
+
+/// Starts every request before waiting for any: they queue on the
+/// connection's append queue together. Returns each answer, in order.
+async fn pipelined(
+    conn: &Connection,
+    reqs: Vec<Request>,
+) -> Vec<Result<Response, fissionlog_broker::client::ClientError>> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let c = conn.clone();
+    let sender = tokio::spawn(async move {
+        for r in reqs {
+            let call = c.start(r).await.unwrap();
+            if tx.send(call).is_err() {
+                break;
+            }
+        }
+    });
+    let mut out = Vec::new();
+    while let Some(call) = rx.recv().await {
+        out.push(call.wait().await);
+    }
+    sender.await.unwrap();
+    out
+}
+
+/// Every record of a partition, as (key, value).
+async fn read_all(conn: &Connection, topic: &str, partition: u32) -> Vec<(Option<Bytes>, Bytes)> {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    loop {
+        let r = conn
+            .call(Request::Fetch {
+                topic: topic.into(),
+                partition,
+                offset,
+                max_bytes: 1 << 20,
+                max_wait_ms: 0,
+                isolation: Isolation::Written,
+            })
+            .await
+            .unwrap();
+        let Response::Fetched {
+            next_offset,
+            high_watermark,
+            records,
+            ..
+        } = r
+        else {
+            panic!("not a fetch answer: {r:?}");
+        };
+        for rec in records {
+            out.push((rec.key, rec.value));
+        }
+        if next_offset >= high_watermark {
+            return out;
+        }
+        offset = next_offset;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_single_record_produces_are_each_answered_with_their_own_increasing_offsets_per_key(
+) {
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let conn = Connection::connect(srv.addr, None).await.unwrap();
+    Admin::new(conn.clone())
+        .create_topic("t", 3, SyncSpec::Always, 0, false)
+        .await
+        .unwrap();
+    let n = 2000usize;
+    let keys = ["a", "b", "c", "d", "e"];
+    for acks in [Acks::Leader, Acks::Quorum] {
+        let reqs = (0..n)
+            .map(|i| {
+                one_record(
+                    "t",
+                    acks,
+                    Some(keys[i % keys.len()]),
+                    format!("{acks:?}{i}").into_bytes(),
+                )
+            })
+            .collect();
+        let answers = pipelined(&conn, reqs).await;
+        let mut last: std::collections::HashMap<&str, (u32, u64)> = Default::default();
+        let mut seen = std::collections::HashSet::new();
+        for (i, a) in answers.into_iter().enumerate() {
+            let Ok(Response::Produced { positions }) = a else {
+                panic!("request {i}: {a:?}");
+            };
+            assert_eq!(positions.len(), 1, "request {i} has its own one position");
+            let (p, o) = positions[0];
+            assert!(seen.insert((p, o)), "position {p}/{o} answered twice");
+            let k = keys[i % keys.len()];
+            if let Some(&(lp, lo)) = last.get(k) {
+                assert_eq!(p, lp, "key {k} changed partition");
+                assert!(o > lo, "key {k}: offset {o} after {lo}");
+            }
+            last.insert(k, (p, o));
+        }
+    }
+    // Nothing duplicated or lost, and each key's values in the order sent.
+    let mut by_key: std::collections::HashMap<Bytes, Vec<Bytes>> = Default::default();
+    for p in 0..3 {
+        for (k, v) in read_all(&conn, "t", p).await {
+            by_key.entry(k.unwrap()).or_default().push(v);
+        }
+    }
+    assert_eq!(by_key.values().map(Vec::len).sum::<usize>(), 2 * n);
+    for (ki, k) in keys.iter().enumerate() {
+        let want: Vec<Bytes> = [Acks::Leader, Acks::Quorum]
+            .iter()
+            .flat_map(|acks| {
+                (0..n)
+                    .filter(move |i| i % keys.len() == ki)
+                    .map(move |i| Bytes::from(format!("{acks:?}{i}")))
+            })
+            .collect();
+        assert_eq!(by_key[&Bytes::from(k.to_string())], want, "key {k}");
+    }
+    srv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_request_among_pipelined_produces_fails_alone() {
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let conn = Connection::connect(srv.addr, None).await.unwrap();
+    conn.call(Request::CreateTopic {
+        topic: "t".into(),
+        partitions: 1,
+        sync: SyncSpec::Always,
+        max_record_bytes: 512,
+        target_bytes_per_sec: 0,
+        auto_balance: false,
+    })
+    .await
+    .unwrap();
+    let n = 600usize;
+    let bad = |i: usize| i % 100 == 57;
+    let reqs = (0..n)
+        .map(|i| {
+            let len = if bad(i) { 4096 } else { 8 };
+            let mut v = format!("{i:08}").into_bytes();
+            v.resize(len, b'x');
+            if i % 150 == 99 {
+                one_record("nope", Acks::Leader, None, v)
+            } else {
+                one_record("t", Acks::Leader, Some("k"), v)
+            }
+        })
+        .collect();
+    let answers = pipelined(&conn, reqs).await;
+    let mut next = 0u64;
+    for (i, a) in answers.into_iter().enumerate() {
+        if bad(i) {
+            let e = a.expect_err("a too large record fails");
+            assert_eq!(
+                e.code(),
+                Some(ErrorCode::RecordTooLarge),
+                "request {i}: {e}"
+            );
+        } else if i % 150 == 99 {
+            let e = a.expect_err("an unknown topic fails");
+            assert_eq!(e.code(), Some(ErrorCode::UnknownTopic), "request {i}: {e}");
+        } else {
+            let Ok(Response::Produced { positions }) = a else {
+                panic!("request {i}: {a:?}");
+            };
+            assert_eq!(positions, vec![(0, next)], "request {i}");
+            next += 1;
+        }
+    }
+    let got = read_all(&conn, "t", 0).await;
+    let want: Vec<usize> = (0..n).filter(|&i| !bad(i) && i % 150 != 99).collect();
+    assert_eq!(got.len(), want.len());
+    for ((_, v), i) in got.iter().zip(want) {
+        assert_eq!(&v[..8], format!("{i:08}").as_bytes());
+    }
+    srv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_acks_none_produces_are_answered_at_once_and_all_appended_in_order() {
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let conn = Connection::connect(srv.addr, None).await.unwrap();
+    Admin::new(conn.clone())
+        .create_topic("t", 1, SyncSpec::Never, 0, false)
+        .await
+        .unwrap();
+    let n = 1500usize;
+    let mut reqs: Vec<Request> = (0..n)
+        .map(|i| one_record("t", Acks::None, Some("k"), format!("{i}").into_bytes()))
+        .collect();
+    reqs.push(one_record("t", Acks::Leader, Some("k"), b"last".to_vec()));
+    let answers = pipelined(&conn, reqs).await;
+    for (i, a) in answers.iter().take(n).enumerate() {
+        assert!(
+            matches!(a, Ok(Response::Produced { positions }) if positions.is_empty()),
+            "request {i}: {a:?}"
+        );
+    }
+    // The acknowledged produce after them lands after all of them.
+    assert!(
+        matches!(&answers[n], Ok(Response::Produced { positions }) if positions == &vec![(0, n as u64)]),
+        "{:?}",
+        answers[n]
+    );
+    let got = read_all(&conn, "t", 0).await;
+    assert_eq!(got.len(), n + 1);
+    for (i, (_, v)) in got.iter().take(n).enumerate() {
+        assert_eq!(v, &Bytes::from(format!("{i}")));
+    }
+    srv.stop().await.unwrap();
+}

@@ -65,6 +65,26 @@ impl Outbox {
     }
 }
 
+/// One request counted in flight on its connection. Released (once) just
+/// before its response is queued: a client that sends its next request
+/// as each answer arrives then never finds its slot still taken. Dropping
+/// it releases it too (a request that ends without an answer).
+pub(crate) struct InFlight(Option<Arc<AtomicU64>>);
+
+impl InFlight {
+    pub fn release(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 impl Conn {
     pub async fn respond(&self, request_id: u32, r: Response) -> bool {
         self.out.send(r.encode(request_id)).await
@@ -267,8 +287,7 @@ where
             continue;
         }
         ServerStats::raise(&shared.stats.in_flight_max, n);
-        let conn2 = conn.clone();
-        let in_flight2 = in_flight.clone();
+        let slot = InFlight(Some(in_flight.clone()));
         let id = frame.request_id;
         if let Request::Produce {
             topic,
@@ -277,17 +296,11 @@ where
         } = req
         {
             // Queued here, in read order; answered by the append queue.
-            let done = handlers::enqueue_produce(&conn, id, topic, acks, records).await;
-            tokio::spawn(async move {
-                if let Some(d) = done {
-                    let _ = d.await;
-                }
-                in_flight2.fetch_sub(1, Ordering::AcqRel);
-            });
+            handlers::enqueue_produce(&conn, id, topic, acks, records, slot).await;
         } else {
+            let conn2 = conn.clone();
             tokio::spawn(async move {
-                handlers::dispatch(&conn2, id, req).await;
-                in_flight2.fetch_sub(1, Ordering::AcqRel);
+                handlers::dispatch(&conn2, id, req, slot).await;
             });
         }
         // Backpressure: while the write queue is full, don't read more.

@@ -13,10 +13,10 @@ use fissionlog::{
     BalancePolicy, Error, HotKeyMode, NewRecord, ReadIsolation, SplitPlan, SyncPolicy, TailFrom,
     TailSplitOptions, Topic, TopicConfig,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use super::auth::Access;
-use super::conn::Conn;
+use super::conn::{Conn, InFlight};
 use super::handlers_group::{group_poll, join, leave, member_call};
 use crate::protocol::{
     Acks, ErrorCode, FetchedRecord, HotKeyModeSpec, Isolation, ProduceRecord, Request, Response,
@@ -86,13 +86,14 @@ pub(crate) struct ProduceJob {
     topic: Topic,
     acks: Acks,
     records: Vec<ProduceRecord>,
-    done: Option<oneshot::Sender<()>>,
+    /// Released just before the answer is queued.
+    slot: InFlight,
     /// When the request was read: its latency runs from here to its answer.
     started: Instant,
 }
 
 /// Carries out one request and queues its response.
-pub(crate) async fn dispatch(conn: &Arc<Conn>, request_id: u32, req: Request) {
+pub(crate) async fn dispatch(conn: &Arc<Conn>, request_id: u32, req: Request, mut slot: InFlight) {
     use tracing::Instrument;
     let name = req.name();
     let started = Instant::now();
@@ -109,6 +110,7 @@ pub(crate) async fn dispatch(conn: &Arc<Conn>, request_id: u32, req: Request) {
         if let Response::Error { code, .. } = &r {
             tracing::debug!(%code, "refused");
         }
+        slot.release();
         conn.respond(request_id, r).await;
         ok
     }
@@ -219,15 +221,16 @@ pub(crate) fn topic_for(
 /// Checks a produce request and puts it on the connection's append
 /// queue. Called from the connection's reader, in the order requests were
 /// read, so one client's batches are appended in the order it sent them.
-/// Returns what resolves once the request is answered (`None`: answered
-/// already, with an error).
+/// The request's in-flight slot goes with it, released when it is
+/// answered (an acks-none request: when its early answer is queued).
 pub(crate) async fn enqueue_produce(
     conn: &Arc<Conn>,
     request_id: u32,
     topic: String,
     acks: Acks,
     records: Vec<ProduceRecord>,
-) -> Option<oneshot::Receiver<()>> {
+    mut slot: InFlight,
+) {
     let started = Instant::now();
     let opcode = Request::Produce {
         topic: String::new(),
@@ -239,6 +242,7 @@ pub(crate) async fn enqueue_produce(
         Ok(t) => t,
         Err((code, message)) => {
             super::metrics::request_done("produce", started, false);
+            slot.release();
             conn.respond(
                 request_id,
                 Response::Error {
@@ -248,7 +252,7 @@ pub(crate) async fn enqueue_produce(
                 },
             )
             .await;
-            return None;
+            return;
         }
     };
     if conn.shared.shutting_down() {
@@ -258,19 +262,13 @@ pub(crate) async fn enqueue_produce(
             code: ErrorCode::ShuttingDown,
             message: "the server is shutting down".into(),
         };
+        slot.release();
         conn.respond(request_id, r).await;
-        return None;
+        return;
     }
-    let (done_tx, done_rx) = oneshot::channel();
-    let job = ProduceJob {
-        request_id,
-        topic: t,
-        acks,
-        records,
-        done: Some(done_tx),
-        started,
-    };
     if acks == Acks::None {
+        // Answered now; the bounded append queue holds the reader back.
+        slot.release();
         conn.respond(
             request_id,
             Response::Produced {
@@ -279,112 +277,251 @@ pub(crate) async fn enqueue_produce(
         )
         .await;
     }
-    let tx = conn.produce_tx.lock().ok().and_then(|t| t.clone())?;
-    tx.send(job).await.ok()?;
-    Some(done_rx)
+    let job = ProduceJob {
+        request_id,
+        topic: t,
+        acks,
+        records,
+        slot,
+        started,
+    };
+    let Some(tx) = conn.produce_tx.lock().ok().and_then(|t| t.clone()) else {
+        return;
+    };
+    let _ = tx.send(job).await;
+}
+
+/// At most this many queued produce requests go into one append.
+const COALESCE_REQUESTS: usize = 256;
+/// And at most about this many bytes of keys and values (a first request
+/// over it goes alone).
+const COALESCE_BYTES: usize = 4 << 20;
+
+fn job_bytes(j: &ProduceJob) -> usize {
+    j.records
+        .iter()
+        .map(|r| r.value.len() + r.key.as_ref().map_or(0, |k| k.len()) + RECORD_OVERHEAD)
+        .sum()
 }
 
 /// Appends a connection's produce requests in the order they were read.
+/// Requests for one topic with the same acks that are queued together
+/// are appended as one batch with one durability wait (bounded by
+/// `COALESCE_REQUESTS` and `COALESCE_BYTES`), and each is answered with
+/// its own positions or its own error.
 pub(crate) async fn produce_loop(conn: Arc<Conn>, mut rx: mpsc::Receiver<ProduceJob>) {
-    while let Some(mut job) = rx.recv().await {
-        let opcode = Request::Produce {
-            topic: String::new(),
-            acks: job.acks,
-            records: Vec::new(),
+    let mut next: Option<ProduceJob> = None;
+    loop {
+        let first = match next.take() {
+            Some(j) => j,
+            None => match rx.recv().await {
+                Some(j) => j,
+                None => return,
+            },
+        };
+        let mut bytes = job_bytes(&first);
+        let mut group = vec![first];
+        while group.len() < COALESCE_REQUESTS && bytes < COALESCE_BYTES {
+            let Ok(j) = rx.try_recv() else { break };
+            let b = job_bytes(&j);
+            if j.topic.name() == group[0].topic.name()
+                && j.acks == group[0].acks
+                && bytes + b <= COALESCE_BYTES
+            {
+                bytes += b;
+                group.push(j);
+            } else {
+                next = Some(j);
+                break;
+            }
         }
-        .opcode();
         let Ok(permit) = conn.shared.appends.acquire().await else {
             return;
         };
-        let topic = job.topic.clone();
-        let records = std::mem::take(&mut job.records);
-        let n = records.len() as u64;
-        let span = tracing::debug_span!(
-            "produce",
-            topic = %topic.name(),
-            records = n,
-            acks = ?job.acks,
-            partitions = tracing::field::Empty
-        );
-        let in_span = span.clone();
-        let appended = blocking(move || {
-            let _entered = in_span.enter();
-            let batch: Vec<NewRecord<'_>> = records
-                .iter()
-                .map(|r| NewRecord {
-                    key: r.key.as_deref(),
-                    value: &r.value,
-                    timestamp: r.timestamp,
-                })
-                .collect();
-            topic.append_batch(&batch)
-        })
-        .await;
+        let results = append_group(&mut group).await;
         drop(permit);
-        let positions = match appended {
-            Ok(Ok(a)) => {
-                conn.shared
-                    .stats
-                    .records_produced
-                    .fetch_add(n, Ordering::Relaxed);
-                a
+        let acks = group[0].acks;
+        let mut done: Vec<Answered> = Vec::with_capacity(group.len());
+        for (job, r) in group.into_iter().zip(results) {
+            match r {
+                Ok((n, positions)) => {
+                    conn.shared
+                        .stats
+                        .records_produced
+                        .fetch_add(n, Ordering::Relaxed);
+                    let resp = Ok(Response::Produced {
+                        positions: positions.clone(),
+                    });
+                    done.push((job, resp, positions));
+                }
+                Err(e) => done.push((job, Err(e), Vec::new())),
             }
-            Ok(Err(e)) => {
-                finish_job(&conn, job, Err(lib(e)), opcode).await;
-                continue;
-            }
-            Err(e) => {
-                finish_job(&conn, job, Err(e), opcode).await;
-                continue;
-            }
-        };
-        let positions: Vec<(u32, u64)> =
-            positions.iter().map(|a| (a.partition, a.offset)).collect();
-        if !span.is_disabled() {
-            let mut touched: Vec<u32> = positions.iter().map(|p| p.0).collect();
-            touched.sort_unstable();
-            touched.dedup();
-            span.record("partitions", tracing::field::debug(&touched));
-            span.in_scope(|| tracing::debug!("appended"));
         }
-        match job.acks {
-            Acks::None => {
-                super::metrics::request_done("produce", job.started, true);
-                if let Some(d) = job.done.take() {
-                    let _ = d.send(());
+        match acks {
+            Acks::None | Acks::Leader => {
+                for (job, r, _) in done {
+                    finish_job(&conn, job, r).await;
                 }
             }
-            Acks::Leader => {
-                finish_job(&conn, job, Ok(Response::Produced { positions }), opcode).await
-            }
             Acks::Quorum => {
-                // Durability waits overlap; appends stay in order.
+                // One durability wait for the group; groups' waits
+                // overlap, appends stay in order.
                 let conn = conn.clone();
                 tokio::spawn(async move {
-                    let r = wait_durable(&conn, &job.topic, &positions)
-                        .await
-                        .map(|()| Response::Produced { positions });
-                    finish_job(&conn, job, r, opcode).await;
+                    let all: Vec<(u32, u64)> =
+                        done.iter().flat_map(|d| d.2.iter().copied()).collect();
+                    let topic = done[0].0.topic.clone();
+                    let durable = if all.is_empty() {
+                        Ok(())
+                    } else {
+                        wait_durable(&conn, &topic, &all).await
+                    };
+                    for (job, r, _) in done {
+                        let r = match (&durable, r) {
+                            (Err(e), Ok(_)) => Err(e.clone()),
+                            (_, r) => r,
+                        };
+                        finish_job(&conn, job, r).await;
+                    }
                 });
             }
         }
     }
 }
 
-async fn finish_job(conn: &Conn, mut job: ProduceJob, r: Reply, opcode: u8) {
+/// A request of a group, its answer, and the positions its durability
+/// wait covers.
+type Answered = (ProduceJob, Reply, Vec<(u32, u64)>);
+
+/// Per request of a group: its record count and positions, or its error.
+type Appended = Result<(u64, Vec<(u32, u64)>), (ErrorCode, String)>;
+
+/// Appends a group of one topic's requests as one batch. A batch refused
+/// before anything was written (a record too large, an unknown
+/// partition...) is appended again request by request, so only the
+/// request at fault fails; a batch that failed part way
+/// (`Error::PartialBatch`) answers each request by what of it landed.
+async fn append_group(group: &mut [ProduceJob]) -> Vec<Appended> {
+    let topic = group[0].topic.clone();
+    let requests: Vec<Vec<ProduceRecord>> = group
+        .iter_mut()
+        .map(|j| std::mem::take(&mut j.records))
+        .collect();
+    let n: usize = requests.iter().map(Vec::len).sum();
+    let span = tracing::debug_span!(
+        "produce",
+        topic = %topic.name(),
+        records = n,
+        requests = requests.len(),
+        acks = ?group[0].acks,
+        partitions = tracing::field::Empty
+    );
+    let in_span = span.clone();
+    let count = group.len();
+    let appended = blocking(move || {
+        let _entered = in_span.enter();
+        fn new(r: &ProduceRecord) -> NewRecord<'_> {
+            NewRecord {
+                key: r.key.as_deref(),
+                value: &r.value,
+                timestamp: r.timestamp,
+            }
+        }
+        let pos = |a: &[fissionlog::Appended]| -> Vec<(u32, u64)> {
+            a.iter().map(|a| (a.partition, a.offset)).collect()
+        };
+        let batch: Vec<NewRecord<'_>> = requests.iter().flatten().map(new).collect();
+        match topic.append_batch(&batch) {
+            Ok(a) => {
+                let mut out = Vec::with_capacity(requests.len());
+                let mut at = 0;
+                for r in &requests {
+                    out.push(Ok((r.len() as u64, pos(&a[at..at + r.len()]))));
+                    at += r.len();
+                }
+                out
+            }
+            Err(Error::PartialBatch { landed, source }) => {
+                let code = code_of(&source);
+                let mut out = Vec::with_capacity(requests.len());
+                let mut at = 0;
+                for r in &requests {
+                    let part = &landed[at..at + r.len()];
+                    at += r.len();
+                    let got: Vec<(u32, u64)> = part
+                        .iter()
+                        .flatten()
+                        .map(|a| (a.partition, a.offset))
+                        .collect();
+                    if got.len() == part.len() {
+                        out.push(Ok((r.len() as u64, got)));
+                    } else {
+                        out.push(Err((
+                            code,
+                            format!(
+                                "{} of {} records of the request were appended before it failed: {source}",
+                                got.len(),
+                                part.len()
+                            ),
+                        )));
+                    }
+                }
+                out
+            }
+            // Storage errors may come after a write: never appended again.
+            Err(e) if requests.len() == 1 || code_of(&e) == ErrorCode::Storage => {
+                let e = lib(e);
+                requests.iter().map(|_| Err(e.clone())).collect()
+            }
+            Err(_) => requests
+                .iter()
+                .map(|r| {
+                    let b: Vec<NewRecord<'_>> = r.iter().map(new).collect();
+                    topic
+                        .append_batch(&b)
+                        .map(|a| (r.len() as u64, pos(&a)))
+                        .map_err(lib)
+                })
+                .collect(),
+        }
+    })
+    .await;
+    let out = match appended {
+        Ok(v) => v,
+        Err(e) => (0..count).map(|_| Err(e.clone())).collect(),
+    };
+    if !span.is_disabled() {
+        let mut touched: Vec<u32> = out
+            .iter()
+            .flatten()
+            .flat_map(|(_, p)| p.iter().map(|p| p.0))
+            .collect();
+        touched.sort_unstable();
+        touched.dedup();
+        span.record("partitions", tracing::field::debug(&touched));
+        span.in_scope(|| tracing::debug!("appended"));
+    }
+    out
+}
+
+async fn finish_job(conn: &Conn, mut job: ProduceJob, r: Reply) {
+    let opcode = Request::Produce {
+        topic: String::new(),
+        acks: job.acks,
+        records: Vec::new(),
+    }
+    .opcode();
     super::metrics::request_done("produce", job.started, r.is_ok());
     let r = r.unwrap_or_else(|(code, message)| Response::Error {
         opcode,
         code,
         message,
     });
+    job.slot.release();
     if job.acks != Acks::None {
         conn.respond(job.request_id, r).await;
     } else if let Response::Error { message, .. } = &r {
         tracing::warn!(%message, "an acks-none produce failed");
-    }
-    if let Some(d) = job.done.take() {
-        let _ = d.send(());
     }
 }
 

@@ -1,4 +1,11 @@
-//! State shared by a `Log` and its topics: directory, manifest, syncing.
+//! State a log shares with its topics and partitions: directory,
+//! manifest, options, the clock, sync rounds and checkpoints.
+//!
+//! It sits below `topic`: it names no topic, and the topic map lives in
+//! `log/`. What a sync round needs from the topics above comes in as
+//! plain values: the partitions a clean round checkpoints (from the
+//! caller), and the wake-ups a failed round fires (each topic registers
+//! its own, [`Core::watch_sync_failures`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -6,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use crate::balance::Clock;
 use crate::error::{Error, Result};
@@ -16,9 +23,9 @@ use crate::format::manifest::{ManifestRecord, ManifestState};
 use crate::partition::{DirtyList, Partition, SyncCapture};
 use crate::storage::durability::{CheckpointFiles, GroupCommit, Syncer};
 use crate::storage::fault::IoHook;
-use crate::topic::Topic;
 use crate::topology::manifest::Manifest;
 use crate::topology::model;
+use crate::wake::TailWake;
 
 /// The manifest and the state it describes, changed together.
 #[derive(Debug)]
@@ -49,11 +56,11 @@ pub(crate) struct Core {
     /// When the last checkpoint was written (none yet: the next round writes one).
     pub checkpoint_written: Mutex<Option<Instant>>,
     pub topology: Mutex<Topology>,
-    pub topics: RwLock<BTreeMap<String, Topic>>,
-    /// Topics deleted while the log is open whose handles may still live:
-    /// closing releases their partitions (and the directory lock they
-    /// hold) like those of the live topics.
-    pub deleted_topics: Mutex<Vec<std::sync::Weak<crate::topic::TopicInner>>>,
+    /// The wake-ups of every topic's waiters, registered by each topic
+    /// made ([`Core::watch_sync_failures`]): a sync round that fails for
+    /// good wakes them all, so a `Durable` future waiting on any partition
+    /// fails now, not never.
+    pub sync_failure_wakes: Mutex<Vec<Weak<TailWake>>>,
     pub closed: AtomicBool,
     pub sync_failure: Mutex<Option<String>>,
     /// Partitions whose fsync failed, by (topic id, partition id): topic
@@ -163,13 +170,13 @@ impl Core {
         }
     }
 
-    /// Every partition of every topic.
-    pub fn all_partitions(&self) -> Vec<Arc<Partition>> {
-        self.topics
-            .read()
-            .values()
-            .flat_map(|t| t.all_partition_handles())
-            .collect()
+    /// Registers a topic's wake-up, to be fired when a sync round fails
+    /// for good (see `sync_failure_wakes`). Wake-ups of dropped topics are
+    /// pruned here.
+    pub fn watch_sync_failures(&self, wake: &Arc<TailWake>) {
+        let mut wakes = self.sync_failure_wakes.lock();
+        wakes.retain(|w| w.strong_count() > 0);
+        wakes.push(Arc::downgrade(wake));
     }
 
     /// Commits a topology change: durable journal record, then the state.
@@ -218,14 +225,14 @@ impl Core {
     /// Fails while any partition is poisoned by a failed fsync: what it
     /// held above its durable position may be lost.
     pub fn sync(&self) -> Result<()> {
-        self.group.sync(|| self.sync_round(false))?;
+        self.group.sync(|| self.sync_round())?;
         self.partition_failure()
     }
 
     /// Group-committed sync covering `parts` (what an `Always` append
     /// waits for): fails only if one of them is poisoned.
     pub fn sync_covering(&self, parts: &[&Partition]) -> Result<()> {
-        self.group.sync(|| self.sync_round(false))?;
+        self.group.sync(|| self.sync_round())?;
         parts.iter().try_for_each(|p| p.check_not_poisoned())
     }
 
@@ -265,8 +272,7 @@ impl Core {
 
     /// One sync round (see `storage::durability`). It writes the checkpoint
     /// only when due (interval or request) and changed; other rounds sync
-    /// data files and directories only. With `clean`, the checkpoint
-    /// records the positions just synced and the clean flag.
+    /// data files and directories only.
     ///
     /// A round costs O(dirty partitions): it captures only the partitions
     /// that registered themselves dirty (an append, roll, seal or
@@ -275,7 +281,21 @@ impl Core {
     /// The checkpoint is built from cached entries, refreshed for those
     /// partitions (plus a few others' rates, round-robin), and is not
     /// written at all once both checkpoint files hold the current entries.
-    pub fn sync_round(&self, clean: bool) -> Result<()> {
+    pub fn sync_round(&self) -> Result<()> {
+        self.round(None)
+    }
+
+    /// The last sync round of a clean close: after syncing what is dirty
+    /// it writes a checkpoint of `every` partition of the log (the caller
+    /// holds the topic map) with the positions just synced and, unless a
+    /// partition is poisoned, the clean flag.
+    pub fn clean_sync_round(&self, every: &[Arc<Partition>]) -> Result<()> {
+        self.round(Some(every))
+    }
+
+    /// [`Core::sync_round`], or with `every` [`Core::clean_sync_round`].
+    fn round(&self, every: Option<&[Arc<Partition>]>) -> Result<()> {
+        let clean = every.is_some();
         if let Some(f) = &*self.sync_failure.lock() {
             return Err(Error::Io {
                 path: self.dir.clone(),
@@ -384,21 +404,25 @@ impl Core {
             drop(ck);
             // Every later round fails at once: a `Durable` future waiting
             // for one fails now, not never.
-            let topics: Vec<_> = self.topics.read().values().cloned().collect();
-            for t in topics {
-                t.inner.wake().notify_all();
+            let wakes: Vec<Arc<TailWake>> = self
+                .sync_failure_wakes
+                .lock()
+                .iter()
+                .filter_map(Weak::upgrade)
+                .collect();
+            for w in wakes {
+                w.notify_all();
             }
             return Err(e);
         }
-        if clean {
+        if let Some(every) = every {
             // A poisoned partition keeps its old durable position, and the
             // checkpoint is not marked clean: its file may hold bytes past
             // that position that recovery must scan, not trust. Every other
             // partition's durable position is its end now. Once per close:
             // O(every partition) is fine here.
             let clean = self.failed_partitions.lock().is_empty();
-            let entries = self
-                .all_partitions()
+            let entries = every
                 .iter()
                 .map(|p| {
                     let e = p.checkpoint_entry(None);

@@ -4,45 +4,49 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
+
+use super::TopicMap;
 use std::time::{Duration, Instant};
 
 use crate::config::SyncPolicy;
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::topic::Topic;
 
 /// Name of the background thread.
 const THREAD_NAME: &str = "fissionlog-bg";
 
-/// Starts the background thread. It holds the core weakly and stops when
-/// the log closes or is dropped. A failed spawn (the OS refused a thread:
+/// Starts the background thread. It holds the core and the topic map
+/// weakly and stops when the log closes or is dropped. A failed spawn (the OS refused a thread:
 /// a thread or memory limit) is [`Error::ThreadSpawn`].
 pub(super) fn spawn(
     core: Weak<Core>,
+    topics: Weak<TopicMap>,
     balancer: bool,
     retention: bool,
 ) -> Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name(THREAD_NAME.into())
-        .spawn(move || run(core, balancer, retention))
+        .spawn(move || run(core, topics, balancer, retention))
         .map_err(|source| Error::ThreadSpawn {
             thread: THREAD_NAME.into(),
             source,
         })
 }
 
-fn run(core: Weak<Core>, balancer: bool, retention: bool) {
+fn run(core: Weak<Core>, topic_map: Weak<TopicMap>, balancer: bool, retention: bool) {
     let mut last_sync = Instant::now();
     let mut last_retention = Instant::now();
     let mut last_balance: HashMap<u32, Instant> = HashMap::new();
     loop {
         // Parked rather than asleep: shutdown unparks it at once.
         std::thread::park_timeout(Duration::from_millis(20));
-        let Some(core) = core.upgrade() else { return };
+        let (Some(core), Some(topic_map)) = (core.upgrade(), topic_map.upgrade()) else {
+            return;
+        };
         if core.closed.load(Ordering::Acquire) {
             return;
         }
-        let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
+        let topics = topic_map.all();
         let interval = topics
             .iter()
             .filter_map(|t| match t.config().sync {
@@ -64,7 +68,7 @@ fn run(core: Weak<Core>, balancer: bool, retention: bool) {
             // after a sync that made the new floors durable; a failed pass
             // changes nothing it did not finish, and the next one retries.
             // A sync failure inside it is kept as above.
-            let _ = super::retention::enforce_retention(&core);
+            let _ = super::retention::enforce_retention(&core, &topic_map);
             last_retention = Instant::now();
         }
         if balancer {

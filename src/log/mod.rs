@@ -7,9 +7,12 @@ mod open;
 mod retention;
 mod verify;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+
+use parking_lot::{Mutex, RwLock};
 
 use crate::config::{LogOptions, TopicConfig};
 use crate::core::Core;
@@ -17,6 +20,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::events::TopologyEvent;
 use crate::format::manifest::{ManifestRecord, PartitionRecord, PartitionState, TopicRecord};
 use crate::layout::{topic_dir, TOPICS_DIR};
+use crate::partition::Partition;
 use crate::recovery::RecoveryReport;
 use crate::storage::durability::{dir_target, SyncBackend, BATCH_OPEN_MAX};
 #[cfg(feature = "testing")]
@@ -24,7 +28,7 @@ use crate::storage::fault::IoHook;
 use crate::storage::fault::{IoOp, NoFaults};
 use crate::storage::lock::DirLock;
 use crate::storage::sync_dir;
-use crate::topic::{even_ranges, partition_dir, Node, Topic, TopicState};
+use crate::topic::{even_ranges, partition_dir, Node, Topic, TopicInner, TopicState};
 
 pub use verify::verify;
 
@@ -32,6 +36,11 @@ pub use verify::verify;
 #[derive(Debug)]
 pub struct Log {
     core: Arc<Core>,
+    /// The topics by name. Here, above `topic`, and not in the core: the
+    /// core is what topics and partitions below need (options, clock,
+    /// manifest, sync rounds), so a topic holds the core and nothing holds
+    /// a topic but the log, its background thread and the caller.
+    topics: Arc<TopicMap>,
     report: RecoveryReport,
     /// Shared with every topic, partition and read batch handed out: the
     /// directory stays locked while any of them lives.
@@ -95,7 +104,7 @@ fn create_topic_files(
 /// them together, renames them into place and fsyncs their directories
 /// together. An index is a cache, validated on load: the order only keeps
 /// a power loss from leaving a half-written one in place.
-fn flush_indexes(core: &Core, parts: &[Arc<crate::partition::Partition>]) -> Result<()> {
+fn flush_indexes(core: &Core, parts: &[Arc<Partition>]) -> Result<()> {
     let changed: Vec<_> = parts.iter().filter_map(|p| p.index_to_flush()).collect();
     for batch in changed.chunks(BATCH_OPEN_MAX) {
         let files = batch
@@ -114,6 +123,80 @@ fn flush_indexes(core: &Core, parts: &[Arc<crate::partition::Partition>]) -> Res
         }
     }
     Ok(())
+}
+
+/// The topics of an open log: the live ones by name, and the handles of
+/// deleted ones that may still live.
+#[derive(Debug, Default)]
+pub(crate) struct TopicMap {
+    live: RwLock<BTreeMap<String, Topic>>,
+    /// Topics deleted while the log is open whose handles may still live:
+    /// closing releases their partitions (and the directory lock they
+    /// hold) like those of the live topics.
+    deleted: Mutex<Vec<Weak<TopicInner>>>,
+}
+
+impl TopicMap {
+    /// The live topic `name`.
+    fn get(&self, name: &str) -> Option<Topic> {
+        self.live.read().get(name).cloned()
+    }
+
+    /// Names of the live topics.
+    fn names(&self) -> Vec<String> {
+        self.live.read().keys().cloned().collect()
+    }
+
+    /// Every live topic, taken under one read of the map.
+    pub(crate) fn all(&self) -> Vec<Topic> {
+        self.live.read().values().cloned().collect()
+    }
+
+    /// Every partition of every live topic.
+    pub(crate) fn partitions(&self) -> Vec<Arc<Partition>> {
+        self.live
+            .read()
+            .values()
+            .flat_map(|t| t.all_partition_handles())
+            .collect()
+    }
+
+    /// Adds a topic (created, or recovered at open).
+    pub(crate) fn insert(&self, topic: Topic) {
+        self.live.write().insert(topic.name().to_string(), topic);
+    }
+
+    /// Moves a topic whose deletion committed from the live map to the
+    /// deleted handles. By identity: a topic of the same name created
+    /// since the commit (the name was free from then on) stays.
+    fn remove_deleted(&self, topic: &Topic) {
+        {
+            let mut live = self.live.write();
+            if live
+                .get(topic.name())
+                .is_some_and(|t| Arc::ptr_eq(&t.inner, &topic.inner))
+            {
+                live.remove(topic.name());
+            }
+        }
+        let mut deleted = self.deleted.lock();
+        deleted.retain(|w| w.strong_count() > 0);
+        deleted.push(Arc::downgrade(&topic.inner));
+    }
+
+    /// Empties the map at close, releasing the partitions of every topic,
+    /// live or deleted (see [`Topic::release_partitions`]).
+    fn release_all(&self) {
+        let live = std::mem::take(&mut *self.live.write());
+        for t in live.values() {
+            t.release_partitions();
+        }
+        // Handles of topics deleted meanwhile hold the directory lock too.
+        let deleted = std::mem::take(&mut *self.deleted.lock());
+        for inner in deleted.iter().filter_map(Weak::upgrade) {
+            Topic { inner }.release_partitions();
+        }
+    }
 }
 
 impl Log {
@@ -183,10 +266,7 @@ impl Log {
             }
         };
         drop(topo);
-        self.core
-            .topics
-            .write()
-            .insert(name.to_string(), topic.clone());
+        self.topics.insert(topic.clone());
         self.core.events.emit(TopologyEvent::TopicCreated {
             topic: name.to_string(),
         });
@@ -248,17 +328,14 @@ impl Log {
     /// A topic by name.
     pub fn topic(&self, name: &str) -> Result<Topic> {
         crate::topic_name::validate(name)?;
-        self.core
-            .topics
-            .read()
+        self.topics
             .get(name)
-            .cloned()
             .ok_or_else(|| Error::UnknownTopic(name.to_string()))
     }
 
     /// Names of all topics.
     pub fn topics(&self) -> Vec<String> {
-        self.core.topics.read().keys().cloned().collect()
+        self.topics.names()
     }
 
     /// Deletes a topic and its files. Readers holding its data keep reading
@@ -283,22 +360,7 @@ impl Log {
         )?;
         drop(topo);
         topic.inner.mark_deleted();
-        {
-            // By identity: a topic of the same name created since the
-            // commit (the name was free from then on) stays.
-            let mut topics = self.core.topics.write();
-            if topics
-                .get(name)
-                .is_some_and(|t| Arc::ptr_eq(&t.inner, &topic.inner))
-            {
-                topics.remove(name);
-            }
-        }
-        {
-            let mut deleted = self.core.deleted_topics.lock();
-            deleted.retain(|w| w.strong_count() > 0);
-            deleted.push(Arc::downgrade(&topic.inner));
-        }
+        self.topics.remove_deleted(&topic);
         // A `Durable` future waiting on the topic fails now, not never.
         topic.inner.wake().notify_all();
         // Before the files go: a sync round that meets one of its
@@ -341,15 +403,14 @@ impl Log {
     /// It also releases the moved range of every tail-split parent, in
     /// every topic ([`Topic::reclaim_tail`]).
     pub fn enforce_retention(&self) -> Result<usize> {
-        retention::enforce_retention(&self.core)
+        retention::enforce_retention(&self.core, &self.topics)
     }
 
     /// Runs one balancer pass over every topic now (the background thread
     /// does this at each topic's `check_interval`).
     pub fn balance_now(&self) -> Result<Vec<crate::balance::Decision>> {
-        let topics: Vec<Topic> = self.core.topics.read().values().cloned().collect();
         let mut out = Vec::new();
-        for t in topics {
+        for t in self.topics.all() {
             out.extend(t.balance_step()?);
         }
         Ok(out)
@@ -384,22 +445,14 @@ impl Log {
             let _ = h.join();
         }
         let result = if clean {
-            let parts = self.core.all_partitions();
+            let parts = self.topics.partitions();
             flush_indexes(&self.core, &parts)
-                .and_then(|()| self.core.group.sync(|| self.core.sync_round(true)))
+                .and_then(|()| self.core.group.sync(|| self.core.clean_sync_round(&parts)))
                 .and_then(|()| self.core.partition_failure())
         } else {
             Ok(())
         };
-        let topics = std::mem::take(&mut *self.core.topics.write());
-        for t in topics.values() {
-            t.release_partitions();
-        }
-        // Handles of topics deleted meanwhile hold the directory lock too.
-        let deleted = std::mem::take(&mut *self.core.deleted_topics.lock());
-        for inner in deleted.iter().filter_map(std::sync::Weak::upgrade) {
-            Topic { inner }.release_partitions();
-        }
+        self.topics.release_all();
         result
     }
 }

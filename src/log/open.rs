@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
-use super::{new_topic, Log};
+use super::{new_topic, Log, TopicMap};
 use crate::config::LogOptions;
 use crate::core::{Core, Topology};
 use crate::error::{Error, IoContext, Result};
@@ -54,8 +54,10 @@ pub(super) fn open(dir: &Path, options: LogOptions, hook: Arc<dyn IoHook>) -> Re
         full_scan: options.full_scan,
         recovery: options.recovery,
     };
+    let topics = Arc::new(TopicMap::default());
     let recovered = recover(
         &core,
+        &topics,
         &lock,
         &meta.state,
         (&meta.checkpoint, meta.checkpoint_lost),
@@ -66,25 +68,21 @@ pub(super) fn open(dir: &Path, options: LogOptions, hook: Arc<dyn IoHook>) -> Re
     let background = recovered.and_then(|()| {
         super::background::spawn(
             Arc::downgrade(&core),
+            Arc::downgrade(&topics),
             options.balancer,
             options.background_retention,
         )
     });
-    match background {
-        Ok(background) => Ok(Log {
-            core,
-            report,
-            _lock: lock,
-            background: Some(background),
-            abandoned: false,
-        }),
-        Err(e) => {
-            // Topics hold the core: break the cycle, or a refused open
-            // leaks every mapping and file it opened.
-            core.topics.write().clear();
-            Err(e)
-        }
-    }
+    // A refused open drops the topics it recovered, with every mapping
+    // and file they opened.
+    Ok(Log {
+        core,
+        topics,
+        report,
+        _lock: lock,
+        background: Some(background?),
+        abandoned: false,
+    })
 }
 
 /// What the log directory holds besides the partitions' files.
@@ -164,8 +162,7 @@ fn new_core(
         checkpoint_for_retention: AtomicBool::new(false),
         checkpoint_written: Mutex::new(None),
         topology: Mutex::new(Topology { manifest, state }),
-        topics: RwLock::new(std::collections::BTreeMap::new()),
-        deleted_topics: Mutex::default(),
+        sync_failure_wakes: Mutex::default(),
         closed: AtomicBool::new(false),
         sync_failure: Mutex::new(None),
         failed_partitions: Mutex::new(std::collections::BTreeMap::new()),
@@ -195,10 +192,11 @@ pub(super) fn checkpoint_entries<'a>(
         .collect()
 }
 
-/// Recovers every topic into `core`, removes orphans and makes the result
-/// durable with two sync rounds.
+/// Recovers every topic into `topics`, removes orphans and makes the
+/// result durable with two sync rounds.
 fn recover(
     core: &Arc<Core>,
+    topics: &TopicMap,
     lock: &Arc<DirLock>,
     state: &ManifestState,
     (checkpoint, checkpoint_lost): (&Checkpoint, bool),
@@ -241,7 +239,7 @@ fn recover(
             &mut opened,
             report,
         )?;
-        core.topics.write().insert(rec.name.clone(), topic);
+        topics.insert(topic);
     }
     let manifest_cut = report.manifest.corruption_truncated.is_some();
     remove_orphans(dir, &state.topics, manifest_cut, &*core.hook, report)?;
@@ -254,16 +252,15 @@ fn recover(
         // directory only where it removed or created files, so the open's
         // rounds fsync every partition's, before a checkpoint or a durable
         // end names a segment in it.
-        for p in core.all_partitions() {
+        for p in topics.partitions() {
             p.mark_names_recovered();
         }
     }
     core.request_checkpoint();
-    core.sync_round(false)?;
+    core.sync_round()?;
     core.request_checkpoint();
-    core.sync_round(false)?;
-    let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
-    report.group_positions_lost = crate::group::check_group_positions(&topics)?;
+    core.sync_round()?;
+    report.group_positions_lost = crate::group::check_group_positions(&topics.all())?;
     Ok(())
 }
 

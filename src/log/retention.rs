@@ -3,20 +3,20 @@
 
 use std::sync::atomic::Ordering;
 
+use super::TopicMap;
 use crate::core::Core;
 use crate::error::Result;
-use crate::topic::Topic;
 
 /// Retires expired segments, then removes the sealed partitions that
 /// hold nothing any more (`Topic::remove_emptied`). Returns the number of
 /// segments deleted.
-pub(super) fn enforce_retention(core: &Core) -> Result<usize> {
-    let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
+pub(super) fn enforce_retention(core: &Core, topic_map: &TopicMap) -> Result<usize> {
+    let topics = topic_map.all();
     // Tail-split parents give back their moved ranges (every topic: this
     // is not retention's policy, nothing readable goes). A failure is
     // returned after retention ran, which does not depend on it.
     let reclaimed = topics.iter().try_for_each(|t| t.reclaim_tails().map(drop));
-    let deleted = retire_segments(core)?;
+    let deleted = retire_segments(core, topic_map)?;
     for t in topics {
         let cfg = t.config();
         if cfg.retention_age.is_some() || cfg.retention_bytes.is_some() {
@@ -27,8 +27,8 @@ pub(super) fn enforce_retention(core: &Core) -> Result<usize> {
     Ok(deleted)
 }
 
-fn retire_segments(core: &Core) -> Result<usize> {
-    let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
+fn retire_segments(core: &Core, topic_map: &TopicMap) -> Result<usize> {
+    let topics = topic_map.all();
     let now = crate::partition::now_ms();
     let mut parts = Vec::new();
     let mut waits = false;

@@ -264,6 +264,8 @@ impl Topic {
     ) -> Topic {
         let config = crate::config::TopicConfig::from_record(&rec.config);
         let sync_always = config.sync == crate::config::SyncPolicy::Always;
+        let wake = Arc::default();
+        core.watch_sync_failures(&wake);
         Topic {
             inner: Arc::new(TopicInner {
                 core: core.clone(),
@@ -275,7 +277,7 @@ impl Topic {
                 state: RwLock::new(TopicState::default()),
                 generation: AtomicU64::new(0),
                 lineage: Mutex::new(None),
-                wake: Arc::default(),
+                wake,
                 change: Mutex::new(()),
                 deleted: std::sync::atomic::AtomicBool::new(false),
                 round_robin: AtomicU64::new(0),
@@ -318,14 +320,9 @@ impl Topic {
             })
     }
 
-    /// Whether the log still has this topic (not deleted).
+    /// Whether the log still has this topic (its deletion not committed).
     pub(crate) fn is_live(&self) -> bool {
-        self.inner
-            .core
-            .topics
-            .read()
-            .get(self.name())
-            .is_some_and(|t| t.id() == self.id())
+        !self.is_deleted()
     }
 
     /// Lets go of every partition (and so of the mappings and the directory

@@ -71,7 +71,6 @@ use coordinator::{Coordinator, TopicView};
 
 pub use member::Member;
 pub(crate) use recovery::check_group_positions;
-pub(crate) use registry::Registry;
 
 /// Pauses kept in [`GroupStats::pauses_ms`] (the latest).
 const MAX_PAUSES: usize = 4096;
@@ -291,7 +290,7 @@ pub struct Assignment {
 /// The runtime shell of one group's [`Coordinator`]: reads the clock and
 /// the topic, feeds the coordinator, and carries out its outputs (a split
 /// for lag; commits are persisted by [`Member`]). One per group and log,
-/// shared by every handle ([`Registry`]).
+/// shared by every handle (`registry::Registry`).
 #[derive(Debug)]
 pub(crate) struct Runtime {
     topic: Topic,

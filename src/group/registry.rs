@@ -17,23 +17,23 @@ use super::coordinator::Coordinator;
 use super::{Group, GroupOptions, GroupStart, Runtime};
 
 /// The coordinators of one topic's groups taken so far, by group name:
-/// every handle of one group in one log shares one.
+/// every handle of one group in one log shares one. The topic holds it
+/// opaque (`topic::GroupSlot`) and drops it when the log closes (each
+/// coordinator holds its topic: kept, the two would keep each other
+/// alive); handles still held go on answering [`Error::Closed`].
 #[derive(Debug, Default)]
-pub(crate) struct Registry {
+struct Registry {
     runtimes: Mutex<HashMap<String, Arc<Runtime>>>,
 }
 
 impl Registry {
-    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Arc<Runtime>>> {
-        self.runtimes.lock()
+    /// The registry of `topic`, made by the first call.
+    fn of(topic: &Topic) -> Arc<Registry> {
+        topic.inner.groups().get_or_default()
     }
 
-    /// Lets go of every coordinator (each holds its topic: kept, the two
-    /// would keep each other alive). Handles still held go on answering
-    /// [`Error::Closed`].
-    pub(crate) fn clear(&self) {
-        let runtimes = std::mem::take(&mut *self.lock());
-        drop(runtimes);
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Arc<Runtime>>> {
+        self.runtimes.lock()
     }
 }
 
@@ -56,7 +56,8 @@ impl Topic {
                     .into(),
             ));
         }
-        let mut groups = self.inner.groups.lock();
+        let registry = Registry::of(self);
+        let mut groups = registry.lock();
         if let Some(runtime) = groups.get(name) {
             return Ok(Group {
                 runtime: runtime.clone(),
@@ -115,7 +116,8 @@ impl Topic {
     /// Deletes a group and its committed positions. Members of it that are
     /// still alive are fenced.
     pub fn delete_group(&self, name: &str) -> Result<()> {
-        let mut groups = self.inner.groups.lock();
+        let registry = Registry::of(self);
+        let mut groups = registry.lock();
         if self.group_record(name).is_none() {
             return Err(Error::UnknownGroup(name.to_string()));
         }

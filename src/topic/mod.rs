@@ -17,6 +17,7 @@ pub(crate) mod tail_split;
 pub(crate) use crate::topology::ranges::even_ranges;
 pub use crate::topology::ranges::SplitPlan;
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::hash::Hasher;
 use std::path::PathBuf;
@@ -180,12 +181,57 @@ pub(crate) struct TopicInner {
     sync_always: bool,
     dir: PathBuf,
     /// Coordinators of the topic's consumer groups taken so far.
-    pub(crate) groups: crate::group::Registry,
+    groups: GroupSlot,
     /// Keys with a hot-key mode (docs/HOT_KEYS.md).
     hot: hot_keys::HotKeys,
 }
 
+/// The consumer groups of a topic, held here for the `group` layer above,
+/// which alone knows their type (its registry of coordinators): every
+/// handle of one topic then reaches the same groups, and they end with the
+/// topic. The topic holds them opaque, so `topic` never imports `group`;
+/// all it does with them is let go when the log closes
+/// ([`Topic::release_partitions`]), since each coordinator holds its topic.
+#[derive(Default)]
+pub(crate) struct GroupSlot(Mutex<Option<Arc<dyn Any + Send + Sync>>>);
+
+impl GroupSlot {
+    /// The value held, made with `T::default()` by the first call.
+    pub(crate) fn get_or_default<T: Any + Send + Sync + Default>(&self) -> Arc<T> {
+        let mut slot = self.0.lock();
+        if let Some(held) = slot.as_ref() {
+            return held
+                .clone()
+                .downcast::<T>()
+                .unwrap_or_else(|_| unreachable!("a topic's group slot holds one type"));
+        }
+        let made = Arc::new(T::default());
+        *slot = Some(made.clone());
+        made
+    }
+
+    /// Lets go of the value held.
+    fn clear(&self) {
+        let held = self.0.lock().take();
+        // Dropped outside the lock: it may hold the last handle of things
+        // that take other locks as they go.
+        drop(held);
+    }
+}
+
+impl std::fmt::Debug for GroupSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let held = self.0.lock().is_some();
+        f.debug_struct("GroupSlot").field("held", &held).finish()
+    }
+}
+
 impl TopicInner {
+    /// The topic's consumer groups, as the group layer keeps them.
+    pub(crate) fn groups(&self) -> &GroupSlot {
+        &self.groups
+    }
+
     /// The log's shared state.
     pub(crate) fn core(&self) -> &Arc<Core> {
         &self.core

@@ -4,9 +4,12 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use parking_lot::MutexGuard;
+
 use crate::error::{Error, Result};
 use crate::format::batch::RecordIn;
 use crate::partition::{now_ms, Partition};
+use crate::topic::hot_keys::{batch_round, HotKeyState, KeyRun};
 
 use super::{Appended, NewRecord, Topic};
 
@@ -122,12 +125,55 @@ impl Topic {
     pub fn append_batch(&self, records: &[NewRecord<'_>]) -> Result<Vec<Appended>> {
         // A closed or poisoned log is refused below, after the hot-key
         // lookup and under the keys' locks, before any write.
+        let (mut hashes, mut ins) = self.batch_inputs(records);
+        // The fence is read first: a key that gets a mode after it is
+        // refused below.
+        let mut fence = self.inner.hot.fence.load(Ordering::SeqCst);
+        let hot_states = self.hot_states_of(&hashes);
+        let mut hot = HotBatch::lock(&hot_states);
+        // After the lookup and under the keys' locks: a mode change that
+        // failed under one of these locks, or took a new key back out of
+        // the map, poisoned the log first (see `append`).
+        self.inner.core.check_open()?;
+        self.route_hot_records(&mut hot, &mut hashes, &mut ins);
+        let mut progress = BatchProgress::new(records.len());
+        let mut pending: Vec<usize> = (0..records.len()).collect();
+        let mut attempts = 0;
+        while !pending.is_empty() {
+            let groups = self.group_pending(&pending, &hashes, &ins, &hot, &progress.origin);
+            if attempts == 0 {
+                // Nothing is written until every group passed its checks.
+                if let Err(e) = check_groups(&groups) {
+                    hot.undo_routing();
+                    return Err(e);
+                }
+                progress.note_origins(&groups);
+            }
+            let written = self.write_groups(groups, &hashes, &hot, fence, attempts, &mut progress);
+            let retry = match written {
+                Ok(retry) => retry,
+                Err(e) => return Err(self.fail_batch(progress, e)),
+            };
+            fence = self.inner.hot.fence.load(Ordering::SeqCst);
+            if let Err(e) = self.check_retry(&retry, &hashes, &hot) {
+                return Err(self.fail_batch(progress, e));
+            }
+            pending = retry;
+            attempts += 1;
+        }
+        drop(hot);
+        self.finish_batch(progress)
+    }
+
+    /// A batch's records as the partitions take them, with each record's
+    /// routing hash (`None`: keyless).
+    fn batch_inputs<'r>(&self, records: &[NewRecord<'r>]) -> (Vec<Option<u64>>, Vec<RecordIn<'r>>) {
         let now = now_ms();
-        let mut hashes: Vec<Option<u64>> = records
+        let hashes = records
             .iter()
             .map(|r| r.key.map(|k| self.hash(k)))
             .collect();
-        let mut ins: Vec<RecordIn<'_>> = records
+        let ins = records
             .iter()
             .map(|r| RecordIn {
                 key: r.key,
@@ -135,203 +181,184 @@ impl Topic {
                 timestamp: r.timestamp.unwrap_or(now),
             })
             .collect();
-        // Keys with a hot-key mode: locked (in hash order) for the whole
-        // batch, routed to their lane points in input order. The fence is
-        // read first: a key that gets a mode after it is refused below.
-        let mut fence = self.inner.hot.fence.load(Ordering::SeqCst);
-        let hot_states: Vec<Arc<crate::topic::hot_keys::HotKeyState>> = if self.inner.hot.any() {
-            let mut hs: Vec<u64> = hashes.iter().flatten().copied().collect();
-            hs.sort_unstable();
-            hs.dedup();
-            hs.into_iter()
-                .filter_map(|h| self.inner.hot.get(h))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let mut hot_guards: BTreeMap<
-            u64,
-            parking_lot::MutexGuard<'_, crate::topic::hot_keys::KeyRun>,
-        > = hot_states
-            .iter()
-            .map(|s| {
-                let g = s.run.lock();
-                (g.hash, g)
+        (hashes, ins)
+    }
+
+    /// The states of the batch's keys that have a hot-key mode, in hash
+    /// order (the order their locks are taken in). Empty (no allocation)
+    /// when no key of the topic has one.
+    fn hot_states_of(&self, hashes: &[Option<u64>]) -> Vec<Arc<HotKeyState>> {
+        if !self.inner.hot.any() {
+            return Vec::new();
+        }
+        let mut hs: Vec<u64> = hashes.iter().flatten().copied().collect();
+        hs.sort_unstable();
+        hs.dedup();
+        hs.into_iter()
+            .filter_map(|h| self.inner.hot.get(h))
+            .collect()
+    }
+
+    /// Routes the records of keys with a mode to their lane points, in
+    /// input order, under the keys' locks: each such record's hash becomes
+    /// its lane point, and a windowed key's records take the timestamps
+    /// their windows were chosen by.
+    fn route_hot_records(
+        &self,
+        hot: &mut HotBatch<'_>,
+        hashes: &mut [Option<u64>],
+        ins: &mut [RecordIn<'_>],
+    ) {
+        if hot.guards.is_empty() {
+            return;
+        }
+        let n = hashes.len();
+        for i in 0..n {
+            let Some(run) = hashes[i].and_then(|h| hot.guards.get_mut(&h)) else {
+                continue;
+            };
+            if run.windowed() {
+                hot.windowed.resize(n, None);
+                hot.windowed[i] = Some(run.hash);
+            }
+            let (point, ts) = self.hot_route(run, ins[i].key.unwrap_or_default(), ins[i].timestamp);
+            hashes[i] = Some(point);
+            ins[i].timestamp = ts;
+            hot.routed.resize(n, false);
+            hot.routed[i] = true;
+        }
+    }
+
+    /// The pending records in groups, one per (round, partition, origin),
+    /// routed against one snapshot of the routing table: routed one by
+    /// one, a split landing mid-batch could send a key's first record to
+    /// the parent and its second to a child, and the parent's group
+    /// (refused as sealed, then retried) would land after the child's:
+    /// per-key order broken. The round is 0 but for a windowed key's
+    /// records that went elsewhere than its previous one (`batch_round`).
+    fn group_pending<'r>(
+        &self,
+        pending: &[usize],
+        hashes: &[Option<u64>],
+        ins: &[RecordIn<'r>],
+        hot: &HotBatch<'_>,
+        origin: &[usize],
+    ) -> Vec<BatchGroup<'r>> {
+        let mut groups: BTreeMap<(u32, u32, usize), (Arc<Partition>, Vec<usize>)> = BTreeMap::new();
+        {
+            let st = self.inner.state.read();
+            let keyless = self.next_keyless(&st);
+            let mut runs = Vec::new();
+            for &i in pending {
+                let pid = hashes[i].map_or(keyless, |h| st.owner(h));
+                let round = match hot.windowed_key(i) {
+                    Some(k) => batch_round(&mut runs, k, (pid, origin[i])),
+                    None => 0,
+                };
+                groups
+                    .entry((round, pid, origin[i]))
+                    .or_insert_with(|| (st.nodes[&pid].part.clone(), Vec::new()))
+                    .1
+                    .push(i);
+            }
+        }
+        groups
+            .into_iter()
+            .map(|((round, partition, _), (part, idxs))| BatchGroup {
+                round,
+                partition,
+                records: idxs.iter().map(|&i| ins[i]).collect(),
+                part,
+                idxs,
             })
-            .collect();
-        // After the lookup and under the keys' locks: a mode change that
-        // failed under one of these locks, or took a new key back out of
-        // the map, poisoned the log first (see `append`).
-        self.inner.core.check_open()?;
-        // Empty (no allocation) when no key of the batch has a mode.
-        let mut hot_routed: Vec<bool> = Vec::new();
-        // The key of each record of a windowed key (its records are
-        // written round by round, see `batch_round`); empty (no
-        // allocation) when the batch has none.
-        let mut windowed: Vec<Option<u64>> = Vec::new();
-        let n_hot_scan = if hot_guards.is_empty() {
-            0
+            .collect()
+    }
+
+    /// Writes one pass of groups, round by round; returns the records to
+    /// route again (their partition was sealed meanwhile), in input order.
+    /// The first round with a group refused as sealed holds back the later
+    /// rounds for the next pass, so a windowed key's later records never
+    /// land before its earlier ones (nor do they after an error: the pass
+    /// stops at the first).
+    fn write_groups(
+        &self,
+        groups: Vec<BatchGroup<'_>>,
+        hashes: &[Option<u64>],
+        hot: &HotBatch<'_>,
+        fence: u64,
+        attempts: usize,
+        progress: &mut BatchProgress,
+    ) -> Result<Vec<usize>> {
+        let mut retry = Vec::new();
+        let mut sealed_round: Option<u32> = None;
+        for g in groups {
+            if sealed_round.is_some_and(|r| g.round > r) {
+                retry.extend(g.idxs);
+                continue;
+            }
+            progress.touched.push(g.part.clone());
+            let hs: Vec<Option<u64>> = g.idxs.iter().map(|&i| hashes[i]).collect();
+            // Groups of keys routed by mode are under their keys' locks;
+            // the others are fenced against a mode change.
+            let fenced = (!g.idxs.iter().all(|&i| hot.is_routed(i)))
+                .then_some((&self.inner.hot.fence, fence));
+            match g.part.append_fenced(&g.records, &hs, fenced) {
+                Ok(base) => progress.landed_at(g.partition, base, &g.idxs),
+                // Sealed between routing and appending: route again.
+                Err(Error::Sealed { .. }) if attempts < 1000 => {
+                    retry.extend(g.idxs);
+                    sealed_round.get_or_insert(g.round);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        retry.sort_unstable();
+        Ok(retry)
+    }
+
+    /// Before a pass routes `retry` again: a key given a mode since the
+    /// batch began cannot be routed by it now (its lock is taken in hash
+    /// order, at the start), so the caller appends it again; and the log
+    /// must still be open (after that lookup, see `append`: a failed mode
+    /// change took its key back out of the map only after poisoning it).
+    fn check_retry(
+        &self,
+        retry: &[usize],
+        hashes: &[Option<u64>],
+        hot: &HotBatch<'_>,
+    ) -> Result<()> {
+        if retry.iter().any(|&i| {
+            !hot.is_routed(i) && hashes[i].is_some_and(|h| self.inner.hot.get(h).is_some())
+        }) {
+            return Err(Error::Refused(
+                "a key of the batch changed hot-key mode during the append; append the records not landed again".into(),
+            ));
+        }
+        if !retry.is_empty() {
+            self.inner.core.check_open()?;
+        }
+        Ok(())
+    }
+
+    /// The error of a batch stopped by `e`: [`Error::PartialBatch`] once
+    /// something was written, `e` itself before.
+    fn fail_batch(&self, progress: BatchProgress, e: Error) -> Error {
+        if progress.wrote_any {
+            self.partial_batch(progress.landed, e, true)
         } else {
-            records.len()
-        };
-        // What routing changes in the keys' runs, put back if the batch is
-        // refused before anything is written (bad input changes nothing).
-        // Empty (no allocation) when no key of the batch has a mode.
-        let routed_from: Vec<(Option<i64>, u64)> = hot_guards
-            .values()
-            .map(|r| (r.high_ms, r.next_lane))
-            .collect();
-        for i in 0..n_hot_scan {
-            if let Some(run) = hashes[i].and_then(|h| hot_guards.get_mut(&h)) {
-                if run.windowed() {
-                    windowed.resize(records.len(), None);
-                    windowed[i] = Some(run.hash);
-                }
-                let (point, ts) =
-                    self.hot_route(run, ins[i].key.unwrap_or_default(), ins[i].timestamp);
-                hashes[i] = Some(point);
-                ins[i].timestamp = ts;
-                hot_routed.resize(records.len(), false);
-                hot_routed[i] = true;
-            }
+            e
         }
-        let mut landed: Vec<Option<Appended>> = vec![None; records.len()];
-        // Which first-round group each record belongs to. A record re-routed
-        // after a seal only joins records of its own first-round group, so
-        // every batch written is a part of one that was checked up front.
-        let mut origin: Vec<usize> = vec![0; records.len()];
-        let mut pending: Vec<usize> = (0..records.len()).collect();
-        let mut attempts = 0;
-        let mut touched: Vec<Arc<Partition>> = Vec::new();
-        let mut wrote_any = false;
-        let partial = |landed: Vec<Option<Appended>>, wrote_any: bool, e: Error| {
-            if wrote_any {
-                self.partial_batch(landed, e, true)
-            } else {
-                e
-            }
-        };
-        while !pending.is_empty() {
-            // Route every pending record against one snapshot of the routing
-            // table: routed one by one, a split landing mid-batch could send
-            // a key's first record to the parent and its second to a child,
-            // and the parent's group (refused as sealed, then retried) would
-            // land after the child's: per-key order broken.
-            // Groups are keyed (round, partition, origin): round 0 but for a
-            // windowed key's records that went elsewhere than its previous
-            // one (`batch_round`).
-            type Group = (Arc<Partition>, Vec<usize>);
-            type GroupKey = (u32, u32, usize);
-            let mut groups: BTreeMap<GroupKey, Group> = BTreeMap::new();
-            {
-                let st = self.inner.state.read();
-                let keyless = self.next_keyless(&st);
-                let mut runs = Vec::new();
-                for &i in &pending {
-                    let pid = hashes[i].map_or(keyless, |h| st.owner(h));
-                    let round = match windowed.get(i).copied().flatten() {
-                        Some(k) => {
-                            crate::topic::hot_keys::batch_round(&mut runs, k, (pid, origin[i]))
-                        }
-                        None => 0,
-                    };
-                    groups
-                        .entry((round, pid, origin[i]))
-                        .or_insert_with(|| (st.nodes[&pid].part.clone(), Vec::new()))
-                        .1
-                        .push(i);
-                }
-            }
-            let batches: Vec<(GroupKey, Group, Vec<RecordIn<'_>>)> = groups
-                .into_iter()
-                .map(|(k, g)| {
-                    let recs = g.1.iter().map(|&i| ins[i]).collect();
-                    (k, g, recs)
-                })
-                .collect();
-            if attempts == 0 {
-                // Nothing is written until every group passed its checks.
-                for (_, (part, _), recs) in &batches {
-                    if let Err(e) = part.check_batch(recs) {
-                        for (run, &(high, next)) in hot_guards.values_mut().zip(&routed_from) {
-                            run.high_ms = high;
-                            run.next_lane = next;
-                        }
-                        return Err(e);
-                    }
-                }
-                for (n, (_, (_, idxs), _)) in batches.iter().enumerate() {
-                    for &i in idxs {
-                        origin[i] = n;
-                    }
-                }
-            }
-            let mut retry = Vec::new();
-            // The first round with a group refused as sealed: later rounds
-            // wait for the next pass, so a windowed key's later records
-            // never land before its earlier ones (nor do they after an
-            // error: the loop stops at the first).
-            let mut sealed_round: Option<u32> = None;
-            for ((round, pid, _), (part, idxs), recs) in batches {
-                if sealed_round.is_some_and(|r| round > r) {
-                    retry.extend(idxs);
-                    continue;
-                }
-                touched.push(part.clone());
-                let hs: Vec<Option<u64>> = idxs.iter().map(|&i| hashes[i]).collect();
-                // Groups of keys routed by mode are under their keys' locks;
-                // the others are fenced against a mode change.
-                let is_hot = |i: usize| hot_routed.get(i).copied().unwrap_or(false);
-                let fenced =
-                    (!idxs.iter().all(|&i| is_hot(i))).then_some((&self.inner.hot.fence, fence));
-                match part.append_fenced(&recs, &hs, fenced) {
-                    Ok(base) => {
-                        wrote_any = true;
-                        for (k, &i) in idxs.iter().enumerate() {
-                            landed[i] = Some(Appended {
-                                partition: pid,
-                                offset: base + k as u64,
-                            });
-                        }
-                    }
-                    // Sealed between routing and appending: route again.
-                    Err(Error::Sealed { .. }) if attempts < 1000 => {
-                        retry.extend(idxs);
-                        sealed_round.get_or_insert(round);
-                    }
-                    Err(e) => return Err(partial(landed, wrote_any, e)),
-                }
-            }
-            retry.sort_unstable();
-            fence = self.inner.hot.fence.load(Ordering::SeqCst);
-            // A key given a mode since the batch began cannot be routed by
-            // it now (its lock is taken in hash order, at the start): the
-            // caller appends it again.
-            if retry.iter().any(|&i| {
-                !hot_routed.get(i).copied().unwrap_or(false)
-                    && hashes[i].is_some_and(|h| self.inner.hot.get(h).is_some())
-            }) {
-                let e = Error::Refused(
-                    "a key of the batch changed hot-key mode during the append; append the records not landed again".into(),
-                );
-                return Err(partial(landed, wrote_any, e));
-            }
-            // After that lookup (see `append`): a failed mode change took
-            // its key back out of the map only after poisoning the log.
-            if !retry.is_empty() {
-                if let Err(e) = self.inner.core.check_open() {
-                    return Err(partial(landed, wrote_any, e));
-                }
-            }
-            pending = retry;
-            attempts += 1;
-        }
-        drop(hot_guards);
-        let out: Vec<Appended> = landed
+    }
+
+    /// Every record of the batch landed: waits for the sync `Always` asks
+    /// for, and returns the positions in input order.
+    fn finish_batch(&self, progress: BatchProgress) -> Result<Vec<Appended>> {
+        let out: Vec<Appended> = progress
+            .landed
             .iter()
             .map(|l| l.expect("every record landed when nothing is pending"))
             .collect();
-        let touched: Vec<&Partition> = touched.iter().map(|p| &**p).collect();
+        let touched: Vec<&Partition> = progress.touched.iter().map(|p| &**p).collect();
         if let Err(e) = self.after_append(&touched) {
             // Every record was written. When the failed sync poisoned only
             // some of the partitions, the others' records are durable:
@@ -344,7 +371,7 @@ impl Topic {
             if !durable_somewhere || !matches!(e, Error::Poisoned { .. }) {
                 return Err(e);
             }
-            return Err(self.partial_batch(landed, e, false));
+            return Err(self.partial_batch(progress.landed, e, false));
         }
         Ok(out)
     }
@@ -416,5 +443,121 @@ impl Topic {
             return Err(Error::UnknownTopic(self.inner.name.to_string()));
         }
         Ok(())
+    }
+}
+
+/// The keys of a batch that have a hot-key mode, locked (in hash order)
+/// for the whole batch, and how the batch's records were routed by them.
+struct HotBatch<'s> {
+    guards: BTreeMap<u64, MutexGuard<'s, KeyRun>>,
+    /// Whether each record was routed by its key's mode. Empty (no
+    /// allocation) when no key of the batch has a mode.
+    routed: Vec<bool>,
+    /// The key of each record of a windowed key (its records are written
+    /// round by round, see `batch_round`). Empty (no allocation) when the
+    /// batch has none.
+    windowed: Vec<Option<u64>>,
+    /// What routing changes in the keys' runs, put back if the batch is
+    /// refused before anything is written (bad input changes nothing).
+    /// Empty (no allocation) when no key of the batch has a mode.
+    routed_from: Vec<(Option<i64>, u64)>,
+}
+
+impl<'s> HotBatch<'s> {
+    /// Locks the keys of `states` (given in hash order).
+    fn lock(states: &'s [Arc<HotKeyState>]) -> HotBatch<'s> {
+        let guards: BTreeMap<u64, MutexGuard<'s, KeyRun>> = states
+            .iter()
+            .map(|s| {
+                let g = s.run.lock();
+                (g.hash, g)
+            })
+            .collect();
+        let routed_from = guards.values().map(|r| (r.high_ms, r.next_lane)).collect();
+        HotBatch {
+            guards,
+            routed: Vec::new(),
+            windowed: Vec::new(),
+            routed_from,
+        }
+    }
+
+    /// Whether record `i` was routed by its key's mode.
+    fn is_routed(&self, i: usize) -> bool {
+        self.routed.get(i).copied().unwrap_or(false)
+    }
+
+    /// The key of record `i` if it is a windowed key's.
+    fn windowed_key(&self, i: usize) -> Option<u64> {
+        self.windowed.get(i).copied().flatten()
+    }
+
+    /// Puts the keys' runs back as they were before routing.
+    fn undo_routing(&mut self) {
+        for (run, &(high, next)) in self.guards.values_mut().zip(&self.routed_from) {
+            run.high_ms = high;
+            run.next_lane = next;
+        }
+    }
+}
+
+/// The records of one batch bound for one partition in one write round.
+struct BatchGroup<'r> {
+    round: u32,
+    partition: u32,
+    part: Arc<Partition>,
+    /// The records' indexes in the batch, in input order.
+    idxs: Vec<usize>,
+    records: Vec<RecordIn<'r>>,
+}
+
+/// Checks every group of a batch's first pass (sizes, limits) before
+/// anything is written, so a refused batch writes nothing.
+fn check_groups(groups: &[BatchGroup<'_>]) -> Result<()> {
+    groups
+        .iter()
+        .try_for_each(|g| g.part.check_batch(&g.records).map(drop))
+}
+
+/// Where a batch's records stand while it is written.
+struct BatchProgress {
+    landed: Vec<Option<Appended>>,
+    /// Which first-pass group each record belongs to. A record re-routed
+    /// after a seal only joins records of its own first-pass group, so
+    /// every batch written is a part of one that was checked up front.
+    origin: Vec<usize>,
+    /// The partitions written to (synced under `SyncPolicy::Always`).
+    touched: Vec<Arc<Partition>>,
+    wrote_any: bool,
+}
+
+impl BatchProgress {
+    fn new(records: usize) -> BatchProgress {
+        BatchProgress {
+            landed: vec![None; records],
+            origin: vec![0; records],
+            touched: Vec::new(),
+            wrote_any: false,
+        }
+    }
+
+    /// Records the first pass's groups as the records' origins.
+    fn note_origins(&mut self, groups: &[BatchGroup<'_>]) {
+        for (n, g) in groups.iter().enumerate() {
+            for &i in &g.idxs {
+                self.origin[i] = n;
+            }
+        }
+    }
+
+    /// The records `idxs` landed in `partition` from offset `base` on.
+    fn landed_at(&mut self, partition: u32, base: u64, idxs: &[usize]) {
+        self.wrote_any = true;
+        for (k, &i) in idxs.iter().enumerate() {
+            self.landed[i] = Some(Appended {
+                partition,
+                offset: base + k as u64,
+            });
+        }
     }
 }

@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::config::HotKeyMode;
 use crate::error::Result;
 use crate::format::manifest::{HotKeyEra, HotKeyRecord, ManifestRecord};
-use crate::partition::now_ms;
+use crate::partition::{now_ms, Partition};
 use crate::topic::{ChainLink, Topic};
 use crate::topology::command::TopologyCommand;
 use crate::topology::hot_keys::{duration_ms, lane_after};
@@ -353,23 +353,8 @@ impl Topic {
         lanes: u32,
     ) -> Result<()> {
         let points = lane_points(hash, lanes);
-        let hot = &self.inner.hot;
-        let (state, fresh) = match hot.get(hash) {
-            Some(s) => (s, false),
-            None => {
-                if mode == HotKeyMode::Strict {
-                    return Ok(()); // never set: strict already
-                }
-                let s = Arc::new(HotKeyState {
-                    run: Mutex::new(KeyRun {
-                        hash,
-                        eras: Vec::new(),
-                        high_ms: None,
-                        next_lane: 0,
-                    }),
-                });
-                (s, true)
-            }
+        let Some((state, fresh)) = self.key_state_for_mode(hash, mode) else {
+            return Ok(()); // never set: strict already
         };
         let mut run = state.run.lock();
         let prev: Vec<u64> = run.eras.last().map_or(vec![hash], |e| e.lanes.clone());
@@ -380,6 +365,7 @@ impl Topic {
         {
             return Ok(());
         }
+        let hot = &self.inner.hot;
         if fresh {
             hot.map.write().insert(hash, state.clone());
             hot.any.store(true, Ordering::SeqCst);
@@ -388,58 +374,27 @@ impl Topic {
         // finds the key in the map and waits for `run`; one routed under
         // the old fence is refused below the barrier, or landed before it.
         hot.fence.fetch_add(1, Ordering::SeqCst);
-        let owners: Vec<(u32, Arc<crate::partition::Partition>)> = {
-            let st = self.inner.state.read();
-            let mut ids: Vec<u32> = prev
-                .iter()
-                .chain(&points)
-                .map(|&x| st.owner_of(x))
-                .collect();
-            ids.sort_unstable();
-            ids.dedup();
-            ids.into_iter()
-                .map(|id| (id, st.nodes[&id].part.clone()))
-                .collect()
-        };
-        // The barrier: under each writer lock, no append routed under the
-        // old fence is in flight any more.
-        let starts: Vec<(u32, u64)> = owners
-            .iter()
-            .map(|(id, p)| (*id, p.with_writer(|_| p.end_offset())))
-            .collect();
+        let owners = self.lane_owners(&prev, &points);
+        let starts = era_starts(&owners);
         // The record names these offsets, so they must be durable before
         // it: a power loss that cut a lane owner below its start would
         // hand offsets the record gives to the earlier era to records of
         // this one. (The key's appends wait on `run`: nothing of it moves.)
-        let parts: Vec<&crate::partition::Partition> = owners.iter().map(|(_, p)| &**p).collect();
+        let parts: Vec<&Partition> = owners.iter().map(|(_, p)| &**p).collect();
         if let Err(e) = self.inner.core.sync_covering(&parts) {
             if fresh {
-                hot.map.write().remove(&hash);
-                hot.any.store(!hot.map.read().is_empty(), Ordering::SeqCst);
+                self.forget_hot_key(hash);
             }
             return Err(e);
         }
-        // The rotation's anchor only: records keep their own timestamps.
-        let from_ms = now_ms();
         let era = HotKeyEra {
             mode,
             lanes: points,
-            from_ms,
+            // The rotation's anchor only: records keep their own timestamps.
+            from_ms: now_ms(),
             starts,
         };
-        let core = self.inner.core.clone();
-        let result = {
-            let mut topo = core.topology.lock();
-            core.commit(
-                &mut topo,
-                ManifestRecord::HotKeyMode {
-                    topic_id: self.inner.id,
-                    hash,
-                    era: era.clone(),
-                },
-            )
-        };
-        match result {
+        match self.commit_era(hash, &era) {
             Ok(()) => {
                 run.eras.push(era);
                 run.high_ms = Some(i64::MIN); // no record in the new era yet
@@ -448,12 +403,65 @@ impl Topic {
             }
             Err(e) => {
                 if fresh {
-                    hot.map.write().remove(&hash);
-                    hot.any.store(!hot.map.read().is_empty(), Ordering::SeqCst);
+                    self.forget_hot_key(hash);
                 }
                 Err(e)
             }
         }
+    }
+
+    /// The state of `hash` to give `mode`, and whether it is new (not in
+    /// the map yet); `None` for `Strict` on a key never given a mode.
+    fn key_state_for_mode(&self, hash: u64, mode: HotKeyMode) -> Option<(Arc<HotKeyState>, bool)> {
+        if let Some(s) = self.inner.hot.get(hash) {
+            return Some((s, false));
+        }
+        if mode == HotKeyMode::Strict {
+            return None;
+        }
+        let s = Arc::new(HotKeyState {
+            run: Mutex::new(KeyRun {
+                hash,
+                eras: Vec::new(),
+                high_ms: None,
+                next_lane: 0,
+            }),
+        });
+        Some((s, true))
+    }
+
+    /// The partitions owning the lane points of the era in force (`prev`)
+    /// and of the new one, each once, by id.
+    fn lane_owners(&self, prev: &[u64], points: &[u64]) -> Vec<(u32, Arc<Partition>)> {
+        let st = self.inner.state.read();
+        let mut ids: Vec<u32> = prev.iter().chain(points).map(|&x| st.owner_of(x)).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .map(|id| (id, st.nodes[&id].part.clone()))
+            .collect()
+    }
+
+    /// Takes a key given a mode by a change that failed back out of the
+    /// map.
+    fn forget_hot_key(&self, hash: u64) {
+        let hot = &self.inner.hot;
+        hot.map.write().remove(&hash);
+        hot.any.store(!hot.map.read().is_empty(), Ordering::SeqCst);
+    }
+
+    /// Commits the key's new era: one durable manifest record.
+    fn commit_era(&self, hash: u64, era: &HotKeyEra) -> Result<()> {
+        let core = &self.inner.core;
+        let mut topo = core.topology.lock();
+        core.commit(
+            &mut topo,
+            ManifestRecord::HotKeyMode {
+                topic_id: self.inner.id,
+                hash,
+                era: era.clone(),
+            },
+        )
     }
 
     /// Routes one record of a key with a mode: the hash point whose owner
@@ -627,4 +635,14 @@ fn with_first_era(hash: u64, recorded: &[HotKeyEra]) -> Vec<HotKeyEra> {
 
 fn lookup(starts: &[(u32, u64)], partition: u32) -> Option<u64> {
     starts.iter().find(|s| s.0 == partition).map(|s| s.1)
+}
+
+/// Where the new era starts in each lane owner: its end, read under its
+/// writer lock. That is the barrier: under each writer lock, no append
+/// routed under the old fence is in flight any more.
+fn era_starts(owners: &[(u32, Arc<Partition>)]) -> Vec<(u32, u64)> {
+    owners
+        .iter()
+        .map(|(id, p)| (*id, p.with_writer(|_| p.end_offset())))
+        .collect()
 }

@@ -178,6 +178,22 @@ impl Copier<'_> {
     }
 }
 
+/// A tail split being built, before its record commits.
+struct TailBuild {
+    /// The parent.
+    partition: u32,
+    /// The parent's first moved offset (its logical end once committed).
+    from: u64,
+    /// The children's ids.
+    ids: Vec<u32>,
+    /// The children as the manifest record names them.
+    children: Vec<PartitionRecord>,
+    /// The children, unrouted until the record commits.
+    kids: Vec<Arc<Partition>>,
+    /// Where the descendant index goes.
+    index_path: PathBuf,
+}
+
 /// The first offset of the batch holding `offset` in `part` (`offset`
 /// itself at the end).
 fn batch_start(part: &Partition, offset: u64) -> Result<u64> {
@@ -246,42 +262,14 @@ impl Topic {
         ranges: Vec<(u64, u64)>,
         options: TailSplitOptions,
     ) -> Result<TailSplitOutcome> {
-        let (start, end, parent) = {
-            let st = self.inner.state.read();
-            let n = st
-                .nodes
-                .get(&partition)
-                .ok_or_else(|| Error::UnknownPartition {
-                    topic: self.name().into(),
-                    partition,
-                })?;
-            (n.rec.start, n.rec.end, n.part.clone())
-        };
-        let from = self.tail_start(partition, &parent, (start, end), options.from)?;
-        let segs = self.create_partition_files(&ids)?;
-        // Unrouted until the record commits: no sync round or checkpoint
-        // may name them before (their ids are reused if this fails).
-        let kids: Vec<Arc<Partition>> = ids
-            .iter()
-            .zip(&ranges)
-            .zip(segs)
-            .map(|((&id, &r), s)| {
-                let p = self.make_partition(id, vec![s], r, false, (0, 64, 0));
-                p.mark_removed();
-                p
-            })
-            .collect();
-        let children = crate::topology::ranges::child_records(
-            partition,
-            &ids,
-            &ranges,
-            crate::partition::now_ms(),
-        );
+        let (range, parent) = self.tail_parent(partition)?;
+        let from = self.tail_start(partition, &parent, range, options.from)?;
+        let build = self.build_tail_children(partition, from, ids, &ranges)?;
         let core = self.inner.core.clone();
         let mut copier = Copier {
             topic: self,
             parent: &parent,
-            kids: &kids,
+            kids: &build.kids,
             ranges: &ranges,
             pos: from,
             slots: Vec::new(),
@@ -291,68 +279,31 @@ impl Topic {
         };
         let caught_up = copier.catch_up();
         let rounds = caught_up.as_ref().map_or(0, |&r| r);
-        // In the topic's directory: it outlives the children, as long as
-        // a saved position in the parent may need it.
-        let index_path = self.inner.dir.join(tail_index::file_name(partition));
         // The bulk of the children's bytes is synced before the parent's
         // writer lock is taken: under it only the last round's remain.
         let caught_up =
-            caught_up.and_then(|_| kids.iter().try_for_each(|k| k.sync_now(&core.syncer)));
+            caught_up.and_then(|_| build.kids.iter().try_for_each(|k| k.sync_now(&core.syncer)));
         let result = caught_up.and_then(|()| {
             parent.seal_with(&core.syncer, |seal_offset| {
-                copier.copy_to(seal_offset, false)?;
-                for k in &kids {
-                    k.sync_now(&core.syncer)?;
-                }
-                let slots = std::mem::take(&mut copier.slots);
-                let index = TailIndex::new(partition, from, ids.len(), slots);
-                let bytes = index.encode();
-                write_index(self, &index_path, &bytes)?;
-                let counts = index.counts();
-                let info = Arc::new(TailInfo {
-                    children: ids.clone(),
-                    index,
-                    reclaimed: false.into(),
-                });
-                let mut topo = core.topology.lock();
-                let groups = translate_groups(&topo.state, self.inner.id, partition, &info);
-                let rec = ManifestRecord::TailSplit {
-                    topic_id: self.inner.id,
-                    parent: partition,
-                    from,
-                    seal_offset,
-                    children: children.clone(),
-                    counts: counts.clone(),
-                    index_crc: TailIndex::crc(&bytes),
-                    groups,
-                    index_in_topic_dir: true,
-                };
-                core.commit(&mut topo, rec)?;
-                drop(topo);
-                for k in &kids {
-                    k.unmark_removed();
-                }
-                // Caps the parent at `from` with the generation moved
-                // (see `install_children_with`).
-                self.install_tail_children(partition, from, &children, kids.clone(), info);
-                Ok((seal_offset, counts))
+                self.commit_tail_sealed(&build, &mut copier, seal_offset)
             })
         });
+        let copied_bytes = copier.bytes;
         match result {
             Ok((seal_offset, moved)) => {
-                self.seed_children(&[&parent], &ids);
+                self.seed_children(&[&parent], &build.ids);
                 core.events.emit(TopologyEvent::Split {
                     topic: self.name().into(),
                     parent: partition,
                     seal_offset: from,
-                    children: ids.clone(),
+                    children: build.ids.clone(),
                 });
                 Ok(TailSplitOutcome {
-                    children: ids,
+                    children: build.ids,
                     from,
                     seal_offset,
                     moved,
-                    copied_bytes: copier.bytes,
+                    copied_bytes,
                     rounds,
                 })
             }
@@ -364,12 +315,120 @@ impl Topic {
                 // poisoned): log-wide syncs report it.
                 if !matches!(e, Error::LogPoisoned { .. }) {
                     core.note_poisoned(&parent);
-                    self.remove_partition_files(&ids);
-                    let _ = std::fs::remove_file(&index_path);
+                    self.remove_partition_files(&build.ids);
+                    let _ = std::fs::remove_file(&build.index_path);
                 }
                 Err(e)
             }
         }
+    }
+
+    /// The range and handle of the partition a tail split starts from.
+    fn tail_parent(&self, partition: u32) -> Result<((u64, u64), Arc<Partition>)> {
+        let st = self.inner.state.read();
+        let n = st
+            .nodes
+            .get(&partition)
+            .ok_or_else(|| Error::UnknownPartition {
+                topic: self.name().into(),
+                partition,
+            })?;
+        Ok(((n.rec.start, n.rec.end), n.part.clone()))
+    }
+
+    /// Creates the children `ids` of a tail split of `partition` from
+    /// `from`, with their files, unrouted: no sync round or checkpoint may
+    /// name them before the record commits (their ids are reused if this
+    /// fails).
+    fn build_tail_children(
+        &self,
+        partition: u32,
+        from: u64,
+        ids: Vec<u32>,
+        ranges: &[(u64, u64)],
+    ) -> Result<TailBuild> {
+        let segs = self.create_partition_files(&ids)?;
+        let kids: Vec<Arc<Partition>> = ids
+            .iter()
+            .zip(ranges)
+            .zip(segs)
+            .map(|((&id, &r), s)| {
+                let p = self.make_partition(id, vec![s], r, false, (0, 64, 0));
+                p.mark_removed();
+                p
+            })
+            .collect();
+        let children = crate::topology::ranges::child_records(
+            partition,
+            &ids,
+            ranges,
+            crate::partition::now_ms(),
+        );
+        Ok(TailBuild {
+            partition,
+            from,
+            ids,
+            children,
+            kids,
+            // In the topic's directory: it outlives the children, as long
+            // as a saved position in the parent may need it.
+            index_path: self.inner.dir.join(tail_index::file_name(partition)),
+        })
+    }
+
+    /// The sealed round, under the parent's writer lock at `seal_offset`:
+    /// copies the last short range, syncs the children, writes the
+    /// descendant index, commits the `TailSplit` record and installs the
+    /// children. Returns the seal and the records moved per child.
+    fn commit_tail_sealed(
+        &self,
+        build: &TailBuild,
+        copier: &mut Copier<'_>,
+        seal_offset: u64,
+    ) -> Result<(u64, Vec<u64>)> {
+        let core = &self.inner.core;
+        copier.copy_to(seal_offset, false)?;
+        for k in &build.kids {
+            k.sync_now(&core.syncer)?;
+        }
+        let slots = std::mem::take(&mut copier.slots);
+        let index = TailIndex::new(build.partition, build.from, build.ids.len(), slots);
+        let bytes = index.encode();
+        write_index(self, &build.index_path, &bytes)?;
+        let counts = index.counts();
+        let info = Arc::new(TailInfo {
+            children: build.ids.clone(),
+            index,
+            reclaimed: false.into(),
+        });
+        let mut topo = core.topology.lock();
+        let groups = translate_groups(&topo.state, self.inner.id, build.partition, &info);
+        let rec = ManifestRecord::TailSplit {
+            topic_id: self.inner.id,
+            parent: build.partition,
+            from: build.from,
+            seal_offset,
+            children: build.children.clone(),
+            counts: counts.clone(),
+            index_crc: TailIndex::crc(&bytes),
+            groups,
+            index_in_topic_dir: true,
+        };
+        core.commit(&mut topo, rec)?;
+        drop(topo);
+        for k in &build.kids {
+            k.unmark_removed();
+        }
+        // Caps the parent at `from` with the generation moved (see
+        // `install_children_with`).
+        self.install_tail_children(
+            build.partition,
+            build.from,
+            &build.children,
+            build.kids.clone(),
+            info,
+        );
+        Ok((seal_offset, counts))
     }
 
     /// Where a tail split of `partition` starts: the offset `from` asks

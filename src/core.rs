@@ -21,7 +21,7 @@ use crate::events::EventHub;
 use crate::format::checkpoint::PartitionCheckpoint;
 use crate::format::manifest::{ManifestRecord, ManifestState};
 use crate::partition::{DirtyList, Partition, SyncCapture};
-use crate::storage::durability::{CheckpointFiles, GroupCommit, Syncer};
+use crate::storage::durability::{CheckpointFiles, GroupCommit, SyncTarget, Syncer};
 use crate::storage::fault::IoHook;
 use crate::topology::manifest::Manifest;
 use crate::topology::model;
@@ -295,32 +295,10 @@ impl Core {
 
     /// [`Core::sync_round`], or with `every` [`Core::clean_sync_round`].
     fn round(&self, every: Option<&[Arc<Partition>]>) -> Result<()> {
-        let clean = every.is_some();
-        if let Some(f) = &*self.sync_failure.lock() {
-            return Err(Error::Io {
-                path: self.dir.clone(),
-                source: std::io::Error::other(format!("an earlier sync failed: {f}")),
-            });
-        }
+        self.check_no_sync_failure()?;
         // Before the dirty list: see `take_checkpoint_request`.
-        let requested = !clean && self.take_checkpoint_request();
-        // A poisoned partition is never synced again: after a failed fsync
-        // a retry can succeed without writing what the failure dropped, and
-        // its durable position (in the checkpoint) must stay below that.
-        // A partition that poisoned itself outside a round (a failed
-        // directory fsync at a roll) is registered here.
-        let parts: Vec<Arc<Partition>> = self
-            .dirty
-            .take()
-            .into_iter()
-            .filter(|p| {
-                let poisoned = p.is_poisoned();
-                if poisoned && p.take_unreported_poison() {
-                    self.note_poisoned(p);
-                }
-                !poisoned && !p.is_removed()
-            })
-            .collect();
+        let requested = every.is_none() && self.take_checkpoint_request();
+        let parts = self.take_dirty();
         let caps: Vec<SyncCapture> = parts.iter().map(|p| p.capture_unsynced()).collect();
         // Nothing was synced: every capture stays unsynced (and dirty), and
         // a request this round took goes to the next one.
@@ -333,66 +311,25 @@ impl Core {
             }
             Err(e)
         };
-        let mut targets = Vec::new();
-        let mut owner = Vec::new();
-        for (i, cap) in caps.iter().enumerate() {
-            match cap.targets(parts[i].dir()) {
-                Ok(t) => {
-                    owner.extend(std::iter::repeat_n(Some(i), t.len()));
-                    targets.extend(t);
+        let (mut targets, mut owner) = match round_targets(&parts, &caps) {
+            Ok(t) => t,
+            Err(e) => return undo(e),
+        };
+        let mut ck = self.checkpoint.lock();
+        if every.is_none() {
+            // On failure `undo` puts a taken request back; an interval
+            // checkpoint is due again anyway.
+            match self.due_checkpoint(&mut ck, &parts, requested) {
+                Ok(Some(t)) => {
+                    targets.push(t);
+                    owner.push(None);
                 }
-                // Removed since it was taken: its directory may be gone,
-                // and nothing in it is needed any more.
-                Err(_) if parts[i].is_removed() => {}
+                Ok(None) => {}
                 Err(e) => return undo(e),
             }
         }
-        let mut ck = self.checkpoint.lock();
-        if !clean {
-            let mut cache = self.ck_cache.lock();
-            for p in &parts {
-                cache.update(p);
-            }
-            if self.checkpoint_due(requested) {
-                if let Some(entries) = cache.entries_to_write() {
-                    match ck.write((false, self.clock.wall_millis()), entries, &*self.hook) {
-                        Ok(t) => {
-                            targets.push(t);
-                            owner.push(None);
-                            *self.checkpoint_written.lock() = Some(Instant::now());
-                        }
-                        Err(e) => {
-                            cache.written_failed();
-                            // `undo` puts a taken request back; an interval
-                            // checkpoint is due again anyway.
-                            return undo(e);
-                        }
-                    }
-                }
-            }
-        }
         let results = self.syncer.sync_all(&targets);
-        let mut failed = vec![false; parts.len()];
-        let mut first_err: Option<Error> = None;
-        for ((t, r), o) in targets.iter().zip(results).zip(&owner) {
-            if let Err(e) = r {
-                let msg = format!("sync of {} failed: {e}", t.path.display());
-                match o {
-                    // Reported by `sync` / `sync_covering` through the
-                    // partition's poison, not as the round's error: the
-                    // round synced every other partition.
-                    Some(i) if parts[*i].is_removed() => failed[*i] = true,
-                    Some(i) => {
-                        failed[*i] = true;
-                        self.poison_partition(&parts[*i], msg);
-                    }
-                    None => {
-                        *self.sync_failure.lock() = Some(msg);
-                        first_err.get_or_insert(Error::io(&t.path, e));
-                    }
-                }
-            }
-        }
+        let (failed, first_err) = self.note_sync_results(&targets, &owner, results, &parts);
         for (i, cap) in caps.iter().enumerate() {
             if parts[i].sync_done(cap, !failed[i]) {
                 // The checkpoint lags one round: the next round writes
@@ -404,39 +341,173 @@ impl Core {
             drop(ck);
             // Every later round fails at once: a `Durable` future waiting
             // for one fails now, not never.
-            let wakes: Vec<Arc<TailWake>> = self
-                .sync_failure_wakes
-                .lock()
-                .iter()
-                .filter_map(Weak::upgrade)
-                .collect();
-            for w in wakes {
-                w.notify_all();
-            }
+            self.wake_sync_failures();
             return Err(e);
         }
         if let Some(every) = every {
-            // A poisoned partition keeps its old durable position, and the
-            // checkpoint is not marked clean: its file may hold bytes past
-            // that position that recovery must scan, not trust. Every other
-            // partition's durable position is its end now. Once per close:
-            // O(every partition) is fine here.
-            let clean = self.failed_partitions.lock().is_empty();
-            let entries = every
-                .iter()
-                .map(|p| {
-                    let e = p.checkpoint_entry(None);
-                    p.note_checkpointed(e.segment_base);
-                    e
-                })
-                .collect();
-            let t = ck.write((clean, self.clock.wall_millis()), entries, &*self.hook)?;
-            if let Some(Err(e)) = self.syncer.sync_all(std::slice::from_ref(&t)).pop() {
-                return Err(Error::io(&t.path, e));
-            }
+            self.write_clean_checkpoint(&mut ck, every)?;
         }
         Ok(())
     }
+
+    /// Refuses a round once a checkpoint fsync failed: every later round
+    /// fails.
+    fn check_no_sync_failure(&self) -> Result<()> {
+        match &*self.sync_failure.lock() {
+            Some(f) => Err(Error::Io {
+                path: self.dir.clone(),
+                source: std::io::Error::other(format!("an earlier sync failed: {f}")),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The partitions a round syncs: the dirty list, without the removed
+    /// and the poisoned ones. A poisoned partition is never synced again:
+    /// after a failed fsync a retry can succeed without writing what the
+    /// failure dropped, and its durable position (in the checkpoint) must
+    /// stay below that. A partition that poisoned itself outside a round
+    /// (a failed directory fsync at a roll) is registered here.
+    fn take_dirty(&self) -> Vec<Arc<Partition>> {
+        self.dirty
+            .take()
+            .into_iter()
+            .filter(|p| {
+                let poisoned = p.is_poisoned();
+                if poisoned && p.take_unreported_poison() {
+                    self.note_poisoned(p);
+                }
+                !poisoned && !p.is_removed()
+            })
+            .collect()
+    }
+
+    /// The checkpoint file a (not clean) round writes and syncs with the
+    /// data, if one is due and its entries changed: the round's partitions'
+    /// entries are marked for recomputing first.
+    fn due_checkpoint(
+        &self,
+        ck: &mut CheckpointFiles,
+        parts: &[Arc<Partition>],
+        requested: bool,
+    ) -> Result<Option<SyncTarget>> {
+        let mut cache = self.ck_cache.lock();
+        for p in parts {
+            cache.update(p);
+        }
+        if !self.checkpoint_due(requested) {
+            return Ok(None);
+        }
+        let Some(entries) = cache.entries_to_write() else {
+            return Ok(None);
+        };
+        match ck.write((false, self.clock.wall_millis()), entries, &*self.hook) {
+            Ok(t) => {
+                *self.checkpoint_written.lock() = Some(Instant::now());
+                Ok(Some(t))
+            }
+            Err(e) => {
+                cache.written_failed();
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes a round's sync results: a failed partition target poisons its
+    /// partition (reported by `sync` / `sync_covering` through the poison,
+    /// not as the round's error: the round synced every other partition),
+    /// a failed checkpoint fails this round and every later one. Returns
+    /// which partitions failed, and the round's error.
+    fn note_sync_results(
+        &self,
+        targets: &[SyncTarget],
+        owner: &[Option<usize>],
+        results: Vec<std::io::Result<()>>,
+        parts: &[Arc<Partition>],
+    ) -> (Vec<bool>, Option<Error>) {
+        let mut failed = vec![false; parts.len()];
+        let mut first_err: Option<Error> = None;
+        for ((t, r), o) in targets.iter().zip(results).zip(owner) {
+            let Err(e) = r else { continue };
+            let msg = format!("sync of {} failed: {e}", t.path.display());
+            match o {
+                Some(i) if parts[*i].is_removed() => failed[*i] = true,
+                Some(i) => {
+                    failed[*i] = true;
+                    self.poison_partition(&parts[*i], msg);
+                }
+                None => {
+                    *self.sync_failure.lock() = Some(msg);
+                    first_err.get_or_insert(Error::io(&t.path, e));
+                }
+            }
+        }
+        (failed, first_err)
+    }
+
+    /// Wakes every topic's waiters (see `sync_failure_wakes`).
+    fn wake_sync_failures(&self) {
+        let wakes: Vec<Arc<TailWake>> = self
+            .sync_failure_wakes
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for w in wakes {
+            w.notify_all();
+        }
+    }
+
+    /// The checkpoint of a clean close, naming `every` partition, written
+    /// and synced. A poisoned partition keeps its old durable position, and
+    /// the checkpoint is not marked clean: its file may hold bytes past
+    /// that position that recovery must scan, not trust. Every other
+    /// partition's durable position is its end now. Once per close:
+    /// O(every partition) is fine here.
+    fn write_clean_checkpoint(
+        &self,
+        ck: &mut CheckpointFiles,
+        every: &[Arc<Partition>],
+    ) -> Result<()> {
+        let clean = self.failed_partitions.lock().is_empty();
+        let entries = every
+            .iter()
+            .map(|p| {
+                let e = p.checkpoint_entry(None);
+                p.note_checkpointed(e.segment_base);
+                e
+            })
+            .collect();
+        let t = ck.write((clean, self.clock.wall_millis()), entries, &*self.hook)?;
+        if let Some(Err(e)) = self.syncer.sync_all(std::slice::from_ref(&t)).pop() {
+            return Err(Error::io(&t.path, e));
+        }
+        Ok(())
+    }
+}
+
+/// The files and directories a round syncs for its partitions, each with
+/// the index of the partition it belongs to (`owner`, `None` for the
+/// checkpoint the round may add).
+fn round_targets(
+    parts: &[Arc<Partition>],
+    caps: &[SyncCapture],
+) -> Result<(Vec<SyncTarget>, Vec<Option<usize>>)> {
+    let mut targets = Vec::new();
+    let mut owner = Vec::new();
+    for (i, cap) in caps.iter().enumerate() {
+        match cap.targets(parts[i].dir()) {
+            Ok(t) => {
+                owner.extend(std::iter::repeat_n(Some(i), t.len()));
+                targets.extend(t);
+            }
+            // Removed since it was taken: its directory may be gone, and
+            // nothing in it is needed any more.
+            Err(_) if parts[i].is_removed() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((targets, owner))
 }
 
 /// How many partitions outside the dirty set get their entry (write rates)

@@ -100,81 +100,101 @@ impl Copier<'_> {
         }
     }
 
+    /// Copies the parent's records `pos..to` into the children (at the
+    /// throttle's pace when `throttled`).
     fn copy_to(&mut self, to: u64, throttled: bool) -> Result<()> {
-        let n = self.kids.len();
         while self.pos < to {
-            let batch = match self
-                .parent
-                .read_with(self.pos, CHUNK_BYTES, ReadIsolation::Written)
-            {
-                Ok(b) => b,
-                Err(Error::Hole { start, end, .. }) => {
-                    return Err(Error::Refused(format!(
-                        "offsets {start}..{end} of the moved range are a salvage hole: \
-                         a tail split moves only contiguous records"
-                    )))
-                }
-                Err(e) => return Err(e),
-            };
-            let mut per: Vec<(Vec<RecordIn<'_>>, Vec<Option<u64>>, usize)> =
-                (0..n).map(|_| (Vec::new(), Vec::new(), 0)).collect();
-            let mut next = self.pos;
-            for r in batch.try_iter() {
-                let r = r?;
-                if r.offset < self.pos {
-                    continue;
-                }
-                if r.offset >= to {
-                    break;
-                }
-                if r.offset != next {
-                    return Err(Error::Refused(format!(
-                        "offset {next} of the moved range is missing"
-                    )));
-                }
-                let hash = r.key.map(|k| key_hash(self.topic.inner.hash_key, k));
-                let s = self.slot(hash, r.offset)?;
-                self.slots.push(s as u8);
-                let rec = RecordIn {
-                    key: r.key,
-                    value: r.value,
-                    timestamp: r.timestamp,
-                };
-                let size = rec.encoded_len();
-                let (recs, hashes, bytes) = &mut per[s];
-                if *bytes + size > CHUNK_BYTES && !recs.is_empty() {
-                    self.kids[s].append(recs, hashes)?;
-                    recs.clear();
-                    hashes.clear();
-                    *bytes = 0;
-                }
-                recs.push(rec);
-                hashes.push(hash);
-                *bytes += size;
-                next = r.offset + 1;
-            }
-            if next == self.pos {
-                return Err(Error::Refused(format!(
-                    "no record at offset {} of the moved range",
-                    self.pos
-                )));
-            }
-            for (s, (recs, hashes, _)) in per.iter().enumerate() {
-                if !recs.is_empty() {
-                    self.kids[s].append(recs, hashes)?;
-                }
-            }
+            let batch = self.read_moved()?;
+            let next = self.copy_batch(&batch, to)?;
             self.bytes += batch.len_bytes();
             self.pos = next;
-            if throttled && self.throttle > 0 {
-                let due = Duration::from_secs_f64(self.bytes as f64 / self.throttle as f64);
-                let spent = self.started.elapsed();
-                if due > spent {
-                    std::thread::sleep(due - spent);
-                }
+            if throttled {
+                self.throttle();
             }
         }
         Ok(())
+    }
+
+    /// The parent's batches from `pos` on, at most about a chunk. A hole
+    /// salvage left in the moved range is refused.
+    fn read_moved(&self) -> Result<crate::read::ReadBatch> {
+        match self
+            .parent
+            .read_with(self.pos, CHUNK_BYTES, ReadIsolation::Written)
+        {
+            Err(Error::Hole { start, end, .. }) => Err(Error::Refused(format!(
+                "offsets {start}..{end} of the moved range are a salvage hole: \
+                 a tail split moves only contiguous records"
+            ))),
+            other => other,
+        }
+    }
+
+    /// Appends the records of `batch` from `pos` up to `to` to the children
+    /// owning them, in chunks, and notes each one's child in `slots`.
+    /// Returns the parent offset after the last record copied.
+    fn copy_batch(&mut self, batch: &crate::read::ReadBatch, to: u64) -> Result<u64> {
+        let mut per: Vec<(Vec<RecordIn<'_>>, Vec<Option<u64>>, usize)> = (0..self.kids.len())
+            .map(|_| (Vec::new(), Vec::new(), 0))
+            .collect();
+        let mut next = self.pos;
+        for r in batch.try_iter() {
+            let r = r?;
+            if r.offset < self.pos {
+                continue;
+            }
+            if r.offset >= to {
+                break;
+            }
+            if r.offset != next {
+                return Err(Error::Refused(format!(
+                    "offset {next} of the moved range is missing"
+                )));
+            }
+            let hash = r.key.map(|k| key_hash(self.topic.inner.hash_key, k));
+            let s = self.slot(hash, r.offset)?;
+            self.slots.push(s as u8);
+            let rec = RecordIn {
+                key: r.key,
+                value: r.value,
+                timestamp: r.timestamp,
+            };
+            let size = rec.encoded_len();
+            let (recs, hashes, bytes) = &mut per[s];
+            if *bytes + size > CHUNK_BYTES && !recs.is_empty() {
+                self.kids[s].append(recs, hashes)?;
+                recs.clear();
+                hashes.clear();
+                *bytes = 0;
+            }
+            recs.push(rec);
+            hashes.push(hash);
+            *bytes += size;
+            next = r.offset + 1;
+        }
+        if next == self.pos {
+            return Err(Error::Refused(format!(
+                "no record at offset {} of the moved range",
+                self.pos
+            )));
+        }
+        for (s, (recs, hashes, _)) in per.iter().enumerate() {
+            if !recs.is_empty() {
+                self.kids[s].append(recs, hashes)?;
+            }
+        }
+        Ok(next)
+    }
+
+    /// Sleeps while the copy runs ahead of its byte budget.
+    fn throttle(&self) {
+        if self.throttle > 0 {
+            let due = Duration::from_secs_f64(self.bytes as f64 / self.throttle as f64);
+            let spent = self.started.elapsed();
+            if due > spent {
+                std::thread::sleep(due - spent);
+            }
+        }
     }
 }
 

@@ -30,65 +30,65 @@ use crate::wake::TailWake;
 /// The manifest and the state it describes, changed together.
 #[derive(Debug)]
 pub(crate) struct Topology {
-    pub manifest: Manifest,
-    pub state: ManifestState,
+    pub(crate) manifest: Manifest,
+    pub(crate) state: ManifestState,
 }
 
 /// Shared core.
 #[derive(Debug)]
 pub(crate) struct Core {
-    pub dir: PathBuf,
-    pub hook: Arc<dyn IoHook>,
-    pub clock: Arc<dyn Clock>,
+    pub(crate) dir: PathBuf,
+    pub(crate) hook: Arc<dyn IoHook>,
+    pub(crate) clock: Arc<dyn Clock>,
     /// `LogOptions::topic_hash_seed`.
     pub(crate) topic_hash_seed: Option<u64>,
-    pub syncer: Syncer,
-    pub group: GroupCommit,
-    pub checkpoint: Mutex<CheckpointFiles>,
+    pub(crate) syncer: Syncer,
+    pub(crate) group: GroupCommit,
+    pub(crate) checkpoint: Mutex<CheckpointFiles>,
     /// A sync round writes the checkpoint when this much time has passed
     /// since the last one (`LogOptions::checkpoint_interval`)...
-    pub checkpoint_interval: Duration,
+    pub(crate) checkpoint_interval: Duration,
     /// ... or when this is set (open, retention): see [`Core::request_checkpoint`].
-    pub checkpoint_wanted: AtomicBool,
+    pub(crate) checkpoint_wanted: AtomicBool,
     /// ... or while retention waits for the checkpoints to move past
     /// segments it would retire (every round writes one meanwhile).
-    pub checkpoint_for_retention: AtomicBool,
+    pub(crate) checkpoint_for_retention: AtomicBool,
     /// When the last checkpoint was written (none yet: the next round writes one).
-    pub checkpoint_written: Mutex<Option<Instant>>,
-    pub topology: Mutex<Topology>,
+    pub(crate) checkpoint_written: Mutex<Option<Instant>>,
+    pub(crate) topology: Mutex<Topology>,
     /// The wake-ups of every topic's waiters, registered by each topic
     /// made ([`Core::watch_sync_failures`]): a sync round that fails for
     /// good wakes them all, so a `Durable` future waiting on any partition
     /// fails now, not never.
-    pub sync_failure_wakes: Mutex<Vec<Weak<TailWake>>>,
-    pub closed: AtomicBool,
-    pub sync_failure: Mutex<Option<String>>,
+    pub(crate) sync_failure_wakes: Mutex<Vec<Weak<TailWake>>>,
+    pub(crate) closed: AtomicBool,
+    pub(crate) sync_failure: Mutex<Option<String>>,
     /// Partitions whose fsync failed, by (topic id, partition id): topic
     /// name and reason. They stay out of sync rounds until reopen (after
     /// EIO the kernel may have dropped their dirty pages, and a retried
     /// fdatasync would return 0 without writing them), and every log-wide
     /// sync reports them.
-    pub failed_partitions: Mutex<BTreeMap<(u32, u32), (String, String)>>,
+    pub(crate) failed_partitions: Mutex<BTreeMap<(u32, u32), (String, String)>>,
     /// Set by the first manifest I/O failure: the log no longer knows
     /// whether its last topology change is on disk, or whether its journal
     /// handle is the file a replay reads. Every later topology change,
     /// append and sync is refused until reopen.
-    pub manifest_failure: Mutex<Option<String>>,
+    pub(crate) manifest_failure: Mutex<Option<String>>,
     /// Whether `manifest_failure` is set: `check_open` runs on every
     /// append, and loads this instead of taking the lock.
-    pub manifest_failed: AtomicBool,
+    pub(crate) manifest_failed: AtomicBool,
     /// Partitions with something for the next sync round to do.
-    pub dirty: Arc<DirtyList>,
+    pub(crate) dirty: Arc<DirtyList>,
     /// The checkpoint's entries between rounds.
-    pub ck_cache: Mutex<CheckpointCache>,
-    pub compact_every: u32,
-    pub events: EventHub,
+    pub(crate) ck_cache: Mutex<CheckpointCache>,
+    pub(crate) compact_every: u32,
+    pub(crate) events: EventHub,
 }
 
 impl Core {
     /// Refuses reads on a closed log. A log poisoned by a manifest failure
     /// still serves what it holds.
-    pub fn check_not_closed(&self) -> Result<()> {
+    pub(crate) fn check_not_closed(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
@@ -97,7 +97,7 @@ impl Core {
 
     /// Refuses writes and topology changes on a closed log, or one poisoned
     /// by a manifest failure.
-    pub fn check_open(&self) -> Result<()> {
+    pub(crate) fn check_open(&self) -> Result<()> {
         self.check_not_closed()?;
         // Acquire, paired with `poison_manifest`'s Release store made after
         // the reason: a set flag finds the reason under the lock.
@@ -112,7 +112,7 @@ impl Core {
     }
 
     /// Poisons the log after a manifest I/O failure (the first reason stays).
-    pub fn poison_manifest(&self, e: &Error) {
+    pub(crate) fn poison_manifest(&self, e: &Error) {
         self.manifest_failure
             .lock()
             .get_or_insert_with(|| e.to_string());
@@ -121,7 +121,7 @@ impl Core {
 
     /// Poisons a partition whose fsync failed and keeps it out of every
     /// later sync round; log-wide syncs report it until reopen.
-    pub fn poison_partition(&self, p: &Partition, reason: String) {
+    pub(crate) fn poison_partition(&self, p: &Partition, reason: String) {
         p.poison(reason.clone());
         let mut failed = self.failed_partitions.lock();
         // Checked under the lock `forget_failed_topic` takes, after
@@ -138,7 +138,7 @@ impl Core {
 
     /// Registers a partition that poisoned itself (its fsync failed while
     /// a split or merge sealed it), so log-wide syncs report it.
-    pub fn note_poisoned(&self, p: &Partition) {
+    pub(crate) fn note_poisoned(&self, p: &Partition) {
         if p.is_removed() {
             // Out of the topology (its topic deleted, or emptied and
             // removed): what it held is gone by intent, and a failure on
@@ -152,14 +152,14 @@ impl Core {
 
     /// Forgets the failures of a deleted topic's partitions: what they
     /// held is gone by intent, so log-wide syncs stop reporting them.
-    pub fn forget_failed_topic(&self, topic_id: u32) {
+    pub(crate) fn forget_failed_topic(&self, topic_id: u32) {
         self.failed_partitions
             .lock()
             .retain(|&(t, _), _| t != topic_id);
     }
 
     /// The error a log-wide sync reports while a partition is poisoned.
-    pub fn partition_failure(&self) -> Result<()> {
+    pub(crate) fn partition_failure(&self) -> Result<()> {
         match self.failed_partitions.lock().iter().next() {
             Some((&(_, partition), (topic, reason))) => Err(Error::Poisoned {
                 topic: topic.clone(),
@@ -173,7 +173,7 @@ impl Core {
     /// Registers a topic's wake-up, to be fired when a sync round fails
     /// for good (see `sync_failure_wakes`). Wake-ups of dropped topics are
     /// pruned here.
-    pub fn watch_sync_failures(&self, wake: &Arc<TailWake>) {
+    pub(crate) fn watch_sync_failures(&self, wake: &Arc<TailWake>) {
         let mut wakes = self.sync_failure_wakes.lock();
         wakes.retain(|w| w.strong_count() > 0);
         wakes.push(Arc::downgrade(wake));
@@ -188,7 +188,7 @@ impl Core {
     /// compaction failure after a durable commit returns `Ok` (the change
     /// is committed: the journal holds it) but poisons the log, since the
     /// journal handle may no longer be the file a replay reads.
-    pub fn commit(&self, topo: &mut Topology, rec: ManifestRecord) -> Result<()> {
+    pub(crate) fn commit(&self, topo: &mut Topology, rec: ManifestRecord) -> Result<()> {
         self.check_open()?;
         // One copy: `next` is dropped if the record does not apply.
         let mut next = topo.state.clone();
@@ -224,14 +224,14 @@ impl Core {
     /// Group-committed sync of everything appended so far, in every topic.
     /// Fails while any partition is poisoned by a failed fsync: what it
     /// held above its durable position may be lost.
-    pub fn sync(&self) -> Result<()> {
+    pub(crate) fn sync(&self) -> Result<()> {
         self.group.sync(|| self.sync_round())?;
         self.partition_failure()
     }
 
     /// Group-committed sync covering `parts` (what an `Always` append
     /// waits for): fails only if one of them is poisoned.
-    pub fn sync_covering(&self, parts: &[&Partition]) -> Result<()> {
+    pub(crate) fn sync_covering(&self, parts: &[&Partition]) -> Result<()> {
         self.group.sync(|| self.sync_round())?;
         parts.iter().try_for_each(|p| p.check_not_poisoned())
     }
@@ -244,7 +244,7 @@ impl Core {
     /// is the round the caller waits for, or one that started after this
     /// call and ended before it (a round that fails puts the request back,
     /// and a failed checkpoint sync fails every later round).
-    pub fn request_checkpoint(&self) {
+    pub(crate) fn request_checkpoint(&self) {
         self.checkpoint_wanted.store(true, Ordering::Release);
     }
 
@@ -281,7 +281,7 @@ impl Core {
     /// The checkpoint is built from cached entries, refreshed for those
     /// partitions (plus a few others' rates, round-robin), and is not
     /// written at all once both checkpoint files hold the current entries.
-    pub fn sync_round(&self) -> Result<()> {
+    pub(crate) fn sync_round(&self) -> Result<()> {
         self.round(None)
     }
 
@@ -289,7 +289,7 @@ impl Core {
     /// it writes a checkpoint of `every` partition of the log (the caller
     /// holds the topic map) with the positions just synced and, unless a
     /// partition is poisoned, the clean flag.
-    pub fn clean_sync_round(&self, every: &[Arc<Partition>]) -> Result<()> {
+    pub(crate) fn clean_sync_round(&self, every: &[Arc<Partition>]) -> Result<()> {
         self.round(Some(every))
     }
 

@@ -25,7 +25,7 @@ pub(crate) use crate::topology::hot_keys::{lane_of_window, lane_points, window_m
 pub(crate) struct HotKeys {
     /// Moves with every mode change; appends routed as non-hot check it
     /// under the partition's writer lock (`Partition::append_fenced`).
-    pub fence: AtomicU64,
+    pub(crate) fence: AtomicU64,
     /// Whether any key has a mode: appends skip the map lookup otherwise.
     any: AtomicBool,
     map: RwLock<HashMap<u64, Arc<HotKeyState>>>,
@@ -36,19 +36,19 @@ pub(crate) struct HotKeys {
 /// lane in the order their timestamps were given out.
 #[derive(Debug)]
 pub(crate) struct HotKeyState {
-    pub run: Mutex<KeyRun>,
+    pub(crate) run: Mutex<KeyRun>,
 }
 
 #[derive(Debug)]
 pub(crate) struct KeyRun {
-    pub hash: u64,
+    pub(crate) hash: u64,
     /// Every era, oldest first (the last is in force).
-    pub eras: Vec<HotKeyEra>,
+    pub(crate) eras: Vec<HotKeyEra>,
     /// Windowed: the newest timestamp given to a record of the key. `None`
     /// after an open until the first append recomputes it from the data.
-    pub high_ms: Option<i64>,
+    pub(crate) high_ms: Option<i64>,
     /// Spread: the next lane.
-    pub next_lane: u64,
+    pub(crate) next_lane: u64,
 }
 
 impl KeyRun {

@@ -51,7 +51,7 @@ pub struct NewRecord<'a> {
     pub timestamp: Option<i64>,
 }
 
-pub use crate::types::Appended;
+pub(crate) use crate::types::Appended;
 
 /// A partition as seen from outside: range, lineage, state, offsets, rates.
 #[derive(Debug, Clone, Serialize)]
@@ -112,11 +112,11 @@ pub struct ChainLink {
 
 #[derive(Debug)]
 pub(crate) struct Node {
-    pub rec: PartitionRecord,
-    pub children: Vec<u32>,
-    pub part: Arc<Partition>,
-    pub last_change_nanos: u64,
-    pub hot_key_reported: bool,
+    pub(crate) rec: PartitionRecord,
+    pub(crate) children: Vec<u32>,
+    pub(crate) part: Arc<Partition>,
+    pub(crate) last_change_nanos: u64,
+    pub(crate) hot_key_reported: bool,
 }
 
 impl TopicState {
@@ -138,14 +138,14 @@ impl TopicState {
 
 #[derive(Debug, Default)]
 pub(crate) struct TopicState {
-    pub nodes: BTreeMap<u32, Node>,
+    pub(crate) nodes: BTreeMap<u32, Node>,
     /// Active partitions by range start.
-    pub routes: BTreeMap<u64, u32>,
+    pub(crate) routes: BTreeMap<u64, u32>,
     /// Partitions retention removed, earliest first, as the manifest's
     /// `TopicRecord::removed` records them.
-    pub removed: Vec<crate::format::manifest::RemovedPartition>,
+    pub(crate) removed: Vec<crate::format::manifest::RemovedPartition>,
     /// Committed tail splits by parent (while the parent is in the topology).
-    pub tails: BTreeMap<u32, Arc<tail_split::TailInfo>>,
+    pub(crate) tails: BTreeMap<u32, Arc<tail_split::TailInfo>>,
 }
 
 #[derive(Debug)]
@@ -289,7 +289,7 @@ pub struct Topic {
 }
 
 /// Keyed SipHash-1-3 of a key: the routing hash (stable across versions).
-pub fn key_hash(hash_key: [u64; 2], key: &[u8]) -> u64 {
+pub(crate) fn key_hash(hash_key: [u64; 2], key: &[u8]) -> u64 {
     let mut h = siphasher::sip::SipHasher13::new_with_keys(hash_key[0], hash_key[1]);
     h.write(key);
     h.finish()

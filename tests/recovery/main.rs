@@ -9,6 +9,8 @@
 mod common;
 
 mod full_scan;
+mod index_lies;
+mod last_batch_bytes;
 mod missing_segments;
 mod open_errors;
 mod power_loss_images;

@@ -19,3 +19,4 @@ mod salvage;
 mod salvage_gap;
 mod scenarios;
 mod sealed_strict;
+mod timestamps;

@@ -109,10 +109,6 @@ fn damaged(img: &DirImage, f: impl FnOnce(&mut Vec<u8>)) -> tempfile::TempDir {
     dir
 }
 
-fn seg_bytes(dir: &Path) -> Vec<u8> {
-    std::fs::read(dir.join(seg0())).unwrap()
-}
-
 /// Opens twice and checks the second open repairs nothing and reads the
 /// same records; then `verify` finds no problem.
 fn settled(dir: &Path, mode: RecoveryMode, want: &[u64], what: &str) {

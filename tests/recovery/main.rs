@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod chain_shapes;
 mod full_scan;
 mod index_lies;
 mod last_batch_bytes;

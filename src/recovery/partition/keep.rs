@@ -62,7 +62,15 @@ pub fn plan_scan(
         };
     }
     let header = SEGMENT_HEADER_LEN as u64;
-    let (from_pos, from_offset, durable_until) = match (sync.durable_segment, sync.checkpoint) {
+    // A seal below the checkpointed position: the checkpoint describes
+    // another file of this name (a repair that a crash stopped before its
+    // checkpoint replaced the checkpoint's missing segment with a hole
+    // segment). The file's own seal says where its data ends.
+    let seal_below_checkpoint = sync
+        .checkpoint
+        .is_some_and(|c| info.seal.is_some_and(|(_, end_pos)| end_pos < c.position));
+    let to_seal = sync.durable_segment || seal_below_checkpoint;
+    let (from_pos, from_offset, durable_until) = match (to_seal, sync.checkpoint) {
         // A rolled segment's data ends at its seal: the slack after it is
         // never written, so zeros there are the end.
         (true, _) => (
@@ -163,8 +171,10 @@ pub(super) fn keep_segment(
     } else if sync.durable_segment {
         end.end_pos
     } else {
+        // Never past the end: a checkpoint that describes another file of
+        // this name (see `plan_scan`) says nothing of this one's bytes.
         sync.checkpoint
-            .map_or(SEGMENT_HEADER_LEN as u64, |c| c.position)
+            .map_or(SEGMENT_HEADER_LEN as u64, |c| c.position.min(end.end_pos))
     };
     seg.set_recovered_end(end.end_pos, end.end_offset, synced, end.sealed);
     if let Some(c) = sync.checkpoint.filter(|c| c.position <= end.end_pos) {

@@ -9,12 +9,14 @@
 
 use crate::common;
 use common::crash::DirImage;
+use common::faults::Fail;
 use common::log::{quiet_in, value};
 use common::probe::fast_tempdir;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use fissionlog::{Error, FileAction, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
+use fissionlog::{Error, FileAction, IoOp, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
 
 /// One record with key "k" and a 100-byte value.
 const BATCH: u64 = 157;
@@ -229,5 +231,64 @@ fn a_flipped_byte_anywhere_in_a_checkpointed_last_batch_is_an_error_then_truncat
         let mut want = synced.clone();
         want.push(SYNCED + 1);
         settled(dir.path(), RecoveryMode::Strict, &want, &what);
+    }
+}
+
+/// Appends the record of the partition's end offset.
+fn append_next(log: &Log, what: &str) {
+    let end = log.topic("t").unwrap().partition(0).unwrap().end_offset();
+    let at = log
+        .topic("t")
+        .unwrap()
+        .append_batch(&[NewRecord {
+            key: Some(b"k"),
+            value: &value(end),
+            timestamp: Some(end as i64),
+        }])
+        .unwrap_or_else(|e| panic!("{what}: append: {e}"));
+    assert_eq!(at[0].offset, end, "{what}");
+}
+
+#[test]
+fn a_truncate_an_io_error_stops_after_its_cut_ends_where_an_uninterrupted_one_does() {
+    let img = image(true);
+    let start = HEADER + SYNCED * BATCH;
+    let full_truncate = LogOptions {
+        full_scan: true,
+        ..opts(RecoveryMode::Truncate)
+    };
+    let reference = {
+        let dir = damaged(&img, |s| s[(start + 20) as usize] ^= 0xFF);
+        let log = Log::open(dir.path(), full_truncate.clone()).unwrap();
+        append_next(&log, "uninterrupted");
+        let got = read_all(&log);
+        log.close().unwrap();
+        got
+    };
+    let ops = [
+        IoOp::SyncRecoveryDir,
+        IoOp::CreateSegment,
+        IoOp::SyncNewSegment,
+        IoOp::SyncSegment,
+        IoOp::SyncDir,
+        IoOp::WriteCheckpoint,
+        IoOp::SyncCheckpoint,
+    ];
+    for op in ops {
+        for nth in 0..3 {
+            let what = format!("{op:?} call {nth} fails");
+            let dir = damaged(&img, |s| s[(start + 20) as usize] ^= 0xFF);
+            let fail = Arc::new(Fail::new(op, libc::EIO).failing_from(nth).once());
+            // The process stops here, as after a crash.
+            if let Ok(log) = Log::open_with_hook(dir.path(), full_truncate.clone(), fail) {
+                log.abandon();
+            }
+            let log = Log::open(dir.path(), opts(RecoveryMode::Truncate))
+                .unwrap_or_else(|e| panic!("{what}: open after: {e}"));
+            append_next(&log, &what);
+            assert_eq!(read_all(&log), reference, "{what}");
+            log.close().unwrap();
+            settled(dir.path(), RecoveryMode::Strict, &reference.1, &what);
+        }
     }
 }

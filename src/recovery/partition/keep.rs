@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::config::RecoveryMode;
 use crate::error::Result;
-use crate::format::batch::BATCH_HEADER_LEN;
+use crate::format::batch::{self, BATCH_HEADER_LEN};
 use crate::format::segment::{HeaderInfo, SEGMENT_HEADER_LEN};
 use crate::recovery::scan::{
     scan_segment, CorruptAction, HoleFix, ScanOutcome, ScanParams, ScanStop,
@@ -126,6 +126,56 @@ pub fn reseal_target(
     })
 }
 
+/// Where a scan that starts at the checkpointed position really starts.
+/// After a crash the batch headers of the segment must chain from its
+/// first batch to that position: a repair that a crash stopped before it
+/// wrote its checkpoint (a cut in synced data, its tail cleared) leaves
+/// the old checkpoint naming a position past the cut, and scanning from
+/// there would take the cleared bytes for data and append after them,
+/// where no read reaches. Then the segment is scanned from its first
+/// batch, everything below the checkpointed position counting as synced.
+/// The walk reads batch headers only, as the index rebuild after a crash
+/// does; a clean shutdown's checkpoint is trusted (C7). Pure.
+pub fn checked_start(file: &[u8], params: ScanParams, p: &ChainParams<'_>) -> ScanParams {
+    let header = SEGMENT_HEADER_LEN as u64;
+    if p.clean || params.from_pos <= header {
+        return params;
+    }
+    if headers_lead_to(
+        file,
+        params.base_offset,
+        params.from_pos,
+        params.from_offset,
+    ) {
+        return params;
+    }
+    ScanParams {
+        from_pos: header,
+        from_offset: params.base_offset,
+        ..params
+    }
+}
+
+/// Whether the batch headers of `file` from its first batch (offset
+/// `base`) chain to exactly `to_pos`, at offset `to_offset`. Pure.
+fn headers_lead_to(file: &[u8], base: u64, to_pos: u64, to_offset: u64) -> bool {
+    let (mut pos, mut next) = (SEGMENT_HEADER_LEN as u64, base);
+    while pos < to_pos {
+        let Some(rest) = usize::try_from(pos).ok().and_then(|at| file.get(at..)) else {
+            return false;
+        };
+        let Ok(h) = batch::parse_header(rest) else {
+            return false;
+        };
+        if h.base_offset.get() != next || h.batch_len.get() == 0 {
+            return false;
+        }
+        next += u64::from(h.record_count.get());
+        pos += u64::from(h.batch_len.get());
+    }
+    pos == to_pos && next == to_offset
+}
+
 /// How a scan's stop cuts the chain: a torn tail is unsynced, corruption
 /// is in synced data. Pure.
 pub fn stop_cut(stop: &ScanStop) -> CutState {
@@ -158,7 +208,10 @@ pub(super) fn keep_segment(
             sealed: true,
             tail_cleared: false,
         },
-        ScanPlan::Scan(params) => scan_and_repair(path, &mut seg, info, &params, &sync, cur, r)?,
+        ScanPlan::Scan(params) => {
+            let params = checked_start(seg.raw_for_recovery(), params, p);
+            scan_and_repair(path, &mut seg, info, &params, &sync, cur, r)?
+        }
     };
     let synced = if end.tail_cleared {
         // The cleared tail is not durable yet: until it is, a power loss

@@ -51,6 +51,12 @@ fn put(log: &Log, i: u64) {
 /// The image of a log holding `SYNCED` synced records and one more, synced
 /// and checkpointed when `last_synced`, left by a crash.
 fn image(last_synced: bool) -> DirImage {
+    image_left(last_synced, false)
+}
+
+/// [`image`], left by a clean close when `clean` (the checkpoint then
+/// names every partition's end and says the shutdown was clean).
+fn image_left(last_synced: bool, clean: bool) -> DirImage {
     let root = fast_tempdir();
     let log = Log::open(root.path(), opts(RecoveryMode::Strict)).unwrap();
     log.create_topic(
@@ -73,7 +79,11 @@ fn image(last_synced: bool) -> DirImage {
         log.sync().unwrap();
         log.sync().unwrap();
     }
-    log.abandon();
+    if clean {
+        log.close().unwrap();
+    } else {
+        log.abandon();
+    }
     DirImage::capture(root.path()).unwrap()
 }
 
@@ -260,14 +270,27 @@ fn append_next(log: &Log, what: &str) {
 
 #[test]
 fn a_truncate_an_io_error_stops_after_its_cut_ends_where_an_uninterrupted_one_does() {
-    let img = image(true);
+    interrupted_truncate(&image(true), "after a crash");
+}
+
+#[test]
+fn a_truncate_of_a_cleanly_closed_log_an_io_error_stops_after_its_cut_ends_where_an_uninterrupted_one_does(
+) {
+    interrupted_truncate(&image_left(true, true), "after a clean close");
+}
+
+/// A full-scan Truncate of `img` with its last batch damaged, stopped by
+/// an I/O error at each step, then opened again without a full scan:
+/// the records and an append after it are those of one uninterrupted
+/// repair.
+fn interrupted_truncate(img: &DirImage, left: &str) {
     let start = HEADER + SYNCED * BATCH;
     let full_truncate = LogOptions {
         full_scan: true,
         ..opts(RecoveryMode::Truncate)
     };
     let reference = {
-        let dir = damaged(&img, |s| s[(start + 20) as usize] ^= 0xFF);
+        let dir = damaged(img, |s| s[(start + 20) as usize] ^= 0xFF);
         let log = Log::open(dir.path(), full_truncate.clone()).unwrap();
         append_next(&log, "uninterrupted");
         let got = read_all(&log);
@@ -285,8 +308,8 @@ fn a_truncate_an_io_error_stops_after_its_cut_ends_where_an_uninterrupted_one_do
     ];
     for op in ops {
         for nth in 0..3 {
-            let what = format!("{op:?} call {nth} fails");
-            let dir = damaged(&img, |s| s[(start + 20) as usize] ^= 0xFF);
+            let what = format!("{left}: {op:?} call {nth} fails");
+            let dir = damaged(img, |s| s[(start + 20) as usize] ^= 0xFF);
             let fail = Arc::new(Fail::new(op, libc::EIO).failing_from(nth).once());
             // The process stops here, as after a crash.
             if let Ok(log) = Log::open_with_hook(dir.path(), full_truncate.clone(), fail) {

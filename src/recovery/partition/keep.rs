@@ -127,26 +127,19 @@ pub fn reseal_target(
 }
 
 /// Where a scan that starts at the checkpointed position really starts.
-/// After a crash the batch headers of the segment must chain from its
-/// first batch to that position: a repair that a crash stopped before it
-/// wrote its checkpoint (a cut in synced data, its tail cleared) leaves
-/// the old checkpoint naming a position past the cut, and scanning from
-/// there would take the cleared bytes for data and append after them,
-/// where no read reaches. Then the segment is scanned from its first
-/// batch, everything below the checkpointed position counting as synced.
-/// The walk reads batch headers only, as the index rebuild after a crash
-/// does; a clean shutdown's checkpoint is trusted (C7). Pure.
-pub fn checked_start(file: &[u8], params: ScanParams, p: &ChainParams<'_>) -> ScanParams {
+/// The batch headers of the segment must chain to that position: a
+/// repair that a crash stopped before it wrote its checkpoint (a cut in
+/// synced data, its tail cleared) leaves the old checkpoint naming a
+/// position past the cut, and scanning from there would take the cleared
+/// bytes for data and append after them, where no read reaches. Then the
+/// segment is scanned from its first batch, everything below the
+/// checkpointed position counting as synced. The walk starts at
+/// `walk_from` (see [`walk_start`]). Pure.
+pub fn checked_start(file: &[u8], params: ScanParams, walk_from: (u64, u64)) -> ScanParams {
     let header = SEGMENT_HEADER_LEN as u64;
-    if p.clean || params.from_pos <= header {
-        return params;
-    }
-    if headers_lead_to(
-        file,
-        params.base_offset,
-        params.from_pos,
-        params.from_offset,
-    ) {
+    if params.from_pos <= header
+        || headers_lead_to(file, walk_from, params.from_pos, params.from_offset)
+    {
         return params;
     }
     ScanParams {
@@ -156,10 +149,38 @@ pub fn checked_start(file: &[u8], params: ScanParams, p: &ChainParams<'_>) -> Sc
     }
 }
 
-/// Whether the batch headers of `file` from its first batch (offset
-/// `base`) chain to exactly `to_pos`, at offset `to_offset`. Pure.
-fn headers_lead_to(file: &[u8], base: u64, to_pos: u64, to_offset: u64) -> bool {
-    let (mut pos, mut next) = (SEGMENT_HEADER_LEN as u64, base);
+/// Where the walk of [`checked_start`] begins: after a crash at the first
+/// batch (the index rebuild on that path walks every header anyway);
+/// after a clean shutdown at the last entry below the checkpointed
+/// position of the index file the close wrote, so the open stays
+/// metadata-sized (C7). A cleared tail zeroes everything from the cut on,
+/// so a walk from any entry crosses it or starts in it.
+fn walk_start(seg: &Segment, params: &ScanParams, p: &ChainParams<'_>) -> (u64, u64) {
+    let first = (SEGMENT_HEADER_LEN as u64, params.base_offset);
+    if !p.clean || params.from_pos <= first.0 {
+        return first;
+    }
+    let Ok(Some(buf)) = seg.read_index_file() else {
+        return first;
+    };
+    let (entries, _) = crate::format::index::decode_index(
+        &buf,
+        params.base_offset,
+        params.from_pos,
+        params.from_offset,
+    );
+    entries.last().map_or(first, |e| {
+        (
+            u64::from(e.position),
+            params.base_offset + u64::from(e.rel_offset),
+        )
+    })
+}
+
+/// Whether the batch headers of `file` from `from` (a position and its
+/// offset) chain to exactly `to_pos`, at offset `to_offset`. Pure.
+fn headers_lead_to(file: &[u8], from: (u64, u64), to_pos: u64, to_offset: u64) -> bool {
+    let (mut pos, mut next) = from;
     while pos < to_pos {
         let Some(rest) = usize::try_from(pos).ok().and_then(|at| file.get(at..)) else {
             return false;
@@ -209,7 +230,8 @@ pub(super) fn keep_segment(
             tail_cleared: false,
         },
         ScanPlan::Scan(params) => {
-            let params = checked_start(seg.raw_for_recovery(), params, p);
+            let walk_from = walk_start(&seg, &params, p);
+            let params = checked_start(seg.raw_for_recovery(), params, walk_from);
             scan_and_repair(path, &mut seg, info, &params, &sync, cur, r)?
         }
     };

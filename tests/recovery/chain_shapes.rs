@@ -286,3 +286,62 @@ fn a_salvage_an_io_error_stops_part_way_ends_where_one_uninterrupted_salvage_doe
         }
     }
 }
+
+#[test]
+fn a_full_truncate_of_a_rolled_segment_an_io_error_stops_part_way_ends_where_an_uninterrupted_one_does(
+) {
+    let img = image();
+    // A flipped byte inside record 30, in the rolled segment based at 25.
+    let damage = |img: &mut DirImage| {
+        let s = img.files.get_mut(&seg(PER_SEG)).unwrap();
+        s[(64 + 5 * 157 + 60) as usize] ^= 0xFF;
+    };
+    let fresh = || {
+        let mut img = img.clone();
+        damage(&mut img);
+        let dir = fast_tempdir();
+        img.write_to(dir.path()).unwrap();
+        dir
+    };
+    let full_truncate = LogOptions {
+        full_scan: true,
+        ..opts(RecoveryMode::Truncate)
+    };
+    let reference = {
+        let dir = fresh();
+        let log = Log::open(dir.path(), full_truncate.clone()).unwrap();
+        append_next(&log, "uninterrupted");
+        let got = read_all(&log);
+        log.close().unwrap();
+        got
+    };
+    assert_eq!(reference.0[..30], (0..30).collect::<Vec<u64>>()[..]);
+    let ops = [
+        IoOp::SyncRecoveryDir,
+        IoOp::CreateSegment,
+        IoOp::SyncNewSegment,
+        IoOp::SyncNewDir,
+        IoOp::SyncSegment,
+        IoOp::SyncDir,
+        IoOp::WriteIndex,
+        IoOp::WriteCheckpoint,
+        IoOp::SyncCheckpoint,
+    ];
+    for op in ops {
+        for nth in 0..4 {
+            let what = format!("{op:?} call {nth} fails");
+            let dir = fresh();
+            let fail = Arc::new(Fail::new(op, libc::EIO).failing_from(nth).once());
+            // The process stops here, as after a crash.
+            if let Ok(log) = Log::open_with_hook(dir.path(), full_truncate.clone(), fail) {
+                log.abandon();
+            }
+            let log = Log::open(dir.path(), opts(RecoveryMode::Truncate))
+                .unwrap_or_else(|e| panic!("{what}: open after: {e}"));
+            append_next(&log, &what);
+            assert_eq!(read_all(&log), reference, "{what}");
+            log.close().unwrap();
+            settled(dir.path(), &reference, &what);
+        }
+    }
+}

@@ -322,6 +322,16 @@ fn scan_and_repair(
     let (end_pos, end_offset) =
         resealed.map_or((outcome.end_pos, outcome.end_offset), |(o, pos)| (pos, o));
     let mut tail_cleared = false;
+    if p.mode.write && cut_here && info.seal.is_some_and(|(_, seal_pos)| seal_pos > end_pos) {
+        // The seal of a rolled segment cut below it goes first, durably:
+        // a crash after the tail is cleared and before this repair ends
+        // would leave the seal naming the cleared bytes, and the next
+        // open trusts the seal of a segment the checkpoint passed. Without
+        // it, that open scans the segment and finds the cut again.
+        if seg.clear_stale_seal()? {
+            seg.sync_data(p.hook)?;
+        }
+    }
     if p.mode.write && (cut_here || !p.clean) {
         tail_cleared = seg.clear_tail(end_pos)?;
     }

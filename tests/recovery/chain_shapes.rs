@@ -79,8 +79,9 @@ fn image() -> DirImage {
 struct Shape {
     name: &'static str,
     damage: fn(&mut DirImage),
-    truncate_keeps: std::ops::Range<u64>,
-    salvage_keeps: Vec<std::ops::Range<u64>>,
+    /// Kept offset ranges, `[start, end)`.
+    truncate_keeps: (u64, u64),
+    salvage_keeps: Vec<(u64, u64)>,
 }
 
 fn shapes() -> Vec<Shape> {
@@ -91,16 +92,16 @@ fn shapes() -> Vec<Shape> {
             damage: |img| {
                 img.files.insert(seg(PER_SEG), Vec::new());
             },
-            truncate_keeps: 0..p,
-            salvage_keeps: vec![0..p, 2 * p..N],
+            truncate_keeps: (0, p),
+            salvage_keeps: vec![(0, p), (2 * p, N)],
         },
         Shape {
             name: "a missing middle segment",
             damage: |img| {
                 img.files.remove(&seg(PER_SEG));
             },
-            truncate_keeps: 0..p,
-            salvage_keeps: vec![0..p, 2 * p..N],
+            truncate_keeps: (0, p),
+            salvage_keeps: vec![(0, p), (2 * p, N)],
         },
         Shape {
             name: "a segment named below the end of the one before it",
@@ -108,16 +109,16 @@ fn shapes() -> Vec<Shape> {
                 let bytes = img.files.remove(&seg(2 * PER_SEG)).unwrap();
                 img.files.insert(seg(2 * PER_SEG - 5), bytes);
             },
-            truncate_keeps: 0..2 * p,
-            salvage_keeps: vec![0..2 * p, 3 * p..N],
+            truncate_keeps: (0, 2 * p),
+            salvage_keeps: vec![(0, 2 * p), (3 * p, N)],
         },
         Shape {
             name: "a missing last segment the checkpoint names",
             damage: |img| {
                 img.files.remove(&seg(3 * PER_SEG));
             },
-            truncate_keeps: 0..3 * p,
-            salvage_keeps: vec![0..3 * p],
+            truncate_keeps: (0, 3 * p),
+            salvage_keeps: vec![(0, 3 * p)],
         },
     ]
 }
@@ -165,8 +166,8 @@ fn append_next(log: &Log, what: &str) {
     assert_eq!(at[0].offset, end, "{what}");
 }
 
-fn flat(r: &[std::ops::Range<u64>]) -> Vec<u64> {
-    r.iter().flat_map(|r| r.clone()).collect()
+fn flat(r: &[(u64, u64)]) -> Vec<u64> {
+    r.iter().flat_map(|&(a, b)| a..b).collect()
 }
 
 fn files(dir: &Path) -> DirImage {
@@ -222,7 +223,7 @@ fn damaged_chain_shapes_are_refused_untouched_then_repaired_keeping_every_handed
         let (_, problems) = fissionlog::verify(dir.path()).unwrap();
         assert!(!problems.is_empty(), "{}: verify is clean", shape.name);
         for (mode, keeps) in [
-            (RecoveryMode::Truncate, vec![shape.truncate_keeps.clone()]),
+            (RecoveryMode::Truncate, vec![shape.truncate_keeps]),
             (RecoveryMode::Salvage, shape.salvage_keeps.clone()),
         ] {
             let what = format!("{} in {mode:?}", shape.name);
@@ -271,10 +272,10 @@ fn a_salvage_an_io_error_stops_part_way_ends_where_one_uninterrupted_salvage_doe
                 let what = format!("{}: {op:?} call {nth} fails", shape.name);
                 let dir = damaged(&img, &shape);
                 let fail = Arc::new(Fail::new(op, libc::EIO).failing_from(nth).once());
-                match Log::open_with_hook(dir.path(), opts(RecoveryMode::Salvage), fail.clone()) {
-                    // The process stops here, as after a crash.
-                    Ok(log) => log.abandon(),
-                    Err(_) => {}
+                // The process stops here, as after a crash.
+                if let Ok(log) = Log::open_with_hook(dir.path(), opts(RecoveryMode::Salvage), fail)
+                {
+                    log.abandon();
                 }
                 let log = Log::open(dir.path(), opts(RecoveryMode::Salvage))
                     .unwrap_or_else(|e| panic!("{what}: open after: {e}"));

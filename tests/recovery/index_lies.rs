@@ -55,9 +55,11 @@ fn closed_log(dir: &Path) {
     log.close().unwrap();
 }
 
-/// An index file for the segment at `base` with entries (relative offset,
-/// position, newest timestamp before).
-fn index_file(base: u64, entries: &[(u32, u32, i64)]) -> Vec<u8> {
+/// An index entry: relative offset, position, newest timestamp before.
+type Entry = (u32, u32, i64);
+
+/// An index file for the segment at `base` with `entries`.
+fn index_file(base: u64, entries: &[Entry]) -> Vec<u8> {
     let mut v = b"FSNLIDX\0".to_vec();
     v.extend_from_slice(&base.to_le_bytes());
     for &(rel, pos, ts) in entries {
@@ -95,7 +97,7 @@ fn each_offset_reads_its_record(log: &Log, what: &str) {
 
 /// Lies about the segment at `base` (holding `count` records from
 /// `base`): past the data, into a batch, at another offset's batch.
-fn lies(base: u64, count: u64) -> Vec<(&'static str, Vec<(u32, u32, i64)>)> {
+fn lies(base: u64, count: u64) -> Vec<(&'static str, Vec<Entry>)> {
     let pos = |rel: u64| (HEADER + rel * BATCH) as u32;
     let ts = |rel: u64| (base + rel) as i64 - 1;
     let (a, b) = (count / 3, 2 * count / 3);

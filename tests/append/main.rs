@@ -10,5 +10,6 @@ mod bad_input;
 mod basic;
 mod batch;
 mod batch_split_race;
+mod boundaries;
 mod concurrency;
 mod read_path;

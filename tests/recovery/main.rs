@@ -8,7 +8,10 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod chain_shapes;
 mod full_scan;
+mod index_lies;
+mod last_batch_bytes;
 mod missing_segments;
 mod open_errors;
 mod power_loss_images;
@@ -17,3 +20,4 @@ mod salvage;
 mod salvage_gap;
 mod scenarios;
 mod sealed_strict;
+mod timestamps;

@@ -447,3 +447,153 @@ fn a_child_of_a_tail_split_waits_for_what_its_owner_handed_out_of_the_parent() {
     assert_eq!(co.stats.redelivered, 0);
     assert_one_reader(&co);
 }
+
+#[test]
+fn a_heartbeat_after_the_session_expired_is_fenced_even_when_nothing_else_ran() {
+    let world = two_idle_partitions();
+    let mut co = coordinator(&world);
+    let a = co.join(&world, 0, &member_options()).unwrap();
+    hand_out(&mut co, a, &[(0, 10), (1, 10)], &[]);
+    co.heartbeat(&world, 10 * SECOND, a).unwrap();
+    // The next call comes after the session ended: the member is dead
+    // first, then told so.
+    assert!(matches!(
+        co.heartbeat(&world, 21 * SECOND, a),
+        Err(Error::Fenced { member, .. }) if member == a
+    ));
+    assert!(co.member(a).is_err());
+    assert_eq!(owner(&co, 0), None);
+    assert_eq!(owner(&co, 1), None);
+    assert!(co.committed.positions.is_empty());
+    assert_eq!(co.stats.redelivered, 20);
+    // A new member reads both from the committed positions.
+    let b = co.join(&world, 22 * SECOND, &member_options()).unwrap();
+    assert_eq!(reading(&co, b), [0, 1]);
+    assert_one_reader(&co);
+}
+
+#[test]
+fn a_leave_while_a_revocation_waits_hands_the_partition_to_its_target_at_once() {
+    let world = two_idle_partitions();
+    let mut co = coordinator(&world);
+    let a = co.join(&world, 0, &member_options()).unwrap();
+    hand_out(&mut co, a, &[(0, 10), (1, 10)], &[]);
+    let b = co.join(&world, SECOND, &member_options()).unwrap();
+    let moving: Vec<u32> = co
+        .owners
+        .iter()
+        .filter(|(_, o)| o.revoking.is_some())
+        .map(|(&p, _)| p)
+        .collect();
+    assert_eq!(moving.len(), 1);
+    assert!(reading(&co, b).is_empty());
+    co.leave(&world, 2 * SECOND, a).unwrap();
+    assert_eq!(reading(&co, b), [0, 1]);
+    assert!(co.owners.values().all(|o| o.revoking.is_none()));
+    assert_eq!(co.stats.redelivered, 20);
+    assert_one_reader(&co);
+    // The member that left cannot commit what it handed out.
+    assert!(co.member(a).is_err());
+}
+
+#[test]
+fn a_split_while_a_revocation_waits_keeps_the_parent_and_its_children_with_one_reader() {
+    let world = two_idle_partitions();
+    let mut co = coordinator(&world);
+    let a = co.join(&world, 0, &member_options()).unwrap();
+    hand_out(&mut co, a, &[(0, 10), (1, 10)], &[]);
+    let b = co.join(&world, SECOND, &member_options()).unwrap();
+    let p = *co
+        .owners
+        .iter()
+        .find(|(_, o)| o.revoking.is_some())
+        .map(|(p, _)| p)
+        .unwrap();
+    let q = 1 - p;
+    // The topic splits the partition being revoked at 100 into 2 and 3.
+    let mut parts: Vec<(u32, &[u32], Option<u64>, u64)> =
+        vec![(p, &[], Some(100), 100), (q, &[], None, 100)];
+    parts.sort_by_key(|x| x.0);
+    let children = [p];
+    parts.push((2, &children, None, 5));
+    parts.push((3, &children, None, 5));
+    let mut split = World::new(&parts);
+    Arc::get_mut(&mut split.lineage).unwrap().generation = 2;
+    for t in 2..6 {
+        co.tick(&split, t * SECOND);
+        assert_eq!(owner(&co, p), Some(a), "moved at {t} s before a's commit");
+        assert!(reading(&co, b).is_empty(), "b reads before a's commit");
+        assert_one_reader(&co);
+    }
+    // a commits what it handed out: the parent moves whole, with its
+    // pinned children, to b.
+    commit(&mut co, &split, a, &[(0, 10), (1, 10)], &[], 6 * SECOND).unwrap();
+    assert_eq!(owner(&co, p), Some(b));
+    assert_eq!(reading(&co, b), [p]);
+    assert_eq!(reading(&co, a), [q]);
+    assert_eq!(co.stats.redelivered, 0);
+    assert_one_reader(&co);
+}
+
+#[test]
+fn a_late_commit_of_a_partition_that_moved_on_never_moves_its_position_back() {
+    let world = two_idle_partitions();
+    let mut co = coordinator(&world);
+    let a = co.join(&world, 0, &member_options()).unwrap();
+    hand_out(&mut co, a, &[(0, 10), (1, 10)], &[]);
+    let b = co.join(&world, SECOND, &member_options()).unwrap();
+    let p = *co
+        .owners
+        .iter()
+        .find(|(_, o)| o.revoking.is_some())
+        .map(|(p, _)| p)
+        .unwrap();
+    let q = 1 - p;
+    // a keeps heartbeating but never commits: the revocation is overdue
+    // after its processing timeout and the partition moves without it.
+    for t in 2..=32 {
+        co.heartbeat(&world, t * SECOND, a).unwrap();
+        co.polled(&world, t * SECOND, b).unwrap();
+    }
+    assert_eq!(owner(&co, p), Some(b));
+    hand_out(&mut co, b, &[(p, 20)], &[]);
+    commit(&mut co, &world, b, &[(p, 20)], &[], 33 * SECOND).unwrap();
+    assert_eq!(co.committed_position(p), 20);
+    // a's commit names the old position of the partition it lost, which
+    // the group passed already: its other partition commits, the moved
+    // one stays where b put it.
+    commit(&mut co, &world, a, &[(p, 10), (q, 10)], &[], 34 * SECOND).unwrap();
+    assert_eq!(co.committed_position(p), 20);
+    assert_eq!(co.committed_position(q), 10);
+    assert_one_reader(&co);
+}
+
+#[test]
+fn two_members_joining_at_the_same_instant_share_the_partitions_without_overlap() {
+    let world = four_partitions();
+    let mut co = coordinator(&world);
+    let a = co.join(&world, 0, &member_options()).unwrap();
+    let b = co.join(&world, 0, &member_options()).unwrap();
+    assert_eq!(reading(&co, a).len(), 2);
+    assert_eq!(reading(&co, b).len(), 2);
+    assert_one_reader(&co);
+    let c = co.join(&world, 0, &member_options()).unwrap();
+    let counts: Vec<usize> = [a, b, c].iter().map(|&m| reading(&co, m).len()).collect();
+    assert_eq!(counts.iter().sum::<usize>(), 4, "{counts:?}");
+    assert!(counts.iter().all(|&n| (1..=2).contains(&n)), "{counts:?}");
+    assert_one_reader(&co);
+}
+
+#[test]
+fn a_commit_below_the_committed_position_never_moves_it_back() {
+    let world = two_idle_partitions();
+    let mut co = coordinator(&world);
+    let a = co.join(&world, 0, &member_options()).unwrap();
+    hand_out(&mut co, a, &[(0, 50)], &[]);
+    commit(&mut co, &world, a, &[(0, 50)], &[], SECOND).unwrap();
+    commit(&mut co, &world, a, &[(0, 30)], &[], 2 * SECOND).unwrap();
+    assert_eq!(co.committed_position(0), 50);
+    let commits = co.stats.commits;
+    commit(&mut co, &world, a, &[(0, 50)], &[], 3 * SECOND).unwrap();
+    assert_eq!(co.stats.commits, commits, "a commit with nothing new wrote");
+}

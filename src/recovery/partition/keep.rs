@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::config::RecoveryMode;
 use crate::error::Result;
-use crate::format::batch::BATCH_HEADER_LEN;
+use crate::format::batch::{self, BATCH_HEADER_LEN};
 use crate::format::segment::{HeaderInfo, SEGMENT_HEADER_LEN};
 use crate::recovery::scan::{
     scan_segment, CorruptAction, HoleFix, ScanOutcome, ScanParams, ScanStop,
@@ -62,7 +62,15 @@ pub fn plan_scan(
         };
     }
     let header = SEGMENT_HEADER_LEN as u64;
-    let (from_pos, from_offset, durable_until) = match (sync.durable_segment, sync.checkpoint) {
+    // A seal below the checkpointed position: the checkpoint describes
+    // another file of this name (a repair that a crash stopped before its
+    // checkpoint replaced the checkpoint's missing segment with a hole
+    // segment). The file's own seal says where its data ends.
+    let seal_below_checkpoint = sync
+        .checkpoint
+        .is_some_and(|c| info.seal.is_some_and(|(_, end_pos)| end_pos < c.position));
+    let to_seal = sync.durable_segment || seal_below_checkpoint;
+    let (from_pos, from_offset, durable_until) = match (to_seal, sync.checkpoint) {
         // A rolled segment's data ends at its seal: the slack after it is
         // never written, so zeros there are the end.
         (true, _) => (
@@ -118,6 +126,77 @@ pub fn reseal_target(
     })
 }
 
+/// Where a scan that starts at the checkpointed position really starts.
+/// The batch headers of the segment must chain to that position: a
+/// repair that a crash stopped before it wrote its checkpoint (a cut in
+/// synced data, its tail cleared) leaves the old checkpoint naming a
+/// position past the cut, and scanning from there would take the cleared
+/// bytes for data and append after them, where no read reaches. Then the
+/// segment is scanned from its first batch, everything below the
+/// checkpointed position counting as synced. The walk starts at
+/// `walk_from` (see [`walk_start`]). Pure.
+pub fn checked_start(file: &[u8], params: ScanParams, walk_from: (u64, u64)) -> ScanParams {
+    let header = SEGMENT_HEADER_LEN as u64;
+    if params.from_pos <= header
+        || headers_lead_to(file, walk_from, params.from_pos, params.from_offset)
+    {
+        return params;
+    }
+    ScanParams {
+        from_pos: header,
+        from_offset: params.base_offset,
+        ..params
+    }
+}
+
+/// Where the walk of [`checked_start`] begins: after a crash at the first
+/// batch (the index rebuild on that path walks every header anyway);
+/// after a clean shutdown at the last entry below the checkpointed
+/// position of the index file the close wrote, so the open stays
+/// metadata-sized (C7). A cleared tail zeroes everything from the cut on,
+/// so a walk from any entry crosses it or starts in it.
+fn walk_start(seg: &Segment, params: &ScanParams, p: &ChainParams<'_>) -> (u64, u64) {
+    let first = (SEGMENT_HEADER_LEN as u64, params.base_offset);
+    if !p.clean || params.from_pos <= first.0 {
+        return first;
+    }
+    let Ok(Some(buf)) = seg.read_index_file() else {
+        return first;
+    };
+    let (entries, _) = crate::format::index::decode_index(
+        &buf,
+        params.base_offset,
+        params.from_pos,
+        params.from_offset,
+    );
+    entries.last().map_or(first, |e| {
+        (
+            u64::from(e.position),
+            params.base_offset + u64::from(e.rel_offset),
+        )
+    })
+}
+
+/// Whether the batch headers of `file` from `from` (a position and its
+/// offset) chain to exactly `to_pos`, at offset `to_offset`. Pure.
+fn headers_lead_to(file: &[u8], from: (u64, u64), to_pos: u64, to_offset: u64) -> bool {
+    let (mut pos, mut next) = from;
+    while pos < to_pos {
+        let Some(rest) = usize::try_from(pos).ok().and_then(|at| file.get(at..)) else {
+            return false;
+        };
+        let Ok(h) = batch::parse_header(rest) else {
+            return false;
+        };
+        if h.base_offset.get() != next || h.batch_len.get() == 0 {
+            return false;
+        }
+        next += u64::from(h.record_count.get());
+        pos += u64::from(h.batch_len.get());
+    }
+    pos == to_pos && next == to_offset
+}
+
 /// How a scan's stop cuts the chain: a torn tail is unsynced, corruption
 /// is in synced data. Pure.
 pub fn stop_cut(stop: &ScanStop) -> CutState {
@@ -150,7 +229,11 @@ pub(super) fn keep_segment(
             sealed: true,
             tail_cleared: false,
         },
-        ScanPlan::Scan(params) => scan_and_repair(path, &mut seg, info, &params, &sync, cur, r)?,
+        ScanPlan::Scan(params) => {
+            let walk_from = walk_start(&seg, &params, p);
+            let params = checked_start(seg.raw_for_recovery(), params, walk_from);
+            scan_and_repair(path, &mut seg, info, &params, &sync, cur, r)?
+        }
     };
     let synced = if end.tail_cleared {
         // The cleared tail is not durable yet: until it is, a power loss
@@ -163,8 +246,10 @@ pub(super) fn keep_segment(
     } else if sync.durable_segment {
         end.end_pos
     } else {
+        // Never past the end: a checkpoint that describes another file of
+        // this name (see `plan_scan`) says nothing of this one's bytes.
         sync.checkpoint
-            .map_or(SEGMENT_HEADER_LEN as u64, |c| c.position)
+            .map_or(SEGMENT_HEADER_LEN as u64, |c| c.position.min(end.end_pos))
     };
     seg.set_recovered_end(end.end_pos, end.end_offset, synced, end.sealed);
     if let Some(c) = sync.checkpoint.filter(|c| c.position <= end.end_pos) {
@@ -237,6 +322,16 @@ fn scan_and_repair(
     let (end_pos, end_offset) =
         resealed.map_or((outcome.end_pos, outcome.end_offset), |(o, pos)| (pos, o));
     let mut tail_cleared = false;
+    if p.mode.write && cut_here && info.seal.is_some_and(|(_, seal_pos)| seal_pos > end_pos) {
+        // The seal of a rolled segment cut below it goes first, durably:
+        // a crash after the tail is cleared and before this repair ends
+        // would leave the seal naming the cleared bytes, and the next
+        // open trusts the seal of a segment the checkpoint passed. Without
+        // it, that open scans the segment and finds the cut again.
+        if seg.clear_stale_seal()? {
+            seg.sync_data(p.hook)?;
+        }
+    }
     if p.mode.write && (cut_here || !p.clean) {
         tail_cleared = seg.clear_tail(end_pos)?;
     }

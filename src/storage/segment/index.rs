@@ -237,6 +237,13 @@ impl Segment {
     /// Index entries for the time lookup: first position whose batch may hold
     /// a record with timestamp >= `ts`.
     pub(crate) fn time_hint(&self, ts: i64) -> (u64, u64) {
+        self.time_hint_and_newest_before(ts).0
+    }
+
+    /// [`Segment::time_hint`], with the newest timestamp of the records
+    /// before the hint (`i64::MIN` from the start): a walk from the hint
+    /// sees only the records after it.
+    pub(crate) fn time_hint_and_newest_before(&self, ts: i64) -> ((u64, u64), i64) {
         let end = self.committed_pos();
         let mut guard = self.index.lock();
         if matches!(*guard, IndexState::NotLoaded) {
@@ -248,7 +255,7 @@ impl Segment {
         let i = entries.partition_point(|e| e.max_ts_before < ts);
         let start = (SEGMENT_HEADER_LEN as u64, self.base_offset);
         if i <= 1 {
-            return start;
+            return (start, i64::MIN);
         }
         let e = entries[i - 1];
         let hint = (
@@ -264,9 +271,9 @@ impl Segment {
             && batch::parse_header(self.committed().from(hint.0))
                 .is_ok_and(|h| h.base_offset.get() == hint.1);
         if names_its_batch {
-            hint
+            (hint, e.max_ts_before)
         } else {
-            start
+            (start, i64::MIN)
         }
     }
 }

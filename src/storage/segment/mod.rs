@@ -404,10 +404,9 @@ impl Segment {
         if known != i64::MIN || self.end_offset() == self.base_offset {
             return known;
         }
-        let (mut pos, _) = self.time_hint(i64::MAX);
+        let ((mut pos, _), mut max) = self.time_hint_and_newest_before(i64::MAX);
         let data = self.committed();
         let end = self.committed_pos();
-        let mut max = i64::MIN;
         while pos < end {
             let Ok(h) = batch::parse_header(data.from(pos)) else {
                 break;

@@ -1,0 +1,172 @@
+//! Index files that lie. The sparse index is a cache: an entry that points
+//! past the data, into the middle of a batch, or at the batch of another
+//! offset never makes a read return the wrong record, skip one or fail
+//! on intact data, in the active segment (whose index file a clean close
+//! wrote) or in a rolled one, and `recover` rebuilds it so `verify` is
+//! clean again.
+
+use crate::common;
+use common::log::{quiet, value};
+
+use std::path::{Path, PathBuf};
+
+use fissionlog::{Log, NewRecord, TopicConfig};
+
+const BATCH: u64 = 157;
+const HEADER: u64 = 64;
+/// Records per segment file (whole, in 16 KiB).
+const PER_SEG: u64 = (16 * 1024 - HEADER) / BATCH;
+const N: u64 = PER_SEG + 60;
+
+fn put(log: &Log, i: u64) {
+    let at = log
+        .topic("t")
+        .unwrap()
+        .append_batch(&[NewRecord {
+            key: Some(b"k"),
+            value: &value(i),
+            timestamp: Some(i as i64),
+        }])
+        .unwrap();
+    assert_eq!(at[0].offset, i);
+}
+
+fn idx(base: u64) -> PathBuf {
+    PathBuf::from(format!("topics/t0/p0/{base:020}.idx"))
+}
+
+/// A closed log with a rolled segment of `PER_SEG` records and an active
+/// one of 60.
+fn closed_log(dir: &Path) {
+    let log = Log::open(dir, quiet()).unwrap();
+    log.create_topic(
+        "t",
+        TopicConfig {
+            partitions: 1,
+            segment_bytes: 16 * 1024,
+            index_interval_bytes: 1024,
+            ..TopicConfig::default()
+        },
+    )
+    .unwrap();
+    for i in 0..N {
+        put(&log, i);
+    }
+    log.close().unwrap();
+}
+
+/// An index entry: relative offset, position, newest timestamp before.
+type Entry = (u32, u32, i64);
+
+/// An index file for the segment at `base` with `entries`.
+fn index_file(base: u64, entries: &[Entry]) -> Vec<u8> {
+    let mut v = b"FSNLIDX\0".to_vec();
+    v.extend_from_slice(&base.to_le_bytes());
+    for &(rel, pos, ts) in entries {
+        v.extend_from_slice(&rel.to_le_bytes());
+        v.extend_from_slice(&pos.to_le_bytes());
+        v.extend_from_slice(&ts.to_le_bytes());
+    }
+    v
+}
+
+/// Reads every offset on its own (each read starts at an index lookup) and
+/// checks the record.
+fn each_offset_reads_its_record(log: &Log, what: &str) {
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    assert_eq!(p.end_offset(), N, "{what}");
+    for o in 0..N {
+        let b = p
+            .read(o, 1)
+            .unwrap_or_else(|e| panic!("{what}: read {o}: {e}"));
+        let r = b
+            .iter()
+            .next()
+            .unwrap_or_else(|| panic!("{what}: read {o}: empty"));
+        assert_eq!(r.offset, o, "{what}");
+        assert_eq!(r.value, value(o).as_slice(), "{what}: record {o}");
+    }
+    for o in [0, 1, PER_SEG - 1, PER_SEG, N - 1] {
+        assert_eq!(
+            p.offset_for_time(o as i64).unwrap(),
+            Some(o),
+            "{what}: time lookup of {o}"
+        );
+    }
+}
+
+/// Lies about the segment at `base` (holding `count` records from
+/// `base`): past the data, into a batch, at another offset's batch.
+fn lies(base: u64, count: u64) -> Vec<(&'static str, Vec<Entry>)> {
+    let pos = |rel: u64| (HEADER + rel * BATCH) as u32;
+    let ts = |rel: u64| (base + rel) as i64 - 1;
+    let (a, b) = (count / 3, 2 * count / 3);
+    vec![
+        (
+            "an entry past the data",
+            vec![(0, pos(0), i64::MIN), (a as u32, pos(count) + 500, ts(a))],
+        ),
+        (
+            "an entry into the middle of a batch",
+            vec![(0, pos(0), i64::MIN), (a as u32, pos(a) + 7, ts(a))],
+        ),
+        (
+            "an entry at the batch of a later offset",
+            vec![(0, pos(0), i64::MIN), (a as u32, pos(b), ts(a))],
+        ),
+        (
+            "an entry at the batch of an earlier offset",
+            vec![(0, pos(0), i64::MIN), (b as u32, pos(a), ts(b))],
+        ),
+        (
+            "a last entry into a batch after a true one",
+            vec![
+                (0, pos(0), i64::MIN),
+                (a as u32, pos(a), ts(a)),
+                (b as u32, pos(b) + 1, ts(b)),
+            ],
+        ),
+    ]
+}
+
+#[test]
+fn lying_index_entries_never_change_what_a_read_returns() {
+    for (seg_base, count) in [(0, PER_SEG), (PER_SEG, N - PER_SEG)] {
+        for (what, entries) in lies(seg_base, count) {
+            let what = format!("segment {seg_base}: {what}");
+            let dir = tempfile::tempdir().unwrap();
+            closed_log(dir.path());
+            std::fs::write(
+                dir.path().join(idx(seg_base)),
+                index_file(seg_base, &entries),
+            )
+            .unwrap();
+            let log =
+                Log::open(dir.path(), quiet()).unwrap_or_else(|e| panic!("{what}: open: {e}"));
+            each_offset_reads_its_record(&log, &what);
+            // Appends after the lie continue the chain and read back.
+            log.close().unwrap();
+            let log = Log::open(dir.path(), quiet()).unwrap();
+            each_offset_reads_its_record(&log, &format!("{what}, reopened"));
+            log.close().unwrap();
+            // A full scan (what `recover` runs) rewrites the stale cache:
+            // `verify` finds nothing after it.
+            let log = Log::open(
+                dir.path(),
+                fissionlog::LogOptions {
+                    full_scan: true,
+                    ..quiet()
+                },
+            )
+            .unwrap_or_else(|e| panic!("{what}: full scan open: {e}"));
+            each_offset_reads_its_record(&log, &format!("{what}, after a full scan"));
+            log.close().unwrap();
+            let (_, problems) =
+                fissionlog::verify(dir.path()).unwrap_or_else(|e| panic!("{what}: verify: {e}"));
+            assert!(
+                problems.is_empty(),
+                "{what}: verify after a full scan: {problems:#?}"
+            );
+        }
+    }
+}

@@ -30,10 +30,12 @@
 
 pub mod error;
 pub mod frame;
+pub mod state_machine;
 pub mod types;
 pub mod vote;
 
 pub use error::{Error, Result};
 pub use frame::{FrameCodec, PeerMessage, RaftRequest, RaftResponse};
+pub use state_machine::{CommittedEndSink, PartitionState, PartitionStateMachine};
 pub use types::{Command, CommandResponse, GroupId, NodeId, ProducerStamp, RecordIn, TypeConfig};
 pub use vote::{DirLock, StdVoteIo, VoteFile, VoteIo};

@@ -28,8 +28,10 @@
 
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod error;
 pub mod frame;
+pub mod network;
 pub mod state_machine;
 pub mod types;
 pub mod vote;

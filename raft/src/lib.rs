@@ -31,6 +31,7 @@
 pub mod client;
 pub mod error;
 pub mod frame;
+pub mod mem_log;
 pub mod network;
 pub mod state_machine;
 pub mod types;

@@ -53,6 +53,14 @@ pub enum ClientCall {
         /// The partition group.
         group: GroupId,
     },
+    /// Initialise the group with these voters (id, address); with none,
+    /// the node's configured peers.
+    Initialize {
+        /// The partition group.
+        group: GroupId,
+        /// The voters.
+        members: Vec<(NodeId, String)>,
+    },
 }
 
 /// A client's response.
@@ -103,6 +111,8 @@ pub enum ClientReply {
         /// The high watermark on this node.
         committed_end: u64,
     },
+    /// The group was initialised.
+    Initialized,
     /// The call failed; the reason is for people.
     Failed {
         /// What went wrong.

@@ -33,6 +33,7 @@ pub mod error;
 pub mod frame;
 pub mod mem_log;
 pub mod network;
+pub mod node;
 pub mod state_machine;
 pub mod types;
 pub mod vote;

@@ -433,3 +433,6 @@ fn api_error(g: &Group, e: ClientWriteError<NodeId, BasicNode>) -> ClientReply {
         },
     }
 }
+
+#[cfg(test)]
+mod tests;

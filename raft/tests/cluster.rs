@@ -420,3 +420,25 @@ fn a_killed_leader_is_replaced_and_every_acknowledged_append_is_read_back_at_its
             .expect("the scenario finished within its deadline");
     });
 }
+
+#[test]
+fn a_node_stops_cleanly_on_sigterm() {
+    let mut node = NodeProc::start(1);
+    let sent = Command::new("kill")
+        .args(["-TERM", &node.child.id().to_string()])
+        .status()
+        .expect("run kill(1)");
+    assert!(sent.success());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = node.child.try_wait().expect("wait for the node") {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the node did not stop after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit status {status:?}");
+}

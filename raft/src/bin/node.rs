@@ -105,7 +105,11 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(run(args)) {
+    let result = runtime.block_on(run(args));
+    // The stdin watcher sits in a blocking read(2) that nothing can
+    // cancel; do not wait for it.
+    runtime.shutdown_background();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{e}");
@@ -115,6 +119,9 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    // Before anything else, so a SIGTERM sent as soon as the node says it
+    // listens is a clean stop, not the default kill.
+    let stop = StopSignals::install()?;
     std::fs::create_dir_all(&args.dir)
         .map_err(|e| format!("cannot create {}: {e}", args.dir.display()))?;
     let listener = TcpListener::bind(&args.listen)
@@ -140,32 +147,44 @@ async fn run(args: Args) -> Result<(), String> {
     .map_err(|e| format!("cannot serve: {e}"))?;
     println!("listening {local}");
 
-    wait_for_stop(args.exit_on_stdin_close).await?;
+    stop.wait(args.exit_on_stdin_close).await;
     server.shutdown();
     node.shutdown().await;
     Ok(())
 }
 
-async fn wait_for_stop(watch_stdin: bool) -> Result<(), String> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT: {e}"))?;
-    let stdin_closed = async {
-        if !watch_stdin {
-            return std::future::pending().await;
-        }
-        let mut stdin = tokio::io::stdin();
-        let mut buf = [0u8; 64];
-        while let Ok(n) = stdin.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-        _ = stdin_closed => {}
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> Result<StopSignals, String> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?,
+            int: signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT: {e}"))?,
+        })
     }
-    Ok(())
+
+    /// Returns on SIGTERM, SIGINT or (with `watch_stdin`) the end of stdin.
+    async fn wait(mut self, watch_stdin: bool) {
+        let stdin_closed = async {
+            if !watch_stdin {
+                return std::future::pending().await;
+            }
+            let mut stdin = tokio::io::stdin();
+            let mut buf = [0u8; 64];
+            while let Ok(n) = stdin.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        };
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+            _ = stdin_closed => {}
+        }
+    }
 }

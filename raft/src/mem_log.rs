@@ -47,6 +47,11 @@ impl Inner {
     }
 }
 
+/// A panic while the log was locked: its content is not trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the in-memory log stopped after a panic")]
+pub struct LogPoisoned;
+
 /// A group's log and vote, in memory. Cheap to clone: clones share them.
 #[derive(Debug, Clone, Default)]
 pub struct MemLogStore {
@@ -59,14 +64,15 @@ impl MemLogStore {
         MemLogStore::default()
     }
 
+    fn guard(&self) -> Result<std::sync::MutexGuard<'_, Inner>, LogPoisoned> {
+        self.inner.lock().map_err(|_| LogPoisoned)
+    }
+
+    // openraft's trait methods all return `StorageError`; this feeds them.
+    #[allow(clippy::result_large_err)]
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StorageError<NodeId>> {
-        self.inner.lock().map_err(|_| {
-            StorageIOError::new(
-                ErrorSubject::Logs,
-                ErrorVerb::Read,
-                AnyError::error("log lock poisoned by a panic"),
-            )
-            .into()
+        self.guard().map_err(|e| {
+            StorageIOError::new(ErrorSubject::Logs, ErrorVerb::Read, AnyError::new(&e)).into()
         })
     }
 
@@ -77,8 +83,8 @@ impl MemLogStore {
         from_offset: u64,
         max_records: usize,
         committed_end: u64,
-    ) -> Result<Vec<ReadRecord>, StorageError<NodeId>> {
-        let inner = self.lock()?;
+    ) -> Result<Vec<ReadRecord>, LogPoisoned> {
+        let inner = self.guard()?;
         let start_index = inner
             .by_offset
             .range(..=from_offset)

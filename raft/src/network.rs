@@ -135,12 +135,15 @@ pub enum TransportError {
     Encode(#[source] crate::error::Error),
 }
 
+/// Each peer's address and the link to it.
+type Links = HashMap<NodeId, (String, Arc<PeerLink>)>;
+
 /// This node's outgoing connections, one per peer. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Network {
     me: NodeId,
     cfg: NetworkConfig,
-    links: Arc<Mutex<HashMap<NodeId, (String, Arc<PeerLink>)>>>,
+    links: Arc<Mutex<Links>>,
 }
 
 impl Network {

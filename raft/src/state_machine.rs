@@ -131,6 +131,8 @@ impl PartitionStateMachine {
         Ok(f(&shared.state))
     }
 
+    // openraft's trait methods all return `StorageError`; this feeds them.
+    #[allow(clippy::result_large_err)]
     fn lock(&self) -> Result<MutexGuard<'_, Shared>, StorageError<NodeId>> {
         // A poisoned lock means an apply panicked half-way: the state may
         // be inconsistent, so the group stops rather than go on with it.

@@ -55,12 +55,13 @@ async fn committed_reads_take_dense_offsets_skip_control_entries_and_stop_at_the
         log_id: LogId::new(CommittedLeaderId::new(1, 1), 1),
         payload: EntryPayload::Blank,
     };
-    let mut inner = log.lock().expect("fresh lock");
-    inner.push(blank);
-    inner.push(data(2, &["a", "b"]));
-    inner.push(data(3, &["c"]));
-    inner.push(data(4, &["d", "e"]));
-    drop(inner);
+    {
+        let mut inner = log.guard().expect("fresh lock");
+        inner.push(blank);
+        inner.push(data(2, &["a", "b"]));
+        inner.push(data(3, &["c"]));
+        inner.push(data(4, &["d", "e"]));
+    }
     let all = log.read_committed(0, 100, 4).expect("in memory");
     assert_eq!(
         keys(&all),
@@ -77,7 +78,7 @@ async fn committed_reads_take_dense_offsets_skip_control_entries_and_stop_at_the
     log.truncate(LogId::new(CommittedLeaderId::new(1, 1), 3))
         .await
         .expect("in memory");
-    log.lock().expect("lock").push(data(3, &["x"]));
+    log.guard().expect("lock").push(data(3, &["x"]));
     let after = log.read_committed(0, 100, 3).expect("in memory");
     assert_eq!(
         keys(&after),

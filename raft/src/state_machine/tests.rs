@@ -302,7 +302,7 @@ fn a_snapshot_whose_state_disagrees_with_its_metadata_is_refused() {
 
 /// One generated operation: an append (with or without a stamp drawn from
 /// a small space, so retries, gaps and epochs collide) or a seal.
-fn entry_strategy() -> impl Strategy<Value = (Option<(u64, u32, u64)>, usize, bool)> {
+fn entry_strategy() -> impl Strategy<Value = Op> {
     (
         proptest::option::of((0u64..3, 0u32..2, 0u64..6)),
         1usize..4,
@@ -310,7 +310,11 @@ fn entry_strategy() -> impl Strategy<Value = (Option<(u64, u32, u64)>, usize, bo
     )
 }
 
-fn entries_from(ops: &[(Option<(u64, u32, u64)>, usize, bool)]) -> Vec<Entry> {
+/// A generated entry: an optional (producer, epoch, sequence), a record
+/// count, and whether it is a seal instead.
+type Op = (Option<(u64, u32, u64)>, usize, bool);
+
+fn entries_from(ops: &[Op]) -> Vec<Entry> {
     ops.iter()
         .enumerate()
         .map(|(i, (st, n, seal))| {

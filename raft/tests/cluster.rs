@@ -178,9 +178,12 @@ async fn produce(
             };
             match conn.call(call, CALL_TIMEOUT).await {
                 Ok(ClientReply::Applied(
-                    CommandResponse::Appended { base_offset, .. }
-                    | CommandResponse::Duplicate { base_offset, .. },
+                    answer @ (CommandResponse::Appended { base_offset, .. }
+                    | CommandResponse::Duplicate { base_offset, .. }),
                 )) => {
+                    if matches!(answer, CommandResponse::Duplicate { .. }) {
+                        eprintln!("producer {id} sequence {seq}: a retry found its first copy");
+                    }
                     lock(&acks).push(Ack {
                         key: key.clone(),
                         seq,

@@ -229,7 +229,7 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
         let mut inner = self.lock()?;
-        let keep = inner.entries.split_off(&(log_id.index + 1));
+        let keep = inner.entries.split_off(&log_id.index.saturating_add(1));
         inner.entries = keep;
         inner.by_offset.retain(|_, i| *i > log_id.index);
         inner.last_purged = Some(log_id);

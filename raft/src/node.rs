@@ -39,6 +39,9 @@ use crate::types::{Command, CommandResponse, GroupId, NodeId, ProducerStamp, Rec
 
 /// Most records one read call returns.
 pub const MAX_READ_RECORDS: u32 = 10_000;
+/// Most payload bytes one read call returns (beyond its first record):
+/// half the default frame maximum, so an answer always fits a frame.
+pub const MAX_READ_BYTES: usize = (crate::frame::DEFAULT_MAX_FRAME_BYTES / 2) as usize;
 
 /// openraft's timing for fissionlog groups: heartbeats every 60 ms, an
 /// election after 300–600 ms of silence. openraft 0.9 also refuses votes
@@ -245,10 +248,23 @@ fn read(g: &Group, from_offset: u64, max_records: u32) -> ClientReply {
     };
     let max = max_records.min(MAX_READ_RECORDS) as usize;
     match g.log.read_committed(from_offset, max, committed_end) {
-        Ok(records) => ClientReply::Records {
-            records,
-            committed_end,
-        },
+        Ok(mut records) => {
+            // The answer must fit one frame: keep at least one record and
+            // stop before the payload bytes pass the bound.
+            let mut bytes = 0usize;
+            let keep = records
+                .iter()
+                .position(|r| {
+                    bytes += r.value.len() + r.key.as_ref().map_or(0, Vec::len) + 32;
+                    bytes > MAX_READ_BYTES
+                })
+                .map_or(records.len(), |i| i.max(1));
+            records.truncate(keep);
+            ClientReply::Records {
+                records,
+                committed_end,
+            }
+        }
         Err(e) => ClientReply::Failed {
             reason: e.to_string(),
         },

@@ -65,8 +65,8 @@ impl ConnectionErrors {
     }
 }
 
-/// A running server; dropping it does not stop it, [`Server::shutdown`]
-/// does.
+/// A running server. [`Server::shutdown`] stops it, and so does dropping
+/// it: keep it for as long as the node serves.
 #[derive(Debug)]
 pub struct Server {
     stop: watch::Sender<bool>,

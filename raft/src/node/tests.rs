@@ -152,3 +152,27 @@ async fn a_node_that_does_not_lead_the_group_answers_not_leader() {
     ));
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_read_answer_stops_before_it_outgrows_a_frame() {
+    let node = single_node().await;
+    let big = vec![7u8; MAX_READ_BYTES / 3 + 1];
+    for _ in 0..4 {
+        let append = ClientCall::Append {
+            group: G,
+            producer: None,
+            records: vec![RecordIn {
+                key: None,
+                value: big.clone(),
+                timestamp_ms: 0,
+            }],
+        };
+        assert!(matches!(
+            node.handle(append).await,
+            ClientReply::Applied(CommandResponse::Appended { .. })
+        ));
+    }
+    let offsets: Vec<u64> = committed(&node).await.iter().map(|r| r.0).collect();
+    assert_eq!(offsets, vec![0, 1]);
+    node.shutdown().await;
+}

@@ -445,3 +445,18 @@ fn a_node_stops_cleanly_on_sigterm() {
     };
     assert!(status.success(), "exit status {status:?}");
 }
+
+#[test]
+fn a_node_without_its_required_options_exits_with_a_usage_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_fissionlog-raft"))
+        .args(["--node-id", "x"])
+        .output()
+        .expect("run the node binary");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--node-id \"x\" is not a number"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("usage:"), "{stderr}");
+}

@@ -1,7 +1,7 @@
 //! Replication for fissionlog on openraft 0.9.25 (`storage-v2`).
 //!
-//! The design is docs/REPLICATION.md. This crate holds the first pieces
-//! of it, each under its own tests:
+//! The design is docs/REPLICATION.md. This crate holds these pieces of
+//! it, each under its own tests:
 //!
 //! - [`TypeConfig`]: openraft's type configuration for every fissionlog
 //!   group, with the [`Command`]s a partition group's log carries;
@@ -11,29 +11,38 @@
 //!   loss keeps;
 //! - [`FrameCodec`]: the node-to-node frames (length prefix, version byte,
 //!   postcard payload, a maximum size checked before buffering) and the
-//!   [`PeerMessage`]s they carry.
+//!   [`PeerMessage`]s they carry;
+//! - [`state_machine`]: the partition group's state machine (high
+//!   watermark, producer dedup, membership, seal) and its snapshots;
+//! - [`network`]: the node-to-node transport (one shared connection per
+//!   node pair) and the server; [`client`]: the client calls;
+//! - [`node`]: a node hosting groups, and the `fissionlog-raft` binary.
 //!
 //! ## Not done yet
 //!
-//! Nothing here runs a Raft group. Missing, in the order docs/REPLICATION.md
-//! builds them: the library additions (Raft log ids in batch format 2,
-//! control batches, truncation after an index, the index translator); the
-//! `RaftLogStorage`/`RaftLogReader` on a partition, with openraft's storage
-//! test suite; the state machine and its snapshot; the transport's
-//! connection manager and `RaftNetworkFactory`; the controller group;
-//! splits across nodes; the multi-process tests and benchmarks.
+//! The node's groups run on [`mem_log::MemLogStore`], an in-memory log: a
+//! stepping stone, not replication (nothing is durable). Missing: the
+//! library additions and the `RaftLogStorage` on a partition with
+//! openraft's storage suite; the controller group; splits across nodes;
+//! the fault campaigns and benchmarks (docs/REPLICATION.md, "Status").
 //!
 //! The single-node library does not depend on this crate: a broker that
 //! does not replicate compiles none of openraft, tokio or postcard.
 
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod error;
 pub mod frame;
+pub mod mem_log;
+pub mod network;
+pub mod node;
+pub mod state_machine;
 pub mod types;
 pub mod vote;
 
 pub use error::{Error, Result};
 pub use frame::{FrameCodec, PeerMessage, RaftRequest, RaftResponse};
+pub use state_machine::{CommittedEndSink, PartitionState, PartitionStateMachine};
 pub use types::{Command, CommandResponse, GroupId, NodeId, ProducerStamp, RecordIn, TypeConfig};
 pub use vote::{DirLock, StdVoteIo, VoteFile, VoteIo};

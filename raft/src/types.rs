@@ -94,6 +94,29 @@ pub enum CommandResponse {
         /// The seal offset (exclusive end).
         end_offset: u64,
     },
+    /// The batch's first sequence is not the producer's next one (a gap,
+    /// or a batch older than the ones the dedup table remembers).
+    OutOfOrderSequence {
+        /// The producer.
+        producer_id: u64,
+        /// The sequence the partition expected next.
+        expected: u64,
+        /// The batch's first sequence.
+        received: u64,
+    },
+    /// The batch's producer epoch is older than the partition's: a newer
+    /// instance of that producer has fenced this one.
+    ProducerFenced {
+        /// The producer.
+        producer_id: u64,
+        /// The batch's epoch.
+        epoch: u32,
+        /// The epoch the partition knows.
+        current_epoch: u32,
+    },
+    /// A Raft control entry (blank, membership) was applied; it takes no
+    /// offset.
+    Control,
 }
 
 openraft::declare_raft_types!(

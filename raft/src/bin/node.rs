@@ -1,0 +1,190 @@
+//! `fissionlog-raft`: one fissionlog node.
+//!
+//! ```text
+//! fissionlog-raft --dir DIR --node-id N --listen HOST:PORT
+//!                 [--peers ID=HOST:PORT,...] [--groups N] [--exit-on-stdin-close]
+//! ```
+//!
+//! It hosts partition groups `(topic 0, partition 0..N)`, listens for peers
+//! and clients on one port (port 0: the OS picks; the chosen address is
+//! printed as `listening HOST:PORT` on stdout once it serves), and stops
+//! cleanly on SIGTERM or SIGINT (and, with `--exit-on-stdin-close`, when
+//! its stdin closes, so a test harness that dies takes its nodes with it).
+//! Exit codes: 0 after a clean stop, 1 when it cannot start, 2 on a usage
+//! error.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use fissionlog_raft::network::{Network, NetworkConfig, Server};
+use fissionlog_raft::node::Node;
+use fissionlog_raft::types::{GroupId, NodeId};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpListener;
+
+#[derive(Debug)]
+struct Args {
+    dir: PathBuf,
+    node_id: NodeId,
+    listen: String,
+    peers: BTreeMap<NodeId, String>,
+    groups: u32,
+    exit_on_stdin_close: bool,
+}
+
+const USAGE: &str = "usage: fissionlog-raft --dir DIR --node-id N --listen HOST:PORT \
+[--peers ID=HOST:PORT,...] [--groups N] [--exit-on-stdin-close]";
+
+fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+    let (mut dir, mut node_id, mut listen) = (None, None, None);
+    let mut peers = BTreeMap::new();
+    let mut groups = 1u32;
+    let mut exit_on_stdin_close = false;
+    while let Some(flag) = it.next() {
+        if flag == "--exit-on-stdin-close" {
+            exit_on_stdin_close = true;
+            continue;
+        }
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--dir" => dir = Some(PathBuf::from(value)),
+            "--node-id" => {
+                node_id = Some(
+                    value
+                        .parse::<NodeId>()
+                        .map_err(|_| format!("--node-id {value:?} is not a number"))?,
+                )
+            }
+            "--listen" => listen = Some(value),
+            "--groups" => {
+                groups = value
+                    .parse()
+                    .map_err(|_| format!("--groups {value:?} is not a number"))?
+            }
+            "--peers" => {
+                for p in value.split(',').filter(|p| !p.is_empty()) {
+                    let (id, addr) = p
+                        .split_once('=')
+                        .ok_or_else(|| format!("peer {p:?} is not ID=HOST:PORT"))?;
+                    let id = id
+                        .parse::<NodeId>()
+                        .map_err(|_| format!("peer id {id:?} is not a number"))?;
+                    peers.insert(id, addr.to_string());
+                }
+            }
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    Ok(Args {
+        dir: dir.ok_or("--dir is required")?,
+        node_id: node_id.ok_or("--node-id is required")?,
+        listen: listen.ok_or("--listen is required")?,
+        peers,
+        groups,
+        exit_on_stdin_close,
+    })
+}
+
+fn main() -> ExitCode {
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(run(args));
+    // The stdin watcher sits in a blocking read(2) that nothing can
+    // cancel; do not wait for it.
+    runtime.shutdown_background();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    // Before anything else, so a SIGTERM sent as soon as the node says it
+    // listens is a clean stop, not the default kill.
+    let stop = StopSignals::install()?;
+    std::fs::create_dir_all(&args.dir)
+        .map_err(|e| format!("cannot create {}: {e}", args.dir.display()))?;
+    let listener = TcpListener::bind(&args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| format!("no local address: {e}"))?;
+    let mut peers = args.peers.clone();
+    peers.insert(args.node_id, local.to_string());
+    let cfg = NetworkConfig::default();
+    let network = Network::new(args.node_id, cfg.clone());
+    let groups: Vec<GroupId> = (0..args.groups).map(|p| GroupId::partition(0, p)).collect();
+    let node = Node::start(args.node_id, &groups, peers, &network)
+        .await
+        .map_err(|e| e.to_string())?;
+    let server = Server::start(
+        listener,
+        cfg,
+        std::sync::Arc::new(node.registry()),
+        Some(std::sync::Arc::new(node.clone())),
+    )
+    .map_err(|e| format!("cannot serve: {e}"))?;
+    println!("listening {local}");
+
+    stop.wait(args.exit_on_stdin_close).await;
+    server.shutdown();
+    node.shutdown().await;
+    Ok(())
+}
+
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> Result<StopSignals, String> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?,
+            int: signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT: {e}"))?,
+        })
+    }
+
+    /// Returns on SIGTERM, SIGINT or (with `watch_stdin`) the end of stdin.
+    async fn wait(mut self, watch_stdin: bool) {
+        let stdin_closed = async {
+            if !watch_stdin {
+                return std::future::pending().await;
+            }
+            let mut stdin = tokio::io::stdin();
+            let mut buf = [0u8; 64];
+            while let Ok(n) = stdin.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        };
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+            _ = stdin_closed => {}
+        }
+    }
+}

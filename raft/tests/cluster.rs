@@ -1,0 +1,462 @@
+//! Three node processes on 127.0.0.1: a group initialised over them,
+//! idempotent producers appending with `acks=quorum`, the leader killed
+//! with SIGKILL part-way, a new leader serving, and a history check over
+//! everything acknowledged and read.
+//!
+//! Bounded: every node is killed when the harness drops (and exits by
+//! itself when its stdin closes, should the harness die), and the whole
+//! run has a hard deadline.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fissionlog_raft::client::{ClientCall, ClientReply, NodeClient, ReadRecord};
+use fissionlog_raft::types::{CommandResponse, GroupId, NodeId, ProducerStamp, RecordIn};
+
+const DEADLINE: Duration = Duration::from_secs(120);
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+const PRODUCERS: u64 = 8;
+/// Appends acknowledged before the kill, and by the new leader after it.
+const ACKS_PER_PHASE: usize = 80;
+const GROUP: GroupId = GroupId(0);
+
+/// A node process, SIGKILLed when dropped.
+struct NodeProc {
+    id: NodeId,
+    addr: String,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl NodeProc {
+    fn start(id: NodeId) -> NodeProc {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fissionlog-raft"))
+            .arg("--dir")
+            .arg(dir.path())
+            .args(["--node-id", &id.to_string(), "--listen", "127.0.0.1:0"])
+            .arg("--exit-on-stdin-close")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the node binary");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut line = String::new();
+        // The node prints its address once it serves; a node that dies
+        // first closes stdout and the read returns empty.
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the node's first line");
+        let addr = line
+            .strip_prefix("listening ")
+            .unwrap_or_else(|| panic!("node {id} did not start: {line:?}"))
+            .trim()
+            .to_string();
+        NodeProc {
+            id,
+            addr,
+            child,
+            _dir: dir,
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Where producers send: the addresses of the live nodes and the leader
+/// last heard of.
+#[derive(Default)]
+struct Routing {
+    alive: BTreeMap<NodeId, String>,
+    leader: Option<NodeId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Ack {
+    key: String,
+    seq: u64,
+    offset: u64,
+    by: NodeId,
+}
+
+async fn call(addr: &str, call: ClientCall) -> Option<ClientReply> {
+    let mut c = NodeClient::connect(addr, CALL_TIMEOUT).await.ok()?;
+    c.call(call, CALL_TIMEOUT).await.ok()
+}
+
+async fn leader_of(routing: &Mutex<Routing>) -> Option<NodeId> {
+    let alive: Vec<(NodeId, String)> = lock(routing)
+        .alive
+        .iter()
+        .map(|(i, a)| (*i, a.clone()))
+        .collect();
+    for (_, addr) in &alive {
+        if let Some(ClientReply::Status {
+            leader: Some(l), ..
+        }) = call(addr, ClientCall::Status { group: GROUP }).await
+        {
+            if alive.iter().any(|(i, _)| *i == l) {
+                return Some(l);
+            }
+        }
+    }
+    None
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One idempotent producer: key `k{id}`, values `k{id}:{seq}`, one batch
+/// of one record per sequence, each retried (same stamp) until acked, and
+/// so on until `stop`.
+async fn produce(
+    id: u64,
+    routing: Arc<Mutex<Routing>>,
+    acks: Arc<Mutex<Vec<Ack>>>,
+    stop: Arc<AtomicBool>,
+) {
+    let key = format!("k{id}");
+    let mut conns: HashMap<NodeId, NodeClient> = HashMap::new();
+    for seq in 0.. {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let stamp = ProducerStamp {
+            producer_id: id,
+            epoch: 0,
+            first_sequence: seq,
+        };
+        let records = vec![RecordIn {
+            key: Some(key.clone().into_bytes()),
+            value: format!("{key}:{seq}").into_bytes(),
+            timestamp_ms: 0,
+        }];
+        loop {
+            let target = {
+                let r = lock(&routing);
+                r.leader
+                    .and_then(|l| r.alive.get(&l).map(|a| (l, a.clone())))
+                    .or_else(|| r.alive.iter().next().map(|(i, a)| (*i, a.clone())))
+            };
+            let Some((node, addr)) = target else {
+                panic!("no live node");
+            };
+            if let std::collections::hash_map::Entry::Vacant(e) = conns.entry(node) {
+                match NodeClient::connect(&addr, CALL_TIMEOUT).await {
+                    Ok(c) => {
+                        e.insert(c);
+                    }
+                    Err(_) => {
+                        lock(&routing).leader = None;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                }
+            }
+            let Some(conn) = conns.get_mut(&node) else {
+                continue;
+            };
+            let call = ClientCall::Append {
+                group: GROUP,
+                producer: Some(stamp),
+                records: records.clone(),
+            };
+            match conn.call(call, CALL_TIMEOUT).await {
+                Ok(ClientReply::Applied(
+                    answer @ (CommandResponse::Appended { base_offset, .. }
+                    | CommandResponse::Duplicate { base_offset, .. }),
+                )) => {
+                    if matches!(answer, CommandResponse::Duplicate { .. }) {
+                        eprintln!("producer {id} sequence {seq}: a retry found its first copy");
+                    }
+                    lock(&acks).push(Ack {
+                        key: key.clone(),
+                        seq,
+                        offset: base_offset,
+                        by: node,
+                    });
+                    break;
+                }
+                Ok(ClientReply::Applied(other)) => {
+                    panic!("producer {id} sequence {seq} refused: {other:?}")
+                }
+                Ok(ClientReply::NotLeader { leader, .. }) => {
+                    {
+                        let mut r = lock(&routing);
+                        r.leader = leader.filter(|l| r.alive.contains_key(l) && *l != node);
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(_) | Err(_) => {
+                    conns.remove(&node);
+                    {
+                        // Try the next live node after this one.
+                        let mut r = lock(&routing);
+                        let next = r
+                            .alive
+                            .range(node + 1..)
+                            .next()
+                            .or_else(|| r.alive.iter().next())
+                            .map(|(i, _)| *i);
+                        r.leader = next;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Reads every committed record of the group from `addr`.
+async fn read_all(addr: &str) -> Option<(Vec<ReadRecord>, u64)> {
+    let mut c = NodeClient::connect(addr, CALL_TIMEOUT).await.ok()?;
+    let mut out = Vec::new();
+    loop {
+        let reply = c
+            .call(
+                ClientCall::Read {
+                    group: GROUP,
+                    from_offset: out.len() as u64,
+                    max_records: 1000,
+                },
+                CALL_TIMEOUT,
+            )
+            .await
+            .ok()?;
+        let ClientReply::Records {
+            records,
+            committed_end,
+        } = reply
+        else {
+            return None;
+        };
+        if records.is_empty() {
+            return Some((out, committed_end));
+        }
+        out.extend(records);
+    }
+}
+
+async fn scenario(nodes: &mut [NodeProc]) {
+    let members: Vec<(NodeId, String)> = nodes.iter().map(|n| (n.id, n.addr.clone())).collect();
+    let init = call(
+        &nodes[0].addr,
+        ClientCall::Initialize {
+            group: GROUP,
+            members: members.clone(),
+        },
+    )
+    .await;
+    assert_eq!(init, Some(ClientReply::Initialized));
+
+    let routing = Arc::new(Mutex::new(Routing {
+        alive: members.iter().cloned().collect(),
+        leader: None,
+    }));
+    let acks = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (1..=PRODUCERS)
+        .map(|id| tokio::spawn(produce(id, routing.clone(), acks.clone(), stop.clone())))
+        .collect();
+
+    // A consumer reading committed records while all this goes on.
+    let observed = Arc::new(Mutex::new(Vec::<ReadRecord>::new()));
+    let reading = {
+        let (routing, observed) = (routing.clone(), observed.clone());
+        tokio::spawn(async move {
+            loop {
+                let addrs: Vec<String> = lock(&routing).alive.values().cloned().collect();
+                for a in addrs {
+                    if let Some((records, _)) = read_all(&a).await {
+                        lock(&observed).extend(records);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    // Kill the leader once the producers are well under way.
+    while lock(&acks).len() < ACKS_PER_PHASE {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let leader = loop {
+        if let Some(l) = leader_of(&routing).await {
+            break l;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let killed_at = Instant::now();
+    if let Some(n) = nodes.iter_mut().find(|n| n.id == leader) {
+        n.kill();
+    }
+    lock(&routing).alive.remove(&leader);
+    eprintln!("killed leader node {leader}");
+
+    // A new leader serves: appends acknowledged by another node.
+    let acked_before = lock(&acks).len();
+    let mut first_after = None;
+    loop {
+        let by_new = lock(&acks)[acked_before..]
+            .iter()
+            .filter(|a| a.by != leader)
+            .count();
+        if by_new > 0 && first_after.is_none() {
+            first_after = Some(killed_at.elapsed());
+        }
+        if by_new >= ACKS_PER_PHASE {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("a new leader acknowledged an append {first_after:?} after the kill");
+    stop.store(true, Ordering::SeqCst);
+    for p in producers {
+        p.await.expect("a producer panicked");
+    }
+    reading.abort();
+    let acks = lock(&acks).clone();
+
+    // The survivors converge on one committed log.
+    let survivors: Vec<String> = lock(&routing).alive.values().cloned().collect();
+    let max_acked = acks.iter().map(|a| a.offset + 1).max().unwrap_or(0);
+    let logs = loop {
+        let mut logs = Vec::new();
+        for a in &survivors {
+            logs.push(read_all(a).await);
+        }
+        let settled = logs
+            .iter()
+            .all(|l| matches!(l, Some((r, end)) if *end >= max_acked && r.len() as u64 == *end));
+        if settled && logs.windows(2).all(|w| w[0] == w[1]) {
+            break logs;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let (final_log, _) = logs[0].clone().expect("settled logs are present");
+    check_history(&acks, &lock(&observed), &final_log);
+}
+
+fn check_history(acks: &[Ack], observed: &[ReadRecord], final_log: &[ReadRecord]) {
+    let text = |r: &ReadRecord| {
+        (
+            String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned(),
+            String::from_utf8_lossy(&r.value).into_owned(),
+        )
+    };
+    for (i, r) in final_log.iter().enumerate() {
+        assert_eq!(r.offset, i as u64, "offsets are dense");
+    }
+    for a in acks {
+        let r = final_log
+            .get(a.offset as usize)
+            .unwrap_or_else(|| panic!("acknowledged {a:?} is past the committed log"));
+        assert_eq!(
+            text(r),
+            (a.key.clone(), format!("{}:{}", a.key, a.seq)),
+            "acknowledged append is read back at its offset"
+        );
+    }
+    for r in observed {
+        assert_eq!(
+            final_log.get(r.offset as usize),
+            Some(r),
+            "a record read during the run is in the final committed log"
+        );
+    }
+    let mut per_key: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for r in final_log {
+        let (key, value) = text(r);
+        let seq = value
+            .rsplit(':')
+            .next()
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("a value the test did not write: {value:?}"));
+        per_key.entry(key).or_default().push(seq);
+    }
+    let mut acked_per_key: BTreeMap<String, HashSet<u64>> = BTreeMap::new();
+    for a in acks {
+        acked_per_key
+            .entry(a.key.clone())
+            .or_default()
+            .insert(a.seq);
+    }
+    assert_eq!(acked_per_key.len() as u64, PRODUCERS);
+    for (key, seqs) in per_key {
+        // A producer stops after an acknowledged append, so its log holds
+        // exactly the sequences acknowledged to it.
+        let acked = acked_per_key.get(&key).map_or(0, |s| s.len() as u64);
+        let want: Vec<u64> = (0..acked).collect();
+        assert_eq!(
+            seqs, want,
+            "key {key}: every sequence once, in order (no duplicate from a retry)"
+        );
+    }
+}
+
+#[test]
+fn a_killed_leader_is_replaced_and_every_acknowledged_append_is_read_back_at_its_offset() {
+    let mut nodes: Vec<NodeProc> = (1..=3).map(NodeProc::start).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async {
+        tokio::time::timeout(DEADLINE, scenario(&mut nodes))
+            .await
+            .expect("the scenario finished within its deadline");
+    });
+}
+
+#[test]
+fn a_node_stops_cleanly_on_sigterm() {
+    let mut node = NodeProc::start(1);
+    let sent = Command::new("kill")
+        .args(["-TERM", &node.child.id().to_string()])
+        .status()
+        .expect("run kill(1)");
+    assert!(sent.success());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = node.child.try_wait().expect("wait for the node") {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the node did not stop after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit status {status:?}");
+}
+
+#[test]
+fn a_node_without_its_required_options_exits_with_a_usage_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_fissionlog-raft"))
+        .args(["--node-id", "x"])
+        .output()
+        .expect("run the node binary");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--node-id \"x\" is not a number"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("usage:"), "{stderr}");
+}

@@ -298,6 +298,10 @@ impl Topic {
     /// A reader from `start`.
     pub fn reader(&self, start: StartAt) -> Result<Reader> {
         self.inner.core().check_not_closed()?;
+        // Before any partition is looked at: whatever is published after
+        // a look is signalled.
+        let signals = self.inner.wake().subscribe();
+        let latest = start == StartAt::Latest;
         // Positions are read from the partitions after the lineage was
         // taken. A tail split committed in between cuts its parent at the
         // new end once the generation moved: a `Latest` position at that
@@ -319,13 +323,19 @@ impl Topic {
         };
         let mut r = Reader {
             topic: self.clone(),
-            cursor: LineageCursor::new(lineage, positions, drained, last_records),
+            cursor: LineageCursor::new(lineage, positions, drained, last_records, signals),
             removed_before,
             isolation: None,
         };
         r.drop_removed();
         r.settle();
+        r.cursor.look_at_all();
         r.advance_lineage();
+        if latest && r.cursor.lineage.generation == self.topology_generation() {
+            // At the ends, taken after the subscription: a partition has
+            // something for this reader only once it is signalled.
+            r.cursor.candidates.clear();
+        }
         Ok(r)
     }
 

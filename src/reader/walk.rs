@@ -44,6 +44,8 @@ impl Reader {
         self.isolation = Some(isolation);
         // Read under the old isolation: read again under the new one.
         self.cursor.pending.clear();
+        // What the new isolation shows was never signalled to it.
+        self.cursor.look_at_all();
     }
 
     /// Ranges this reader passed over because retention had removed them
@@ -58,8 +60,20 @@ impl Reader {
         self.cursor.positions.keys().copied().collect()
     }
 
+    /// The partitions the last poll looked at, one entry per drained
+    /// check or read: none for an idle poll, whatever the number open, and
+    /// only the one that got data after an append. Not part of the API: it
+    /// proves in tests that a poll's cost does not grow with the
+    /// partitions open.
+    #[cfg(feature = "testing")]
+    pub fn partitions_examined(&self) -> &[u32] {
+        &self.cursor.examined
+    }
+
     /// Takes the current lineage snapshot if the topology generation moved
-    /// since the last one (one atomic load otherwise).
+    /// since the last one (one atomic load otherwise). Every open partition
+    /// is then looked at again: a seal, a tail split or a removal may have
+    /// moved any of them.
     fn refresh_lineage(&mut self) {
         if self.topic.topology_generation() != self.cursor.lineage.generation {
             self.cursor.lineage = self.topic.lineage();
@@ -82,6 +96,7 @@ impl Reader {
             // No partition will name a removed one no partition names now.
             let named = &self.cursor.lineage.removed_named;
             self.removed_before.retain(|id| named.contains(id));
+            self.cursor.look_at_all();
         }
     }
 
@@ -136,7 +151,7 @@ impl Reader {
             for c in lineage.children_naming(id) {
                 if self.may_open(&lineage, c) {
                     // From the child's first offset: see `open_children`.
-                    self.cursor.positions.insert(c, 0);
+                    self.cursor.open(c, 0);
                     opened.push(c);
                 }
             }
@@ -205,7 +220,7 @@ impl Reader {
             })
             .collect();
         for r in orphans {
-            self.cursor.positions.insert(r, 0);
+            self.cursor.open(r, 0);
             opened.push(r);
         }
     }
@@ -264,7 +279,7 @@ impl Reader {
                     })
                 {
                     // From the child's first offset: see `open_children`.
-                    self.cursor.positions.insert(c, 0);
+                    self.cursor.open(c, 0);
                 }
             }
         }
@@ -280,36 +295,29 @@ impl Reader {
 
     /// Moves open partitions read to their seal into `drained`, opens
     /// children whose parents are all drained, and drops from `drained`
-    /// the parents whose children are all open. Looks only at the open
-    /// partitions. Returns whether anything changed.
+    /// the parents whose children are all open. Looks only at the
+    /// candidates: a partition reaches its seal either by being read to it
+    /// (a candidate, since it gave records) or by being sealed (a new
+    /// generation, which makes every open partition one). Returns whether
+    /// anything changed.
     pub(super) fn advance_lineage(&mut self) -> bool {
         self.refresh_lineage();
         let mut changed = false;
         loop {
-            let done: Vec<u32> = self
-                .cursor
-                .positions
-                .iter()
-                .filter(|(&id, &pos)| self.is_drained_at(id, pos))
-                .map(|(&id, _)| id)
-                .collect();
+            let done = self.cursor.drained_candidates(&self.topic);
             if done.is_empty() {
                 return changed;
             }
             changed = true;
             for &id in &done {
                 self.cursor.positions.remove(&id);
+                self.cursor.candidates.remove(&id);
                 self.cursor.drained.insert(id);
             }
             for id in done {
                 self.open_children(id);
             }
         }
-    }
-
-    /// Whether open partition `id` at `pos` has nothing more to give.
-    fn is_drained_at(&self, id: u32, pos: u64) -> bool {
-        self.cursor.is_drained_at(&self.topic, id, pos)
     }
 
     /// Whether `c` is neither open nor drained and all its parents are
@@ -334,7 +342,7 @@ impl Reader {
             // From the child's first offset, not its first held one: what
             // retention removed before this reader got there is then
             // reported by `poll`, not skipped.
-            self.cursor.positions.insert(c, 0);
+            self.cursor.open(c, 0);
             self.report_unread_parents(c, &BTreeSet::new());
             for &q in lineage.parents(c) {
                 // A removed parent's children are found by their naming it.
@@ -394,6 +402,7 @@ impl Reader {
     /// past records handed out).
     pub fn poll(&mut self, max_records: usize) -> Result<Vec<OwnedRecord>> {
         self.topic.inner.core().check_not_closed()?;
+        self.cursor.examined.clear();
         let mut out = Vec::new();
         while out.len() < max_records {
             if self.cursor.pending.is_empty() {
@@ -416,24 +425,35 @@ impl Reader {
         Ok(out)
     }
 
-    /// Reads the next open partition (in turn) that has records into
-    /// `pending`, passing over holes and retained ranges. Returns whether
-    /// anything moved (records read, a position or the lineage changed).
+    /// Reads the next candidate (in turn) that has records into
+    /// `pending`, passing over holes and retained ranges; a candidate with
+    /// nothing to read stops being one until it is signalled again.
+    /// Returns whether anything moved (records read, a position or the
+    /// lineage changed).
     fn fill(&mut self) -> Result<bool> {
+        // Before the reads: a notification taken here is of state they see.
+        self.cursor.take_signals();
         let mut moved = self.advance_lineage();
         let ids = self.cursor.turn();
         for id in ids {
             let pos = self.cursor.positions[&id];
+            self.cursor.examined.push(id);
             let part = match self.topic.partition(id) {
                 Ok(p) => p,
                 // Removed since the lineage was taken: the next refresh
-                // reports it.
-                Err(Error::UnknownPartition { .. }) => continue,
+                // reports it (and looks at every open partition again).
+                Err(Error::UnknownPartition { .. }) => {
+                    self.cursor.candidates.remove(&id);
+                    continue;
+                }
                 Err(e) => return Err(e),
             };
             let iso = self.isolation.unwrap_or(part.default_isolation());
             let batch = match read_step(&part, pos, iso)? {
-                ReadStep::Nothing => continue,
+                ReadStep::Nothing => {
+                    self.cursor.candidates.remove(&id);
+                    continue;
+                }
                 ReadStep::Skip { to, retained } => {
                     self.cursor.retained.extend(retained);
                     self.skip_to(id, to);
@@ -477,7 +497,7 @@ impl Reader {
     /// on to children.
     pub fn poll_wait(&mut self, max_records: usize, timeout: Duration) -> Result<Vec<OwnedRecord>> {
         let deadline = crate::duration::deadline_after(timeout);
-        let wake = self.topic.inner.wake().clone();
+        let wake = self.cursor.signals.wake().clone();
         loop {
             let got = self.poll(max_records)?;
             if !got.is_empty() || deadline.is_some_and(|d| Instant::now() >= d) {

@@ -17,17 +17,19 @@ impl Reader {
     /// The current position, to save and resume from: every record handed
     /// out is before it, every other one after it.
     pub fn cut(&self) -> Cut {
+        let mut last_records: std::collections::BTreeMap<u32, u64> = self
+            .cursor
+            .last_records
+            .iter()
+            .filter(|(id, _)| self.cursor.positions.contains_key(id))
+            .map(|(&id, &f)| (id, f))
+            .collect();
+        last_records.extend(self.deferred_fingerprints());
         Cut {
             topic_id: self.topic.id(),
             positions: self.cursor.positions.clone(),
             drained: self.cursor.drained.clone(),
-            last_records: self
-                .cursor
-                .last_records
-                .iter()
-                .filter(|(id, _)| self.cursor.positions.contains_key(id))
-                .map(|(&id, &f)| (id, f))
-                .collect(),
+            last_records,
             // Only those still named matter: bounded by the topology.
             removed_before: self
                 .removed_before
@@ -36,6 +38,44 @@ impl Reader {
                 .copied()
                 .collect(),
         }
+    }
+
+    /// The fingerprints of `Latest` positions still where the reader
+    /// started, computed the first time a cut asks (see
+    /// `Reader::unfingerprinted`); entries whose position moved are
+    /// dropped (hand-outs fingerprint their own). A record that cannot be
+    /// read there gives none, as at a position reached by skipping; so
+    /// does an error reading it (the log closed, the bytes damaged), for
+    /// this cut only: the position is then resumed without the check, as
+    /// a cut of an older version is.
+    fn deferred_fingerprints(&self) -> Vec<(u32, u64)> {
+        let mut due = self.unfingerprinted.lock();
+        if due.is_empty() {
+            return Vec::new();
+        }
+        let positions = &self.cursor.positions;
+        let fingerprinted = &self.cursor.last_records;
+        due.retain(|id, f| {
+            positions.get(id) == Some(&f.position) && !fingerprinted.contains_key(id)
+        });
+        let mut out = Vec::new();
+        for (&id, f) in due.iter_mut() {
+            let computed = match f.computed {
+                Some(c) => c,
+                // An error is not kept: the next cut tries again.
+                None => match self.topic.latest_position(id, f.position) {
+                    Ok((_, last)) => {
+                        f.computed = Some(last);
+                        last
+                    }
+                    Err(_) => None,
+                },
+            };
+            if let Some(fp) = computed {
+                out.push((id, fp));
+            }
+        }
+        out
     }
 
     /// Reads with `isolation` from now on, instead of each partition's

@@ -264,3 +264,43 @@ fn poll_wait_is_woken_by_an_append_to_any_of_many_partitions() {
     assert_once_in_order(&got, &per);
     log.close().unwrap();
 }
+
+#[test]
+fn a_cut_from_latest_fingerprints_the_last_record_of_every_partition_that_has_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), no_balancer()).unwrap();
+    let topic = log.create_topic("t", config(40)).unwrap();
+    // Partitions 0..30 hold records, 30..40 none.
+    for p in 0..30 {
+        append_to(&topic, p, 0);
+        append_to(&topic, p, 1);
+    }
+    let mut r = topic.reader(StartAt::Latest).unwrap();
+    assert!(r.poll(10).unwrap().is_empty());
+    let cut = r.cut();
+    assert_eq!(cut.positions.len(), 40);
+    let fingerprinted: BTreeSet<u32> = cut.last_records.keys().copied().collect();
+    assert_eq!(
+        fingerprinted,
+        (0..30).collect(),
+        "one per partition with a record"
+    );
+    assert_eq!(r.cut(), cut, "a second cut is the same");
+
+    // A record read moves the position and its fingerprint with it.
+    append_to(&topic, 3, 2);
+    append_to(&topic, 35, 0);
+    assert_eq!(r.poll(10).unwrap().len(), 2);
+    let moved = r.cut();
+    assert_ne!(moved.last_records[&3], cut.last_records[&3]);
+    assert!(moved.last_records.contains_key(&35));
+    assert_eq!(moved.last_records[&4], cut.last_records[&4]);
+
+    // Both cuts resume exactly: the first gives the two records again.
+    let mut again = topic.reader(StartAt::Cut(cut)).unwrap();
+    let got: BTreeSet<(u32, u64)> = drain(&mut again).iter().map(decode).collect();
+    assert_eq!(got, BTreeSet::from([(3, 2), (35, 0)]));
+    let mut after = topic.reader(StartAt::Cut(moved)).unwrap();
+    assert!(drain(&mut after).is_empty());
+    log.close().unwrap();
+}

@@ -514,6 +514,11 @@ impl Member {
                     (committed >= end || skipped) && !co.committed.drained.contains(&d)
                 })
                 .collect();
+            if candidates.is_empty() {
+                // Nothing to settle: not worth the walk over every
+                // committed partition's ancestors below.
+                return Ok(false);
+            }
             // Parents first: a split child only with (or after) its
             // parents committed as read.
             let read = co.committed.all_drained(&self.cursor.lineage);

@@ -4,7 +4,10 @@
 //! `poll(1)` of a member costs, beside a plain caught-up `Reader`'s idle
 //! poll and the raw baseline (look up the active partition and load its
 //! end); and the end-to-end latency from an append to the owning member's
-//! `poll_wait` returning it, beside a `Reader`'s.
+//! `poll_wait` returning it, beside a `Reader`'s. Then topics of N active
+//! partitions (`GROUPS_WIDE`, default 100 and 1,000): an idle poll, and a
+//! poll after an append to one partition, of one member owning them all
+//! and of a `Reader` from `Latest`, beside the raw end lookup.
 
 mod common;
 
@@ -109,6 +112,80 @@ fn e2e(topic: &Topic, samples: usize, mut wait: impl FnMut() -> usize) -> Vec<Du
     drop(go_tx);
     writer.join().expect("writer");
     lat
+}
+
+/// Per N: idle poll of the member, of the reader; poll after one append
+/// of the member, of the reader; the raw end lookup.
+type WideRow = (
+    u32,
+    Vec<Duration>,
+    Vec<Duration>,
+    Vec<Duration>,
+    Vec<Duration>,
+    Vec<Duration>,
+);
+
+/// Idle polls and polls after one append over a topic of `n` active
+/// partitions, one member owning all of them, and a `Reader`.
+fn wide(log: &Log, n: u32) -> WideRow {
+    let mut c = config();
+    c.partitions = n;
+    c.balance.max_partitions = n;
+    let topic = log.create_topic(&format!("wide{n}"), c).expect("topic");
+    let group = topic.group("g", GroupOptions::default()).expect("group");
+    let mut m = group
+        .join(MemberOptions {
+            background_heartbeat: None,
+            ..MemberOptions::default()
+        })
+        .expect("join");
+    assert_eq!(m.assignment().partitions.len(), n as usize);
+    while !m.poll(4096).expect("poll").is_empty() {}
+    let mut reader = topic.reader(StartAt::Latest).expect("reader");
+    while !reader.poll(4096).expect("poll").is_empty() {}
+    let idle_member = per_call(20, Duration::from_millis(200), || {
+        black_box(m.poll(1).expect("poll"));
+    });
+    let idle_reader = per_call(20, Duration::from_millis(200), || {
+        black_box(reader.poll(1).expect("poll"));
+    });
+    // The poll that returns one record appended to one partition (the
+    // append is not timed: the clock stops around each poll).
+    let mut next = 0u32;
+    let mut after_one = |poll: &mut dyn FnMut() -> usize| {
+        (0..runs())
+            .map(|_| {
+                let mut total = Duration::ZERO;
+                let calls = 200u32;
+                for _ in 0..calls {
+                    next = (next + 7919) % n;
+                    topic
+                        .append_to(
+                            next,
+                            &[NewRecord {
+                                key: None,
+                                value: b"one",
+                                timestamp: None,
+                            }],
+                        )
+                        .expect("append_to");
+                    let t = Instant::now();
+                    assert_eq!(poll(), 1);
+                    total += t.elapsed();
+                }
+                total / calls
+            })
+            .collect::<Vec<Duration>>()
+    };
+    let one_member = after_one(&mut || m.poll(10).expect("poll").len());
+    while !reader.poll(4096).expect("poll").is_empty() {}
+    let one_reader = after_one(&mut || reader.poll(10).expect("poll").len());
+    let base = per_call(20, Duration::from_millis(200), || {
+        black_box(topic.partition(n / 2).expect("partition").end_offset());
+    });
+    drop(reader);
+    m.leave().expect("leave");
+    (n, idle_member, idle_reader, one_member, one_reader, base)
 }
 
 fn main() {
@@ -218,6 +295,46 @@ fn main() {
         row_value(
             &format!("{n} nodes: reader median / p99"),
             format!("{} / {}", us(percentile(r, 50.0)), us(percentile(r, 99.0))),
+        );
+    }
+    let widths: Vec<u32> = match std::env::var("GROUPS_WIDE") {
+        Ok(list) if bench => list
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .collect(),
+        _ if bench => vec![100, 1_000],
+        _ => vec![10],
+    };
+    let wide_rows: Vec<WideRow> = widths.iter().map(|&n| wide(&log, n)).collect();
+    table_header("3. N active partitions, one member owning all, a Reader (polls/s)");
+    for (n, idle_m, idle_r, one_m, one_r, base) in &wide_rows {
+        row_rate(
+            &format!("{n} active: idle member vs end"),
+            "poll",
+            1.0,
+            idle_m,
+            base,
+        );
+        row_rate(
+            &format!("{n} active: idle Reader vs end"),
+            "poll",
+            1.0,
+            idle_r,
+            base,
+        );
+        row_rate(
+            &format!("{n} active: member, one append vs end"),
+            "poll",
+            1.0,
+            one_m,
+            base,
+        );
+        row_rate(
+            &format!("{n} active: Reader, one append vs end"),
+            "poll",
+            1.0,
+            one_r,
+            base,
         );
     }
     drop(topic);

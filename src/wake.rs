@@ -10,13 +10,126 @@
 //! per partition: a sync round wakes only the futures of partitions whose
 //! durable end it moved, and an append wakes none of them (it moves no
 //! durable end).
+//!
+//! Every notification also names its partition to the topic's
+//! subscribed [`ReadySet`]s: a consumer (a reader, a group member) looks
+//! only at the partitions signalled since it last looked, so an idle poll
+//! costs O(1) and a poll after one partition got data costs O(that
+//! partition), whatever the number of partitions it has open. The price is
+//! paid by the notifier: one lock and one set insertion per subscribed
+//! consumer, and one load while nobody is subscribed.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::Waker;
 use std::time::Instant;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock};
+
+/// The partitions signalled to one consumer since it last took them.
+#[derive(Debug, Default)]
+pub(crate) struct ReadySet {
+    /// Whether `marks` may hold something. Set with `SeqCst` after an
+    /// insertion (the readiness check of a wait loads it, see
+    /// [`TailWake::wait_until`]); cleared under the lock by `take`.
+    signalled: AtomicBool,
+    marks: Mutex<Marks>,
+}
+
+#[derive(Debug, Default)]
+struct Marks {
+    ids: HashSet<u32>,
+    /// Every partition may have moved (the log closed, the topic was
+    /// deleted, sync rounds fail for good).
+    all: bool,
+}
+
+/// What a consumer takes from its [`ReadySet`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Signals {
+    /// Nothing signalled since the last take.
+    None,
+    /// These partitions were signalled.
+    Some(Vec<u32>),
+    /// Every partition may have moved: look at all of them.
+    All,
+}
+
+impl ReadySet {
+    /// Whether something was signalled since the last take (a `SeqCst`
+    /// load: usable in a wait's readiness check).
+    pub(crate) fn is_signalled(&self) -> bool {
+        self.signalled.load(Ordering::SeqCst)
+    }
+
+    /// Takes what was signalled since the last take. A notifier publishes
+    /// its partition's state before it marks the set (under the set's
+    /// lock), so whatever this returns is visible to reads made after it;
+    /// a notification that comes later is in the next take.
+    pub(crate) fn take(&self) -> Signals {
+        if !self.is_signalled() {
+            return Signals::None;
+        }
+        let mut m = self.marks.lock();
+        self.signalled.store(false, Ordering::SeqCst);
+        if std::mem::take(&mut m.all) {
+            m.ids.clear();
+            return Signals::All;
+        }
+        if m.ids.is_empty() {
+            return Signals::None;
+        }
+        Signals::Some(m.ids.drain().collect())
+    }
+
+    fn mark(&self, partition: u32) {
+        let mut m = self.marks.lock();
+        if !m.all {
+            m.ids.insert(partition);
+        }
+        // Under the lock: a take that clears the flag holds the lock, so
+        // the flag is never left clear over a mark.
+        self.signalled.store(true, Ordering::SeqCst);
+    }
+
+    fn mark_all(&self) {
+        let mut m = self.marks.lock();
+        m.all = true;
+        m.ids.clear();
+        self.signalled.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A consumer's subscription to its topic's notifications: its
+/// [`ReadySet`], unsubscribed on drop.
+#[derive(Debug)]
+pub(crate) struct Subscription {
+    wake: Arc<TailWake>,
+    ready: Arc<ReadySet>,
+}
+
+impl Subscription {
+    /// The set the topic's notifications mark.
+    pub(crate) fn ready(&self) -> &ReadySet {
+        &self.ready
+    }
+
+    /// The wake-up this subscription belongs to.
+    pub(crate) fn wake(&self) -> &Arc<TailWake> {
+        &self.wake
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut subs = self.wake.subscribers.write();
+        if let Some(i) = subs.iter().position(|s| Arc::ptr_eq(s, &self.ready)) {
+            subs.swap_remove(i);
+            self.wake.subscribed.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
 
 #[derive(Debug, Default)]
 pub(crate) struct TailWake {
@@ -37,15 +150,48 @@ pub(crate) struct TailWake {
     /// Wakers held in `wakers`, stored under its lock; notifiers touch the
     /// lock only while it is non-zero.
     registered: AtomicUsize,
+    /// The ready sets of subscribed consumers.
+    subscribers: RwLock<Vec<Arc<ReadySet>>>,
+    /// `subscribers.len()`, stored under its write lock; notifiers touch
+    /// the lock only while it is non-zero.
+    subscribed: AtomicUsize,
 }
 
 impl TailWake {
-    /// Wakes every waiting reader (not the futures: nothing a
-    /// [`crate::Durable`] future checks moves without
-    /// [`TailWake::notify_partition`] or [`TailWake::notify_all`]). The
-    /// caller must have published what waiters check with a `SeqCst` store
-    /// or read-modify-write before this call (see [`TailWake::wait_until`]).
-    pub(crate) fn notify(&self) {
+    /// Subscribes a consumer: every notification from now on marks the
+    /// returned subscription's [`ReadySet`]. Subscribe before looking at
+    /// the partitions, so that nothing published after the look goes
+    /// unsignalled.
+    pub(crate) fn subscribe(self: &Arc<Self>) -> Subscription {
+        let ready = Arc::new(ReadySet::default());
+        let mut subs = self.subscribers.write();
+        subs.push(ready.clone());
+        self.subscribed.fetch_add(1, Ordering::SeqCst);
+        drop(subs);
+        Subscription {
+            wake: self.clone(),
+            ready,
+        }
+    }
+
+    /// Partition `partition` may have moved (an append, for written
+    /// reads): marks it in every subscribed [`ReadySet`] and wakes every
+    /// waiting reader (not the futures: nothing a [`crate::Durable`]
+    /// future checks moves without [`TailWake::notify_partition`] or
+    /// [`TailWake::notify_all`]). The caller must have published what
+    /// waiters check with a `SeqCst` store or read-modify-write before
+    /// this call (see [`TailWake::wait_until`]).
+    pub(crate) fn notify(&self, partition: u32) {
+        if self.subscribed.load(Ordering::SeqCst) > 0 {
+            for s in self.subscribers.read().iter() {
+                s.mark(partition);
+            }
+        }
+        self.wake_waiters();
+    }
+
+    /// Wakes the threads in [`TailWake::wait_until`].
+    fn wake_waiters(&self) {
         if self.waiters.load(Ordering::SeqCst) > 0 {
             let _g = self.lock.lock();
             // SeqCst: a waiter whose `seen` load reads this bump also sees
@@ -59,7 +205,7 @@ impl TailWake {
     /// `partition` (its durable end moved, it was sealed, poisoned or
     /// removed). Published state as for [`TailWake::notify`].
     pub(crate) fn notify_partition(&self, partition: u32) {
-        self.notify();
+        self.notify(partition);
         if self.registered.load(Ordering::SeqCst) > 0 {
             let wakers = {
                 let mut w = self.wakers.lock();
@@ -80,7 +226,12 @@ impl TailWake {
     /// Wakes every waiting reader and every registered future (the log
     /// closed, the topic was deleted, sync rounds fail for good).
     pub(crate) fn notify_all(&self) {
-        self.notify();
+        if self.subscribed.load(Ordering::SeqCst) > 0 {
+            for s in self.subscribers.read().iter() {
+                s.mark_all();
+            }
+        }
+        self.wake_waiters();
         if self.registered.load(Ordering::SeqCst) > 0 {
             let wakers = {
                 let mut w = self.wakers.lock();
@@ -173,7 +324,7 @@ mod tests {
             }
             std::thread::sleep(Duration::from_millis(20));
             f2.store(true, Ordering::SeqCst);
-            w2.notify();
+            w2.notify(0);
         });
         let deadline = t0 + Duration::from_secs(10);
         while !flag.load(Ordering::SeqCst) && Instant::now() < deadline {
@@ -191,5 +342,95 @@ mod tests {
         assert!(w.wait_until(Some(t0 + Duration::from_secs(10)), || true));
         assert!(t0.elapsed() < Duration::from_secs(5));
         assert_eq!(w.waiters.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_notification_marks_its_partition_in_every_subscribed_set_once() {
+        let w = Arc::new(TailWake::default());
+        let a = w.subscribe();
+        let b = w.subscribe();
+        assert_eq!(a.ready().take(), Signals::None);
+        w.notify(3);
+        w.notify(5);
+        w.notify(3);
+        w.notify_partition(7);
+        for s in [&a, &b] {
+            assert!(s.ready().is_signalled());
+            let Signals::Some(mut ids) = s.ready().take() else {
+                panic!("partitions were signalled");
+            };
+            ids.sort_unstable();
+            assert_eq!(ids, [3, 5, 7]);
+            assert!(!s.ready().is_signalled());
+            assert_eq!(s.ready().take(), Signals::None);
+        }
+    }
+
+    #[test]
+    fn notify_all_asks_every_subscriber_to_look_at_everything() {
+        let w = Arc::new(TailWake::default());
+        let a = w.subscribe();
+        w.notify(1);
+        w.notify_all();
+        w.notify(2);
+        assert_eq!(a.ready().take(), Signals::All);
+        assert_eq!(a.ready().take(), Signals::None);
+    }
+
+    #[test]
+    fn a_dropped_subscription_is_no_longer_marked() {
+        let w = Arc::new(TailWake::default());
+        let a = w.subscribe();
+        let b = w.subscribe();
+        drop(a);
+        assert_eq!(w.subscribed.load(Ordering::SeqCst), 1);
+        assert_eq!(w.subscribers.read().len(), 1);
+        w.notify(4);
+        assert_eq!(b.ready().take(), Signals::Some(vec![4]));
+        drop(b);
+        assert_eq!(w.subscribed.load(Ordering::SeqCst), 0);
+        // Nobody subscribed: a notification touches no set.
+        w.notify(4);
+        assert!(w.subscribers.read().is_empty());
+    }
+
+    /// A notifier publishes a counter per partition, then notifies; the
+    /// consumer takes signals and reads the counters of the partitions
+    /// signalled only. After each take it must see every value published
+    /// before the notification it took, and at the end every last value:
+    /// a signal lost between a take and a mark would leave one behind.
+    #[test]
+    fn signals_taken_concurrently_with_notifications_lose_none() {
+        const PARTS: usize = 16;
+        const ROUNDS: u64 = 20_000;
+        let w = Arc::new(TailWake::default());
+        let published: Arc<Vec<AtomicU64>> =
+            Arc::new((0..PARTS).map(|_| AtomicU64::new(0)).collect());
+        let sub = w.subscribe();
+        let (w2, p2) = (w.clone(), published.clone());
+        let notifier = std::thread::spawn(move || {
+            for i in 1..=ROUNDS {
+                let p = (i as usize * 7) % PARTS;
+                p2[p].store(i, Ordering::SeqCst);
+                w2.notify(p as u32);
+            }
+        });
+        let mut seen = vec![0u64; PARTS];
+        let read = |seen: &mut Vec<u64>| match sub.ready().take() {
+            Signals::None => {}
+            Signals::Some(ids) => {
+                for id in ids {
+                    seen[id as usize] = published[id as usize].load(Ordering::SeqCst);
+                }
+            }
+            Signals::All => panic!("nobody notified all"),
+        };
+        while !notifier.is_finished() {
+            read(&mut seen);
+        }
+        notifier.join().unwrap();
+        read(&mut seen);
+        let want: Vec<u64> = published.iter().map(|p| p.load(Ordering::SeqCst)).collect();
+        assert_eq!(seen, want, "a partition's last notification was lost");
     }
 }

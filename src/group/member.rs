@@ -60,12 +60,21 @@ impl Member {
         id: u64,
         background_heartbeat: Option<Duration>,
     ) -> Result<Member> {
+        // Before any partition is looked at: whatever is published after
+        // a look is signalled.
+        let signals = runtime.topic.inner.wake().subscribe();
         let lineage = runtime.topic.lineage();
         let mut m = Member {
             runtime: runtime.clone(),
             id,
             generation: 0,
-            cursor: LineageCursor::new(lineage, BTreeMap::new(), BTreeSet::new(), BTreeMap::new()),
+            cursor: LineageCursor::new(
+                lineage,
+                BTreeMap::new(),
+                BTreeSet::new(),
+                BTreeMap::new(),
+                signals,
+            ),
             owned: BTreeSet::new(),
             paused: BTreeSet::new(),
             tenure: BTreeMap::new(),
@@ -160,11 +169,27 @@ impl Member {
     /// (under the group lock): drops partitions moved away or read and
     /// committed, pauses those being revoked, starts new ones at their
     /// committed positions.
+    ///
+    /// A new lineage makes every partition being read a candidate again
+    /// (a seal or a tail split may have moved any), as does a partition
+    /// whose revocation ended; one started here is a candidate from the
+    /// start.
     pub(super) fn take_assignment(&mut self, co: &Coordinator) {
+        let new_lineage = !Arc::ptr_eq(&self.cursor.lineage, &co.lineage);
         self.cursor.lineage = co.lineage.clone();
         let lineage = self.cursor.lineage.clone();
         self.follow_lineage(&lineage);
+        let was_paused = std::mem::take(&mut self.paused);
         self.take_ownership(co, &lineage);
+        if new_lineage {
+            self.cursor.look_at_all();
+        } else {
+            for p in was_paused.difference(&self.paused) {
+                if self.cursor.positions.contains_key(p) {
+                    self.cursor.candidates.insert(*p);
+                }
+            }
+        }
     }
 
     /// Brings the reading state to a new `lineage`: positions past a tail
@@ -284,7 +309,7 @@ impl Member {
             }
             // New to this member: from the committed position.
             let pos = co.committed_position(p);
-            self.cursor.positions.insert(p, pos);
+            self.cursor.open(p, pos);
             if let Some(&f) = co.committed.last_records.get(&p) {
                 self.cursor.last_records.insert(p, f);
             }
@@ -383,7 +408,17 @@ impl Member {
     /// splits and merges. [`Error::Fenced`] if the member was declared dead.
     pub fn poll(&mut self, max_records: usize) -> Result<Vec<OwnedRecord>> {
         self.polls += 1;
+        self.cursor.examined.clear();
         self.poll_once(max_records)
+    }
+
+    /// The partitions the last poll looked at, one entry per drained
+    /// check or read: none for an idle poll, whatever the number owned.
+    /// Not part of the API: it proves in tests that a poll's reads do not
+    /// grow with the partitions owned.
+    #[cfg(feature = "testing")]
+    pub fn partitions_examined(&self) -> &[u32] {
+        &self.cursor.examined
     }
 
     /// One round of [`Member::poll`], counted in [`Member::polls`] by its
@@ -479,6 +514,11 @@ impl Member {
                     (committed >= end || skipped) && !co.committed.drained.contains(&d)
                 })
                 .collect();
+            if candidates.is_empty() {
+                // Nothing to settle: not worth the walk over every
+                // committed partition's ancestors below.
+                return Ok(false);
+            }
             // Parents first: a split child only with (or after) its
             // parents committed as read.
             let read = co.committed.all_drained(&self.cursor.lineage);
@@ -512,8 +552,9 @@ impl Member {
     /// Like [`Member::poll`], but waits up to `timeout` for records.
     pub fn poll_wait(&mut self, max_records: usize, timeout: Duration) -> Result<Vec<OwnedRecord>> {
         let deadline = crate::duration::deadline_after(timeout);
-        let wake = self.runtime.topic.inner.wake().clone();
+        let wake = self.cursor.signals.wake().clone();
         self.polls += 1;
+        self.cursor.examined.clear();
         loop {
             let got = self.poll_once(max_records)?;
             let now = Instant::now();
@@ -534,38 +575,30 @@ impl Member {
             .can_move(&self.runtime.topic, None, &self.paused)
     }
 
-    fn is_drained_at(&self, id: u32, pos: u64) -> bool {
-        self.cursor.is_drained_at(&self.runtime.topic, id, pos)
-    }
-
     /// Moves partitions handed out to their seal into `drained` and opens
     /// their split children. Merge children wait for the group's commit.
+    /// Looks only at the candidates (see [`LineageCursor`]): a partition
+    /// reaches its seal by being read to it, or by being sealed, which
+    /// brings a new lineage.
     fn advance(&mut self) -> bool {
         let mut changed = false;
         loop {
-            let done: Vec<u32> = self
-                .cursor
-                .positions
-                .iter()
-                .filter(|(&id, &pos)| {
-                    self.is_drained_at(id, pos)
-                        && !self.cursor.pending.iter().any(|r| r.partition == id)
-                })
-                .map(|(&id, _)| id)
-                .collect();
+            let topic = self.runtime.topic.clone();
+            let mut done = self.cursor.drained_candidates(&topic);
+            done.retain(|&id| !self.cursor.pending.iter().any(|r| r.partition == id));
             if done.is_empty() {
                 return changed;
             }
             changed = true;
             for id in done {
                 self.cursor.positions.remove(&id);
+                self.cursor.candidates.remove(&id);
                 self.cursor.last_records.remove(&id);
                 self.cursor.drained.insert(id);
-                for &c in self.cursor.lineage.children(id) {
-                    if self.cursor.lineage.parents(c).len() == 1
-                        && !self.cursor.positions.contains_key(&c)
-                    {
-                        self.cursor.positions.insert(c, 0);
+                let lineage = self.cursor.lineage.clone();
+                for &c in lineage.children(id) {
+                    if lineage.parents(c).len() == 1 && !self.cursor.positions.contains_key(&c) {
+                        self.cursor.open(c, 0);
                     }
                 }
             }
@@ -573,7 +606,11 @@ impl Member {
     }
 
     /// Reads the next partition (in turn) with records into `pending`.
+    /// A candidate with nothing to read stops being one until it is
+    /// signalled again; a paused one stays one for when its pause ends.
     fn fill(&mut self) -> Result<bool> {
+        // Before the reads: a notification taken here is of state they see.
+        self.cursor.take_signals();
         let mut moved = self.advance();
         let ids = self.cursor.turn();
         for id in ids {
@@ -581,13 +618,20 @@ impl Member {
                 continue;
             }
             let pos = self.cursor.positions[&id];
+            self.cursor.examined.push(id);
             let part = match self.runtime.topic.partition(id) {
                 Ok(p) => p,
-                Err(Error::UnknownPartition { .. }) => continue,
+                Err(Error::UnknownPartition { .. }) => {
+                    self.cursor.candidates.remove(&id);
+                    continue;
+                }
                 Err(e) => return Err(e),
             };
             let batch = match read_step(&part, pos, part.default_isolation())? {
-                ReadStep::Nothing => continue,
+                ReadStep::Nothing => {
+                    self.cursor.candidates.remove(&id);
+                    continue;
+                }
                 ReadStep::Skip { to, retained } => {
                     if let Some(r) = retained {
                         self.tell(r);

@@ -83,7 +83,7 @@ impl Partition {
         }
         // After the SeqCst store of `end_offset`: one load while no reader
         // of the topic waits.
-        self.p.wake.notify();
+        self.p.wake.notify(self.p.id);
         Ok(base)
     }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::read::{OwnedRecord, ReadIsolation};
 use crate::topic::Topic;
 use crate::topology::lineage::Lineage;
+use crate::wake::{Signals, Subscription};
 
 use super::{drained_at, fingerprint, RetainedRange};
 
@@ -19,6 +20,14 @@ use super::{drained_at, fingerprint, RetainedRange};
 /// for the group's commit), and what it does when it passes over offsets
 /// (a member also remembers the run for its commits). So `fill` is theirs;
 /// the state, handing out and the wake-up test are here.
+///
+/// A consumer looks only at its `candidates`: the open partitions that may
+/// have something for it. A partition becomes one when the topic's
+/// notifications signal it (an append, a sync round, a seal: see
+/// [`crate::wake`]), when it is opened, or for every open partition when
+/// the topology generation moved (or the log closed); it stops being one
+/// when a read at its position finds nothing. So an idle poll looks at no
+/// partition, and a poll after one partition got data at that one.
 #[derive(Debug)]
 pub(crate) struct LineageCursor {
     /// The lineage at the generation last seen.
@@ -37,6 +46,14 @@ pub(crate) struct LineageCursor {
     pub(crate) next_rr: u32,
     /// Ranges passed over because retention removed them first.
     pub(crate) retained: Vec<RetainedRange>,
+    /// Open partitions that may have something to read or be drained.
+    pub(crate) candidates: BTreeSet<u32>,
+    /// The topic's notifications to this consumer.
+    pub(crate) signals: Subscription,
+    /// Partitions looked at (a drained check or a read, one entry each)
+    /// since it was last cleared: what proves, without a clock, that a
+    /// poll's cost does not grow with the partitions open.
+    pub(crate) examined: Vec<u32>,
 }
 
 impl LineageCursor {
@@ -45,7 +62,9 @@ impl LineageCursor {
         positions: BTreeMap<u32, u64>,
         drained: BTreeSet<u32>,
         last_records: BTreeMap<u32, u64>,
+        signals: Subscription,
     ) -> LineageCursor {
+        let candidates = positions.keys().copied().collect();
         LineageCursor {
             lineage,
             positions,
@@ -54,17 +73,66 @@ impl LineageCursor {
             pending: VecDeque::new(),
             next_rr: 0,
             retained: Vec::new(),
+            candidates,
+            signals,
+            examined: Vec::new(),
         }
     }
 
-    /// The open partitions in the order the next read looks at them: from
-    /// `next_rr` on, wrapping.
-    pub(crate) fn turn(&self) -> Vec<u32> {
-        self.positions
+    /// Opens partition `id` at `pos` (or moves it there), to be looked at.
+    pub(crate) fn open(&mut self, id: u32, pos: u64) {
+        self.positions.insert(id, pos);
+        self.candidates.insert(id);
+    }
+
+    /// Makes every open partition a candidate: after a change that may
+    /// have moved any of them (a new lineage, a new isolation, an
+    /// assignment).
+    pub(crate) fn look_at_all(&mut self) {
+        self.candidates = self.positions.keys().copied().collect();
+    }
+
+    /// Takes the partitions signalled since the last take into
+    /// `candidates` (those open; others are looked at when opened).
+    pub(crate) fn take_signals(&mut self) {
+        match self.signals.ready().take() {
+            Signals::None => {}
+            Signals::Some(ids) => {
+                for id in ids {
+                    if self.positions.contains_key(&id) {
+                        self.candidates.insert(id);
+                    }
+                }
+            }
+            Signals::All => self.look_at_all(),
+        }
+    }
+
+    /// The candidates in the order the next read looks at them: from
+    /// `next_rr` on, wrapping. Drops candidates no longer open.
+    pub(crate) fn turn(&mut self) -> Vec<u32> {
+        let positions = &self.positions;
+        self.candidates.retain(|id| positions.contains_key(id));
+        self.candidates
             .range(self.next_rr..)
-            .chain(self.positions.range(..self.next_rr))
-            .map(|(&id, _)| id)
+            .chain(self.candidates.range(..self.next_rr))
+            .copied()
             .collect()
+    }
+
+    /// The open candidates read to their seal, each counted as examined.
+    pub(crate) fn drained_candidates(&mut self, topic: &Topic) -> Vec<u32> {
+        let mut done = Vec::new();
+        for &id in &self.candidates {
+            let Some(&pos) = self.positions.get(&id) else {
+                continue;
+            };
+            self.examined.push(id);
+            if drained_at(topic, &self.lineage, id, pos) {
+                done.push(id);
+            }
+        }
+        done
     }
 
     /// Moves up to `room` pending records into `out` and the position past
@@ -84,22 +152,26 @@ impl LineageCursor {
         drained_at(topic, &self.lineage, id, pos)
     }
 
-    /// Whether a poll could move now: records pending, or an open
-    /// partition not in `paused` with records past its position (under
-    /// `isolation`, else the partition's default) or drained, or the log
-    /// closed. What it loads with SeqCst is what appends, sync rounds,
-    /// seals and close publish before they notify the topic's
-    /// [`crate::wake::TailWake`].
+    /// Whether a poll could move now: records pending, a notification not
+    /// taken yet, or a candidate not in `paused` with records past its
+    /// position (under `isolation`, else the partition's default) or
+    /// drained, or the log closed. What it loads with SeqCst is what
+    /// appends, sync rounds, seals and close publish before they notify
+    /// the topic's [`crate::wake::TailWake`] (the ready set's flag among
+    /// them).
     pub(crate) fn can_move(
         &self,
         topic: &Topic,
         isolation: Option<ReadIsolation>,
         paused: &BTreeSet<u32>,
     ) -> bool {
-        if !self.pending.is_empty() {
+        if !self.pending.is_empty() || self.signals.ready().is_signalled() {
             return true;
         }
-        self.positions.iter().any(|(&id, &pos)| {
+        self.candidates.iter().any(|&id| {
+            let Some(&pos) = self.positions.get(&id) else {
+                return false;
+            };
             if paused.contains(&id) {
                 return false;
             }

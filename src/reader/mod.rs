@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 mod cursor;
@@ -259,6 +260,25 @@ pub struct Reader {
     removed_before: BTreeSet<u32>,
     /// None: each partition's default (from its topic's sync policy).
     isolation: Option<ReadIsolation>,
+    /// Positions taken at a partition's end (`StartAt::Latest`) whose
+    /// fingerprint ([`Cut::last_records`]) is not computed yet: reading the
+    /// record before each would cost a file read per partition when the
+    /// reader is made. The record at an offset below the end never changes
+    /// while the log is open, so it is fingerprinted when a cut first needs
+    /// it, while the position is still there (a position that moved has
+    /// its own fingerprint). Behind a lock because [`Reader::cut`] takes
+    /// `&self`.
+    unfingerprinted: Mutex<BTreeMap<u32, Fingerprint>>,
+}
+
+/// A deferred fingerprint of the record before a `Latest` position.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fingerprint {
+    /// The position it belongs to.
+    pub(crate) position: u64,
+    /// Computed: the fingerprint, or `None` when no record can be read
+    /// there. Not yet: `None`.
+    pub(crate) computed: Option<Option<u64>>,
 }
 
 /// Fingerprint of a record for [`Cut::last_records`]: SipHash-1-3 (fixed
@@ -292,12 +312,19 @@ struct Start {
     drained: BTreeSet<u32>,
     last_records: BTreeMap<u32, u64>,
     removed_before: BTreeSet<u32>,
+    /// `Latest` positions whose fingerprint is due (see
+    /// [`Reader::unfingerprinted`]).
+    unfingerprinted: BTreeMap<u32, Fingerprint>,
 }
 
 impl Topic {
     /// A reader from `start`.
     pub fn reader(&self, start: StartAt) -> Result<Reader> {
         self.inner.core().check_not_closed()?;
+        // Before any partition is looked at: whatever is published after
+        // a look is signalled.
+        let signals = self.inner.wake().subscribe();
+        let latest = start == StartAt::Latest;
         // Positions are read from the partitions after the lineage was
         // taken. A tail split committed in between cuts its parent at the
         // new end once the generation moved: a `Latest` position at that
@@ -310,6 +337,7 @@ impl Topic {
             drained,
             last_records,
             removed_before,
+            unfingerprinted,
         } = loop {
             let lineage = self.lineage();
             let got = self.start_positions(lineage.clone(), start.clone());
@@ -319,13 +347,20 @@ impl Topic {
         };
         let mut r = Reader {
             topic: self.clone(),
-            cursor: LineageCursor::new(lineage, positions, drained, last_records),
+            cursor: LineageCursor::new(lineage, positions, drained, last_records, signals),
             removed_before,
             isolation: None,
+            unfingerprinted: Mutex::new(unfingerprinted),
         };
         r.drop_removed();
         r.settle();
+        r.cursor.look_at_all();
         r.advance_lineage();
+        if latest && r.cursor.lineage.generation == self.topology_generation() {
+            // At the ends, taken after the subscription: a partition has
+            // something for this reader only once it is signalled.
+            r.cursor.candidates.clear();
+        }
         Ok(r)
     }
 
@@ -334,6 +369,7 @@ impl Topic {
         let mut positions = BTreeMap::new();
         let mut drained = BTreeSet::new();
         let mut last_records = BTreeMap::new();
+        let mut unfingerprinted = BTreeMap::new();
         // Gone before a reader from the oldest data or from now started.
         let mut removed_before: BTreeSet<u32> = lineage.removed_named.iter().copied().collect();
         match start {
@@ -347,12 +383,18 @@ impl Topic {
                     // The written end may lie past what is durable: a cut
                     // taken before any record is read must still tell, after
                     // a power loss cut that tail, that the offsets below its
-                    // position now hold other records (C8).
+                    // position now hold other records (C8). The record before
+                    // it is fingerprinted when a cut needs it.
                     let end = self.partition(id)?.end_offset();
-                    let (pos, last) = self.latest_position(id, end)?;
-                    positions.insert(id, pos);
-                    if let Some(f) = last {
-                        last_records.insert(id, f);
+                    positions.insert(id, end);
+                    if end > 0 {
+                        unfingerprinted.insert(
+                            id,
+                            Fingerprint {
+                                position: end,
+                                computed: None,
+                            },
+                        );
                     }
                 }
             }
@@ -394,6 +436,7 @@ impl Topic {
             drained,
             last_records,
             removed_before,
+            unfingerprinted,
         })
     }
 }

@@ -17,17 +17,19 @@ impl Reader {
     /// The current position, to save and resume from: every record handed
     /// out is before it, every other one after it.
     pub fn cut(&self) -> Cut {
+        let mut last_records: std::collections::BTreeMap<u32, u64> = self
+            .cursor
+            .last_records
+            .iter()
+            .filter(|(id, _)| self.cursor.positions.contains_key(id))
+            .map(|(&id, &f)| (id, f))
+            .collect();
+        last_records.extend(self.deferred_fingerprints());
         Cut {
             topic_id: self.topic.id(),
             positions: self.cursor.positions.clone(),
             drained: self.cursor.drained.clone(),
-            last_records: self
-                .cursor
-                .last_records
-                .iter()
-                .filter(|(id, _)| self.cursor.positions.contains_key(id))
-                .map(|(&id, &f)| (id, f))
-                .collect(),
+            last_records,
             // Only those still named matter: bounded by the topology.
             removed_before: self
                 .removed_before
@@ -38,12 +40,52 @@ impl Reader {
         }
     }
 
+    /// The fingerprints of `Latest` positions still where the reader
+    /// started, computed the first time a cut asks (see
+    /// `Reader::unfingerprinted`); entries whose position moved are
+    /// dropped (hand-outs fingerprint their own). A record that cannot be
+    /// read there gives none, as at a position reached by skipping; so
+    /// does an error reading it (the log closed, the bytes damaged), for
+    /// this cut only: the position is then resumed without the check, as
+    /// a cut of an older version is.
+    fn deferred_fingerprints(&self) -> Vec<(u32, u64)> {
+        let mut due = self.unfingerprinted.lock();
+        if due.is_empty() {
+            return Vec::new();
+        }
+        let positions = &self.cursor.positions;
+        let fingerprinted = &self.cursor.last_records;
+        due.retain(|id, f| {
+            positions.get(id) == Some(&f.position) && !fingerprinted.contains_key(id)
+        });
+        let mut out = Vec::new();
+        for (&id, f) in due.iter_mut() {
+            let computed = match f.computed {
+                Some(c) => c,
+                // An error is not kept: the next cut tries again.
+                None => match self.topic.latest_position(id, f.position) {
+                    Ok((_, last)) => {
+                        f.computed = Some(last);
+                        last
+                    }
+                    Err(_) => None,
+                },
+            };
+            if let Some(fp) = computed {
+                out.push((id, fp));
+            }
+        }
+        out
+    }
+
     /// Reads with `isolation` from now on, instead of each partition's
     /// default (durable for `SyncPolicy::Always` topics, written otherwise).
     pub fn set_isolation(&mut self, isolation: ReadIsolation) {
         self.isolation = Some(isolation);
         // Read under the old isolation: read again under the new one.
         self.cursor.pending.clear();
+        // What the new isolation shows was never signalled to it.
+        self.cursor.look_at_all();
     }
 
     /// Ranges this reader passed over because retention had removed them
@@ -58,8 +100,20 @@ impl Reader {
         self.cursor.positions.keys().copied().collect()
     }
 
+    /// The partitions the last poll looked at, one entry per drained
+    /// check or read: none for an idle poll, whatever the number open, and
+    /// only the one that got data after an append. Not part of the API: it
+    /// proves in tests that a poll's cost does not grow with the
+    /// partitions open.
+    #[cfg(feature = "testing")]
+    pub fn partitions_examined(&self) -> &[u32] {
+        &self.cursor.examined
+    }
+
     /// Takes the current lineage snapshot if the topology generation moved
-    /// since the last one (one atomic load otherwise).
+    /// since the last one (one atomic load otherwise). Every open partition
+    /// is then looked at again: a seal, a tail split or a removal may have
+    /// moved any of them.
     fn refresh_lineage(&mut self) {
         if self.topic.topology_generation() != self.cursor.lineage.generation {
             self.cursor.lineage = self.topic.lineage();
@@ -82,6 +136,7 @@ impl Reader {
             // No partition will name a removed one no partition names now.
             let named = &self.cursor.lineage.removed_named;
             self.removed_before.retain(|id| named.contains(id));
+            self.cursor.look_at_all();
         }
     }
 
@@ -136,7 +191,7 @@ impl Reader {
             for c in lineage.children_naming(id) {
                 if self.may_open(&lineage, c) {
                     // From the child's first offset: see `open_children`.
-                    self.cursor.positions.insert(c, 0);
+                    self.cursor.open(c, 0);
                     opened.push(c);
                 }
             }
@@ -205,7 +260,7 @@ impl Reader {
             })
             .collect();
         for r in orphans {
-            self.cursor.positions.insert(r, 0);
+            self.cursor.open(r, 0);
             opened.push(r);
         }
     }
@@ -264,7 +319,7 @@ impl Reader {
                     })
                 {
                     // From the child's first offset: see `open_children`.
-                    self.cursor.positions.insert(c, 0);
+                    self.cursor.open(c, 0);
                 }
             }
         }
@@ -280,36 +335,29 @@ impl Reader {
 
     /// Moves open partitions read to their seal into `drained`, opens
     /// children whose parents are all drained, and drops from `drained`
-    /// the parents whose children are all open. Looks only at the open
-    /// partitions. Returns whether anything changed.
+    /// the parents whose children are all open. Looks only at the
+    /// candidates: a partition reaches its seal either by being read to it
+    /// (a candidate, since it gave records) or by being sealed (a new
+    /// generation, which makes every open partition one). Returns whether
+    /// anything changed.
     pub(super) fn advance_lineage(&mut self) -> bool {
         self.refresh_lineage();
         let mut changed = false;
         loop {
-            let done: Vec<u32> = self
-                .cursor
-                .positions
-                .iter()
-                .filter(|(&id, &pos)| self.is_drained_at(id, pos))
-                .map(|(&id, _)| id)
-                .collect();
+            let done = self.cursor.drained_candidates(&self.topic);
             if done.is_empty() {
                 return changed;
             }
             changed = true;
             for &id in &done {
                 self.cursor.positions.remove(&id);
+                self.cursor.candidates.remove(&id);
                 self.cursor.drained.insert(id);
             }
             for id in done {
                 self.open_children(id);
             }
         }
-    }
-
-    /// Whether open partition `id` at `pos` has nothing more to give.
-    fn is_drained_at(&self, id: u32, pos: u64) -> bool {
-        self.cursor.is_drained_at(&self.topic, id, pos)
     }
 
     /// Whether `c` is neither open nor drained and all its parents are
@@ -334,7 +382,7 @@ impl Reader {
             // From the child's first offset, not its first held one: what
             // retention removed before this reader got there is then
             // reported by `poll`, not skipped.
-            self.cursor.positions.insert(c, 0);
+            self.cursor.open(c, 0);
             self.report_unread_parents(c, &BTreeSet::new());
             for &q in lineage.parents(c) {
                 // A removed parent's children are found by their naming it.
@@ -394,6 +442,7 @@ impl Reader {
     /// past records handed out).
     pub fn poll(&mut self, max_records: usize) -> Result<Vec<OwnedRecord>> {
         self.topic.inner.core().check_not_closed()?;
+        self.cursor.examined.clear();
         let mut out = Vec::new();
         while out.len() < max_records {
             if self.cursor.pending.is_empty() {
@@ -416,24 +465,35 @@ impl Reader {
         Ok(out)
     }
 
-    /// Reads the next open partition (in turn) that has records into
-    /// `pending`, passing over holes and retained ranges. Returns whether
-    /// anything moved (records read, a position or the lineage changed).
+    /// Reads the next candidate (in turn) that has records into
+    /// `pending`, passing over holes and retained ranges; a candidate with
+    /// nothing to read stops being one until it is signalled again.
+    /// Returns whether anything moved (records read, a position or the
+    /// lineage changed).
     fn fill(&mut self) -> Result<bool> {
+        // Before the reads: a notification taken here is of state they see.
+        self.cursor.take_signals();
         let mut moved = self.advance_lineage();
         let ids = self.cursor.turn();
         for id in ids {
             let pos = self.cursor.positions[&id];
+            self.cursor.examined.push(id);
             let part = match self.topic.partition(id) {
                 Ok(p) => p,
                 // Removed since the lineage was taken: the next refresh
-                // reports it.
-                Err(Error::UnknownPartition { .. }) => continue,
+                // reports it (and looks at every open partition again).
+                Err(Error::UnknownPartition { .. }) => {
+                    self.cursor.candidates.remove(&id);
+                    continue;
+                }
                 Err(e) => return Err(e),
             };
             let iso = self.isolation.unwrap_or(part.default_isolation());
             let batch = match read_step(&part, pos, iso)? {
-                ReadStep::Nothing => continue,
+                ReadStep::Nothing => {
+                    self.cursor.candidates.remove(&id);
+                    continue;
+                }
                 ReadStep::Skip { to, retained } => {
                     self.cursor.retained.extend(retained);
                     self.skip_to(id, to);
@@ -477,7 +537,7 @@ impl Reader {
     /// on to children.
     pub fn poll_wait(&mut self, max_records: usize, timeout: Duration) -> Result<Vec<OwnedRecord>> {
         let deadline = crate::duration::deadline_after(timeout);
-        let wake = self.topic.inner.wake().clone();
+        let wake = self.cursor.signals.wake().clone();
         loop {
             let got = self.poll(max_records)?;
             if !got.is_empty() || deadline.is_some_and(|d| Instant::now() >= d) {

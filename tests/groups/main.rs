@@ -17,3 +17,4 @@ mod model;
 mod retention_loss;
 mod retention_reports;
 mod tenures;
+mod wide_members;

@@ -16,3 +16,4 @@ mod reader_scale;
 mod retention_removal;
 mod split_crash;
 mod tail_reader;
+mod wide_readers;

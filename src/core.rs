@@ -72,6 +72,10 @@ pub(crate) struct Core {
     pub manifest_failed: AtomicBool,
     /// Partitions with something for the next sync round to do.
     pub dirty: Arc<DirtyList>,
+    /// The bounded budget of mappings and descriptors of segments that
+    /// take no more appends (`LogOptions::max_mapped_segments`,
+    /// `max_open_files`).
+    pub budget: Arc<crate::storage::budget::Budget>,
     /// The checkpoint's entries between rounds.
     pub ck_cache: Mutex<CheckpointCache>,
     pub compact_every: u32,

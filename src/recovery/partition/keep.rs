@@ -182,9 +182,10 @@ pub(super) fn keep_segment(
         let from_file = (p.clean && !p.mode.full_scan)
             .then(|| seg.load_clean_index_file(end.end_pos))
             .flatten();
-        let entries = from_file.unwrap_or_else(|| {
-            rebuild_index(&seg.committed(), base, end.end_pos, p.index_interval)
-        });
+        let entries = match from_file {
+            Some(e) => e,
+            None => rebuild_index(&seg.committed()?, base, end.end_pos, p.index_interval),
+        };
         *seg.index.lock() = IndexState::Loaded(entries);
     }
     cur.kept(end.end_offset, end.sealed);
@@ -205,7 +206,7 @@ fn scan_and_repair(
     r: &mut Repairs<'_, '_>,
 ) -> Result<RecoveredEnd> {
     let p = r.p;
-    let outcome = scan_segment(seg.raw_for_recovery(), params);
+    let outcome = scan_segment(&seg.raw_for_recovery()?, params);
     r.report.bytes_scanned += outcome.end_pos - params.from_pos;
     r.report.records_scanned += outcome.records;
     r.salvage_holes(path, seg, &outcome.holes)?;

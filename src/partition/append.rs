@@ -196,7 +196,7 @@ impl Partition {
         syncer: &Syncer,
         commit: impl FnOnce(u64) -> Result<T>,
     ) -> Result<T> {
-        let w = self.writer.lock();
+        let mut w = self.writer.lock();
         self.check_writable()?;
         let end = w.writer.next_offset();
         self.sync_locked(&w, syncer)?;
@@ -217,6 +217,9 @@ impl Partition {
         // The partition takes no more appends: give back the preallocated
         // space of its last segment (a failure only keeps that space).
         let _ = w.writer.segment().trim();
+        // Its mapping and descriptor go under the budget: no descriptor is
+        // held for a sealed partition nobody reads once it is synced.
+        w.writer.freeze();
         self.mark_dirty();
         drop(w);
         {

@@ -239,6 +239,9 @@ impl Partition {
             s.attach_hook(&hook);
             s.attach_budget(&p.budget);
         }
+        if sealed {
+            last.freeze();
+        }
         let writer = SegmentWriter::new(last, p.index_interval);
         Partition {
             written: PositionCell::new(DurablePoint::of_writer(&writer).to_cell(0)),

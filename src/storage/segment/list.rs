@@ -166,3 +166,85 @@ impl Index<usize> for Segments {
             .expect("every slot of a view below its length is filled")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::fault::NoFaults;
+
+    fn segments(dir: &std::path::Path, n: u64) -> Vec<Arc<Segment>> {
+        (0..n)
+            .map(|b| {
+                let seg = Segment::create(
+                    dir,
+                    (0, 0),
+                    b,
+                    crate::config::MIN_SEGMENT_BYTES,
+                    0,
+                    &NoFaults,
+                )
+                .expect("a segment in a fresh directory");
+                Arc::new(seg)
+            })
+            .collect()
+    }
+
+    fn bases(list: &Segments) -> Vec<u64> {
+        list.iter().map(|s| s.base_offset).collect()
+    }
+
+    #[test]
+    fn views_taken_before_a_push_a_drop_or_a_cut_keep_what_they_saw() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let all = segments(dir.path(), 200);
+        let mut list = Segments::from_vec(all[..3].to_vec());
+        let before = list.clone();
+        for s in &all[3..150] {
+            list = list.pushed(s.clone());
+        }
+        assert_eq!(bases(&before), vec![0, 1, 2]);
+        assert_eq!(bases(&list), (0..150).collect::<Vec<_>>());
+        let dropped = list.without_front(100);
+        assert_eq!(bases(&dropped), (100..150).collect::<Vec<_>>());
+        assert_eq!(list.len(), 150, "the view before the drop is unchanged");
+        // A cut at the back, then a push: the slot the cut left filled is
+        // not overwritten under the older view.
+        let cut = dropped.truncated(10);
+        let grown = cut.pushed(all[199].clone());
+        assert_eq!(bases(&grown), (100..110).chain([199]).collect::<Vec<_>>());
+        assert_eq!(bases(&dropped), (100..150).collect::<Vec<_>>());
+        assert_eq!(grown.partition_point(|s| s.base_offset <= 105), 6);
+        assert_eq!(grown.last().map(|s| s.base_offset), Some(199));
+        assert!(grown.get(11).is_none());
+    }
+
+    #[test]
+    fn pushes_copy_the_list_only_when_its_array_is_full() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let all = segments(dir.path(), 1025);
+        let mut list = Segments::default();
+        let mut copies = 0;
+        for s in &all {
+            let next = list.pushed(s.clone());
+            if !Arc::ptr_eq(&next.slots, &list.slots) {
+                copies += 1;
+            }
+            list = next;
+        }
+        assert_eq!(list.len(), 1025);
+        // Doubling from 4: 4, 10, 22, ... a handful of copies, not 1,025.
+        assert!(copies <= 10, "{copies} copies");
+    }
+
+    #[test]
+    fn dropping_most_of_the_front_lets_its_slots_go() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let all = segments(dir.path(), 300);
+        let list = Segments::from_vec(all.clone());
+        let kept = list.without_front(250);
+        drop(list);
+        assert_eq!(kept.len(), 50);
+        assert!(kept.slots.len() < 300, "the dropped front was copied away");
+        assert_eq!(Arc::strong_count(&all[0]), 1, "only the test holds it");
+    }
+}

@@ -391,7 +391,29 @@ pub struct LogOptions {
     /// default) keeps keys unpredictable, so no client can aim its keys at
     /// one partition. Existing topics keep the key they were created with.
     pub topic_hash_seed: Option<u64>,
+    /// The most segments that take no more appends (rolled, or of sealed
+    /// partitions) the log keeps mapped; the least recently read ones
+    /// beyond it are unmapped and mapped again by the next read of them.
+    /// Active segments are mapped besides (one per active partition), and
+    /// so is any evicted segment a `ReadBatch` (or `Bytes` from one) still
+    /// holds. Default [`DEFAULT_MAX_MAPPED_SEGMENTS`], far below the
+    /// kernel's default `vm.max_map_count` of 65,530 per process.
+    pub max_mapped_segments: usize,
+    /// The most descriptors of segments that take no more appends the log
+    /// keeps open (a sealed segment keeps one only until a sync round has
+    /// made it durable; past this many the oldest are closed and opened
+    /// again by the round that syncs them). Active segments hold one each
+    /// besides, and the log itself a few (lock, journal, checkpoints).
+    /// Default [`DEFAULT_MAX_OPEN_FILES`], well within the default
+    /// `ulimit -n` of 1,024.
+    pub max_open_files: usize,
 }
+
+/// Default of [`LogOptions::max_mapped_segments`].
+pub const DEFAULT_MAX_MAPPED_SEGMENTS: usize = 4096;
+
+/// Default of [`LogOptions::max_open_files`].
+pub const DEFAULT_MAX_OPEN_FILES: usize = 128;
 
 impl Default for LogOptions {
     fn default() -> Self {
@@ -406,6 +428,8 @@ impl Default for LogOptions {
             checkpoint_interval: Duration::from_secs(1),
             clock: std::sync::Arc::new(crate::balance::SystemClock),
             topic_hash_seed: None,
+            max_mapped_segments: DEFAULT_MAX_MAPPED_SEGMENTS,
+            max_open_files: DEFAULT_MAX_OPEN_FILES,
         }
     }
 }

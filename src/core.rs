@@ -79,6 +79,10 @@ pub(crate) struct Core {
     pub(crate) manifest_failed: AtomicBool,
     /// Partitions with something for the next sync round to do.
     pub(crate) dirty: Arc<DirtyList>,
+    /// The bounded budget of mappings and descriptors of segments that
+    /// take no more appends (`LogOptions::max_mapped_segments`,
+    /// `max_open_files`).
+    pub(crate) budget: Arc<crate::storage::budget::Budget>,
     /// The checkpoint's entries between rounds.
     pub(crate) ck_cache: Mutex<CheckpointCache>,
     pub(crate) compact_every: u32,

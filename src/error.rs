@@ -48,12 +48,20 @@ pub enum Error {
         /// pipe)", "socket", "character device", ...).
         found: &'static str,
     },
-    /// Too many open files (EMFILE, ENFILE) while opening `path` for an
-    /// operation on an open log (a segment roll): the operation was not
-    /// applied and nothing is poisoned. Retry once descriptors are free,
-    /// or raise `RLIMIT_NOFILE`.
-    #[error("too many open files while opening {path}: {source}; nothing was changed, retry once descriptors are free")]
-    OutOfDescriptors {
+    /// The process ran out of descriptors (EMFILE, ENFILE) or of
+    /// mappings (ENOMEM: memory, or `vm.max_map_count`) while an open log
+    /// opened or mapped `path` (a segment roll, a read of a segment the
+    /// budget had given back, a sync round reopening a sealed segment).
+    /// The log's budget ([`crate::LogOptions::max_open_files`],
+    /// [`crate::LogOptions::max_mapped_segments`]) gave back what it
+    /// caches and the call was tried once more before this was returned:
+    /// the operation was not applied, nothing is poisoned, and the same
+    /// call can be retried once descriptors or memory are free (or with a
+    /// smaller budget, or a higher `RLIMIT_NOFILE`).
+    #[error("out of {resource} while opening or mapping {path}: {source}; nothing was changed, retry once some are free")]
+    ResourceExhausted {
+        /// What ran out.
+        resource: Resource,
         /// The file or directory.
         path: PathBuf,
         /// The OS error.
@@ -342,16 +350,44 @@ impl Error {
         }
     }
 
-    /// An [`Error::Io`] for too many open files (EMFILE, ENFILE) as
-    /// [`Error::OutOfDescriptors`]; any other error as it is.
-    pub(crate) fn descriptor_shortage_typed(self) -> Error {
+    /// An [`Error::Io`] for too many open files (EMFILE, ENFILE) or no
+    /// memory (ENOMEM) as [`Error::ResourceExhausted`]; any other error
+    /// as it is.
+    pub(crate) fn resource_typed(self) -> Error {
         match self {
-            Error::Io { path, source }
-                if matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) =>
-            {
-                Error::OutOfDescriptors { path, source }
-            }
+            Error::Io { path, source } => match source.raw_os_error() {
+                Some(libc::EMFILE | libc::ENFILE) => Error::ResourceExhausted {
+                    resource: Resource::Descriptors,
+                    path,
+                    source,
+                },
+                Some(libc::ENOMEM) => Error::ResourceExhausted {
+                    resource: Resource::Mappings,
+                    path,
+                    source,
+                },
+                _ => Error::Io { path, source },
+            },
             e => e,
+        }
+    }
+
+    /// A failed `mmap` of `path`: ENOMEM (and EMFILE, ENFILE, which a
+    /// hook may inject) as [`Error::ResourceExhausted`].
+    pub(crate) fn mapping(path: &std::path::Path, source: io::Error) -> Error {
+        Error::io(path, source).resource_typed()
+    }
+
+    /// Whether this is [`Error::ResourceExhausted`], or an [`Error::Io`]
+    /// that would become one.
+    pub(crate) fn is_resource_shortage(&self) -> bool {
+        match self {
+            Error::ResourceExhausted { .. } => true,
+            Error::Io { source, .. } => matches!(
+                source.raw_os_error(),
+                Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+            ),
+            _ => false,
         }
     }
 
@@ -362,6 +398,25 @@ impl Error {
             position,
             reason: reason.into(),
         }
+    }
+}
+
+/// What a process ran out of ([`Error::ResourceExhausted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Resource {
+    /// File descriptors (EMFILE: `RLIMIT_NOFILE`; ENFILE: the system's).
+    Descriptors,
+    /// Memory mappings (ENOMEM: memory, or `vm.max_map_count`).
+    Mappings,
+}
+
+impl std::fmt::Display for Resource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Resource::Descriptors => "file descriptors",
+            Resource::Mappings => "memory mappings",
+        })
     }
 }
 

@@ -99,9 +99,10 @@ pub use balance::ManualClock;
 pub use balance::{BalancePolicy, Clock, CutPoints, Decision, SplitAt, SystemClock, WindowRate};
 pub use config::{
     HotKeyPolicy, LogOptions, RecoveryMode, SyncPolicy, TopicConfig, ACTIVE_HEADROOM_MAX_BYTES,
-    MAX_HOT_KEY_LANES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
+    DEFAULT_MAX_MAPPED_SEGMENTS, DEFAULT_MAX_OPEN_FILES, MAX_HOT_KEY_LANES, MAX_SEGMENT_BYTES,
+    MIN_SEGMENT_BYTES,
 };
-pub use error::{Error, Result};
+pub use error::{Error, Resource, Result};
 pub use events::TopologyEvent;
 pub use group::{
     Assignment, AssignmentDescription, Group, GroupDescription, GroupOptions, GroupStart,
@@ -114,6 +115,7 @@ pub use reader::key_reader::KeyReader;
 pub use reader::{Cut, Reader, RetainedRange, StartAt};
 pub use recovery::partition::Problem;
 pub use recovery::{FileAction, FileReport, Hole, LostGroupPosition, OffsetRange, RecoveryReport};
+pub use storage::budget::ResourceStats;
 pub use storage::durability::SyncBackend;
 #[cfg(feature = "testing")]
 pub use storage::fault::{IoHook, IoOp, NoFaults};

@@ -69,6 +69,9 @@ pub struct OwnedRecord {
 pub struct ReadBatch {
     partition: u32,
     segment: Arc<Segment>,
+    /// The committed bytes with their mapping: holding them keeps the
+    /// segment mapped whatever the log's budget evicts meanwhile.
+    data: CommittedBytes,
     /// Keeps the directory locked while the mapping is reachable.
     lock: Option<Arc<DirLock>>,
     /// File positions `[start, end)` of whole, CRC-checked batches.
@@ -89,13 +92,13 @@ impl ReadBatch {
         max_bytes: usize,
         limit: u64,
     ) -> Result<ReadBatch> {
-        let start = segment.locate(offset)?;
-        let end_pos = segment.committed_pos();
+        let data = segment.committed()?;
+        let start = segment.locate_in(&data, offset)?;
+        let end_pos = data.end_pos();
         let mut pos = start;
         let mut next: Option<u64> = None;
         // Batches whose records lie past `limit` (the visible end, a batch
         // boundary) are not included.
-        let data = segment.committed();
         while pos < end_pos && next.is_none_or(|n| n < limit) {
             let header = match batch::validate_fields(data.from(pos), next) {
                 Ok(h) => h,
@@ -126,6 +129,7 @@ impl ReadBatch {
             from_offset: offset,
             next_offset: next.unwrap_or(offset),
             segment,
+            data,
             lock,
         })
     }
@@ -147,13 +151,14 @@ impl ReadBatch {
 
     /// The raw batch bytes (for zero-copy hand-off to network code).
     pub fn as_bytes(&self) -> &[u8] {
-        self.segment.committed().range(self.start, self.end)
+        self.data.range(self.start, self.end)
     }
 
     /// The raw batch bytes as `Bytes`, sharing the mapping.
     pub fn to_bytes(&self) -> Bytes {
         Bytes::from_owner(SegmentSlice {
-            segment: self.segment.clone(),
+            data: self.data.clone(),
+            _segment: self.segment.clone(),
             _lock: self.lock.clone(),
             start: self.start,
             end: self.end,
@@ -163,7 +168,7 @@ impl ReadBatch {
     /// The first offset of the first batch read (at or below the requested
     /// offset; the requested offset if the batch no longer parses).
     pub(crate) fn first_batch_base(&self) -> u64 {
-        batch::header_fields(self.segment.committed().range(self.start, self.end))
+        batch::header_fields(self.data.range(self.start, self.end))
             .map_or(self.from_offset, |h| h.base_offset.min(self.from_offset))
     }
 
@@ -185,7 +190,7 @@ impl ReadBatch {
     fn records(&self, check_crc: bool) -> Records<'_> {
         Records {
             segment: &self.segment,
-            data: self.segment.committed(),
+            data: &self.data,
             pos: self.start,
             end: self.end,
             from: self.from_offset,
@@ -215,7 +220,8 @@ impl ReadBatch {
         }
         let start = self.start + off as u64;
         Bytes::from_owner(SegmentSlice {
-            segment: self.segment.clone(),
+            data: self.data.clone(),
+            _segment: self.segment.clone(),
             _lock: self.lock.clone(),
             start,
             end: start + part.len() as u64,
@@ -266,7 +272,7 @@ enum Failure {
 /// The records of a batch range, parsed again as they are iterated.
 struct Records<'a> {
     segment: &'a Segment,
-    data: CommittedBytes<'a>,
+    data: &'a CommittedBytes,
     /// File position of the next batch.
     pos: u64,
     end: u64,
@@ -395,7 +401,10 @@ impl<'a> Iterator for TryIter<'a> {
 /// Owner handed to `Bytes::from_owner`: keeps the segment mapped and the
 /// directory locked.
 struct SegmentSlice {
-    segment: Arc<Segment>,
+    data: CommittedBytes,
+    /// Counted by a tail split's reclaim, which cuts a segment's bytes
+    /// only once nothing but the partition holds it.
+    _segment: Arc<Segment>,
     _lock: Option<Arc<DirLock>>,
     start: u64,
     end: u64,
@@ -403,6 +412,6 @@ struct SegmentSlice {
 
 impl AsRef<[u8]> for SegmentSlice {
     fn as_ref(&self) -> &[u8] {
-        self.segment.committed().range(self.start, self.end)
+        self.data.range(self.start, self.end)
     }
 }

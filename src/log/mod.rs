@@ -226,6 +226,12 @@ impl Log {
         self.core.syncer.backend()
     }
 
+    /// What the log's budget of mappings and descriptors of sealed
+    /// segments holds now, and its limits.
+    pub fn resource_stats(&self) -> crate::ResourceStats {
+        self.core.budget.counts()
+    }
+
     /// The log directory.
     pub fn dir(&self) -> &Path {
         &self.core.dir

@@ -169,6 +169,12 @@ fn new_core(
         manifest_failure: Mutex::new(None),
         manifest_failed: AtomicBool::new(false),
         dirty: Arc::default(),
+        budget: Arc::new(crate::storage::budget::Budget::new(
+            crate::storage::budget::BudgetLimits {
+                max_mapped_segments: options.max_mapped_segments,
+                max_open_files: options.max_open_files,
+            },
+        )),
         ck_cache: Mutex::default(),
         compact_every: options.manifest_compact_records.max(1),
         events: EventHub::default(),

@@ -110,8 +110,10 @@ impl Partition {
             // Opening the directory is not its fsync: failing to (too many
             // open files) loses nothing, so it poisons nothing and the
             // roll can be retried.
-            let dir = crate::storage::file::open_dir(&self.p.dir)
-                .map_err(|e| Error::io(&self.p.dir, e).descriptor_shortage_typed())?;
+            let dir = self.with_budget_retry(|| {
+                crate::storage::file::open_dir(&self.p.dir)
+                    .map_err(|e| Error::io(&self.p.dir, e).resource_typed())
+            })?;
             let synced =
                 crate::storage::sync_file(&*self.hook, IoOp::SyncRollDir, &dir, &self.p.dir, false);
             drop(dir);
@@ -128,23 +130,28 @@ impl Partition {
             }
             self.dir_synced_rolls.fetch_max(rolls, Ordering::AcqRel);
         }
-        let seg = Segment::create(
-            &self.p.dir,
-            (self.p.topic_id, self.p.id),
-            next,
-            self.p.segment_bytes,
-            now_ms(),
-            &*self.hook,
-        )
-        .map_err(Error::descriptor_shortage_typed)?;
+        let seg = self.with_budget_retry(|| {
+            Segment::create(
+                &self.p.dir,
+                (self.p.topic_id, self.p.id),
+                next,
+                self.p.segment_bytes,
+                now_ms(),
+                &*self.hook,
+            )
+            .map_err(Error::resource_typed)
+        })?;
         seg.attach_hook(&self.hook);
+        seg.attach_budget(&self.p.budget);
+        // Sealing puts the old segment's mapping and descriptor under the
+        // budget (it takes no more appends).
         w.writer.seal();
         let seg = Arc::new(seg);
         {
+            // O(1) amortised: the list is append-only (see
+            // `storage/segment/list.rs`).
             let mut list = self.segments.write();
-            let mut v = (**list).clone();
-            v.push(seg.clone());
-            *list = Arc::new(v);
+            *list = list.pushed(seg.clone());
         }
         w.segment_roll = self.rolls.fetch_add(1, Ordering::AcqRel) + 1;
         self.dir_dirty.store(true, Ordering::Release);
@@ -152,6 +159,18 @@ impl Partition {
         self.publish_written(w);
         self.mark_dirty();
         Ok(())
+    }
+
+    /// Runs `op`; when it fails for want of descriptors or mappings
+    /// ([`Error::ResourceExhausted`]), the log's budget gives back what it
+    /// caches for reads and `op` runs once more. A shortage changes
+    /// nothing and poisons nothing: the caller gets the typed error and
+    /// may retry.
+    fn with_budget_retry<T>(&self, op: impl Fn() -> Result<T>) -> Result<T> {
+        match op() {
+            Err(e) if e.is_resource_shortage() && self.p.budget.shed() => op(),
+            r => r,
+        }
     }
 
     /// Forces a roll (tests and tools).
@@ -177,7 +196,7 @@ impl Partition {
         syncer: &Syncer,
         commit: impl FnOnce(u64) -> Result<T>,
     ) -> Result<T> {
-        let w = self.writer.lock();
+        let mut w = self.writer.lock();
         self.check_writable()?;
         let end = w.writer.next_offset();
         self.sync_locked(&w, syncer)?;
@@ -198,6 +217,9 @@ impl Partition {
         // The partition takes no more appends: give back the preallocated
         // space of its last segment (a failure only keeps that space).
         let _ = w.writer.segment().trim();
+        // Its mapping and descriptor go under the budget: no descriptor is
+        // held for a sealed partition nobody reads once it is synced.
+        w.writer.freeze();
         self.mark_dirty();
         drop(w);
         {

@@ -12,11 +12,12 @@ use crate::error::{Error, Result};
 use crate::format::batch::{self, RecordIn};
 use crate::format::checkpoint::PartitionCheckpoint;
 use crate::read::{ReadBatch, ReadIsolation};
+use crate::storage::budget::Budget;
 use crate::storage::durability::{SyncTarget, Syncer};
 use crate::storage::fault::{IoHook, IoOp};
 use crate::storage::lock::DirLock;
 use crate::storage::position::{DurablePoint, PositionCell};
-use crate::storage::segment::{Segment, SegmentWriter};
+use crate::storage::segment::{Segment, SegmentWriter, Segments};
 use crate::wake::TailWake;
 
 mod append;
@@ -47,6 +48,9 @@ pub(crate) struct PartitionParams {
     /// `Durable` futures of this partition only on a durable end moved, a
     /// seal or a poisoning).
     pub wake: Arc<TailWake>,
+    /// The log's budget of mappings and descriptors: every segment of
+    /// the partition is under it.
+    pub budget: Arc<Budget>,
 }
 
 /// Write-side state, guarded by the writer lock.
@@ -123,7 +127,7 @@ impl DirtyList {
 #[derive(Debug)]
 pub struct Partition {
     pub(crate) p: PartitionParams,
-    segments: RwLock<Arc<Vec<Arc<Segment>>>>,
+    segments: RwLock<Segments>,
     writer: Mutex<WriterState>,
     /// Where the writer's data ends ([`DurablePoint::of_writer`]) and
     /// [`WriterState::segment_roll`], published
@@ -233,6 +237,10 @@ impl Partition {
         let end = last.end_offset();
         for s in &segments {
             s.attach_hook(&hook);
+            s.attach_budget(&p.budget);
+        }
+        if sealed {
+            last.freeze();
         }
         let writer = SegmentWriter::new(last, p.index_interval);
         Partition {
@@ -244,7 +252,7 @@ impl Partition {
                 load,
             }),
             p,
-            segments: RwLock::new(Arc::new(segments)),
+            segments: RwLock::new(Segments::from_vec(segments)),
             end_offset: AtomicU64::new(end),
             durable_end: AtomicU64::new(durable.2.min(end)),
             sealed: AtomicBool::new(sealed),
@@ -347,7 +355,7 @@ impl Partition {
     }
 
     /// Snapshot of the segment list.
-    pub(crate) fn segments(&self) -> Arc<Vec<Arc<Segment>>> {
+    pub(crate) fn segments(&self) -> Segments {
         self.segments.read().clone()
     }
 

@@ -71,6 +71,23 @@ impl Partition {
             max_bytes,
             end,
         )
+        .map_err(|e| self.retired_while_read(e, offset))
+    }
+
+    /// A read that had to map a segment again and found its file gone:
+    /// retention unlinked it after the read took the segment list (and
+    /// dropped its mapping). The offset is retained, not an I/O failure.
+    fn retired_while_read(&self, e: Error, offset: u64) -> Error {
+        let gone =
+            matches!(&e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound);
+        if gone && offset < self.retired_below.load(Ordering::Acquire) {
+            return Error::Retained {
+                partition: self.p.id,
+                start: offset,
+                end: self.start_offset(),
+            };
+        }
+        e
     }
 
     /// Blocks until `offset` is readable (under the default isolation),
@@ -138,7 +155,7 @@ impl Partition {
         };
         let seg = &segments[i];
         let (pos, off) = seg.time_hint(ts);
-        let data = seg.committed();
+        let data = seg.committed()?;
         let end = seg.committed_pos();
         let (mut pos, mut next) = (pos, off);
         while pos < end {

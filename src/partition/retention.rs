@@ -86,32 +86,36 @@ impl Partition {
         let floor = self.retired_below.load(Ordering::Acquire);
         let mut removed = Vec::new();
         let mut list = self.segments.write();
-        let mut v = (**list).clone();
-        while v
-            .first()
-            .is_some_and(|s| s.base_offset < floor && (v.len() > 1 || self.is_sealed()))
-        {
+        let v = list.clone();
+        let mut outcome = Ok(());
+        while v.get(removed.len()).is_some_and(|s| {
+            s.base_offset < floor && (v.len() - removed.len() > 1 || self.is_sealed())
+        }) {
             if self.is_removed() {
                 // Its topic was deleted after the pass planned: the files
                 // are gone with the directory, and nothing is left to do.
                 return Ok(removed);
             }
-            let s = v.remove(0);
+            let s = &v[removed.len()];
             let _ = std::fs::remove_file(s.index_path());
             if let Err(e) = std::fs::remove_file(s.path()) {
                 if e.kind() == std::io::ErrorKind::NotFound && self.is_removed() {
                     return Ok(removed);
                 }
-                return Err(Error::io(s.path(), e));
+                outcome = Err(Error::io(s.path(), e));
+                break;
             }
+            // The file is unlinked: its space comes back once no reader
+            // holds its mapping either, so the cache lets go now.
+            s.drop_mapping();
             removed.push(s.path().to_path_buf());
         }
         if !removed.is_empty() {
-            *list = Arc::new(v);
+            *list = v.without_front(removed.len());
             self.dir_dirty.store(true, Ordering::Release);
             self.mark_dirty();
         }
-        Ok(removed)
+        outcome.map(|()| removed)
     }
 
     /// Releases the bytes of a sealed tail-split parent past its logical
@@ -126,13 +130,14 @@ impl Partition {
     pub(crate) fn reclaim_past(&self, from: u64) -> Result<bool> {
         let mut w = self.writer.lock();
         let mut list = self.segments.write();
-        let v = (**list).clone();
-        let Some(k) = v.iter().rposition(|s| s.base_offset <= from) else {
+        let v = list.clone();
+        let k = v.partition_point(|s| s.base_offset <= from);
+        let Some(k) = k.checked_sub(1) else {
             return Ok(true);
         };
         let keep = v[k].clone();
-        let later: Vec<Arc<Segment>> = v[k + 1..].to_vec();
-        *list = Arc::new(v[..=k].to_vec());
+        let later: Vec<Arc<Segment>> = v.iter().skip(k + 1).cloned().collect();
+        *list = v.truncated(k + 1);
         drop(v);
         if !later.is_empty() {
             // The writer of a sealed partition writes nothing, but a clean
@@ -144,6 +149,7 @@ impl Partition {
         }
         let moved_end = |seg: &Arc<Segment>| (seg.committed_pos(), seg.end_offset());
         for seg in later.iter().rev() {
+            seg.drop_mapping();
             let _ = std::fs::remove_file(seg.index_path());
             match std::fs::remove_file(seg.path()) {
                 Ok(()) => {}

@@ -40,7 +40,8 @@ impl SyncCapture {
             });
         }
         if self.sync_dir {
-            let f = crate::storage::file::open_dir(dir).map_err(|e| Error::io(dir, e))?;
+            let f = crate::storage::file::open_dir(dir)
+                .map_err(|e| Error::io(dir, e).resource_typed())?;
             targets.push(SyncTarget {
                 fd: std::os::unix::io::AsRawFd::as_raw_fd(&f),
                 path: dir.to_path_buf(),

@@ -1,5 +1,6 @@
 //! Files and memory maps: segments, durability, fault injection.
 
+pub(crate) mod budget;
 pub(crate) mod durability;
 pub(crate) mod fault;
 pub(crate) mod file;

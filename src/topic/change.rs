@@ -86,6 +86,7 @@ impl Topic {
                         ReadIsolation::Written
                     },
                     wake: self.inner.wake.clone(),
+                    budget: self.inner.core.budget.clone(),
                 },
                 seg,
                 sealed,

@@ -771,11 +771,16 @@ fn hoard_descriptors() -> Vec<std::fs::File> {
     }
 }
 
-/// Every append rolls (3000 B records in 4 KiB segments, no sync between
-/// rolls, so each roll first fsyncs the partition directory); with no
-/// descriptor left the roll fails with `OutOfDescriptors`, again on a
-/// retry, and once descriptors are free the same append succeeds, sync
-/// and close succeed, and every acknowledged record is there after reopen.
+/// Every append rolls (3000 B records in 4 KiB segments). After a sync
+/// (sealed segments hold no descriptor, so the budget has nothing to give
+/// back) and with no descriptor left, the roll fails with
+/// `ResourceExhausted`, again on a retry, and once descriptors are free
+/// the same append succeeds. Then, with rolled segments left unsynced
+/// (they keep their descriptors until a round) and again no descriptor
+/// left, every roll goes through: the budget closes the unsynced
+/// segments' descriptors (the next round opens them again) and the roll
+/// uses them. Sync and close succeed, and every acknowledged record is
+/// there after reopen.
 fn descriptor_shortage_at_a_roll_scenario(dir: &Path) {
     limit_open_files(64);
     let log = Log::open(dir, quiet()).unwrap();
@@ -792,17 +797,25 @@ fn descriptor_shortage_at_a_roll_scenario(dir: &Path) {
     for i in 0..10 {
         assert_eq!(append(&log, "t", i, 3000).unwrap(), i);
     }
+    log.sync().unwrap();
     let held = hoard_descriptors();
     for _ in 0..3 {
         let err = append(&log, "t", 10, 3000).unwrap_err();
-        assert!(matches!(err, Error::OutOfDescriptors { .. }), "{err}");
+        assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
     }
     drop(held);
-    assert_eq!(append(&log, "t", 10, 3000).unwrap(), 10);
+    for i in 10..20 {
+        assert_eq!(append(&log, "t", i, 3000).unwrap(), i);
+    }
+    let held = hoard_descriptors();
+    for i in 20..40 {
+        assert_eq!(append(&log, "t", i, 3000).unwrap(), i);
+    }
+    drop(held);
     log.sync().unwrap();
     log.close().unwrap();
     let log = Log::open(dir, quiet()).unwrap();
-    assert_eq!(read_all(&log, "t", 0, 3000), 11);
+    assert_eq!(read_all(&log, "t", 0, 3000), 40);
     log.close().unwrap();
 }
 

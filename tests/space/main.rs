@@ -9,5 +9,6 @@
 mod common;
 
 mod allocation;
+mod budget;
 mod enospc_paths;
 mod large_batches;

@@ -147,7 +147,12 @@ pub(super) fn held_until(seg: &mut Segment, info: &HeaderInfo, p: &ChainParams<'
         mode: RecoveryMode::Truncate,
         index_interval: p.index_interval,
     };
-    scan_segment(seg.raw_for_recovery(), &params).end_offset
+    // Mapped since phase one; should a mapping not be had, its base
+    // bounds it as for a damaged file.
+    match seg.raw_for_recovery() {
+        Ok(raw) => scan_segment(&raw, &params).end_offset,
+        Err(_) => info.base_offset,
+    }
 }
 
 impl Repairs<'_, '_> {

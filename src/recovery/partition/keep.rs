@@ -231,7 +231,7 @@ pub(super) fn keep_segment(
         },
         ScanPlan::Scan(params) => {
             let walk_from = walk_start(&seg, &params, p);
-            let params = checked_start(seg.raw_for_recovery(), params, walk_from);
+            let params = checked_start(&seg.raw_for_recovery()?, params, walk_from);
             scan_and_repair(path, &mut seg, info, &params, &sync, cur, r)?
         }
     };
@@ -267,9 +267,10 @@ pub(super) fn keep_segment(
         let from_file = (p.clean && !p.mode.full_scan)
             .then(|| seg.load_clean_index_file(end.end_pos))
             .flatten();
-        let entries = from_file.unwrap_or_else(|| {
-            rebuild_index(&seg.committed(), base, end.end_pos, p.index_interval)
-        });
+        let entries = match from_file {
+            Some(e) => e,
+            None => rebuild_index(&seg.committed()?, base, end.end_pos, p.index_interval),
+        };
         *seg.index.lock() = IndexState::Loaded(entries);
     }
     cur.kept(end.end_offset, end.sealed);
@@ -290,7 +291,7 @@ fn scan_and_repair(
     r: &mut Repairs<'_, '_>,
 ) -> Result<RecoveredEnd> {
     let p = r.p;
-    let outcome = scan_segment(seg.raw_for_recovery(), params);
+    let outcome = scan_segment(&seg.raw_for_recovery()?, params);
     r.report.bytes_scanned += outcome.end_pos - params.from_pos;
     r.report.records_scanned += outcome.records;
     r.salvage_holes(path, seg, &outcome.holes)?;

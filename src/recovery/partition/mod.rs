@@ -231,7 +231,8 @@ pub fn open_chain(p: &ChainParams<'_>) -> Result<OpenedChain> {
                             seg.file_len() == end_pos
                                 && p.checkpoint.is_some_and(|c| base < c.segment_base)
                                 && !p.mode.full_scan
-                        });
+                        })
+                        || sealed_partition_end_settled(p, base, seg.file_len());
                     if settled {
                         seg.release_fd();
                     }
@@ -277,6 +278,19 @@ fn problem(file: &Path, position: u64, what: String, repair: &str) -> Problem {
         what,
         repair: repair.to_string(),
     }
+}
+
+/// Whether the segment at `base`, `file_len` bytes long, is the last one
+/// of a sealed partition, trimmed to exactly what a clean shutdown's
+/// checkpoint names: nothing to scan or repair, so it keeps neither its
+/// descriptor nor its mapping (a read maps it again), and an open of a log
+/// with many sealed partitions holds none for them.
+fn sealed_partition_end_settled(p: &ChainParams<'_>, base: u64, file_len: u64) -> bool {
+    p.clean
+        && !p.mode.full_scan
+        && p.checkpoint.is_some_and(|c| {
+            p.sealed == Some(c.end_offset) && c.segment_base == base && c.position == file_len
+        })
 }
 
 /// An OS error while opening or mapping becomes [`Error::OpenFailed`].

@@ -57,7 +57,8 @@ impl Segment {
             .max(file_len)
             .min(crate::config::MAX_SEGMENT_BYTES);
         if capacity > self.capacity {
-            self.map = map_file(&*self.file()?, capacity, true).at(&self.path)?;
+            let raw = map_file(&*self.file()?, capacity, true).at(&self.path)?;
+            self.res.replace_map(Arc::new(Mapping::new(raw)));
             self.capacity = capacity;
         }
         let from = page_up(self.committed_pos()).min(self.allocated());
@@ -118,7 +119,7 @@ pub(super) fn page_up(pos: u64) -> u64 {
     pos.div_ceil(4096) * 4096
 }
 
-pub(super) fn map_file(file: &File, len: u64, writable: bool) -> std::io::Result<MmapRaw> {
+pub(super) fn map_file(file: &File, len: u64, writable: bool) -> std::io::Result<memmap2::MmapRaw> {
     let mut opts = memmap2::MmapOptions::new();
     opts.len(len as usize);
     if writable {

@@ -121,7 +121,7 @@ impl Segment {
                 u64::from(last.position),
                 self.base_offset + u64::from(last.rel_offset),
             );
-            if !headers_reach(&self.committed(), from, end, self.end_offset()) {
+            if !headers_reach(&self.committed().ok()?, from, end, self.end_offset()) {
                 return None;
             }
         }
@@ -157,8 +157,8 @@ impl Segment {
     /// Replaces an index found not to match the segment with one rebuilt
     /// from the data, in memory and (durably, best effort: the in-memory
     /// one is right either way) on disk.
-    pub(super) fn rebuild_stale_index(&self, end: u64) -> Vec<IndexEntry> {
-        let entries = rebuild_index(&self.committed(), self.base_offset, end, 4096);
+    pub(super) fn rebuild_stale_index(&self, data: &CommittedBytes, end: u64) -> Vec<IndexEntry> {
+        let entries = rebuild_index(data, self.base_offset, end, 4096);
         if self.writable && self.hook.get().is_some() {
             let buf = encode_index_file(self.base_offset, &entries);
             let _ = self.write_index_bytes(&buf, true, self.hook());
@@ -169,10 +169,15 @@ impl Segment {
     /// Finds the file position of the batch holding `offset` (which must be
     /// in `[base_offset, end_offset)`), using the sparse index as a hint.
     pub(crate) fn locate(&self, offset: u64) -> Result<u64> {
-        let data = self.committed();
-        let end = self.committed_pos();
-        let hint = self.index_hint(offset, end);
-        match walk_to(&data, hint, end, offset) {
+        let data = self.committed()?;
+        self.locate_in(&data, offset)
+    }
+
+    /// [`Segment::locate`] in bytes already taken.
+    pub(crate) fn locate_in(&self, data: &CommittedBytes, offset: u64) -> Result<u64> {
+        let end = data.end as u64;
+        let hint = self.index_hint(data, offset, end);
+        match walk_to(data, hint, end, offset) {
             Some(pos) => Ok(pos),
             // The hint was wrong (a damaged cache): rebuild the index and
             // walk from the start.
@@ -180,10 +185,10 @@ impl Segment {
                 if self.is_sealed() {
                     // Under the index lock: one reader rebuilds and writes it.
                     let mut guard = self.index.lock();
-                    *guard = IndexState::Loaded(self.rebuild_stale_index(end));
+                    *guard = IndexState::Loaded(self.rebuild_stale_index(data, end));
                 }
                 walk_to(
-                    &data,
+                    data,
                     (SEGMENT_HEADER_LEN as u64, self.base_offset),
                     end,
                     offset,
@@ -200,10 +205,10 @@ impl Segment {
     }
 
     /// Best index entry at or before `offset`: (position, its offset).
-    pub(super) fn index_hint(&self, offset: u64, end: u64) -> (u64, u64) {
+    pub(super) fn index_hint(&self, data: &CommittedBytes, offset: u64, end: u64) -> (u64, u64) {
         let mut guard = self.index.lock();
         if matches!(*guard, IndexState::NotLoaded) {
-            *guard = IndexState::Loaded(self.load_index(end));
+            *guard = IndexState::Loaded(self.load_index(data, end));
         }
         let IndexState::Loaded(entries) = &*guard else {
             unreachable!("loaded just above");
@@ -223,7 +228,7 @@ impl Segment {
 
     /// Reads the index file; one that is missing or does not match the
     /// segment is rebuilt from the data and written again (durably).
-    pub(super) fn load_index(&self, end: u64) -> Vec<IndexEntry> {
+    pub(super) fn load_index(&self, data: &CommittedBytes, end: u64) -> Vec<IndexEntry> {
         if let Ok(Some(buf)) = self.read_index_file() {
             let (entries, whole) =
                 format_index::decode_index(&buf, self.base_offset, end, self.end_offset());
@@ -231,7 +236,7 @@ impl Segment {
                 return entries;
             }
         }
-        self.rebuild_stale_index(end)
+        self.rebuild_stale_index(data, end)
     }
 
     /// Index entries for the time lookup: first position whose batch may hold
@@ -244,16 +249,20 @@ impl Segment {
     /// before the hint (`i64::MIN` from the start): a walk from the hint
     /// sees only the records after it.
     pub(crate) fn time_hint_and_newest_before(&self, ts: i64) -> ((u64, u64), i64) {
-        let end = self.committed_pos();
+        let start = (SEGMENT_HEADER_LEN as u64, self.base_offset);
+        // A hint only: without the bytes (a mapping shortage), the start.
+        let Ok(data) = self.committed() else {
+            return (start, i64::MIN);
+        };
+        let end = data.end as u64;
         let mut guard = self.index.lock();
         if matches!(*guard, IndexState::NotLoaded) {
-            *guard = IndexState::Loaded(self.load_index(end));
+            *guard = IndexState::Loaded(self.load_index(&data, end));
         }
         let IndexState::Loaded(entries) = &*guard else {
             unreachable!("loaded just above");
         };
         let i = entries.partition_point(|e| e.max_ts_before < ts);
-        let start = (SEGMENT_HEADER_LEN as u64, self.base_offset);
         if i <= 1 {
             return (start, i64::MIN);
         }
@@ -268,8 +277,7 @@ impl Segment {
         // way to a walk from the start rather than a corruption error or a
         // wrong answer for intact data.
         let names_its_batch = hint.0 < end
-            && batch::parse_header(self.committed().from(hint.0))
-                .is_ok_and(|h| h.base_offset.get() == hint.1);
+            && batch::parse_header(data.from(hint.0)).is_ok_and(|h| h.base_offset.get() == hint.1);
         if names_its_batch {
             (hint, e.max_ts_before)
         } else {
@@ -303,7 +311,7 @@ pub(super) fn encode_index_file(base_offset: u64, entries: &[IndexEntry]) -> Vec
 
 /// Walks batch headers from `(pos, offset)` to the batch holding `target`.
 pub(super) fn walk_to(
-    data: &CommittedBytes<'_>,
+    data: &CommittedBytes,
     start: (u64, u64),
     end: u64,
     target: u64,
@@ -328,7 +336,7 @@ pub(super) fn walk_to(
 /// exactly `end` (position) at `end_offset`, each naming the offset that
 /// follows the one before.
 pub(super) fn headers_reach(
-    data: &CommittedBytes<'_>,
+    data: &CommittedBytes,
     start: (u64, u64),
     end: u64,
     end_offset: u64,
@@ -354,7 +362,7 @@ pub fn batch_span(h: &BatchHeader) -> u64 {
 
 /// Rebuilds index entries by walking (already validated) batch headers.
 pub(crate) fn rebuild_index(
-    data: &CommittedBytes<'_>,
+    data: &CommittedBytes,
     base: u64,
     end: u64,
     interval: u64,

@@ -72,7 +72,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use memmap2::MmapRaw;
 use parking_lot::Mutex;
 
 use crate::config::{ALLOC_CHUNK_MAX_BYTES, ALLOC_CHUNK_MIN_BYTES};
@@ -80,17 +79,20 @@ use crate::error::{Error, IoContext, Result};
 use crate::format::batch::{self, BatchHeader, RecordIn};
 use crate::format::index::{self as format_index, IndexEntry};
 use crate::format::segment::{self, HeaderInfo, SEGMENT_HEADER_LEN};
+use crate::storage::budget::{Budget, Mapping, Resident};
 use crate::storage::durability::SyncTarget;
 use crate::storage::fault::{IoHook, IoOp, NoFaults};
 use crate::storage::file::{create_scratch, open_file, read_optional, Access};
 
 mod alloc;
 mod index;
+mod list;
 mod writer;
 
 use alloc::*;
 pub(crate) use index::rebuild_index;
 use index::*;
+pub(crate) use list::Segments;
 pub use writer::SegmentWriter;
 
 /// How a segment file is opened: read-only for `verify` and analyses.
@@ -128,11 +130,12 @@ pub(crate) enum IndexState {
 pub struct Segment {
     path: PathBuf,
     index_path: PathBuf,
-    /// The open file; `None` once the segment is sealed and fully synced
-    /// (a mapping stays valid after its descriptor is closed), so
-    /// descriptors do not grow with the number of segments.
-    file: Mutex<Option<Arc<File>>>,
-    map: MmapRaw,
+    /// Its open file and its mapping (see `storage/budget.rs`). The file
+    /// is closed once the segment takes no more appends and is fully
+    /// synced (a mapping stays valid after its descriptor is closed), or
+    /// earlier by the budget; the mapping of such a segment is given back
+    /// by the budget and mapped again by the next read.
+    res: Arc<Resident>,
     /// Mapped length in bytes: the most data the segment can hold.
     capacity: u64,
     /// Every byte below it is allocated on disk and inside the file (see
@@ -156,6 +159,9 @@ pub struct Segment {
     synced_pos: AtomicU64,
     /// Rolled: takes no more appends.
     sealed: AtomicBool,
+    /// The last segment of a sealed partition: takes no more appends
+    /// either, but carries no seal in its header.
+    frozen: AtomicBool,
     /// The seal in the header has been synced (a sync round must flush the
     /// header of a segment sealed since the last round, or a power loss can
     /// leave a durable, fully synced segment without its seal).
@@ -317,14 +323,15 @@ impl Segment {
             ));
         }
         debug_assert!(allocated <= file_len);
+        // An `Error::Io`: recovery makes it `OpenFailed`, a roll
+        // `ResourceExhausted`.
         let map = map_file(&file, capacity, writable).at(&path)?;
-        let file = Mutex::new(Some(Arc::new(file)));
+        let res = Resident::new(Some(Arc::new(Mapping::new(map))), Some(Arc::new(file)));
         let index_path = path.with_extension("idx");
         Ok(Segment {
             path,
             index_path,
-            file,
-            map,
+            res,
             capacity,
             allocated: AtomicU64::new(allocated),
             file_len: AtomicU64::new(file_len),
@@ -336,6 +343,7 @@ impl Segment {
             max_timestamp: AtomicI64::new(i64::MIN),
             synced_pos: AtomicU64::new(SEGMENT_HEADER_LEN as u64),
             sealed: AtomicBool::new(false),
+            frozen: AtomicBool::new(false),
             seal_synced: AtomicBool::new(false),
             index: Mutex::new(IndexState::NotLoaded),
             index_durable: AtomicU64::new(INDEX_UNKNOWN),
@@ -380,6 +388,76 @@ impl Segment {
         let _ = self.hook.set(hook.clone());
     }
 
+    /// Puts the segment's mapping and descriptor under the log's budget
+    /// (the partition that takes the segment does).
+    pub(crate) fn attach_budget(&self, budget: &Arc<Budget>) {
+        self.res.attach(budget);
+    }
+
+    /// The segment takes no more appends (it was rolled, or it is the last
+    /// segment of a sealed partition): its mapping and descriptor may be
+    /// given back, and it needs no descriptor once synced.
+    pub(crate) fn freeze(&self) {
+        self.frozen.store(true, Ordering::Release);
+        self.res.make_evictable();
+        self.release_fd_if_settled();
+    }
+
+    /// Takes no more appends: sealed, or frozen with its partition.
+    pub(crate) fn takes_no_appends(&self) -> bool {
+        self.is_sealed() || self.frozen.load(Ordering::Acquire)
+    }
+
+    /// Drops the cache's mapping: retention unlinked the file, whose
+    /// space comes back once no reader holds the mapping either.
+    pub(crate) fn drop_mapping(&self) {
+        self.res.take_map();
+        self.res.take_file();
+    }
+
+    /// The mapping: cached, or mapped again (a read of a segment the
+    /// budget evicted). Mapping again opens the file for this call only
+    /// (through the hook as [`IoOp::OpenSegment`] and
+    /// [`IoOp::MapSegment`]); a descriptor or mapping shortage makes the
+    /// budget give back what it holds and the map is tried once more,
+    /// then it is [`Error::ResourceExhausted`], with nothing changed.
+    pub(crate) fn mapping(&self) -> Result<Arc<Mapping>> {
+        if let Some(m) = self.res.map() {
+            return Ok(m);
+        }
+        match self.map_again() {
+            Err(e) if e.is_resource_shortage() && self.shed() => self.map_again(),
+            r => r,
+        }
+    }
+
+    /// Asks the budget to give back what it caches; whether it did.
+    fn shed(&self) -> bool {
+        self.res.budget().is_some_and(|b| b.shed())
+    }
+
+    fn map_again(&self) -> Result<Arc<Mapping>> {
+        let hook = self.hook();
+        let file = match self.res.file() {
+            Some(f) => f,
+            None => {
+                hook.before(IoOp::OpenSegment, &self.path)
+                    .map_err(|e| Error::io(&self.path, e).resource_typed())?;
+                Arc::new(
+                    open_file(&self.path, access(self.writable)).map_err(Error::resource_typed)?,
+                )
+            }
+        };
+        hook.before(IoOp::MapSegment, &self.path)
+            .map_err(|e| Error::mapping(&self.path, e))?;
+        // A segment that takes appends is never evicted (pinned), so this
+        // maps a segment whose file is as long as its data (trimmed) or
+        // longer: never past what readers may address.
+        let len = self.file_len().max(SEGMENT_HEADER_LEN as u64);
+        let raw = map_file(&file, len, self.writable).map_err(|e| Error::mapping(&self.path, e))?;
+        Ok(self.res.set_map(Arc::new(Mapping::new(raw))))
+    }
+
     fn hook(&self) -> &dyn IoHook {
         match self.hook.get() {
             Some(h) => &**h,
@@ -405,7 +483,11 @@ impl Segment {
             return known;
         }
         let ((mut pos, _), mut max) = self.time_hint_and_newest_before(i64::MAX);
-        let data = self.committed();
+        // Unknown while the segment cannot be mapped (a shortage): not
+        // cached, so the next call tries again.
+        let Ok(data) = self.committed() else {
+            return known;
+        };
         let end = self.committed_pos();
         while pos < end {
             let Ok(h) = batch::parse_header(data.from(pos)) else {
@@ -470,8 +552,11 @@ impl Segment {
         if self.is_sealed() {
             return Ok(false);
         }
-        let head = &self.raw_for_recovery()[..SEGMENT_HEADER_LEN];
-        if !segment::decode_header(head).is_ok_and(|h| h.seal.is_some()) {
+        let raw = self.raw_for_recovery()?;
+        let sealed_head =
+            segment::decode_header(&raw[..SEGMENT_HEADER_LEN]).is_ok_and(|h| h.seal.is_some());
+        drop(raw);
+        if !sealed_head {
             return Ok(false);
         }
         self.file()?
@@ -489,13 +574,17 @@ impl Segment {
         self.sealed.store(sealed, Ordering::Release);
         // A seal read from disk is taken as already durable.
         self.seal_synced.store(sealed, Ordering::Release);
+        if sealed {
+            self.res.make_evictable();
+        }
         self.release_fd_if_settled();
     }
 
     /// The whole mapped file, header included, for recovery before the
     /// segment is shared with readers or the writer.
-    pub(crate) fn raw_for_recovery(&mut self) -> &[u8] {
-        let upto = self.allocated().min(self.capacity);
+    pub(crate) fn raw_for_recovery(&mut self) -> Result<RawBytes> {
+        let map = self.mapping()?;
+        let upto = self.allocated().min(self.capacity).min(map.len());
         // Only up to the end of the file's data: past it an active
         // segment's file is sparse, and a read fault on a hole of a shared
         // mapping allocates a page on some filesystems (tmpfs), which on a
@@ -506,26 +595,34 @@ impl Segment {
             Ok(f) => data_end(&f, upto).clamp(SEGMENT_HEADER_LEN as u64, upto),
             Err(_) => upto,
         };
-        // SAFETY: `&mut self`: no reader or writer shares the segment yet;
-        // map and file are >= `len` bytes; the mapping lives as long as self.
-        unsafe { std::slice::from_raw_parts(self.map.as_ptr(), len as usize) }
+        Ok(RawBytes {
+            map,
+            len: len as usize,
+        })
     }
 
     /// Committed data bytes `[SEGMENT_HEADER_LEN, committed_pos)`, indexed
     /// from the start of the file (the header part reads as an empty gap:
     /// callers index with file positions >= `SEGMENT_HEADER_LEN`).
-    pub fn committed(&self) -> CommittedBytes<'_> {
-        let end = self.committed_pos() as usize;
-        // SAFETY: see the module comment: bytes in [SEGMENT_HEADER_LEN, end)
-        // were published by the writer's Release store and are never written
-        // again; the mapping outlives the borrow of self.
-        let data = unsafe {
-            std::slice::from_raw_parts(
-                self.map.as_ptr().add(SEGMENT_HEADER_LEN),
-                end - SEGMENT_HEADER_LEN,
-            )
-        };
-        CommittedBytes { data }
+    /// The bytes come with the mapping they lie in, which they keep
+    /// mapped; a segment the budget evicted is mapped again
+    /// ([`Segment::mapping`]).
+    pub fn committed(&self) -> Result<CommittedBytes> {
+        let map = self.mapping()?;
+        let end = self.committed_pos();
+        if end > map.len() {
+            // Only a file cut by something outside fissionlog is shorter
+            // than its committed data.
+            return Err(Error::corruption(
+                &self.path,
+                map.len(),
+                format!("the file ends before its committed data ({end} bytes)"),
+            ));
+        }
+        Ok(CommittedBytes {
+            map,
+            end: end as usize,
+        })
     }
 
     /// The fdatasync of a segment created outside a sync round, for a
@@ -560,39 +657,54 @@ impl Segment {
     /// opens sealed segments without keeping their descriptors, then may
     /// repair them) opens its file again and keeps it until settled.
     pub(crate) fn sync_handle(&self) -> Result<Option<Arc<File>>> {
-        let mut g = self.file.lock();
-        if let Some(f) = &*g {
-            return Ok(Some(f.clone()));
+        if let Some(f) = self.res.file() {
+            return Ok(Some(f));
         }
         if self.is_settled() {
             return Ok(None);
         }
-        let f = Arc::new(open_file(&self.path, access(self.writable))?);
-        *g = Some(f.clone());
-        Ok(Some(f))
+        // A descriptor opened after the write still reports a writeback
+        // error nobody has seen (the kernel samples the file's error
+        // sequence at open as "unseen"), and only this log syncs the file.
+        let f = match open_file(&self.path, access(self.writable)) {
+            Err(e) if e.is_resource_shortage() && self.shed() => {
+                open_file(&self.path, access(self.writable))
+            }
+            r => r,
+        }
+        .map_err(Error::resource_typed)?;
+        Ok(Some(self.res.set_file(Arc::new(f))))
     }
 
-    /// Closes the descriptor now; [`Segment::sync_handle`] and the repair
-    /// calls open the file again when they need it. Recovery does this for
-    /// the sealed segments it opens, so an open of a log with many
-    /// segments holds one descriptor per partition, not one per segment.
+    /// Closes the descriptor now and drops the mapping;
+    /// [`Segment::sync_handle`] and the repair calls open the file again
+    /// when they need it, and a read maps it again. Recovery does this for
+    /// the settled sealed segments it opens, so an open of a log with many
+    /// segments holds a descriptor and a mapping per partition, not per
+    /// segment.
     pub(crate) fn release_fd(&self) {
-        self.file.lock().take();
+        self.res.take_file();
+        self.res.take_map();
     }
 
+    /// Takes no more appends, and everything it holds (its seal, if it
+    /// carries one) is synced: nothing writes or syncs it again.
     fn is_settled(&self) -> bool {
-        self.is_sealed()
-            && self.seal_synced.load(Ordering::Acquire)
+        let frozen = self.frozen.load(Ordering::Acquire);
+        let sealed_synced = self.is_sealed() && self.seal_synced.load(Ordering::Acquire);
+        ((frozen && !self.needs_seal_sync()) || sealed_synced)
             && self.synced_pos() >= self.committed_pos()
     }
 
     /// The open file, or the file opened again for one call when its
     /// descriptor was released (a trim of a sealed segment at open).
     fn file(&self) -> Result<Arc<File>> {
-        if let Some(f) = &*self.file.lock() {
-            return Ok(f.clone());
+        if let Some(f) = self.res.file() {
+            return Ok(f);
         }
-        open_file(&self.path, access(self.writable)).map(Arc::new)
+        open_file(&self.path, access(self.writable))
+            .map(Arc::new)
+            .map_err(Error::resource_typed)
     }
 
     /// Closes the descriptor of a segment that is sealed, whose seal is
@@ -600,7 +712,7 @@ impl Segment {
     /// and its mapping stays valid without it.
     fn release_fd_if_settled(&self) {
         if self.is_settled() {
-            self.file.lock().take();
+            self.res.take_file();
         }
     }
 
@@ -744,20 +856,36 @@ impl Segment {
         file.write_all_at(&header, pos).at(&self.path)
     }
 
-    /// Writes the seal (end offset and position) into the header.
+    /// Writes the seal (end offset and position) into the header, then
+    /// lets the budget evict the segment's mapping and descriptor.
+    ///
+    /// A segment that takes appends is pinned, so its mapping is cached
+    /// and this stores into it; should it not be (never, as the code is),
+    /// the seal goes in with `pwrite`, and should that fail too, the
+    /// segment is sealed in memory only and recovery seals it again
+    /// ([`Segment::seal_recovered`]: a segment followed by another one).
     fn write_seal(&self, end_offset: u64, end_pos: u64) {
         let seal = segment::encode_seal(end_offset, end_pos);
-        // SAFETY: bytes [SEAL_POS, SEAL_POS+20) lie in the header, which no
-        // reader ever forms a slice over; the writer is exclusive (`&mut
-        // SegmentWriter`), and the mapping is at least 64 bytes long.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                seal.as_ptr(),
-                self.map.as_mut_ptr().add(segment::SEAL_POS),
-                seal.len(),
-            );
+        match self.mapping() {
+            // SAFETY: bytes [SEAL_POS, SEAL_POS+20) lie in the header, which
+            // no reader ever forms a slice over; the writer is exclusive
+            // (`&mut SegmentWriter`), and the mapping (held for the copy)
+            // is at least 64 bytes long.
+            Ok(map) => unsafe {
+                std::ptr::copy_nonoverlapping(
+                    seal.as_ptr(),
+                    map.as_mut_ptr().add(segment::SEAL_POS),
+                    seal.len(),
+                );
+            },
+            Err(_) => {
+                if let Ok(f) = self.file() {
+                    let _ = f.write_all_at(&seal, segment::SEAL_POS as u64);
+                }
+            }
         }
         self.sealed.store(true, Ordering::Release);
+        self.res.make_evictable();
     }
 }
 
@@ -785,25 +913,70 @@ pub(crate) fn prepare_recovered_chain(
     Ok(())
 }
 
-/// The committed bytes of a segment, addressed by file position.
-#[derive(Debug, Clone, Copy)]
-pub struct CommittedBytes<'a> {
-    data: &'a [u8],
+/// The committed bytes of a segment, addressed by file position, with
+/// the mapping they lie in (kept mapped while this lives, whatever the
+/// budget does meanwhile).
+#[derive(Debug, Clone)]
+pub struct CommittedBytes {
+    map: Arc<Mapping>,
+    /// The committed end when taken (a file position, at most the
+    /// mapping's length).
+    end: usize,
 }
 
-impl<'a> CommittedBytes<'a> {
+impl CommittedBytes {
+    /// The committed end (a file position) when the bytes were taken.
+    pub fn end_pos(&self) -> u64 {
+        self.end as u64
+    }
+
+    /// `[SEGMENT_HEADER_LEN, end)` of the mapping.
+    fn data(&self) -> &[u8] {
+        // SAFETY: see the module comment: bytes in [SEGMENT_HEADER_LEN,
+        // end) were published by the writer's Release store (or recovered
+        // before the segment was shared) and are never written again;
+        // `end` is at most the mapping's length (checked when taken), and
+        // the mapping lives as long as `self` holds its `Arc`.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.map.as_ptr().add(SEGMENT_HEADER_LEN),
+                self.end - SEGMENT_HEADER_LEN,
+            )
+        }
+    }
+
     /// Bytes from file position `pos` to the committed end.
-    pub fn from(&self, pos: u64) -> &'a [u8] {
+    pub fn from(&self, pos: u64) -> &[u8] {
+        let data = self.data();
         let start = (pos as usize)
             .saturating_sub(SEGMENT_HEADER_LEN)
-            .min(self.data.len());
-        &self.data[start..]
+            .min(data.len());
+        &data[start..]
     }
 
     /// Bytes of file positions `[start, end)`.
-    pub fn range(&self, start: u64, end: u64) -> &'a [u8] {
+    pub fn range(&self, start: u64, end: u64) -> &[u8] {
         let s = start as usize - SEGMENT_HEADER_LEN;
         let e = end as usize - SEGMENT_HEADER_LEN;
-        &self.data[s..e]
+        &self.data()[s..e]
+    }
+}
+
+/// A whole mapped file for recovery, header included, with its mapping.
+#[derive(Debug)]
+pub(crate) struct RawBytes {
+    map: Arc<Mapping>,
+    len: usize,
+}
+
+impl std::ops::Deref for RawBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: taken by `raw_for_recovery` under `&mut Segment`: no
+        // reader or writer shares the segment yet; the mapping and the
+        // file's data are at least `len` bytes, and the mapping lives as
+        // long as `self` holds its `Arc`.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr(), self.len) }
     }
 }

@@ -21,6 +21,10 @@ pub struct SegmentWriter {
     index_interval: u64,
     /// Encoding buffer of the `pwrite` path, kept between batches.
     buf: Vec<u8>,
+    /// The mapping it stores into, held by the writer itself: a segment
+    /// that takes appends is pinned in the budget anyway, and this makes
+    /// the stores independent of what the budget does.
+    map: Option<Arc<Mapping>>,
 }
 
 impl SegmentWriter {
@@ -30,7 +34,16 @@ impl SegmentWriter {
             IndexState::Loaded(e) => e.last().map(|e| u64::from(e.position)),
             IndexState::NotLoaded => None,
         };
+        // Only a segment that takes appends is pinned by its writer: the
+        // writer a sealed partition keeps (for its index at close) must
+        // not keep an evicted mapping alive.
+        let map = if segment.takes_no_appends() {
+            None
+        } else {
+            segment.res.map()
+        };
         SegmentWriter {
+            map,
             write_pos: segment.committed_pos(),
             next_offset: segment.end_offset(),
             max_ts: segment.max_timestamp(),
@@ -99,7 +112,15 @@ impl SegmentWriter {
             self.write_batch(records, len)?
         } else {
             self.reserve(len as u64)?;
-            self.store_batch(records, len)
+            let map = match &self.map {
+                Some(m) => m.clone(),
+                None => {
+                    let m = self.segment.mapping()?;
+                    self.map = Some(m.clone());
+                    m
+                }
+            };
+            self.store_batch(&map, records, len)
         };
         if self
             .last_indexed_pos
@@ -130,13 +151,13 @@ impl SegmentWriter {
     }
 
     /// Stores a batch into the mapping at the write position.
-    fn store_batch(&mut self, records: &[RecordIn<'_>], len: usize) -> BatchHeader {
+    fn store_batch(&mut self, map: &Mapping, records: &[RecordIn<'_>], len: usize) -> BatchHeader {
         assert!(
-            self.write_pos + len as u64 <= self.segment.allocated(),
+            self.write_pos + len as u64 <= self.segment.allocated().min(map.len()),
             "caller reserves space before a batch is stored"
         );
         let pos = self.write_pos;
-        let base = self.segment.map.as_mut_ptr();
+        let base = map.as_mut_ptr();
         // [pos, pos+len) is inside the mapping, below EOF, in allocated
         // space (checked above), and above `committed_pos`: no reader forms
         // a slice over it, and `&mut self` makes this the only writer.
@@ -181,6 +202,14 @@ impl SegmentWriter {
         }
         written.map_err(|e| Error::io(&seg.path, e))?;
         Ok(header)
+    }
+
+    /// The partition was sealed (split or merge): the segment takes no
+    /// more appends, and the writer lets go of its mapping, so the budget
+    /// decides when it goes.
+    pub(crate) fn freeze(&mut self) {
+        self.map = None;
+        self.segment.freeze();
     }
 
     /// Seals the segment: writes the seal into its header (it takes no

@@ -10,6 +10,7 @@ mod common;
 
 mod full_scan;
 mod missing_segments;
+mod open_costs;
 mod open_errors;
 mod power_loss_images;
 mod power_loss_repairs;

@@ -252,10 +252,16 @@ fn recover(
         // A process killed after a roll leaves the new segment's name in
         // the page cache but not known durable: recovery fsyncs a
         // directory only where it removed or created files, so the open's
-        // rounds fsync every partition's, before a checkpoint or a durable
-        // end names a segment in it.
+        // rounds fsync the directory of every partition whose names may
+        // not be durable, before a checkpoint or a durable end names a
+        // segment in it. A checkpoint names a segment only once its name
+        // is durable (and with it every older one): a partition whose
+        // chain ends at or below the segment its entry names has nothing
+        // to make durable, and costs no fsync.
         for p in core.all_partitions() {
-            p.mark_names_recovered();
+            if names_may_not_be_durable(&p, &cps, checkpoint_lost) {
+                p.mark_names_recovered();
+            }
         }
     }
     core.request_checkpoint();
@@ -265,6 +271,22 @@ fn recover(
     let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
     report.group_positions_lost = crate::group::check_group_positions(&topics)?;
     Ok(())
+}
+
+/// Whether the names of `p`'s segments may not all be durable after an
+/// unclean shutdown: its chain ends in a segment newer than the one its
+/// checkpoint entry names (rolled to after that checkpoint), or no entry
+/// names it at all.
+fn names_may_not_be_durable(
+    p: &Partition,
+    cps: &HashMap<(u32, u32), &PartitionCheckpoint>,
+    checkpoint_lost: bool,
+) -> bool {
+    let last = p.segments().last().map(|s| s.base_offset);
+    match cps.get(&(p.p.topic_id, p.id())) {
+        Some(c) if !checkpoint_lost => last.is_some_and(|base| base > c.segment_base),
+        _ => true,
+    }
 }
 
 /// Checks that `dir` is usable: creates it (when allowed) or recognises a log.

@@ -136,3 +136,68 @@ fn a_clean_close_and_open_of_an_unchanged_log_write_nothing_into_its_partitions(
         rec.ops()
     );
 }
+
+/// An index of one entry (a segment whose records fit in one index
+/// interval) is what a clean open derives from at most one interval of
+/// batch headers, the walk that checks an index file anyway: a clean close
+/// writes no file for it. A longer index is written, and both open clean.
+#[test]
+fn a_clean_close_writes_no_index_for_a_partition_whose_records_fit_in_one_index_interval() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let rec = Arc::new(Record::default());
+    let log = Log::open_with_hook(&dir, quiet(), rec.clone()).unwrap();
+    log.create_topic(
+        "t",
+        TopicConfig {
+            partitions: PARTITIONS,
+            ..TopicConfig::default()
+        },
+    )
+    .unwrap();
+    for p in 0..PARTITIONS {
+        append_one(&log, p, u64::from(p));
+    }
+    // Two more records past the 4 KiB index interval: a second entry.
+    let big = vec![5u8; 5000];
+    let t = log.topic("t").unwrap();
+    for _ in 0..2 {
+        let r = NewRecord {
+            key: None,
+            value: &big,
+            timestamp: None,
+        };
+        t.append_to(0, &[r]).unwrap();
+    }
+    let long = partition_dir(&log, 0);
+    drop(t);
+    log.close().unwrap();
+    let written: BTreeSet<PathBuf> = rec
+        .ops()
+        .into_iter()
+        .filter(|(op, _)| *op == IoOp::WriteIndex)
+        .filter_map(|(_, p)| Some(p.parent()?.to_path_buf()))
+        .collect();
+    assert_eq!(written, BTreeSet::from([long]), "index files written");
+
+    let rec = Arc::new(Record::default());
+    let log = Log::open_with_hook(&dir, quiet(), rec.clone()).unwrap();
+    assert!(log.recovery_report().clean_shutdown);
+    assert_eq!(log.recovery_report().bytes_scanned, 0);
+    let t = log.topic("t").unwrap();
+    for p in 0..PARTITIONS {
+        let b = t.partition(p).unwrap().read(0, 1 << 20).unwrap();
+        assert_eq!(b.iter().next().unwrap().value, &value(u64::from(p))[..]);
+    }
+    let p0 = t.partition(0).unwrap();
+    for offset in 1..3 {
+        let b = p0.read(offset, 1).unwrap();
+        let r = b.iter().next().unwrap();
+        assert_eq!((r.offset, r.value), (offset, &big[..]));
+    }
+    drop((p0, t));
+    log.close().unwrap();
+    let (_, problems) = fissionlog::verify(&dir).unwrap();
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert!(partitions_touched(&rec, &dir).is_empty(), "{:?}", rec.ops());
+}

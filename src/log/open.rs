@@ -219,7 +219,7 @@ fn recover(
             let params = chain_params(
                 &pdir,
                 rec,
-                p.id,
+                p,
                 &cps,
                 checkpoint,
                 checkpoint_lost,
@@ -348,23 +348,22 @@ fn create_partition_dir(pdir: &Path, tdir: &Path, hook: &dyn IoHook) -> Result<(
 fn chain_params<'a>(
     pdir: &'a Path,
     rec: &TopicRecord,
-    partition: u32,
+    p: &PartitionRecord,
     cps: &HashMap<(u32, u32), &'a PartitionCheckpoint>,
     checkpoint: &Checkpoint,
     checkpoint_lost: bool,
     mode: RecoverMode,
     hook: &'a dyn IoHook,
 ) -> ChainParams<'a> {
-    let sealed = rec
-        .partitions
-        .iter()
-        .find(|p| p.id == partition)
-        .and_then(|p| match p.state {
-            PartitionState::Sealed { end_offset } => Some(crate::topic::tail_split::recovery_seal(
-                rec, partition, end_offset,
-            )),
-            PartitionState::Active => None,
-        });
+    let partition = p.id;
+    // The record is passed in, not looked up by id: a lookup per partition
+    // made an open of N partitions O(N²).
+    let sealed = match p.state {
+        PartitionState::Sealed { end_offset } => Some(crate::topic::tail_split::recovery_seal(
+            rec, partition, end_offset,
+        )),
+        PartitionState::Active => None,
+    };
     ChainParams {
         dir: pdir,
         ids: PartitionIds {
@@ -413,7 +412,7 @@ fn load_topic(
         let params = chain_params(
             &pdir,
             rec,
-            p.id,
+            p,
             cps,
             checkpoint,
             checkpoint_lost,
@@ -670,11 +669,13 @@ fn remove_orphans(
                 let Ok(prd) = std::fs::read_dir(e.path()) else {
                     continue;
                 };
+                let known: std::collections::HashSet<u32> =
+                    t.partitions.iter().map(|p| p.id).collect();
                 for pe in prd.filter_map(|e| e.ok()) {
                     let pname = pe.file_name().to_string_lossy().into_owned();
                     let pid = pname.strip_prefix('p').and_then(|s| s.parse::<u32>().ok());
                     match pid {
-                        Some(pid) if t.partitions.iter().any(|p| p.id == pid) => {}
+                        Some(pid) if known.contains(&pid) => {}
                         Some(_) if pe.path().is_dir() => {
                             discard_orphan(&pe.path(), keep, hook, report)?;
                         }

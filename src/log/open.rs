@@ -24,7 +24,7 @@ use crate::recovery::partition::{
     open_chain, repair_chain, ChainParams, OpenedChain, PartitionIds, RecoverMode, RecoveredChain,
 };
 use crate::recovery::{FileAction, RecoveryReport};
-use crate::storage::durability::{CheckpointFiles, GroupCommit, Syncer};
+use crate::storage::durability::{dir_target, CheckpointFiles, GroupCommit, Syncer, BATCH_OPEN_MAX};
 use crate::storage::fault::{IoHook, IoOp};
 use crate::storage::lock::DirLock;
 use crate::storage::segment::Segment;
@@ -251,18 +251,20 @@ fn recover(
     if !checkpoint.clean {
         // A process killed after a roll leaves the new segment's name in
         // the page cache but not known durable: recovery fsyncs a
-        // directory only where it removed or created files, so the open's
-        // rounds fsync the directory of every partition whose names may
-        // not be durable, before a checkpoint or a durable end names a
-        // segment in it. A checkpoint names a segment only once its name
-        // is durable (and with it every older one): a partition whose
-        // chain ends at or below the segment its entry names has nothing
-        // to make durable, and costs no fsync.
-        for p in core.all_partitions() {
-            if names_may_not_be_durable(&p, &cps, checkpoint_lost) {
-                p.mark_names_recovered();
-            }
-        }
+        // directory only where it removed or created files, so the open
+        // fsyncs the directory of every partition whose names may not be
+        // durable, before a checkpoint or a durable end names a segment in
+        // it. A checkpoint names a segment only once its name is durable
+        // (and with it every older one): a partition whose chain ends at
+        // or below the segment its entry names has nothing to make
+        // durable, and costs no fsync.
+        let dirs: Vec<std::path::PathBuf> = core
+            .all_partitions()
+            .iter()
+            .filter(|p| names_may_not_be_durable(p, &cps, checkpoint_lost))
+            .map(|p| p.dir().to_path_buf())
+            .collect();
+        sync_recovered_dirs(core, &dirs)?;
     }
     core.request_checkpoint();
     core.sync_round(false)?;
@@ -270,6 +272,22 @@ fn recover(
     core.sync_round(false)?;
     let topics: Vec<Topic> = core.topics.read().values().cloned().collect();
     report.group_positions_lost = crate::group::check_group_positions(&topics)?;
+    Ok(())
+}
+
+/// Fsyncs `dirs` in batches of [`BATCH_OPEN_MAX`], each directory's
+/// descriptor open only for its batch: an open after a crash of N
+/// partitions that all rolled needs no more descriptors than a clean one
+/// (one per active segment), where fsyncing them in the open's sync rounds
+/// held one more per partition at once.
+fn sync_recovered_dirs(core: &Core, dirs: &[std::path::PathBuf]) -> Result<()> {
+    for batch in dirs.chunks(BATCH_OPEN_MAX) {
+        let targets = batch
+            .iter()
+            .map(|d| dir_target(d, IoOp::SyncRecoveryDir))
+            .collect::<Result<Vec<_>>>()?;
+        core.syncer.sync_batch(&targets)?;
+    }
     Ok(())
 }
 

@@ -11,3 +11,4 @@ mod common;
 mod allocation;
 mod enospc_paths;
 mod large_batches;
+mod partition_descriptors;

@@ -218,19 +218,19 @@ pub fn open_chain(p: &ChainParams<'_>) -> Result<OpenedChain> {
         } else {
             match Segment::open_with(&path, p.mode.write, p.hook) {
                 Ok((seg, info)) => {
-                    // A sealed segment already trimmed to its seal is scanned
-                    // through its mapping and, when durable (below the
-                    // checkpointed segment), not changed by the repair phase
-                    // (without a full scan); an analysis (`verify`, dry runs)
+                    // A durable sealed segment already trimmed to its seal is
+                    // neither scanned nor changed by the repair phase (without
+                    // a full scan), and an analysis (`verify`, dry runs)
                     // changes nothing: keep the mapping, not the descriptor,
-                    // so an open holds one descriptor per partition (its
-                    // active segment), not one per segment, also after a
-                    // crash in which every partition rolled past its
-                    // checkpointed segment. A repair of such a segment opens
-                    // its file again for the call (`Segment::file`).
+                    // so an open holds descriptors for what follows the
+                    // checkpoint, not for every segment. Any other segment
+                    // keeps its descriptor, so repairs never need to open a
+                    // file again after this phase.
                     let settled = !p.mode.write
                         || info.seal.is_some_and(|(_, end_pos)| {
-                            seg.file_len() == end_pos && !p.mode.full_scan
+                            seg.file_len() == end_pos
+                                && p.checkpoint.is_some_and(|c| base < c.segment_base)
+                                && !p.mode.full_scan
                         });
                     if settled {
                         seg.release_fd();

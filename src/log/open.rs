@@ -24,7 +24,9 @@ use crate::recovery::partition::{
     open_chain, repair_chain, ChainParams, OpenedChain, PartitionIds, RecoverMode, RecoveredChain,
 };
 use crate::recovery::{FileAction, RecoveryReport};
-use crate::storage::durability::{dir_target, CheckpointFiles, GroupCommit, Syncer, BATCH_OPEN_MAX};
+use crate::storage::durability::{
+    dir_target, CheckpointFiles, GroupCommit, Syncer, BATCH_OPEN_MAX,
+};
 use crate::storage::fault::{IoHook, IoOp};
 use crate::storage::lock::DirLock;
 use crate::storage::segment::Segment;

@@ -24,7 +24,9 @@ use crate::recovery::partition::{
     open_chain, repair_chain, ChainParams, OpenedChain, PartitionIds, RecoverMode, RecoveredChain,
 };
 use crate::recovery::{FileAction, RecoveryReport};
-use crate::storage::durability::{CheckpointFiles, GroupCommit, Syncer};
+use crate::storage::durability::{
+    dir_target, CheckpointFiles, GroupCommit, Syncer, BATCH_OPEN_MAX,
+};
 use crate::storage::fault::{IoHook, IoOp};
 use crate::storage::lock::DirLock;
 use crate::storage::segment::Segment;
@@ -223,7 +225,7 @@ fn recover(
             let params = chain_params(
                 &pdir,
                 rec,
-                p.id,
+                p,
                 &cps,
                 checkpoint,
                 checkpoint_lost,
@@ -255,12 +257,20 @@ fn recover(
     if !checkpoint.clean {
         // A process killed after a roll leaves the new segment's name in
         // the page cache but not known durable: recovery fsyncs a
-        // directory only where it removed or created files, so the open's
-        // rounds fsync every partition's, before a checkpoint or a durable
-        // end names a segment in it.
-        for p in topics.partitions() {
-            p.mark_names_recovered();
-        }
+        // directory only where it removed or created files, so the open
+        // fsyncs the directory of every partition whose names may not be
+        // durable, before a checkpoint or a durable end names a segment in
+        // it. A checkpoint names a segment only once its name is durable
+        // (and with it every older one): a partition whose chain ends at
+        // or below the segment its entry names has nothing to make
+        // durable, and costs no fsync.
+        let dirs: Vec<std::path::PathBuf> = topics
+            .partitions()
+            .iter()
+            .filter(|p| names_may_not_be_durable(p, &cps, checkpoint_lost))
+            .map(|p| p.dir().to_path_buf())
+            .collect();
+        sync_recovered_dirs(core, &dirs)?;
     }
     core.request_checkpoint();
     core.sync_round()?;
@@ -268,6 +278,38 @@ fn recover(
     core.sync_round()?;
     report.group_positions_lost = crate::group::check_group_positions(&topics.all())?;
     Ok(())
+}
+
+/// Fsyncs `dirs` in batches of [`BATCH_OPEN_MAX`], each directory's
+/// descriptor open only for its batch: an open after a crash of N
+/// partitions that all rolled needs no more descriptors than a clean one
+/// (one per active segment), where fsyncing them in the open's sync rounds
+/// held one more per partition at once.
+fn sync_recovered_dirs(core: &Core, dirs: &[std::path::PathBuf]) -> Result<()> {
+    for batch in dirs.chunks(BATCH_OPEN_MAX) {
+        let targets = batch
+            .iter()
+            .map(|d| dir_target(d, IoOp::SyncRecoveryDir))
+            .collect::<Result<Vec<_>>>()?;
+        core.syncer.sync_batch(&targets)?;
+    }
+    Ok(())
+}
+
+/// Whether the names of `p`'s segments may not all be durable after an
+/// unclean shutdown: its chain ends in a segment newer than the one its
+/// checkpoint entry names (rolled to after that checkpoint), or no entry
+/// names it at all.
+fn names_may_not_be_durable(
+    p: &Partition,
+    cps: &HashMap<(u32, u32), &PartitionCheckpoint>,
+    checkpoint_lost: bool,
+) -> bool {
+    let last = p.segments().last().map(|s| s.base_offset);
+    match cps.get(&(p.p.topic_id, p.id())) {
+        Some(c) if !checkpoint_lost => last.is_some_and(|base| base > c.segment_base),
+        _ => true,
+    }
 }
 
 /// Checks that `dir` is usable: creates it (when allowed) or recognises a log.
@@ -329,23 +371,22 @@ fn create_partition_dir(pdir: &Path, tdir: &Path, hook: &dyn IoHook) -> Result<(
 fn chain_params<'a>(
     pdir: &'a Path,
     rec: &TopicRecord,
-    partition: u32,
+    p: &PartitionRecord,
     cps: &HashMap<(u32, u32), &'a PartitionCheckpoint>,
     checkpoint: &Checkpoint,
     checkpoint_lost: bool,
     mode: RecoverMode,
     hook: &'a dyn IoHook,
 ) -> ChainParams<'a> {
-    let sealed = rec
-        .partitions
-        .iter()
-        .find(|p| p.id == partition)
-        .and_then(|p| match p.state {
-            PartitionState::Sealed { end_offset } => Some(crate::topic::tail_split::recovery_seal(
-                rec, partition, end_offset,
-            )),
-            PartitionState::Active => None,
-        });
+    let partition = p.id;
+    // The record is passed in, not looked up by id: a lookup per partition
+    // made an open of N partitions O(N²).
+    let sealed = match p.state {
+        PartitionState::Sealed { end_offset } => Some(crate::topic::tail_split::recovery_seal(
+            rec, partition, end_offset,
+        )),
+        PartitionState::Active => None,
+    };
     ChainParams {
         dir: pdir,
         ids: PartitionIds {
@@ -394,7 +435,7 @@ fn load_topic(
         let params = chain_params(
             &pdir,
             rec,
-            p.id,
+            p,
             cps,
             checkpoint,
             checkpoint_lost,
@@ -651,11 +692,13 @@ fn remove_orphans(
                 let Ok(prd) = std::fs::read_dir(e.path()) else {
                     continue;
                 };
+                let known: std::collections::HashSet<u32> =
+                    t.partitions.iter().map(|p| p.id).collect();
                 for pe in prd.filter_map(|e| e.ok()) {
                     let pname = pe.file_name().to_string_lossy().into_owned();
                     let pid = pname.strip_prefix('p').and_then(|s| s.parse::<u32>().ok());
                     match pid {
-                        Some(pid) if t.partitions.iter().any(|p| p.id == pid) => {}
+                        Some(pid) if known.contains(&pid) => {}
                         Some(_) if pe.path().is_dir() => {
                             discard_orphan(&pe.path(), keep, hook, report)?;
                         }

@@ -61,8 +61,9 @@ pub(crate) struct WriterState {
     /// writer's segment; 0 for a segment this process did not roll to,
     /// whose name is made durable elsewhere: a new partition's first by its
     /// creation, an older one a reclaim went back to by the roll after it,
-    /// a recovered one by the open (which fsyncs every partition directory
-    /// after an unclean shutdown).
+    /// a recovered one by the open (which, after an unclean shutdown,
+    /// fsyncs the directory of every partition whose chain ends past the
+    /// segment its checkpoint entry names).
     pub segment_roll: u64,
     pub rates: RateTracker,
     pub load: LoadMap,
@@ -147,9 +148,6 @@ pub struct Partition {
     /// the next round registers it with the log's failed partitions.
     poison_unreported: AtomicBool,
     dir_dirty: AtomicBool,
-    /// The names recovery found are not known durable (an unclean
-    /// shutdown): the next round fsyncs the directory, as recovery's own.
-    dir_recovered: AtomicBool,
     /// Rolls so far, counted from 1 at open (the names recovery found are
     /// not known to be durable). Changed under the writer lock.
     rolls: AtomicU64,
@@ -260,7 +258,6 @@ impl Partition {
             is_poisoned: AtomicBool::new(false),
             poison_unreported: AtomicBool::new(false),
             dir_dirty: AtomicBool::new(false),
-            dir_recovered: AtomicBool::new(false),
             rolls: AtomicU64::new(1),
             dir_synced_rolls: AtomicU64::new(0),
             checkpointed_bases: Mutex::new((durable.0, durable.0)),
@@ -395,13 +392,6 @@ impl Partition {
             });
         }
         Ok(())
-    }
-
-    /// Makes the next sync round fsync the partition's directory, for the
-    /// names recovery found (see `Log::open`).
-    pub(crate) fn mark_names_recovered(&self) {
-        self.dir_recovered.store(true, Ordering::Release);
-        self.mark_dirty();
     }
 
     /// Registers the partition for the next sync round.

@@ -10,8 +10,8 @@ pub(crate) struct SyncCapture {
     /// Segments to sync: (segment, committed position, sealed at capture).
     pub segments: Vec<(Arc<Segment>, u64, bool)>,
     pub sync_dir: bool,
-    /// The op the directory fsync goes through (`SyncRecoveryDir` when it
-    /// makes the names recovery found durable).
+    /// The op the directory fsync goes through (the open makes the names
+    /// recovery found durable itself, as `SyncRecoveryDir`).
     pub dir_op: IoOp,
     /// The partition's roll count at the capture: what a successful
     /// directory fsync of this capture covers.
@@ -132,14 +132,8 @@ impl Partition {
         let rolls = self.rolls.load(Ordering::Acquire);
         // Taken whenever set: retention's deletions set it too.
         let flagged = self.dir_dirty.swap(false, Ordering::AcqRel);
-        let recovered = self.dir_recovered.swap(false, Ordering::AcqRel);
-        let sync_dir =
-            flagged || recovered || self.dir_synced_rolls.load(Ordering::Acquire) < created_roll;
-        let mut cap = self.capture_segments(pos, sync_dir, rolls);
-        if recovered {
-            cap.dir_op = IoOp::SyncRecoveryDir;
-        }
-        cap
+        let sync_dir = flagged || self.dir_synced_rolls.load(Ordering::Acquire) < created_roll;
+        self.capture_segments(pos, sync_dir, rolls)
     }
 
     /// [`Partition::capture_unsynced`] by a caller holding the writer lock.
@@ -231,9 +225,6 @@ impl Partition {
         } else {
             if cap.sync_dir {
                 self.dir_dirty.store(true, Ordering::Release);
-            }
-            if cap.dir_op == IoOp::SyncRecoveryDir {
-                self.dir_recovered.store(true, Ordering::Release);
             }
             self.mark_dirty();
         }

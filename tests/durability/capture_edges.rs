@@ -102,15 +102,36 @@ fn lost_after_power_loss(
 /// ("the checkpoint calls durable"), Truncate opens without them.
 #[test]
 fn recovered_segment_name_is_made_durable_before_the_durable_end_enters_it() {
+    recovered_segment_name_scenario(false);
+}
+
+/// The same when the checkpoint names the partition's older segment (a
+/// clean close before the roll): the open fsyncs the directory of a
+/// partition whose chain ends past the segment its checkpoint entry
+/// names, and only of those.
+#[test]
+fn recovered_segment_past_the_checkpointed_one_is_made_durable_before_the_durable_end_enters_it() {
+    recovered_segment_name_scenario(true);
+}
+
+/// With `checkpointed`, the log is closed and reopened before the roll, so
+/// the checkpoint has an entry naming the first segment.
+fn recovered_segment_name_scenario(checkpointed: bool) {
     let dir = tempfile::tempdir().unwrap();
     let model = ModelHook::new(dir.path(), None);
     // The known gap for new segments' headers is not what this probes.
     model.grant_segment_headers(true);
-    let log = Log::open_with_hook(dir.path(), opts(), model.clone()).unwrap();
-    let topic = log.create_topic("t", small(SyncPolicy::Never)).unwrap();
+    let mut log = Log::open_with_hook(dir.path(), opts(), model.clone()).unwrap();
+    let mut topic = log.create_topic("t", small(SyncPolicy::Never)).unwrap();
     let v = vec![7u8; 1200];
     topic.append_to(0, &rec(&v)).unwrap();
     log.sync().unwrap();
+    if checkpointed {
+        drop(topic);
+        log.close().unwrap();
+        log = Log::open_with_hook(dir.path(), opts(), model.clone()).unwrap();
+        topic = log.topic("t").unwrap();
+    }
     let p = topic.partition(0).unwrap();
     // A roll, and no sync round after it: the new name is only in the
     // page cache.

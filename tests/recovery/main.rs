@@ -13,6 +13,7 @@ mod full_scan;
 mod index_lies;
 mod last_batch_bytes;
 mod missing_segments;
+mod open_costs;
 mod open_errors;
 mod power_loss_images;
 mod power_loss_repairs;

@@ -12,3 +12,4 @@ mod allocation;
 mod budget;
 mod enospc_paths;
 mod large_batches;
+mod partition_descriptors;

@@ -724,26 +724,37 @@ impl Segment {
     /// before it stores there and a full disk stays `Error::NoSpace`, never
     /// a SIGBUS. Where punching is not supported, a tail of at most the
     /// active headroom is overwritten with zeros and a longer one cut off.
-    /// Returns whether there was anything past `from` to clear: the caller
-    /// makes the cleared range durable (see
+    /// Only what holds data is cleared: bytes already zero in the page of
+    /// `from`, and ranges past it the filesystem reports as holes
+    /// (`SEEK_DATA`; unwritten preallocated space too), are left alone, so
+    /// an open after a crash costs nothing for a partition with nothing
+    /// past its end (punching the preallocated headroom discards its blocks,
+    /// milliseconds per file). Returns whether anything was cleared: the
+    /// caller makes the cleared range durable (see
     /// `recovery::partition::repair_chain`).
     pub(crate) fn clear_tail(&mut self, from: u64) -> Result<bool> {
         let end = self.file_len.load(Ordering::Acquire);
         if from >= end {
             return Ok(false);
         }
+        let file = self.file()?;
         let aligned = page_up(from).min(end);
+        let mut cleared = false;
         if aligned > from {
-            self.file()?
-                .write_all_at(&vec![0u8; (aligned - from) as usize], from)
-                .at(&self.path)?;
+            let mut page = vec![0u8; (aligned - from) as usize];
+            let got = file.read_at(&mut page, from).at(&self.path)?;
+            if page[..got].iter().any(|&b| b != 0) {
+                page.fill(0);
+                file.write_all_at(&page, from).at(&self.path)?;
+                cleared = true;
+            }
         }
         self.allocated.fetch_min(aligned, Ordering::AcqRel);
-        if aligned == end {
-            return Ok(true);
+        let data_end = data_end(&file, end);
+        if aligned >= data_end {
+            return Ok(cleared);
         }
-        let len = end - aligned;
-        let file = self.file()?;
+        let len = data_end - aligned;
         // SAFETY: plain syscall on an fd we own; no memory is passed.
         let rc = unsafe {
             libc::fallocate(

@@ -244,7 +244,9 @@ impl Topic {
         hot: &HotBatch<'_>,
         origin: &[usize],
     ) -> Vec<BatchGroup<'r>> {
-        let mut groups: BTreeMap<(u32, u32, usize), (Arc<Partition>, Vec<usize>)> = BTreeMap::new();
+        // Keyed (round, partition, origin): the write order.
+        type Key = (u32, u32, usize);
+        let mut groups: BTreeMap<Key, (Arc<Partition>, Vec<usize>)> = BTreeMap::new();
         {
             let st = self.inner.state.read();
             let keyless = self.next_keyless(&st);

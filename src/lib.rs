@@ -103,6 +103,7 @@ pub use config::{
 };
 pub use error::{Error, Result};
 pub use events::TopologyEvent;
+pub use format::batch::{ControlKind, EntryBody, RaftLogId, RecordIn};
 pub use group::{
     Assignment, AssignmentDescription, Group, GroupDescription, GroupOptions, GroupStart,
     GroupStats, Member, MemberDescription, MemberOptions, MemberState,

@@ -109,7 +109,7 @@ pub use group::{
     GroupStats, Member, MemberDescription, MemberOptions, MemberState,
 };
 pub use log::{verify, Log};
-pub use partition::{Partition, SegmentInfo};
+pub use partition::{EntryBatch, EntryPos, Partition, RaftEntry, RaftEntryBody, SegmentInfo};
 pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};
 pub use reader::key_reader::KeyReader;
 pub use reader::{Cut, Reader, RetainedRange, StartAt};

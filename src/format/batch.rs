@@ -408,6 +408,25 @@ pub enum BatchError {
         /// Computed CRC.
         actual: u32,
     },
+    /// A batch of the other format than its segment's version names.
+    WrongFormat {
+        /// The segment header's version.
+        segment_version: u16,
+        /// The batch's magic.
+        magic: u16,
+    },
+    /// A format-2 batch out of Raft order: its index is not the previous
+    /// batch's + 1, or its term is below the previous batch's.
+    RaftOrder {
+        /// The previous batch's Raft index.
+        prev_index: u64,
+        /// The previous batch's term.
+        prev_term: u64,
+        /// This batch's Raft index.
+        index: u64,
+        /// This batch's term.
+        term: u64,
+    },
     /// The batch is valid but not at the offset expected here.
     OffsetMismatch {
         /// Offset expected at this position.
@@ -431,6 +450,22 @@ impl std::fmt::Display for BatchError {
                     "batch CRC mismatch (stored {expected:#010x}, computed {actual:#010x})"
                 )
             }
+            BatchError::WrongFormat {
+                segment_version,
+                magic,
+            } => write!(
+                f,
+                "batch magic {magic:#06x} in a segment of version {segment_version}"
+            ),
+            BatchError::RaftOrder {
+                prev_index,
+                prev_term,
+                index,
+                term,
+            } => write!(
+                f,
+                "Raft entry {index} (term {term}) follows entry {prev_index} (term {prev_term})"
+            ),
             BatchError::OffsetMismatch { expected, found } => {
                 write!(f, "batch has base offset {found}, expected {expected}")
             }
@@ -508,11 +543,6 @@ fn header_len_of(magic: u16) -> usize {
     } else {
         BATCH_HEADER_LEN
     }
-}
-
-/// Whether a (parsed) batch is a format-2 control batch.
-pub fn is_control(h: &BatchHeader) -> bool {
-    h.magic.get() == BATCH_MAGIC_V2 && h.flags.get() & FLAG_CONTROL != 0
 }
 
 /// The format-2 header at the start of the (parsed) batch `buf`; `None`
@@ -1034,7 +1064,6 @@ mod tests {
             control_body(&buf),
             Some((ControlKind::Membership, &b"m"[..]))
         );
-        assert!(is_control(&f.header()));
         let blank = v2(40, id(7, 14), EntryBody::Control(ControlKind::Blank, b""));
         assert_eq!(control_body(&blank), Some((ControlKind::Blank, &b""[..])));
     }

@@ -185,6 +185,7 @@ pub fn check_segment_scan(data: &[u8]) {
                 durable_until,
                 mode,
                 index_interval: interval,
+                batch_version: 1,
             };
             check_scan_outcome(&file, &p);
         }

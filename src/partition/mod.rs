@@ -20,9 +20,12 @@ use crate::storage::segment::{Segment, SegmentWriter};
 use crate::wake::TailWake;
 
 mod append;
+mod raft;
 mod read;
 mod retention;
 mod sync_capture;
+
+pub use raft::{EntryBatch, EntryPos, RaftEntry, RaftEntryBody};
 
 pub(crate) use sync_capture::SyncCapture;
 
@@ -47,6 +50,25 @@ pub(crate) struct PartitionParams {
     /// `Durable` futures of this partition only on a durable end moved, a
     /// seal or a poisoning).
     pub wake: Arc<TailWake>,
+    /// A Raft log (`TopicConfig::replicated`): format-2 segments, appends
+    /// only through [`Partition::append_entry`].
+    pub replicated: bool,
+}
+
+impl PartitionParams {
+    /// Header version of the segments this partition creates.
+    pub(crate) fn segment_version(&self) -> u16 {
+        segment_version(self.replicated)
+    }
+}
+
+/// Header version of a partition's segments: 2 for a replicated one.
+pub(crate) fn segment_version(replicated: bool) -> u16 {
+    if replicated {
+        crate::format::segment::SEGMENT_VERSION_V2
+    } else {
+        crate::format::segment::SEGMENT_VERSION_V1
+    }
 }
 
 /// Write-side state, guarded by the writer lock.
@@ -62,6 +84,8 @@ pub(crate) struct WriterState {
     pub segment_roll: u64,
     pub rates: RateTracker,
     pub load: LoadMap,
+    /// The Raft log's last id and next index (replicated partitions).
+    pub raft: raft::RaftTail,
 }
 
 /// How a partition's writer and sync rounds use a durable point.
@@ -242,6 +266,7 @@ impl Partition {
                 segment_roll: 0,
                 rates,
                 load,
+                raft: raft::RaftTail::default(),
             }),
             p,
             segments: RwLock::new(Arc::new(segments)),

@@ -146,6 +146,7 @@ pub(super) fn held_until(seg: &mut Segment, info: &HeaderInfo, p: &ChainParams<'
         durable_until: 0,
         mode: RecoveryMode::Truncate,
         index_interval: p.index_interval,
+        batch_version: info.version,
     };
     scan_segment(seg.raw_for_recovery(), &params).end_offset
 }

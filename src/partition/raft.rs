@@ -1,0 +1,631 @@
+//! The partition as a Raft log (docs/REPLICATION.md): one Raft entry is
+//! one format-2 batch, appended only at `last + 1`; entries are found by
+//! Raft index, and the first and last log ids come from the batch headers.
+//!
+//! Finding a batch by Raft index: the segments' first indexes are read
+//! from their first batch headers (in the mapping, so in memory), a binary
+//! search over them picks the segment, and a binary search over the
+//! segment's sparse index entries (whose positions are batch starts, each
+//! header naming its Raft index) picks where to walk from, so at most
+//! `index_interval` bytes of headers are walked. The sparse index file
+//! gains no Raft column: the header it points at carries the index.
+
+use super::*;
+use crate::format::batch::{ControlKind, EntryBody, RaftLogId, BATCH_HEADER_V2_LEN};
+use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::read::Record;
+use crate::storage::segment::IndexState;
+
+/// Where [`Partition::append_entry`] put an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EntryPos {
+    /// The entry's log id.
+    pub id: RaftLogId,
+    /// Offset of its first record (a control entry: the partition's end,
+    /// which it does not take).
+    pub base_offset: u64,
+    /// Offset after its records (`base_offset` for a control entry).
+    pub end_offset: u64,
+    /// Base offset of the segment holding it.
+    pub segment_base: u64,
+    /// File position just past the batch in that segment: the entry is
+    /// durable once a sync round covered it ([`Partition::is_entry_durable`]).
+    pub end_position: u64,
+}
+
+/// Raft state kept under the writer lock.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RaftTail {
+    /// The last entry's log id; `None` when it was not read yet.
+    pub last: Option<Option<RaftLogId>>,
+    /// The index the next entry must have when the log holds none (after
+    /// a truncation or purge emptied it); `None`: any.
+    pub next_when_empty: Option<u64>,
+}
+
+/// One Raft entry read back from the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaftEntry<'a> {
+    /// Its log id.
+    pub id: RaftLogId,
+    /// Offset of its first record (a control entry: the offset it sits at).
+    pub base_offset: u64,
+    /// The leader's timestamp of a control entry; a data entry's first
+    /// record's.
+    pub timestamp: i64,
+    /// Its body.
+    pub body: RaftEntryBody<'a>,
+    /// The whole batch as stored (header included), for zero-copy
+    /// replication.
+    pub bytes: &'a [u8],
+}
+
+/// What a Raft entry holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RaftEntryBody<'a> {
+    /// Records, with their offsets.
+    Records(Vec<Record<'a>>),
+    /// A control entry: its kind and encoded body.
+    Control(ControlKind, &'a [u8]),
+}
+
+/// Whole format-2 batches read by Raft index from one segment (see
+/// [`Partition::read_entries`]); keeps the mapping alive as a
+/// [`ReadBatch`] does.
+#[derive(Debug, Clone)]
+pub struct EntryBatch {
+    partition: u32,
+    segment: Arc<Segment>,
+    _lock: Option<Arc<DirLock>>,
+    start: u64,
+    end: u64,
+    first_index: u64,
+    count: u64,
+}
+
+impl EntryBatch {
+    /// Raft index of the first entry.
+    pub fn first_index(&self) -> u64 {
+        self.first_index
+    }
+
+    /// Index after the last entry read: where the next read starts.
+    pub fn next_index(&self) -> u64 {
+        self.first_index + self.count
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    /// Whether no entry was read (never, for a batch `read_entries` returned).
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The raw batches (zero copy).
+    pub fn as_bytes(&self) -> &[u8] {
+        self.segment.committed().range(self.start, self.end)
+    }
+
+    /// The entries, parsed again (CRC included) as they are iterated:
+    /// bytes changed since they were read are an error item, then the end.
+    pub fn entries(&self) -> impl Iterator<Item = Result<RaftEntry<'_>>> + '_ {
+        let data = self.segment.committed();
+        let mut pos = self.start;
+        let mut expected = self.first_index;
+        let mut failed = false;
+        std::iter::from_fn(move || {
+            if failed || pos >= self.end {
+                return None;
+            }
+            let item = entry_at(&self.segment, data.range(pos, self.end), pos, expected);
+            match &item {
+                Ok(e) => {
+                    pos += e.bytes.len() as u64;
+                    expected += 1;
+                }
+                Err(_) => failed = true,
+            }
+            Some(item)
+        })
+    }
+
+    /// Partition the entries come from.
+    pub fn partition(&self) -> u32 {
+        self.partition
+    }
+}
+
+/// The entry at the start of `bytes` (file position `pos`), which must
+/// have Raft index `expected`.
+fn entry_at<'a>(seg: &Segment, bytes: &'a [u8], pos: u64, expected: u64) -> Result<RaftEntry<'a>> {
+    let f = batch::validate_fields(bytes, None)
+        .map_err(|e| Error::corruption(seg.path(), pos, e.to_string()))?;
+    let bytes = &bytes[..f.batch_len as usize];
+    let Some(h) = batch::header_v2(bytes) else {
+        return Err(Error::corruption(
+            seg.path(),
+            pos,
+            "a format-1 batch in a Raft log",
+        ));
+    };
+    if h.log_id().index != expected {
+        return Err(Error::corruption(
+            seg.path(),
+            pos,
+            format!(
+                "Raft index {} where {expected} was expected",
+                h.log_id().index
+            ),
+        ));
+    }
+    let body = if let Some((kind, body)) = batch::control_body(bytes) {
+        RaftEntryBody::Control(kind, body)
+    } else {
+        let mut records = Vec::with_capacity(f.record_count as usize);
+        for r in batch::RecordIter::from_fields(bytes, &f) {
+            let r = r.map_err(|e| Error::corruption(seg.path(), pos, e.to_string()))?;
+            records.push(Record {
+                offset: r.offset,
+                timestamp: r.timestamp,
+                key: r.key,
+                value: r.value,
+            });
+        }
+        RaftEntryBody::Records(records)
+    };
+    Ok(RaftEntry {
+        id: h.log_id(),
+        base_offset: f.base_offset,
+        timestamp: f.first_ts,
+        body,
+        bytes,
+    })
+}
+
+/// The log id of the format-2 batch at file position `pos` of `seg`.
+fn log_id_at(seg: &Segment, pos: u64) -> Option<RaftLogId> {
+    if pos < SEGMENT_HEADER_LEN as u64 || pos >= seg.committed_pos() {
+        return None;
+    }
+    batch::header_v2(seg.committed().from(pos)).map(|h| h.log_id())
+}
+
+/// The log id of a segment's first batch (`None`: it holds none).
+fn first_id(seg: &Segment) -> Option<RaftLogId> {
+    log_id_at(seg, SEGMENT_HEADER_LEN as u64)
+}
+
+/// Walks a segment's batch headers from `from` (a batch start) to its
+/// committed end: `(position, header fields)` of each.
+fn walk(seg: &Segment, from: u64) -> impl Iterator<Item = (u64, batch::HeaderFields)> + '_ {
+    let data = seg.committed();
+    let end = seg.committed_pos();
+    let mut pos = from;
+    std::iter::from_fn(move || {
+        if pos >= end {
+            return None;
+        }
+        let f = batch::header_fields(data.from(pos)).ok()?;
+        let at = pos;
+        pos += u64::from(f.batch_len);
+        Some((at, f))
+    })
+}
+
+/// The position of the batch with Raft index `index` in `seg` (whose
+/// first index is at most `index`), if the segment holds it.
+fn position_of(seg: &Segment, index: u64) -> Option<u64> {
+    let mut from = SEGMENT_HEADER_LEN as u64;
+    if let IndexState::Loaded(entries) = &*seg.index.lock() {
+        // The last index entry whose batch's Raft index is at most `index`.
+        let k = entries.partition_point(|e| {
+            log_id_at(seg, u64::from(e.position)).is_some_and(|id| id.index <= index)
+        });
+        if let Some(e) = k.checked_sub(1).map(|k| entries[k]) {
+            from = u64::from(e.position);
+        }
+    }
+    walk(seg, from)
+        .find(|(pos, _)| log_id_at(seg, *pos).is_some_and(|id| id.index >= index))
+        .and_then(|(pos, _)| (log_id_at(seg, pos)?.index == index).then_some(pos))
+}
+
+/// The last log id in `segments`, newest segment first.
+fn scan_last(segments: &[Arc<Segment>]) -> Option<RaftLogId> {
+    segments.iter().rev().find_map(|seg| {
+        let mut from = SEGMENT_HEADER_LEN as u64;
+        if let IndexState::Loaded(entries) = &*seg.index.lock() {
+            if let Some(e) = entries.last() {
+                from = u64::from(e.position);
+            }
+        }
+        walk(seg, from)
+            .last()
+            .and_then(|(pos, _)| log_id_at(seg, pos))
+    })
+}
+
+impl Partition {
+    /// Whether the partition is a Raft log (`TopicConfig::replicated`).
+    pub fn is_replicated(&self) -> bool {
+        self.p.replicated
+    }
+
+    fn require_replicated(&self) -> Result<()> {
+        if self.p.replicated {
+            Ok(())
+        } else {
+            Err(Error::ReplicationMismatch {
+                topic: self.p.topic.to_string(),
+                partition: self.p.id,
+                replicated: false,
+            })
+        }
+    }
+
+    /// The last entry's log id, read once from the log under the writer
+    /// lock and then kept up to date by appends and cuts.
+    pub(super) fn raft_last_locked(&self, w: &mut WriterState) -> Option<RaftLogId> {
+        if let Some(last) = w.raft.last {
+            return last;
+        }
+        let last = scan_last(&self.segments());
+        w.raft.last = Some(last);
+        last
+    }
+
+    /// Appends one Raft entry as one format-2 batch: records take offsets
+    /// as any append's do; a control entry takes none, so record offsets
+    /// stay dense and no reader sees it. Refuses an index that is not the
+    /// last entry's + 1, or a term below the last entry's
+    /// ([`Error::RaftIndexMismatch`]); an empty log (new, or emptied by a
+    /// cut) takes the index the cut left, any index when it never held one
+    /// since open (the caller's `raft-meta` knows the purged id). Readable
+    /// on return; durable once a sync round covered
+    /// [`EntryPos::end_position`].
+    pub fn append_entry(&self, id: RaftLogId, body: EntryBody<'_>) -> Result<EntryPos> {
+        self.require_replicated()?;
+        let len = match body {
+            EntryBody::Records(records) => {
+                self.check_batch(records)? + (BATCH_HEADER_V2_LEN - batch::BATCH_HEADER_LEN)
+            }
+            EntryBody::Control(..) => body.batch_len(),
+        };
+        let room = self.p.segment_bytes - SEGMENT_HEADER_LEN as u64;
+        if len as u64 > room {
+            return Err(Error::RecordTooLarge {
+                size: len as u64,
+                max: room,
+            });
+        }
+        let count = body.record_count() as u64;
+        let pos = {
+            let mut w = self.writer.lock();
+            self.check_writable()?;
+            let last = self.raft_last_locked(&mut w);
+            let (expected, min_term) = match last {
+                Some(l) => (Some(l.index + 1), l.term),
+                None => (w.raft.next_when_empty, 0),
+            };
+            if expected.is_some_and(|x| x != id.index) || id.term < min_term {
+                return Err(Error::RaftIndexMismatch {
+                    topic: self.p.topic.to_string(),
+                    partition: self.p.id,
+                    expected: expected.unwrap_or(id.index),
+                    min_term,
+                    index: id.index,
+                    term: id.term,
+                });
+            }
+            if (len as u64) > w.writer.remaining() {
+                self.roll(&mut w)?;
+            }
+            let base = w.writer.next_offset();
+            let now = now_ms();
+            w.writer.append_encoded(len, count, |dst| {
+                batch::encode_batch_v2(dst, base, id, body, now).base
+            })?;
+            w.rates.record(self.clock.now_nanos(), count, len as u64);
+            w.raft.last = Some(Some(id));
+            self.publish_written(&w);
+            self.mark_dirty();
+            EntryPos {
+                id,
+                base_offset: base,
+                end_offset: base + count,
+                segment_base: w.writer.segment().base_offset,
+                end_position: w.writer.segment().committed_pos(),
+            }
+        };
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            let _g = self.tail_lock.lock();
+            self.tail_cv.notify_all();
+        }
+        self.p.wake.notify();
+        Ok(pos)
+    }
+
+    /// Whether a completed sync round covered the entry at `pos` (its
+    /// segment's bytes up to `pos.end_position` are on disk).
+    pub fn is_entry_durable(&self, pos: &EntryPos) -> bool {
+        let d = self.durable.lock();
+        (d.segment_base, d.position) >= (pos.segment_base, pos.end_position)
+    }
+
+    /// The last entry's log id (`None`: the log holds no entry).
+    pub fn last_log_id(&self) -> Option<RaftLogId> {
+        let mut w = self.writer.lock();
+        self.raft_last_locked(&mut w)
+    }
+
+    /// The first entry's log id (`None`: the log holds no entry).
+    pub fn first_log_id(&self) -> Option<RaftLogId> {
+        self.segments().iter().find_map(|s| first_id(s))
+    }
+
+    /// Reads whole entries from Raft index `from_index` on, from one
+    /// segment: at least one, then more while under `max_bytes`. Entries
+    /// are read whether committed or not (the Raft log's own reader).
+    /// [`Error::RaftIndexOutOfRange`] when the log does not hold the index.
+    pub fn read_entries(&self, from_index: u64, max_bytes: usize) -> Result<EntryBatch> {
+        self.require_replicated()?;
+        let segments = self.segments();
+        let out_of_range = || Error::RaftIndexOutOfRange {
+            topic: self.p.topic.to_string(),
+            partition: self.p.id,
+            index: from_index,
+            first: segments.iter().find_map(|s| first_id(s)).map(|i| i.index),
+            last: scan_last(&segments).map(|i| i.index),
+        };
+        let k = segments.partition_point(|s| first_id(s).is_some_and(|id| id.index <= from_index));
+        let Some(seg) = k.checked_sub(1).map(|k| &segments[k]) else {
+            return Err(out_of_range());
+        };
+        let Some(start) = position_of(seg, from_index) else {
+            return Err(out_of_range());
+        };
+        let mut end = start;
+        let mut count = 0;
+        for (pos, f) in walk(seg, start) {
+            if count > 0 && (pos - start) as usize >= max_bytes {
+                break;
+            }
+            let bytes = seg.committed().from(pos);
+            if let Err(e) = batch::validate_fields(bytes, Some(f.base_offset)) {
+                return Err(Error::corruption(seg.path(), pos, e.to_string()));
+            }
+            end = pos + u64::from(f.batch_len);
+            count += 1;
+        }
+        Ok(EntryBatch {
+            partition: self.p.id,
+            segment: seg.clone(),
+            _lock: self.p.lock.clone(),
+            start,
+            end,
+            first_index: from_index,
+            count,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{LogOptions, TopicConfig};
+    use crate::log::Log;
+    use crate::topic::Topic;
+
+    pub(crate) fn replicated_config(segment_bytes: u64) -> TopicConfig {
+        let mut cfg = TopicConfig {
+            segment_bytes,
+            index_interval_bytes: 256,
+            replicated: true,
+            ..TopicConfig::default()
+        };
+        cfg.balance.enabled = false;
+        cfg
+    }
+
+    fn open(dir: &Path) -> (Log, Topic) {
+        let log = Log::open(dir, LogOptions::default()).unwrap();
+        let t = match log.topic("r") {
+            Ok(t) => t,
+            Err(_) => log.create_topic("r", replicated_config(8192)).unwrap(),
+        };
+        (log, t)
+    }
+
+    fn id(term: u64, index: u64) -> RaftLogId {
+        RaftLogId {
+            term,
+            leader: 1,
+            index,
+        }
+    }
+
+    fn rec(v: &[u8]) -> RecordIn<'_> {
+        RecordIn {
+            key: Some(b"k"),
+            value: v,
+            timestamp: 1,
+        }
+    }
+
+    /// Appends entries 1..=n of term 1: every third a control entry, the
+    /// others one record each whose value names the index.
+    fn fill(p: &Partition, from: u64, n: u64) -> Vec<EntryPos> {
+        (from..from + n)
+            .map(|i| {
+                let v = format!("{i:0100}");
+                if i % 3 == 0 {
+                    p.append_entry(id(1, i), EntryBody::Control(ControlKind::Blank, b""))
+                } else {
+                    p.append_entry(id(1, i), EntryBody::Records(&[rec(v.as_bytes())]))
+                }
+                .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_entry_whose_index_is_not_last_plus_one_or_whose_term_falls_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, t) = open(dir.path());
+        let p = t.partition(0).unwrap();
+        p.append_entry(id(2, 5), EntryBody::Records(&[rec(b"a")]))
+            .unwrap();
+        for bad in [id(2, 5), id(2, 7), id(1, 6)] {
+            let e = p
+                .append_entry(bad, EntryBody::Records(&[rec(b"b")]))
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::RaftIndexMismatch {
+                        expected: 6,
+                        min_term: 2,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
+        assert_eq!(p.end_offset(), 1, "a refused entry took no offset");
+        p.append_entry(id(3, 6), EntryBody::Records(&[rec(b"c")]))
+            .unwrap();
+        assert_eq!(p.last_log_id(), Some(id(3, 6)));
+    }
+
+    #[test]
+    fn control_entries_take_no_offset_and_no_read_shows_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, t) = open(dir.path());
+        let p = t.partition(0).unwrap();
+        let c = p
+            .append_entry(id(1, 1), EntryBody::Control(ControlKind::Blank, b""))
+            .unwrap();
+        assert_eq!((c.base_offset, c.end_offset), (0, 0));
+        p.append_entry(id(1, 2), EntryBody::Records(&[rec(b"a"), rec(b"b")]))
+            .unwrap();
+        let m = p
+            .append_entry(id(1, 3), EntryBody::Control(ControlKind::Membership, b"m"))
+            .unwrap();
+        assert_eq!((m.base_offset, m.end_offset), (2, 2));
+        p.append_entry(id(1, 4), EntryBody::Records(&[rec(b"c")]))
+            .unwrap();
+        assert_eq!(p.end_offset(), 3, "offsets stay dense");
+        let b = p.read_with(0, 1 << 20, ReadIsolation::Written).unwrap();
+        let got: Vec<_> = b.iter().map(|r| (r.offset, r.value.to_vec())).collect();
+        assert_eq!(
+            got,
+            vec![(0, b"a".to_vec()), (1, b"b".to_vec()), (2, b"c".to_vec())]
+        );
+        let b = p.read_with(2, 1 << 20, ReadIsolation::Written).unwrap();
+        assert_eq!(b.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![2]);
+        let mut reader = t.reader(crate::reader::StartAt::Earliest).unwrap();
+        reader.set_isolation(ReadIsolation::Written);
+        let all = reader.poll(10).unwrap();
+        assert_eq!(
+            all.iter().map(|r| r.offset).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+    }
+
+    #[test]
+    fn a_replicated_partition_refuses_plain_appends_and_writes_version_2_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, t) = open(dir.path());
+        let e = t.append(Some(b"k"), b"v").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::ReplicationMismatch {
+                    replicated: true,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let p = t.partition(0).unwrap();
+        assert!(p.is_replicated());
+        let head = std::fs::read(&p.segment_infos()[0].path).unwrap();
+        let info = crate::format::segment::decode_header(&head).unwrap();
+        assert_eq!(info.version, crate::format::segment::SEGMENT_VERSION_V2);
+        let plain = tempfile::tempdir().unwrap();
+        let log = Log::open(plain.path(), LogOptions::default()).unwrap();
+        let t = log.create_topic("u", TopicConfig::default()).unwrap();
+        let e = t
+            .partition(0)
+            .unwrap()
+            .append_entry(id(1, 1), EntryBody::Records(&[rec(b"a")]));
+        assert!(matches!(
+            e,
+            Err(Error::ReplicationMismatch {
+                replicated: false,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn entries_are_found_by_raft_index_across_rolls_and_after_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let check = |p: &Partition| {
+            assert!(p.segment_count() > 3, "the entries span several segments");
+            assert_eq!(p.first_log_id(), Some(id(1, 1)));
+            assert_eq!(p.last_log_id(), Some(id(1, 200)));
+            for i in 1..=200 {
+                let b = p.read_entries(i, 1).unwrap();
+                assert_eq!((b.first_index(), b.len()), (i, 1));
+                let e = b.entries().next().unwrap().unwrap();
+                assert_eq!(e.id, id(1, i));
+                match e.body {
+                    RaftEntryBody::Control(kind, body) => {
+                        assert_eq!((i % 3, kind, body), (0, ControlKind::Blank, &b""[..]))
+                    }
+                    RaftEntryBody::Records(r) => {
+                        assert_eq!(r[0].value, format!("{i:0100}").as_bytes(), "entry {i}")
+                    }
+                }
+            }
+            // A large read runs to the end of the segment holding the first.
+            let mut next = 1;
+            while next <= 200 {
+                let b = p.read_entries(next, 1 << 20).unwrap();
+                let ids: Vec<_> = b.entries().map(|e| e.unwrap().id.index).collect();
+                assert_eq!(ids, (next..b.next_index()).collect::<Vec<_>>());
+                next = b.next_index();
+            }
+            assert_eq!(next, 201);
+            for missing in [0, 201, 500] {
+                let e = p.read_entries(missing, 1).unwrap_err();
+                assert!(
+                    matches!(e, Error::RaftIndexOutOfRange { .. }),
+                    "{missing}: {e}"
+                );
+            }
+        };
+        {
+            let (log, t) = open(dir.path());
+            let p = t.partition(0).unwrap();
+            assert_eq!((p.first_log_id(), p.last_log_id()), (None, None));
+            fill(&p, 1, 200);
+            check(&p);
+            log.close().unwrap();
+        }
+        let (_log, t) = open(dir.path());
+        let p = t.partition(0).unwrap();
+        check(&p);
+        // Appends continue at last + 1 after the reopen.
+        assert!(p
+            .append_entry(id(1, 200), EntryBody::Records(&[rec(b"x")]))
+            .is_err());
+        p.append_entry(id(1, 201), EntryBody::Records(&[rec(b"x")]))
+            .unwrap();
+    }
+}

@@ -382,4 +382,90 @@ mod tests {
         let o = scan_segment(&f, &params(starts[2] + 1000, RecoveryMode::Strict));
         assert!(matches!(o.stop, ScanStop::Corrupt { .. }));
     }
+
+    /// A version-2 segment of format-2 batches with Raft ids `ids` (one
+    /// record each, offsets from 100).
+    fn segment_v2(ids: &[(u64, u64)]) -> Vec<u8> {
+        use crate::format::batch::{encode_batch_v2, EntryBody, RaftLogId};
+        let mut f = crate::format::segment::encode_header_version(2, 1, 0, 100, 0).to_vec();
+        for (i, &(term, index)) in ids.iter().enumerate() {
+            let recs = [RecordIn {
+                key: None,
+                value: b"v",
+                timestamp: 1,
+            }];
+            let body = EntryBody::Records(&recs);
+            let mut b = vec![0; body.batch_len()];
+            let id = RaftLogId {
+                term,
+                leader: 1,
+                index,
+            };
+            encode_batch_v2(&mut b, 100 + i as u64, id, body, 0);
+            f.extend(b);
+        }
+        f.resize(f.len() + 500, 0);
+        f
+    }
+
+    #[test]
+    fn a_format_2_segment_in_raft_order_scans_to_its_end() {
+        let f = segment_v2(&[(1, 5), (1, 6), (3, 7), (3, 8)]);
+        let p = ScanParams {
+            batch_version: 2,
+            ..params(0, RecoveryMode::Strict)
+        };
+        let o = scan_segment(&f, &p);
+        assert_eq!((o.end_offset, o.records, o.stop), (104, 4, ScanStop::End));
+    }
+
+    #[test]
+    fn a_raft_index_that_skips_or_a_term_that_falls_is_corruption_in_synced_data() {
+        for ids in [
+            [(1, 5), (1, 7), (1, 8)],
+            [(1, 5), (1, 5), (1, 6)],
+            [(2, 5), (1, 6), (2, 7)],
+        ] {
+            let f = segment_v2(&ids);
+            let p = ScanParams {
+                batch_version: 2,
+                ..params(f.len() as u64, RecoveryMode::Strict)
+            };
+            let o = scan_segment(&f, &p);
+            assert_eq!(
+                o.end_offset, 101,
+                "{ids:?}: data ends after the first entry"
+            );
+            assert!(
+                matches!(&o.stop, ScanStop::Corrupt { reason, action: CorruptAction::Refused, .. } if reason.contains("Raft entry")),
+                "{ids:?}: {:?}",
+                o.stop
+            );
+        }
+    }
+
+    #[test]
+    fn a_batch_of_the_other_format_than_its_segment_is_invalid() {
+        // Format-2 batches in a version-1 segment.
+        let f = segment_v2(&[(1, 5)]);
+        let o = scan_segment(&f, &params(f.len() as u64, RecoveryMode::Strict));
+        assert!(
+            matches!(&o.stop, ScanStop::Corrupt { reason, .. } if reason.contains("version 1")),
+            "{:?}",
+            o.stop
+        );
+        // Format-1 batches in a version-2 segment.
+        let (f, _) = segment(2);
+        let p = ScanParams {
+            batch_version: 2,
+            ..params(f.len() as u64, RecoveryMode::Strict)
+        };
+        let o = scan_segment(&f, &p);
+        assert!(
+            matches!(&o.stop, ScanStop::Corrupt { reason, .. } if reason.contains("version 2")),
+            "{:?}",
+            o.stop
+        );
+        assert_eq!(o.end_offset, 100);
+    }
 }

@@ -188,6 +188,9 @@ pub struct Partition {
     /// Retention floor: segments starting below it are retired. Recorded
     /// in the checkpoint before their files are unlinked.
     retired_below: AtomicU64,
+    /// High watermark of a replicated partition: reads under
+    /// [`ReadIsolation::Committed`] stop here ([`Partition::set_committed_end`]).
+    committed_end: AtomicU64,
     /// Logical end of a tail-split parent (`u64::MAX`: none); see
     /// [`Partition::set_logical_end`].
     logical_end: AtomicU64,
@@ -283,6 +286,7 @@ impl Partition {
             checkpointed_bases: Mutex::new((durable.0, durable.0)),
             retired_below: AtomicU64::new(0),
             logical_end: AtomicU64::new(u64::MAX),
+            committed_end: AtomicU64::new(0),
             removed: AtomicBool::new(false),
             deleted: AtomicBool::new(false),
             durable: Mutex::new(DurablePoint {
@@ -354,6 +358,10 @@ impl Partition {
         let end = match isolation {
             ReadIsolation::Durable => self.durable_end_offset(),
             ReadIsolation::Written => self.end_offset.load(Ordering::SeqCst),
+            ReadIsolation::Committed => self
+                .committed_end
+                .load(Ordering::SeqCst)
+                .min(self.durable_end_offset()),
         };
         end.min(self.logical_end.load(Ordering::SeqCst))
     }

@@ -356,6 +356,27 @@ impl Partition {
         (d.segment_base, d.position) >= (pos.segment_base, pos.end_position)
     }
 
+    /// Publishes the committed end (high watermark): reads and tail waits
+    /// under [`ReadIsolation::Committed`] see records below it. Only
+    /// rises; a lower value is ignored (Raft never un-commits, and a
+    /// reader must never see the end go back). Wakes tail waiters.
+    pub fn set_committed_end(&self, offset: u64) {
+        let offset = offset.min(self.end_offset.load(Ordering::SeqCst));
+        if self.committed_end.fetch_max(offset, Ordering::SeqCst) >= offset {
+            return;
+        }
+        {
+            let _g = self.tail_lock.lock();
+            self.tail_cv.notify_all();
+        }
+        self.p.wake.notify_partition(self.p.id);
+    }
+
+    /// The committed end published so far (0 before any).
+    pub fn committed_end(&self) -> u64 {
+        self.committed_end.load(Ordering::SeqCst)
+    }
+
     /// The last entry's log id (`None`: the log holds no entry).
     pub fn last_log_id(&self) -> Option<RaftLogId> {
         let mut w = self.writer.lock();
@@ -627,5 +648,43 @@ mod tests {
             .is_err());
         p.append_entry(id(1, 201), EntryBody::Records(&[rec(b"x")]))
             .unwrap();
+    }
+
+    #[test]
+    fn committed_reads_and_waits_stop_at_the_committed_end_which_never_falls() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, t) = open(dir.path());
+        let p = t.partition(0).unwrap();
+        fill(&p, 1, 10);
+        log.sync().unwrap();
+        let end = p.end_offset();
+        assert!(end > 4);
+        let committed = ReadIsolation::Committed;
+        assert!(
+            p.read_with(0, 1 << 20, committed).is_err(),
+            "nothing committed yet"
+        );
+        assert!(!p.wait_for_with(0, Duration::from_millis(1), committed));
+        p.set_committed_end(3);
+        let b = p.read_with(0, 1 << 20, committed).unwrap();
+        assert_eq!(
+            b.iter().map(|r| r.offset).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        assert!(p.read_with(3, 1 << 20, committed).is_err());
+        p.set_committed_end(1);
+        assert_eq!(p.committed_end(), 3, "the committed end never falls");
+        // A waiter past the committed end wakes when it rises.
+        let waiter = {
+            let p = p.clone();
+            std::thread::spawn(move || p.wait_for_with(3, Duration::from_secs(30), committed))
+        };
+        while p.waiters.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        p.set_committed_end(end + 100);
+        assert!(waiter.join().unwrap());
+        assert_eq!(p.committed_end(), end, "never past the written end");
+        assert_eq!(p.visible_end(committed), end);
     }
 }

@@ -42,7 +42,22 @@ pub(crate) struct RaftTail {
     /// The index the next entry must have when the log holds none (after
     /// a truncation or purge emptied it); `None`: any.
     pub next_when_empty: Option<u64>,
+    /// A truncation from this index is in progress: appends wait for it
+    /// (they are refused).
+    pub cutting: Option<u64>,
 }
+
+/// Where a truncation cuts: the segment (its place in the list), the
+/// file position of the first batch removed and its offset.
+#[derive(Debug, Clone, Copy)]
+struct Cut {
+    k: usize,
+    position: u64,
+    offset: u64,
+}
+
+/// How long a truncation waits for readers holding the segment it cuts.
+const CUT_READER_WAIT: Duration = Duration::from_secs(10);
 
 /// One Raft entry read back from the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -306,6 +321,16 @@ impl Partition {
         let pos = {
             let mut w = self.writer.lock();
             self.check_writable()?;
+            if let Some(cut) = w.raft.cutting {
+                return Err(Error::RaftIndexMismatch {
+                    topic: self.p.topic.to_string(),
+                    partition: self.p.id,
+                    expected: cut,
+                    min_term: 0,
+                    index: id.index,
+                    term: id.term,
+                });
+            }
             let last = self.raft_last_locked(&mut w);
             let (expected, min_term) = match last {
                 Some(l) => (Some(l.index + 1), l.term),
@@ -347,6 +372,227 @@ impl Partition {
         }
         self.p.wake.notify();
         Ok(pos)
+    }
+
+    /// Where cutting from Raft index `index` starts, `None` when the log
+    /// holds nothing from there on.
+    fn locate_cut(&self, segments: &[Arc<Segment>], index: u64) -> Option<Cut> {
+        let k = segments.partition_point(|s| first_id(s).is_some_and(|id| id.index < index));
+        // The first segment whose first entry is at or past `index`, or
+        // the one before it, holding `index` itself.
+        let (k, position) = match k.checked_sub(1) {
+            Some(j) => match position_of(&segments[j], index) {
+                Some(pos) => (j, pos),
+                None => (k, SEGMENT_HEADER_LEN as u64),
+            },
+            None => (0, SEGMENT_HEADER_LEN as u64),
+        };
+        let seg = segments.get(k)?;
+        if position >= seg.committed_pos() && k + 1 >= segments.len() {
+            return None;
+        }
+        let offset = if position >= seg.committed_pos() {
+            seg.end_offset()
+        } else {
+            batch::header_fields(seg.committed().from(position))
+                .ok()?
+                .base_offset
+        };
+        Some(Cut {
+            k,
+            position,
+            offset,
+        })
+    }
+
+    /// Removes every entry from Raft index `index` on (openraft's
+    /// `truncate`), durably before it returns, and refuses a cut that
+    /// would remove a record below `committed_end` (or below the committed
+    /// end published with [`Partition::set_committed_end`]) with
+    /// [`Error::TruncateBelowCommitted`]. `sync` runs a sync round that
+    /// writes the recovery checkpoint (`Topic::truncate_from_index` passes
+    /// the log's).
+    ///
+    /// Crash order, each step durable before the next: (1) the durable
+    /// position drops to the cut and a checkpoint naming it is written,
+    /// so no checkpoint ever names bytes past the cut once they are gone;
+    /// (2) segments wholly past the cut are unlinked, newest first, the
+    /// directory fsynced after each (the files left are a prefix of the
+    /// chain); (3) the segment holding the cut has its bytes past it
+    /// zeroed and punched out, and is fdatasynced. A crash before (3)
+    /// completes leaves a prefix of the old log longer than the cut, as if
+    /// the truncation had not been asked for; openraft issues no append
+    /// or vote before this returns. Appends are refused meanwhile. A
+    /// reader holding a batch of the segment that is cut keeps its bytes:
+    /// the cut waits for it (up to ten seconds, then the truncation fails
+    /// and may be asked again).
+    pub(crate) fn truncate_from_index_with(
+        &self,
+        index: u64,
+        committed_end: u64,
+        sync: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
+        self.require_replicated()?;
+        let cut = {
+            let mut w = self.writer.lock();
+            self.check_writable()?;
+            let Some(cut) = self.locate_cut(&self.segments(), index) else {
+                return Ok(());
+            };
+            let floor = committed_end.max(self.committed_end());
+            if cut.offset < floor {
+                return Err(Error::TruncateBelowCommitted {
+                    partition: self.p.id,
+                    offset: cut.offset,
+                    committed_end: floor,
+                });
+            }
+            w.raft.cutting = Some(index);
+            let seg = &self.segments()[cut.k];
+            self.set_reclaimed_end(seg.base_offset, cut.position, cut.offset);
+            cut
+        };
+        let done = sync().and_then(|()| self.cut_files(cut));
+        let mut w = self.writer.lock();
+        w.raft.cutting = None;
+        if done.is_ok() {
+            w.raft.last = None;
+            w.raft.next_when_empty = Some(index);
+        }
+        done
+    }
+
+    /// Steps (2) and (3) of [`Partition::truncate_from_index_with`].
+    fn cut_files(&self, cut: Cut) -> Result<()> {
+        let deadline = std::time::Instant::now() + CUT_READER_WAIT;
+        loop {
+            let mut w = self.writer.lock();
+            let mut list = self.segments.write();
+            let v = (**list).clone();
+            let keep = v[cut.k].clone();
+            let later: Vec<Arc<Segment>> = v[cut.k + 1..].to_vec();
+            // Held by the list, the writer (when it is the writer's), `v`
+            // and `keep`: more means a reader holds it.
+            let writer_holds = Arc::ptr_eq(w.writer.segment(), &keep);
+            let held = 3 + usize::from(writer_holds);
+            if Arc::strong_count(&keep) > held && cut.position < keep.committed_pos() {
+                drop((list, w, keep, later, v));
+                if std::time::Instant::now() >= deadline {
+                    return Err(Error::Io {
+                        path: self.p.dir.clone(),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::WouldBlock,
+                            "a reader holds the segment a Raft truncation cuts",
+                        ),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            if cut.offset == keep.base_offset
+                && keep.is_sealed()
+                && cut.position > SEGMENT_HEADER_LEN as u64
+            {
+                return Err(Error::InvalidConfig(format!(
+                    "partition {}: a Raft truncation inside a rolled segment that holds no record before the cut",
+                    self.p.id
+                )));
+            }
+            *list = Arc::new(v[..=cut.k].to_vec());
+            drop(v);
+            w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
+            w.segment_roll = 0;
+            self.publish_written(&w);
+            for seg in later.iter().rev() {
+                let _ = std::fs::remove_file(seg.index_path());
+                match std::fs::remove_file(seg.path()) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io(seg.path(), e)),
+                }
+                crate::storage::sync_dir(&*self.hook, IoOp::SyncDir, &self.p.dir)?;
+            }
+            drop(later);
+            drop(list);
+            if cut.position < keep.committed_pos() {
+                keep.release_past(cut.position, cut.offset)?;
+            }
+            w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
+            self.publish_written(&w);
+            self.set_reclaimed_end(keep.base_offset, cut.position, cut.offset);
+            if keep.is_sealed() && !self.is_sealed() {
+                // A rolled segment takes no appends again: the next ones
+                // go to a new segment starting at the cut.
+                if keep.base_offset == cut.offset {
+                    return Err(Error::InvalidConfig(format!(
+                        "partition {}: a Raft truncation of a whole rolled segment at its base",
+                        self.p.id
+                    )));
+                }
+                self.roll(&mut w)?;
+            }
+            return Ok(());
+        }
+    }
+
+    /// Deletes the whole segments whose entries all lie at or below Raft
+    /// index `index` (openraft's `purge`: retention), never part of one
+    /// and never the segment being written; returns the files removed.
+    /// As retention does, the new floor is made durable first (`sync`
+    /// writes a checkpoint carrying it), then the files go; a crash in
+    /// between leaves files below the floor, which the next open deletes.
+    /// A segment a recent checkpoint names stays until newer checkpoints
+    /// are written (a later purge takes it).
+    pub(crate) fn purge_through_index_with(
+        &self,
+        index: u64,
+        sync: &dyn Fn() -> Result<()>,
+    ) -> Result<Vec<PathBuf>> {
+        self.require_replicated()?;
+        let (mut i, held) = self.purge_plan(index);
+        if held {
+            // Segments the last two checkpoints name stay: two checkpoints
+            // written now name the newest durable segment instead.
+            sync()?;
+            sync()?;
+            (i, _) = self.purge_plan(index);
+        }
+        let v = self.segments();
+        if i == 0 {
+            return Ok(Vec::new());
+        }
+        let new_floor = v[i].base_offset;
+        drop(v);
+        if self.retired_below.fetch_max(new_floor, Ordering::AcqRel) < new_floor {
+            self.mark_dirty();
+        }
+        sync()?;
+        self.delete_retired()
+    }
+
+    /// How many leading segments a purge through `index` removes, and
+    /// whether one more would go but for a checkpoint naming it.
+    fn purge_plan(&self, index: u64) -> (usize, bool) {
+        let v = self.segments();
+        let floor = {
+            let bases = self.checkpointed_bases.lock();
+            bases.0.min(bases.1)
+        };
+        let mut i = 0;
+        while i + 1 < v.len() {
+            let last = match first_id(&v[i + 1]) {
+                Some(next) => next.index.checked_sub(1),
+                None => scan_last(&v[i..=i]).map(|id| id.index),
+            };
+            if last.is_none_or(|l| l > index) {
+                return (i, false);
+            }
+            if v[i].base_offset >= floor {
+                return (i, true);
+            }
+            i += 1;
+        }
+        (i, false)
     }
 
     /// Whether a completed sync round covered the entry at `pos` (its
@@ -686,5 +932,133 @@ mod tests {
         assert!(waiter.join().unwrap());
         assert_eq!(p.committed_end(), end, "never past the written end");
         assert_eq!(p.visible_end(committed), end);
+    }
+
+    fn values(p: &Partition) -> Vec<(u64, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut next = p.start_offset();
+        while next < p.end_offset() {
+            let b = p.read_with(next, 1 << 20, ReadIsolation::Written).unwrap();
+            out.extend(b.iter().map(|r| (r.offset, r.value.to_vec())));
+            next = b.next_offset();
+        }
+        out
+    }
+
+    #[test]
+    fn a_truncation_removes_the_entries_from_its_index_and_appends_go_on_there_in_a_newer_term() {
+        for cut in [150, 120, 60, 2] {
+            let dir = tempfile::tempdir().unwrap();
+            let expect_after;
+            {
+                let (log, t) = open(dir.path());
+                let p = t.partition(0).unwrap();
+                fill(&p, 1, 200);
+                let before = values(&p);
+                t.truncate_from_index(0, cut, 0).unwrap();
+                assert_eq!(p.last_log_id(), Some(id(1, cut - 1)), "cut {cut}");
+                // Records of entries below the cut stay, at their offsets.
+                let kept = (1..cut).filter(|i| i % 3 != 0).count();
+                assert_eq!(values(&p), before[..kept].to_vec(), "cut {cut}");
+                assert!(p.read_entries(cut, 1).is_err());
+                assert!(p
+                    .append_entry(id(1, cut + 1), EntryBody::Records(&[rec(b"x")]))
+                    .is_err());
+                p.append_entry(id(2, cut), EntryBody::Records(&[rec(b"new")]))
+                    .unwrap();
+                fill_term(&p, 2, cut + 1, 20);
+                expect_after = values(&p);
+                assert_eq!(expect_after[kept], (kept as u64, b"new".to_vec()));
+                log.close().unwrap();
+            }
+            let (_log, t) = open(dir.path());
+            let p = t.partition(0).unwrap();
+            assert_eq!(values(&p), expect_after, "cut {cut} after reopen");
+            assert_eq!(p.last_log_id(), Some(id(2, cut + 20)));
+            let b = p.read_entries(cut, 1).unwrap();
+            let e = b.entries().next().unwrap().unwrap();
+            assert_eq!(e.id, id(2, cut));
+        }
+    }
+
+    fn fill_term(p: &Partition, term: u64, from: u64, n: u64) {
+        for i in from..from + n {
+            let v = format!("{i:0100}");
+            p.append_entry(id(term, i), EntryBody::Records(&[rec(v.as_bytes())]))
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_truncation_below_the_committed_end_is_refused_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, t) = open(dir.path());
+        let p = t.partition(0).unwrap();
+        fill(&p, 1, 30);
+        let before = values(&p);
+        // Entry 10 holds offset 6 (entries 3, 6 and 9 are control).
+        let e = t.truncate_from_index(0, 10, 7).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::TruncateBelowCommitted {
+                    offset: 6,
+                    committed_end: 7,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        p.set_committed_end(8);
+        let e = t.truncate_from_index(0, 10, 0).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::TruncateBelowCommitted {
+                    committed_end: 8,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(values(&p), before);
+        assert_eq!(p.last_log_id(), Some(id(1, 30)));
+        // At the committed end exactly is allowed; past the last entry is a no-op.
+        t.truncate_from_index(0, 31, 8).unwrap();
+        assert_eq!(p.last_log_id(), Some(id(1, 30)));
+        t.truncate_from_index(0, 13, 8).unwrap();
+        assert_eq!(p.last_log_id(), Some(id(1, 12)));
+    }
+
+    #[test]
+    fn a_purge_deletes_whole_segments_only_and_a_reopen_keeps_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let remaining;
+        {
+            let (log, t) = open(dir.path());
+            let p = t.partition(0).unwrap();
+            fill(&p, 1, 200);
+            log.sync().unwrap();
+            log.sync().unwrap();
+            let segs = p.segment_count();
+            let second_first = first_id(&p.segments()[1]).unwrap().index;
+            // Below the end of the first segment: nothing goes.
+            assert!(t
+                .purge_through_index(0, second_first - 2)
+                .unwrap()
+                .is_empty());
+            let removed = t.purge_through_index(0, second_first + 1).unwrap();
+            assert_eq!(removed.len(), 1, "only the first segment lies wholly below");
+            assert_eq!(p.segment_count(), segs - 1);
+            assert_eq!(p.first_log_id(), Some(id(1, second_first)));
+            assert!(p.read_entries(second_first - 1, 1).is_err());
+            assert!(p.read_entries(second_first, 1).is_ok());
+            remaining = values(&p);
+            log.close().unwrap();
+        }
+        let (_log, t) = open(dir.path());
+        let p = t.partition(0).unwrap();
+        assert_eq!(values(&p), remaining);
+        assert_eq!(p.last_log_id(), Some(id(1, 200)));
     }
 }

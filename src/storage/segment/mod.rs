@@ -773,6 +773,9 @@ impl Segment {
             );
         }
         self.sealed.store(true, Ordering::Release);
+        // A seal written again (a rolled segment a Raft truncation cut and
+        // rolled from) is not synced yet.
+        self.seal_synced.store(false, Ordering::Release);
     }
 }
 

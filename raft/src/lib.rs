@@ -30,10 +30,14 @@
 
 pub mod error;
 pub mod frame;
+pub mod log_store;
+pub mod meta;
 pub mod types;
 pub mod vote;
 
 pub use error::{Error, Result};
 pub use frame::{FrameCodec, PeerMessage, RaftRequest, RaftResponse};
+pub use log_store::{LogReader, LogStore};
+pub use meta::{Meta, MetaFile};
 pub use types::{Command, CommandResponse, GroupId, NodeId, ProducerStamp, RecordIn, TypeConfig};
 pub use vote::{DirLock, StdVoteIo, VoteFile, VoteIo};

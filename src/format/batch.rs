@@ -91,6 +91,7 @@ pub struct RaftLogId {
 /// What a control batch holds (its first payload byte).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum ControlKind {
     /// openraft's blank entry (every new leader commits one).
     Blank = 0,

@@ -20,6 +20,11 @@
 //! - Blank and membership entries (and `Command::Seal`) are control
 //!   batches: they take no record offset and no consumer sees them.
 
+#![allow(
+    clippy::result_large_err,
+    reason = "openraft's StorageError is the error type its storage traits return"
+)]
+
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

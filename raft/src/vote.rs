@@ -229,10 +229,7 @@ impl VoteIo for StdVoteIo {
         // never read whole.
         let max = VOTE_FILE_LEN.max(crate::meta::META_FILE_LEN);
         let mut bytes = Vec::with_capacity(max + 1);
-        io::Read::read_to_end(
-            &mut io::Read::take(file, max as u64 + 1),
-            &mut bytes,
-        )?;
+        io::Read::read_to_end(&mut io::Read::take(file, max as u64 + 1), &mut bytes)?;
         Ok(Some(bytes))
     }
 }

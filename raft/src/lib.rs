@@ -15,11 +15,10 @@
 //!
 //! ## Not done yet
 //!
-//! Nothing here runs a Raft group. Missing, in the order docs/REPLICATION.md
-//! builds them: the library additions (Raft log ids in batch format 2,
-//! control batches, truncation after an index, the index translator); the
-//! `RaftLogStorage`/`RaftLogReader` on a partition, with openraft's storage
-//! test suite; the state machine and its snapshot; the transport's
+//! Built since: [`LogStore`] / [`LogReader`], openraft's log storage over a
+//! replicated partition, and the [`MetaFile`] (purged and committed ids).
+//! Nothing here runs a Raft group yet. Missing, in the order
+//! docs/REPLICATION.md builds them: the state machine and its snapshot; the transport's
 //! connection manager and `RaftNetworkFactory`; the controller group;
 //! splits across nodes; the multi-process tests and benchmarks.
 //!

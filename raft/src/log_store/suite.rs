@@ -233,3 +233,41 @@ fn the_suite_case_that_leaves_a_hole_in_the_log_is_refused_by_the_partition() {
     .expect_err("an append after a hole is refused");
     assert!(e.to_string().contains("expects Raft index 2"), "{e}");
 }
+
+#[test]
+fn a_vote_save_is_refused_while_an_append_callback_is_outstanding() {
+    run(async {
+        let (_g, mut store, _sm) = Builder.build().await?;
+        let vote = Vote::new(3, 1);
+        store.outstanding.fetch_add(1, Ordering::SeqCst);
+        let refused = store.save_vote(&vote).await;
+        assert!(refused.is_err(), "a vote save with an append in flight");
+        assert_eq!(store.read_vote().await?, None, "nothing was saved");
+        store.outstanding.fetch_sub(1, Ordering::SeqCst);
+        store.save_vote(&vote).await?;
+        assert_eq!(store.read_vote().await?, Some(vote));
+        Ok(())
+    })
+    .expect("the store works");
+}
+
+#[test]
+fn an_append_is_readable_and_reported_flushed_with_no_callback_left_outstanding() {
+    use openraft::storage::RaftLogStorageExt;
+    run(async {
+        let (_g, mut store, _sm) = Builder.build().await?;
+        let entries = [openraft::testing::blank_ent::<TypeConfig>(1, 1, 0)];
+        let id = entries[0].log_id;
+        let before = store.partition().durable_end_offset();
+        store.blocking_append(entries).await?;
+        assert_eq!(store.outstanding_appends(), 0);
+        let last = store.partition().last_log_id().expect("an entry");
+        assert_eq!(last.index, id.index);
+        // A control entry takes no offset: its durability is by position.
+        assert_eq!(store.partition().durable_end_offset(), before);
+        let got = store.try_get_log_entries(0..1).await?;
+        assert_eq!(got.len(), 1);
+        Ok(())
+    })
+    .expect("the store works");
+}

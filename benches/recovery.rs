@@ -84,6 +84,7 @@ fn scan_params(base: u64) -> ScanParams {
         durable_until: 0,
         mode: RecoveryMode::Strict,
         index_interval: 4096,
+        batch_version: 1,
     }
 }
 

@@ -63,6 +63,15 @@ pub struct TopicConfig {
     /// written before hot-key modes existed: strict only.
     #[serde(default)]
     pub hot_keys: HotKeyPolicy,
+    /// The topic's partitions are Raft logs (docs/REPLICATION.md): their
+    /// segments hold batch format 2, each batch stamped with its Raft log
+    /// id, and they take appends only through
+    /// [`crate::Partition::append_entry`]. Chosen at creation, never
+    /// switched for existing data; absent in older manifests (false).
+    /// Splits of a replicated topic are the controller's, so the balancer
+    /// must be off (`balance.enabled = false`).
+    #[serde(default)]
+    pub replicated: bool,
 }
 
 /// A topic's rules for hot-key modes.
@@ -128,6 +137,7 @@ impl Default for TopicConfig {
             retention_bytes: None,
             balance: BalancePolicy::default(),
             hot_keys: HotKeyPolicy::default(),
+            replicated: false,
         }
     }
 }
@@ -178,6 +188,12 @@ impl TopicConfig {
             }
         }
         self.balance.validate().map_err(Error::InvalidConfig)?;
+        if self.replicated && self.balance.enabled {
+            return Err(Error::InvalidConfig(
+                "a replicated topic is split by its controller: balance.enabled must be false"
+                    .into(),
+            ));
+        }
         self.hot_keys.validate().map_err(Error::InvalidConfig)
     }
 }
@@ -213,6 +229,7 @@ impl TopicConfig {
             retention_bytes,
             balance,
             hot_keys,
+            replicated,
         } = self;
         TopicConfigRecord {
             partitions: *partitions,
@@ -224,6 +241,7 @@ impl TopicConfig {
             retention_bytes: *retention_bytes,
             balance: balance_record(balance),
             hot_keys: hot_keys_record(hot_keys),
+            replicated: *replicated,
         }
     }
 
@@ -239,6 +257,7 @@ impl TopicConfig {
             retention_bytes,
             balance,
             hot_keys,
+            replicated,
         } = r;
         TopicConfig {
             partitions: *partitions,
@@ -254,6 +273,7 @@ impl TopicConfig {
             retention_bytes: *retention_bytes,
             balance: balance_policy(balance),
             hot_keys: hot_key_policy(hot_keys),
+            replicated: *replicated,
         }
     }
 }

@@ -220,6 +220,59 @@ pub enum Error {
         /// The partition's end offset now.
         end: u64,
     },
+    /// A Raft entry whose index is not the next one of the partition's log
+    /// (`last + 1`), or whose term is below the last entry's.
+    #[error("partition {partition} of topic {topic:?} expects Raft index {expected} (term >= {min_term}), got index {index} term {term}")]
+    RaftIndexMismatch {
+        /// Topic name.
+        topic: String,
+        /// Partition id.
+        partition: u32,
+        /// The index the next entry must have.
+        expected: u64,
+        /// The lowest term the next entry may have.
+        min_term: u64,
+        /// The entry's index.
+        index: u64,
+        /// The entry's term.
+        term: u64,
+    },
+    /// A Raft index the partition's log does not hold.
+    #[error("partition {partition} of topic {topic:?} holds no Raft entry {index} (it holds {first:?}..={last:?})")]
+    RaftIndexOutOfRange {
+        /// Topic name.
+        topic: String,
+        /// Partition id.
+        partition: u32,
+        /// The index asked for.
+        index: u64,
+        /// First index held, if any.
+        first: Option<u64>,
+        /// Last index held, if any.
+        last: Option<u64>,
+    },
+    /// A truncation would remove records below the committed end: Raft
+    /// never truncates committed entries, and readers may have seen them.
+    #[error("partition {partition}: a cut at offset {offset} is below the committed end {committed_end}")]
+    TruncateBelowCommitted {
+        /// Partition id.
+        partition: u32,
+        /// First record offset the cut would remove.
+        offset: u64,
+        /// The committed end offset it must not go below.
+        committed_end: u64,
+    },
+    /// The call needs a replicated partition (or an unreplicated one): a
+    /// replicated partition takes appends only as Raft entries.
+    #[error("partition {partition} of topic {topic:?} is {}replicated", if *.replicated { "" } else { "not " })]
+    ReplicationMismatch {
+        /// Topic name.
+        topic: String,
+        /// Partition id.
+        partition: u32,
+        /// Whether the partition is replicated.
+        replicated: bool,
+    },
     /// The partition is sealed (split or merged) and takes no appends.
     #[error("partition {partition} of topic {topic:?} is sealed")]
     Sealed {

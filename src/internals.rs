@@ -12,8 +12,8 @@
 /// replay tests (`tests/fuzz_corpus.rs`): see `src/fuzz_checks.rs`.
 pub mod fuzz_checks {
     pub use crate::fuzz_checks::{
-        check_batch_decode, check_chain_repair, check_checkpoint_decode, check_log_recovery,
-        check_manifest_replay, check_ops_model, check_segment_scan, ScratchDir,
+        check_batch_decode, check_batch_v2, check_chain_repair, check_checkpoint_decode,
+        check_log_recovery, check_manifest_replay, check_ops_model, check_segment_scan, ScratchDir,
     };
 }
 
@@ -21,7 +21,9 @@ pub mod fuzz_checks {
 /// fuzz seeds.
 pub mod format {
     pub use crate::format::batch::{
-        batch_len, encode_batch, encode_hole, BatchHeader, RecordIn, BATCH_HEADER_LEN, BATCH_MAGIC,
+        batch_len, encode_batch, encode_batch_v2, encode_hole, BatchHeader, BatchHeaderV2,
+        ControlKind, EntryBody, RaftLogId, RecordIn, BATCH_HEADER_LEN, BATCH_HEADER_V2_LEN,
+        BATCH_MAGIC, BATCH_MAGIC_V2,
     };
     pub use crate::format::checkpoint::{
         decode_checkpoint, encode_checkpoint, Checkpoint, PartitionCheckpoint, WindowState,

@@ -104,12 +104,13 @@ pub use config::{
 };
 pub use error::{Error, Resource, Result};
 pub use events::TopologyEvent;
+pub use format::batch::{ControlKind, EntryBody, RaftLogId, RecordIn};
 pub use group::{
     Assignment, AssignmentDescription, Group, GroupDescription, GroupOptions, GroupStart,
     GroupStats, Member, MemberDescription, MemberOptions, MemberState,
 };
 pub use log::{verify, Log};
-pub use partition::{Partition, SegmentInfo};
+pub use partition::{EntryBatch, EntryPos, Partition, RaftEntry, RaftEntryBody, SegmentInfo};
 pub use read::{OwnedRecord, ReadBatch, ReadIsolation, Record};
 pub use reader::key_reader::KeyReader;
 pub use reader::{Cut, Reader, RetainedRange, StartAt};

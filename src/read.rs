@@ -34,6 +34,12 @@ pub enum ReadIsolation {
     Durable,
     /// Every record appended so far, durable or not.
     Written,
+    /// Only records below the partition's committed end (the high
+    /// watermark a replicated partition's state machine publishes with
+    /// `Partition::set_committed_end`, for entries Raft committed), and
+    /// never past the durable end: no consumer sees a record that a later
+    /// truncation removes.
+    Committed,
 }
 
 /// One record, borrowed from a [`ReadBatch`].

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use fissionlog::internals::format::encode_header;
 use fissionlog::internals::format::{batch_len, encode_batch, encode_hole, RecordIn};
+use fissionlog::internals::format::{encode_batch_v2, ControlKind, EntryBody, RaftLogId};
 use fissionlog::internals::format::{
     encode_checkpoint, Checkpoint, PartitionCheckpoint, WindowState,
 };
@@ -17,10 +18,11 @@ use fissionlog::internals::fuzz_checks as fc;
 
 type Check = fn(&[u8]);
 
-const TARGETS: [(&str, Check, usize); 7] = [
+const TARGETS: [(&str, Check, usize); 8] = [
     ("segment_scan", fc::check_segment_scan, 200),
     ("manifest_replay", fc::check_manifest_replay, 200),
     ("batch_decode", fc::check_batch_decode, 200),
+    ("batch_v2", fc::check_batch_v2, 200),
     ("checkpoint_decode", fc::check_checkpoint_decode, 200),
     ("log_recovery", fc::check_log_recovery, 60),
     ("ops_model", fc::check_ops_model, 40),
@@ -140,6 +142,11 @@ fn batch_decode_corpus() {
 }
 
 #[test]
+fn batch_v2_corpus() {
+    run_target("batch_v2");
+}
+
+#[test]
 fn checkpoint_decode_corpus() {
     run_target("checkpoint_decode");
 }
@@ -229,6 +236,47 @@ fn batch_seeds() -> Vec<Vec<u8>> {
         batch(7, 3, false, 1),
         batch(1 << 40, 2, true, 0),
         hole(9, 4, 80),
+    ]
+}
+
+fn batch_v2(base: u64, id: (u64, u64), body: EntryBody<'_>) -> Vec<u8> {
+    let mut buf = vec![0; body.batch_len()];
+    let id = RaftLogId {
+        term: id.0,
+        leader: 2,
+        index: id.1,
+    };
+    encode_batch_v2(&mut buf, base, id, body, 1_764_547_200_000);
+    buf
+}
+
+fn batch_v2_seeds() -> Vec<Vec<u8>> {
+    let recs = [
+        RecordIn {
+            key: Some(b"key"),
+            value: b"value",
+            timestamp: 3,
+        },
+        RecordIn {
+            key: None,
+            value: &[7; 40],
+            timestamp: 1,
+        },
+    ];
+    vec![
+        batch_v2(0, (1, 1), EntryBody::Records(&recs[..1])),
+        batch_v2(9, (4, 17), EntryBody::Records(&recs)),
+        batch_v2(9, (4, 18), EntryBody::Control(ControlKind::Blank, b"")),
+        batch_v2(
+            11,
+            (5, 19),
+            EntryBody::Control(ControlKind::Membership, b"{\"voters\":[1,2,3]}"),
+        ),
+        batch_v2(
+            11,
+            (5, 20),
+            EntryBody::Control(ControlKind::Seal, &7u64.to_le_bytes()),
+        ),
     ]
 }
 
@@ -460,6 +508,7 @@ fn generate_seed_corpus() {
         ("segment_scan", segment_seeds()),
         ("manifest_replay", manifest_seeds()),
         ("batch_decode", batch_seeds()),
+        ("batch_v2", batch_v2_seeds()),
         ("checkpoint_decode", checkpoint_seeds()),
         ("log_recovery", log_recovery_seeds()),
         ("ops_model", ops_seeds()),

@@ -21,10 +21,12 @@
 //! ## Not done yet
 //!
 //! The node's groups run on [`mem_log::MemLogStore`], an in-memory log: a
-//! stepping stone, not replication (nothing is durable). Missing: the
-//! library additions and the `RaftLogStorage` on a partition with
-//! openraft's storage suite; the controller group; splits across nodes;
-//! the fault campaigns and benchmarks (docs/REPLICATION.md, "Status").
+//! stepping stone, not replication (nothing is durable). Built beside it:
+//! [`LogStore`] / [`LogReader`], openraft's log storage over a replicated
+//! partition with openraft's storage suite, and the [`MetaFile`] (purged
+//! and committed ids); the node does not use them yet. Missing: the node
+//! on [`LogStore`]; the controller group; splits across nodes; the fault
+//! campaigns and benchmarks (docs/REPLICATION.md, "Status").
 //!
 //! The single-node library does not depend on this crate: a broker that
 //! does not replicate compiles none of openraft, tokio or postcard.
@@ -38,11 +40,15 @@ pub mod mem_log;
 pub mod network;
 pub mod node;
 pub mod state_machine;
+pub mod log_store;
+pub mod meta;
 pub mod types;
 pub mod vote;
 
 pub use error::{Error, Result};
 pub use frame::{FrameCodec, PeerMessage, RaftRequest, RaftResponse};
 pub use state_machine::{CommittedEndSink, PartitionState, PartitionStateMachine};
+pub use log_store::{LogReader, LogStore};
+pub use meta::{Meta, MetaFile};
 pub use types::{Command, CommandResponse, GroupId, NodeId, ProducerStamp, RecordIn, TypeConfig};
 pub use vote::{DirLock, StdVoteIo, VoteFile, VoteIo};

@@ -224,13 +224,12 @@ impl VoteIo for StdVoteIo {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        // One byte more than a vote file holds is enough to tell a file
-        // of the wrong length: a huge (or sparse) file is never read whole.
-        let mut bytes = Vec::with_capacity(VOTE_FILE_LEN + 1);
-        io::Read::read_to_end(
-            &mut io::Read::take(file, VOTE_FILE_LEN as u64 + 1),
-            &mut bytes,
-        )?;
+        // One byte more than a vote (or `raft-meta`) file holds is enough
+        // to tell a file of the wrong length: a huge (or sparse) file is
+        // never read whole.
+        let max = VOTE_FILE_LEN.max(crate::meta::META_FILE_LEN);
+        let mut bytes = Vec::with_capacity(max + 1);
+        io::Read::read_to_end(&mut io::Read::take(file, max as u64 + 1), &mut bytes)?;
         Ok(Some(bytes))
     }
 }

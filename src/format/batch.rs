@@ -22,6 +22,25 @@
 //! The CRC covers the base offset, so a stale or misplaced batch does not
 //! validate at the wrong position: recovery compares `base_offset` with the
 //! offset it expects next.
+//!
+//! # Batch format 2 (replicated partitions)
+//!
+//! ```text
+//! batch header (64 bytes): the 40 bytes above with magic 0xF1B2, then
+//!  40  raft_term      u64   openraft LogId.leader_id.term
+//!  48  raft_leader    u64   openraft LogId.leader_id.node_id
+//!  56  raft_index     u64   openraft LogId.index
+//! flags bit 1: control (a Raft entry of its own: blank, membership, seal):
+//!   record_count 0, base_offset = the partition's end (it takes no offset),
+//!   payload = kind byte (ControlKind) + the entry's encoded body.
+//! ```
+//!
+//! The first 40 bytes keep format 1's layout, so every reader parses both
+//! with one function and only the start of the records moves. A control
+//! batch has no records: a reader iterating records sees none, and
+//! offsets stay dense without a translator. The CRC covers the log id, as
+//! it covers the base offset: a batch of another term or index does not
+//! validate where this one is expected. Holes (salvage) stay format 1.
 
 use zerocopy::little_endian::{I64, U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -48,6 +67,112 @@ pub const BATCH_MAGIC: u16 = 0xF1B1;
 pub const FLAG_HOLE: u16 = 1;
 /// `key_len` value meaning "no key".
 pub const NO_KEY: u32 = u32::MAX;
+/// Magic of batch format 2 (with the Raft log id).
+pub const BATCH_MAGIC_V2: u16 = 0xF1B2;
+/// Size of a format-2 batch header.
+pub const BATCH_HEADER_V2_LEN: usize = 64;
+/// Flag bit of a control batch (format 2 only).
+pub const FLAG_CONTROL: u16 = 2;
+
+/// A Raft log id as a format-2 batch stores it: openraft's
+/// `LogId { leader_id: { term, node_id }, index }`. The whole id is kept,
+/// not only the term: a committed leader id is (term, node id) and
+/// openraft compares both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RaftLogId {
+    /// The leader's term.
+    pub term: u64,
+    /// The leader's node id.
+    pub leader: u64,
+    /// The entry's index in the Raft log.
+    pub index: u64,
+}
+
+/// What a control batch holds (its first payload byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+#[non_exhaustive]
+pub enum ControlKind {
+    /// openraft's blank entry (every new leader commits one).
+    Blank = 0,
+    /// A membership entry (the payload is the encoded membership).
+    Membership = 1,
+    /// The partition's seal at a split (the payload names the topology epoch).
+    Seal = 2,
+}
+
+impl ControlKind {
+    /// The kind a payload byte names, if any.
+    pub fn from_byte(b: u8) -> Option<ControlKind> {
+        match b {
+            0 => Some(ControlKind::Blank),
+            1 => Some(ControlKind::Membership),
+            2 => Some(ControlKind::Seal),
+            _ => None,
+        }
+    }
+}
+
+/// What one Raft entry puts into the log: a data batch or a control batch.
+#[derive(Debug, Clone, Copy)]
+pub enum EntryBody<'a> {
+    /// Records (at least one), which take offsets.
+    Records(&'a [RecordIn<'a>]),
+    /// A Raft entry of its own kind and encoded body; takes no offset.
+    Control(ControlKind, &'a [u8]),
+}
+
+impl EntryBody<'_> {
+    /// Encoded size of the format-2 batch holding this entry.
+    pub fn batch_len(&self) -> usize {
+        match self {
+            EntryBody::Records(r) => {
+                BATCH_HEADER_V2_LEN + r.iter().map(RecordIn::encoded_len).sum::<usize>()
+            }
+            EntryBody::Control(_, body) => BATCH_HEADER_V2_LEN + 1 + body.len(),
+        }
+    }
+
+    /// Offsets the entry takes.
+    pub fn record_count(&self) -> usize {
+        match self {
+            EntryBody::Records(r) => r.len(),
+            EntryBody::Control(..) => 0,
+        }
+    }
+}
+
+/// The on-disk format-2 batch header: format 1's fields, then the log id.
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BatchHeaderV2 {
+    /// The fields shared with format 1 (magic [`BATCH_MAGIC_V2`]).
+    pub base: BatchHeader,
+    /// The leader's term.
+    pub raft_term: U64,
+    /// The leader's node id.
+    pub raft_leader: U64,
+    /// The entry's Raft index.
+    pub raft_index: U64,
+}
+
+const _: () = assert!(std::mem::size_of::<BatchHeaderV2>() == BATCH_HEADER_V2_LEN);
+
+impl BatchHeaderV2 {
+    /// The Raft log id the header carries.
+    pub fn log_id(&self) -> RaftLogId {
+        RaftLogId {
+            term: self.raft_term.get(),
+            leader: self.raft_leader.get(),
+            index: self.raft_index.get(),
+        }
+    }
+
+    /// Whether the batch is a control batch.
+    pub fn is_control(&self) -> bool {
+        self.base.flags.get() & FLAG_CONTROL != 0
+    }
+}
 
 /// The on-disk batch header.
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
@@ -116,7 +241,84 @@ pub fn encode_batch(dst: &mut [u8], base_offset: u64, records: &[RecordIn<'_>]) 
         batch_len(records),
         "destination sized for the batch"
     );
-    let mut pos = BATCH_HEADER_LEN;
+    let max_ts = encode_records(&mut dst[BATCH_HEADER_LEN..], records);
+    let mut header = BatchHeader {
+        batch_len: U32::new(dst.len() as u32),
+        crc: U32::new(0),
+        magic: U16::new(BATCH_MAGIC),
+        flags: U16::new(0),
+        record_count: U32::new(records.len() as u32),
+        base_offset: U64::new(base_offset),
+        first_ts: I64::new(records[0].timestamp),
+        max_ts: I64::new(max_ts),
+    };
+    dst[..BATCH_HEADER_LEN].copy_from_slice(header.as_bytes());
+    let crc = crc32(&dst[8..]);
+    header.crc = U32::new(crc);
+    dst[4..8].copy_from_slice(&crc.to_le_bytes());
+    header
+}
+
+/// Writes a format-2 batch holding `body` with Raft log id `id` into `dst`,
+/// which must be exactly [`EntryBody::batch_len`] bytes. A control batch
+/// takes no offset (`base_offset` is the partition's end) and carries
+/// `control_ts` (the leader's clock) as both timestamps. Panics if `dst`
+/// has the wrong size or a records body is empty (callers size and check
+/// it; both are invariants).
+pub fn encode_batch_v2(
+    dst: &mut [u8],
+    base_offset: u64,
+    id: RaftLogId,
+    body: EntryBody<'_>,
+    control_ts: i64,
+) -> BatchHeaderV2 {
+    assert_eq!(
+        dst.len(),
+        body.batch_len(),
+        "destination sized for the batch"
+    );
+    let payload = &mut dst[BATCH_HEADER_V2_LEN..];
+    let (flags, count, first_ts, max_ts) = match body {
+        EntryBody::Records(records) => {
+            assert!(
+                !records.is_empty(),
+                "a data batch holds at least one record"
+            );
+            let max_ts = encode_records(payload, records);
+            (0, records.len() as u32, records[0].timestamp, max_ts)
+        }
+        EntryBody::Control(kind, bytes) => {
+            payload[0] = kind as u8;
+            payload[1..].copy_from_slice(bytes);
+            (FLAG_CONTROL, 0, control_ts, control_ts)
+        }
+    };
+    let mut header = BatchHeaderV2 {
+        base: BatchHeader {
+            batch_len: U32::new(dst.len() as u32),
+            crc: U32::new(0),
+            magic: U16::new(BATCH_MAGIC_V2),
+            flags: U16::new(flags),
+            record_count: U32::new(count),
+            base_offset: U64::new(base_offset),
+            first_ts: I64::new(first_ts),
+            max_ts: I64::new(max_ts),
+        },
+        raft_term: U64::new(id.term),
+        raft_leader: U64::new(id.leader),
+        raft_index: U64::new(id.index),
+    };
+    dst[..BATCH_HEADER_V2_LEN].copy_from_slice(header.as_bytes());
+    let crc = crc32(&dst[8..]);
+    header.base.crc = U32::new(crc);
+    dst[4..8].copy_from_slice(&crc.to_le_bytes());
+    header
+}
+
+/// Writes `records` back to back into `dst` (exactly their encoded
+/// length). Returns their largest timestamp.
+fn encode_records(dst: &mut [u8], records: &[RecordIn<'_>]) -> i64 {
+    let mut pos = 0;
     let mut max_ts = i64::MIN;
     for r in records {
         let key_len = r.key.map_or(0, <[u8]>::len);
@@ -135,21 +337,8 @@ pub fn encode_batch(dst: &mut [u8], base_offset: u64, records: &[RecordIn<'_>]) 
         pos += r.value.len();
         max_ts = max_ts.max(r.timestamp);
     }
-    let mut header = BatchHeader {
-        batch_len: U32::new(dst.len() as u32),
-        crc: U32::new(0),
-        magic: U16::new(BATCH_MAGIC),
-        flags: U16::new(0),
-        record_count: U32::new(records.len() as u32),
-        base_offset: U64::new(base_offset),
-        first_ts: I64::new(records[0].timestamp),
-        max_ts: I64::new(max_ts),
-    };
-    dst[..BATCH_HEADER_LEN].copy_from_slice(header.as_bytes());
-    let crc = crc32(&dst[8..]);
-    header.crc = U32::new(crc);
-    dst[4..8].copy_from_slice(&crc.to_le_bytes());
-    header
+    debug_assert_eq!(pos, dst.len(), "records fill their space");
+    max_ts
 }
 
 /// Whether a (validated) batch is a hole left by salvage recovery.
@@ -220,6 +409,25 @@ pub enum BatchError {
         /// Computed CRC.
         actual: u32,
     },
+    /// A batch of the other format than its segment's version names.
+    WrongFormat {
+        /// The segment header's version.
+        segment_version: u16,
+        /// The batch's magic.
+        magic: u16,
+    },
+    /// A format-2 batch out of Raft order: its index is not the previous
+    /// batch's + 1, or its term is below the previous batch's.
+    RaftOrder {
+        /// The previous batch's Raft index.
+        prev_index: u64,
+        /// The previous batch's term.
+        prev_term: u64,
+        /// This batch's Raft index.
+        index: u64,
+        /// This batch's term.
+        term: u64,
+    },
     /// The batch is valid but not at the offset expected here.
     OffsetMismatch {
         /// Offset expected at this position.
@@ -243,6 +451,22 @@ impl std::fmt::Display for BatchError {
                     "batch CRC mismatch (stored {expected:#010x}, computed {actual:#010x})"
                 )
             }
+            BatchError::WrongFormat {
+                segment_version,
+                magic,
+            } => write!(
+                f,
+                "batch magic {magic:#06x} in a segment of version {segment_version}"
+            ),
+            BatchError::RaftOrder {
+                prev_index,
+                prev_term,
+                index,
+                term,
+            } => write!(
+                f,
+                "Raft entry {index} (term {term}) follows entry {prev_index} (term {prev_term})"
+            ),
             BatchError::OffsetMismatch { expected, found } => {
                 write!(f, "batch has base offset {found}, expected {expected}")
             }
@@ -259,6 +483,8 @@ impl std::fmt::Display for BatchError {
 /// iteration's time in a profile of 1 KiB single-record batches).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeaderFields {
+    /// [`BATCH_MAGIC`] or [`BATCH_MAGIC_V2`]: the batch format.
+    pub magic: u16,
     /// Whole batch length in bytes.
     pub batch_len: u32,
     /// Stored CRC of bytes `8..batch_len`.
@@ -282,13 +508,25 @@ impl HeaderFields {
         self.flags & FLAG_HOLE != 0
     }
 
-    /// The on-disk header these fields came from.
+    /// Whether the batch is a control batch (format 2): no records.
+    #[inline]
+    pub fn is_control(&self) -> bool {
+        self.flags & FLAG_CONTROL != 0
+    }
+
+    /// Length of the header: where the records (or control payload) start.
+    #[inline]
+    pub fn header_len(&self) -> usize {
+        header_len_of(self.magic)
+    }
+
+    /// The on-disk header these fields came from (its first 40 bytes).
     #[inline]
     pub fn header(&self) -> BatchHeader {
         BatchHeader {
             batch_len: U32::new(self.batch_len),
             crc: U32::new(self.crc),
-            magic: U16::new(BATCH_MAGIC),
+            magic: U16::new(self.magic),
             flags: U16::new(self.flags),
             record_count: U32::new(self.record_count),
             base_offset: U64::new(self.base_offset),
@@ -296,6 +534,35 @@ impl HeaderFields {
             max_ts: I64::new(self.max_ts),
         }
     }
+}
+
+/// Header length of the batch format `magic` names (format 1 otherwise).
+#[inline]
+fn header_len_of(magic: u16) -> usize {
+    if magic == BATCH_MAGIC_V2 {
+        BATCH_HEADER_V2_LEN
+    } else {
+        BATCH_HEADER_LEN
+    }
+}
+
+/// The format-2 header at the start of the (parsed) batch `buf`; `None`
+/// for a format-1 batch or fewer than 64 bytes.
+pub fn header_v2(buf: &[u8]) -> Option<BatchHeaderV2> {
+    let (h, _) = BatchHeaderV2::read_from_prefix(buf).ok()?;
+    (h.base.magic.get() == BATCH_MAGIC_V2).then_some(h)
+}
+
+/// The kind and body of the validated control batch `buf` (header
+/// included); `None` for any other batch.
+pub fn control_body(buf: &[u8]) -> Option<(ControlKind, &[u8])> {
+    let h = header_v2(buf)?;
+    if !h.is_control() {
+        return None;
+    }
+    let payload = buf.get(BATCH_HEADER_V2_LEN..h.base.batch_len.get() as usize)?;
+    let (&kind, body) = payload.split_first()?;
+    Some((ControlKind::from_byte(kind)?, body))
 }
 
 /// Parses and bounds-checks a header at the start of `buf` (no CRC check).
@@ -318,13 +585,14 @@ pub fn header_fields(buf: &[u8]) -> Result<HeaderFields, BatchError> {
     let magic = u16_at(8);
     // A header with the magic is not all zeros: the zero scan only runs on
     // the failure path.
-    if magic != BATCH_MAGIC {
+    if magic != BATCH_MAGIC && magic != BATCH_MAGIC_V2 {
         if h.iter().all(|&b| b == 0) {
             return Err(BatchError::Zeroed);
         }
         return Err(BatchError::BadMagic(magic));
     }
     let f = HeaderFields {
+        magic,
         batch_len: u32_at(0),
         crc: u32_at(4),
         flags: u16_at(10),
@@ -335,6 +603,10 @@ pub fn header_fields(buf: &[u8]) -> Result<HeaderFields, BatchError> {
     };
     let len = f.batch_len;
     let count = u64::from(f.record_count);
+    let v2 = magic == BATCH_MAGIC_V2;
+    if v2 {
+        return v2_bounds(f, buf);
+    }
     if count == 0 {
         return Err(BatchError::BadRecords("zero records"));
     }
@@ -355,6 +627,34 @@ pub fn header_fields(buf: &[u8]) -> Result<HeaderFields, BatchError> {
     let min = BATCH_HEADER_LEN as u64 + count * per_record;
     if (len as u64) < min || len as usize > buf.len() {
         return Err(BatchError::BadLength(len));
+    }
+    Ok(f)
+}
+
+/// The bounds of a format-2 header: flags (control only, never a hole),
+/// the record count (zero exactly for control), the length.
+#[cold]
+fn v2_bounds(f: HeaderFields, buf: &[u8]) -> Result<HeaderFields, BatchError> {
+    let count = u64::from(f.record_count);
+    if f.flags & !FLAG_CONTROL != 0 {
+        return Err(BatchError::BadRecords("unknown flags"));
+    }
+    let min = if f.is_control() {
+        if count != 0 {
+            return Err(BatchError::BadRecords("a control batch with records"));
+        }
+        BATCH_HEADER_V2_LEN as u64 + 1
+    } else {
+        if count == 0 {
+            return Err(BatchError::BadRecords("zero records"));
+        }
+        if f.base_offset.checked_add(count).is_none() {
+            return Err(BatchError::BadRecords("offsets run past u64::MAX"));
+        }
+        BATCH_HEADER_V2_LEN as u64 + count * RECORD_HEADER_LEN as u64
+    };
+    if (f.batch_len as u64) < min || f.batch_len as usize > buf.len() {
+        return Err(BatchError::BadLength(f.batch_len));
     }
     Ok(f)
 }
@@ -382,8 +682,12 @@ pub fn validate_fields(
             actual,
         });
     }
-    if !f.is_hole() {
-        check_records(&buf[BATCH_HEADER_LEN..len], f.record_count)?;
+    if f.is_control() {
+        if ControlKind::from_byte(buf[BATCH_HEADER_V2_LEN]).is_none() {
+            return Err(BatchError::BadRecords("unknown control kind"));
+        }
+    } else if !f.is_hole() {
+        check_records(&buf[f.header_len()..len], f.record_count)?;
     }
     if let Some(expected) = expected_offset {
         if f.base_offset != expected {
@@ -439,7 +743,7 @@ impl<'a> RecordIter<'a> {
     #[inline]
     pub fn new(batch: &'a [u8], header: &BatchHeader) -> RecordIter<'a> {
         RecordIter {
-            payload: &batch[BATCH_HEADER_LEN..header.batch_len.get() as usize],
+            payload: &batch[header_len_of(header.magic.get())..header.batch_len.get() as usize],
             remaining: header.record_count.get(),
             next_offset: header.base_offset.get(),
         }
@@ -449,7 +753,7 @@ impl<'a> RecordIter<'a> {
     #[inline]
     pub fn from_fields(batch: &'a [u8], f: &HeaderFields) -> RecordIter<'a> {
         RecordIter {
-            payload: &batch[BATCH_HEADER_LEN..f.batch_len as usize],
+            payload: &batch[f.header_len()..f.batch_len as usize],
             remaining: f.record_count,
             next_offset: f.base_offset,
         }
@@ -684,5 +988,166 @@ mod tests {
             validate(&buf, None),
             Err(BatchError::BadRecords(_))
         ));
+    }
+
+    fn id(term: u64, index: u64) -> RaftLogId {
+        RaftLogId {
+            term,
+            leader: 3,
+            index,
+        }
+    }
+
+    fn v2(base: u64, id: RaftLogId, body: EntryBody<'_>) -> Vec<u8> {
+        let mut buf = vec![0; body.batch_len()];
+        encode_batch_v2(&mut buf, base, id, body, 77);
+        buf
+    }
+
+    const RECS: [RecordIn<'static>; 2] = [
+        RecordIn {
+            key: Some(b"k"),
+            value: b"v1",
+            timestamp: 5,
+        },
+        RecordIn {
+            key: None,
+            value: b"v2",
+            timestamp: 9,
+        },
+    ];
+
+    #[test]
+    fn a_format_2_data_batch_round_trips_its_records_and_log_id() {
+        let buf = v2(40, id(7, 12), EntryBody::Records(&RECS));
+        let f = validate_fields(&buf, Some(40)).unwrap();
+        assert_eq!(
+            (f.magic, f.record_count, f.header_len()),
+            (BATCH_MAGIC_V2, 2, 64)
+        );
+        assert!(!f.is_control());
+        let h = header_v2(&buf).unwrap();
+        assert_eq!(h.log_id(), id(7, 12));
+        let recs: Vec<_> = RecordIter::from_fields(&buf, &f)
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(recs.len(), 2);
+        assert_eq!(
+            (recs[0].offset, recs[0].key, recs[0].value),
+            (40, Some(&b"k"[..]), &b"v1"[..])
+        );
+        assert_eq!(
+            (recs[1].offset, recs[1].value, recs[1].timestamp),
+            (41, &b"v2"[..], 9)
+        );
+        let via_header: Vec<_> = RecordIter::new(&buf, &f.header())
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(via_header, recs);
+        assert_eq!(control_body(&buf), None);
+    }
+
+    #[test]
+    fn a_control_batch_takes_no_offset_and_yields_no_record() {
+        let buf = v2(
+            40,
+            id(7, 13),
+            EntryBody::Control(ControlKind::Membership, b"m"),
+        );
+        let f = validate_fields(&buf, Some(40)).unwrap();
+        assert!(f.is_control());
+        assert_eq!(
+            (f.record_count, f.base_offset, f.first_ts, f.max_ts),
+            (0, 40, 77, 77)
+        );
+        assert_eq!(RecordIter::from_fields(&buf, &f).count(), 0);
+        assert_eq!(
+            control_body(&buf),
+            Some((ControlKind::Membership, &b"m"[..]))
+        );
+        let blank = v2(40, id(7, 14), EntryBody::Control(ControlKind::Blank, b""));
+        assert_eq!(control_body(&blank), Some((ControlKind::Blank, &b""[..])));
+    }
+
+    #[test]
+    fn the_crc_of_a_format_2_batch_covers_every_byte_of_the_log_id() {
+        for body in [
+            EntryBody::Records(&RECS),
+            EntryBody::Control(ControlKind::Seal, b"e"),
+        ] {
+            let buf = v2(40, id(7, 12), body);
+            for i in 0..buf.len() {
+                for bit in 0..8 {
+                    let mut b = buf.clone();
+                    b[i] ^= 1 << bit;
+                    assert!(
+                        validate(&b, Some(40)).is_err(),
+                        "flip of byte {i} bit {bit} went unnoticed"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn format_1_bytes_are_unchanged_by_format_2() {
+        let mut buf = vec![0; batch_len(&RECS)];
+        encode_batch(&mut buf, 40, &RECS);
+        let mut expected = Vec::new();
+        expected.extend_from_slice(&(buf.len() as u32).to_le_bytes());
+        expected.extend_from_slice(&crc32(&buf[8..]).to_le_bytes());
+        expected.extend_from_slice(&BATCH_MAGIC.to_le_bytes());
+        expected.extend_from_slice(&0u16.to_le_bytes());
+        expected.extend_from_slice(&2u32.to_le_bytes());
+        expected.extend_from_slice(&40u64.to_le_bytes());
+        expected.extend_from_slice(&5i64.to_le_bytes());
+        expected.extend_from_slice(&9i64.to_le_bytes());
+        assert_eq!(&buf[..BATCH_HEADER_LEN], &expected[..]);
+        assert_eq!(validate_fields(&buf, Some(40)).unwrap().header_len(), 40);
+        assert!(header_v2(&buf).is_none());
+        // The same records in format 2 differ only by the header.
+        let v = v2(40, id(1, 1), EntryBody::Records(&RECS));
+        assert_eq!(&v[BATCH_HEADER_V2_LEN..], &buf[BATCH_HEADER_LEN..]);
+    }
+
+    #[test]
+    fn malformed_format_2_headers_are_refused() {
+        let resealed = |mut b: Vec<u8>| {
+            let crc = crc32(&b[8..]);
+            b[4..8].copy_from_slice(&crc.to_le_bytes());
+            b
+        };
+        // A data batch claiming zero records.
+        let mut b = v2(0, id(1, 1), EntryBody::Records(&RECS));
+        b[12..16].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(
+            validate(&resealed(b), None).unwrap_err(),
+            BatchError::BadRecords("zero records")
+        );
+        // A control batch claiming records.
+        let mut b = v2(0, id(1, 1), EntryBody::Control(ControlKind::Blank, b""));
+        b[12..16].copy_from_slice(&1u32.to_le_bytes());
+        assert!(validate(&resealed(b), None).is_err());
+        // A control batch of an unknown kind.
+        let mut b = v2(0, id(1, 1), EntryBody::Control(ControlKind::Blank, b""));
+        b[64] = 9;
+        assert_eq!(
+            validate(&resealed(b), None).unwrap_err(),
+            BatchError::BadRecords("unknown control kind")
+        );
+        // A hole flag on a format-2 batch, and an unknown flag.
+        for flag in [FLAG_HOLE, 4] {
+            let mut b = v2(0, id(1, 1), EntryBody::Records(&RECS));
+            b[10..12].copy_from_slice(&flag.to_le_bytes());
+            assert_eq!(
+                validate(&resealed(b), None).unwrap_err(),
+                BatchError::BadRecords("unknown flags")
+            );
+        }
+        // Cut anywhere inside the header or payload.
+        let b = v2(0, id(1, 1), EntryBody::Records(&RECS));
+        for cut in 0..b.len() {
+            assert!(validate(&b[..cut], None).is_err(), "cut at {cut}");
+        }
     }
 }

@@ -40,6 +40,15 @@ pub struct TopicConfigRecord {
     /// Hot-key rules (absent in manifests written before hot-key modes).
     #[serde(default)]
     pub hot_keys: HotKeyPolicyRecord,
+    /// Partitions are Raft logs with format-2 segments (absent before
+    /// replication existed: false, and not written when false, so an
+    /// unreplicated topic's record keeps its bytes).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub replicated: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// When appended data is made durable.
@@ -166,6 +175,7 @@ pub(crate) mod tests {
                 max_lanes: 8,
                 auto_window: Some(Duration::from_millis(200)),
             },
+            replicated: false,
         }
     }
 
@@ -193,6 +203,7 @@ pub(crate) mod tests {
         assert_eq!(rec.sync, SyncPolicyRecord::Always);
         assert_eq!(rec.balance, BalancePolicyRecord::default());
         assert_eq!(rec.hot_keys, HotKeyPolicyRecord::default());
+        assert!(!rec.replicated);
         let partial: BalancePolicyRecord =
             serde_json::from_str(r#"{"enabled":false}"#).expect("decodes");
         assert_eq!(
@@ -202,5 +213,19 @@ pub(crate) mod tests {
                 ..BalancePolicyRecord::default()
             }
         );
+    }
+
+    #[test]
+    fn a_replicated_config_round_trips_and_an_unreplicated_one_keeps_its_bytes() {
+        let rec = TopicConfigRecord {
+            replicated: true,
+            ..custom()
+        };
+        let json = serde_json::to_string(&rec).expect("encodes");
+        assert!(json.ends_with(r#","replicated":true}"#), "{json}");
+        let back: TopicConfigRecord = serde_json::from_str(&json).expect("decodes");
+        assert_eq!(back, rec);
+        let old: TopicConfigRecord = serde_json::from_str(CUSTOM_JSON).expect("decodes");
+        assert!(!old.replicated);
     }
 }

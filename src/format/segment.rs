@@ -2,7 +2,8 @@
 //!
 //! ```text
 //!  0  magic            [u8; 8]  b"FSNLSEG\0"
-//!  8  version          u16      1
+//!  8  version          u16      1: format-1 batches; 2: format-2 batches
+//!                                 (a replicated partition, Raft log ids)
 //! 10  reserved         u16
 //! 12  topic_id         u32
 //! 16  partition_id     u32
@@ -27,8 +28,12 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 pub const SEGMENT_HEADER_LEN: usize = 64;
 /// Segment magic.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"FSNLSEG\0";
-/// Current segment format version.
-pub const SEGMENT_VERSION: u16 = 1;
+/// Newest segment format version this build reads.
+pub const SEGMENT_VERSION: u16 = 2;
+/// Version of a segment holding batch format 1 (an unreplicated partition).
+pub const SEGMENT_VERSION_V1: u16 = 1;
+/// Version of a segment holding batch format 2 (a replicated partition).
+pub const SEGMENT_VERSION_V2: u16 = 2;
 
 /// The on-disk segment header.
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
@@ -63,6 +68,9 @@ pub struct HeaderInfo {
     pub created_ms: i64,
     /// `(end_offset, end_position)` when the header carries a valid seal.
     pub seal: Option<(u64, u64)>,
+    /// [`SEGMENT_VERSION_V1`] or [`SEGMENT_VERSION_V2`]: the batch format
+    /// of every batch in the segment.
+    pub version: u16,
 }
 
 /// Why a segment header was rejected.
@@ -89,16 +97,38 @@ impl std::fmt::Display for HeaderError {
     }
 }
 
-/// Encodes a fresh (unsealed) header.
+/// Encodes a fresh (unsealed) version-1 header.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub fn encode_header(
     topic_id: u32,
     partition_id: u32,
     base_offset: u64,
     created_ms: i64,
 ) -> [u8; SEGMENT_HEADER_LEN] {
+    encode_header_version(
+        SEGMENT_VERSION_V1,
+        topic_id,
+        partition_id,
+        base_offset,
+        created_ms,
+    )
+}
+
+/// Encodes a fresh (unsealed) header of `version` (1 or 2).
+pub fn encode_header_version(
+    version: u16,
+    topic_id: u32,
+    partition_id: u32,
+    base_offset: u64,
+    created_ms: i64,
+) -> [u8; SEGMENT_HEADER_LEN] {
+    assert!(
+        (SEGMENT_VERSION_V1..=SEGMENT_VERSION).contains(&version),
+        "a segment version this build writes"
+    );
     let mut h = SegmentHeader {
         magic: SEGMENT_MAGIC,
-        version: U16::new(SEGMENT_VERSION),
+        version: U16::new(version),
         reserved0: U16::new(0),
         topic_id: U32::new(topic_id),
         partition_id: U32::new(partition_id),
@@ -148,7 +178,7 @@ pub fn decode_header(buf: &[u8]) -> Result<HeaderInfo, HeaderError> {
     if crc32fast::hash(&buf[..40]) != h.header_crc.get() {
         return Err(HeaderError::BadCrc);
     }
-    if h.version.get() != SEGMENT_VERSION {
+    if h.version.get() < SEGMENT_VERSION_V1 {
         return Err(HeaderError::Version(h.version.get()));
     }
     let seal_ok = h.seal_crc.get() != 0 && crc32fast::hash(&buf[48..64]) == h.seal_crc.get();
@@ -162,6 +192,7 @@ pub fn decode_header(buf: &[u8]) -> Result<HeaderInfo, HeaderError> {
         base_offset: h.base_offset.get(),
         created_ms: h.created_ms.get(),
         seal,
+        version: h.version.get(),
     })
 }
 
@@ -180,7 +211,8 @@ mod tests {
                 partition_id: 9,
                 base_offset: 1000,
                 created_ms: 55,
-                seal: None
+                seal: None,
+                version: SEGMENT_VERSION_V1,
             }
         );
         h[SEAL_POS..SEAL_POS + 20].copy_from_slice(&encode_seal(1500, 9000));
@@ -201,6 +233,24 @@ mod tests {
         b[50] ^= 1;
         assert_eq!(decode_header(&b).unwrap().seal, None);
         assert_eq!(decode_header(&h[..63]), Err(HeaderError::Short));
+    }
+
+    #[test]
+    fn a_version_2_header_names_its_version_and_is_checked_like_version_1() {
+        let h = encode_header_version(SEGMENT_VERSION_V2, 3, 9, 1000, 55);
+        let info = decode_header(&h).unwrap();
+        assert_eq!((info.version, info.base_offset), (SEGMENT_VERSION_V2, 1000));
+        for i in 0..40 {
+            let mut b = h;
+            b[i] ^= 0x40;
+            assert!(decode_header(&b).is_err(), "byte {i}");
+        }
+        // Version 0 is no version.
+        let mut b = h;
+        b[8..10].copy_from_slice(&0u16.to_le_bytes());
+        let crc = crc32fast::hash(&b[..40]);
+        b[40..44].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode_header(&b), Err(HeaderError::Version(0)));
     }
 
     #[test]

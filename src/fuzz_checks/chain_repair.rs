@@ -79,6 +79,7 @@ fn decode(input: &mut Input<'_>) -> Chain {
                         base_offset: if wrong == 0xFE { base + 1 } else { base },
                         created_ms: 0,
                         seal,
+                        version: crate::format::segment::SEGMENT_VERSION_V1,
                     },
                     records,
                     stop: (kind >> 3) % 3,

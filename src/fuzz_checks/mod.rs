@@ -32,7 +32,7 @@ mod ops;
 mod scratch;
 
 pub use chain_repair::check_chain_repair;
-pub use format::{check_batch_decode, check_checkpoint_decode, check_segment_scan};
+pub use format::{check_batch_decode, check_batch_v2, check_checkpoint_decode, check_segment_scan};
 pub use log_recovery::check_log_recovery;
 pub use manifest_replay::check_manifest_replay;
 pub use ops::check_ops_model;

@@ -74,12 +74,15 @@ fn create_topic_files(
         for p in batch {
             let pdir = partition_dir(tdir, p.id);
             std::fs::create_dir_all(&pdir).at(&pdir)?;
-            let seg = Arc::new(crate::storage::segment::Segment::create(
+            let seg = Arc::new(crate::storage::segment::Segment::create_version(
                 &pdir,
                 (rec.id, p.id),
                 0,
                 rec.config.segment_bytes,
-                now,
+                (
+                    now,
+                    crate::partition::segment_version(rec.config.replicated),
+                ),
                 &*core.hook,
             )?);
             let (target, pos) = seg.new_data_target()?;

@@ -551,12 +551,15 @@ fn add_missing_segment(
         if path.exists() {
             std::fs::remove_file(&path).at(&path)?;
         }
-        let seg = Segment::create(
+        let seg = Segment::create_version(
             pdir,
             (rec.id, p.id),
             base,
             rec.config.segment_bytes,
-            crate::partition::now_ms(),
+            (
+                crate::partition::now_ms(),
+                crate::partition::segment_version(rec.config.replicated),
+            ),
             &*core.hook,
         )?;
         sync_dir(&*core.hook, IoOp::SyncRecoveryDir, pdir)?;
@@ -572,12 +575,15 @@ fn add_missing_segment(
         // takes for a missing first segment (C7).
         create_partition_dir(pdir, &tdir, &*core.hook)?;
         let base = next_offset;
-        let seg = Segment::create(
+        let seg = Segment::create_version(
             pdir,
             (rec.id, p.id),
             base,
             4096,
-            crate::partition::now_ms(),
+            (
+                crate::partition::now_ms(),
+                crate::partition::segment_version(rec.config.replicated),
+            ),
             &*core.hook,
         )?;
         // The open's sync rounds sync its bytes (it is new) and then

@@ -50,6 +50,14 @@ impl Partition {
         hashes: &[Option<u64>],
         fence: Option<(&AtomicU64, u64)>,
     ) -> Result<u64> {
+        if self.p.replicated {
+            // A Raft log takes entries only (`append_entry`).
+            return Err(Error::ReplicationMismatch {
+                topic: self.p.topic.to_string(),
+                partition: self.p.id,
+                replicated: true,
+            });
+        }
         let len = self.check_batch(records)?;
         let base = {
             let mut w = self.writer.lock();
@@ -131,12 +139,12 @@ impl Partition {
             self.dir_synced_rolls.fetch_max(rolls, Ordering::AcqRel);
         }
         let seg = self.with_budget_retry(|| {
-            Segment::create(
+            Segment::create_version(
                 &self.p.dir,
                 (self.p.topic_id, self.p.id),
                 next,
                 self.p.segment_bytes,
-                now_ms(),
+                (now_ms(), self.p.segment_version()),
                 &*self.hook,
             )
             .map_err(Error::resource_typed)

@@ -21,9 +21,12 @@ use crate::storage::segment::{Segment, SegmentWriter, Segments};
 use crate::wake::TailWake;
 
 mod append;
+mod raft;
 mod read;
 mod retention;
 mod sync_capture;
+
+pub use raft::{EntryBatch, EntryPos, RaftEntry, RaftEntryBody};
 
 pub(crate) use sync_capture::SyncCapture;
 
@@ -51,6 +54,25 @@ pub(crate) struct PartitionParams {
     /// The log's budget of mappings and descriptors: every segment of
     /// the partition is under it.
     pub budget: Arc<Budget>,
+    /// A Raft log (`TopicConfig::replicated`): format-2 segments, appends
+    /// only through [`Partition::append_entry`].
+    pub replicated: bool,
+}
+
+impl PartitionParams {
+    /// Header version of the segments this partition creates.
+    pub(crate) fn segment_version(&self) -> u16 {
+        segment_version(self.replicated)
+    }
+}
+
+/// Header version of a partition's segments: 2 for a replicated one.
+pub(crate) fn segment_version(replicated: bool) -> u16 {
+    if replicated {
+        crate::format::segment::SEGMENT_VERSION_V2
+    } else {
+        crate::format::segment::SEGMENT_VERSION_V1
+    }
 }
 
 /// Write-side state, guarded by the writer lock.
@@ -67,6 +89,8 @@ pub(crate) struct WriterState {
     pub segment_roll: u64,
     pub rates: RateTracker,
     pub load: LoadMap,
+    /// The Raft log's last id and next index (replicated partitions).
+    pub raft: raft::RaftTail,
 }
 
 /// How a partition's writer and sync rounds use a durable point.
@@ -166,6 +190,9 @@ pub struct Partition {
     /// Retention floor: segments starting below it are retired. Recorded
     /// in the checkpoint before their files are unlinked.
     retired_below: AtomicU64,
+    /// High watermark of a replicated partition: reads under
+    /// [`ReadIsolation::Committed`] stop here ([`Partition::set_committed_end`]).
+    committed_end: AtomicU64,
     /// Logical end of a tail-split parent (`u64::MAX`: none); see
     /// [`Partition::set_logical_end`].
     logical_end: AtomicU64,
@@ -248,6 +275,7 @@ impl Partition {
                 segment_roll: 0,
                 rates,
                 load,
+                raft: raft::RaftTail::default(),
             }),
             p,
             segments: RwLock::new(Segments::from_vec(segments)),
@@ -263,6 +291,7 @@ impl Partition {
             checkpointed_bases: Mutex::new((durable.0, durable.0)),
             retired_below: AtomicU64::new(0),
             logical_end: AtomicU64::new(u64::MAX),
+            committed_end: AtomicU64::new(0),
             removed: AtomicBool::new(false),
             deleted: AtomicBool::new(false),
             durable: Mutex::new(DurablePoint {
@@ -334,6 +363,10 @@ impl Partition {
         let end = match isolation {
             ReadIsolation::Durable => self.durable_end_offset(),
             ReadIsolation::Written => self.end_offset.load(Ordering::SeqCst),
+            ReadIsolation::Committed => self
+                .committed_end
+                .load(Ordering::SeqCst)
+                .min(self.durable_end_offset()),
         };
         end.min(self.logical_end.load(Ordering::SeqCst))
     }

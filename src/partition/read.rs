@@ -122,7 +122,9 @@ impl Partition {
             // written-isolation wait can stop at the seal.
             let final_end = self.is_sealed()
                 && (isolation == ReadIsolation::Written
-                    || self.durable_end_offset() >= self.end_offset());
+                    || self.durable_end_offset() >= self.end_offset())
+                && (isolation != ReadIsolation::Committed
+                    || self.committed_end() >= self.end_offset());
             if final_end {
                 break self.visible_end(isolation) > offset;
             }

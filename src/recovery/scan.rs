@@ -2,9 +2,10 @@
 //! Pure: works on a byte slice, so the fuzzer and the tests call it directly.
 
 use crate::config::RecoveryMode;
+use crate::format::batch::RaftLogId;
 use crate::format::batch::{self, BATCH_HEADER_LEN};
 use crate::format::index::IndexEntry;
-use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::format::segment::{SEGMENT_HEADER_LEN, SEGMENT_VERSION_V2};
 
 /// Bytes examined after the end of valid data past the synced region.
 pub const TORN_LOOKAHEAD: usize = 64 * 1024;
@@ -92,6 +93,11 @@ pub struct ScanParams {
     pub mode: RecoveryMode,
     /// Index spacing in bytes.
     pub index_interval: u64,
+    /// The segment header's version: 1 holds format-1 batches, 2 format-2
+    /// batches whose Raft index rises by one from batch to batch and whose
+    /// term never falls (a batch of the other format, or out of Raft
+    /// order, is invalid there).
+    pub batch_version: u16,
 }
 
 /// Scans `file` (the whole segment, header included) from `p.from_pos`.
@@ -107,11 +113,17 @@ pub fn scan_segment(file: &[u8], p: &ScanParams) -> ScanOutcome {
     };
     let mut pos = p.from_pos.max(SEGMENT_HEADER_LEN as u64);
     let mut last_indexed: Option<u64> = None;
+    // The Raft log id of the batch before `pos`, once the scan has seen one.
+    let mut prev_id: Option<RaftLogId> = None;
     loop {
         let rest = file.get(pos as usize..).unwrap_or(&[]);
-        let err = match batch::validate(rest, Some(out.end_offset)) {
-            Ok(h) => {
+        let checked = batch::validate(rest, Some(out.end_offset))
+            .and_then(|h| raft_order(rest, &h, p.batch_version, prev_id).map(|id| (h, id)));
+        let err = match checked {
+            Ok((h, id)) => {
                 take_batch(&mut out, &h, pos, &mut last_indexed, p);
+                // After a hole (salvage) the lost entries' ids are unknown.
+                prev_id = id;
                 pos = out.end_pos;
                 continue;
             }
@@ -140,6 +152,7 @@ pub fn scan_segment(file: &[u8], p: &ScanParams) -> ScanOutcome {
                 out.end_offset = nbase;
                 pos = npos;
                 out.end_pos = pos;
+                prev_id = None;
             }
             (mode, next) => {
                 let action = if mode == RecoveryMode::Strict {
@@ -157,6 +170,44 @@ pub fn scan_segment(file: &[u8], p: &ScanParams) -> ScanOutcome {
             }
         }
     }
+}
+
+/// Checks the batch `h` at the start of `rest` against its segment's
+/// format (`version`) and, in a format-2 segment, against the Raft log id
+/// of the batch before it: index + 1, a term that never falls. Returns
+/// the batch's log id (`None` for a format-1 batch or a hole).
+fn raft_order(
+    rest: &[u8],
+    h: &batch::BatchHeader,
+    version: u16,
+    prev: Option<RaftLogId>,
+) -> Result<Option<RaftLogId>, batch::BatchError> {
+    let magic = h.magic.get();
+    let expected_magic = if version >= SEGMENT_VERSION_V2 && !batch::is_hole(h) {
+        batch::BATCH_MAGIC_V2
+    } else {
+        batch::BATCH_MAGIC
+    };
+    if magic != expected_magic {
+        return Err(batch::BatchError::WrongFormat {
+            segment_version: version,
+            magic,
+        });
+    }
+    let Some(id) = batch::header_v2(rest).map(|v2| v2.log_id()) else {
+        return Ok(None);
+    };
+    if let Some(prev) = prev {
+        if id.index != prev.index.wrapping_add(1) || id.term < prev.term {
+            return Err(batch::BatchError::RaftOrder {
+                prev_index: prev.index,
+                prev_term: prev.term,
+                index: id.index,
+                term: id.term,
+            });
+        }
+    }
+    Ok(Some(id))
 }
 
 /// Takes the valid batch `h` at `pos` into `out`, with an index entry when
@@ -212,9 +263,10 @@ fn past_synced(
 /// is at least `min_offset` (a later batch of this partition).
 pub fn find_next_valid(file: &[u8], from: u64, min_offset: u64) -> Option<(u64, u64)> {
     let magic = batch::BATCH_MAGIC.to_le_bytes();
+    let magic_v2 = batch::BATCH_MAGIC_V2.to_le_bytes();
     let mut pos = from as usize;
     while pos + BATCH_HEADER_LEN <= file.len() {
-        if file[pos + 8..pos + 10] == magic {
+        if file[pos + 8..pos + 10] == magic || file[pos + 8..pos + 10] == magic_v2 {
             if let Ok(h) = batch::validate(&file[pos..], None) {
                 if h.base_offset.get() >= min_offset
                     && u32::try_from(h.base_offset.get() - min_offset).is_ok()
@@ -261,6 +313,7 @@ mod tests {
             durable_until: durable,
             mode,
             index_interval: 4096,
+            batch_version: 1,
         }
     }
 
@@ -328,5 +381,91 @@ mod tests {
         let (f, starts) = segment(3);
         let o = scan_segment(&f, &params(starts[2] + 1000, RecoveryMode::Strict));
         assert!(matches!(o.stop, ScanStop::Corrupt { .. }));
+    }
+
+    /// A version-2 segment of format-2 batches with Raft ids `ids` (one
+    /// record each, offsets from 100).
+    fn segment_v2(ids: &[(u64, u64)]) -> Vec<u8> {
+        use crate::format::batch::{encode_batch_v2, EntryBody, RaftLogId};
+        let mut f = crate::format::segment::encode_header_version(2, 1, 0, 100, 0).to_vec();
+        for (i, &(term, index)) in ids.iter().enumerate() {
+            let recs = [RecordIn {
+                key: None,
+                value: b"v",
+                timestamp: 1,
+            }];
+            let body = EntryBody::Records(&recs);
+            let mut b = vec![0; body.batch_len()];
+            let id = RaftLogId {
+                term,
+                leader: 1,
+                index,
+            };
+            encode_batch_v2(&mut b, 100 + i as u64, id, body, 0);
+            f.extend(b);
+        }
+        f.resize(f.len() + 500, 0);
+        f
+    }
+
+    #[test]
+    fn a_format_2_segment_in_raft_order_scans_to_its_end() {
+        let f = segment_v2(&[(1, 5), (1, 6), (3, 7), (3, 8)]);
+        let p = ScanParams {
+            batch_version: 2,
+            ..params(0, RecoveryMode::Strict)
+        };
+        let o = scan_segment(&f, &p);
+        assert_eq!((o.end_offset, o.records, o.stop), (104, 4, ScanStop::End));
+    }
+
+    #[test]
+    fn a_raft_index_that_skips_or_a_term_that_falls_is_corruption_in_synced_data() {
+        for ids in [
+            [(1, 5), (1, 7), (1, 8)],
+            [(1, 5), (1, 5), (1, 6)],
+            [(2, 5), (1, 6), (2, 7)],
+        ] {
+            let f = segment_v2(&ids);
+            let p = ScanParams {
+                batch_version: 2,
+                ..params(f.len() as u64, RecoveryMode::Strict)
+            };
+            let o = scan_segment(&f, &p);
+            assert_eq!(
+                o.end_offset, 101,
+                "{ids:?}: data ends after the first entry"
+            );
+            assert!(
+                matches!(&o.stop, ScanStop::Corrupt { reason, action: CorruptAction::Refused, .. } if reason.contains("Raft entry")),
+                "{ids:?}: {:?}",
+                o.stop
+            );
+        }
+    }
+
+    #[test]
+    fn a_batch_of_the_other_format_than_its_segment_is_invalid() {
+        // Format-2 batches in a version-1 segment.
+        let f = segment_v2(&[(1, 5)]);
+        let o = scan_segment(&f, &params(f.len() as u64, RecoveryMode::Strict));
+        assert!(
+            matches!(&o.stop, ScanStop::Corrupt { reason, .. } if reason.contains("version 1")),
+            "{:?}",
+            o.stop
+        );
+        // Format-1 batches in a version-2 segment.
+        let (f, _) = segment(2);
+        let p = ScanParams {
+            batch_version: 2,
+            ..params(f.len() as u64, RecoveryMode::Strict)
+        };
+        let o = scan_segment(&f, &p);
+        assert!(
+            matches!(&o.stop, ScanStop::Corrupt { reason, .. } if reason.contains("version 2")),
+            "{:?}",
+            o.stop
+        );
+        assert_eq!(o.end_offset, 100);
     }
 }

@@ -35,12 +35,12 @@ impl Topic {
         for &id in ids {
             let dir = partition_dir(&self.inner.dir, id);
             std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-            let seg = Segment::create(
+            let seg = Segment::create_version(
                 &dir,
                 (self.inner.id, id),
                 0,
                 cfg.segment_bytes,
-                now_ms(),
+                (now_ms(), crate::partition::segment_version(cfg.replicated)),
                 &*self.inner.core.hook,
             )?;
             seg.sync_data(&*self.inner.core.hook)?;
@@ -87,6 +87,7 @@ impl Topic {
                     },
                     wake: self.inner.wake.clone(),
                     budget: self.inner.core.budget.clone(),
+                    replicated: cfg.replicated,
                 },
                 seg,
                 sealed,

@@ -10,6 +10,7 @@ pub(crate) mod change;
 mod describe;
 pub(crate) mod durable;
 pub(crate) mod hot_keys;
+mod raft;
 
 mod route;
 pub(crate) mod tail_split;

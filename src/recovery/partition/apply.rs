@@ -146,6 +146,7 @@ pub(super) fn held_until(seg: &mut Segment, info: &HeaderInfo, p: &ChainParams<'
         durable_until: 0,
         mode: RecoveryMode::Truncate,
         index_interval: p.index_interval,
+        batch_version: info.version,
     };
     // Mapped since phase one; should a mapping not be had, its base
     // bounds it as for a damaged file.

@@ -366,6 +366,7 @@ mod tests {
             base_offset: base,
             created_ms: 0,
             seal: None,
+            version: crate::format::segment::SEGMENT_VERSION_V1,
         }
     }
 

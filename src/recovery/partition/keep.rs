@@ -91,6 +91,7 @@ pub fn plan_scan(
         durable_until,
         mode: p.mode.recovery,
         index_interval: p.index_interval,
+        batch_version: info.version,
     })
 }
 

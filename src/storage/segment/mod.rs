@@ -196,6 +196,20 @@ impl Segment {
         now_ms: i64,
         hook: &dyn IoHook,
     ) -> Result<Segment> {
+        let v1 = segment::SEGMENT_VERSION_V1;
+        Segment::create_version(dir, ids, base_offset, capacity, (now_ms, v1), hook)
+    }
+
+    /// [`Segment::create`] of a segment of header `version` (2: a
+    /// replicated partition's, holding batch format 2).
+    pub fn create_version(
+        dir: &Path,
+        ids: (u32, u32),
+        base_offset: u64,
+        capacity: u64,
+        (now_ms, version): (i64, u16),
+        hook: &dyn IoHook,
+    ) -> Result<Segment> {
         let path = dir.join(segment_file_name(base_offset));
         hook.before(IoOp::CreateSegment, &path).at(&path)?;
         let file = open_file(&path, Access::CreateNew)?;
@@ -203,7 +217,7 @@ impl Segment {
         let built = (|| {
             hook.before(IoOp::AllocateSegment, &path).at(&path)?;
             allocate_range(&file, 0, initial).at(&path)?;
-            let header = segment::encode_header(ids.0, ids.1, base_offset, now_ms);
+            let header = segment::encode_header_version(version, ids.0, ids.1, base_offset, now_ms);
             file.write_all_at(&header, 0).at(&path)?;
             // The full length, sparse past the allocated chunk (see the
             // module comment: whole large folios on write faults).
@@ -896,6 +910,9 @@ impl Segment {
             }
         }
         self.sealed.store(true, Ordering::Release);
+        // A seal written again (a rolled segment a Raft truncation cut and
+        // rolled from) is not synced yet.
+        self.seal_synced.store(false, Ordering::Release);
         self.res.make_evictable();
     }
 }

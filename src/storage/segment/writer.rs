@@ -107,9 +107,23 @@ impl SegmentWriter {
     /// (`Error::NoSpace` on a full disk) publishes nothing: the segment
     /// takes appends again once space frees.
     pub fn append(&mut self, records: &[RecordIn<'_>], len: usize) -> Result<BatchHeader> {
+        let next = self.next_offset;
+        let count = records.len() as u64;
+        self.append_encoded(len, count, |dst| batch::encode_batch(dst, next, records))
+    }
+
+    /// [`SegmentWriter::append`] of a batch that `encode` writes into its
+    /// `len` bytes at the writer's next offset, taking `count` offsets (a
+    /// format-2 batch; 0 for a control batch).
+    pub fn append_encoded(
+        &mut self,
+        len: usize,
+        count: u64,
+        encode: impl FnOnce(&mut [u8]) -> BatchHeader,
+    ) -> Result<BatchHeader> {
         let pos = self.write_pos;
         let header = if len >= PWRITE_MIN_BYTES {
-            self.write_batch(records, len)?
+            self.write_batch(encode, len)?
         } else {
             self.reserve(len as u64)?;
             let map = match &self.map {
@@ -120,7 +134,7 @@ impl SegmentWriter {
                     m
                 }
             };
-            self.store_batch(&map, records, len)
+            self.store_batch(&map, encode, len)
         };
         if self
             .last_indexed_pos
@@ -136,7 +150,7 @@ impl SegmentWriter {
             self.last_indexed_pos = Some(pos);
         }
         self.write_pos += len as u64;
-        self.next_offset += records.len() as u64;
+        self.next_offset += count;
         self.max_ts = self.max_ts.max(header.max_ts.get());
         self.segment
             .max_timestamp
@@ -151,7 +165,12 @@ impl SegmentWriter {
     }
 
     /// Stores a batch into the mapping at the write position.
-    fn store_batch(&mut self, map: &Mapping, records: &[RecordIn<'_>], len: usize) -> BatchHeader {
+    fn store_batch(
+        &mut self,
+        map: &Mapping,
+        encode: impl FnOnce(&mut [u8]) -> BatchHeader,
+        len: usize,
+    ) -> BatchHeader {
         assert!(
             self.write_pos + len as u64 <= self.segment.allocated().min(map.len()),
             "caller reserves space before a batch is stored"
@@ -163,7 +182,7 @@ impl SegmentWriter {
         // a slice over it, and `&mut self` makes this the only writer.
         // SAFETY: see the comment above and rule 3 of the module comment.
         let dst = unsafe { std::slice::from_raw_parts_mut(base.add(pos as usize), len) };
-        let header = batch::encode_batch(dst, self.next_offset, records);
+        let header = encode(dst);
         debug_assert!(
             batch::validate(dst, Some(self.next_offset)).is_ok(),
             "a batch just written validates"
@@ -174,12 +193,16 @@ impl SegmentWriter {
     /// Encodes a batch into the writer's buffer and writes it to the file
     /// at the write position with `pwrite`, which allocates what it writes
     /// past `allocated` (rule 3 of the module comment).
-    fn write_batch(&mut self, records: &[RecordIn<'_>], len: usize) -> Result<BatchHeader> {
+    fn write_batch(
+        &mut self,
+        encode: impl FnOnce(&mut [u8]) -> BatchHeader,
+        len: usize,
+    ) -> Result<BatchHeader> {
         if self.buf.len() < len {
             self.buf.resize(len, 0);
         }
         let dst = &mut self.buf[..len];
-        let header = batch::encode_batch(dst, self.next_offset, records);
+        let header = encode(dst);
         debug_assert!(
             batch::validate(dst, Some(self.next_offset)).is_ok(),
             "a batch just encoded validates"

@@ -107,6 +107,11 @@ fn append_blocking(
                     .collect(),
             )
         }
+        // Behind a batch that was moved, every later batch to the sealed
+        // partition has a gap: it is moved too.
+        Verdict::OutOfOrder { .. } if topic.partition(partition).is_ok_and(|p| p.is_sealed()) => {
+            Ok((moved(topic, partition), Vec::new()))
+        }
         Verdict::OutOfOrder { expected } => Err(refused(
             ErrorCode::OutOfOrderSequence,
             format!(

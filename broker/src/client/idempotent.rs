@@ -205,8 +205,10 @@ impl Sender {
     }
 }
 
-/// Acks a batch's records, or keeps a moved one for sending again.
-fn settle(answer: Answer, moved: &mut Vec<Batch>) {
+/// Acks a batch's records, or keeps a moved one for sending again;
+/// `true` when the batch failed (its sequence numbers are then a gap the
+/// server refuses every later batch of the partition for).
+fn settle(answer: Answer, moved: &mut Vec<Batch>) -> bool {
     let (b, r) = answer;
     match r {
         Ok(Response::Produced { positions }) => {
@@ -223,13 +225,21 @@ fn settle(answer: Answer, moved: &mut Vec<Batch>) {
                         message,
                     },
                 );
+                return true;
             } else {
                 moved.push(b);
             }
         }
-        Ok(other) => fail(b.acks, &ClientError::Unexpected(format!("{other:?}"))),
-        Err(e) => fail(b.acks, &e),
+        Ok(other) => {
+            fail(b.acks, &ClientError::Unexpected(format!("{other:?}")));
+            return true;
+        }
+        Err(e) => {
+            fail(b.acks, &e);
+            return true;
+        }
     }
+    false
 }
 
 /// The producer's task (see the module's comment).
@@ -263,18 +273,47 @@ pub(super) async fn run(conn: Connection, config: ProducerConfig, mut rx: mpsc::
         next_order: 0,
     };
     let mut moved: Vec<Batch> = Vec::new();
+    let mut failed = false;
     let mut open = true;
     loop {
         while let Ok(a) = done_rx.try_recv() {
             s.outstanding -= 1;
-            settle(a, &mut moved);
+            failed |= settle(a, &mut moved);
         }
-        if !moved.is_empty() || !open {
+        if !moved.is_empty() || failed || !open {
             // Settle everything in flight before routing anew.
             while s.outstanding > 0 {
                 let Some(a) = done_rx.recv().await else { break };
                 s.outstanding -= 1;
-                settle(a, &mut moved);
+                failed |= settle(a, &mut moved);
+            }
+            if failed {
+                // A failed batch left a gap in its partition's sequence:
+                // the next epoch starts every partition at 0 again.
+                failed = false;
+                match s
+                    .conn
+                    .call(Request::InitProducer {
+                        producer_id: Some(s.producer_id),
+                    })
+                    .await
+                {
+                    Ok(Response::ProducerInit { epoch, .. }) => {
+                        s.epoch = epoch;
+                        s.sequences.clear();
+                    }
+                    Ok(other) => {
+                        let e = ClientError::Unexpected(format!("{other:?}"));
+                        for b in moved.drain(..) {
+                            fail(b.acks, &e);
+                        }
+                    }
+                    Err(e) => {
+                        for b in moved.drain(..) {
+                            fail(b.acks, &e);
+                        }
+                    }
+                }
             }
             if !moved.is_empty() {
                 let again = match self::route(&s.conn, &s.config.topic).await {
@@ -305,7 +344,7 @@ pub(super) async fn run(conn: Connection, config: ProducerConfig, mut rx: mpsc::
             },
             Some(a) = done_rx.recv(), if s.outstanding > 0 => {
                 s.outstanding -= 1;
-                settle(a, &mut moved);
+                failed |= settle(a, &mut moved);
                 continue;
             }
         };

@@ -5,9 +5,16 @@
 
 mod common;
 
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
 use bytes::Bytes;
 use common::TestServer;
-use fissionlog_broker::client::{Admin, Connection};
+use fissionlog_broker::client::{
+    Admin, Connection, Consumer, ConsumerConfig, Producer, ProducerConfig,
+};
 use fissionlog_broker::protocol::{
     Acks, ErrorCode, Isolation, ProduceRecord, RangeOwner, Request, Response, SplitSpec, Stamp,
     SyncSpec,
@@ -228,5 +235,106 @@ async fn a_record_keyed_with_the_reserved_stamp_key_is_refused() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::InvalidRequest));
+    srv.stop().await.unwrap();
+}
+
+const PRODUCERS: usize = 16;
+/// Each producer sends at least this many records, and goes on until the
+/// splits are done.
+const PER_PRODUCER: usize = 200;
+const KEYS: usize = 12;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_producers_keep_every_acknowledged_record_once_and_in_key_order_while_partitions_split(
+) {
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let conn = one_partition_topic(&srv).await;
+    let splits_done = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for i in 0..PRODUCERS {
+        let c = Connection::connect(srv.addr, None).await.unwrap();
+        let done = splits_done.clone();
+        tasks.push(tokio::spawn(async move {
+            let p = Producer::new(
+                c,
+                ProducerConfig {
+                    idempotent: true,
+                    batch_records: 40,
+                    ..ProducerConfig::new("t")
+                },
+            );
+            let mut acks = Vec::new();
+            let mut n = 0;
+            while n < PER_PRODUCER || !done.load(Ordering::Acquire) {
+                let key = format!("k{}", n % KEYS);
+                let value = format!("{i} {key} {}", n / KEYS);
+                acks.push(p.send(Some(Bytes::from(key)), Bytes::from(value)).await);
+                if n % 20 == 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                n += 1;
+            }
+            let mut out = Vec::new();
+            for a in acks {
+                out.push(a.await.expect("every record is acknowledged"));
+            }
+            out
+        }));
+    }
+    // Split the widest active partition while they run.
+    let admin = Admin::new(conn.clone());
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        let widest = topology(&conn, "t")
+            .await
+            .into_iter()
+            .max_by_key(|o| o.end - o.start)
+            .expect("an active partition");
+        admin
+            .split("t", widest.partition, SplitSpec::Even)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(15)).await;
+    splits_done.store(true, Ordering::Release);
+    let mut positions = HashSet::new();
+    for t in tasks {
+        for at in t.await.unwrap() {
+            let at = at.expect("leader acks carry a position");
+            assert!(positions.insert(at), "position {at:?} acknowledged twice");
+        }
+    }
+    let total = positions.len();
+    assert!(total >= PRODUCERS * PER_PRODUCER);
+    let partitions: HashSet<u32> = positions.iter().map(|p| p.0).collect();
+    assert!(
+        partitions.len() > 2,
+        "the producers followed the splits: {partitions:?}"
+    );
+
+    let mut c = Consumer::join(conn.clone(), ConsumerConfig::new("t", "g"))
+        .await
+        .unwrap();
+    let mut seen = HashSet::new();
+    let mut last: HashMap<(String, String), u64> = HashMap::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while seen.len() < total && std::time::Instant::now() < deadline {
+        for r in c.poll(2000, Duration::from_millis(100)).await.unwrap() {
+            let v = String::from_utf8(r.value.to_vec()).expect("UTF-8 values");
+            let f: Vec<&str> = v.split(' ').collect();
+            let (who, key, seq) = (
+                f[0].to_string(),
+                f[1].to_string(),
+                f[2].parse::<u64>().unwrap(),
+            );
+            assert!(seen.insert(v.clone()), "{v} read twice");
+            if let Some(prev) = last.insert((who, key), seq) {
+                assert!(seq > prev, "{v} after sequence {prev} of its key");
+            }
+        }
+        c.commit().await.unwrap();
+    }
+    assert_eq!(seen.len(), total);
+    c.leave().await.unwrap();
     srv.stop().await.unwrap();
 }

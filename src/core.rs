@@ -351,7 +351,9 @@ impl Core {
                 }
             }
         }
+        let round = std::time::Instant::now();
         let results = self.syncer.sync_all(&targets);
+        crate::metrics::sync_round(round.elapsed(), targets.len());
         let mut failed = vec![false; parts.len()];
         let mut first_err: Option<Error> = None;
         for ((t, r), o) in targets.iter().zip(results).zip(&owner) {

@@ -83,6 +83,7 @@ mod group;
 pub mod internals;
 pub mod layout;
 mod log;
+pub mod metrics;
 mod partition;
 mod read;
 mod reader;

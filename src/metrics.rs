@@ -42,7 +42,7 @@ pub mod names {
 
 #[cfg(feature = "metrics")]
 mod imp {
-    use super::names;
+    use crate::metrics::names;
 
     /// A partition's counters, registered once.
     #[derive(Clone)]
@@ -132,11 +132,12 @@ mod imp {
 
 pub(crate) use imp::*;
 
-#[cfg(all(test, feature = "metrics"))]
+#[cfg(test)]
 mod tests {
+    #![cfg(feature = "metrics")]
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
-    use super::names;
+    use crate::metrics::names;
     use crate::{Log, LogOptions, SplitPlan, SyncPolicy, TopicConfig};
 
     fn counter(snapshot: &[(String, Vec<(String, String)>, DebugValue)], name: &str) -> u64 {

@@ -133,14 +133,17 @@ mod imp {
 pub(crate) use imp::*;
 
 #[cfg(test)]
+#[cfg(feature = "metrics")]
 mod tests {
-    #![cfg(feature = "metrics")]
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
     use crate::metrics::names;
     use crate::{Log, LogOptions, SplitPlan, SyncPolicy, TopicConfig};
 
-    fn counter(snapshot: &[(String, Vec<(String, String)>, DebugValue)], name: &str) -> u64 {
+    /// One series of a snapshot: name, labels, value.
+    type Series = (String, Vec<(String, String)>, DebugValue);
+
+    fn counter(snapshot: &[Series], name: &str) -> u64 {
         snapshot
             .iter()
             .filter(|(n, _, _)| n == name)
@@ -175,7 +178,7 @@ mod tests {
             t.split(0, SplitPlan::Even).expect("a split");
             log.close().expect("a clean close");
         });
-        let snap: Vec<(String, Vec<(String, String)>, DebugValue)> = snapshotter
+        let snap: Vec<Series> = snapshotter
             .snapshot()
             .into_vec()
             .into_iter()

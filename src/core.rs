@@ -332,7 +332,9 @@ impl Core {
                 Err(e) => return undo(e),
             }
         }
+        let round = std::time::Instant::now();
         let results = self.syncer.sync_all(&targets);
+        crate::metrics::sync_round(round.elapsed(), targets.len());
         let (failed, first_err) = self.note_sync_results(&targets, &owner, results, &parts);
         for (i, cap) in caps.iter().enumerate() {
             if parts[i].sync_done(cap, !failed[i]) {

@@ -52,6 +52,19 @@ pub enum TopologyEvent {
     },
 }
 
+impl TopologyEvent {
+    /// The topic and kind of a topology change, for its metric.
+    fn change_kind(&self) -> Option<(&str, &'static str)> {
+        match self {
+            TopologyEvent::Split { topic, .. } => Some((topic, "split")),
+            TopologyEvent::Merge { topic, .. } => Some((topic, "merge")),
+            TopologyEvent::HotKey { topic, .. } => Some((topic, "hot_key")),
+            TopologyEvent::PartitionRemoved { topic, .. } => Some((topic, "partition_removed")),
+            TopologyEvent::TopicCreated { .. } => None,
+        }
+    }
+}
+
 /// Fan-out of events to subscribers (dropped receivers are pruned).
 #[derive(Debug, Default)]
 pub(crate) struct EventHub {
@@ -66,6 +79,9 @@ impl EventHub {
     }
 
     pub fn emit(&self, e: TopologyEvent) {
+        if let Some((topic, kind)) = e.change_kind() {
+            crate::metrics::topology_change(topic, kind);
+        }
         self.subscribers
             .lock()
             .retain(|s| s.send(e.clone()).is_ok());

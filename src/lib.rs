@@ -83,6 +83,7 @@ mod group;
 pub mod internals;
 pub mod layout;
 mod log;
+pub mod metrics;
 mod partition;
 mod read;
 mod reader;
@@ -125,7 +126,7 @@ pub use topic::hot_keys::{HotKey, KeyEra, KeyLane, KeyLanes, KeyLink, KeyRecord}
 pub use topic::tail_split::{
     MovedChild, MovedRange, TailFrom, TailReclaimOutcome, TailSplitOptions, TailSplitOutcome,
 };
-pub use topic::{ChainLink, NewRecord, PartitionInfo, RemovedParent, SplitPlan, Topic};
+pub use topic::{key_hash, ChainLink, NewRecord, PartitionInfo, RemovedParent, SplitPlan, Topic};
 pub use topic_name::{validate as validate_topic_name, MAX_TOPIC_NAME};
 pub use topology::command::{Applied, HashRange, TopologyCommand};
 pub use topology::manifest::ManifestReport;

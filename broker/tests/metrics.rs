@@ -293,3 +293,44 @@ async fn silent_http_connections_past_the_limit_are_closed_and_the_silent_ones_t
     assert_eq!(status, 200);
     srv.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_librarys_own_series_show_on_the_brokers_metrics() {
+    use fissionlog::metrics::names as lib;
+    let srv = TestServer::start_with_http(ServerConfig::default()).await;
+    let conn = Connection::connect(srv.addr, None).await.unwrap();
+    let admin = Admin::new(conn.clone());
+    admin
+        .create_topic("libmetered", 1, SyncSpec::Never, 0, false)
+        .await
+        .unwrap();
+    let mut cfg = ProducerConfig::new("libmetered");
+    cfg.acks = Acks::Quorum; // a sync round per batch at least
+    let producer = Producer::new(conn.clone(), cfg);
+    let mut acks = Vec::new();
+    for i in 0..50u32 {
+        let key = Bytes::from(format!("key-{i}"));
+        acks.push(producer.send(Some(key), Bytes::from(vec![b'x'; 10])).await);
+    }
+    for a in acks {
+        a.await.unwrap();
+    }
+    admin.split("libmetered", 0, SplitSpec::Even).await.unwrap();
+    let text = scrape(&srv).await;
+    let topic = [("topic", "libmetered"), ("partition", "0")];
+    assert_eq!(
+        sample(&text, lib::APPENDED_RECORDS, &topic),
+        Some(50.0),
+        "{text}"
+    );
+    assert!(sample(&text, lib::APPENDED_BYTES, &topic).unwrap_or(0.0) >= 500.0);
+    let splits = [("topic", "libmetered"), ("kind", "split")];
+    assert_eq!(
+        sample(&text, lib::TOPOLOGY_CHANGES, &splits),
+        Some(1.0),
+        "{text}"
+    );
+    let rounds = format!("{}_count", lib::SYNC_ROUND_SECONDS);
+    assert!(sample(&text, &rounds, &[]).unwrap_or(0.0) >= 1.0, "{text}");
+    srv.stop().await.unwrap();
+}

@@ -250,3 +250,130 @@ fn the_demo_prints_one_json_check_line_with_nothing_missing_or_out_of_order() {
     assert!(out.status.success());
     assert!(v["splits"].as_u64().unwrap() >= 1, "{v}");
 }
+
+/// Starts `fissionlog-broker serve` on `dir`; returns it and its address.
+fn start_broker(dir: &std::path::Path) -> (Child, String) {
+    let mut broker = Command::new(BIN)
+        .args([
+            "serve",
+            "--dir",
+            dir.to_str().expect("a UTF-8 path"),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the broker starts");
+    let out = collect(&mut broker);
+    wait_for("the broker", Duration::from_secs(10), || {
+        !out.lock().unwrap().is_empty()
+    });
+    let addr = out.lock().unwrap()[0]
+        .strip_prefix("listening on ")
+        .expect("the address line")
+        .to_string();
+    (broker, addr)
+}
+
+#[test]
+fn a_retry_after_the_broker_was_killed_between_append_and_ack_is_not_appended_again() {
+    use fissionlog_broker::protocol::{Isolation, ProduceRecord, Request, Response, Stamp};
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let fetch = |conn: &Connection| {
+        let r = rt.block_on(conn.call(Request::Fetch {
+            topic: "t".into(),
+            partition: 0,
+            offset: 0,
+            max_bytes: 1 << 20,
+            max_wait_ms: 0,
+            isolation: Isolation::Written,
+        }));
+        match r.expect("a fetch") {
+            Response::Fetched { records, .. } => {
+                records.iter().map(|r| r.offset).collect::<Vec<u64>>()
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    let (broker, addr) = start_broker(dir.path());
+    let mut kids = Kill(vec![broker]);
+    let conn = rt
+        .block_on(Connection::connect(addr.as_str(), None))
+        .unwrap();
+    rt.block_on(Admin::new(conn.clone()).create_topic("t", 1, SyncSpec::Never, 0, false))
+        .unwrap();
+    let Response::ProducerInit { producer_id, epoch } = rt
+        .block_on(conn.call(Request::InitProducer { producer_id: None }))
+        .unwrap()
+    else {
+        panic!("a producer id")
+    };
+    let batch = Request::ProduceTo {
+        topic: "t".into(),
+        partition: 0,
+        acks: Acks::Leader,
+        stamp: Some(Stamp {
+            producer_id,
+            epoch,
+            first_sequence: 0,
+        }),
+        records: ["a", "b", "c"]
+            .iter()
+            .map(|k| ProduceRecord {
+                key: Some(Bytes::from_static(k.as_bytes())),
+                value: Bytes::from(format!("value of {k}")),
+                timestamp: None,
+            })
+            .collect(),
+    };
+    // Sent, its answer never read: once another connection sees the
+    // records, the broker is killed.
+    let _unanswered = rt.block_on(conn.start(batch.clone())).unwrap();
+    let watcher = rt
+        .block_on(Connection::connect(addr.as_str(), None))
+        .unwrap();
+    wait_for("the batch to be appended", Duration::from_secs(10), || {
+        fetch(&watcher).len() == 3
+    });
+    for k in &mut kids.0 {
+        k.kill().expect("SIGKILL");
+        k.wait().expect("the broker is reaped");
+    }
+    kids.0.clear();
+
+    let (broker, addr) = start_broker(dir.path());
+    kids.0.push(broker);
+    let conn = rt
+        .block_on(Connection::connect(addr.as_str(), None))
+        .unwrap();
+    let retried = rt
+        .block_on(conn.call(batch))
+        .expect("the retry is answered");
+    let held = fetch(&conn);
+    assert_eq!(held.len(), 3, "the retry appended nothing");
+    assert_eq!(
+        retried,
+        Response::Produced {
+            positions: held.iter().map(|&o| (0, o)).collect()
+        },
+        "the retry is answered with the first copy's offsets"
+    );
+    let Response::ProducerInit {
+        producer_id: next, ..
+    } = rt
+        .block_on(conn.call(Request::InitProducer { producer_id: None }))
+        .unwrap()
+    else {
+        panic!("a producer id")
+    };
+    assert!(
+        next > producer_id,
+        "id {next} handed out again after {producer_id}"
+    );
+}

@@ -204,8 +204,8 @@ async fn a_hello_without_a_common_version_is_refused_and_closed() {
     let srv = TestServer::start(ServerConfig::default()).await;
     let mut s = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
     let hello = Request::Hello {
-        min_version: 2,
-        max_version: 9,
+        min_version: fissionlog_broker::protocol::PROTOCOL_VERSION + 1,
+        max_version: fissionlog_broker::protocol::PROTOCOL_VERSION + 8,
         client: "future".into(),
         token: None,
     };

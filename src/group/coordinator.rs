@@ -400,6 +400,7 @@ impl Coordinator {
             match m.state {
                 MemberState::Active => {
                     self.stats.slow_detected += 1;
+                    crate::metrics::member_slow(&self.name);
                     let m = self
                         .members
                         .get_mut(&id)
@@ -702,6 +703,7 @@ impl Coordinator {
             self.release(p, now);
         }
         self.members.remove(&id);
+        crate::metrics::group_members(&self.name, self.members.len());
         // Revocations aimed at it go to the balancer.
         for o in self.owners.values_mut() {
             if let Some(r) = &mut o.revoking {

@@ -68,6 +68,7 @@ impl Coordinator {
                 .map(|(&id, _)| id)
         });
         self.members.insert(id, MemberEntry::new(options, now));
+        crate::metrics::group_members(&self.name, self.members.len());
         match previous {
             Some(old) => self.take_over(old, id),
             // Others keep reading; the newcomer gets unowned partitions and
@@ -104,6 +105,7 @@ impl Coordinator {
             o.revoking = None;
         }
         self.members.remove(&old);
+        crate::metrics::group_members(&self.name, self.members.len());
         self.generation = generation;
     }
 
@@ -203,6 +205,10 @@ impl Coordinator {
                         pauses.remove(0);
                     }
                     pauses.push(now.saturating_sub(from) as f64 / 1e6);
+                    crate::metrics::rebalance_pause(
+                        &self.name,
+                        now.saturating_sub(from) as f64 / 1e9,
+                    );
                 }
             }
         }

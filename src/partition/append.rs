@@ -76,6 +76,7 @@ impl Partition {
             let header = w.writer.append(records, len)?;
             let now = self.clock.now_nanos();
             w.rates.record(now, records.len() as u64, len as u64);
+            self.metrics.appended(records.len(), len);
             for (r, h) in records.iter().zip(hashes) {
                 if let Some(h) = h {
                     w.load.observe(now, *h, r.encoded_len() as u64);

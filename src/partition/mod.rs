@@ -152,6 +152,7 @@ impl DirtyList {
 #[derive(Debug)]
 pub struct Partition {
     pub(crate) p: PartitionParams,
+    metrics: crate::metrics::PartitionMetrics,
     segments: RwLock<Segments>,
     writer: Mutex<WriterState>,
     /// Where the writer's data ends ([`DurablePoint::of_writer`]) and
@@ -269,6 +270,7 @@ impl Partition {
         }
         let writer = SegmentWriter::new(last, p.index_interval);
         Partition {
+            metrics: crate::metrics::PartitionMetrics::new(&p.topic, p.id),
             written: PositionCell::new(DurablePoint::of_writer(&writer).to_cell(0)),
             writer: Mutex::new(WriterState {
                 writer,

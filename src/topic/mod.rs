@@ -290,7 +290,7 @@ pub struct Topic {
 }
 
 /// Keyed SipHash-1-3 of a key: the routing hash (stable across versions).
-pub(crate) fn key_hash(hash_key: [u64; 2], key: &[u8]) -> u64 {
+pub fn key_hash(hash_key: [u64; 2], key: &[u8]) -> u64 {
     let mut h = siphasher::sip::SipHasher13::new_with_keys(hash_key[0], hash_key[1]);
     h.write(key);
     h.finish()

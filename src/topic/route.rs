@@ -10,6 +10,12 @@ impl Topic {
         key_hash(self.inner.hash_key, key)
     }
 
+    /// The key of this topic's routing hash ([`crate::key_hash`]), for a
+    /// client that routes its records itself.
+    pub fn routing_key(&self) -> [u64; 2] {
+        self.inner.hash_key
+    }
+
     /// The active partition that owns `key` now.
     pub fn route(&self, key: &[u8]) -> u32 {
         self.route_hash(self.hash(key))

@@ -63,6 +63,9 @@ pub(crate) async fn run(a: ServeArgs) -> CmdResult {
             a.dir.display()
         )));
     }
+    // Before the log opens: its partitions register their series with the
+    // recorder installed when they are made.
+    fissionlog_broker::server::metrics::install();
     let dir = a.dir.clone();
     let log = tokio::task::spawn_blocking(move || Log::open(&dir, LogOptions::default()))
         .await

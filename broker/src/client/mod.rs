@@ -4,6 +4,7 @@
 
 mod admin;
 mod consumer;
+mod idempotent;
 mod producer;
 
 pub use admin::Admin;

@@ -31,6 +31,11 @@ pub struct ProducerConfig {
     pub batch_bytes: usize,
     /// Batches unanswered at once at most.
     pub max_in_flight: usize,
+    /// Route records to partitions here, stamp each batch with a producer
+    /// id and sequence numbers, and follow `moved` answers: a retry is
+    /// never appended twice and a split never reorders a key (see
+    /// docs/BROKER.md, "The idempotent producer").
+    pub idempotent: bool,
 }
 
 impl ProducerConfig {
@@ -44,15 +49,16 @@ impl ProducerConfig {
             batch_records: 1000,
             batch_bytes: 1 << 20,
             max_in_flight: 8,
+            idempotent: false,
         }
     }
 }
 
-type Ack = Result<Option<(u32, u64)>, ClientError>;
+pub(super) type Ack = Result<Option<(u32, u64)>, ClientError>;
 
-struct Item {
-    record: ProduceRecord,
-    ack: oneshot::Sender<Ack>,
+pub(super) struct Item {
+    pub(super) record: ProduceRecord,
+    pub(super) ack: oneshot::Sender<Ack>,
 }
 
 /// Resolves to the record's partition and offset once acknowledged
@@ -80,7 +86,11 @@ impl Producer {
     /// Starts the producer's batching task.
     pub fn new(conn: Connection, config: ProducerConfig) -> Producer {
         let (tx, rx) = mpsc::channel(config.batch_records.max(1) * 2);
-        tokio::spawn(run(conn, config, rx));
+        if config.idempotent {
+            tokio::spawn(super::idempotent::run(conn, config, rx));
+        } else {
+            tokio::spawn(run(conn, config, rx));
+        }
         Producer { tx }
     }
 
@@ -104,28 +114,36 @@ impl Producer {
     }
 }
 
+/// A batch: `first` and what comes within the linger, up to the size
+/// limits; `false` once the producer's queue closed.
+pub(super) async fn gather(
+    first: Item,
+    rx: &mut mpsc::Receiver<Item>,
+    config: &ProducerConfig,
+) -> (Vec<Item>, bool) {
+    let mut bytes = first.record.value.len();
+    let mut batch = vec![first];
+    let deadline = tokio::time::Instant::now() + config.linger;
+    while batch.len() < config.batch_records && bytes < config.batch_bytes {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(item)) => {
+                bytes += item.record.value.len() + item.record.key.as_ref().map_or(0, Bytes::len);
+                batch.push(item);
+            }
+            Ok(None) => return (batch, false),
+            Err(_) => break,
+        }
+    }
+    (batch, true)
+}
+
 async fn run(conn: Connection, config: ProducerConfig, mut rx: mpsc::Receiver<Item>) {
     let in_flight = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
     let mut open = true;
     while open {
         let Some(first) = rx.recv().await else { break };
-        let mut bytes = first.record.value.len();
-        let mut batch = vec![first];
-        let deadline = tokio::time::Instant::now() + config.linger;
-        while batch.len() < config.batch_records && bytes < config.batch_bytes {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(item)) => {
-                    bytes +=
-                        item.record.value.len() + item.record.key.as_ref().map_or(0, Bytes::len);
-                    batch.push(item);
-                }
-                Ok(None) => {
-                    open = false;
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
+        let (batch, still_open) = gather(first, &mut rx, &config).await;
+        open = still_open;
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             break;
         };

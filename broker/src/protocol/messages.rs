@@ -114,6 +114,29 @@ pub struct PolledRecord {
     pub value: Bytes,
 }
 
+/// An idempotent producer's stamp on a batch: who sent it and where its
+/// records sit in the producer's sequence for the partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// The id `InitProducer` handed out.
+    pub producer_id: u64,
+    /// The producer's epoch: a batch of an older one is fenced.
+    pub epoch: u32,
+    /// The sequence number of the batch's first record in this partition.
+    pub first_sequence: u64,
+}
+
+/// An active partition and the hash range it owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeOwner {
+    /// Partition id.
+    pub partition: u32,
+    /// First hash owned.
+    pub start: u64,
+    /// Last hash owned (inclusive).
+    pub end: u64,
+}
+
 /// A credential. Its `Debug` output never shows the bytes, so a request
 /// that is logged doesn't leak it.
 #[derive(Clone, PartialEq, Eq)]
@@ -142,6 +165,19 @@ pub enum Request {
         acks: Acks,
         records: Vec<ProduceRecord>,
     },
+    /// Append records to one partition the client routed them to (each
+    /// key's hash inside its range), stamped when idempotent.
+    ProduceTo {
+        topic: String,
+        partition: u32,
+        acks: Acks,
+        stamp: Option<Stamp>,
+        records: Vec<ProduceRecord>,
+    },
+    /// A producer id (a new one), or the next epoch of a known one.
+    InitProducer { producer_id: Option<u64> },
+    /// A topic's active partitions, their ranges and the routing key.
+    Topology { topic: String },
     /// Read one partition from an offset, waiting up to `max_wait_ms`.
     Fetch {
         topic: String,
@@ -227,6 +263,23 @@ pub enum Response {
     /// Positions of the produced records, in request order (empty for
     /// acks none).
     Produced { positions: Vec<(u32, u64)> },
+    /// The producer id and epoch to stamp batches with.
+    ProducerInit { producer_id: u64, epoch: u32 },
+    /// A topic's routing: its topology epoch, the key of its routing hash
+    /// (`fissionlog::key_hash`) and its active partitions.
+    Topology {
+        epoch: u64,
+        routing_key: [u64; 2],
+        partitions: Vec<RangeOwner>,
+    },
+    /// A `ProduceTo` reached a sealed partition (split, merged or tail
+    /// split): nothing of it was appended. The active partitions that own
+    /// its range now, at topology epoch `epoch`.
+    Moved {
+        message: String,
+        epoch: u64,
+        partitions: Vec<RangeOwner>,
+    },
     /// Records of one partition.
     Fetched {
         partition: u32,
@@ -259,6 +312,9 @@ pub(crate) mod op {
     pub const HELLO: u8 = 0x01;
     pub const PRODUCE: u8 = 0x02;
     pub const FETCH: u8 = 0x03;
+    pub const PRODUCE_TO: u8 = 0x04;
+    pub const INIT_PRODUCER: u8 = 0x05;
+    pub const TOPOLOGY: u8 = 0x06;
     pub const JOIN_GROUP: u8 = 0x10;
     pub const HEARTBEAT: u8 = 0x11;
     pub const GROUP_POLL: u8 = 0x12;

@@ -10,9 +10,10 @@ mod request;
 mod response;
 mod wire;
 
+pub(crate) use messages::op;
 pub use messages::{
-    Acks, FetchedRecord, HotKeyModeSpec, Isolation, PolledRecord, ProduceRecord, Request, Response,
-    SplitSpec, SyncSpec, TailFromSpec, Token,
+    Acks, FetchedRecord, HotKeyModeSpec, Isolation, PolledRecord, ProduceRecord, RangeOwner,
+    Request, Response, SplitSpec, Stamp, SyncSpec, TailFromSpec, Token,
 };
 pub use wire::{Decoder, Encoder};
 
@@ -20,8 +21,10 @@ use bytes::Bytes;
 
 /// The first four bytes of a client's `Hello`.
 pub const MAGIC: [u8; 4] = *b"FLBK";
-/// The protocol version this build speaks (the only one so far).
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The protocol version this build speaks. Version 2 added routed and
+/// idempotent produces (`ProduceTo`, `InitProducer`, `Topology`) and the
+/// `moved` answer; version 1 clients are refused at the handshake.
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Bytes of the length prefix.
 pub const LEN_PREFIX: usize = 4;
 /// Bytes of a request header after the length: request id and opcode.
@@ -127,11 +130,20 @@ pub enum ErrorCode {
     DataLost = 20,
     /// A bug on the server.
     Internal = 21,
+    /// A routed produce reached a sealed partition; the answer names the
+    /// partitions that own its range now (`Response::Moved`).
+    Moved = 22,
+    /// An idempotent batch whose first sequence is not the next one
+    /// expected (a gap), or older than the batches the server remembers.
+    OutOfOrderSequence = 23,
+    /// An idempotent batch of an older producer epoch: another producer
+    /// took the id over.
+    ProducerFenced = 24,
 }
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::Malformed,
         ErrorCode::UnsupportedVersion,
         ErrorCode::FrameTooLarge,
@@ -153,6 +165,9 @@ impl ErrorCode {
         ErrorCode::Storage,
         ErrorCode::DataLost,
         ErrorCode::Internal,
+        ErrorCode::Moved,
+        ErrorCode::OutOfOrderSequence,
+        ErrorCode::ProducerFenced,
     ];
 
     /// The code of a wire value (0 is success, not a code).
@@ -184,6 +199,9 @@ impl ErrorCode {
             ErrorCode::Storage => "storage",
             ErrorCode::DataLost => "data_lost",
             ErrorCode::Internal => "internal",
+            ErrorCode::Moved => "moved",
+            ErrorCode::OutOfOrderSequence => "out_of_order_sequence",
+            ErrorCode::ProducerFenced => "producer_fenced",
         }
     }
 }

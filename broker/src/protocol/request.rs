@@ -3,8 +3,8 @@
 use bytes::Bytes;
 
 use super::messages::{
-    op, Acks, HotKeyModeSpec, Isolation, ProduceRecord, Request, SplitSpec, SyncSpec, TailFromSpec,
-    Token,
+    op, Acks, HotKeyModeSpec, Isolation, ProduceRecord, Request, SplitSpec, Stamp, SyncSpec,
+    TailFromSpec, Token,
 };
 use super::wire::{Decoder, Encoder};
 use super::{frame_chunks, ProtocolError, MAX_NAME_BYTES};
@@ -46,12 +46,78 @@ fn decode_split(d: &mut Decoder) -> Result<SplitSpec, ProtocolError> {
     })
 }
 
+fn encode_acks(e: &mut Encoder, acks: Acks) {
+    e.u8(match acks {
+        Acks::None => 0,
+        Acks::Leader => 1,
+        Acks::Quorum => 2,
+    });
+}
+
+fn decode_acks(d: &mut Decoder) -> Result<Acks, ProtocolError> {
+    Ok(match d.u8("acks")? {
+        0 => Acks::None,
+        1 => Acks::Leader,
+        2 => Acks::Quorum,
+        _ => {
+            return Err(ProtocolError::Invalid {
+                what: "acks",
+                reason: "unknown level",
+            })
+        }
+    })
+}
+
+fn encode_records(e: &mut Encoder, records: &[ProduceRecord]) {
+    e.u32(records.len() as u32);
+    for r in records {
+        e.opt_bytes(r.key.as_ref());
+        e.bytes(&r.value);
+        match r.timestamp {
+            Some(t) => {
+                e.u8(1);
+                e.i64(t);
+            }
+            None => e.u8(0),
+        }
+    }
+}
+
+fn decode_records(d: &mut Decoder) -> Result<Vec<ProduceRecord>, ProtocolError> {
+    // A record takes at least 9 bytes: key marker, value length, timestamp flag.
+    let n = d.count("record count", 9)?;
+    let mut records = Vec::with_capacity(n);
+    for _ in 0..n {
+        let key = d.opt_bytes("key")?;
+        let value = d.bytes("value")?;
+        let timestamp = match d.u8("timestamp flag")? {
+            0 => None,
+            1 => Some(d.i64("timestamp")?),
+            _ => {
+                return Err(ProtocolError::Invalid {
+                    what: "timestamp flag",
+                    reason: "not 0 or 1",
+                })
+            }
+        };
+        records.push(ProduceRecord {
+            key,
+            value,
+            timestamp,
+        });
+    }
+    Ok(records)
+}
+
 impl Request {
     /// The opcode of this request.
     pub fn opcode(&self) -> u8 {
         match self {
             Request::Hello { .. } => op::HELLO,
             Request::Produce { .. } => op::PRODUCE,
+            Request::ProduceTo { .. } => op::PRODUCE_TO,
+            Request::InitProducer { .. } => op::INIT_PRODUCER,
+            Request::Topology { .. } => op::TOPOLOGY,
             Request::Fetch { .. } => op::FETCH,
             Request::JoinGroup { .. } => op::JOIN_GROUP,
             Request::Heartbeat { .. } => op::HEARTBEAT,
@@ -75,6 +141,9 @@ impl Request {
         match self {
             Request::Hello { .. } => "hello",
             Request::Produce { .. } => "produce",
+            Request::ProduceTo { .. } => "produce_to",
+            Request::InitProducer { .. } => "init_producer",
+            Request::Topology { .. } => "topology",
             Request::Fetch { .. } => "fetch",
             Request::JoinGroup { .. } => "group_join",
             Request::Heartbeat { .. } => "group_heartbeat",
@@ -116,24 +185,38 @@ impl Request {
                 records,
             } => {
                 e.str(topic);
-                e.u8(match acks {
-                    Acks::None => 0,
-                    Acks::Leader => 1,
-                    Acks::Quorum => 2,
-                });
-                e.u32(records.len() as u32);
-                for r in records {
-                    e.opt_bytes(r.key.as_ref());
-                    e.bytes(&r.value);
-                    match r.timestamp {
-                        Some(t) => {
-                            e.u8(1);
-                            e.i64(t);
-                        }
-                        None => e.u8(0),
-                    }
-                }
+                encode_acks(&mut e, *acks);
+                encode_records(&mut e, records);
             }
+            Request::ProduceTo {
+                topic,
+                partition,
+                acks,
+                stamp,
+                records,
+            } => {
+                e.str(topic);
+                e.u32(*partition);
+                encode_acks(&mut e, *acks);
+                match stamp {
+                    Some(s) => {
+                        e.u8(1);
+                        e.u64(s.producer_id);
+                        e.u32(s.epoch);
+                        e.u64(s.first_sequence);
+                    }
+                    None => e.u8(0),
+                }
+                encode_records(&mut e, records);
+            }
+            Request::InitProducer { producer_id } => match producer_id {
+                Some(id) => {
+                    e.u8(1);
+                    e.u64(*id);
+                }
+                None => e.u8(0),
+            },
+            Request::Topology { topic } => e.str(topic),
             Request::Fetch {
                 topic,
                 partition,
@@ -304,45 +387,56 @@ impl Request {
             }
             op::PRODUCE => {
                 let topic = name(&mut d, "topic")?;
-                let acks = match d.u8("acks")? {
-                    0 => Acks::None,
-                    1 => Acks::Leader,
-                    2 => Acks::Quorum,
-                    _ => {
-                        return Err(ProtocolError::Invalid {
-                            what: "acks",
-                            reason: "unknown level",
-                        })
-                    }
-                };
-                // A record takes at least 9 bytes: key marker, value length, timestamp flag.
-                let n = d.count("record count", 9)?;
-                let mut records = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let key = d.opt_bytes("key")?;
-                    let value = d.bytes("value")?;
-                    let timestamp = match d.u8("timestamp flag")? {
-                        0 => None,
-                        1 => Some(d.i64("timestamp")?),
-                        _ => {
-                            return Err(ProtocolError::Invalid {
-                                what: "timestamp flag",
-                                reason: "not 0 or 1",
-                            })
-                        }
-                    };
-                    records.push(ProduceRecord {
-                        key,
-                        value,
-                        timestamp,
-                    });
-                }
+                let acks = decode_acks(&mut d)?;
+                let records = decode_records(&mut d)?;
                 Request::Produce {
                     topic,
                     acks,
                     records,
                 }
             }
+            op::PRODUCE_TO => {
+                let topic = name(&mut d, "topic")?;
+                let partition = d.u32("partition")?;
+                let acks = decode_acks(&mut d)?;
+                let stamp = match d.u8("stamp flag")? {
+                    0 => None,
+                    1 => Some(Stamp {
+                        producer_id: d.u64("producer id")?,
+                        epoch: d.u32("producer epoch")?,
+                        first_sequence: d.u64("first sequence")?,
+                    }),
+                    _ => {
+                        return Err(ProtocolError::Invalid {
+                            what: "stamp flag",
+                            reason: "not 0 or 1",
+                        })
+                    }
+                };
+                let records = decode_records(&mut d)?;
+                Request::ProduceTo {
+                    topic,
+                    partition,
+                    acks,
+                    stamp,
+                    records,
+                }
+            }
+            op::INIT_PRODUCER => Request::InitProducer {
+                producer_id: match d.u8("producer id flag")? {
+                    0 => None,
+                    1 => Some(d.u64("producer id")?),
+                    _ => {
+                        return Err(ProtocolError::Invalid {
+                            what: "producer id flag",
+                            reason: "not 0 or 1",
+                        })
+                    }
+                },
+            },
+            op::TOPOLOGY => Request::Topology {
+                topic: name(&mut d, "topic")?,
+            },
             op::FETCH => Request::Fetch {
                 topic: name(&mut d, "topic")?,
                 partition: d.u32("partition")?,

@@ -2,12 +2,34 @@
 
 use bytes::Bytes;
 
-use super::messages::{op, FetchedRecord, PolledRecord, Response};
+use super::messages::{op, FetchedRecord, PolledRecord, RangeOwner, Response};
 use super::wire::{Decoder, Encoder};
 use super::{frame_chunks, ErrorCode, ProtocolError, MAX_NAME_BYTES, RESPONSE_BIT};
 
 /// Longest error message or JSON document a response carries.
 const MAX_TEXT_BYTES: usize = 16 << 20;
+
+fn encode_owners(e: &mut Encoder, owners: &[RangeOwner]) {
+    e.u32(owners.len() as u32);
+    for o in owners {
+        e.u32(o.partition);
+        e.u64(o.start);
+        e.u64(o.end);
+    }
+}
+
+fn decode_owners(d: &mut Decoder) -> Result<Vec<RangeOwner>, ProtocolError> {
+    let n = d.count("partition count", 20)?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(RangeOwner {
+            partition: d.u32("partition")?,
+            start: d.u64("range start")?,
+            end: d.u64("range end")?,
+        });
+    }
+    Ok(out)
+}
 
 impl Response {
     /// The opcode this response answers (with [`RESPONSE_BIT`]).
@@ -19,6 +41,9 @@ impl Response {
                 Response::Fetched { .. } => op::FETCH,
                 Response::Joined { .. } => op::JOIN_GROUP,
                 Response::Polled { .. } => op::GROUP_POLL,
+                Response::ProducerInit { .. } => op::INIT_PRODUCER,
+                Response::Topology { .. } => op::TOPOLOGY,
+                Response::Moved { .. } => op::PRODUCE_TO,
                 Response::Done { opcode, .. }
                 | Response::Json { opcode, .. }
                 | Response::Error { opcode, .. } => *opcode & !RESPONSE_BIT,
@@ -87,6 +112,30 @@ impl Response {
                 }
             }
             Response::Json { json, .. } => e.str(json),
+            Response::ProducerInit { producer_id, epoch } => {
+                e.u64(*producer_id);
+                e.u32(*epoch);
+            }
+            Response::Topology {
+                epoch,
+                routing_key,
+                partitions,
+            } => {
+                e.u64(*epoch);
+                e.u64(routing_key[0]);
+                e.u64(routing_key[1]);
+                encode_owners(&mut e, partitions);
+            }
+            Response::Moved {
+                message,
+                epoch,
+                partitions,
+            } => {
+                code = ErrorCode::Moved as u16;
+                e.str(message);
+                e.u64(*epoch);
+                encode_owners(&mut e, partitions);
+            }
             Response::Error {
                 opcode: o,
                 code: c,
@@ -115,6 +164,16 @@ impl Response {
         if code != 0 {
             let code = ErrorCode::from_u16(code).ok_or(ProtocolError::UnknownCode(code))?;
             let message = d.str("error message", MAX_TEXT_BYTES)?;
+            if code == ErrorCode::Moved && req_op == op::PRODUCE_TO {
+                let epoch = d.u64("topology epoch")?;
+                let partitions = decode_owners(&mut d)?;
+                d.finish("response")?;
+                return Ok(Response::Moved {
+                    message,
+                    epoch,
+                    partitions,
+                });
+            }
             d.finish("response")?;
             return Ok(Response::Error {
                 opcode: req_op,
@@ -183,6 +242,23 @@ impl Response {
                     generation,
                     records,
                 }
+            }
+            op::INIT_PRODUCER => Response::ProducerInit {
+                producer_id: d.u64("producer id")?,
+                epoch: d.u32("producer epoch")?,
+            },
+            op::TOPOLOGY => Response::Topology {
+                epoch: d.u64("topology epoch")?,
+                routing_key: [d.u64("routing key")?, d.u64("routing key")?],
+                partitions: decode_owners(&mut d)?,
+            },
+            op::PRODUCE_TO => {
+                let n = d.count("position count", 12)?;
+                let mut positions = Vec::with_capacity(n);
+                for _ in 0..n {
+                    positions.push((d.u32("partition")?, d.u64("offset")?));
+                }
+                Response::Produced { positions }
             }
             o if op::JSON.contains(&o) => Response::Json {
                 opcode: o,

@@ -110,6 +110,33 @@ fn every_request_kind_decodes_to_what_was_encoded() {
         },
         Request::ListGroups { topic: None },
         Request::Stats,
+        Request::ProduceTo {
+            topic: "t".into(),
+            partition: 4,
+            acks: Acks::Leader,
+            stamp: Some(Stamp {
+                producer_id: 9,
+                epoch: 2,
+                first_sequence: 1 << 33,
+            }),
+            records: vec![ProduceRecord {
+                key: Some(Bytes::from_static(b"k")),
+                value: big.clone(),
+                timestamp: None,
+            }],
+        },
+        Request::ProduceTo {
+            topic: "t".into(),
+            partition: 0,
+            acks: Acks::None,
+            stamp: None,
+            records: Vec::new(),
+        },
+        Request::InitProducer { producer_id: None },
+        Request::InitProducer {
+            producer_id: Some(77),
+        },
+        Request::Topology { topic: "t".into() },
     ] {
         roundtrip_request(r);
     }
@@ -164,6 +191,40 @@ fn every_response_kind_decodes_to_what_was_encoded() {
             opcode: 0x02,
             code: ErrorCode::Fenced,
             message: "m".into(),
+        },
+        Response::ProducerInit {
+            producer_id: 3,
+            epoch: 1,
+        },
+        Response::Topology {
+            epoch: 5,
+            routing_key: [1, u64::MAX],
+            partitions: vec![
+                RangeOwner {
+                    partition: 1,
+                    start: 0,
+                    end: 9,
+                },
+                RangeOwner {
+                    partition: 2,
+                    start: 10,
+                    end: u64::MAX,
+                },
+            ],
+        },
+        Response::Moved {
+            message: "sealed".into(),
+            epoch: 6,
+            partitions: vec![RangeOwner {
+                partition: 3,
+                start: 0,
+                end: u64::MAX,
+            }],
+        },
+        Response::Error {
+            opcode: 0x04,
+            code: ErrorCode::OutOfOrderSequence,
+            message: "gap".into(),
         },
     ] {
         roundtrip_response(r);

@@ -296,7 +296,17 @@ where
         } = req
         {
             // Queued here, in read order; answered by the append queue.
-            handlers::enqueue_produce(&conn, id, topic, acks, records, slot).await;
+            handlers::enqueue_produce(&conn, id, topic, acks, records, None, slot).await;
+        } else if let Request::ProduceTo {
+            topic,
+            partition,
+            acks,
+            stamp,
+            records,
+        } = req
+        {
+            let target = Some((partition, stamp));
+            handlers::enqueue_produce(&conn, id, topic, acks, records, target, slot).await;
         } else {
             let conn2 = conn.clone();
             tokio::spawn(async move {

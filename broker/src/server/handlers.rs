@@ -20,7 +20,7 @@ use super::conn::{Conn, InFlight};
 use super::handlers_group::{group_poll, join, leave, member_call};
 use crate::protocol::{
     Acks, ErrorCode, FetchedRecord, HotKeyModeSpec, Isolation, ProduceRecord, Request, Response,
-    SplitSpec, SyncSpec, TailFromSpec,
+    SplitSpec, Stamp, SyncSpec, TailFromSpec,
 };
 
 /// Bytes of framing a record costs in a response beyond key and value.
@@ -82,14 +82,17 @@ pub(crate) async fn blocking<T: Send + 'static>(
 
 /// One produce request on its way through the connection's append queue.
 pub(crate) struct ProduceJob {
-    request_id: u32,
-    topic: Topic,
-    acks: Acks,
-    records: Vec<ProduceRecord>,
+    pub(super) request_id: u32,
+    pub(super) topic: Topic,
+    pub(super) acks: Acks,
+    pub(super) records: Vec<ProduceRecord>,
+    /// A routed produce: the partition the client chose, and its stamp
+    /// when idempotent. Never coalesced with others.
+    pub(super) target: Option<(u32, Option<Stamp>)>,
     /// Released just before the answer is queued.
-    slot: InFlight,
+    pub(super) slot: InFlight,
     /// When the request was read: its latency runs from here to its answer.
-    started: Instant,
+    pub(super) started: Instant,
 }
 
 /// Carries out one request and queues its response.
@@ -196,7 +199,11 @@ async fn route(conn: &Arc<Conn>, req: Request) -> Reply {
             max_bytes,
             max_wait_ms,
         } => group_poll(conn, member, max_records, max_bytes, max_wait_ms).await,
-        Request::Produce { .. } => Err(refused(
+        Request::InitProducer { producer_id } => {
+            super::routed::init_producer(conn, producer_id).await
+        }
+        Request::Topology { topic } => super::routed::topology(conn, &topic),
+        Request::Produce { .. } | Request::ProduceTo { .. } => Err(refused(
             ErrorCode::Internal,
             "produce requests go through the append queue",
         )),
@@ -229,15 +236,29 @@ pub(crate) async fn enqueue_produce(
     topic: String,
     acks: Acks,
     records: Vec<ProduceRecord>,
+    target: Option<(u32, Option<Stamp>)>,
     mut slot: InFlight,
 ) {
     let started = Instant::now();
-    let opcode = Request::Produce {
-        topic: String::new(),
-        acks,
-        records: Vec::new(),
+    let opcode = if target.is_some() {
+        crate::protocol::op::PRODUCE_TO
+    } else {
+        crate::protocol::op::PRODUCE
+    };
+    if records
+        .iter()
+        .any(|r| super::producers::is_stamp(r.key.as_deref()))
+    {
+        super::metrics::request_done("produce", started, false);
+        slot.release();
+        let r = Response::Error {
+            opcode,
+            code: ErrorCode::InvalidRequest,
+            message: "a record's key is the broker's reserved stamp key".into(),
+        };
+        conn.respond(request_id, r).await;
+        return;
     }
-    .opcode();
     let t = match topic_for(conn, &topic, Access::Write(&topic)) {
         Ok(t) => t,
         Err((code, message)) => {
@@ -282,6 +303,7 @@ pub(crate) async fn enqueue_produce(
         topic: t,
         acks,
         records,
+        target,
         slot,
         started,
     };
@@ -312,13 +334,22 @@ fn job_bytes(j: &ProduceJob) -> usize {
 pub(crate) async fn produce_loop(conn: Arc<Conn>, mut rx: mpsc::Receiver<ProduceJob>) {
     let mut next: Option<ProduceJob> = None;
     loop {
-        let first = match next.take() {
+        let mut first = match next.take() {
             Some(j) => j,
             None => match rx.recv().await {
                 Some(j) => j,
                 None => return,
             },
         };
+        if first.target.is_some() {
+            let Ok(permit) = conn.shared.appends.acquire().await else {
+                return;
+            };
+            let (reply, positions) = super::routed::append_routed(&conn, &mut first).await;
+            drop(permit);
+            finish_routed(&conn, first, reply, positions).await;
+            continue;
+        }
         let mut bytes = job_bytes(&first);
         let mut group = vec![first];
         while group.len() < COALESCE_REQUESTS && bytes < COALESCE_BYTES {
@@ -326,6 +357,8 @@ pub(crate) async fn produce_loop(conn: Arc<Conn>, mut rx: mpsc::Receiver<Produce
             let b = job_bytes(&j);
             if j.topic.name() == group[0].topic.name()
                 && j.acks == group[0].acks
+                && j.target.is_none()
+                && group[0].target.is_none()
                 && bytes + b <= COALESCE_BYTES
             {
                 bytes += b;
@@ -389,12 +422,35 @@ pub(crate) async fn produce_loop(conn: Arc<Conn>, mut rx: mpsc::Receiver<Produce
     }
 }
 
+/// Answers a routed produce: at once, or under `acks quorum` once a sync
+/// round covers its records (the wait runs beside the next appends).
+async fn finish_routed(
+    conn: &Arc<Conn>,
+    job: ProduceJob,
+    reply: Reply,
+    positions: Vec<(u32, u64)>,
+) {
+    if job.acks != Acks::Quorum || positions.is_empty() || reply.is_err() {
+        finish_job(conn, job, reply).await;
+        return;
+    }
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        let topic = job.topic.clone();
+        let reply = match wait_durable(&conn, &topic, &positions).await {
+            Ok(()) => reply,
+            Err(e) => Err(e),
+        };
+        finish_job(&conn, job, reply).await;
+    });
+}
+
 /// A request of a group, its answer, and the positions its durability
 /// wait covers.
 type Answered = (ProduceJob, Reply, Vec<(u32, u64)>);
 
 /// Per request of a group: its record count and positions, or its error.
-type Appended = Result<(u64, Vec<(u32, u64)>), (ErrorCode, String)>;
+pub(super) type Appended = Result<(u64, Vec<(u32, u64)>), (ErrorCode, String)>;
 
 /// Appends a group of one topic's requests as one batch. A batch refused
 /// before anything was written (a record too large, an unknown
@@ -505,12 +561,11 @@ async fn append_group(group: &mut [ProduceJob]) -> Vec<Appended> {
 }
 
 async fn finish_job(conn: &Conn, mut job: ProduceJob, r: Reply) {
-    let opcode = Request::Produce {
-        topic: String::new(),
-        acks: job.acks,
-        records: Vec::new(),
-    }
-    .opcode();
+    let opcode = if job.target.is_some() {
+        crate::protocol::op::PRODUCE_TO
+    } else {
+        crate::protocol::op::PRODUCE
+    };
     super::metrics::request_done("produce", job.started, r.is_ok());
     let r = r.unwrap_or_else(|(code, message)| Response::Error {
         opcode,
@@ -624,6 +679,10 @@ async fn fetch(
     let mut next = offset;
     for r in batch.try_iter() {
         let r = r.map_err(lib)?;
+        if super::producers::is_stamp(r.key) {
+            next = r.offset + 1;
+            continue;
+        }
         let cost = r.value.len() + r.key.map_or(0, <[u8]>::len) + RECORD_OVERHEAD;
         if !records.is_empty() && size + cost > budget {
             break;

@@ -186,6 +186,9 @@ fn poll_within(
         }
         let mut overflow = false;
         for r in got {
+            if super::producers::is_stamp(r.key.as_deref()) {
+                continue;
+            }
             let cost = r.value.len() + r.key.as_ref().map_or(0, Vec::len) + RECORD_OVERHEAD;
             if cost > left {
                 overflow = true;

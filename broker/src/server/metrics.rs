@@ -85,8 +85,10 @@ const BUCKETS: &[f64] = &[
 static PROMETHEUS: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the Prometheus recorder once per process; `None` when another
-/// recorder was installed first.
-pub(crate) fn install() -> Option<&'static PrometheusHandle> {
+/// recorder was installed first. `serve` calls it; a process that opens
+/// its log before serving calls it first, so that the library's
+/// per-partition series, registered when a partition is made, reach it.
+pub fn install() -> Option<&'static PrometheusHandle> {
     PROMETHEUS
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()

@@ -15,6 +15,8 @@ mod handlers_admin;
 mod handlers_group;
 mod http;
 pub mod metrics;
+pub mod producers;
+mod routed;
 mod stats;
 mod syncer;
 mod topology;
@@ -78,6 +80,10 @@ pub struct ServerConfig {
     /// How often the live view gets a fresh snapshot (topology changes
     /// are sent at once).
     pub view_refresh: Duration,
+    /// Records at the end of each partition read at start to rebuild the
+    /// idempotent producers' sequence state: a retry of a batch further
+    /// back than this, after a restart, is not recognised.
+    pub producer_scan_records: u64,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -111,6 +117,7 @@ impl Default for ServerConfig {
             http_max_connections: 64,
             view_max_clients: 16,
             view_refresh: Duration::from_secs(1),
+            producer_scan_records: 100_000,
         }
     }
 }
@@ -125,6 +132,7 @@ pub(crate) struct Shared {
     pub shutdown: watch::Receiver<bool>,
     pub topology: topology::Topology,
     pub hub: view::Hub,
+    pub producers: producers::Producers,
 }
 
 impl Shared {
@@ -181,6 +189,15 @@ pub async fn serve_with_http(
     metrics::install();
     let topology = topology::Topology::start(&log);
     let log = Arc::new(log);
+    let producers = {
+        let (l, scan) = (log.clone(), config.producer_scan_records);
+        tokio::task::spawn_blocking(move || producers::Producers::open(&l, scan))
+            .await
+            .map_err(|e| fissionlog::Error::Io {
+                path: log.dir().to_path_buf(),
+                source: std::io::Error::other(e.to_string()),
+            })??
+    };
     let stats = Arc::new(ServerStats::default());
     let (stop_tx, stop_rx) = watch::channel(false);
     let shared = Arc::new(Shared {
@@ -191,6 +208,7 @@ pub async fn serve_with_http(
         shutdown: stop_rx,
         topology,
         hub: view::Hub::new(config.view_max_clients),
+        producers,
         config: config.clone(),
     });
     let http_task = http.map(|l| tokio::spawn(http::run(l, shared.clone())));

@@ -36,19 +36,19 @@
 pub mod client;
 pub mod error;
 pub mod frame;
+pub mod log_store;
 pub mod mem_log;
+pub mod meta;
 pub mod network;
 pub mod node;
 pub mod state_machine;
-pub mod log_store;
-pub mod meta;
 pub mod types;
 pub mod vote;
 
 pub use error::{Error, Result};
 pub use frame::{FrameCodec, PeerMessage, RaftRequest, RaftResponse};
-pub use state_machine::{CommittedEndSink, PartitionState, PartitionStateMachine};
 pub use log_store::{LogReader, LogStore};
 pub use meta::{Meta, MetaFile};
+pub use state_machine::{CommittedEndSink, PartitionState, PartitionStateMachine};
 pub use types::{Command, CommandResponse, GroupId, NodeId, ProducerStamp, RecordIn, TypeConfig};
 pub use vote::{DirLock, StdVoteIo, VoteFile, VoteIo};

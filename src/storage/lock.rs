@@ -47,3 +47,30 @@ impl DirLock {
         &self.dir
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_lock_released_a_moment_after_a_second_open_asks_is_taken_by_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = DirLock::acquire(dir.path(), "lock").unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(10));
+            drop(first);
+        });
+        let second = DirLock::acquire(dir.path(), "lock");
+        release.join().unwrap();
+        assert!(second.is_ok(), "{second:?}");
+    }
+
+    #[test]
+    fn a_lock_that_stays_held_is_refused_as_locked() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = DirLock::acquire(dir.path(), "lock").unwrap();
+        let second = DirLock::acquire(dir.path(), "lock");
+        assert!(matches!(second, Err(Error::Locked { .. })), "{second:?}");
+    }
+}

@@ -16,6 +16,10 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::storage::file::{open_file, Access};
 
+/// How long an open waits for a held lock before it reports
+/// `Error::Locked` (see [`DirLock::acquire`]).
+pub(crate) const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// A held `flock` on a log directory's lock file (released on drop, when
 /// the file is closed).
 #[derive(Debug)]
@@ -26,18 +30,39 @@ pub(crate) struct DirLock {
 
 impl DirLock {
     /// Takes the exclusive lock of `dir` (its file named `lock_file`).
+    ///
+    /// A lock found held is asked for again a few times over about
+    /// [`LOCK_PATIENCE`] before the answer is `Error::Locked`. An `flock`
+    /// belongs to the open file description, which a child process shares
+    /// from `fork` until its `exec` closes the descriptor: a process that
+    /// spawns children (a broker running tools, a test harness) can see
+    /// its own lock, released a moment ago, still held by a child that has
+    /// not reached `exec` yet. A lock another `Log` holds stays refused.
     pub(crate) fn acquire(dir: &Path, lock_file: &str) -> Result<Arc<DirLock>> {
         let path = dir.join(lock_file);
         let f = open_file(&path, Access::OpenOrCreate)?;
-        match f.try_lock() {
-            Ok(()) => Ok(Arc::new(DirLock {
-                _file: f,
-                dir: dir.to_path_buf(),
-            })),
-            Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked {
-                path: dir.to_path_buf(),
-            }),
-            Err(std::fs::TryLockError::Error(e)) => Err(Error::io(&path, e)),
+        let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+        let mut pause = std::time::Duration::from_millis(1);
+        loop {
+            match f.try_lock() {
+                Ok(()) => {
+                    return Ok(Arc::new(DirLock {
+                        _file: f,
+                        dir: dir.to_path_buf(),
+                    }))
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    let now = std::time::Instant::now();
+                    if now >= deadline {
+                        return Err(Error::Locked {
+                            path: dir.to_path_buf(),
+                        });
+                    }
+                    std::thread::sleep(pause.min(deadline - now));
+                    pause = (pause * 2).min(std::time::Duration::from_millis(20));
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
+            }
         }
     }
 

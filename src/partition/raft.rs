@@ -255,9 +255,7 @@ fn position_of(seg: &Segment, index: u64) -> Option<u64> {
 }
 
 /// The last log id in `segments`, newest segment first.
-fn scan_last<'a>(
-    segments: impl DoubleEndedIterator<Item = &'a Arc<Segment>>,
-) -> Option<RaftLogId> {
+fn scan_last<'a>(segments: impl DoubleEndedIterator<Item = &'a Arc<Segment>>) -> Option<RaftLogId> {
     segments.rev().find_map(|seg| {
         let mut from = SEGMENT_HEADER_LEN as u64;
         if let IndexState::Loaded(entries) = &*seg.index.lock() {

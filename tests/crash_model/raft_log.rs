@@ -294,3 +294,85 @@ fn each_fsync_a_raft_truncation_issues_is_needed_by_some_power_loss_image() {
         "removed fsyncs caught though EXPECTED_UNCAUGHT says not: {unexpected:?}"
     );
 }
+
+/// The first index of each segment of partition 0, in order (a large
+/// `read_entries` runs to the end of the segment holding its first entry).
+fn segment_firsts(topic: &Topic) -> Vec<u64> {
+    let p = topic.partition(0).unwrap();
+    let mut out = Vec::new();
+    let Some(first) = p.first_log_id() else {
+        return out;
+    };
+    let mut next = first.index;
+    while let Ok(b) = p.read_entries(next, usize::MAX) {
+        out.push(next);
+        next = b.next_index();
+    }
+    out
+}
+
+#[test]
+fn a_power_loss_at_every_step_of_a_raft_purge_leaves_the_purged_whole_segments_gone_or_there_and_never_a_hole(
+) {
+    const LAST: u64 = 120;
+    const PURGE: u64 = 70;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    std::fs::create_dir_all(&dir).unwrap();
+    let hook = ModelHook::new(&dir, None);
+    hook.grant_segment_headers(true);
+    let (steps, firsts, purged_first) = {
+        let log = Log::open_with_hook(&dir, LogOptions::default(), hook.clone()).unwrap();
+        let topic = log.create_topic("r", config()).unwrap();
+        for i in 1..=LAST {
+            append(&topic, 1, i);
+        }
+        log.sync().unwrap();
+        log.sync().unwrap();
+        let firsts = segment_firsts(&topic);
+        hook.record_steps(true);
+        let removed = topic.purge_through_index(0, PURGE).unwrap();
+        hook.record_steps(false);
+        let mut steps = hook.take_steps();
+        steps.push(hook.now(IoOp::SyncSegment));
+        let purged_first = topic.partition(0).unwrap().first_log_id().unwrap().index;
+        assert!(
+            removed.len() > 1 && purged_first <= PURGE + 1 && firsts.contains(&purged_first),
+            "the purge removes several whole segments: {removed:?}, first {purged_first}, segments {firsts:?}"
+        );
+        log.abandon();
+        (steps, firsts, purged_first)
+    };
+    assert!(steps.len() > 2, "the purge does I/O: {}", steps.len());
+    let old = log_of(|_| 1, LAST);
+    for (i, step) in steps.iter().enumerate() {
+        for seed in 0..SEEDS {
+            let (img, trace) = step.image(seed, &CrashOptions::default());
+            let at = root.path().join(format!("img{i}-{seed}"));
+            img.write_to(&at).unwrap();
+            let ctx = format!(
+                "step {i} of {} ({:?} {}), seed {seed}:\n{}",
+                steps.len(),
+                step.op,
+                step.path.display(),
+                trace.join("\n")
+            );
+            let log =
+                Log::open(&at, LogOptions::default()).unwrap_or_else(|e| panic!("{e}\n{ctx}"));
+            let topic = log.topic("r").unwrap();
+            let got = entries(&topic).unwrap_or_else(|e| panic!("{e}\n{ctx}"));
+            let first = got.first().map_or(0, |(id, _)| id.index);
+            assert!(
+                firsts.contains(&first) && first <= purged_first,
+                "the log starts at {first}, not at a segment's first entry up to {purged_first}\n{ctx}"
+            );
+            assert!(
+                got[..] == old[first as usize - 1..],
+                "entries {first}..={LAST} are not all there, in order, byte for byte\n{ctx}"
+            );
+            drop(topic);
+            log.close().unwrap();
+            let _ = std::fs::remove_dir_all(&at);
+        }
+    }
+}

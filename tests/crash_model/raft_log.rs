@@ -54,7 +54,7 @@ type Body = Option<Vec<u8>>;
 /// Every fifth entry is a blank control entry, the others one record
 /// naming its term and index.
 fn body(term: u64, index: u64) -> Body {
-    (index % 5 != 0).then(|| format!("t{term}-i{index:0200}").into_bytes())
+    (!index.is_multiple_of(5)).then(|| format!("t{term}-i{index:0200}").into_bytes())
 }
 
 fn append(topic: &Topic, term: u64, index: u64) {

@@ -12,3 +12,4 @@ mod harness_selftest;
 mod model;
 mod mutations;
 mod named_cases;
+mod raft_log;

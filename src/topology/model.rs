@@ -65,6 +65,15 @@ fn group_passed(t: &TopicRecord, g: &GroupRecord, p: u32) -> bool {
 /// `[0, u64::MAX]` exactly.
 pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
     crate::topic_name::validate(&t.name).map_err(|e| e.to_string())?;
+    check_partition_ids(t)?;
+    check_partition_shapes(t)?;
+    check_active_tiling(t)?;
+    check_groups(t)
+}
+
+/// Partition ids, live and removed, are unique and below
+/// `next_partition_id`.
+fn check_partition_ids(t: &TopicRecord) -> Result<(), String> {
     // Removed partitions share the id space: an id is never reused.
     let mut ids: Vec<u32> = t
         .partitions
@@ -82,6 +91,12 @@ pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
             t.name
         ));
     }
+    Ok(())
+}
+
+/// Each partition has a well-formed range, and it and each removed one at
+/// most two parents older than itself.
+fn check_partition_shapes(t: &TopicRecord) -> Result<(), String> {
     for p in &t.partitions {
         if p.start > p.end {
             return Err(format!(
@@ -110,6 +125,11 @@ pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
             t.name
         ));
     }
+    Ok(())
+}
+
+/// The active partitions' ranges tile `[0, u64::MAX]` exactly.
+fn check_active_tiling(t: &TopicRecord) -> Result<(), String> {
     let mut active: Vec<&PartitionRecord> = t
         .partitions
         .iter()
@@ -132,7 +152,7 @@ pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
             t.name
         ));
     }
-    check_groups(t)
+    Ok(())
 }
 
 /// How many removed partitions a topic remembers ([`TopicRecord::removed`]):

@@ -45,10 +45,50 @@ pub(crate) fn plan_moves(
     // What cannot move (revoking, cooling down, frozen givers) is planned
     // where it is.
     let mut planned: BTreeMap<u64, f64> = loads.clone();
+    let (order, mut own) = unplace_movable(owned, weights, frozen, &mut planned);
+    let mut moves = Vec::new();
+    for (p, from, w) in order {
+        if let Some((_, _, done)) = own.get_mut(&from) {
+            *done += 1;
+        }
+        if planned[&from] + w / 2.0 <= mean {
+            *planned.get_mut(&from).expect("member") += w;
+            continue;
+        }
+        // Only to a member with room for it under the mean: the remainder
+        // of an uneven division stays where it is instead of moving
+        // between members that are all at the mean.
+        let to = receivers
+            .iter()
+            .copied()
+            .map(|m| (m, claim(&planned, &own, mean, m, w)))
+            .filter(|&(_, c)| c + w / 2.0 <= mean)
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
+            .map_or(from, |(m, _)| m);
+        *planned.get_mut(&to).expect("member") += w;
+        if to != from {
+            moves.push((p, from, to));
+        }
+    }
+    (moves, planned)
+}
+
+/// Per member, the weights of its movable partitions, heaviest first, with
+/// suffix sums (what it has left to place at any point) and how many it
+/// has placed.
+type Unplaced = BTreeMap<u64, (Vec<f64>, Vec<f64>, usize)>;
+
+/// Takes the movable partitions of members not `frozen` out of `planned`;
+/// returns them in placing order (heaviest first, lower id on a tie) with
+/// each member's [`Unplaced`].
+fn unplace_movable(
+    owned: &BTreeMap<u64, Vec<u32>>,
+    weights: &BTreeMap<u32, f64>,
+    frozen: &BTreeSet<u64>,
+    planned: &mut BTreeMap<u64, f64>,
+) -> (Vec<(u32, u64, f64)>, Unplaced) {
     let mut order: Vec<(u32, u64, f64)> = Vec::new();
-    // Per member, the weights of its movable partitions, heaviest first,
-    // with suffix sums: what it has left to place at any point.
-    let mut own: BTreeMap<u64, (Vec<f64>, Vec<f64>, usize)> = BTreeMap::new();
+    let mut own: Unplaced = BTreeMap::new();
     for (&m, ps) in owned {
         if frozen.contains(&m) {
             continue;
@@ -64,39 +104,19 @@ pub(crate) fn plan_moves(
         own.insert(m, (ws, suffix, 0));
     }
     order.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
-    let mut moves = Vec::new();
-    for (p, from, w) in order {
-        if let Some((_, _, done)) = own.get_mut(&from) {
-            *done += 1;
-        }
-        if planned[&from] + w / 2.0 <= mean {
-            *planned.get_mut(&from).expect("member") += w;
-            continue;
-        }
-        let claim = |m: u64| {
-            let pl = planned[&m];
-            let ahead = own.get(&m).map_or(0.0, |(ws, suffix, done)| {
-                let similar = done + ws[*done..].partition_point(|&x| x >= w / 2.0);
-                suffix[*done] - suffix[similar]
-            });
-            pl + ahead.min((mean - pl).max(0.0))
-        };
-        // Only to a member with room for it under the mean: the remainder
-        // of an uneven division stays where it is instead of moving
-        // between members that are all at the mean.
-        let to = receivers
-            .iter()
-            .copied()
-            .map(|m| (m, claim(m)))
-            .filter(|&(_, c)| c + w / 2.0 <= mean)
-            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
-            .map_or(from, |(m, _)| m);
-        *planned.get_mut(&to).expect("member") += w;
-        if to != from {
-            moves.push((p, from, to));
-        }
-    }
-    (moves, planned)
+    (order, own)
+}
+
+/// Member `m`'s claim against a partition of weight `w`: what it is planned
+/// to carry plus its own unplaced partitions of at least `w / 2`, up to the
+/// mean.
+fn claim(planned: &BTreeMap<u64, f64>, own: &Unplaced, mean: f64, m: u64, w: f64) -> f64 {
+    let pl = planned[&m];
+    let ahead = own.get(&m).map_or(0.0, |(ws, suffix, done)| {
+        let similar = done + ws[*done..].partition_point(|&x| x >= w / 2.0);
+        suffix[*done] - suffix[similar]
+    });
+    pl + ahead.min((mean - pl).max(0.0))
 }
 
 /// With equal weights: the fewest moves `(partition, from, to)` that bring

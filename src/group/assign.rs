@@ -224,10 +224,9 @@ impl Coordinator {
     }
 
     /// The load rule of [`Coordinator::balance_load`], among members not
-    /// in `gave`. Returns whether anything moved. Kept in one piece (about
-    /// 100 lines): the planned moves and the single moves after them share
-    /// one budget and one bookkeeping of who holds what (`owned`, `loads`),
-    /// which split functions would pass back and forth.
+    /// in `gave`. Returns whether anything moved. The planned moves and the
+    /// single moves after them share one budget and one bookkeeping of who
+    /// holds what (`owned`, `loads`), so both stay here.
     fn balance_by_load(
         &mut self,
         now: u64,
@@ -249,51 +248,11 @@ impl Coordinator {
         }
         let receivers = self.receivers(now);
         let mut loads = self.member_loads();
-        let weights: BTreeMap<u32, f64> = self
-            .owners
-            .iter()
-            .filter(|(_, o)| o.member.is_some())
-            .map(|(&p, _)| (p, self.weight(p)))
-            .collect();
+        let weights = self.owned_weights();
         let mean_weight = weights.values().sum::<f64>() / weights.len().max(1) as f64;
         let gain = MOVE_GAIN * mean_weight;
-        let mut owned: BTreeMap<u64, Vec<u32>> =
-            self.members.keys().map(|&m| (m, vec![])).collect();
-        for (&p, o) in &self.owners {
-            let movable = o
-                .moved_nanos
-                .is_none_or(|t| now.saturating_sub(t) >= load_cooldown);
-            if let Some(m) = o.member.filter(|_| o.revoking.is_none()) {
-                if movable {
-                    owned.entry(m).or_default().push(p);
-                }
-            }
-        }
-        // Equal weights (idle partitions all weigh one) balance by count,
-        // exactly: the fewest moves that bring counts within one.
-        let (lightest, heaviest) = weights
-            .values()
-            .fold((f64::INFINITY, 0.0f64), |(lo, hi), &w| {
-                (lo.min(w), hi.max(w))
-            });
-        let plan = if heaviest - lightest <= gain {
-            let mut held: BTreeMap<u64, usize> = self.members.keys().map(|&m| (m, 0)).collect();
-            for o in self.owners.values() {
-                if let Some(m) = self.holder(o) {
-                    *held.entry(m).or_default() += 1;
-                }
-            }
-            plan_counts(&owned, &held, &receivers, gave)
-        } else {
-            let (plan, planned) = plan_moves(&owned, &weights, &loads, &receivers, gave);
-            let squares = |l: &BTreeMap<u64, f64>| l.values().map(|x| x * x).sum::<f64>();
-            // Worth its pauses only if it beats what one good move gives.
-            if squares(&planned) < squares(&loads) - 2.0 * gain * mean_weight {
-                plan
-            } else {
-                Vec::new()
-            }
-        };
+        let mut owned = self.movable_by_member(now, load_cooldown);
+        let plan = self.load_plan(&owned, &weights, &loads, &receivers, gave, mean_weight);
         let mut budget = self.options.max_moves_per_balancing;
         type Owned = BTreeMap<u64, Vec<u32>>;
         // The planners move partitions between members of `owned` and
@@ -327,5 +286,71 @@ impl Coordinator {
             moved = true;
         }
         moved
+    }
+
+    /// The weight of each owned partition.
+    fn owned_weights(&self) -> BTreeMap<u32, f64> {
+        self.owners
+            .iter()
+            .filter(|(_, o)| o.member.is_some())
+            .map(|(&p, _)| (p, self.weight(p)))
+            .collect()
+    }
+
+    /// Each member's partitions that a load move may take: owned, not
+    /// being revoked, and not moved within `load_cooldown` of `now`.
+    fn movable_by_member(&self, now: u64, load_cooldown: u64) -> BTreeMap<u64, Vec<u32>> {
+        let mut owned: BTreeMap<u64, Vec<u32>> =
+            self.members.keys().map(|&m| (m, vec![])).collect();
+        for (&p, o) in &self.owners {
+            let movable = o
+                .moved_nanos
+                .is_none_or(|t| now.saturating_sub(t) >= load_cooldown);
+            if let Some(m) = o.member.filter(|_| o.revoking.is_none()) {
+                if movable {
+                    owned.entry(m).or_default().push(p);
+                }
+            }
+        }
+        owned
+    }
+
+    /// The planned moves of a load balancing: by count when the weights
+    /// are within one gain of each other, else by weight if the plan is
+    /// worth its pauses.
+    fn load_plan(
+        &self,
+        owned: &BTreeMap<u64, Vec<u32>>,
+        weights: &BTreeMap<u32, f64>,
+        loads: &BTreeMap<u64, f64>,
+        receivers: &[u64],
+        gave: &BTreeSet<u64>,
+        mean_weight: f64,
+    ) -> Vec<(u32, u64, u64)> {
+        let gain = MOVE_GAIN * mean_weight;
+        // Equal weights (idle partitions all weigh one) balance by count,
+        // exactly: the fewest moves that bring counts within one.
+        let (lightest, heaviest) = weights
+            .values()
+            .fold((f64::INFINITY, 0.0f64), |(lo, hi), &w| {
+                (lo.min(w), hi.max(w))
+            });
+        if heaviest - lightest <= gain {
+            let mut held: BTreeMap<u64, usize> = self.members.keys().map(|&m| (m, 0)).collect();
+            for o in self.owners.values() {
+                if let Some(m) = self.holder(o) {
+                    *held.entry(m).or_default() += 1;
+                }
+            }
+            return plan_counts(owned, &held, receivers, gave);
+        }
+        let (plan, planned) = plan_moves(owned, weights, loads, receivers, gave);
+        let squares = |l: &BTreeMap<u64, f64>| l.values().map(|x| x * x).sum::<f64>();
+        // Worth its pauses only if it beats what one good move gives.
+        if squares(&planned) < squares(loads) - 2.0 * gain * mean_weight {
+            plan
+        } else {
+            Vec::new()
+        }
     }
 }

@@ -422,14 +422,7 @@ fn load_topic(
     let tdir = topic_dir(&core.dir, rec.id);
     let mut st = TopicState::default();
     let now = core.clock.now_nanos();
-    // Saved rates decay by the time since they were saved (nothing was
-    // appended meanwhile). A version 1 checkpoint has no save time: its
-    // rates come back as saved, and the balancer still never splits on
-    // them alone (an empty load map is no reason to cut anywhere).
-    let downtime = match checkpoint.saved_at_ms {
-        0 => std::time::Duration::ZERO,
-        saved => std::time::Duration::from_millis(core.clock.wall_millis().saturating_sub(saved)),
-    };
+    let downtime = downtime(core, checkpoint);
     for p in &rec.partitions {
         let pdir = partition_dir(&tdir, p.id);
         let params = chain_params(
@@ -450,28 +443,8 @@ fn load_topic(
         if let Some(c) = cps.get(&(rec.id, p.id)) {
             restore_rates(&part, c, downtime, now);
         }
-        // A split or merge syncs the parent up to its seal before the
-        // record that commits it, so the recovered end reaches the seal.
-        // Logs written before that rule may end below it (a power loss cut
-        // the parent's unsynced tail): readers and key chains use the
-        // recovered end.
-        let mut rec_now = p.clone();
-        if let PartitionState::Sealed { end_offset } = p.state {
-            rec_now.state = PartitionState::Sealed {
-                end_offset: end_offset.min(part.end_offset()),
-            };
-        }
         st.routes.extend((!sealed).then_some((p.start, p.id)));
-        st.nodes.insert(
-            p.id,
-            Node {
-                rec: rec_now,
-                children: vec![],
-                part,
-                last_change_nanos: now,
-                hot_key_reported: false,
-            },
-        );
+        st.nodes.insert(p.id, recovered_node(p, part, now));
     }
     let unfinished = link_topic_state(&mut st, rec, &tdir, mode, report)?;
     *topic.inner.write_state() = st;
@@ -481,6 +454,39 @@ fn load_topic(
         }
     }
     Ok(topic)
+}
+
+/// How long the log was closed, by the checkpoint's save time: saved rates
+/// decay by it (nothing was appended meanwhile). A version 1 checkpoint has
+/// no save time: its rates come back as saved, and the balancer still never
+/// splits on them alone (an empty load map is no reason to cut anywhere).
+fn downtime(core: &Core, checkpoint: &Checkpoint) -> std::time::Duration {
+    match checkpoint.saved_at_ms {
+        0 => std::time::Duration::ZERO,
+        saved => std::time::Duration::from_millis(core.clock.wall_millis().saturating_sub(saved)),
+    }
+}
+
+/// The topology node of recovered partition `p`.
+fn recovered_node(p: &PartitionRecord, part: Arc<Partition>, now: u64) -> Node {
+    // A split or merge syncs the parent up to its seal before the
+    // record that commits it, so the recovered end reaches the seal.
+    // Logs written before that rule may end below it (a power loss cut
+    // the parent's unsynced tail): readers and key chains use the
+    // recovered end.
+    let mut rec_now = p.clone();
+    if let PartitionState::Sealed { end_offset } = p.state {
+        rec_now.state = PartitionState::Sealed {
+            end_offset: end_offset.min(part.end_offset()),
+        };
+    }
+    Node {
+        rec: rec_now,
+        children: vec![],
+        part,
+        last_change_nanos: now,
+        hot_key_reported: false,
+    }
 }
 
 /// One partition's segments after repair, with the segment that takes its

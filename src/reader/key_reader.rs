@@ -13,6 +13,8 @@ use super::translate_tails;
 use crate::config::HotKeyMode;
 use crate::error::{Error, Result};
 use crate::format::manifest::HotKeyEra;
+use crate::partition::Partition;
+use crate::read::ReadBatch;
 use crate::topic::hot_keys::{lane_of_window, window_ms, window_of, KeyLink, KeyRecord};
 use crate::topic::Topic;
 use crate::topology::lineage::Lineage;
@@ -166,7 +168,6 @@ impl KeyReader {
     /// Returns `false`, leaving the lane where it is, when the topology
     /// moved under it ([`KeyReader::refresh`] first, then again).
     fn fill(&self, c: &mut LaneCursor) -> Result<bool> {
-        let era = &self.eras[self.era];
         let moved = || self.topic.topology_generation() != self.generation;
         while c.buf.is_empty() {
             let Some(link) = c.links.front().copied() else {
@@ -179,14 +180,7 @@ impl KeyReader {
                 Err(Error::UnknownPartition { .. }) if moved() => return Ok(false),
                 Err(e) => return Err(e),
             };
-            let bound = self
-                .ends
-                .as_ref()
-                .map_or(u64::MAX, |e| e.get(&link.partition).copied().unwrap_or(0));
-            let end = part
-                .visible_end(part.default_isolation())
-                .min(link.until_offset.unwrap_or(u64::MAX))
-                .min(bound);
+            let end = self.link_end(&link, &part);
             let held = c.at.filter(|a| a.0 == link.partition).map_or(0, |a| a.1);
             let off = held.max(link.from_offset).max(part.start_offset());
             if off >= end {
@@ -203,24 +197,7 @@ impl KeyReader {
             }
             match part.read(off, READ_BYTES) {
                 Ok(b) => {
-                    for r in b.iter().take_while(|r| r.offset < end) {
-                        if r.key != Some(&self.key[..]) {
-                            continue;
-                        }
-                        let window = window_ms(era).map(|w| window_of(r.timestamp, w));
-                        if window.is_some_and(|w| lane_of_window(era, w) != c.lane) {
-                            continue; // another lane's window, read there
-                        }
-                        c.buf.push_back(KeyRecord {
-                            partition: link.partition,
-                            offset: r.offset,
-                            timestamp: r.timestamp,
-                            value: r.value.to_vec(),
-                            era: self.era,
-                            lane: c.lane,
-                            window,
-                        });
-                    }
+                    self.buffer_lane_records(c, link.partition, &b, end);
                     // Not past `end`: records read beyond it are not the
                     // lane's here (another era's, appended after the
                     // reader was made or after `end` was loaded), and a
@@ -237,6 +214,43 @@ impl KeyReader {
             }
         }
         Ok(true)
+    }
+
+    /// Where lane reading of `link` in `part` stops: the visible end, the
+    /// link's own end and the reader's bound for the partition, whichever
+    /// comes first.
+    fn link_end(&self, link: &KeyLink, part: &Partition) -> u64 {
+        let bound = self
+            .ends
+            .as_ref()
+            .map_or(u64::MAX, |e| e.get(&link.partition).copied().unwrap_or(0));
+        part.visible_end(part.default_isolation())
+            .min(link.until_offset.unwrap_or(u64::MAX))
+            .min(bound)
+    }
+
+    /// Buffers in `c` the records of `b` below `end` that are the reader's
+    /// key in `c`'s lane.
+    fn buffer_lane_records(&self, c: &mut LaneCursor, partition: u32, b: &ReadBatch, end: u64) {
+        let era = &self.eras[self.era];
+        for r in b.iter().take_while(|r| r.offset < end) {
+            if r.key != Some(&self.key[..]) {
+                continue;
+            }
+            let window = window_ms(era).map(|w| window_of(r.timestamp, w));
+            if window.is_some_and(|w| lane_of_window(era, w) != c.lane) {
+                continue; // another lane's window, read there
+            }
+            c.buf.push_back(KeyRecord {
+                partition,
+                offset: r.offset,
+                timestamp: r.timestamp,
+                value: r.value.to_vec(),
+                era: self.era,
+                lane: c.lane,
+                window,
+            });
+        }
     }
 
     fn next_record(&mut self) -> Result<Option<KeyRecord>> {

@@ -16,6 +16,19 @@ impl Topic {
     pub fn balance_step(&self) -> Result<Vec<Decision>> {
         let policy = self.config().balance;
         let now = self.inner.core.clock.now_nanos();
+        let loads = self.active_loads(now);
+        let decisions = decide(&policy, now, &loads);
+        let mut applied = Vec::new();
+        for d in decisions {
+            if self.apply_decision(d) {
+                applied.push(d);
+            }
+        }
+        Ok(applied)
+    }
+
+    /// The load of each active partition at `now`.
+    fn active_loads(&self, now: u64) -> Vec<PartitionLoad> {
         // Snapshot the active nodes first, then read each writer's rates and
         // load map with the state lock released: a split or merge holds the
         // parent's writer lock while it waits for the state lock (lock
@@ -35,7 +48,7 @@ impl Topic {
                 })
                 .collect()
         };
-        let loads: Vec<PartitionLoad> = nodes
+        nodes
             .into_iter()
             .map(|(rec, last_change_nanos, hot_key_reported, part)| {
                 let (rates, split_point, hot_key, profile) = part.with_writer(|w| {
@@ -59,43 +72,39 @@ impl Topic {
                     parents: rec.parents,
                 }
             })
-            .collect();
-        let decisions = decide(&policy, now, &loads);
-        let mut applied = Vec::new();
-        for d in decisions {
-            let ok = match d {
-                Decision::Split { partition, at } => {
-                    let plan = match at {
-                        SplitAt::Point(p) => SplitPlan::At(p),
-                        SplitAt::Quantiles(k) => SplitPlan::LoadQuantiles(k),
-                        SplitAt::IsolateKey(h) => SplitPlan::IsolateHash(h),
-                        SplitAt::Cuts(points) => SplitPlan::Cuts(points),
-                    };
-                    self.split_command(partition, plan)
-                        .and_then(|cmd| self.apply(cmd))
-                        .is_ok()
+            .collect()
+    }
+
+    /// Carries out one decision; returns whether it was applied.
+    fn apply_decision(&self, d: Decision) -> bool {
+        match d {
+            Decision::Split { partition, at } => {
+                let plan = match at {
+                    SplitAt::Point(p) => SplitPlan::At(p),
+                    SplitAt::Quantiles(k) => SplitPlan::LoadQuantiles(k),
+                    SplitAt::IsolateKey(h) => SplitPlan::IsolateHash(h),
+                    SplitAt::Cuts(points) => SplitPlan::Cuts(points),
+                };
+                self.split_command(partition, plan)
+                    .and_then(|cmd| self.apply(cmd))
+                    .is_ok()
+            }
+            Decision::Merge { left, right } => self
+                .apply(TopologyCommand::Merge { a: left, b: right })
+                .is_ok(),
+            Decision::HotKey { partition, hash } => {
+                if let Some(n) = self.inner.write_state().nodes.get_mut(&partition) {
+                    n.hot_key_reported = true;
                 }
-                Decision::Merge { left, right } => self
-                    .apply(TopologyCommand::Merge { a: left, b: right })
-                    .is_ok(),
-                Decision::HotKey { partition, hash } => {
-                    if let Some(n) = self.inner.write_state().nodes.get_mut(&partition) {
-                        n.hot_key_reported = true;
-                    }
-                    self.inner.core.events.emit(TopologyEvent::HotKey {
-                        topic: self.name().into(),
-                        partition,
-                        hash,
-                    });
-                    self.auto_window(hash);
-                    true
-                }
-            };
-            if ok {
-                applied.push(d);
+                self.inner.core.events.emit(TopologyEvent::HotKey {
+                    topic: self.name().into(),
+                    partition,
+                    hash,
+                });
+                self.auto_window(hash);
+                true
             }
         }
-        Ok(applied)
     }
 }
 

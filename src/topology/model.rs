@@ -3,8 +3,8 @@
 //! manifests through it).
 
 use crate::format::manifest::{
-    GroupRecord, ManifestRecord, ManifestState, PartitionRecord, PartitionState, RemovedPartition,
-    TailMove, TopicRecord,
+    GroupPosition, GroupRecord, ManifestRecord, ManifestState, PartitionRecord, PartitionState,
+    RemovedPartition, TailGroupMove, TailMove, TopicRecord,
 };
 
 /// Checks a topic's consumer groups: valid unique names, and partition ids
@@ -65,6 +65,15 @@ fn group_passed(t: &TopicRecord, g: &GroupRecord, p: u32) -> bool {
 /// `[0, u64::MAX]` exactly.
 pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
     crate::topic_name::validate(&t.name).map_err(|e| e.to_string())?;
+    check_partition_ids(t)?;
+    check_partition_shapes(t)?;
+    check_active_tiling(t)?;
+    check_groups(t)
+}
+
+/// Partition ids, live and removed, are unique and below
+/// `next_partition_id`.
+fn check_partition_ids(t: &TopicRecord) -> Result<(), String> {
     // Removed partitions share the id space: an id is never reused.
     let mut ids: Vec<u32> = t
         .partitions
@@ -82,6 +91,12 @@ pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
             t.name
         ));
     }
+    Ok(())
+}
+
+/// Each partition has a well-formed range, and it and each removed one at
+/// most two parents older than itself.
+fn check_partition_shapes(t: &TopicRecord) -> Result<(), String> {
     for p in &t.partitions {
         if p.start > p.end {
             return Err(format!(
@@ -110,6 +125,11 @@ pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
             t.name
         ));
     }
+    Ok(())
+}
+
+/// The active partitions' ranges tile `[0, u64::MAX]` exactly.
+fn check_active_tiling(t: &TopicRecord) -> Result<(), String> {
     let mut active: Vec<&PartitionRecord> = t
         .partitions
         .iter()
@@ -132,7 +152,7 @@ pub fn check_topic(t: &TopicRecord) -> Result<(), String> {
             t.name
         ));
     }
-    check_groups(t)
+    Ok(())
 }
 
 /// How many removed partitions a topic remembers ([`TopicRecord::removed`]):
@@ -197,48 +217,19 @@ pub fn apply(state: &mut ManifestState, rec: &ManifestRecord) -> Result<(), Stri
 /// changed, so callers apply to a copy they drop on error.
 pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result<(), String> {
     match rec {
-        ManifestRecord::CreateTopic(t) => {
-            if t.id < state.next_topic_id || state.topics.iter().any(|x| x.name == t.name) {
-                return Err(format!("topic {} reuses an id or a name", t.name));
-            }
-            check_topic(t)?;
-            state.next_topic_id =
-                t.id.checked_add(1)
-                    .ok_or_else(|| format!("topic id {} leaves no next id", t.id))?;
-            state.topics.push(t.clone());
-        }
-        ManifestRecord::DeleteTopic { topic_id } => {
-            let before = state.topics.len();
-            state.topics.retain(|t| t.id != *topic_id);
-            if state.topics.len() == before {
-                return Err(format!("unknown topic id {topic_id}"));
-            }
-        }
+        ManifestRecord::CreateTopic(t) => create_topic(state, t),
+        ManifestRecord::DeleteTopic { topic_id } => delete_topic(state, *topic_id),
         ManifestRecord::Split {
             topic_id,
             parent,
             seal_offset,
             children,
-        } => {
-            let t = topic_mut(state, *topic_id)?;
-            let (start, end) = seal(t, *parent, *seal_offset)?;
-            let mut sorted = children.clone();
-            sorted.sort_by_key(|c| c.start);
-            if sorted.len() < 2
-                || sorted.first().map(|c| c.start) != Some(start)
-                || sorted.last().map(|c| c.end) != Some(end)
-                || sorted
-                    .windows(2)
-                    .any(|w| w[0].end.checked_add(1) != Some(w[1].start))
-                || children.iter().any(|c| c.parents != [*parent])
-            {
-                return Err(format!(
-                    "split children of partition {parent} do not tile its range"
-                ));
-            }
-            add_children(t, children)?;
-            check_topic(t)?;
-        }
+        } => split(
+            topic_mut(state, *topic_id)?,
+            *parent,
+            *seal_offset,
+            children,
+        ),
         ManifestRecord::TailSplit {
             topic_id,
             parent,
@@ -250,28 +241,10 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
             groups,
             index_in_topic_dir,
         } => {
-            // As a split, sealed at the physical end.
-            apply_in_place(
-                state,
-                &ManifestRecord::Split {
-                    topic_id: *topic_id,
-                    parent: *parent,
-                    seal_offset: *seal_offset,
-                    children: children.clone(),
-                },
-            )?;
             let t = topic_mut(state, *topic_id)?;
-            if from > seal_offset
-                || counts.len() != children.len()
-                || counts.iter().try_fold(0u64, |a, &c| a.checked_add(c))
-                    != Some(seal_offset - from)
-            {
-                return Err(format!(
-                    "tail split of partition {parent}: moved counts do not add up to {from}..{seal_offset}"
-                ));
-            }
-            let mut ids: Vec<(u64, u32)> = children.iter().map(|c| (c.start, c.id)).collect();
-            ids.sort_unstable();
+            // As a split, sealed at the physical end.
+            split(t, *parent, *seal_offset, children)?;
+            check_tail_counts(*parent, *from, *seal_offset, counts, children.len())?;
             t.tail_moves.push(TailMove {
                 parent: *parent,
                 from: *from,
@@ -282,149 +255,26 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
                 reclaimed: false,
                 index_in_topic_dir: *index_in_topic_dir,
             });
-            for gm in groups {
-                let g = t
-                    .groups
-                    .iter_mut()
-                    .find(|g| g.name == gm.group)
-                    .ok_or_else(|| format!("tail split moves unknown group {}", gm.group))?;
-                g.positions.remove(parent);
-                g.last_records.remove(parent);
-                for &(c, off) in &gm.positions {
-                    if !children.iter().any(|x| x.id == c) {
-                        return Err(format!(
-                            "tail split moves group {} to a non-child",
-                            gm.group
-                        ));
-                    }
-                    g.positions.entry(c).or_insert(off);
-                }
-            }
-            check_groups(t)?;
+            move_groups_to_children(t, *parent, children, groups)?;
+            check_groups(t)
         }
         ManifestRecord::TailReclaimed {
             topic_id,
             parent,
             index_in_topic_dir,
-        } => {
-            let t = topic_mut(state, *topic_id)?;
-            let m = t
-                .tail_moves
-                .iter_mut()
-                .find(|m| m.parent == *parent)
-                .ok_or_else(|| format!("partition {parent} has no tail split to reclaim"))?;
-            m.reclaimed = true;
-            m.index_in_topic_dir |= *index_in_topic_dir;
-        }
+        } => reclaim_tail(topic_mut(state, *topic_id)?, *parent, *index_in_topic_dir),
         ManifestRecord::Merge {
             topic_id,
             parents,
             child,
-        } => {
-            let t = topic_mut(state, *topic_id)?;
-            if parents.len() != 2 || child.parents != [parents[0].0, parents[1].0] {
-                return Err("a merge has exactly two parents, named by the child".into());
-            }
-            let a = seal(t, parents[0].0, parents[0].1)?;
-            let b = seal(t, parents[1].0, parents[1].1)?;
-            if a.1.checked_add(1) != Some(b.0) || child.start != a.0 || child.end != b.1 {
-                return Err(
-                    "merged partitions are not adjacent or the child range is wrong".into(),
-                );
-            }
-            add_children(t, std::slice::from_ref(child))?;
-            check_topic(t)?;
-        }
+        } => merge(topic_mut(state, *topic_id)?, parents, child),
         ManifestRecord::RemovePartition {
             topic_id,
             partition,
-        } => {
-            let t = topic_mut(state, *topic_id)?;
-            let i = t
-                .partitions
-                .iter()
-                .position(|p| p.id == *partition)
-                .ok_or_else(|| format!("unknown partition {partition}"))?;
-            if t.partitions[i].state == PartitionState::Active {
-                return Err(format!(
-                    "partition {partition} is active and cannot be removed"
-                ));
-            }
-            // Oldest first: a partition whose parent is still there may
-            // still be needed to continue a reader's lineage in order.
-            let parents = &t.partitions[i].parents;
-            if t.partitions.iter().any(|p| parents.contains(&p.id)) {
-                return Err(format!(
-                    "partition {partition} is removed before its parents"
-                ));
-            }
-            // A group that neither lists it nor has passed it (lists a
-            // descendant) would have read it from its first offset: that
-            // is its position in it from now on (see below).
-            let unread: Vec<usize> = (0..t.groups.len())
-                .filter(|&g| !group_passed(t, &t.groups[g], *partition))
-                .collect();
-            let removed = t.partitions.remove(i);
-            let PartitionState::Sealed { end_offset } = removed.state else {
-                unreachable!("checked sealed above");
-            };
-            // A tail-split parent ends, for its readers, where its moved
-            // range starts.
-            let end_offset = t
-                .tail_moves
-                .iter()
-                .find(|m| m.parent == *partition)
-                .map_or(end_offset, |m| m.from);
-            for c in t.partitions.iter_mut() {
-                if c.parents.contains(partition) {
-                    c.removed_parents.push((*partition, end_offset));
-                }
-            }
-            t.removed.push(RemovedPartition {
-                id: *partition,
-                parents: removed.parents.clone(),
-                end_offset,
-            });
-            bound_removed(&mut t.removed);
-            // A tail entry stays while a saved position past the parent's
-            // logical end may still need translating: while the topology
-            // or the removed list names the parent (its index is in the
-            // topic's directory), or, for an index written into the first
-            // child's directory, while that child is there.
-            let kept: std::collections::BTreeSet<u32> = t
-                .partitions
-                .iter()
-                .map(|p| p.id)
-                .chain(t.removed.iter().map(|r| r.id))
-                .collect();
-            t.tail_moves.retain(|m| {
-                if m.index_in_topic_dir {
-                    kept.contains(&m.parent)
-                } else {
-                    m.children.first() != Some(partition)
-                }
-            });
-            // A group's position in it stays (or starts at 0, above): what
-            // the group had not consumed there is a loss the group reports
-            // to a member, and the position leaves with the commit of a
-            // member told of it (its children count it read meanwhile).
-            // Positions in removed partitions the topic no longer
-            // remembers go, so they stay bounded like `removed`. Its
-            // fingerprint and a drained entry (read to the seal: nothing
-            // lost) go now.
-            for g in unread {
-                t.groups[g].positions.insert(*partition, 0);
-            }
-            for g in &mut t.groups {
-                g.positions.retain(|p, _| kept.contains(p));
-                let positions = &g.positions;
-                g.last_records
-                    .retain(|p, _| p != partition && positions.contains_key(p));
-                g.drained.remove(partition);
-            }
-        }
+        } => remove_partition(topic_mut(state, *topic_id)?, *partition),
         ManifestRecord::UpdateConfig { topic_id, config } => {
             topic_mut(state, *topic_id)?.config = config.clone();
+            Ok(())
         }
         ManifestRecord::GroupCommit {
             topic_id,
@@ -435,65 +285,334 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
             pruned,
         } => {
             let t = topic_mut(state, *topic_id)?;
-            let i = match t.groups.iter().position(|g| &g.name == group) {
-                Some(i) => i,
-                None => {
-                    t.groups.push(GroupRecord {
-                        name: group.clone(),
-                        ..Default::default()
-                    });
-                    t.groups.len() - 1
-                }
-            };
-            let g = &mut t.groups[i];
-            g.generation = g.generation.max(*generation);
-            for p in positions {
-                if drained.contains(&p.partition) {
-                    return Err(format!(
-                        "group {group}: partition {} is both positioned and drained",
-                        p.partition
-                    ));
-                }
-                g.positions.insert(p.partition, p.offset);
-                match p.last_record {
-                    Some(f) => g.last_records.insert(p.partition, f),
-                    None => g.last_records.remove(&p.partition),
-                };
-                g.drained.remove(&p.partition);
-            }
-            for &d in drained {
-                g.positions.remove(&d);
-                g.last_records.remove(&d);
-                g.drained.insert(d);
-            }
-            for d in pruned {
-                g.drained.remove(d);
-            }
-            check_groups(t)?;
+            let i = group_index_or_new(t, group);
+            commit_group(&mut t.groups[i], *generation, positions, drained, pruned)?;
+            check_groups(t)
         }
         ManifestRecord::HotKeyMode {
             topic_id,
             hash,
             era,
-        } => {
-            let t = topic_mut(state, *topic_id)?;
-            check_hot_key_era(*hash, era)?;
-            match t.hot_keys.iter_mut().find(|k| k.hash == *hash) {
-                Some(k) => k.eras.push(era.clone()),
-                None => t.hot_keys.push(crate::format::manifest::HotKeyRecord {
-                    hash: *hash,
-                    eras: vec![era.clone()],
-                }),
-            }
-        }
+        } => add_hot_key_era(topic_mut(state, *topic_id)?, *hash, era),
         ManifestRecord::DeleteGroup { topic_id, group } => {
-            let t = topic_mut(state, *topic_id)?;
-            let before = t.groups.len();
-            t.groups.retain(|g| &g.name != group);
-            if t.groups.len() == before {
-                return Err(format!("unknown group {group}"));
-            }
+            delete_group(topic_mut(state, *topic_id)?, group)
         }
+    }
+}
+
+/// [`ManifestRecord::CreateTopic`]: a new id and name, a well-formed topic.
+fn create_topic(state: &mut ManifestState, t: &TopicRecord) -> Result<(), String> {
+    if t.id < state.next_topic_id || state.topics.iter().any(|x| x.name == t.name) {
+        return Err(format!("topic {} reuses an id or a name", t.name));
+    }
+    check_topic(t)?;
+    state.next_topic_id =
+        t.id.checked_add(1)
+            .ok_or_else(|| format!("topic id {} leaves no next id", t.id))?;
+    state.topics.push(t.clone());
+    Ok(())
+}
+
+/// [`ManifestRecord::DeleteTopic`].
+fn delete_topic(state: &mut ManifestState, topic_id: u32) -> Result<(), String> {
+    let before = state.topics.len();
+    state.topics.retain(|t| t.id != topic_id);
+    if state.topics.len() == before {
+        return Err(format!("unknown topic id {topic_id}"));
+    }
+    Ok(())
+}
+
+/// [`ManifestRecord::Split`] (and the split part of a tail split): seals
+/// `parent` and adds children that tile its range exactly.
+fn split(
+    t: &mut TopicRecord,
+    parent: u32,
+    seal_offset: u64,
+    children: &[PartitionRecord],
+) -> Result<(), String> {
+    let (start, end) = seal(t, parent, seal_offset)?;
+    let mut sorted = children.to_vec();
+    sorted.sort_by_key(|c| c.start);
+    if sorted.len() < 2
+        || sorted.first().map(|c| c.start) != Some(start)
+        || sorted.last().map(|c| c.end) != Some(end)
+        || sorted
+            .windows(2)
+            .any(|w| w[0].end.checked_add(1) != Some(w[1].start))
+        || children.iter().any(|c| c.parents != [parent])
+    {
+        return Err(format!(
+            "split children of partition {parent} do not tile its range"
+        ));
+    }
+    add_children(t, children)?;
+    check_topic(t)
+}
+
+/// A tail split's moved counts, one per child, add up to `from..seal_offset`.
+fn check_tail_counts(
+    parent: u32,
+    from: u64,
+    seal_offset: u64,
+    counts: &[u64],
+    children: usize,
+) -> Result<(), String> {
+    if from > seal_offset
+        || counts.len() != children
+        || counts.iter().try_fold(0u64, |a, &c| a.checked_add(c)) != Some(seal_offset - from)
+    {
+        return Err(format!(
+            "tail split of partition {parent}: moved counts do not add up to {from}..{seal_offset}"
+        ));
+    }
+    Ok(())
+}
+
+/// A tail split's group moves: each named group leaves `parent` for
+/// positions in its children (a position it already has there stays).
+fn move_groups_to_children(
+    t: &mut TopicRecord,
+    parent: u32,
+    children: &[PartitionRecord],
+    groups: &[TailGroupMove],
+) -> Result<(), String> {
+    for gm in groups {
+        let g = t
+            .groups
+            .iter_mut()
+            .find(|g| g.name == gm.group)
+            .ok_or_else(|| format!("tail split moves unknown group {}", gm.group))?;
+        g.positions.remove(&parent);
+        g.last_records.remove(&parent);
+        for &(c, off) in &gm.positions {
+            if !children.iter().any(|x| x.id == c) {
+                return Err(format!(
+                    "tail split moves group {} to a non-child",
+                    gm.group
+                ));
+            }
+            g.positions.entry(c).or_insert(off);
+        }
+    }
+    Ok(())
+}
+
+/// [`ManifestRecord::TailReclaimed`]: marks `parent`'s tail split reclaimed.
+fn reclaim_tail(t: &mut TopicRecord, parent: u32, index_in_topic_dir: bool) -> Result<(), String> {
+    let m = t
+        .tail_moves
+        .iter_mut()
+        .find(|m| m.parent == parent)
+        .ok_or_else(|| format!("partition {parent} has no tail split to reclaim"))?;
+    m.reclaimed = true;
+    m.index_in_topic_dir |= index_in_topic_dir;
+    Ok(())
+}
+
+/// [`ManifestRecord::Merge`]: seals two adjacent partitions and adds the
+/// child that spans both.
+fn merge(
+    t: &mut TopicRecord,
+    parents: &[(u32, u64)],
+    child: &PartitionRecord,
+) -> Result<(), String> {
+    if parents.len() != 2 || child.parents != [parents[0].0, parents[1].0] {
+        return Err("a merge has exactly two parents, named by the child".into());
+    }
+    let a = seal(t, parents[0].0, parents[0].1)?;
+    let b = seal(t, parents[1].0, parents[1].1)?;
+    if a.1.checked_add(1) != Some(b.0) || child.start != a.0 || child.end != b.1 {
+        return Err("merged partitions are not adjacent or the child range is wrong".into());
+    }
+    add_children(t, std::slice::from_ref(child))?;
+    check_topic(t)
+}
+
+/// [`ManifestRecord::RemovePartition`]: forgets a sealed partition whose
+/// parents are gone, remembering it in [`TopicRecord::removed`].
+fn remove_partition(t: &mut TopicRecord, partition: u32) -> Result<(), String> {
+    let i = removable_index(t, partition)?;
+    // A group that neither lists it nor has passed it (lists a
+    // descendant) would have read it from its first offset: that
+    // is its position in it from now on (see below).
+    let unread: Vec<usize> = (0..t.groups.len())
+        .filter(|&g| !group_passed(t, &t.groups[g], partition))
+        .collect();
+    let removed = t.partitions.remove(i);
+    let PartitionState::Sealed { end_offset } = removed.state else {
+        unreachable!("checked sealed above");
+    };
+    // A tail-split parent ends, for its readers, where its moved
+    // range starts.
+    let end_offset = t
+        .tail_moves
+        .iter()
+        .find(|m| m.parent == partition)
+        .map_or(end_offset, |m| m.from);
+    for c in t.partitions.iter_mut() {
+        if c.parents.contains(&partition) {
+            c.removed_parents.push((partition, end_offset));
+        }
+    }
+    t.removed.push(RemovedPartition {
+        id: partition,
+        parents: removed.parents,
+        end_offset,
+    });
+    bound_removed(&mut t.removed);
+    let kept = drop_tail_moves(t, partition);
+    settle_group_positions(t, partition, &unread, &kept);
+    Ok(())
+}
+
+/// The index of `partition` if it may be removed: sealed, and its parents
+/// already removed.
+fn removable_index(t: &TopicRecord, partition: u32) -> Result<usize, String> {
+    let i = t
+        .partitions
+        .iter()
+        .position(|p| p.id == partition)
+        .ok_or_else(|| format!("unknown partition {partition}"))?;
+    if t.partitions[i].state == PartitionState::Active {
+        return Err(format!(
+            "partition {partition} is active and cannot be removed"
+        ));
+    }
+    // Oldest first: a partition whose parent is still there may
+    // still be needed to continue a reader's lineage in order.
+    let parents = &t.partitions[i].parents;
+    if t.partitions.iter().any(|p| parents.contains(&p.id)) {
+        return Err(format!(
+            "partition {partition} is removed before its parents"
+        ));
+    }
+    Ok(i)
+}
+
+/// Drops the tail entries no saved position can need once `partition` is
+/// removed; returns the ids the topic still names (partitions and removed).
+fn drop_tail_moves(t: &mut TopicRecord, partition: u32) -> std::collections::BTreeSet<u32> {
+    // A tail entry stays while a saved position past the parent's
+    // logical end may still need translating: while the topology
+    // or the removed list names the parent (its index is in the
+    // topic's directory), or, for an index written into the first
+    // child's directory, while that child is there.
+    let kept: std::collections::BTreeSet<u32> = t
+        .partitions
+        .iter()
+        .map(|p| p.id)
+        .chain(t.removed.iter().map(|r| r.id))
+        .collect();
+    t.tail_moves.retain(|m| {
+        if m.index_in_topic_dir {
+            kept.contains(&m.parent)
+        } else {
+            m.children.first() != Some(&partition)
+        }
+    });
+    kept
+}
+
+/// The groups' entries once `partition` is removed.
+fn settle_group_positions(
+    t: &mut TopicRecord,
+    partition: u32,
+    unread: &[usize],
+    kept: &std::collections::BTreeSet<u32>,
+) {
+    // A group's position in it stays (or starts at 0, above): what
+    // the group had not consumed there is a loss the group reports
+    // to a member, and the position leaves with the commit of a
+    // member told of it (its children count it read meanwhile).
+    // Positions in removed partitions the topic no longer
+    // remembers go, so they stay bounded like `removed`. Its
+    // fingerprint and a drained entry (read to the seal: nothing
+    // lost) go now.
+    for &g in unread {
+        t.groups[g].positions.insert(partition, 0);
+    }
+    for g in &mut t.groups {
+        g.positions.retain(|p, _| kept.contains(p));
+        let positions = &g.positions;
+        g.last_records
+            .retain(|p, _| *p != partition && positions.contains_key(p));
+        g.drained.remove(&partition);
+    }
+}
+
+/// The index of the group named `group`, added empty if the topic has none.
+fn group_index_or_new(t: &mut TopicRecord, group: &str) -> usize {
+    match t.groups.iter().position(|g| g.name == group) {
+        Some(i) => i,
+        None => {
+            t.groups.push(GroupRecord {
+                name: group.to_owned(),
+                ..Default::default()
+            });
+            t.groups.len() - 1
+        }
+    }
+}
+
+/// [`ManifestRecord::GroupCommit`] on its group: new positions, drained
+/// and pruned partitions; the generation only grows.
+fn commit_group(
+    g: &mut GroupRecord,
+    generation: u64,
+    positions: &[GroupPosition],
+    drained: &[u32],
+    pruned: &[u32],
+) -> Result<(), String> {
+    g.generation = g.generation.max(generation);
+    for p in positions {
+        if drained.contains(&p.partition) {
+            return Err(format!(
+                "group {}: partition {} is both positioned and drained",
+                g.name, p.partition
+            ));
+        }
+        g.positions.insert(p.partition, p.offset);
+        match p.last_record {
+            Some(f) => g.last_records.insert(p.partition, f),
+            None => g.last_records.remove(&p.partition),
+        };
+        g.drained.remove(&p.partition);
+    }
+    for &d in drained {
+        g.positions.remove(&d);
+        g.last_records.remove(&d);
+        g.drained.insert(d);
+    }
+    for d in pruned {
+        g.drained.remove(d);
+    }
+    Ok(())
+}
+
+/// [`ManifestRecord::HotKeyMode`]: a checked era appended to its key's.
+fn add_hot_key_era(
+    t: &mut TopicRecord,
+    hash: u64,
+    era: &crate::format::manifest::HotKeyEra,
+) -> Result<(), String> {
+    check_hot_key_era(hash, era)?;
+    match t.hot_keys.iter_mut().find(|k| k.hash == hash) {
+        Some(k) => k.eras.push(era.clone()),
+        None => t.hot_keys.push(crate::format::manifest::HotKeyRecord {
+            hash,
+            eras: vec![era.clone()],
+        }),
+    }
+    Ok(())
+}
+
+/// [`ManifestRecord::DeleteGroup`].
+fn delete_group(t: &mut TopicRecord, group: &str) -> Result<(), String> {
+    let before = t.groups.len();
+    t.groups.retain(|g| g.name != group);
+    if t.groups.len() == before {
+        return Err(format!("unknown group {group}"));
     }
     Ok(())
 }

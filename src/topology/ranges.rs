@@ -94,18 +94,10 @@ pub(crate) fn split_ranges(
                     "a split makes 2 to 16 children, not {k}"
                 )));
             }
-            let points = &load.quantiles;
-            if points.len() < 2 {
+            if load.quantiles.len() < 2 {
                 load.median.unwrap_or(mid)
             } else {
-                let mut out = Vec::with_capacity(points.len() + 1);
-                let mut lo = start;
-                for &m in points {
-                    out.push((lo, m));
-                    lo = m + 1;
-                }
-                out.push((lo, end));
-                return Ok(out);
+                return Ok(cut_at(start, end, &load.quantiles));
             }
         }
         SplitPlan::Cuts(points) => {
@@ -115,31 +107,9 @@ pub(crate) fn split_ranges(
                     "split points {points:x?} are not all inside [{start:#x}, {end:#x})"
                 )));
             }
-            let mut out = Vec::with_capacity(points.len() + 1);
-            let mut lo = start;
-            for &c in points {
-                out.push((lo, c));
-                lo = c + 1;
-            }
-            out.push((lo, end));
-            return Ok(out);
+            return Ok(cut_at(start, end, points));
         }
-        SplitPlan::IsolateHash(h) => {
-            if h < start || h > end {
-                return Err(Error::Refused(format!(
-                    "hash {h:#x} is outside the partition's range"
-                )));
-            }
-            let mut v = Vec::new();
-            if h > start {
-                v.push((start, h - 1));
-            }
-            v.push((h, h));
-            if h < end {
-                v.push((h + 1, end));
-            }
-            return Ok(v);
-        }
+        SplitPlan::IsolateHash(h) => return isolate_hash(start, end, h),
     };
     if at < start || at >= end {
         return Err(Error::Refused(format!(
@@ -147,6 +117,37 @@ pub(crate) fn split_ranges(
         )));
     }
     Ok(vec![(start, at), (at + 1, end)])
+}
+
+/// `[start, end]` cut after each of the ascending `points` (each inside
+/// `[start, end)`).
+fn cut_at(start: u64, end: u64, points: &[u64]) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(points.len() + 1);
+    let mut lo = start;
+    for &c in points {
+        out.push((lo, c));
+        lo = c + 1;
+    }
+    out.push((lo, end));
+    out
+}
+
+/// `[start, end]` split so that hash `h` is a range of its own.
+fn isolate_hash(start: u64, end: u64, h: u64) -> Result<Vec<(u64, u64)>> {
+    if h < start || h > end {
+        return Err(Error::Refused(format!(
+            "hash {h:#x} is outside the partition's range"
+        )));
+    }
+    let mut v = Vec::new();
+    if h > start {
+        v.push((start, h - 1));
+    }
+    v.push((h, h));
+    if h < end {
+        v.push((h + 1, end));
+    }
+    Ok(v)
 }
 
 #[cfg(test)]

@@ -19,6 +19,9 @@
 //!   id is saved in the group's `raft-meta` file first.
 //! - Blank and membership entries (and `Command::Seal`) are control
 //!   batches: they take no record offset and no consumer sees them.
+//! - A producer-stamped append's stamp goes to the `raft-stamps` side
+//!   file ([`stamps`]), durable before the entry is written, and is put
+//!   back on the entry when it is read.
 
 #![allow(
     clippy::result_large_err,
@@ -28,7 +31,7 @@
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use fissionlog::{ControlKind, EntryBody, Partition, RaftEntry, RaftEntryBody, RaftLogId, Topic};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -40,6 +43,10 @@ use openraft::{
 use crate::meta::{Meta, MetaFile};
 use crate::types::{Command, Entry, NodeId, RecordIn, TypeConfig};
 use crate::vote::VoteFile;
+
+pub mod stamps;
+
+use stamps::Stamps;
 
 /// Entries read per `try_get_log_entries` call at most, in bytes (at least
 /// one entry is always read).
@@ -72,10 +79,23 @@ pub struct LogReader {
     /// Index after the last purged entry (0: none purged): entries below
     /// it may still be in a segment a purge keeps whole, and are hidden.
     readable_from: Arc<AtomicU64>,
+    stamps: Arc<Mutex<Stamps>>,
 }
 
 impl LogReader {
-    fn entry(e: &RaftEntry<'_>) -> Result<Entry, StorageError<NodeId>> {
+    fn stamp(
+        &self,
+        id: RaftLogId,
+    ) -> Result<Option<crate::types::ProducerStamp>, StorageError<NodeId>> {
+        match self.stamps.lock() {
+            Ok(s) => Ok(s.get(id)),
+            Err(_) => Err(read_err(std::io::Error::other(
+                "the stamps table was poisoned by a panic",
+            ))),
+        }
+    }
+
+    fn entry(&self, e: &RaftEntry<'_>) -> Result<Entry, StorageError<NodeId>> {
         let log_id = from_raft(e.id);
         let payload = match &e.body {
             RaftEntryBody::Control(ControlKind::Blank, _) => EntryPayload::Blank,
@@ -86,7 +106,7 @@ impl LogReader {
                 EntryPayload::Normal(postcard::from_bytes::<Command>(body).map_err(read_err)?)
             }
             RaftEntryBody::Records(records) => EntryPayload::Normal(Command::Append {
-                producer: None,
+                producer: self.stamp(e.id)?,
                 records: records
                     .iter()
                     .map(|r| RecordIn {
@@ -120,7 +140,7 @@ impl LogReader {
                 if e.id.index >= end {
                     return Ok(out);
                 }
-                out.push(Self::entry(&e)?);
+                out.push(self.entry(&e)?);
             }
             next = batch.next_index();
         }
@@ -162,6 +182,7 @@ pub struct LogStore {
     outstanding: Arc<AtomicUsize>,
     /// See [`LogReader`].
     readable_from: Arc<AtomicU64>,
+    stamps: Arc<Mutex<Stamps>>,
 }
 
 impl LogStore {
@@ -177,7 +198,9 @@ impl LogStore {
         let meta_file = MetaFile::new(&dir);
         let meta = meta_file.read()?;
         let readable_from = Arc::new(AtomicU64::new(meta.purged.map_or(0, |p| p.index + 1)));
+        let stamps = Arc::new(Mutex::new(Stamps::open(&dir)?));
         Ok(LogStore {
+            stamps,
             readable_from,
             topic,
             vote: VoteFile::new(&dir),
@@ -220,19 +243,8 @@ impl LogStore {
                 self.part
                     .append_entry(id, EntryBody::Control(ControlKind::Seal, &body))
             }
-            EntryPayload::Normal(Command::Append {
-                producer: Some(_), ..
-            }) => {
-                // A format-2 data batch has no place for the stamp yet
-                // (docs/REPLICATION.md, "Status"): refused, never dropped.
-                return Err(write_err(std::io::Error::other(
-                    "a producer-stamped append cannot be stored yet",
-                )));
-            }
-            EntryPayload::Normal(Command::Append {
-                producer: None,
-                records,
-            }) => {
+            // The stamp, if any, is already in the side file (`append`).
+            EntryPayload::Normal(Command::Append { records, .. }) => {
                 let recs: Vec<fissionlog::RecordIn<'_>> = records
                     .iter()
                     .map(|r| fissionlog::RecordIn {
@@ -256,6 +268,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let mut r = LogReader {
             part: self.part.clone(),
             readable_from: self.readable_from.clone(),
+            stamps: self.stamps.clone(),
         };
         r.try_get_log_entries(range).await
     }
@@ -277,6 +290,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         LogReader {
             part: self.part.clone(),
             readable_from: self.readable_from.clone(),
+            stamps: self.stamps.clone(),
         }
     }
 
@@ -322,9 +336,31 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let stamped: Vec<_> = entries
+            .iter()
+            .filter_map(|e| match &e.payload {
+                EntryPayload::Normal(Command::Append {
+                    producer: Some(s), ..
+                }) => Some((to_raft(&e.log_id), *s)),
+                _ => None,
+            })
+            .collect();
+        if !stamped.is_empty() {
+            // Durable before any entry is written: an entry that survives
+            // a crash always finds its stamp.
+            match self.stamps.lock() {
+                Ok(mut s) => s.save(&stamped).map_err(write_err)?,
+                Err(_) => {
+                    return Err(write_err(std::io::Error::other(
+                        "the stamps table was poisoned by a panic",
+                    )))
+                }
+            }
+        }
         let mut last = None;
-        for entry in entries {
-            last = Some(self.write_entry(&entry)?);
+        for entry in &entries {
+            last = Some(self.write_entry(entry)?);
         }
         let Some(last) = last else {
             callback.log_io_completed(Ok(()));

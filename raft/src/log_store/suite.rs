@@ -235,17 +235,26 @@ fn the_suite_case_that_leaves_a_hole_in_the_log_is_refused_by_the_partition() {
 }
 
 #[test]
-fn a_vote_save_is_refused_while_an_append_callback_is_outstanding() {
+fn a_vote_save_waits_for_an_outstanding_append_callback_and_then_saves() {
     run(async {
         let (_g, mut store, _sm) = Builder.build().await?;
         let vote = Vote::new(3, 1);
         store.outstanding.fetch_add(1, Ordering::SeqCst);
-        let refused = store.save_vote(&vote).await;
-        assert!(refused.is_err(), "a vote save with an append in flight");
-        assert_eq!(store.read_vote().await?, None, "nothing was saved");
-        store.outstanding.fetch_sub(1, Ordering::SeqCst);
+        let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (outstanding, flag) = (store.outstanding.clone(), released.clone());
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            flag.store(true, Ordering::SeqCst);
+            outstanding.fetch_sub(1, Ordering::SeqCst);
+        });
+        // A refusal here would be a storage error, fatal to the group.
         store.save_vote(&vote).await?;
+        assert!(
+            released.load(Ordering::SeqCst),
+            "the vote was saved before the append callback was released"
+        );
         assert_eq!(store.read_vote().await?, Some(vote));
+        let _ = releaser.join();
         Ok(())
     })
     .expect("the store works");

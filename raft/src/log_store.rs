@@ -10,10 +10,9 @@
 //!   entry (`Partition::is_entry_durable`): never after a page-cache write
 //!   alone.
 //! - `save_vote` goes through [`VoteFile`] (tmp + fsync + rename + fsync
-//!   of the directory) and is refused while an append callback is still
+//!   of the directory) and waits while an append callback is still
 //!   outstanding: a vote must never become durable ahead of an append
-//!   issued before it (openraft 0.9 never does that; a storage that
-//!   allowed it would hide a future openraft that pipelines appends).
+//!   issued before it (openraft 0.9 does ask for a vote save mid-append).
 //! - `truncate` and `purge` are `Topic::truncate_from_index` and
 //!   `Topic::purge_through_index`, durable before they return; the purged
 //!   id is saved in the group's `raft-meta` file first.
@@ -295,11 +294,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
-        if self.outstanding.load(Ordering::SeqCst) > 0 {
-            return Err(StorageIOError::write_vote(AnyError::error(
-                "a vote save while an append callback is outstanding would reorder them",
-            ))
-            .into());
+        // openraft 0.9 can ask for a vote save while an append's callback
+        // is outstanding (a vote request arriving mid-append); a refusal
+        // would be a storage error, fatal to the group. Waiting keeps the
+        // order: the vote becomes durable only after the appends issued
+        // before it. The callback task only waits on the log's sync round.
+        while self.outstanding.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
         self.vote
             .save(vote)

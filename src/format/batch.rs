@@ -632,7 +632,8 @@ pub fn header_fields(buf: &[u8]) -> Result<HeaderFields, BatchError> {
 }
 
 /// The bounds of a format-2 header: flags (control only, never a hole),
-/// the record count (zero exactly for control), the length.
+/// the record count (zero exactly for control), one timestamp for a
+/// control batch, the length.
 #[cold]
 fn v2_bounds(f: HeaderFields, buf: &[u8]) -> Result<HeaderFields, BatchError> {
     let count = u64::from(f.record_count);
@@ -642,6 +643,12 @@ fn v2_bounds(f: HeaderFields, buf: &[u8]) -> Result<HeaderFields, BatchError> {
     let min = if f.is_control() {
         if count != 0 {
             return Err(BatchError::BadRecords("a control batch with records"));
+        }
+        // Written with one timestamp (the leader's clock) in both fields.
+        if f.first_ts != f.max_ts {
+            return Err(BatchError::BadRecords(
+                "a control batch whose timestamps differ",
+            ));
         }
         BATCH_HEADER_V2_LEN as u64 + 1
     } else {

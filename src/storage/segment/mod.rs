@@ -960,11 +960,11 @@ impl CommittedBytes {
 
     /// `[SEGMENT_HEADER_LEN, end)` of the mapping.
     fn data(&self) -> &[u8] {
-        // SAFETY: see the module comment: bytes in [SEGMENT_HEADER_LEN,
-        // end) were published by the writer's Release store (or recovered
-        // before the segment was shared) and are never written again;
-        // `end` is at most the mapping's length (checked when taken), and
-        // the mapping lives as long as `self` holds its `Arc`.
+        // Bytes in [SEGMENT_HEADER_LEN, end) were published by the writer's
+        // Release store (or recovered before the segment was shared) and
+        // are never written again (the module comment); `end` is at most
+        // the mapping's length (checked when taken).
+        // SAFETY: in bounds and immutable; the `Arc` keeps the mapping alive.
         unsafe {
             std::slice::from_raw_parts(
                 self.map.as_ptr().add(SEGMENT_HEADER_LEN),
@@ -1001,10 +1001,10 @@ impl std::ops::Deref for RawBytes {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        // SAFETY: taken by `raw_for_recovery` under `&mut Segment`: no
-        // reader or writer shares the segment yet; the mapping and the
-        // file's data are at least `len` bytes, and the mapping lives as
-        // long as `self` holds its `Arc`.
+        // Taken by `raw_for_recovery` under `&mut Segment`: no reader or
+        // writer shares the segment yet, and the mapping and the file's
+        // data are at least `len` bytes.
+        // SAFETY: in bounds and unshared; the `Arc` keeps the mapping alive.
         unsafe { std::slice::from_raw_parts(self.map.as_ptr(), self.len) }
     }
 }

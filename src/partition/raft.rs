@@ -509,16 +509,7 @@ impl Partition {
             w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
             w.segment_roll = 0;
             self.publish_written(&w);
-            for seg in later.iter().rev() {
-                seg.drop_mapping();
-                let _ = std::fs::remove_file(seg.index_path());
-                match std::fs::remove_file(seg.path()) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(Error::io(seg.path(), e)),
-                }
-                crate::storage::sync_dir(&*self.hook, IoOp::SyncDir, &self.p.dir)?;
-            }
+            self.unlink_newest_first(&later)?;
             drop(later);
             drop(list);
             if cut.position < keep.committed_pos() {

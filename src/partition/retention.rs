@@ -148,16 +148,7 @@ impl Partition {
             self.publish_written(&w);
         }
         let moved_end = |seg: &Arc<Segment>| (seg.committed_pos(), seg.end_offset());
-        for seg in later.iter().rev() {
-            seg.drop_mapping();
-            let _ = std::fs::remove_file(seg.index_path());
-            match std::fs::remove_file(seg.path()) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io(seg.path(), e)),
-            }
-            crate::storage::sync_dir(&*self.hook, IoOp::SyncDir, &self.p.dir)?;
-        }
+        self.unlink_newest_first(&later)?;
         drop(later);
         let (pos, end) = moved_end(&keep);
         self.set_reclaimed_end(keep.base_offset, pos, end);
@@ -182,6 +173,25 @@ impl Partition {
         self.set_reclaimed_end(keep.base_offset, pos, from);
         drop(list);
         Ok(true)
+    }
+
+    /// Unlinks `later` (segments wholly past a cut), newest first, the
+    /// directory synced after each name goes, so the files left are
+    /// always a prefix of the chain; each mapping the budget caches is
+    /// given back at once (a reader holding one keeps its own).
+    pub(super) fn unlink_newest_first(&self, later: &[Arc<Segment>]) -> Result<()> {
+        for seg in later.iter().rev() {
+            seg.drop_mapping();
+            // The index is a cache: one left behind is rebuilt or ignored.
+            let _ = std::fs::remove_file(seg.index_path());
+            match std::fs::remove_file(seg.path()) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(seg.path(), e)),
+            }
+            crate::storage::sync_dir(&*self.hook, IoOp::SyncDir, &self.p.dir)?;
+        }
+        Ok(())
     }
 
     /// The partition's physical end after a reclaim: what the next

@@ -34,6 +34,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod controller;
 pub mod error;
 pub mod frame;
 pub mod log_store;
@@ -45,6 +46,7 @@ pub mod state_machine;
 pub mod types;
 pub mod vote;
 
+pub use controller::{ControllerCommand, ControllerResponse, ControllerStateMachine};
 pub use error::{Error, Result};
 pub use frame::{FrameCodec, PeerMessage, RaftRequest, RaftResponse};
 pub use log_store::{LogReader, LogStore};

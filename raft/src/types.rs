@@ -117,6 +117,8 @@ pub enum CommandResponse {
     /// A Raft control entry (blank, membership) was applied; it takes no
     /// offset.
     Control,
+    /// What a controller command did (the controller group's answers).
+    Controller(Box<crate::controller::ControllerResponse>),
 }
 
 openraft::declare_raft_types!(

@@ -17,11 +17,15 @@
 //! The snapshot is the [`ControllerState`] behind a version byte
 //! (postcard): placement, topic histories, groups, the applied log id.
 //! Installing one wipes the local topology and rebuilds it from the
-//! topics' histories.
+//! topics' histories. Each snapshot built or installed is also saved in
+//! the state machine's directory ([`snapshot_file`]): once openraft purged
+//! the entries a snapshot covers, a restarted replica can only start from
+//! that file, not by re-applying its log.
 
 pub mod command;
 pub mod groups;
 pub mod placement;
+pub mod snapshot_file;
 pub mod state;
 
 use std::io::Cursor;
@@ -101,7 +105,10 @@ struct Shared {
     /// The node's local topology: the controller's topics, as the
     /// library holds them.
     log: Option<Log>,
+    /// Where the local topology lives (`DIR/topology`).
     dir: PathBuf,
+    /// The saved snapshot (`DIR/snapshot`).
+    file: snapshot_file::SnapshotFile,
     current: Option<StoredSnapshot>,
     snapshots_built: u64,
 }
@@ -153,23 +160,42 @@ fn fresh_log(dir: &Path) -> Result<Log, crate::Error> {
 }
 
 impl ControllerStateMachine {
-    /// A state machine whose local topology lives in `topology_dir`.
+    /// A state machine keeping its files in `dir`: the local topology in
+    /// `dir/topology`, the last snapshot in `dir/snapshot`.
     ///
-    /// The state machine starts empty and openraft re-applies the
-    /// controller's log (or installs a snapshot) on start, so the local
-    /// topology is rebuilt with it: whatever `topology_dir` held is
-    /// removed first. Keep nothing else there.
-    pub fn open(
-        topology_dir: &Path,
-        sink: Arc<dyn OutputSink>,
-    ) -> crate::Result<ControllerStateMachine> {
-        let log = fresh_log(topology_dir)?;
+    /// The state starts from the saved snapshot (or empty), and openraft
+    /// re-applies the controller's log from there, so the local topology
+    /// is rebuilt with it: whatever `dir/topology` held is removed first
+    /// and the snapshot's topics are replayed into it.
+    pub fn open(dir: &Path, sink: Arc<dyn OutputSink>) -> crate::Result<ControllerStateMachine> {
+        let topology_dir = dir.join("topology");
+        let file = snapshot_file::SnapshotFile::new(dir);
+        let saved = file.read()?;
+        let log = fresh_log(&topology_dir)?;
+        let (state, current) = match saved {
+            Some((meta, data)) => {
+                let state = decode_controller_snapshot(&data).map_err(|reason| {
+                    crate::Error::CorruptSnapshot {
+                        path: file.path().to_path_buf(),
+                        reason,
+                    }
+                })?;
+                state.rebuild(&log).map_err(|e| crate::Error::Io {
+                    op: "rebuild",
+                    path: topology_dir.clone(),
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+                (state, Some(StoredSnapshot { meta, data }))
+            }
+            None => (ControllerState::default(), None),
+        };
         Ok(ControllerStateMachine {
             shared: Arc::new(Mutex::new(Shared {
-                state: ControllerState::default(),
+                state,
                 log: Some(log),
-                dir: topology_dir.to_path_buf(),
-                current: None,
+                dir: topology_dir,
+                file,
+                current,
                 snapshots_built: 0,
             })),
             sink,
@@ -260,6 +286,11 @@ impl RaftSnapshotBuilder<TypeConfig> for ControllerStateMachine {
             last_membership: shared.state.membership.clone(),
             snapshot_id,
         };
+        // Saved before openraft hears of it: it may purge the log up to
+        // the snapshot as soon as it does.
+        shared.file.save(&meta, &data).map_err(|e| {
+            StorageIOError::write_snapshot(Some(meta.signature()), AnyError::new(&e))
+        })?;
         shared.current = Some(StoredSnapshot {
             meta: meta.clone(),
             data: data.clone(),
@@ -331,6 +362,9 @@ impl RaftStateMachine<TypeConfig> for ControllerStateMachine {
             )));
         }
         let mut shared = self.lock()?;
+        shared.file.save(meta, &data).map_err(|e| {
+            StorageIOError::write_snapshot(Some(meta.signature()), AnyError::new(&e))
+        })?;
         // The local topology is rebuilt from the topics' histories on an
         // empty log: the one it had may be behind or ahead of the snapshot.
         if let Some(old) = shared.log.take() {

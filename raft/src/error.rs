@@ -108,4 +108,16 @@ pub enum Error {
         /// Bytes the frame needed.
         need: usize,
     },
+
+    /// A saved controller snapshot does not hold a valid snapshot (wrong
+    /// length or version, a checksum mismatch, an undecodable state). The
+    /// replica does not start from a guess: remove the file to have it
+    /// fetch a snapshot from the leader again.
+    #[error("snapshot file {path} is corrupt: {reason}")]
+    CorruptSnapshot {
+        /// The snapshot file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
 }

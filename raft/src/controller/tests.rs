@@ -677,10 +677,82 @@ async fn an_entry_that_is_not_a_command_is_refused_the_same_way_on_every_replica
 fn opening_the_state_machine_clears_the_local_topology_it_rebuilds() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let log = Log::open(dir.path(), LogOptions::default()).unwrap();
+        let log = Log::open(dir.path().join("topology"), LogOptions::default()).unwrap();
         log.create_topic("old", config(1)).unwrap();
         log.close().unwrap();
     }
     let sm = ControllerStateMachine::open(dir.path(), Arc::new(NoOutputs)).unwrap();
     assert!(sm.with_local_log(|l| l.topics()).unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_reopened_state_machine_starts_from_its_saved_snapshot_with_the_topology_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let cmds = [
+        create("t", 1, &[1]),
+        split_in_two("t", 0, 0, u64::MAX),
+        group(
+            0,
+            GroupEvent::Join {
+                session_timeout_ms: 100,
+            },
+        ),
+    ];
+    let before = {
+        let mut sm = ControllerStateMachine::open(dir.path(), Arc::new(NoOutputs)).unwrap();
+        sm.apply(entries(&cmds)).await.unwrap();
+        openraft::RaftSnapshotBuilder::build_snapshot(&mut sm)
+            .await
+            .unwrap();
+        sm.with_state(Clone::clone).unwrap()
+    };
+    let mut sm = ControllerStateMachine::open(dir.path(), Arc::new(NoOutputs)).unwrap();
+    assert_eq!(sm.with_state(Clone::clone).unwrap(), before);
+    let (applied, _) = sm.applied_state().await.unwrap();
+    assert_eq!(applied.map(|l| l.index), Some(4));
+    sm.with_local_log(|l| before.check_topic(l, "t"))
+        .unwrap()
+        .unwrap();
+    let current = sm.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(current.meta.last_log_id.map(|l| l.index), Some(4));
+}
+
+#[test]
+fn a_damaged_snapshot_file_is_refused_never_taken_for_no_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = snapshot_file::SnapshotFile::new(dir.path());
+    assert!(file.read().unwrap().is_none());
+    let meta = openraft::SnapshotMeta {
+        last_log_id: Some(LogId::new(CommittedLeaderId::new(2, 1), 9)),
+        last_membership: StoredMembership::default(),
+        snapshot_id: "s".into(),
+    };
+    file.save(&meta, b"state bytes").unwrap();
+    let (m, data) = file.read().unwrap().unwrap();
+    assert_eq!((m, data.as_slice()), (meta, &b"state bytes"[..]));
+    let good = std::fs::read(file.path()).unwrap();
+    for cut in [0, 1, 4, good.len() - 1] {
+        std::fs::write(file.path(), &good[..cut]).unwrap();
+        assert!(
+            matches!(file.read(), Err(crate::Error::CorruptSnapshot { .. })),
+            "cut at {cut}"
+        );
+    }
+    for i in 0..good.len() {
+        let mut bad = good.clone();
+        bad[i] ^= 0x10;
+        std::fs::write(file.path(), &bad).unwrap();
+        assert!(
+            matches!(file.read(), Err(crate::Error::CorruptSnapshot { .. })),
+            "flip at {i}"
+        );
+    }
+    std::fs::write(file.path(), &good).unwrap();
+    let d = dir.path().join("topology");
+    std::fs::create_dir_all(&d).unwrap();
+    // A state machine refuses to start over it (the state bytes are junk).
+    assert!(matches!(
+        ControllerStateMachine::open(dir.path(), Arc::new(NoOutputs)),
+        Err(crate::Error::CorruptSnapshot { .. })
+    ));
 }

@@ -17,6 +17,8 @@
 //! - [`network`]: the node-to-node transport (one shared connection per
 //!   node pair) and the server; [`client`]: the client calls;
 //! - [`node`]: a node hosting groups, and the `fissionlog-raft` binary.
+//! - [`controller`]: the controller group's commands and state machine
+//!   (topology, placement, consumer groups) and its snapshots.
 //!
 //! ## Not done yet
 //!
@@ -25,7 +27,7 @@
 //! [`LogStore`] / [`LogReader`], openraft's log storage over a replicated
 //! partition with openraft's storage suite, and the [`MetaFile`] (purged
 //! and committed ids); the node does not use them yet. Missing: the node
-//! on [`LogStore`]; the controller group; splits across nodes; the fault
+//! on [`LogStore`]; the node hosting the controller group; splits across nodes; the fault
 //! campaigns and benchmarks (docs/REPLICATION.md, "Status").
 //!
 //! The single-node library does not depend on this crate: a broker that

@@ -281,7 +281,7 @@ fn a_split_the_topology_refuses_is_answered_and_leaves_state_and_log_alone() {
 
 #[test]
 fn the_same_commands_on_two_nodes_give_the_same_state_and_the_same_outputs() {
-    let cmds = vec![
+    let cmds = [
         create("t", 2, &[1, 2]),
         group(
             0,

@@ -165,7 +165,14 @@ fn main() {
         .unwrap_or(10_000);
     println!(
         "{:>7} {:>10} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10}",
-        "K", "partitions", "worst change", "p99 change", "open", "open/part", "heap/part", "rss/part"
+        "K",
+        "partitions",
+        "worst change",
+        "p99 change",
+        "open",
+        "open/part",
+        "heap/part",
+        "rss/part"
     );
     for k in [100u32, 1_000, 10_000, 100_000] {
         if k > max {

@@ -226,7 +226,9 @@ impl Core {
         // A large state is compacted by the background thread
         // (`Manifest::begin_compaction`): no change waits for it.
         if topo.manifest.wants_compaction(self.compact_every)
-            && topo.manifest.compacts_inline(self.compact_every, &topo.state)
+            && topo
+                .manifest
+                .compacts_inline(self.compact_every, &topo.state)
         {
             if let Err(e) = topo.manifest.compact(&topo.state) {
                 self.poison_manifest(&e);

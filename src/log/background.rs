@@ -106,7 +106,10 @@ fn compact_manifest(core: &Core) {
         if core.check_open().is_err() {
             return;
         }
-        match topo.manifest.begin_compaction(core.compact_every, &topo.state) {
+        match topo
+            .manifest
+            .begin_compaction(core.compact_every, &topo.state)
+        {
             Ok(Some(job)) => job,
             Ok(None) => return,
             Err(e) => return core.poison_manifest(&e),

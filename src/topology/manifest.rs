@@ -488,12 +488,15 @@ mod tests {
     use crate::storage::fault::NoFaults;
     use parking_lot::Mutex;
 
+    /// The manifest's files in one directory image, by name.
+    type Image = Vec<(&'static str, Vec<u8>)>;
+
     /// Copies the manifest's files before every I/O step it takes while
     /// `on`: the directories a crash at that step could leave.
     #[derive(Debug, Default)]
     struct Images {
         dir: Mutex<Option<PathBuf>>,
-        taken: Mutex<Vec<Vec<(&'static str, Vec<u8>)>>>,
+        taken: Mutex<Vec<Image>>,
     }
 
     impl Images {
@@ -552,7 +555,10 @@ mod tests {
                 topic_id: 0,
                 parent,
                 seal_offset: u64::from(i),
-                children: vec![part(l, (0, mid), vec![parent]), part(r, (mid + 1, end), vec![parent])],
+                children: vec![
+                    part(l, (0, mid), vec![parent]),
+                    part(r, (mid + 1, end), vec![parent]),
+                ],
             });
             (parent, end) = (l, mid);
         }
@@ -587,8 +593,14 @@ mod tests {
         for rec in &recs[..8] {
             commit(&mut m, &mut state, rec);
         }
-        let job = m.begin_compaction(4, &state).unwrap().expect("journal long enough");
-        assert!(m.begin_compaction(4, &state).unwrap().is_none(), "one at a time");
+        let job = m
+            .begin_compaction(4, &state)
+            .unwrap()
+            .expect("journal long enough");
+        assert!(
+            m.begin_compaction(4, &state).unwrap().is_none(),
+            "one at a time"
+        );
         // Committed after the copy: in neither the snapshot nor lost.
         commit(&mut m, &mut state, &recs[8]);
         commit(&mut m, &mut state, &recs[9]);
@@ -607,7 +619,11 @@ mod tests {
         assert!(taken.len() >= 6, "every step imaged: {}", taken.len());
         let snapshot_steps = taken.len() - 4;
         for (i, files) in taken.iter().enumerate() {
-            let expected = if i <= snapshot_steps { &at_snapshot } else { &at_finish };
+            let expected = if i <= snapshot_steps {
+                &at_snapshot
+            } else {
+                &at_finish
+            };
             assert_eq!(&replay_image(files), expected, "crash before step {i}");
         }
         // The journal now holds records 9 to 11 (the snapshot has 1 to 8),
@@ -634,7 +650,10 @@ mod tests {
             model::apply(&mut state, rec).unwrap();
             m.commit(rec).unwrap();
         }
-        let job = m.begin_compaction(2, &state).unwrap().expect("journal long enough");
+        let job = m
+            .begin_compaction(2, &state)
+            .unwrap()
+            .expect("journal long enough");
         model::apply(&mut state, &recs[5]).unwrap();
         m.commit(&recs[5]).unwrap();
         m.compact(&state).unwrap();

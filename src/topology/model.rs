@@ -370,7 +370,10 @@ fn check_group_commit(
             ));
         }
     }
-    let ids = positions.iter().map(|p| p.partition).chain(drained.iter().copied());
+    let ids = positions
+        .iter()
+        .map(|p| p.partition)
+        .chain(drained.iter().copied());
     if let Some(id) = ids.into_iter().find(|&id| id >= t.next_partition_id) {
         return Err(format!(
             "topic {}: group {group} names partition {id}, never handed out",
@@ -428,7 +431,9 @@ fn split(
         ));
     }
     check_new_children(t, children)?;
-    t.partitions[i].state = PartitionState::Sealed { end_offset: seal_offset };
+    t.partitions[i].state = PartitionState::Sealed {
+        end_offset: seal_offset,
+    };
     add_children(t, children);
     debug_assert_eq!(check_topic(t), Ok(()), "checked before the change");
     Ok(())
@@ -845,7 +850,9 @@ mod tests {
                 let mut rec = match next() % 3 {
                     0 if a.start < a.end => split(a.id, (n, n + 1), (a.start, a.end)),
                     1 => {
-                        let b = active.iter().find(|b| a.end.checked_add(1) == Some(b.start));
+                        let b = active
+                            .iter()
+                            .find(|b| a.end.checked_add(1) == Some(b.start));
                         match b {
                             Some(b) => ManifestRecord::Merge {
                                 topic_id: 0,
@@ -871,7 +878,9 @@ mod tests {
                 // Spoil one field of about half of them.
                 let spoil = next() % 12;
                 match &mut rec {
-                    ManifestRecord::Split { children, parent, .. } => match spoil {
+                    ManifestRecord::Split {
+                        children, parent, ..
+                    } => match spoil {
                         0 => children[0].id = 0,
                         1 => children[1].start = children[1].start.wrapping_add(1),
                         2 => children[0].end = children[0].start.wrapping_sub(1),
@@ -914,7 +923,10 @@ mod tests {
                     }
                 }
             }
-            assert!(accepted > 50 && refused > 20, "seed {seed}: {accepted}/{refused}");
+            assert!(
+                accepted > 50 && refused > 20,
+                "seed {seed}: {accepted}/{refused}"
+            );
         }
     }
 

@@ -194,15 +194,15 @@ impl Core {
     /// journal handle may no longer be the file a replay reads.
     pub(crate) fn commit(&self, topo: &mut Topology, rec: ManifestRecord) -> Result<()> {
         self.check_open()?;
-        // One copy: `next` is dropped if the record does not apply.
-        let mut next = topo.state.clone();
-        model::apply_in_place(&mut next, &rec).map_err(Error::Refused)?;
         if rec.min_version() > topo.manifest.version() {
             // A journal of an older format gets records of the newer one
             // only once a compaction rewrote it (and the snapshot) with
             // the newer header: a build reading only the older format then
             // refuses the files instead of taking the new records for
-            // damage.
+            // damage. It snapshots the state before this change (the
+            // snapshot's sequence number is the last committed record's),
+            // so it runs before the change is applied; a compaction for a
+            // record then refused changes nothing a replay sees.
             if let Err(e) = topo.manifest.compact(&topo.state) {
                 self.poison_manifest(&e);
                 return Err(Error::LogPoisoned {
@@ -210,14 +210,26 @@ impl Core {
                 });
             }
         }
+        // Checked in full before it changes anything (`model::apply`): a
+        // refused record leaves the state as it was, and no copy of a
+        // topology that grows with every change is made per commit.
+        model::apply(&mut topo.state, &rec).map_err(Error::Refused)?;
         if let Err(e) = topo.manifest.commit(&rec) {
+            // The state holds the change, whose record may or may not be
+            // on disk: the poisoned log commits and compacts nothing more,
+            // so nothing writes that state; the reopen decides.
             self.poison_manifest(&e);
             return Err(Error::LogPoisoned {
                 reason: e.to_string(),
             });
         }
-        topo.state = next;
-        if topo.manifest.wants_compaction(self.compact_every) {
+        // A large state is compacted by the background thread
+        // (`Manifest::begin_compaction`): no change waits for it.
+        if topo.manifest.wants_compaction(self.compact_every)
+            && topo
+                .manifest
+                .compacts_inline(self.compact_every, &topo.state)
+        {
             if let Err(e) = topo.manifest.compact(&topo.state) {
                 self.poison_manifest(&e);
             }

@@ -42,6 +42,8 @@ pub use clock::{Clock, SystemClock};
 pub use decision::{decide, CutPoints, Decision, PartitionLoad, SplitAt};
 #[cfg(any(test, feature = "internals"))]
 pub use loadmap::LoadMapConfig;
+#[cfg(not(any(test, feature = "internals")))]
+pub(crate) use loadmap::LoadMapConfig;
 pub use loadmap::{HotKey, LoadMap};
 pub use policy::BalancePolicy;
 pub use rate::{RateSnapshot, RateTracker, WindowRate, WindowRateSnapshot, DEFAULT_WINDOWS};

@@ -1,5 +1,6 @@
 //! The log's background thread: interval syncs, retention every second,
-//! and the balancer at each topic's check interval.
+//! the balancer at each topic's check interval, and the compaction of a
+//! large manifest.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -46,6 +47,7 @@ fn run(core: Weak<Core>, topic_map: Weak<TopicMap>, balancer: bool, retention: b
         if core.closed.load(Ordering::Acquire) {
             return;
         }
+        compact_manifest(&core);
         let topics = topic_map.all();
         let interval = topics
             .iter()
@@ -87,5 +89,41 @@ fn run(core: Weak<Core>, topic_map: Weak<TopicMap>, balancer: bool, retention: b
                 }
             }
         }
+    }
+}
+
+/// Compacts the manifest when its journal is long enough and its state too
+/// large for the committing change to compact inline (`Core::commit`):
+/// the copy of the state is taken and the journal replaced under the
+/// topology lock, the snapshot (the bulk: serializing and syncing it) is
+/// written without it, so a change waits at most for the copy or for the
+/// journal's few records since. A failure poisons the log, as an inline
+/// compaction's does.
+fn compact_manifest(core: &Core) {
+    let job = {
+        let mut guard = core.topology.lock();
+        let topo = &mut *guard;
+        if core.check_open().is_err() {
+            return;
+        }
+        match topo
+            .manifest
+            .begin_compaction(core.compact_every, &topo.state)
+        {
+            Ok(Some(job)) => job,
+            Ok(None) => return,
+            Err(e) => return core.poison_manifest(&e),
+        }
+    };
+    let written = job.write_snapshot();
+    let mut topo = core.topology.lock();
+    // A poisoned log's journal may end in a record whose outcome is
+    // unknown: it is left for the reopen to judge, not copied.
+    let written = match core.check_open() {
+        Ok(()) => written,
+        Err(_) => Ok(false),
+    };
+    if let Err(e) = topo.manifest.finish_compaction(job, written) {
+        core.poison_manifest(&e);
     }
 }

@@ -17,6 +17,23 @@ use crate::format::manifest::TopicRecord;
 use crate::topology::command::{validate, Applied, HashRange, Plan, TopologyCommand};
 use crate::topology::ranges::{child_records, split_ranges, LoadCuts};
 
+/// The load map of a partition made over `[start, end]`. A sealed one
+/// takes no more appends, so nothing is ever observed into its map and no
+/// split point is ever chosen from it: it gets a map of one bucket and one
+/// counter instead of the default 64 and 16 (about 900 bytes), which a
+/// topic with a long history keeps once per partition ever sealed.
+fn load_map(start: u64, end: u64, sealed: bool, now: u64) -> LoadMap {
+    if !sealed {
+        return LoadMap::new(start, end, now);
+    }
+    let config = crate::balance::LoadMapConfig {
+        buckets: 1,
+        top_k: 1,
+        ..Default::default()
+    };
+    LoadMap::with_config(start, end, &config, now)
+}
+
 impl Topic {
     /// Creates the directories and empty first segments of new partitions.
     /// On failure, removes whatever it created (ids are reused by the next
@@ -93,7 +110,7 @@ impl Topic {
                 sealed,
                 durable,
                 RateTracker::new(&crate::balance::DEFAULT_WINDOWS, now),
-                LoadMap::new(start, end, now),
+                load_map(start, end, sealed, now),
                 self.inner.core.hook.clone(),
                 self.inner.core.clock.clone(),
                 (self.inner.core.dirty.clone(), me.clone()),
@@ -181,7 +198,8 @@ impl Topic {
 
     /// [`Topic::apply`] under the change lock.
     pub(super) fn apply_locked(&self, cmd: &TopologyCommand) -> Result<Applied> {
-        match validate(&self.topic_record()?, cmd)? {
+        let plan = self.with_topic_record(|t| validate(t, cmd))?;
+        match plan {
             Plan::Split {
                 parent,
                 ids,
@@ -237,15 +255,18 @@ impl Topic {
             })
     }
 
-    /// The committed topology of the topic, as the manifest holds it.
-    fn topic_record(&self) -> Result<TopicRecord> {
+    /// Runs `f` on the committed topology of the topic, as the manifest
+    /// holds it, under the topology lock: borrowed, not copied, since a
+    /// topic with a long history holds a record per partition ever made.
+    fn with_topic_record<R>(&self, f: impl FnOnce(&TopicRecord) -> Result<R>) -> Result<R> {
         let topo = self.inner.core.topology.lock();
-        topo.state
+        let t = topo
+            .state
             .topics
             .iter()
             .find(|t| t.id == self.inner.id)
-            .cloned()
-            .ok_or_else(|| Error::UnknownTopic(self.name().into()))
+            .ok_or_else(|| Error::UnknownTopic(self.name().into()))?;
+        f(t)
     }
 
     /// Builds and commits a validated forward split of `partition` into

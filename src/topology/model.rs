@@ -177,44 +177,74 @@ fn topic_mut(state: &mut ManifestState, id: u32) -> Result<&mut TopicRecord, Str
         .ok_or_else(|| format!("unknown topic id {id}"))
 }
 
-fn seal(t: &mut TopicRecord, id: u32, end_offset: u64) -> Result<(u64, u64), String> {
-    let p = t
+/// The index of partition `id`, which must be active (to be sealed).
+fn active_index(t: &TopicRecord, id: u32) -> Result<usize, String> {
+    let i = t
         .partitions
-        .iter_mut()
-        .find(|p| p.id == id)
+        .iter()
+        .position(|p| p.id == id)
         .ok_or_else(|| format!("unknown partition {id}"))?;
-    if p.state != PartitionState::Active {
+    if t.partitions[i].state != PartitionState::Active {
         return Err(format!("partition {id} is already sealed"));
     }
-    p.state = PartitionState::Sealed { end_offset };
-    Ok((p.start, p.end))
+    Ok(i)
 }
 
-fn add_children(t: &mut TopicRecord, children: &[PartitionRecord]) -> Result<(), String> {
+/// New children are new and active, in increasing id order from
+/// `next_partition_id` (ids are never reused, and the last u32 can't be
+/// handed out: no id would remain for the next partition), each with a
+/// well-formed range and removed parents among its parents. With ranges
+/// that tile a sealed parent's (checked by the caller), adding them keeps
+/// every invariant [`check_topic`] checks, so a change costs no walk over
+/// the topic's other partitions.
+fn check_new_children(t: &TopicRecord, children: &[PartitionRecord]) -> Result<(), String> {
+    let mut next = t.next_partition_id;
     for c in children {
-        if c.id < t.next_partition_id || c.state != PartitionState::Active {
+        if c.id < next || c.state != PartitionState::Active {
             return Err(format!("child partition {} is not new and active", c.id));
         }
-        // Ids are never reused, so the last u32 can't be handed out: no id
-        // would remain for the next partition.
-        t.next_partition_id =
+        next =
             c.id.checked_add(1)
                 .ok_or_else(|| format!("partition id {} leaves no next id", c.id))?;
-        t.partitions.push(c.clone());
+        if c.start > c.end {
+            return Err(format!(
+                "topic {}: partition {} has an empty range",
+                t.name, c.id
+            ));
+        }
+        if c.removed_parents
+            .iter()
+            .any(|(q, _)| !c.parents.contains(q))
+        {
+            return Err(format!(
+                "topic {}: partition {} has invalid parents",
+                t.name, c.id
+            ));
+        }
     }
     Ok(())
+}
+
+/// Adds children [`check_new_children`] accepted.
+fn add_children(t: &mut TopicRecord, children: &[PartitionRecord]) {
+    for c in children {
+        t.next_partition_id = c.id + 1;
+        t.partitions.push(c.clone());
+    }
 }
 
 /// Applies one record; on error `state` is unchanged.
+///
+/// Every record is checked in full before anything changes, so no record
+/// needs a copy of the state to fall back on: replaying K changes costs
+/// O(K) applications, not O(K) copies of a topology that grows with K.
 pub fn apply(state: &mut ManifestState, rec: &ManifestRecord) -> Result<(), String> {
-    let mut next = state.clone();
-    apply_in_place(&mut next, rec)?;
-    *state = next;
-    Ok(())
+    apply_in_place(state, rec)
 }
 
-/// Applies one record to `state` itself; on error `state` may be partly
-/// changed, so callers apply to a copy they drop on error.
+/// [`apply`]: every record is checked before it changes anything, so on
+/// error `state` is unchanged. One arm per record kind, each a call:
+/// what a kind checks and changes lives in its own function.
 pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result<(), String> {
     match rec {
         ManifestRecord::CreateTopic(t) => create_topic(state, t),
@@ -230,34 +260,7 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
             *seal_offset,
             children,
         ),
-        ManifestRecord::TailSplit {
-            topic_id,
-            parent,
-            from,
-            seal_offset,
-            children,
-            counts,
-            index_crc,
-            groups,
-            index_in_topic_dir,
-        } => {
-            let t = topic_mut(state, *topic_id)?;
-            // As a split, sealed at the physical end.
-            split(t, *parent, *seal_offset, children)?;
-            check_tail_counts(*parent, *from, *seal_offset, counts, children.len())?;
-            t.tail_moves.push(TailMove {
-                parent: *parent,
-                from: *from,
-                seal_offset: *seal_offset,
-                children: children.iter().map(|c| c.id).collect(),
-                counts: counts.clone(),
-                index_crc: *index_crc,
-                reclaimed: false,
-                index_in_topic_dir: *index_in_topic_dir,
-            });
-            move_groups_to_children(t, *parent, children, groups)?;
-            check_groups(t)
-        }
+        ManifestRecord::TailSplit { topic_id, .. } => tail_split(topic_mut(state, *topic_id)?, rec),
         ManifestRecord::TailReclaimed {
             topic_id,
             parent,
@@ -276,18 +279,8 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
             topic_mut(state, *topic_id)?.config = config.clone();
             Ok(())
         }
-        ManifestRecord::GroupCommit {
-            topic_id,
-            group,
-            generation,
-            positions,
-            drained,
-            pruned,
-        } => {
-            let t = topic_mut(state, *topic_id)?;
-            let i = group_index_or_new(t, group);
-            commit_group(&mut t.groups[i], *generation, positions, drained, pruned)?;
-            check_groups(t)
+        ManifestRecord::GroupCommit { topic_id, .. } => {
+            group_commit(topic_mut(state, *topic_id)?, rec)
         }
         ManifestRecord::HotKeyMode {
             topic_id,
@@ -298,6 +291,96 @@ pub fn apply_in_place(state: &mut ManifestState, rec: &ManifestRecord) -> Result
             delete_group(topic_mut(state, *topic_id)?, group)
         }
     }
+}
+
+/// [`ManifestRecord::TailSplit`]: a split sealed at the physical end, the
+/// moved range, and the named groups' positions moved to the children.
+fn tail_split(t: &mut TopicRecord, rec: &ManifestRecord) -> Result<(), String> {
+    let ManifestRecord::TailSplit {
+        parent,
+        from,
+        seal_offset,
+        children,
+        counts,
+        index_crc,
+        groups,
+        index_in_topic_dir,
+        ..
+    } = rec
+    else {
+        unreachable!("called for a tail split");
+    };
+    check_tail_counts(*parent, *from, *seal_offset, counts, children.len())?;
+    check_group_moves(t, children, groups)?;
+    split(t, *parent, *seal_offset, children)?;
+    t.tail_moves.push(TailMove {
+        parent: *parent,
+        from: *from,
+        seal_offset: *seal_offset,
+        children: children.iter().map(|c| c.id).collect(),
+        counts: counts.clone(),
+        index_crc: *index_crc,
+        reclaimed: false,
+        index_in_topic_dir: *index_in_topic_dir,
+    });
+    move_groups_to_children(t, *parent, groups);
+    debug_assert_eq!(check_groups(t), Ok(()), "checked before the change");
+    Ok(())
+}
+
+/// [`ManifestRecord::GroupCommit`]: checked, then applied to its group
+/// (made empty if the topic has none of that name).
+fn group_commit(t: &mut TopicRecord, rec: &ManifestRecord) -> Result<(), String> {
+    let ManifestRecord::GroupCommit {
+        group,
+        generation,
+        positions,
+        drained,
+        pruned,
+        ..
+    } = rec
+    else {
+        unreachable!("called for a group commit");
+    };
+    check_group_commit(t, group, positions, drained)?;
+    let i = group_index_or_new(t, group);
+    commit_group(&mut t.groups[i], *generation, positions, drained, pruned);
+    debug_assert_eq!(check_groups(t), Ok(()), "checked before the change");
+    Ok(())
+}
+
+/// What [`check_groups`] would find wrong once a group commit is applied:
+/// a bad name for a new group, a partition never handed out, one both
+/// positioned and drained.
+fn check_group_commit(
+    t: &TopicRecord,
+    group: &str,
+    positions: &[GroupPosition],
+    drained: &[u32],
+) -> Result<(), String> {
+    if !t.groups.iter().any(|g| g.name == group) {
+        crate::topic_name::validate(group)
+            .map_err(|e| format!("topic {}: group name: {e}", t.name))?;
+    }
+    for p in positions {
+        if drained.contains(&p.partition) {
+            return Err(format!(
+                "group {group}: partition {} is both positioned and drained",
+                p.partition
+            ));
+        }
+    }
+    let ids = positions
+        .iter()
+        .map(|p| p.partition)
+        .chain(drained.iter().copied());
+    if let Some(id) = ids.into_iter().find(|&id| id >= t.next_partition_id) {
+        return Err(format!(
+            "topic {}: group {group} names partition {id}, never handed out",
+            t.name
+        ));
+    }
+    Ok(())
 }
 
 /// [`ManifestRecord::CreateTopic`]: a new id and name, a well-formed topic.
@@ -331,23 +414,29 @@ fn split(
     seal_offset: u64,
     children: &[PartitionRecord],
 ) -> Result<(), String> {
-    let (start, end) = seal(t, parent, seal_offset)?;
-    let mut sorted = children.to_vec();
-    sorted.sort_by_key(|c| c.start);
+    let i = active_index(t, parent)?;
+    let (start, end) = (t.partitions[i].start, t.partitions[i].end);
+    let mut sorted: Vec<(u64, u64)> = children.iter().map(|c| (c.start, c.end)).collect();
+    sorted.sort_unstable();
     if sorted.len() < 2
-        || sorted.first().map(|c| c.start) != Some(start)
-        || sorted.last().map(|c| c.end) != Some(end)
+        || sorted.first().map(|c| c.0) != Some(start)
+        || sorted.last().map(|c| c.1) != Some(end)
         || sorted
             .windows(2)
-            .any(|w| w[0].end.checked_add(1) != Some(w[1].start))
+            .any(|w| w[0].1.checked_add(1) != Some(w[1].0))
         || children.iter().any(|c| c.parents != [parent])
     {
         return Err(format!(
             "split children of partition {parent} do not tile its range"
         ));
     }
-    add_children(t, children)?;
-    check_topic(t)
+    check_new_children(t, children)?;
+    t.partitions[i].state = PartitionState::Sealed {
+        end_offset: seal_offset,
+    };
+    add_children(t, children);
+    debug_assert_eq!(check_topic(t), Ok(()), "checked before the change");
+    Ok(())
 }
 
 /// A tail split's moved counts, one per child, add up to `from..seal_offset`.
@@ -369,33 +458,45 @@ fn check_tail_counts(
     Ok(())
 }
 
-/// A tail split's group moves: each named group leaves `parent` for
-/// positions in its children (a position it already has there stays).
-fn move_groups_to_children(
-    t: &mut TopicRecord,
-    parent: u32,
+/// A tail split's group moves name known groups and move them only to
+/// the split's children.
+fn check_group_moves(
+    t: &TopicRecord,
     children: &[PartitionRecord],
     groups: &[TailGroupMove],
 ) -> Result<(), String> {
     for gm in groups {
-        let g = t
-            .groups
-            .iter_mut()
-            .find(|g| g.name == gm.group)
-            .ok_or_else(|| format!("tail split moves unknown group {}", gm.group))?;
-        g.positions.remove(&parent);
-        g.last_records.remove(&parent);
-        for &(c, off) in &gm.positions {
-            if !children.iter().any(|x| x.id == c) {
-                return Err(format!(
-                    "tail split moves group {} to a non-child",
-                    gm.group
-                ));
-            }
-            g.positions.entry(c).or_insert(off);
+        if !t.groups.iter().any(|g| g.name == gm.group) {
+            return Err(format!("tail split moves unknown group {}", gm.group));
+        }
+        if gm
+            .positions
+            .iter()
+            .any(|&(c, _)| !children.iter().any(|x| x.id == c))
+        {
+            return Err(format!(
+                "tail split moves group {} to a non-child",
+                gm.group
+            ));
         }
     }
     Ok(())
+}
+
+/// A tail split's group moves ([`check_group_moves`] accepted them): each
+/// named group leaves `parent` for positions in its children (a position
+/// it already has there stays).
+fn move_groups_to_children(t: &mut TopicRecord, parent: u32, groups: &[TailGroupMove]) {
+    for gm in groups {
+        let Some(g) = t.groups.iter_mut().find(|g| g.name == gm.group) else {
+            continue;
+        };
+        g.positions.remove(&parent);
+        g.last_records.remove(&parent);
+        for &(c, off) in &gm.positions {
+            g.positions.entry(c).or_insert(off);
+        }
+    }
 }
 
 /// [`ManifestRecord::TailReclaimed`]: marks `parent`'s tail split reclaimed.
@@ -417,16 +518,27 @@ fn merge(
     parents: &[(u32, u64)],
     child: &PartitionRecord,
 ) -> Result<(), String> {
-    if parents.len() != 2 || child.parents != [parents[0].0, parents[1].0] {
+    let &[(a, a_end), (b, b_end)] = parents else {
+        return Err("a merge has exactly two parents, named by the child".into());
+    };
+    if child.parents != [a, b] {
         return Err("a merge has exactly two parents, named by the child".into());
     }
-    let a = seal(t, parents[0].0, parents[0].1)?;
-    let b = seal(t, parents[1].0, parents[1].1)?;
-    if a.1.checked_add(1) != Some(b.0) || child.start != a.0 || child.end != b.1 {
+    let ia = active_index(t, a)?;
+    if a == b {
+        return Err(format!("partition {b} is already sealed"));
+    }
+    let ib = active_index(t, b)?;
+    let (pa, pb) = (&t.partitions[ia], &t.partitions[ib]);
+    if pa.end.checked_add(1) != Some(pb.start) || child.start != pa.start || child.end != pb.end {
         return Err("merged partitions are not adjacent or the child range is wrong".into());
     }
-    add_children(t, std::slice::from_ref(child))?;
-    check_topic(t)
+    check_new_children(t, std::slice::from_ref(child))?;
+    t.partitions[ia].state = PartitionState::Sealed { end_offset: a_end };
+    t.partitions[ib].state = PartitionState::Sealed { end_offset: b_end };
+    add_children(t, std::slice::from_ref(child));
+    debug_assert_eq!(check_topic(t), Ok(()), "checked before the change");
+    Ok(())
 }
 
 /// [`ManifestRecord::RemovePartition`]: forgets a sealed partition whose
@@ -555,23 +667,18 @@ fn group_index_or_new(t: &mut TopicRecord, group: &str) -> usize {
     }
 }
 
-/// [`ManifestRecord::GroupCommit`] on its group: new positions, drained
-/// and pruned partitions; the generation only grows.
+/// [`ManifestRecord::GroupCommit`] on its group ([`check_group_commit`]
+/// accepted it): new positions, drained and pruned partitions; the
+/// generation only grows.
 fn commit_group(
     g: &mut GroupRecord,
     generation: u64,
     positions: &[GroupPosition],
     drained: &[u32],
     pruned: &[u32],
-) -> Result<(), String> {
+) {
     g.generation = g.generation.max(generation);
     for p in positions {
-        if drained.contains(&p.partition) {
-            return Err(format!(
-                "group {}: partition {} is both positioned and drained",
-                g.name, p.partition
-            ));
-        }
         g.positions.insert(p.partition, p.offset);
         match p.last_record {
             Some(f) => g.last_records.insert(p.partition, f),
@@ -587,7 +694,6 @@ fn commit_group(
     for d in pruned {
         g.drained.remove(d);
     }
-    Ok(())
 }
 
 /// [`ManifestRecord::HotKeyMode`]: a checked era appended to its key's.
@@ -700,6 +806,127 @@ mod tests {
         ManifestRecord::RemovePartition {
             topic_id: 0,
             partition,
+        }
+    }
+
+    /// A split, merge or group commit, valid or spoilt one field at a
+    /// time: a refused one leaves the state exactly as it was, an accepted
+    /// one leaves a state that passes every check. Seeded, with the seed
+    /// in the failure message.
+    #[test]
+    fn a_refused_record_leaves_the_state_unchanged_and_an_accepted_one_consistent() {
+        for seed in 1..=40u64 {
+            let mut rng = seed;
+            let mut next = move || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            let mut state = ManifestState::default();
+            let topic = TopicRecord {
+                id: 0,
+                name: "t".into(),
+                config: TopicConfig::default().to_record(),
+                hash_key: [0, 0],
+                next_partition_id: 1,
+                partitions: vec![part(0, (0, u64::MAX), vec![])],
+                groups: Vec::new(),
+                removed: Vec::new(),
+                tail_moves: Vec::new(),
+                hot_keys: Vec::new(),
+            };
+            apply(&mut state, &ManifestRecord::CreateTopic(topic)).unwrap();
+            let (mut accepted, mut refused) = (0, 0);
+            for step in 0..300 {
+                let t = &state.topics[0];
+                let active: Vec<&PartitionRecord> = t
+                    .partitions
+                    .iter()
+                    .filter(|p| p.state == PartitionState::Active)
+                    .collect();
+                let n = t.next_partition_id;
+                let a = active[(next() as usize) % active.len()];
+                let mut rec = match next() % 3 {
+                    0 if a.start < a.end => split(a.id, (n, n + 1), (a.start, a.end)),
+                    1 => {
+                        let b = active
+                            .iter()
+                            .find(|b| a.end.checked_add(1) == Some(b.start));
+                        match b {
+                            Some(b) => ManifestRecord::Merge {
+                                topic_id: 0,
+                                parents: vec![(a.id, 3), (b.id, 4)],
+                                child: part(n, (a.start, b.end), vec![a.id, b.id]),
+                            },
+                            None => remove(a.id),
+                        }
+                    }
+                    _ => ManifestRecord::GroupCommit {
+                        topic_id: 0,
+                        group: "g".into(),
+                        generation: step,
+                        positions: vec![GroupPosition {
+                            partition: a.id,
+                            offset: step,
+                            last_record: None,
+                        }],
+                        drained: vec![],
+                        pruned: vec![],
+                    },
+                };
+                // Spoil one field of about half of them.
+                let spoil = next() % 12;
+                match &mut rec {
+                    ManifestRecord::Split {
+                        children, parent, ..
+                    } => match spoil {
+                        0 => children[0].id = 0,
+                        1 => children[1].start = children[1].start.wrapping_add(1),
+                        2 => children[0].end = children[0].start.wrapping_sub(1),
+                        3 => children[1].parents = vec![*parent, 0],
+                        4 => children[0].removed_parents = vec![(99, 1)],
+                        5 => *parent = n + 7,
+                        _ => {}
+                    },
+                    ManifestRecord::Merge { parents, child, .. } => match spoil {
+                        0 => child.id = 0,
+                        1 => child.end = child.end.wrapping_sub(1),
+                        2 => parents[1] = parents[0],
+                        3 => child.parents.reverse(),
+                        _ => {}
+                    },
+                    ManifestRecord::GroupCommit {
+                        positions,
+                        drained,
+                        group,
+                        ..
+                    } => match spoil {
+                        0 => positions[0].partition = n,
+                        1 => drained.push(positions[0].partition),
+                        2 => *group = "bad name!".into(),
+                        _ => {}
+                    },
+                    _ => {}
+                }
+                let before = state.clone();
+                match apply(&mut state, &rec) {
+                    Ok(()) => {
+                        accepted += 1;
+                        if let Err(e) = check_state(&state) {
+                            panic!("seed {seed} step {step}: {e} after {rec:?}");
+                        }
+                    }
+                    Err(_) => {
+                        refused += 1;
+                        assert_eq!(state, before, "seed {seed} step {step}: {rec:?}");
+                    }
+                }
+            }
+            assert!(
+                accepted > 50 && refused > 20,
+                "seed {seed}: {accepted}/{refused}"
+            );
         }
     }
 

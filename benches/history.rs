@@ -1,0 +1,195 @@
+//! Topology history at scale: a topic that went through K splits and
+//! merges (K = 100, 1,000, 10,000; 100,000 with `HISTORY_MAX_CHANGES`).
+//! Reports, per K:
+//!
+//! - the worst and the 99th-percentile latency of one change (a split or
+//!   a merge, manifest compaction included) while the history is built;
+//! - a clean `open` of the log, in total and per partition ever created;
+//! - the heap the open log holds (a counting allocator: live bytes after
+//!   the open minus before it), per partition ever created, and the
+//!   process's resident set growth for comparison.
+//!
+//! The history alternates: split the one active partition in two, merge
+//! the two children back into one. After K changes the topic has made
+//! about 1.5 K partitions, one or two of them active, the rest sealed
+//! (each with one small segment of a few records).
+//!
+//! A plain binary, not criterion: building K = 10,000 takes tens of
+//! seconds on a shared disk.
+//!
+//! ```text
+//! cargo bench --bench history                          # K up to 10,000
+//! HISTORY_MAX_CHANGES=1000 cargo bench --bench history
+//! HISTORY_MAX_CHANGES=100000 cargo bench --bench history
+//! ```
+//!
+//! Data lives under `target/bench-data` (or `FISSIONLOG_BENCH_DIR`).
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::{Duration, Instant};
+
+use fissionlog::{Log, LogOptions, NewRecord, SplitPlan, TopicConfig};
+
+use common::*;
+
+/// Counts the bytes the process holds on the heap.
+struct Counting;
+
+static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every call forwards to the system allocator with the same
+// layout; the counter only observes sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: as the caller promised for `l`.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE_BYTES.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: `p` came from `alloc` with `l`.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE_BYTES.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
+        // SAFETY: `p` came from `alloc` with `l`.
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+const TOPIC: &str = "history";
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+fn options() -> LogOptions {
+    LogOptions {
+        balancer: false,
+        background_retention: false,
+        ..Default::default()
+    }
+}
+
+struct Figures {
+    partitions: u32,
+    worst_change: Duration,
+    p99_change: Duration,
+    open: Duration,
+    heap_bytes: isize,
+    rss_bytes: u64,
+}
+
+fn scenario(k: u32) -> Figures {
+    let dir = bench_dir(&format!("history-{k}"));
+    let log = Log::open(&dir, options()).expect("open a fresh log");
+    let cfg = TopicConfig {
+        partitions: 1,
+        segment_bytes: fissionlog::MIN_SEGMENT_BYTES,
+        ..Default::default()
+    };
+    let topic = log.create_topic(TOPIC, cfg).expect("create the topic");
+    let value = [7u8; 64];
+    let rec = [NewRecord {
+        key: None,
+        value: &value,
+        timestamp: None,
+    }];
+    let mut active = vec![0u32];
+    let mut lat = Vec::with_capacity(k as usize);
+    for i in 0..k {
+        for &p in &active {
+            topic.append_to(p, &rec).expect("append_to");
+        }
+        let t = Instant::now();
+        active = if active.len() == 1 {
+            topic.split(active[0], SplitPlan::Even).expect("split")
+        } else {
+            vec![topic.merge(active[0], active[1]).expect("merge")]
+        };
+        lat.push(t.elapsed());
+        if (i + 1) % 1000 == 0 {
+            progress(k, &format!("{} changes", i + 1), lat.iter().sum());
+        }
+    }
+    let partitions = topic.partitions().len() as u32;
+    drop(topic);
+    log.close().expect("clean close");
+    lat.sort_unstable();
+    let worst_change = lat.last().copied().unwrap_or_default();
+    let p99_change = lat[(lat.len() * 99 / 100).min(lat.len() - 1)];
+
+    let heap_before = LIVE_BYTES.load(Ordering::Relaxed);
+    let rss_before = rss_bytes();
+    let t = Instant::now();
+    let log = Log::open(&dir, options()).expect("clean open");
+    let open = t.elapsed();
+    let heap_bytes = LIVE_BYTES.load(Ordering::Relaxed) - heap_before;
+    let rss = rss_bytes().saturating_sub(rss_before);
+    assert!(log.recovery_report().clean_shutdown, "open after a close");
+    log.close().expect("close");
+    remove_dir(&dir);
+    Figures {
+        partitions,
+        worst_change,
+        p99_change,
+        open,
+        heap_bytes,
+        rss_bytes: rss,
+    }
+}
+
+fn progress(k: u32, what: &str, d: Duration) {
+    eprintln!("  K={k}: {what} ({:.1} s)", d.as_secs_f64());
+}
+
+fn main() {
+    if !is_bench_run() {
+        // `cargo test --benches` runs this as a smoke test: one tiny case.
+        let f = scenario(10);
+        assert!(f.partitions >= 10);
+        return;
+    }
+    let max: u32 = std::env::var("HISTORY_MAX_CHANGES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000);
+    println!(
+        "{:>7} {:>10} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10}",
+        "K",
+        "partitions",
+        "worst change",
+        "p99 change",
+        "open",
+        "open/part",
+        "heap/part",
+        "rss/part"
+    );
+    for k in [100u32, 1_000, 10_000, 100_000] {
+        if k > max {
+            break;
+        }
+        let f = scenario(k);
+        let n = f64::from(f.partitions.max(1));
+        println!(
+            "{:>7} {:>10} {:>9.2} ms {:>9.2} ms {:>7.1} ms {:>9.2} µs {:>9.0} B {:>7.0} B",
+            k,
+            f.partitions,
+            f.worst_change.as_secs_f64() * 1e3,
+            f.p99_change.as_secs_f64() * 1e3,
+            f.open.as_secs_f64() * 1e3,
+            f.open.as_secs_f64() * 1e6 / n,
+            f.heap_bytes as f64 / n,
+            f.rss_bytes as f64 / n,
+        );
+    }
+}

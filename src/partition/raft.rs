@@ -1031,6 +1031,38 @@ mod tests {
     }
 
     #[test]
+    fn a_truncation_at_the_first_entry_of_a_rolled_segment_removes_it_and_appends_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let (expect_after, cut);
+        {
+            let (log, t) = open(dir.path());
+            let p = t.partition(0).unwrap();
+            // Records only: the segment before the cut holds records.
+            fill_term(&p, 1, 1, 200);
+            assert!(p.segment_count() > 3, "the entries span several segments");
+            cut = first_id(&p.segments()[2]).unwrap().index;
+            let before = values(&p);
+            t.truncate_from_index(0, cut, 0).unwrap();
+            assert_eq!(p.last_log_id(), Some(id(1, cut - 1)));
+            let kept = (cut - 1) as usize;
+            assert_eq!(values(&p), before[..kept].to_vec());
+            p.append_entry(id(2, cut), EntryBody::Records(&[rec(b"new")]))
+                .unwrap();
+            fill_term(&p, 2, cut + 1, 100);
+            expect_after = values(&p);
+            assert_eq!(expect_after[kept], (kept as u64, b"new".to_vec()));
+            log.close().unwrap();
+        }
+        let (_log, t) = open(dir.path());
+        let p = t.partition(0).unwrap();
+        assert_eq!(values(&p), expect_after);
+        assert_eq!(p.last_log_id(), Some(id(2, cut + 100)));
+        let b = p.read_entries(cut, 1).unwrap();
+        let e = b.entries().next().unwrap().unwrap();
+        assert_eq!(e.id, id(2, cut));
+    }
+
+    #[test]
     fn a_purge_deletes_whole_segments_only_and_a_reopen_keeps_the_rest() {
         let dir = tempfile::tempdir().unwrap();
         let remaining;

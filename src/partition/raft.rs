@@ -388,6 +388,16 @@ impl Partition {
         let (k, position) = match k.checked_sub(1) {
             Some(j) => match position_of(&segments[j], index) {
                 Some(pos) => (j, pos),
+                // `index` opens the next segment: the cut is the end of
+                // this one, and the next one goes whole (a rolled segment
+                // never takes appends again from its base).
+                None if segments
+                    .get(k)
+                    .and_then(|s| first_id(s))
+                    .is_some_and(|id| id.index == index) =>
+                {
+                    (j, segments[j].committed_pos())
+                }
                 None => (k, SEGMENT_HEADER_LEN as u64),
             },
             None => (0, SEGMENT_HEADER_LEN as u64),
@@ -430,7 +440,10 @@ impl Partition {
     /// or vote before this returns. Appends are refused meanwhile. A
     /// reader holding a batch of the segment that is cut keeps its bytes:
     /// the cut waits for it (up to ten seconds, then the truncation fails
-    /// and may be asked again).
+    /// and may be asked again). A cut from the first entry of a rolled
+    /// segment is the end of the segment before it; one that would leave a
+    /// rolled segment without a record before the cut is refused
+    /// ([`Error::InvalidConfig`]) before anything changes.
     pub(crate) fn truncate_from_index_with(
         &self,
         index: u64,
@@ -452,8 +465,16 @@ impl Partition {
                     committed_end: floor,
                 });
             }
-            w.raft.cutting = Some(index);
             let seg = &self.segments()[cut.k];
+            // Refused before anything changes: the appends after the cut
+            // would need a new segment named as this rolled one.
+            if cut.offset == seg.base_offset && seg.is_sealed() {
+                return Err(Error::InvalidConfig(format!(
+                    "partition {}: a Raft truncation inside a rolled segment that holds no record before the cut",
+                    self.p.id
+                )));
+            }
+            w.raft.cutting = Some(index);
             self.set_reclaimed_end(seg.base_offset, cut.position, cut.offset);
             cut
         };
@@ -495,15 +516,6 @@ impl Partition {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
-            if cut.offset == keep.base_offset
-                && keep.is_sealed()
-                && cut.position > SEGMENT_HEADER_LEN as u64
-            {
-                return Err(Error::InvalidConfig(format!(
-                    "partition {}: a Raft truncation inside a rolled segment that holds no record before the cut",
-                    self.p.id
-                )));
-            }
             *list = v.truncated(cut.k + 1);
             drop(v);
             w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
@@ -520,13 +532,8 @@ impl Partition {
             self.set_reclaimed_end(keep.base_offset, cut.position, cut.offset);
             if keep.is_sealed() && !self.is_sealed() {
                 // A rolled segment takes no appends again: the next ones
-                // go to a new segment starting at the cut.
-                if keep.base_offset == cut.offset {
-                    return Err(Error::InvalidConfig(format!(
-                        "partition {}: a Raft truncation of a whole rolled segment at its base",
-                        self.p.id
-                    )));
-                }
+                // go to a new segment starting at the cut (refused above
+                // when that is the rolled segment's own base).
                 self.roll(&mut w)?;
             }
             return Ok(());

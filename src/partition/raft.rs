@@ -388,13 +388,12 @@ impl Partition {
         let (k, position) = match k.checked_sub(1) {
             Some(j) => match position_of(&segments[j], index) {
                 Some(pos) => (j, pos),
-                // `index` opens the next segment: the cut is the end of
-                // this one, and the next one goes whole (a rolled segment
-                // never takes appends again from its base).
-                None if segments
-                    .get(k)
-                    .and_then(|s| first_id(s))
-                    .is_some_and(|id| id.index == index) =>
+                // `index` opens the next segment, a rolled one: the cut is
+                // the end of this one, and the next one goes whole (a
+                // rolled segment never takes appends again from its base).
+                None if segments.get(k).is_some_and(|s| {
+                    s.is_sealed() && first_id(s).is_some_and(|id| id.index == index)
+                }) =>
                 {
                     (j, segments[j].committed_pos())
                 }

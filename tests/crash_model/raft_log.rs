@@ -423,3 +423,85 @@ fn a_power_loss_at_every_step_of_a_raft_purge_leaves_the_purged_whole_segments_g
         }
     }
 }
+
+/// A power loss at every I/O step of the open that recovers `image` (a
+/// crash image of a truncation), then an open of that: the rules of the
+/// truncation image hold for the twice-crashed log as well. Returns the
+/// number of recovery steps, or the first image that breaks the rules.
+fn recovery_crashes(
+    root: &Path,
+    image: &Path,
+    t: &Truncation,
+    truncated: bool,
+) -> Result<usize, String> {
+    let hook = ModelHook::new(image, None);
+    hook.record_steps(true);
+    let first = Log::open_with_hook(image, LogOptions::default(), hook.clone());
+    hook.record_steps(false);
+    let first = first.map_err(|e| format!("first open: {e}"))?;
+    let steps = hook.take_steps();
+    first.abandon();
+    for (i, step) in steps.iter().enumerate() {
+        let (img, trace) = step.image(i as u64, &CrashOptions::default());
+        let at = root.join(format!("recovery-img{i}"));
+        img.write_to(&at).unwrap();
+        let got = Log::open(&at, LogOptions::default())
+            .map_err(|e| format!("open: {e}"))
+            .and_then(|log| {
+                let topic = log.topic("r").map_err(|e| e.to_string())?;
+                entries(&topic)
+            });
+        let verdict = got.and_then(|g| check_truncation_image(&g, truncated, t.cut));
+        let _ = std::fs::remove_dir_all(&at);
+        verdict.map_err(|e| {
+            format!(
+                "recovery step {i} of {} ({:?} {}): {e}\n{}",
+                steps.len(),
+                step.op,
+                step.path.display(),
+                trace.join("\n")
+            )
+        })?;
+    }
+    Ok(steps.len())
+}
+
+/// Every `STRIDE`-th crash point of a truncation (and the last), each
+/// recovered under a power loss at every step of its recovery.
+fn assert_recovery_crashes_hold(cut: fn(&[u64]) -> u64) {
+    const STRIDE: usize = 5;
+    let root = tempfile::tempdir().unwrap();
+    let t = truncation_steps(&root.path().join("log"), None, cut);
+    let mut recovery_steps = 0;
+    let last = t.steps.len() - 1;
+    for (i, step) in t.steps.iter().enumerate() {
+        if i % STRIDE != 0 && i != t.returned && i != last {
+            continue;
+        }
+        let (img, trace) = step.image(i as u64, &CrashOptions::default());
+        let at = root.path().join(format!("img{i}"));
+        img.write_to(&at).unwrap();
+        let scratch = root.path().join(format!("scratch{i}"));
+        std::fs::create_dir_all(&scratch).unwrap();
+        match recovery_crashes(&scratch, &at, &t, i >= t.returned) {
+            Ok(n) => recovery_steps += n,
+            Err(bad) => panic!(
+                "truncation step {i} of {} ({:?} {}), then {bad}\nfirst image:\n{}",
+                t.steps.len(),
+                step.op,
+                step.path.display(),
+                trace.join("\n")
+            ),
+        }
+        let _ = std::fs::remove_dir_all(&at);
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    assert!(recovery_steps > 0, "the recoveries did I/O");
+}
+
+#[test]
+fn a_power_loss_during_the_open_that_recovers_a_raft_truncation_leaves_a_prefix_of_the_old_or_the_new_log(
+) {
+    assert_recovery_crashes_hold(fixed_cut);
+    assert_recovery_crashes_hold(boundary_cut);
+}

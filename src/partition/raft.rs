@@ -1068,6 +1068,58 @@ mod tests {
         assert_eq!(e.id, id(2, cut));
     }
 
+    /// Fails the directory fsyncs of unlinks while armed.
+    #[derive(Debug, Default)]
+    struct FailDirSync(std::sync::atomic::AtomicBool);
+
+    impl crate::storage::fault::IoHook for FailDirSync {
+        fn before(&self, op: crate::IoOp, _: &Path) -> std::io::Result<()> {
+            if op == crate::IoOp::SyncDir && self.0.load(Ordering::SeqCst) {
+                return Err(std::io::Error::other("injected directory fsync failure"));
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_truncation_that_fails_after_it_started_cutting_files_refuses_later_appends_and_a_reopen_keeps_a_prefix(
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let hook = Arc::new(FailDirSync::default());
+        let before;
+        {
+            let log = Log::open_with_hook(dir.path(), LogOptions::default(), hook.clone()).unwrap();
+            let t = log.create_topic("r", replicated_config(8192)).unwrap();
+            let p = t.partition(0).unwrap();
+            fill_term(&p, 1, 1, 200);
+            log.sync().unwrap();
+            before = values(&p);
+            assert!(p.segment_count() > 3, "the cut unlinks segments");
+            hook.0.store(true, Ordering::SeqCst);
+            assert!(t.truncate_from_index(0, 50, 0).is_err());
+            // Part of the chain is gone: appending where the writer was
+            // left (in a rolled segment, past removed entries) is refused.
+            for i in [50, 201] {
+                assert!(
+                    p.append_entry(id(2, i), EntryBody::Records(&[rec(b"x")]))
+                        .is_err(),
+                    "an append of index {i} after a failed truncation"
+                );
+            }
+            hook.0.store(false, Ordering::SeqCst);
+            log.abandon();
+        }
+        let (_log, t) = open(dir.path());
+        let p = t.partition(0).unwrap();
+        let got = values(&p);
+        assert!(
+            got.len() >= 49 && before.starts_with(&got),
+            "a prefix of the old log holding every entry before the cut: {} of {}",
+            got.len(),
+            before.len()
+        );
+    }
+
     #[test]
     fn a_purge_deletes_whole_segments_only_and_a_reopen_keeps_the_rest() {
         let dir = tempfile::tempdir().unwrap();

@@ -520,11 +520,13 @@ impl Partition {
             w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
             w.segment_roll = 0;
             self.publish_written(&w);
-            self.unlink_newest_first(&later)?;
+            self.unlink_newest_first(&later)
+                .map_err(|e| self.poisoned_by_cut(e))?;
             drop(later);
             drop(list);
             if cut.position < keep.committed_pos() {
-                keep.release_past(cut.position, cut.offset)?;
+                keep.release_past(cut.position, cut.offset)
+                    .map_err(|e| self.poisoned_by_cut(e))?;
             }
             w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
             self.publish_written(&w);
@@ -533,10 +535,24 @@ impl Partition {
                 // A rolled segment takes no appends again: the next ones
                 // go to a new segment starting at the cut (refused above
                 // when that is the rolled segment's own base).
-                self.roll(&mut w)?;
+                self.roll(&mut w).map_err(|e| self.poisoned_by_cut(e))?;
             }
             return Ok(());
         }
+    }
+
+    /// A truncation that failed once it started cutting files leaves the
+    /// chain part cut and the writer on the segment it cuts (possibly a
+    /// rolled one): no append may land there. The partition refuses
+    /// appends until a reopen recovers what the files hold (a prefix of
+    /// the old log, the checkpoint at the cut being durable).
+    fn poisoned_by_cut(&self, e: Error) -> Error {
+        // Registered by the next sync round, as a roll's failed directory
+        // fsync is (see `roll`).
+        self.poison_unreported.store(true, Ordering::Release);
+        self.poison(format!("a Raft truncation failed part way: {e}"));
+        self.mark_dirty();
+        e
     }
 
     /// Deletes the whole segments whose entries all lie at or below Raft

@@ -15,7 +15,8 @@
 //!   issued before it (openraft 0.9 does ask for a vote save mid-append).
 //! - `truncate` and `purge` are `Topic::truncate_from_index` and
 //!   `Topic::purge_through_index`, durable before they return; the purged
-//!   id is saved in the group's `raft-meta` file first.
+//!   id is saved in the group's `raft-meta` file first. A truncation, as a
+//!   vote save, waits for outstanding append callbacks first.
 //! - Blank and membership entries (and `Command::Seal`) are control
 //!   batches: they take no record offset and no consumer sees them.
 //! - A producer-stamped append's stamp goes to the `raft-stamps` side
@@ -391,6 +392,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        // openraft 0.9 issues a truncation with no condition on the log
+        // being flushed, so an append's callback may still be waiting for
+        // a sync round to cover entries this cut removes: its durable
+        // position would then be reached only by later appends, and until
+        // then the callback task spins on sync rounds, to report removed
+        // entries flushed at last. Waiting keeps the order, as for a vote.
+        while self.outstanding.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
         self.topic
             .truncate_from_index(self.part.id(), log_id.index, self.part.committed_end())
             .map_err(write_err)

@@ -388,6 +388,15 @@ impl Partition {
         let (k, position) = match k.checked_sub(1) {
             Some(j) => match position_of(&segments[j], index) {
                 Some(pos) => (j, pos),
+                // `index` opens the next segment, a rolled one: the cut is
+                // the end of this one, and the next one goes whole (a
+                // rolled segment never takes appends again from its base).
+                None if segments.get(k).is_some_and(|s| {
+                    s.is_sealed() && first_id(s).is_some_and(|id| id.index == index)
+                }) =>
+                {
+                    (j, segments[j].committed_pos())
+                }
                 None => (k, SEGMENT_HEADER_LEN as u64),
             },
             None => (0, SEGMENT_HEADER_LEN as u64),
@@ -430,7 +439,10 @@ impl Partition {
     /// or vote before this returns. Appends are refused meanwhile. A
     /// reader holding a batch of the segment that is cut keeps its bytes:
     /// the cut waits for it (up to ten seconds, then the truncation fails
-    /// and may be asked again).
+    /// and may be asked again). A cut from the first entry of a rolled
+    /// segment is the end of the segment before it; one that would leave a
+    /// rolled segment without a record before the cut is refused
+    /// ([`Error::InvalidConfig`]) before anything changes.
     pub(crate) fn truncate_from_index_with(
         &self,
         index: u64,
@@ -452,8 +464,16 @@ impl Partition {
                     committed_end: floor,
                 });
             }
-            w.raft.cutting = Some(index);
             let seg = &self.segments()[cut.k];
+            // Refused before anything changes: the appends after the cut
+            // would need a new segment named as this rolled one.
+            if cut.offset == seg.base_offset && seg.is_sealed() {
+                return Err(Error::InvalidConfig(format!(
+                    "partition {}: a Raft truncation inside a rolled segment that holds no record before the cut",
+                    self.p.id
+                )));
+            }
+            w.raft.cutting = Some(index);
             self.set_reclaimed_end(seg.base_offset, cut.position, cut.offset);
             cut
         };
@@ -495,42 +515,44 @@ impl Partition {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
-            if cut.offset == keep.base_offset
-                && keep.is_sealed()
-                && cut.position > SEGMENT_HEADER_LEN as u64
-            {
-                return Err(Error::InvalidConfig(format!(
-                    "partition {}: a Raft truncation inside a rolled segment that holds no record before the cut",
-                    self.p.id
-                )));
-            }
             *list = v.truncated(cut.k + 1);
             drop(v);
             w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
             w.segment_roll = 0;
             self.publish_written(&w);
-            self.unlink_newest_first(&later)?;
+            self.unlink_newest_first(&later)
+                .map_err(|e| self.poisoned_by_cut(e))?;
             drop(later);
             drop(list);
             if cut.position < keep.committed_pos() {
-                keep.release_past(cut.position, cut.offset)?;
+                keep.release_past(cut.position, cut.offset)
+                    .map_err(|e| self.poisoned_by_cut(e))?;
             }
             w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
             self.publish_written(&w);
             self.set_reclaimed_end(keep.base_offset, cut.position, cut.offset);
             if keep.is_sealed() && !self.is_sealed() {
                 // A rolled segment takes no appends again: the next ones
-                // go to a new segment starting at the cut.
-                if keep.base_offset == cut.offset {
-                    return Err(Error::InvalidConfig(format!(
-                        "partition {}: a Raft truncation of a whole rolled segment at its base",
-                        self.p.id
-                    )));
-                }
-                self.roll(&mut w)?;
+                // go to a new segment starting at the cut (refused above
+                // when that is the rolled segment's own base).
+                self.roll(&mut w).map_err(|e| self.poisoned_by_cut(e))?;
             }
             return Ok(());
         }
+    }
+
+    /// A truncation that failed once it started cutting files leaves the
+    /// chain part cut and the writer on the segment it cuts (possibly a
+    /// rolled one): no append may land there. The partition refuses
+    /// appends until a reopen recovers what the files hold (a prefix of
+    /// the old log, the checkpoint at the cut being durable).
+    fn poisoned_by_cut(&self, e: Error) -> Error {
+        // Registered by the next sync round, as a roll's failed directory
+        // fsync is (see `roll`).
+        self.poison_unreported.store(true, Ordering::Release);
+        self.poison(format!("a Raft truncation failed part way: {e}"));
+        self.mark_dirty();
+        e
     }
 
     /// Deletes the whole segments whose entries all lie at or below Raft
@@ -1028,6 +1050,90 @@ mod tests {
         assert_eq!(p.last_log_id(), Some(id(1, 30)));
         t.truncate_from_index(0, 13, 8).unwrap();
         assert_eq!(p.last_log_id(), Some(id(1, 12)));
+    }
+
+    #[test]
+    fn a_truncation_at_the_first_entry_of_a_rolled_segment_removes_it_and_appends_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let (expect_after, cut);
+        {
+            let (log, t) = open(dir.path());
+            let p = t.partition(0).unwrap();
+            // Records only: the segment before the cut holds records.
+            fill_term(&p, 1, 1, 200);
+            assert!(p.segment_count() > 3, "the entries span several segments");
+            cut = first_id(&p.segments()[2]).unwrap().index;
+            let before = values(&p);
+            t.truncate_from_index(0, cut, 0).unwrap();
+            assert_eq!(p.last_log_id(), Some(id(1, cut - 1)));
+            let kept = (cut - 1) as usize;
+            assert_eq!(values(&p), before[..kept].to_vec());
+            p.append_entry(id(2, cut), EntryBody::Records(&[rec(b"new")]))
+                .unwrap();
+            fill_term(&p, 2, cut + 1, 100);
+            expect_after = values(&p);
+            assert_eq!(expect_after[kept], (kept as u64, b"new".to_vec()));
+            log.close().unwrap();
+        }
+        let (_log, t) = open(dir.path());
+        let p = t.partition(0).unwrap();
+        assert_eq!(values(&p), expect_after);
+        assert_eq!(p.last_log_id(), Some(id(2, cut + 100)));
+        let b = p.read_entries(cut, 1).unwrap();
+        let e = b.entries().next().unwrap().unwrap();
+        assert_eq!(e.id, id(2, cut));
+    }
+
+    /// Fails the directory fsyncs of unlinks while armed.
+    #[derive(Debug, Default)]
+    struct FailDirSync(std::sync::atomic::AtomicBool);
+
+    impl crate::storage::fault::IoHook for FailDirSync {
+        fn before(&self, op: crate::IoOp, _: &Path) -> std::io::Result<()> {
+            if op == crate::IoOp::SyncDir && self.0.load(Ordering::SeqCst) {
+                return Err(std::io::Error::other("injected directory fsync failure"));
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_truncation_that_fails_after_it_started_cutting_files_refuses_later_appends_and_a_reopen_keeps_a_prefix(
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let hook = Arc::new(FailDirSync::default());
+        let before;
+        {
+            let log = Log::open_with_hook(dir.path(), LogOptions::default(), hook.clone()).unwrap();
+            let t = log.create_topic("r", replicated_config(8192)).unwrap();
+            let p = t.partition(0).unwrap();
+            fill_term(&p, 1, 1, 200);
+            log.sync().unwrap();
+            before = values(&p);
+            assert!(p.segment_count() > 3, "the cut unlinks segments");
+            hook.0.store(true, Ordering::SeqCst);
+            assert!(t.truncate_from_index(0, 50, 0).is_err());
+            // Part of the chain is gone: appending where the writer was
+            // left (in a rolled segment, past removed entries) is refused.
+            for i in [50, 201] {
+                assert!(
+                    p.append_entry(id(2, i), EntryBody::Records(&[rec(b"x")]))
+                        .is_err(),
+                    "an append of index {i} after a failed truncation"
+                );
+            }
+            hook.0.store(false, Ordering::SeqCst);
+            log.abandon();
+        }
+        let (_log, t) = open(dir.path());
+        let p = t.partition(0).unwrap();
+        let got = values(&p);
+        assert!(
+            got.len() >= 49 && before.starts_with(&got),
+            "a prefix of the old log holding every entry before the cut: {} of {}",
+            got.len(),
+            before.len()
+        );
     }
 
     #[test]

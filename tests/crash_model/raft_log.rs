@@ -121,9 +121,13 @@ fn log_of(term_of: impl Fn(u64) -> u64, last: u64) -> Vec<(RaftLogId, Body)> {
 /// save a vote of the newer term next, so an entry of the old term at or
 /// past the cut must never come back, and everything before the cut (synced
 /// before the truncation) stays.
-fn check_truncation_image(got: &[(RaftLogId, Body)], truncated: bool) -> Result<(), String> {
+fn check_truncation_image(
+    got: &[(RaftLogId, Body)],
+    truncated: bool,
+    cut: u64,
+) -> Result<(), String> {
     let old = log_of(|_| 1, OLD_LAST);
-    let new = log_of(|i| if i < CUT { 1 } else { 2 }, NEW_LAST);
+    let new = log_of(|i| if i < cut { 1 } else { 2 }, NEW_LAST);
     let ids: Vec<_> = got.iter().map(|(id, _)| (id.term, id.index)).collect();
     if got.len() < COMMITTED as usize {
         return Err(format!(
@@ -139,8 +143,8 @@ fn check_truncation_image(got: &[(RaftLogId, Body)], truncated: bool) -> Result<
         ));
     }
     if truncated
-        && (got.len() < CUT as usize - 1
-            || got.iter().any(|(id, _)| id.term == 1 && id.index >= CUT))
+        && (got.len() < cut as usize - 1
+            || got.iter().any(|(id, _)| id.term == 1 && id.index >= cut))
     {
         return Err(format!(
             "after the truncation returned, not a prefix of the new log holding every entry before the cut: {ids:?}"
@@ -153,8 +157,9 @@ fn check_truncation_image(got: &[(RaftLogId, Body)], truncated: bool) -> Result<
 /// of the truncation and of the appends and sync of term 2 after it;
 /// also the fsync call sites the truncation itself went through. The
 /// points from `Truncation::returned` on come after the truncation
-/// returned.
-fn truncation_steps(dir: &Path, drop_op: Option<IoOp>) -> Truncation {
+/// returned. `cut` picks the index to cut from, given each segment's
+/// first index.
+fn truncation_steps(dir: &Path, drop_op: Option<IoOp>, cut: fn(&[u64]) -> u64) -> Truncation {
     std::fs::create_dir_all(dir).unwrap();
     let hook = ModelHook::new(dir, drop_op);
     // A known engine gap the crash model grants (model_hook.rs): a new
@@ -171,8 +176,9 @@ fn truncation_steps(dir: &Path, drop_op: Option<IoOp>) -> Truncation {
         topic.partition(0).unwrap().segment_count() > 3,
         "the old log spans several segments, so the cut unlinks some"
     );
+    let cut = cut(&segment_firsts(&topic));
     hook.record_steps(true);
-    topic.truncate_from_index(0, CUT, 0).unwrap();
+    topic.truncate_from_index(0, cut, 0).unwrap();
     let mut steps = hook.take_steps();
     let returned = steps.len();
     steps.push(hook.now(IoOp::SyncSegment));
@@ -182,7 +188,7 @@ fn truncation_steps(dir: &Path, drop_op: Option<IoOp>) -> Truncation {
             syncs.push(op);
         }
     }
-    for i in CUT..=NEW_LAST {
+    for i in cut..=NEW_LAST {
         append(&topic, 2, i);
     }
     log.sync().unwrap();
@@ -194,6 +200,7 @@ fn truncation_steps(dir: &Path, drop_op: Option<IoOp>) -> Truncation {
         steps,
         syncs,
         returned,
+        cut,
     }
 }
 
@@ -201,6 +208,22 @@ struct Truncation {
     steps: Vec<CrashPoint>,
     syncs: Vec<IoOp>,
     returned: usize,
+    cut: u64,
+}
+
+/// The fixed cut, inside a segment.
+fn fixed_cut(_: &[u64]) -> u64 {
+    CUT
+}
+
+/// The first entry of a rolled segment past the committed index: the cut
+/// is the end of the segment before it, and the rolled one goes whole.
+fn boundary_cut(firsts: &[u64]) -> u64 {
+    let rolled = &firsts[..firsts.len() - 1];
+    *rolled
+        .iter()
+        .find(|&&f| f > COMMITTED + 1)
+        .unwrap_or_else(|| panic!("no rolled segment starts past {COMMITTED}: {firsts:?}"))
 }
 
 /// The first image (of every crash point, `SEEDS` seeds each) that breaks
@@ -218,7 +241,7 @@ fn first_bad_truncation_image(root: &Path, t: &Truncation, seeds: u64) -> Option
                     let topic = log.topic("r").map_err(|e| e.to_string())?;
                     entries(&topic)
                 });
-            let verdict = got.and_then(|g| check_truncation_image(&g, i >= t.returned));
+            let verdict = got.and_then(|g| check_truncation_image(&g, i >= t.returned, t.cut));
             let _ = std::fs::remove_dir_all(&at);
             if let Err(e) = verdict {
                 return Some(format!(
@@ -238,11 +261,35 @@ fn first_bad_truncation_image(root: &Path, t: &Truncation, seeds: u64) -> Option
 fn a_power_loss_at_every_step_of_a_raft_truncation_and_the_newer_terms_appends_leaves_a_prefix_of_the_old_or_the_new_log(
 ) {
     let root = tempfile::tempdir().unwrap();
-    let t = truncation_steps(&root.path().join("log"), None);
+    let t = truncation_steps(&root.path().join("log"), None, fixed_cut);
     assert!(t.returned > 3, "the truncation does I/O: {}", t.returned);
     if let Some(bad) = first_bad_truncation_image(root.path(), &t, SEEDS) {
         panic!("{bad}");
     }
+}
+
+#[test]
+fn a_power_loss_at_every_step_of_a_raft_truncation_from_the_first_entry_of_a_rolled_segment_leaves_a_prefix_of_the_old_or_the_new_log(
+) {
+    let root = tempfile::tempdir().unwrap();
+    let t = truncation_steps(&root.path().join("log"), None, boundary_cut);
+    assert!(t.returned > 3, "the truncation does I/O: {}", t.returned);
+    if let Some(bad) = first_bad_truncation_image(root.path(), &t, SEEDS) {
+        panic!("{bad}");
+    }
+}
+
+#[test]
+fn a_raft_truncation_from_the_first_entry_of_a_rolled_segment_needs_its_unlinks_directory_fsync() {
+    // The segment before the cut ends exactly where the unlinked one
+    // starts: an unlink a power loss takes back would continue the chain
+    // with entries of the old term past the cut.
+    let root = tempfile::tempdir().unwrap();
+    let t = truncation_steps(&root.path().join("log"), Some(IoOp::SyncDir), boundary_cut);
+    assert!(
+        first_bad_truncation_image(root.path(), &t, mutation_seeds()).is_some(),
+        "with the directory fsync of the unlinks removed, no image brought the old entries back"
+    );
 }
 
 /// Truncation fsyncs whose removal these images are not expected to
@@ -265,7 +312,7 @@ fn mutation_seeds() -> u64 {
 #[test]
 fn each_fsync_a_raft_truncation_issues_is_needed_by_some_power_loss_image() {
     let root = tempfile::tempdir().unwrap();
-    let syncs = truncation_steps(&root.path().join("log"), None).syncs;
+    let syncs = truncation_steps(&root.path().join("log"), None, fixed_cut).syncs;
     assert!(
         syncs.contains(&IoOp::SyncCheckpoint) && syncs.contains(&IoOp::SyncDir),
         "the truncation writes a checkpoint and unlinks segments: {syncs:?}"
@@ -274,7 +321,7 @@ fn each_fsync_a_raft_truncation_issues_is_needed_by_some_power_loss_image() {
     let mut unexpected = Vec::new();
     for op in syncs {
         let at = root.path().join(format!("drop-{op:?}"));
-        let t = truncation_steps(&at.join("log"), Some(op));
+        let t = truncation_steps(&at.join("log"), Some(op), fixed_cut);
         let expected_uncaught = EXPECTED_UNCAUGHT.iter().find(|(o, _)| *o == op);
         match (
             first_bad_truncation_image(&at, &t, mutation_seeds()),
@@ -375,4 +422,86 @@ fn a_power_loss_at_every_step_of_a_raft_purge_leaves_the_purged_whole_segments_g
             let _ = std::fs::remove_dir_all(&at);
         }
     }
+}
+
+/// A power loss at every I/O step of the open that recovers `image` (a
+/// crash image of a truncation), then an open of that: the rules of the
+/// truncation image hold for the twice-crashed log as well. Returns the
+/// number of recovery steps, or the first image that breaks the rules.
+fn recovery_crashes(
+    root: &Path,
+    image: &Path,
+    t: &Truncation,
+    truncated: bool,
+) -> Result<usize, String> {
+    let hook = ModelHook::new(image, None);
+    hook.record_steps(true);
+    let first = Log::open_with_hook(image, LogOptions::default(), hook.clone());
+    hook.record_steps(false);
+    let first = first.map_err(|e| format!("first open: {e}"))?;
+    let steps = hook.take_steps();
+    first.abandon();
+    for (i, step) in steps.iter().enumerate() {
+        let (img, trace) = step.image(i as u64, &CrashOptions::default());
+        let at = root.join(format!("recovery-img{i}"));
+        img.write_to(&at).unwrap();
+        let got = Log::open(&at, LogOptions::default())
+            .map_err(|e| format!("open: {e}"))
+            .and_then(|log| {
+                let topic = log.topic("r").map_err(|e| e.to_string())?;
+                entries(&topic)
+            });
+        let verdict = got.and_then(|g| check_truncation_image(&g, truncated, t.cut));
+        let _ = std::fs::remove_dir_all(&at);
+        verdict.map_err(|e| {
+            format!(
+                "recovery step {i} of {} ({:?} {}): {e}\n{}",
+                steps.len(),
+                step.op,
+                step.path.display(),
+                trace.join("\n")
+            )
+        })?;
+    }
+    Ok(steps.len())
+}
+
+/// Every `STRIDE`-th crash point of a truncation (and the last), each
+/// recovered under a power loss at every step of its recovery.
+fn assert_recovery_crashes_hold(cut: fn(&[u64]) -> u64) {
+    const STRIDE: usize = 5;
+    let root = tempfile::tempdir().unwrap();
+    let t = truncation_steps(&root.path().join("log"), None, cut);
+    let mut recovery_steps = 0;
+    let last = t.steps.len() - 1;
+    for (i, step) in t.steps.iter().enumerate() {
+        if i % STRIDE != 0 && i != t.returned && i != last {
+            continue;
+        }
+        let (img, trace) = step.image(i as u64, &CrashOptions::default());
+        let at = root.path().join(format!("img{i}"));
+        img.write_to(&at).unwrap();
+        let scratch = root.path().join(format!("scratch{i}"));
+        std::fs::create_dir_all(&scratch).unwrap();
+        match recovery_crashes(&scratch, &at, &t, i >= t.returned) {
+            Ok(n) => recovery_steps += n,
+            Err(bad) => panic!(
+                "truncation step {i} of {} ({:?} {}), then {bad}\nfirst image:\n{}",
+                t.steps.len(),
+                step.op,
+                step.path.display(),
+                trace.join("\n")
+            ),
+        }
+        let _ = std::fs::remove_dir_all(&at);
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    assert!(recovery_steps > 0, "the recoveries did I/O");
+}
+
+#[test]
+fn a_power_loss_during_the_open_that_recovers_a_raft_truncation_leaves_a_prefix_of_the_old_or_the_new_log(
+) {
+    assert_recovery_crashes_hold(fixed_cut);
+    assert_recovery_crashes_hold(boundary_cut);
 }

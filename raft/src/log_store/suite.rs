@@ -261,6 +261,43 @@ fn a_vote_save_waits_for_an_outstanding_append_callback_and_then_saves() {
 }
 
 #[test]
+fn a_truncation_waits_for_an_outstanding_append_callback_and_then_cuts() {
+    use openraft::storage::RaftLogStorageExt;
+    run(async {
+        let (_g, mut store, _sm) = Builder.build().await?;
+        let entries: Vec<_> = (1..=3)
+            .map(|i| openraft::testing::blank_ent::<TypeConfig>(1, 1, i))
+            .collect();
+        let cut = entries[1].log_id;
+        store.blocking_append(entries).await?;
+        // openraft 0.9 issues a truncation with no condition on the log
+        // being flushed: an append's callback may still wait for a sync
+        // round covering entries the truncation removes.
+        store.outstanding.fetch_add(1, Ordering::SeqCst);
+        let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (outstanding, flag) = (store.outstanding.clone(), released.clone());
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            flag.store(true, Ordering::SeqCst);
+            outstanding.fetch_sub(1, Ordering::SeqCst);
+        });
+        store.truncate(cut).await?;
+        assert!(
+            released.load(Ordering::SeqCst),
+            "the truncation cut entries before the append callback was released"
+        );
+        assert_eq!(
+            store.partition().last_log_id().map(|id| id.index),
+            Some(1),
+            "the entries from the cut on are gone"
+        );
+        let _ = releaser.join();
+        Ok(())
+    })
+    .expect("the store works");
+}
+
+#[test]
 fn an_append_is_readable_and_reported_flushed_with_no_callback_left_outstanding() {
     use openraft::storage::RaftLogStorageExt;
     run(async {

@@ -23,7 +23,13 @@ const MOVE_GAIN: f64 = 0.25;
 
 impl Coordinator {
     /// Gives every unowned ready partition to the least loaded receiver.
+    /// Walks the owners only while one may be unowned
+    /// ([`Coordinator::maybe_unowned`]), and clears that once all have one.
     pub(super) fn assign_unowned(&mut self, now: u64) -> bool {
+        if !self.maybe_unowned {
+            return false;
+        }
+        self.full_walks += 1;
         let unowned: Vec<u32> = self
             .owners
             .iter()
@@ -31,6 +37,7 @@ impl Coordinator {
             .map(|(&p, _)| p)
             .collect();
         if unowned.is_empty() {
+            self.maybe_unowned = false;
             return false;
         }
         let mut receivers = self.receivers(now);
@@ -39,6 +46,7 @@ impl Coordinator {
             receivers = self.members.keys().copied().collect();
         }
         if receivers.is_empty() {
+            // Nobody to give them to: looked for again at the next tick.
             return false;
         }
         let mut loads = self.member_loads();
@@ -54,6 +62,7 @@ impl Coordinator {
                 .expect("`member_loads` has every member, receivers are members") += w;
             self.give(p, to);
         }
+        self.maybe_unowned = false;
         self.stats.rebalances += 1;
         true
     }

@@ -23,7 +23,13 @@ const MOVE_GAIN: f64 = 0.25;
 
 impl Coordinator {
     /// Gives every unowned ready partition to the least loaded receiver.
+    /// Walks the owners only while one may be unowned
+    /// ([`Coordinator::maybe_unowned`]), and clears that once all have one.
     pub(super) fn assign_unowned(&mut self, now: u64) -> bool {
+        if !self.maybe_unowned {
+            return false;
+        }
+        self.full_walks += 1;
         let unowned: Vec<u32> = self
             .owners
             .iter()
@@ -31,6 +37,7 @@ impl Coordinator {
             .map(|(&p, _)| p)
             .collect();
         if unowned.is_empty() {
+            self.maybe_unowned = false;
             return false;
         }
         let mut receivers = self.receivers(now);
@@ -39,6 +46,7 @@ impl Coordinator {
             receivers = self.members.keys().copied().collect();
         }
         if receivers.is_empty() {
+            // Nobody to give them to: looked for again at the next tick.
             return false;
         }
         let mut loads = self.member_loads();
@@ -54,6 +62,7 @@ impl Coordinator {
                 .expect("`member_loads` has every member, receivers are members") += w;
             self.give(p, to);
         }
+        self.maybe_unowned = false;
         self.stats.rebalances += 1;
         true
     }
@@ -63,13 +72,25 @@ impl Coordinator {
     /// the topology, and the next lineage the coordinator takes has the
     /// children (pinned to the owner).
     pub(super) fn split_for_lag(&mut self, view: &dyn TopicView, now: u64) -> Option<u32> {
-        // Lag trend per ready partition.
-        let ready: Vec<u32> = self.owners.keys().copied().collect();
-        for p in ready {
+        // Lag trend per ready partition, and per member the lag and the
+        // count of what it owns and is not being moved away from: one
+        // pass, so the candidates below cost a lookup each.
+        let mut held: BTreeMap<u64, (usize, u64)> = BTreeMap::new();
+        let ready: Vec<(u32, Option<u64>)> = self
+            .owners
+            .iter()
+            .map(|(&p, o)| (p, o.member.filter(|_| o.revoking.is_none())))
+            .collect();
+        for (p, holder) in ready {
             let lag = self.lag(view, p);
             if let Some(r) = self.rates.get_mut(&p) {
                 r.lag_rounds = if lag > r.lag { r.lag_rounds + 1 } else { 0 };
                 r.lag = lag;
+            }
+            if let Some(m) = holder {
+                let h = held.entry(m).or_default();
+                h.0 += 1;
+                h.1 += lag;
             }
         }
         let cooldown = duration_nanos(self.options.move_cooldown);
@@ -85,17 +106,12 @@ impl Coordinator {
             return None;
         }
         let receivers = self.receivers(now);
-        let idle = |id: u64| {
-            self.owned_by(id)
-                .iter()
-                .map(|&q| self.lag(view, q))
-                .sum::<u64>()
-                == 0
-        };
+        let idle = |id: u64| held.get(&id).is_none_or(|h| h.1 == 0);
         let candidate = self.owners.iter().find_map(|(&p, o)| {
             let owner = o.member?;
             let r = self.rates.get(&p)?;
-            let only = self.owned_by(owner) == [p] && o.revoking.is_none();
+            // The owner's only partition it keeps.
+            let only = o.revoking.is_none() && held.get(&owner).is_some_and(|h| h.0 == 1);
             let sealed = self.lineage.sealed_at(p).is_some();
             let in_band = match (config.target_records_per_sec, config.target_bytes_per_sec) {
                 (Some(t), _) => r.rate < t && r.rate >= config.merge_fraction * t,

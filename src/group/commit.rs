@@ -113,7 +113,7 @@ impl Member {
     /// The timeouts first: a member past its session timeout is fenced
     /// here, not allowed to commit until something else notices. Then what
     /// it handed out, for the revocations the commit may settle.
-    fn begin_commit(&self, runtime: &Runtime, co: &mut Coordinator, now: u64) -> Result<()> {
+    fn begin_commit(&mut self, runtime: &Runtime, co: &mut Coordinator, now: u64) -> Result<()> {
         runtime.tick(co, now);
         co.member(self.id)?;
         self.report(co);
@@ -135,7 +135,7 @@ impl Member {
         let (positions, drained) = translate_through_tails(&co.lineage, positions, drained);
         let request = CommitRequest {
             member: self.id,
-            tenures: self.tenures(),
+            tenures: self.tenures().clone(),
             positions,
             drained,
             handed: &self.cursor.positions,
@@ -156,7 +156,11 @@ impl Member {
                 co.apply_commit(self.id, plan, now);
             }
         }
-        self.take_assignment(co);
+        // Partitions read may have left the ready set and their children
+        // joined it, a revocation the commit covered may have moved.
+        if self.assignment_moved(co) {
+            self.take_assignment(co);
+        }
         Ok(())
     }
 }
@@ -429,13 +433,7 @@ impl Coordinator {
             self.generation += 1;
         }
         // Revoked partitions whose handed-out records are now committed move.
-        let revoking: Vec<u32> = self
-            .owners
-            .iter()
-            .filter(|(_, o)| o.member == Some(id) && o.revoking.is_some())
-            .map(|(&p, _)| p)
-            .collect();
-        for p in revoking {
+        for p in self.revoking_of(id) {
             self.try_release(p, now);
         }
         self.assign_unowned(now);

@@ -14,6 +14,7 @@ use crate::reader::translate_tails;
 use crate::topology::lineage::Lineage;
 
 use super::committed::{lists_descendant, Committed, Loss};
+use super::timeouts::deadline_after;
 use super::{GroupOptions, GroupStats, MemberOptions, MemberState, RATE_TAU_S};
 
 /// Append rates are folded at most this often (a tick runs on every member
@@ -146,6 +147,36 @@ pub(crate) struct Coordinator {
     pub(super) stats: GroupStats,
     /// Deleted: no member joins or commits through this coordinator again.
     pub(super) deleted: bool,
+    /// No member's session or processing timeout and no revocation can
+    /// pass before this instant: a tick runs the timeout scan only from
+    /// then on (see [`super::timeouts`]).
+    pub(super) next_timeout: u64,
+    /// Some ready partition may have no owner: the unowned ones are looked
+    /// for only then (set by whatever can leave one unowned).
+    pub(super) maybe_unowned: bool,
+    /// The ready partitions that may be being revoked (a superset of those
+    /// whose [`Owner::revoking`] is set): what settling and the overdue
+    /// check look at instead of every owner.
+    pub(super) revoking_hint: BTreeSet<u32>,
+    /// The ready partitions that may have a move's pause to end (a
+    /// superset of those whose [`Owner::pause_from`] is set).
+    pub(super) pausing_hint: BTreeSet<u32>,
+    /// Moves with every change of what a member reads of `owners` (an
+    /// owner, a tenure, a revocation) and with every change of
+    /// `generation`: a member takes its assignment again only when it
+    /// moved, and reports only what changed while it stays.
+    pub(super) ownership: u64,
+    /// Walks over every ready partition or every member made so far (the
+    /// timeout scan, the unowned check, a rate fold, a balancing, a ready
+    /// set rebuild, a full ownership read): what proves, without a clock,
+    /// that an idle member's poll makes none.
+    pub(super) full_walks: u64,
+    /// Timeout scans run so far (each also counted in `full_walks`).
+    pub(super) timeout_scans: u64,
+    /// Scan at every tick whatever the deadline: the rule before deadlines,
+    /// which the tests hold the deadline-driven scan to.
+    #[cfg(test)]
+    pub(super) scan_every_tick: bool,
 }
 
 impl Coordinator {
@@ -187,6 +218,15 @@ impl Coordinator {
             losses: BTreeMap::new(),
             stats: GroupStats::default(),
             deleted: false,
+            next_timeout: 0,
+            maybe_unowned: true,
+            revoking_hint: BTreeSet::new(),
+            pausing_hint: BTreeSet::new(),
+            ownership: 0,
+            full_walks: 0,
+            timeout_scans: 0,
+            #[cfg(test)]
+            scan_every_tick: false,
         }
     }
 
@@ -265,12 +305,15 @@ impl Coordinator {
     /// to `heir` (the member whose commit made it ready), else to the owner
     /// of a parent, else stays unowned for the balancer.
     pub(super) fn recompute_ready(&mut self, heir: Option<u64>) {
+        self.full_walks += 1;
         let ready = self.committed.ready(&self.lineage);
         let old = std::mem::take(&mut self.owners);
         let generation = self.generation;
+        let mut kept = 0;
         for p in ready {
             if let Some(o) = old.get(&p) {
                 self.owners.insert(p, o.clone());
+                kept += 1;
                 continue;
             }
             let parent_owners: Vec<(u64, u64)> = self
@@ -325,6 +368,10 @@ impl Coordinator {
                     pause_from: None,
                 },
             );
+            self.maybe_unowned |= member.is_none();
+        }
+        if kept != old.len() || kept != self.owners.len() {
+            self.ownership += 1;
         }
     }
 
@@ -343,17 +390,15 @@ impl Coordinator {
         }
         self.refresh(view);
         self.update_rates(view, now);
-        let dead = self.fence_dead(now);
+        let (dead, mut changed) = self.run_timeouts(view, now);
         let membership_changed = membership_changed || dead;
-        let mut changed = dead;
-        changed |= self.relieve_slow(view, now);
-        changed |= self.release_overdue(now);
         changed |= self.assign_unowned(now);
         if membership_changed
             || now.saturating_sub(self.last_balance)
                 >= duration_nanos(self.options.rebalance_interval)
         {
             self.last_balance = now;
+            self.full_walks += 1;
             changed |= self.balance_load(view, now, membership_changed);
             if self.options.split_lagging {
                 let asked = self.split_for_lag(view, now);
@@ -363,114 +408,6 @@ impl Coordinator {
         if changed {
             self.generation += 1;
         }
-    }
-
-    /// Removes the members with no heartbeat for their session timeout
-    /// (their partitions go back to the balancer). Returns whether any.
-    fn fence_dead(&mut self, now: u64) -> bool {
-        let dead: Vec<u64> = self
-            .members
-            .iter()
-            .filter(|(_, m)| {
-                now.saturating_sub(m.last_heartbeat) > duration_nanos(m.opts.session_timeout)
-            })
-            .map(|(&id, _)| id)
-            .collect();
-        for &id in &dead {
-            self.stats.dead_detected += 1;
-            self.remove_member(id, now);
-        }
-        !dead.is_empty()
-    }
-
-    /// Members that heartbeat but made no progress for their processing
-    /// timeout: declared slow and relieved of half their partitions (the
-    /// most behind first), then of all of them after another timeout.
-    /// Returns whether ownership changed.
-    fn relieve_slow(&mut self, view: &dyn TopicView, now: u64) -> bool {
-        let mut changed = false;
-        let ids: Vec<u64> = self.members.keys().copied().collect();
-        for id in ids {
-            let m = &self.members[&id];
-            let stuck_for = now.saturating_sub(m.last_progress);
-            let limit = duration_nanos(m.opts.processing_timeout);
-            if stuck_for <= limit {
-                continue;
-            }
-            match m.state {
-                MemberState::Active => {
-                    self.stats.slow_detected += 1;
-                    crate::metrics::member_slow(&self.name);
-                    let m = self
-                        .members
-                        .get_mut(&id)
-                        .expect("`id` was taken from `members` above, nothing removed it");
-                    m.state = MemberState::Slow;
-                    m.slow_since = now;
-                    let mut owned = self.owned_by(id);
-                    owned.sort_by_key(|&p| std::cmp::Reverse(self.lag(view, p)));
-                    let n = owned.len() / 2;
-                    for p in owned.into_iter().take(n) {
-                        changed |= self.revoke(p, None, now);
-                    }
-                }
-                MemberState::Slow => {
-                    // Stuck for another processing timeout: everything it
-                    // owns moves now (what it handed out and did not
-                    // commit is delivered again).
-                    if now.saturating_sub(m.slow_since) > limit {
-                        changed |= self.take_all_from(id, now);
-                        // What it gets back (nobody else can take it) is
-                        // not moved again on the next tick: only after
-                        // another processing timeout without progress.
-                        if let Some(m) = self.members.get_mut(&id) {
-                            m.slow_since = now;
-                        }
-                    }
-                }
-            }
-        }
-        changed
-    }
-
-    /// Releases every partition member `id` owns at once. Returns whether
-    /// it owned any.
-    fn take_all_from(&mut self, id: u64, now: u64) -> bool {
-        let all: Vec<u32> = self
-            .owners
-            .iter()
-            .filter(|(_, o)| o.member == Some(id))
-            .map(|(&p, _)| p)
-            .collect();
-        for &p in &all {
-            if let Some(o) = self.owners.get_mut(&p) {
-                o.revoking.get_or_insert(Revoke {
-                    since_nanos: now,
-                    to: None,
-                });
-            }
-            self.release(p, now);
-        }
-        !all.is_empty()
-    }
-
-    /// Releases the revocations the owner did not settle within its
-    /// processing timeout. Returns whether any.
-    fn release_overdue(&mut self, now: u64) -> bool {
-        let overdue: Vec<u32> = self
-            .owners
-            .iter()
-            .filter_map(|(&p, o)| {
-                let r = o.revoking.as_ref()?;
-                let m = self.members.get(&o.member?)?;
-                (now.saturating_sub(r.since_nanos) > duration_nanos(m.opts.processing_timeout))
-                    .then_some(p)
-            })
-            .collect();
-        for &p in &overdue {
-            self.release(p, now);
-        }
-        !overdue.is_empty()
     }
 
     pub(super) fn owned_by(&self, id: u64) -> Vec<u32> {
@@ -510,6 +447,7 @@ impl Coordinator {
             return;
         }
         self.last_rates = now;
+        self.full_walks += 1;
         let ready: Vec<u32> = self.owners.keys().copied().collect();
         for p in ready {
             let end: u64 = closure(&self.lineage, p)
@@ -556,6 +494,14 @@ impl Coordinator {
             to,
         });
         o.moved_nanos = Some(now);
+        let owner = o.member;
+        self.revoking_hint.insert(p);
+        self.ownership += 1;
+        // Overdue after its owner's processing timeout.
+        if let Some(m) = owner.and_then(|id| self.members.get(&id)) {
+            let limit = duration_nanos(m.opts.processing_timeout);
+            self.timeout_at(deadline_after(now, limit));
+        }
         self.try_release(p, now);
         true
     }
@@ -656,6 +602,8 @@ impl Coordinator {
             .expect("`p` was found in `owners` above and releasing removes no owner");
         entry.revoking = None;
         entry.member = None;
+        self.ownership += 1;
+        self.maybe_unowned = true;
         // An owner that never took it did not end the pause that began
         // before it was given the partition.
         entry.unowned_since = Some(entry.pause_from.take().map_or(since, |f| f.min(since)));
@@ -680,8 +628,10 @@ impl Coordinator {
         // `Member::sync`).
         if let Some(since) = entry.unowned_since.take() {
             entry.pause_from = Some(since);
+            self.pausing_hint.insert(p);
             self.stats.moves += 1;
         }
+        self.ownership += 1;
     }
 
     pub(super) fn remove_member(&mut self, id: u64, now: u64) {
@@ -745,4 +695,4 @@ impl Coordinator {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

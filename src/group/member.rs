@@ -38,6 +38,25 @@ pub struct Member {
     /// ([`super::coordinator::Owner::epoch`]) its
     /// reading state belongs to.
     pub(super) tenure: BTreeMap<u32, u64>,
+    /// The distinct tenures of `tenure`.
+    pub(super) held: BTreeSet<u64>,
+    /// The coordinator's [`Coordinator::ownership`] when this member last
+    /// took its assignment: it takes it again only once that, the
+    /// generation or the lineage moved, or `retake` is set.
+    pub(super) seen_ownership: u64,
+    /// The reading state was cut to what the coordinator says is this
+    /// member's outside of [`Member::take_assignment`]: take it again.
+    pub(super) retake: bool,
+    /// What the next report tells the coordinator (see `report.rs`).
+    pub(super) unreported: super::report::Unreported,
+    /// Walks this member made over everything it reads (taking its
+    /// assignment, full reports), and where the count (with the
+    /// coordinator's) stood when the current poll began.
+    pub(super) full_walks: u64,
+    pub(super) walks_at_poll: Option<u64>,
+    /// Walks the group made during the last poll (see
+    /// `Member::full_walks_in_last_poll`).
+    pub(super) last_poll_walks: u64,
     /// Removed partitions this member was reading (or had read to their
     /// seal) when it saw them go: it reported their rest from its own
     /// position, so the group's [`super::committed::Loss`] is not reported for them again.
@@ -78,6 +97,13 @@ impl Member {
             owned: BTreeSet::new(),
             paused: BTreeSet::new(),
             tenure: BTreeMap::new(),
+            held: BTreeSet::new(),
+            seen_ownership: 0,
+            retake: true,
+            unreported: super::report::Unreported::all(),
+            full_walks: 0,
+            walks_at_poll: None,
+            last_poll_walks: 0,
             own_gone: BTreeSet::new(),
             skipped: BTreeMap::new(),
             polls: 0,
@@ -101,8 +127,8 @@ impl Member {
 
     /// The tenures ([`super::coordinator::Owner::epoch`]) this member's
     /// reading state belongs to.
-    pub(super) fn tenures(&self) -> BTreeSet<u64> {
-        self.tenure.values().copied().collect()
+    pub(super) fn tenures(&self) -> &BTreeSet<u64> {
+        &self.held
     }
 
     /// Member id (unique across runs of the log).
@@ -149,13 +175,19 @@ impl Member {
         let runtime = self.runtime.clone();
         let now = runtime.now();
         let mut co = runtime.lock();
+        self.walks_at_poll
+            .get_or_insert(co.full_walks + self.full_walks);
         let polled = co.polled(&runtime.topic, now, self.id);
         runtime.carry_out(&mut co, now);
         polled?;
         // Report what was handed out since the last sync, once the
         // assignment has dropped the state of tenures that ended (else a
         // revocation would wait on records this member no longer holds).
-        self.take_assignment(&co);
+        // Nothing a member reads of the coordinator changed: its
+        // assignment stands, and the walk over it is not made.
+        if self.assignment_moved(&co) {
+            self.take_assignment(&co);
+        }
         self.report(&mut co);
         if co.settle_revoked(self.id, now) {
             self.take_assignment(&co);
@@ -175,6 +207,11 @@ impl Member {
     /// whose revocation ended; one started here is a candidate from the
     /// start.
     pub(super) fn take_assignment(&mut self, co: &Coordinator) {
+        self.full_walks += 1;
+        self.seen_ownership = co.ownership;
+        self.retake = false;
+        // Positions may have gone or come anywhere.
+        self.unreported.mark_all();
         let new_lineage = !Arc::ptr_eq(&self.cursor.lineage, &co.lineage);
         self.cursor.lineage = co.lineage.clone();
         let lineage = self.cursor.lineage.clone();
@@ -266,7 +303,7 @@ impl Member {
         // partition taken away and given back since is read again from
         // the committed position: someone else may have read and
         // committed past what this member remembers.
-        let held = self.tenures();
+        let held = std::mem::take(&mut self.held);
         let mut mine: BTreeMap<u32, bool> = BTreeMap::new();
         let mut fresh: Vec<u32> = Vec::new();
         let mut tenure = BTreeMap::new();
@@ -281,6 +318,7 @@ impl Member {
             }
         }
         self.tenure = tenure;
+        self.held = self.tenure.values().copied().collect();
         let keep: BTreeSet<u32> = mine
             .keys()
             .filter(|p| !fresh.contains(p))
@@ -332,6 +370,11 @@ impl Member {
     /// (a later tenure of the heir with the same member tells nothing
     /// new), none this member reported from its own reading state.
     fn take_losses(&mut self, co: &mut Coordinator) {
+        if co.losses.is_empty() {
+            // Only those the group may still report matter: none.
+            self.own_gone.clear();
+            return;
+        }
         let held = self.tenures();
         let mine: Vec<(u32, (u64, u64))> = co
             .losses
@@ -392,23 +435,13 @@ impl Member {
             .collect()
     }
 
-    /// Publishes what this member handed out (under the group lock).
-    pub(super) fn report(&self, co: &mut Coordinator) {
-        let delivered = self
-            .cursor
-            .positions
-            .iter()
-            .map(|(&p, &pos)| (p, (pos, self.cursor.last_records.get(&p).copied())))
-            .collect();
-        co.handed_out(self.id, delivered, self.cursor.drained.clone());
-    }
-
     /// Up to `max_records` records of this member's partitions that are
     /// available now. Per key, records come in append order, through
     /// splits and merges. [`Error::Fenced`] if the member was declared dead.
     pub fn poll(&mut self, max_records: usize) -> Result<Vec<OwnedRecord>> {
         self.polls += 1;
         self.cursor.examined.clear();
+        self.walks_at_poll = None;
         self.poll_once(max_records)
     }
 
@@ -419,6 +452,18 @@ impl Member {
     #[cfg(feature = "testing")]
     pub fn partitions_examined(&self) -> &[u32] {
         &self.cursor.examined
+    }
+
+    /// Walks over every partition made during the last poll, by the group's
+    /// coordinator (its timeout scan, the unowned check, a rate fold, a
+    /// balancing, a ready-set rebuild) or by this member (taking its
+    /// assignment, a full report of what it handed out): none for an idle
+    /// poll before a timeout or balancing is due. Not part of the API: it
+    /// proves in tests that an idle poll's cost does not grow with the
+    /// partitions owned.
+    #[cfg(feature = "testing")]
+    pub fn full_walks_in_last_poll(&self) -> u64 {
+        self.last_poll_walks
     }
 
     /// One round of [`Member::poll`], counted in [`Member::polls`] by its
@@ -445,22 +490,25 @@ impl Member {
         // new owner starts at the committed position) gives nothing here,
         // so no record reaches two live members.
         co.member(self.id)?;
-        if !out.is_empty() {
+        if !self.all_readable(&co, &out) {
             let mine: BTreeSet<u32> = co
-                .readable_by(self.id, &self.tenures())
+                .readable_by(self.id, self.tenures())
                 .into_keys()
                 .collect();
-            if out.iter().any(|r| !mine.contains(&r.partition)) {
-                out.retain(|r| mine.contains(&r.partition));
-                self.cursor.positions.retain(|p, _| mine.contains(p));
-                self.cursor.last_records.retain(|p, _| mine.contains(p));
-                self.cursor.drained.retain(|p| mine.contains(p));
-                self.cursor.pending.retain(|r| mine.contains(&r.partition));
-            }
+            out.retain(|r| mine.contains(&r.partition));
+            self.cursor.positions.retain(|p, _| mine.contains(p));
+            self.cursor.last_records.retain(|p, _| mine.contains(p));
+            self.cursor.drained.retain(|p| mine.contains(p));
+            self.cursor.pending.retain(|r| mine.contains(&r.partition));
+            self.unreported.mark_all();
+            self.retake = true;
         }
         co.count_handed_out(self.id, out.len() as u64, runtime.now());
         self.report(&mut co);
         co.settle_revoked(self.id, runtime.now());
+        if let Some(from) = self.walks_at_poll {
+            self.last_poll_walks = (co.full_walks + self.full_walks).saturating_sub(from);
+        }
         Ok(out)
     }
 
@@ -476,7 +524,11 @@ impl Member {
                 }
             }
             let room = max - out.len();
+            let from = out.len();
             self.cursor.hand_out(out, room);
+            for r in &out[from..] {
+                self.unreported.mark(r.partition);
+            }
         }
         Ok(())
     }
@@ -555,6 +607,7 @@ impl Member {
         let wake = self.cursor.signals.wake().clone();
         self.polls += 1;
         self.cursor.examined.clear();
+        self.walks_at_poll = None;
         loop {
             let got = self.poll_once(max_records)?;
             let now = Instant::now();
@@ -595,10 +648,12 @@ impl Member {
                 self.cursor.candidates.remove(&id);
                 self.cursor.last_records.remove(&id);
                 self.cursor.drained.insert(id);
+                self.unreported.mark(id);
                 let lineage = self.cursor.lineage.clone();
                 for &c in lineage.children(id) {
                     if lineage.parents(c).len() == 1 && !self.cursor.positions.contains_key(&c) {
                         self.cursor.open(c, 0);
+                        self.unreported.mark(c);
                     }
                 }
             }
@@ -643,6 +698,7 @@ impl Member {
                     self.skipped.insert(id, (from, to, self.polls));
                     self.cursor.positions.insert(id, to);
                     self.cursor.last_records.remove(&id);
+                    self.unreported.mark(id);
                     moved = true;
                     continue;
                 }
@@ -651,6 +707,7 @@ impl Member {
             self.cursor.next_rr = id.wrapping_add(1);
             if let Some(to) = take_batch(&mut self.cursor.pending, id, pos, &batch)? {
                 self.cursor.positions.insert(id, to);
+                self.unreported.mark(id);
             }
             return Ok(true);
         }

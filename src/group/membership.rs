@@ -5,9 +5,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::duration::duration_nanos;
 use crate::error::{Error, Result};
 
 use super::coordinator::{closure, Coordinator, MemberEntry, TopicView};
+use super::timeouts::deadline_after;
 use super::{
     millis, AssignmentDescription, GroupDescription, MemberDescription, MemberOptions, MemberState,
     MAX_PAUSES, RATE_TAU_S,
@@ -68,6 +70,10 @@ impl Coordinator {
                 .map(|(&id, _)| id)
         });
         self.members.insert(id, MemberEntry::new(options, now));
+        // Its session and processing timeouts run from now.
+        let session = duration_nanos(options.session_timeout);
+        let processing = duration_nanos(options.processing_timeout);
+        self.timeout_at(deadline_after(now, session.min(processing)));
         crate::metrics::group_members(&self.name, self.members.len());
         match previous {
             Some(old) => self.take_over(old, id),
@@ -104,6 +110,7 @@ impl Coordinator {
             o.epoch = epoch;
             o.revoking = None;
         }
+        self.ownership += 1;
         self.members.remove(&old);
         crate::metrics::group_members(&self.name, self.members.len());
         self.generation = generation;
@@ -147,6 +154,31 @@ impl Coordinator {
         }
     }
 
+    /// What member `id` handed out changed in these partitions only, each
+    /// with its next offset and fingerprint (none: it reads it no more, or
+    /// read it to its seal) and whether it is read to its seal: the rest
+    /// of what it published stands.
+    pub(super) fn handed_out_changes(
+        &mut self,
+        id: u64,
+        changes: impl IntoIterator<Item = (u32, Option<(u64, Option<u64>)>, bool)>,
+    ) {
+        let Some(m) = self.members.get_mut(&id) else {
+            return;
+        };
+        for (p, at, drained) in changes {
+            match at {
+                Some(at) => m.delivered.insert(p, at),
+                None => m.delivered.remove(&p),
+            };
+            if drained {
+                m.delivered_drained.insert(p);
+            } else {
+                m.delivered_drained.remove(&p);
+            }
+        }
+    }
+
     /// Member `id` leaves at `now` (after reporting what it handed out):
     /// its partitions go to the others at once.
     pub(super) fn leave(&mut self, view: &dyn TopicView, now: u64, id: u64) -> Result<()> {
@@ -161,13 +193,9 @@ impl Coordinator {
     /// are all committed (what it publishes can shrink without a commit:
     /// a poll drops the state of tenures that ended). Returns whether any
     /// moved.
+    /// Looks only at the partitions that may be revoking.
     pub(super) fn settle_revoked(&mut self, id: u64, now: u64) -> bool {
-        let revoking: Vec<u32> = self
-            .owners
-            .iter()
-            .filter(|(_, o)| o.member == Some(id) && o.revoking.is_some())
-            .map(|(&p, _)| p)
-            .collect();
+        let revoking = self.revoking_of(id);
         let mut moved = false;
         for p in revoking {
             self.try_release(p, now);
@@ -177,6 +205,41 @@ impl Coordinator {
             self.generation += 1;
         }
         moved
+    }
+
+    /// The ready partitions of member `id` being revoked, from the
+    /// partitions that may be (forgetting those that are not any more).
+    pub(super) fn revoking_of(&mut self, id: u64) -> Vec<u32> {
+        let owners = &self.owners;
+        self.revoking_hint
+            .retain(|p| owners.get(p).is_some_and(|o| o.revoking.is_some()));
+        self.revoking_hint
+            .iter()
+            .copied()
+            .filter(|p| owners.get(p).is_some_and(|o| o.member == Some(id)))
+            .collect()
+    }
+
+    /// Whether member `id` reads partition `x` in one of the tenures
+    /// `held`: `x` is a ready partition it owns in one of them, or a
+    /// pinned split child of one. The split children of a ready partition
+    /// are the descendants reached through children of one parent, so the
+    /// candidates are `x` and its ancestors up through parents with one
+    /// child link each: as many lookups as `x` is deep, whatever the
+    /// number of partitions (the same answer as [`Self::readable_by`]).
+    pub(super) fn reads(&self, id: u64, held: &BTreeSet<u64>, x: u32) -> bool {
+        let mut at = x;
+        loop {
+            if let Some(o) = self.owners.get(&at) {
+                if o.member == Some(id) && held.contains(&o.epoch) {
+                    return true;
+                }
+            }
+            match self.lineage.parents(at) {
+                [parent] if self.lineage.children(*parent).contains(&at) => at = *parent,
+                _ => return false,
+            }
+        }
     }
 
     /// The partitions member `id` reads in the tenures `held` (its reading
@@ -195,9 +258,23 @@ impl Coordinator {
     }
 
     /// The partitions in `owned` moved to their new owner end their pause
-    /// at `now` (it took them).
+    /// at `now` (it took them). Looks only at the partitions that may be
+    /// paused by a move.
     pub(super) fn end_pauses(&mut self, owned: &BTreeSet<u32>, now: u64) {
-        for p in owned {
+        if self.pausing_hint.is_empty() {
+            return;
+        }
+        let owners = &self.owners;
+        self.pausing_hint
+            .retain(|p| owners.get(p).is_some_and(|o| o.pause_from.is_some()));
+        let ending: Vec<u32> = self
+            .pausing_hint
+            .iter()
+            .copied()
+            .filter(|p| owned.contains(p))
+            .collect();
+        for p in &ending {
+            self.pausing_hint.remove(p);
             if let Some(o) = self.owners.get_mut(p) {
                 if let Some(from) = o.pause_from.take() {
                     let pauses = &mut self.stats.pauses_ms;
@@ -235,6 +312,9 @@ impl Coordinator {
     pub(super) fn delete(&mut self) {
         self.members.clear();
         self.owners.clear();
+        self.revoking_hint.clear();
+        self.pausing_hint.clear();
+        self.ownership += 1;
         self.deleted = true;
     }
 

@@ -54,6 +54,8 @@ mod member;
 mod membership;
 mod recovery;
 mod registry;
+mod report;
+mod timeouts;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

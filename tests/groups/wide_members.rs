@@ -86,6 +86,51 @@ fn an_idle_member_poll_reads_no_partition_and_a_poll_after_one_append_that_one()
 }
 
 #[test]
+fn an_idle_member_poll_walks_no_partition_list_until_a_balancing_or_timeout_is_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.create_topic("t", config(300)).unwrap();
+    for p in 0..300 {
+        put(&topic, p, 0);
+    }
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = group.join(member_opts()).unwrap();
+    assert_eq!(drain(&mut m).len(), 300);
+    m.commit().unwrap();
+    for _ in 0..3 {
+        assert!(m.poll(100).unwrap().is_empty());
+        assert_eq!(m.partitions_examined(), &[] as &[u32]);
+        assert_eq!(m.full_walks_in_last_poll(), 0, "an idle poll");
+    }
+    // One append: that partition is read and reported, nothing else.
+    put(&topic, 42, 1);
+    assert_eq!(m.poll(100).unwrap().len(), 1);
+    let looked = m.partitions_examined();
+    assert!(
+        !looked.is_empty() && looked.iter().all(|&p| p == 42),
+        "{looked:?}"
+    );
+    assert_eq!(m.full_walks_in_last_poll(), 0, "a poll after one append");
+    // The balancing interval (1 s) passes: the next poll balances, and
+    // the one after it is idle again.
+    clock.advance(std::time::Duration::from_secs(2));
+    assert!(m.poll(100).unwrap().is_empty());
+    assert!(m.full_walks_in_last_poll() > 0, "no balancing after 2 s");
+    assert!(m.poll(100).unwrap().is_empty());
+    assert_eq!(m.full_walks_in_last_poll(), 0);
+    // So does the session deadline set at its join (10 s; it heartbeats
+    // with each poll, so the scan there finds it alive).
+    clock.advance(std::time::Duration::from_secs(9));
+    assert!(m.poll(100).unwrap().is_empty());
+    assert!(m.full_walks_in_last_poll() > 0);
+    assert!(m.poll(100).unwrap().is_empty());
+    assert_eq!(m.full_walks_in_last_poll(), 0);
+    assert_eq!(m.assignment().partitions.len(), 300);
+    log.close().unwrap();
+}
+
+#[test]
 fn two_members_of_two_thousand_partitions_read_every_record_once_in_order() {
     let n = wide();
     let dir = tempfile::tempdir().unwrap();

@@ -21,9 +21,9 @@ use super::{Coordinator, TopicView};
 const SECOND: u64 = 1_000_000_000;
 
 /// What the coordinator sees of a topic.
-struct World {
-    lineage: Arc<Lineage>,
-    ends: HashMap<u32, u64>,
+pub(in crate::group) struct World {
+    pub(in crate::group) lineage: Arc<Lineage>,
+    pub(in crate::group) ends: HashMap<u32, u64>,
 }
 
 impl TopicView for World {
@@ -46,7 +46,7 @@ impl TopicView for World {
 
 impl World {
     /// Partitions as `(id, parents, sealed_at, end)`.
-    fn new(partitions: &[(u32, &[u32], Option<u64>, u64)]) -> World {
+    pub(in crate::group) fn new(partitions: &[(u32, &[u32], Option<u64>, u64)]) -> World {
         let mut lineage = Lineage {
             generation: 1,
             ..Lineage::default()
@@ -79,7 +79,7 @@ impl World {
 
 /// A coordinator of group "g" that balances at every tick and never
 /// splits for lag (the world has no topic to split).
-fn coordinator(world: &World) -> Coordinator {
+pub(in crate::group) fn coordinator(world: &World) -> Coordinator {
     let options = GroupOptions {
         split_lagging: false,
         rebalance_interval: Duration::ZERO,
@@ -98,7 +98,7 @@ fn coordinator(world: &World) -> Coordinator {
     co
 }
 
-fn member_options() -> MemberOptions {
+pub(in crate::group) fn member_options() -> MemberOptions {
     MemberOptions {
         session_timeout: Duration::from_secs(10),
         processing_timeout: Duration::from_secs(30),
@@ -107,7 +107,7 @@ fn member_options() -> MemberOptions {
     }
 }
 
-fn owner(co: &Coordinator, p: u32) -> Option<u64> {
+pub(in crate::group) fn owner(co: &Coordinator, p: u32) -> Option<u64> {
     co.owners.get(&p).and_then(|o| o.member)
 }
 
@@ -126,14 +126,19 @@ fn tenures(co: &Coordinator, id: u64) -> BTreeSet<u64> {
 
 /// Member `id` handed out up to these next offsets, and these partitions
 /// to their seal.
-fn hand_out(co: &mut Coordinator, id: u64, positions: &[(u32, u64)], drained: &[u32]) {
+pub(in crate::group) fn hand_out(
+    co: &mut Coordinator,
+    id: u64,
+    positions: &[(u32, u64)],
+    drained: &[u32],
+) {
     let delivered = positions.iter().map(|&(p, o)| (p, (o, None))).collect();
     co.handed_out(id, delivered, drained.iter().copied().collect());
 }
 
 /// Member `id` commits, as [`crate::Member`] would once the positions are
 /// translated: plan, persist (nothing to persist here), apply.
-fn commit(
+pub(in crate::group) fn commit(
     co: &mut Coordinator,
     world: &World,
     id: u64,
@@ -176,7 +181,7 @@ fn assert_one_reader(co: &Coordinator) {
     }
 }
 
-fn two_idle_partitions() -> World {
+pub(in crate::group) fn two_idle_partitions() -> World {
     World::new(&[(0, &[], None, 100), (1, &[], None, 100)])
 }
 
@@ -240,7 +245,7 @@ fn a_revoked_partition_moves_without_a_commit_once_its_owner_is_dead() {
     ));
 }
 
-fn four_partitions() -> World {
+pub(in crate::group) fn four_partitions() -> World {
     World::new(&[
         (0, &[], None, 100),
         (1, &[], None, 100),

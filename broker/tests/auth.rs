@@ -145,3 +145,53 @@ async fn a_token_for_another_topic_reads_and_writes_nothing_of_this_one() {
     );
     srv.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_token_can_neither_split_nor_list_topics_nor_learn_the_routing_key() {
+    let srv = server().await;
+    let ops = Connection::connect(srv.addr, tok("ops-token"))
+        .await
+        .unwrap();
+    Admin::new(ops)
+        .create_topic("audit", 2, SyncSpec::Never, 0, false)
+        .await
+        .unwrap();
+    let audit = Connection::connect(srv.addr, tok("audit-token"))
+        .await
+        .unwrap();
+    let admin = Admin::new(audit.clone());
+    let e = admin.list_topics().await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    let e = admin
+        .split("audit", 0, fissionlog_broker::protocol::SplitSpec::Even)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    let e = admin.merge("audit", 0, 1).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    let e = admin.stats().await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    // The routing key lets a writer aim keys at one partition.
+    let e = audit
+        .call(Request::Topology {
+            topic: "audit".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    // Its own topic still reads.
+    assert!(matches!(
+        audit
+            .call(Request::Fetch {
+                topic: "audit".into(),
+                partition: 0,
+                offset: 0,
+                max_bytes: 1 << 20,
+                max_wait_ms: 0,
+                isolation: Isolation::Written,
+            })
+            .await,
+        Ok(Response::Fetched { .. })
+    ));
+    srv.stop().await.unwrap();
+}

@@ -195,3 +195,43 @@ async fn a_read_only_token_can_neither_split_nor_list_topics_nor_learn_the_routi
     ));
     srv.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_grant_under_one_name_does_not_lend_its_token_the_first_ones_permissions() {
+    let auth = TokenAuthorizer::new()
+        .grant(grant("svc", "svc-admin-token", &["*"], &["*"], true))
+        .grant(grant("svc", "svc-reader-token", &["audit"], &[], false));
+    let srv = TestServer::start(ServerConfig {
+        authorizer: Arc::new(auth),
+        ..Default::default()
+    })
+    .await;
+    // The later grant replaces the earlier one under its name.
+    let e = Connection::connect(srv.addr, tok("svc-admin-token"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    let reader = Connection::connect(srv.addr, tok("svc-reader-token"))
+        .await
+        .unwrap();
+    {
+        let e = Admin::new(reader.clone())
+            .create_topic("orders", 1, SyncSpec::Never, 0, false)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+        let e = reader
+            .call(Request::Fetch {
+                topic: "orders".into(),
+                partition: 0,
+                offset: 0,
+                max_bytes: 1 << 20,
+                max_wait_ms: 0,
+                isolation: Isolation::Written,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    }
+    srv.stop().await.unwrap();
+}

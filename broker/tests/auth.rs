@@ -235,3 +235,89 @@ async fn a_second_grant_under_one_name_does_not_lend_its_token_the_first_ones_pe
     }
     srv.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_of_another_principal_cannot_fence_a_producer_id() {
+    let srv = server().await;
+    let ops = Connection::connect(srv.addr, tok("ops-token"))
+        .await
+        .unwrap();
+    Admin::new(ops)
+        .create_topic("orders", 1, SyncSpec::Never, 0, false)
+        .await
+        .unwrap();
+    let app = Connection::connect(srv.addr, tok("orders-token"))
+        .await
+        .unwrap();
+    let Response::ProducerInit { producer_id, epoch } = app
+        .call(Request::InitProducer { producer_id: None })
+        .await
+        .unwrap()
+    else {
+        panic!("a producer id")
+    };
+    let audit = Connection::connect(srv.addr, tok("audit-token"))
+        .await
+        .unwrap();
+    let e = audit
+        .call(Request::InitProducer {
+            producer_id: Some(producer_id),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    // The owner's epoch still writes.
+    let r = app
+        .call(Request::ProduceTo {
+            topic: "orders".into(),
+            partition: 0,
+            acks: fissionlog_broker::protocol::Acks::Leader,
+            stamp: Some(fissionlog_broker::protocol::Stamp {
+                producer_id,
+                epoch,
+                first_sequence: 0,
+            }),
+            records: vec![fissionlog_broker::protocol::ProduceRecord {
+                key: Some(Bytes::from_static(b"k")),
+                value: Bytes::from_static(b"v"),
+                timestamp: None,
+            }],
+        })
+        .await;
+    assert!(
+        matches!(r, Ok(Response::Produced { .. })),
+        "the owner was fenced: {r:?}"
+    );
+    // Nor write under the owner's id, which would fence it after a restart.
+    let ops = Connection::connect(srv.addr, tok("ops-token"))
+        .await
+        .unwrap();
+    let e = ops
+        .call(Request::ProduceTo {
+            topic: "orders".into(),
+            partition: 0,
+            acks: fissionlog_broker::protocol::Acks::Leader,
+            stamp: Some(fissionlog_broker::protocol::Stamp {
+                producer_id,
+                epoch: epoch + 1000,
+                first_sequence: 0,
+            }),
+            records: vec![fissionlog_broker::protocol::ProduceRecord {
+                key: Some(Bytes::from_static(b"k")),
+                value: Bytes::from_static(b"forged"),
+                timestamp: None,
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    // The owner itself may still take the next epoch.
+    assert!(matches!(
+        app.call(Request::InitProducer {
+            producer_id: Some(producer_id)
+        })
+        .await,
+        Ok(Response::ProducerInit { .. })
+    ));
+    srv.stop().await.unwrap();
+}

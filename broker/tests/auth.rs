@@ -145,3 +145,179 @@ async fn a_token_for_another_topic_reads_and_writes_nothing_of_this_one() {
     );
     srv.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_token_can_neither_split_nor_list_topics_nor_learn_the_routing_key() {
+    let srv = server().await;
+    let ops = Connection::connect(srv.addr, tok("ops-token"))
+        .await
+        .unwrap();
+    Admin::new(ops)
+        .create_topic("audit", 2, SyncSpec::Never, 0, false)
+        .await
+        .unwrap();
+    let audit = Connection::connect(srv.addr, tok("audit-token"))
+        .await
+        .unwrap();
+    let admin = Admin::new(audit.clone());
+    let e = admin.list_topics().await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    let e = admin
+        .split("audit", 0, fissionlog_broker::protocol::SplitSpec::Even)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    let e = admin.merge("audit", 0, 1).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    let e = admin.stats().await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    // The routing key lets a writer aim keys at one partition.
+    let e = audit
+        .call(Request::Topology {
+            topic: "audit".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    // Its own topic still reads.
+    assert!(matches!(
+        audit
+            .call(Request::Fetch {
+                topic: "audit".into(),
+                partition: 0,
+                offset: 0,
+                max_bytes: 1 << 20,
+                max_wait_ms: 0,
+                isolation: Isolation::Written,
+            })
+            .await,
+        Ok(Response::Fetched { .. })
+    ));
+    srv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_grant_under_one_name_does_not_lend_its_token_the_first_ones_permissions() {
+    let auth = TokenAuthorizer::new()
+        .grant(grant("svc", "svc-admin-token", &["*"], &["*"], true))
+        .grant(grant("svc", "svc-reader-token", &["audit"], &[], false));
+    let srv = TestServer::start(ServerConfig {
+        authorizer: Arc::new(auth),
+        ..Default::default()
+    })
+    .await;
+    // The later grant replaces the earlier one under its name.
+    let e = Connection::connect(srv.addr, tok("svc-admin-token"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    let reader = Connection::connect(srv.addr, tok("svc-reader-token"))
+        .await
+        .unwrap();
+    {
+        let e = Admin::new(reader.clone())
+            .create_topic("orders", 1, SyncSpec::Never, 0, false)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+        let e = reader
+            .call(Request::Fetch {
+                topic: "orders".into(),
+                partition: 0,
+                offset: 0,
+                max_bytes: 1 << 20,
+                max_wait_ms: 0,
+                isolation: Isolation::Written,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    }
+    srv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_of_another_principal_cannot_fence_a_producer_id() {
+    let srv = server().await;
+    let ops = Connection::connect(srv.addr, tok("ops-token"))
+        .await
+        .unwrap();
+    Admin::new(ops)
+        .create_topic("orders", 1, SyncSpec::Never, 0, false)
+        .await
+        .unwrap();
+    let app = Connection::connect(srv.addr, tok("orders-token"))
+        .await
+        .unwrap();
+    let Response::ProducerInit { producer_id, epoch } = app
+        .call(Request::InitProducer { producer_id: None })
+        .await
+        .unwrap()
+    else {
+        panic!("a producer id")
+    };
+    let audit = Connection::connect(srv.addr, tok("audit-token"))
+        .await
+        .unwrap();
+    let e = audit
+        .call(Request::InitProducer {
+            producer_id: Some(producer_id),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    // The owner's epoch still writes.
+    let r = app
+        .call(Request::ProduceTo {
+            topic: "orders".into(),
+            partition: 0,
+            acks: fissionlog_broker::protocol::Acks::Leader,
+            stamp: Some(fissionlog_broker::protocol::Stamp {
+                producer_id,
+                epoch,
+                first_sequence: 0,
+            }),
+            records: vec![fissionlog_broker::protocol::ProduceRecord {
+                key: Some(Bytes::from_static(b"k")),
+                value: Bytes::from_static(b"v"),
+                timestamp: None,
+            }],
+        })
+        .await;
+    assert!(
+        matches!(r, Ok(Response::Produced { .. })),
+        "the owner was fenced: {r:?}"
+    );
+    // Nor write under the owner's id, which would fence it after a restart.
+    let ops = Connection::connect(srv.addr, tok("ops-token"))
+        .await
+        .unwrap();
+    let e = ops
+        .call(Request::ProduceTo {
+            topic: "orders".into(),
+            partition: 0,
+            acks: fissionlog_broker::protocol::Acks::Leader,
+            stamp: Some(fissionlog_broker::protocol::Stamp {
+                producer_id,
+                epoch: epoch + 1000,
+                first_sequence: 0,
+            }),
+            records: vec![fissionlog_broker::protocol::ProduceRecord {
+                key: Some(Bytes::from_static(b"k")),
+                value: Bytes::from_static(b"forged"),
+                timestamp: None,
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    // The owner itself may still take the next epoch.
+    assert!(matches!(
+        app.call(Request::InitProducer {
+            producer_id: Some(producer_id)
+        })
+        .await,
+        Ok(Response::ProducerInit { .. })
+    ));
+    srv.stop().await.unwrap();
+}

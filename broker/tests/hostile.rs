@@ -229,3 +229,44 @@ async fn arbitrary_well_formed_requests_each_get_an_answer_and_the_server_keeps_
         "seed {seed:#x}: the log did not close cleanly"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_connects_and_never_sends_its_hello_is_closed_and_frees_its_slot() {
+    let srv = TestServer::start(ServerConfig {
+        max_connections: 1,
+        tls_handshake_timeout: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .await;
+    let mut silent = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    assert!(
+        closed_by_server(&mut silent).await,
+        "a connection without a Hello is held open"
+    );
+    // Half a Hello, then silence: the same.
+    let mut partial = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    partial.write_all(&[40, 0, 0, 0, 1]).await.unwrap();
+    assert!(
+        closed_by_server(&mut partial).await,
+        "a connection with half a Hello is held open"
+    );
+    let admin = Admin::new(Connection::connect(srv.addr, None).await.unwrap());
+    assert!(admin.list_topics().await.is_ok(), "the slot was freed");
+    srv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_frame_longer_than_any_hello_is_refused_before_its_body_is_read() {
+    use fissionlog_broker::protocol::{ErrorCode, Response};
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let mut s = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    // 8 MiB announced (under the frame limit), none of it sent: an
+    // unauthenticated client must not get the server to buffer that much.
+    s.write_all(&(8u32 << 20).to_le_bytes()).await.unwrap();
+    match common::read_response(&mut s).await {
+        Some((_, Response::Error { code, .. })) => assert_eq!(code, ErrorCode::FrameTooLarge),
+        other => panic!("no refusal of the oversized Hello: {other:?}"),
+    }
+    assert!(closed_by_server(&mut s).await);
+    srv.stop().await.unwrap();
+}

@@ -253,27 +253,54 @@ fn the_demo_prints_one_json_check_line_with_nothing_missing_or_out_of_order() {
 
 /// Starts `fissionlog-broker serve` on `dir`; returns it and its address.
 fn start_broker(dir: &std::path::Path) -> (Child, String) {
-    let mut broker = Command::new(BIN)
-        .args([
-            "serve",
-            "--dir",
-            dir.to_str().expect("a UTF-8 path"),
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the broker starts");
-    let out = collect(&mut broker);
-    wait_for("the broker", Duration::from_secs(10), || {
-        !out.lock().unwrap().is_empty()
-    });
-    let addr = out.lock().unwrap()[0]
-        .strip_prefix("listening on ")
-        .expect("the address line")
-        .to_string();
-    (broker, addr)
+    start_broker_at(dir, "127.0.0.1:0")
+}
+
+/// Starts `fissionlog-broker serve` on `dir` listening on `listen`, again
+/// and again for up to 10 s while the port is still held by the previous
+/// broker's sockets; returns it and its address.
+fn start_broker_at(dir: &std::path::Path, listen: &str) -> (Child, String) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut broker = Command::new(BIN)
+            .args([
+                "serve",
+                "--dir",
+                dir.to_str().expect("a UTF-8 path"),
+                "--listen",
+                listen,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the broker starts");
+        let out = collect(&mut broker);
+        let started = loop {
+            if !out.lock().unwrap().is_empty() {
+                break true;
+            }
+            if broker.try_wait().expect("the broker's status").is_some() {
+                break false;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for the broker"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if started {
+            let addr = out.lock().unwrap()[0]
+                .strip_prefix("listening on ")
+                .expect("the address line")
+                .to_string();
+            return (broker, addr);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the broker could not listen on {listen}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
@@ -375,5 +402,164 @@ fn a_retry_after_the_broker_was_killed_between_append_and_ack_is_not_appended_ag
     assert!(
         next > producer_id,
         "id {next} handed out again after {producer_id}"
+    );
+}
+
+#[test]
+fn four_idempotent_producers_lose_and_double_nothing_while_the_broker_is_killed_and_restarted() {
+    use fissionlog_broker::client::{Endpoint, Reconnect};
+    use fissionlog_broker::protocol::{Isolation, Request, Response};
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    const PRODUCERS: u64 = 4;
+    const PER_PRODUCER: u64 = 1500;
+    const PARTITIONS: u32 = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (broker, addr) = start_broker(dir.path());
+    let mut kids = Kill(vec![broker]);
+    let conn = rt
+        .block_on(Connection::connect(addr.as_str(), None))
+        .unwrap();
+    rt.block_on(Admin::new(conn.clone()).create_topic("t", PARTITIONS, SyncSpec::Never, 0, false))
+        .unwrap();
+    drop(conn);
+
+    // Each producer sends its keys' records in sequence; every ack is
+    // kept as (value, partition, offset).
+    let sent = Arc::new(AtomicU64::new(0));
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            let (addr, sent) = (addr.clone(), sent.clone());
+            rt.spawn(async move {
+                let config = ProducerConfig {
+                    idempotent: true,
+                    acks: Acks::Leader,
+                    batch_records: 40,
+                    max_in_flight: 8,
+                    reconnect: Reconnect {
+                        backoff_min: Duration::from_millis(20),
+                        backoff_max: Duration::from_millis(200),
+                        deadline: Duration::from_secs(30),
+                    },
+                    ..ProducerConfig::new("t")
+                };
+                let producer = Producer::connect(Endpoint::new(addr), config)
+                    .await
+                    .expect("the producer connects");
+                let mut futs = Vec::new();
+                for i in 0..PER_PRODUCER {
+                    let key = format!("p{p}-k{}", i % 8);
+                    let value = format!("{key} {i}");
+                    futs.push((
+                        value.clone(),
+                        producer.send(Some(key.into()), value.into()).await,
+                    ));
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    if i % 20 == 0 {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                }
+                let mut acked = Vec::new();
+                for (value, f) in futs {
+                    match f.await {
+                        Ok(Some(at)) => acked.push((value, at)),
+                        other => return Err(format!("{value}: {other:?}")),
+                    }
+                }
+                Ok(acked)
+            })
+        })
+        .collect();
+
+    // Killed twice mid-stream, started again on the same port and directory.
+    let total = PRODUCERS * PER_PRODUCER;
+    for share in [3, 2] {
+        let at = total / share;
+        wait_for("records to be sent", Duration::from_secs(60), || {
+            sent.load(Ordering::Relaxed) >= at
+        });
+        for k in &mut kids.0 {
+            k.kill().expect("SIGKILL");
+            k.wait().expect("the broker is reaped");
+        }
+        kids.0.clear();
+        std::thread::sleep(Duration::from_millis(100));
+        let (broker, again) = start_broker_at(dir.path(), &addr);
+        assert_eq!(again, addr);
+        kids.0.push(broker);
+    }
+    let mut acked: HashMap<String, (u32, u64)> = HashMap::new();
+    for p in producers {
+        let got = rt
+            .block_on(p)
+            .expect("the producer task")
+            .unwrap_or_else(|e| panic!("a record was not acknowledged: {e}"));
+        for (value, at) in got {
+            assert!(
+                acked.insert(value.clone(), at).is_none(),
+                "{value} acked twice"
+            );
+        }
+    }
+    assert_eq!(acked.len() as u64, total);
+
+    // Read back every partition: each record once, at its acked position,
+    // each key's sequence rising.
+    let conn = rt
+        .block_on(Connection::connect(addr.as_str(), None))
+        .unwrap();
+    let mut seen: HashMap<String, (u32, u64)> = HashMap::new();
+    for partition in 0..PARTITIONS {
+        let mut offset = 0;
+        let mut last: HashMap<String, u64> = HashMap::new();
+        loop {
+            let r = rt.block_on(conn.call(Request::Fetch {
+                topic: "t".into(),
+                partition,
+                offset,
+                max_bytes: 1 << 20,
+                max_wait_ms: 0,
+                isolation: Isolation::Written,
+            }));
+            let Response::Fetched {
+                records,
+                next_offset,
+                high_watermark,
+                ..
+            } = r.expect("a fetch")
+            else {
+                panic!("not a fetch answer")
+            };
+            for r in &records {
+                let value = String::from_utf8(r.value.to_vec()).expect("UTF-8 values");
+                let (key, seq) = value.split_once(' ').expect("value is KEY SEQ");
+                let seq: u64 = seq.parse().expect("a sequence number");
+                if let Some(&l) = last.get(key) {
+                    assert!(
+                        seq > l,
+                        "key {key} went from {l} to {seq} in partition {partition}"
+                    );
+                }
+                last.insert(key.to_string(), seq);
+                assert!(
+                    seen.insert(value.clone(), (partition, r.offset)).is_none(),
+                    "{value} is in the log twice"
+                );
+            }
+            offset = next_offset;
+            if records.is_empty() || next_offset >= high_watermark {
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        seen, acked,
+        "the log holds exactly the acknowledged records, where acked"
     );
 }

@@ -406,3 +406,48 @@ fn pem_encode(label: &str, der: &[u8]) -> String {
     out.push_str(&format!("-----END {label}-----\n"));
     out
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_client_that_stalls_mid_handshake_is_closed_and_frees_its_slot() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let p = pki();
+    let auth = TokenAuthorizer::new().grant(Grant {
+        name: "app".into(),
+        token: "app-token".into(),
+        read: vec!["*".into()],
+        write: vec!["*".into()],
+        admin: true,
+    });
+    let tls =
+        tls::server_config_from_der(vec![p.leaf.clone()], p.leaf_key.clone_key(), None).unwrap();
+    let srv = TestServer::start(ServerConfig {
+        authorizer: Arc::new(auth),
+        tls: Some(tls),
+        tls_handshake_timeout: Duration::from_millis(300),
+        max_connections: 1,
+        ..Default::default()
+    })
+    .await;
+    // The start of a ClientHello record, then nothing.
+    let mut s = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00])
+        .await
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let closed = tokio::time::timeout(REFUSAL_BOUND, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "a stalled TLS handshake is held open");
+    let conn = Connection::connect_tls(srv.addr, &trusting(&p.ca, "localhost"), tok("app-token"))
+        .await
+        .expect("the slot was freed");
+    Admin::new(conn).list_topics().await.unwrap();
+    assert!(srv.stats.snapshot().tls_handshakes_failed >= 1);
+    srv.stop().await.unwrap();
+}

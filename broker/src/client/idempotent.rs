@@ -11,15 +11,30 @@
 //! the partitions that own their keys now. The server appends one
 //! connection's requests in the order it read them, so no record of a key
 //! is acknowledged ahead of an earlier one of the same key.
+//!
+//! Through a lost connection (the broker restarted, or was killed and
+//! started again on its directory): the task lets every batch in flight
+//! fail, connects again with backoff, and sends the unanswered batches
+//! again in the order they were first sent, each to the partition and
+//! with the producer id, epoch and first sequence it had. The server
+//! answers those it had appended with their first positions (its dedup
+//! state is rebuilt from the log at start) and appends the others, so
+//! nothing is lost or doubled and a key's records keep their order. At
+//! most [`RECENT_BATCHES`] batches of one partition are in flight, the
+//! number of batches the server remembers per partition: an older retry
+//! would not be recognised.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::time::Instant;
 
 use super::producer::{Ack, Item, ProducerConfig};
+use super::reconnect::{copy_error, is_lost, redial, Endpoint};
 use super::{ClientError, Connection};
 use crate::protocol::{ErrorCode, ProduceRecord, RangeOwner, Request, Response, Stamp};
+use crate::server::producers::RECENT_BATCHES;
 
 /// Rounds of `moved` one batch may follow before its records fail.
 const MAX_MOVES: u32 = 64;
@@ -87,9 +102,11 @@ pub(super) async fn init(conn: &Connection) -> Result<(u64, u32), ClientError> {
 
 /// Records bound for one partition, in send order.
 struct Batch {
-    /// When it was first sent: moved batches go again in this order.
+    /// When it was first sent: moved and lost batches go again in this order.
     order: u64,
     moves: u32,
+    /// The partition and first sequence it went out with.
+    sent_as: Option<(u32, u64)>,
     records: Vec<ProduceRecord>,
     acks: Vec<oneshot::Sender<Ack>>,
 }
@@ -98,6 +115,8 @@ type Answer = (Batch, Result<Response, ClientError>);
 
 struct Sender {
     conn: Connection,
+    /// Where to connect again; `None`: a lost connection fails the batches.
+    endpoint: Option<Endpoint>,
     config: ProducerConfig,
     producer_id: u64,
     epoch: u32,
@@ -105,20 +124,26 @@ struct Sender {
     route: Route,
     in_flight: Arc<Semaphore>,
     outstanding: usize,
+    /// Batches in flight per partition.
+    per_partition: HashMap<u32, usize>,
     done_tx: mpsc::UnboundedSender<Answer>,
+    done_rx: mpsc::UnboundedReceiver<Answer>,
     next_order: u64,
+    /// Batches answered `moved`, to route again.
+    moved: Vec<Batch>,
+    /// Batches whose connection was lost before their answer.
+    lost: Vec<Batch>,
+    /// A batch failed: its partition's sequence has a gap.
+    failed: bool,
+    /// The connection is gone and the last reconnect gave up: the next
+    /// batch connects first and takes a new epoch (the failed batches
+    /// left gaps).
+    broken: bool,
 }
 
 fn fail(acks: Vec<oneshot::Sender<Ack>>, e: &ClientError) {
     for a in acks {
-        let err = match e.code() {
-            Some(code) => ClientError::Server {
-                code,
-                message: e.to_string(),
-            },
-            None => ClientError::Disconnected(e.to_string()),
-        };
-        let _ = a.send(Err(err));
+        let _ = a.send(Err(copy_error(e)));
     }
 }
 
@@ -151,6 +176,7 @@ impl Sender {
                         Batch {
                             order,
                             moves,
+                            sent_as: None,
                             records: Vec::new(),
                             acks: Vec::new(),
                         },
@@ -166,10 +192,25 @@ impl Sender {
         }
     }
 
-    async fn send(&mut self, partition: u32, b: Batch) {
-        let seq = self.sequences.entry(partition).or_insert(0);
-        let first_sequence = *seq;
-        *seq += b.records.len() as u64;
+    /// Sends `b` to `partition`: with its old first sequence when it went
+    /// out before (a retry over a new connection), else the partition's next.
+    async fn send(&mut self, partition: u32, mut b: Batch) {
+        while self.per_partition.get(&partition).copied().unwrap_or(0) >= RECENT_BATCHES {
+            let Some(a) = self.done_rx.recv().await else {
+                break;
+            };
+            self.settle(a);
+        }
+        let first_sequence = match b.sent_as {
+            Some((_, seq)) => seq,
+            None => {
+                let seq = self.sequences.entry(partition).or_insert(0);
+                let first = *seq;
+                *seq += b.records.len() as u64;
+                b.sent_as = Some((partition, first));
+                first
+            }
+        };
         let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
             fail(
                 b.acks,
@@ -186,13 +227,14 @@ impl Sender {
                 epoch: self.epoch,
                 first_sequence,
             }),
-            // The records stay with the batch for a move; `Bytes` clones
-            // share their buffers.
+            // The records stay with the batch for a move or a retry;
+            // `Bytes` clones share their buffers.
             records: b.records.clone(),
         };
         match self.conn.start(req).await {
             Ok(pending) => {
                 self.outstanding += 1;
+                *self.per_partition.entry(partition).or_insert(0) += 1;
                 let tx = self.done_tx.clone();
                 tokio::spawn(async move {
                     let r = pending.wait().await;
@@ -200,50 +242,150 @@ impl Sender {
                     let _ = tx.send((b, r));
                 });
             }
-            Err(e) => fail(b.acks, &e),
+            Err(e) if is_lost(&e) && self.endpoint.is_some() => self.lost.push(b),
+            Err(e) => {
+                fail(b.acks, &e);
+                self.failed = true;
+            }
         }
     }
-}
 
-/// Acks a batch's records, or keeps a moved one for sending again;
-/// `true` when the batch failed (its sequence numbers are then a gap the
-/// server refuses every later batch of the partition for).
-fn settle(answer: Answer, moved: &mut Vec<Batch>) -> bool {
-    let (b, r) = answer;
-    match r {
-        Ok(Response::Produced { positions }) => {
-            for (i, a) in b.acks.into_iter().enumerate() {
-                let _ = a.send(Ok(positions.get(i).copied()));
+    /// Acks a batch's records, or keeps a moved or lost one for sending
+    /// again; a batch that failed leaves a gap in its partition's
+    /// sequence, which the server refuses every later batch of the
+    /// partition for, so `failed` is set.
+    fn settle(&mut self, answer: Answer) {
+        let (b, r) = answer;
+        self.outstanding -= 1;
+        if let Some((p, _)) = b.sent_as {
+            if let Some(n) = self.per_partition.get_mut(&p) {
+                *n = n.saturating_sub(1);
             }
         }
-        Ok(Response::Moved { message, .. }) => {
-            if b.moves >= MAX_MOVES {
-                fail(
-                    b.acks,
-                    &ClientError::Server {
-                        code: ErrorCode::Moved,
-                        message,
-                    },
-                );
-                return true;
-            } else {
-                moved.push(b);
+        match r {
+            Ok(Response::Produced { positions }) => {
+                for (i, a) in b.acks.into_iter().enumerate() {
+                    let _ = a.send(Ok(positions.get(i).copied()));
+                }
             }
-        }
-        Ok(other) => {
-            fail(b.acks, &ClientError::Unexpected(format!("{other:?}")));
-            return true;
-        }
-        Err(e) => {
-            fail(b.acks, &e);
-            return true;
+            Ok(Response::Moved { message, .. }) => {
+                if b.moves >= MAX_MOVES {
+                    fail(
+                        b.acks,
+                        &ClientError::Server {
+                            code: ErrorCode::Moved,
+                            message,
+                        },
+                    );
+                    self.failed = true;
+                } else {
+                    self.moved.push(b);
+                }
+            }
+            Ok(other) => {
+                fail(b.acks, &ClientError::Unexpected(format!("{other:?}")));
+                self.failed = true;
+            }
+            Err(e) if is_lost(&e) && self.endpoint.is_some() => self.lost.push(b),
+            Err(e) => {
+                fail(b.acks, &e);
+                self.failed = true;
+            }
         }
     }
-    false
+
+    /// Waits for every batch in flight to be answered.
+    async fn settle_all(&mut self) {
+        while self.outstanding > 0 {
+            let Some(a) = self.done_rx.recv().await else {
+                break;
+            };
+            self.settle(a);
+        }
+    }
+
+    /// A new connection to the endpoint, with the topic's routing fetched
+    /// over it, within the reconnect deadline counted from `since`.
+    async fn reconnect(&mut self, since: Instant) -> Result<(), ClientError> {
+        let Some(endpoint) = self.endpoint.clone() else {
+            return Err(ClientError::Disconnected("the connection closed".into()));
+        };
+        let topic = self.config.topic.clone();
+        let (conn, r) = redial(&endpoint, &self.config.reconnect, since, |c| {
+            let topic = topic.clone();
+            async move { route(&c, &topic).await }
+        })
+        .await?;
+        self.conn = conn;
+        self.route = r;
+        Ok(())
+    }
+
+    /// The lost batches go again over a new connection, in the order they
+    /// were first sent, each with the partition and sequence it had. If
+    /// no connection can be made in time they fail, and so do the moved
+    /// ones and the records queued meanwhile.
+    async fn resend_lost(&mut self, rx: &mut mpsc::Receiver<Item>) {
+        match self.reconnect(Instant::now()).await {
+            Ok(()) => {
+                let mut lost = std::mem::take(&mut self.lost);
+                lost.sort_by_key(|b| b.order);
+                for b in lost {
+                    match b.sent_as {
+                        Some((p, _)) => self.send(p, b).await,
+                        None => {
+                            self.send_all(b.records, b.acks, Some((b.order, b.moves)))
+                                .await
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                for b in self.lost.drain(..).chain(self.moved.drain(..)) {
+                    fail(b.acks, &e);
+                }
+                while let Ok(item) = rx.try_recv() {
+                    fail(vec![item.ack], &e);
+                }
+                self.broken = true;
+            }
+        }
+    }
+
+    /// After a reconnect that gave up: connects again and takes the next
+    /// epoch, which starts every partition's sequence at 0.
+    async fn revive(&mut self) -> Result<(), ClientError> {
+        self.reconnect(Instant::now()).await?;
+        self.next_epoch().await?;
+        self.broken = false;
+        Ok(())
+    }
+
+    async fn next_epoch(&mut self) -> Result<(), ClientError> {
+        match self
+            .conn
+            .call(Request::InitProducer {
+                producer_id: Some(self.producer_id),
+            })
+            .await?
+        {
+            Response::ProducerInit { epoch, .. } => {
+                self.epoch = epoch;
+                self.sequences.clear();
+                Ok(())
+            }
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
 }
 
 /// The producer's task (see the module's comment).
-pub(super) async fn run(conn: Connection, config: ProducerConfig, mut rx: mpsc::Receiver<Item>) {
+pub(super) async fn run(
+    conn: Connection,
+    endpoint: Option<Endpoint>,
+    config: ProducerConfig,
+    mut rx: mpsc::Receiver<Item>,
+) {
     let started = async {
         let (producer_id, epoch) = init(&conn).await?;
         let route = route(&conn, &config.topic).await?;
@@ -259,75 +401,62 @@ pub(super) async fn run(conn: Connection, config: ProducerConfig, mut rx: mpsc::
             return;
         }
     };
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    let (done_tx, done_rx) = mpsc::unbounded_channel();
     let mut s = Sender {
         in_flight: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
         conn,
+        endpoint,
         config,
         producer_id,
         epoch,
         sequences: HashMap::new(),
         route,
         outstanding: 0,
+        per_partition: HashMap::new(),
         done_tx,
+        done_rx,
         next_order: 0,
+        moved: Vec::new(),
+        lost: Vec::new(),
+        failed: false,
+        broken: false,
     };
-    let mut moved: Vec<Batch> = Vec::new();
-    let mut failed = false;
     let mut open = true;
     loop {
-        while let Ok(a) = done_rx.try_recv() {
-            s.outstanding -= 1;
-            failed |= settle(a, &mut moved);
+        while let Ok(a) = s.done_rx.try_recv() {
+            s.settle(a);
         }
-        if !moved.is_empty() || failed || !open {
+        if !s.moved.is_empty() || !s.lost.is_empty() || s.failed || !open {
             // Settle everything in flight before routing anew.
-            while s.outstanding > 0 {
-                let Some(a) = done_rx.recv().await else { break };
-                s.outstanding -= 1;
-                failed |= settle(a, &mut moved);
+            s.settle_all().await;
+            if !s.lost.is_empty() {
+                s.resend_lost(&mut rx).await;
+                continue;
             }
-            if failed {
+            if s.failed {
                 // A failed batch left a gap in its partition's sequence:
                 // the next epoch starts every partition at 0 again.
-                failed = false;
-                match s
-                    .conn
-                    .call(Request::InitProducer {
-                        producer_id: Some(s.producer_id),
-                    })
-                    .await
-                {
-                    Ok(Response::ProducerInit { epoch, .. }) => {
-                        s.epoch = epoch;
-                        s.sequences.clear();
-                    }
-                    Ok(other) => {
-                        let e = ClientError::Unexpected(format!("{other:?}"));
-                        for b in moved.drain(..) {
-                            fail(b.acks, &e);
-                        }
-                    }
-                    Err(e) => {
-                        for b in moved.drain(..) {
-                            fail(b.acks, &e);
-                        }
+                s.failed = false;
+                if let Err(e) = s.next_epoch().await {
+                    for b in s.moved.drain(..) {
+                        fail(b.acks, &e);
                     }
                 }
             }
-            if !moved.is_empty() {
+            if !s.moved.is_empty() {
                 let again = match self::route(&s.conn, &s.config.topic).await {
                     Ok(r) => r,
                     Err(e) => {
-                        for b in moved.drain(..) {
+                        for b in s.moved.drain(..) {
                             fail(b.acks, &e);
                         }
                         continue;
                     }
                 };
                 s.route = again;
+                let mut moved = std::mem::take(&mut s.moved);
                 moved.sort_by_key(|b| b.order);
-                for b in std::mem::take(&mut moved) {
+                for b in moved {
                     let order = Some((b.order, b.moves + 1));
                     s.send_all(b.records, b.acks, order).await;
                 }
@@ -342,9 +471,8 @@ pub(super) async fn run(conn: Connection, config: ProducerConfig, mut rx: mpsc::
                 Some(i) => i,
                 None => { open = false; continue; }
             },
-            Some(a) = done_rx.recv(), if s.outstanding > 0 => {
-                s.outstanding -= 1;
-                failed |= settle(a, &mut moved);
+            Some(a) = s.done_rx.recv(), if s.outstanding > 0 => {
+                s.settle(a);
                 continue;
             }
         };
@@ -352,6 +480,12 @@ pub(super) async fn run(conn: Connection, config: ProducerConfig, mut rx: mpsc::
         open = still_open;
         let (records, acks): (Vec<ProduceRecord>, Vec<oneshot::Sender<Ack>>) =
             batch.into_iter().map(|i| (i.record, i.ack)).unzip();
+        if s.broken {
+            if let Err(e) = s.revive().await {
+                fail(acks, &e);
+                continue;
+            }
+        }
         s.send_all(records, acks, None).await;
     }
 }

@@ -6,10 +6,12 @@ mod admin;
 mod consumer;
 mod idempotent;
 mod producer;
+mod reconnect;
 
 pub use admin::Admin;
 pub use consumer::{Consumer, ConsumerConfig};
 pub use producer::{Producer, ProducerConfig, SendFuture};
+pub use reconnect::{Endpoint, Reconnect};
 
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -31,6 +33,7 @@ const CLIENT_MAX_FRAME: u32 = 64 << 20;
 
 /// What a client call can fail with.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
     /// The server answered with an error code.
     #[error("{code}: {message}")]
@@ -56,6 +59,22 @@ pub enum ClientError {
     /// The server answered with a response of another kind.
     #[error("unexpected response: {0}")]
     Unexpected(String),
+    /// The connection was lost and no new one could be made within the
+    /// producer's reconnect deadline. A record failed with this may or may
+    /// not have been appended before the loss.
+    #[error(
+        "broker {addr} unreachable for {waited:?} ({attempts} attempts); last error: {last_error}"
+    )]
+    Unavailable {
+        /// The address tried.
+        addr: String,
+        /// Connection attempts made.
+        attempts: u32,
+        /// Time since the connection was lost.
+        waited: std::time::Duration,
+        /// Why the last attempt failed.
+        last_error: String,
+    },
 }
 
 impl ClientError {

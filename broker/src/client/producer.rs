@@ -3,6 +3,13 @@
 //! batches are unanswered at once. Batches are written in the order their
 //! records were sent, and the server appends one connection's batches in
 //! the order it read them, so per-key order holds.
+//!
+//! A producer made with [`Producer::connect`] connects again when its
+//! connection drops (bounded by [`ProducerConfig::reconnect`]). The
+//! idempotent one sends its unanswered batches again with the same
+//! producer id and sequence numbers, so the server's dedup drops what it
+//! had appended; the plain one can't tell what landed, so it fails its
+//! unanswered batches and sends the next ones over the new connection.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,6 +20,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use super::reconnect::{is_lost, redial, Endpoint, Reconnect};
 use super::{ClientError, Connection};
 use crate::protocol::{Acks, ProduceRecord, Request, Response};
 
@@ -36,11 +44,14 @@ pub struct ProducerConfig {
     /// never appended twice and a split never reorders a key (see
     /// docs/BROKER.md, "The idempotent producer").
     pub idempotent: bool,
+    /// How a producer made with [`Producer::connect`] reconnects after
+    /// its connection drops (unused by [`Producer::new`]).
+    pub reconnect: Reconnect,
 }
 
 impl ProducerConfig {
     /// Defaults for `topic`: leader acks, 1 ms linger, 1,000 records or
-    /// 1 MiB a batch, 8 batches in flight.
+    /// 1 MiB a batch, 8 batches in flight, [`Reconnect::default`].
     pub fn new(topic: &str) -> ProducerConfig {
         ProducerConfig {
             topic: topic.into(),
@@ -50,6 +61,7 @@ impl ProducerConfig {
             batch_bytes: 1 << 20,
             max_in_flight: 8,
             idempotent: false,
+            reconnect: Reconnect::default(),
         }
     }
 }
@@ -83,13 +95,29 @@ pub struct Producer {
 }
 
 impl Producer {
-    /// Starts the producer's batching task.
+    /// Starts the producer's batching task over `conn`; a lost
+    /// connection fails the records sent after it.
     pub fn new(conn: Connection, config: ProducerConfig) -> Producer {
+        Producer::start(conn, None, config)
+    }
+
+    /// Connects to `endpoint` and starts a producer that connects again
+    /// (TLS and token included) whenever its connection drops, within
+    /// `config.reconnect`. Fails if the first connection can't be made.
+    pub async fn connect(
+        endpoint: Endpoint,
+        config: ProducerConfig,
+    ) -> Result<Producer, ClientError> {
+        let conn = endpoint.connect().await?;
+        Ok(Producer::start(conn, Some(endpoint), config))
+    }
+
+    fn start(conn: Connection, endpoint: Option<Endpoint>, config: ProducerConfig) -> Producer {
         let (tx, rx) = mpsc::channel(config.batch_records.max(1) * 2);
         if config.idempotent {
-            tokio::spawn(super::idempotent::run(conn, config, rx));
+            tokio::spawn(super::idempotent::run(conn, endpoint, config, rx));
         } else {
-            tokio::spawn(run(conn, config, rx));
+            tokio::spawn(run(conn, endpoint, config, rx));
         }
         Producer { tx }
     }
@@ -137,7 +165,12 @@ pub(super) async fn gather(
     (batch, true)
 }
 
-async fn run(conn: Connection, config: ProducerConfig, mut rx: mpsc::Receiver<Item>) {
+async fn run(
+    mut conn: Connection,
+    endpoint: Option<Endpoint>,
+    config: ProducerConfig,
+    mut rx: mpsc::Receiver<Item>,
+) {
     let in_flight = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
     let mut open = true;
     while open {
@@ -154,12 +187,28 @@ async fn run(conn: Connection, config: ProducerConfig, mut rx: mpsc::Receiver<It
             acks: config.acks,
             records,
         };
-        let pending = match conn.start(req).await {
+        let mut started = conn.start(req.clone()).await;
+        if let (Err(e), Some(ep)) = (&started, &endpoint) {
+            // The write failed: the server got at most part of the frame,
+            // which it never carries out, so it goes again over a new
+            // connection.
+            if is_lost(e) {
+                let ready = |_| async { Ok(()) };
+                started =
+                    match redial(ep, &config.reconnect, tokio::time::Instant::now(), ready).await {
+                        Ok((c, ())) => {
+                            conn = c;
+                            conn.start(req).await
+                        }
+                        Err(e) => Err(e),
+                    };
+            }
+        }
+        let pending = match started {
             Ok(p) => p,
             Err(e) => {
-                let msg = e.to_string();
                 for a in acks {
-                    let _ = a.send(Err(ClientError::Disconnected(msg.clone())));
+                    let _ = a.send(Err(super::reconnect::copy_error(&e)));
                 }
                 continue;
             }

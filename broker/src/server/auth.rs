@@ -99,8 +99,11 @@ impl TokenAuthorizer {
         TokenAuthorizer::default()
     }
 
-    /// Adds a token.
+    /// Adds a token. A grant under a name already granted replaces the
+    /// earlier one: permissions are looked up by the principal's name, so
+    /// two grants under one name would lend one token the other's.
     pub fn grant(mut self, g: Grant) -> TokenAuthorizer {
+        self.grants.retain(|old| old.name != g.name);
         self.grants.push(g);
         self
     }
@@ -110,6 +113,13 @@ impl TokenAuthorizer {
         let f: AuthFile = serde_json::from_str(text).map_err(|e| format!("bad auth file: {e}"))?;
         if f.tokens.iter().any(|g| g.token.is_empty()) {
             return Err("bad auth file: an empty token".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        if let Some(g) = f.tokens.iter().find(|g| !names.insert(g.name.as_str())) {
+            return Err(format!(
+                "bad auth file: two grants are named {:?} (permissions are the name's, so each grant needs its own)",
+                g.name
+            ));
         }
         Ok(TokenAuthorizer { grants: f.tokens })
     }
@@ -174,6 +184,18 @@ mod tests {
         assert!(!constant_time_eq(b"secret", b"secret2"));
         assert!(!constant_time_eq(b"", b"x"));
         assert!(constant_time_eq(b"", b""));
+    }
+
+    #[test]
+    fn an_auth_file_with_two_grants_under_one_name_is_refused_naming_it() {
+        let text = r#"{"tokens": [
+            {"name": "svc", "token": "a", "admin": true},
+            {"name": "svc", "token": "b", "read": ["audit"]}
+        ]}"#;
+        let e = TokenAuthorizer::from_json(text).unwrap_err();
+        assert!(e.contains("\"svc\""), "{e}");
+        let ok = r#"{"tokens": [{"name": "svc", "token": "a"}, {"name": "ops", "token": "b"}]}"#;
+        assert!(TokenAuthorizer::from_json(ok).is_ok());
     }
 
     #[test]

@@ -104,6 +104,10 @@ where
     stats.connections_open.fetch_sub(1, Ordering::Relaxed);
 }
 
+/// The longest first frame (the `Hello`: versions, the client's name, a
+/// token) the server reads from a client that has not authenticated yet.
+const HELLO_MAX_BYTES: u32 = 64 << 10;
+
 async fn serve<S>(stream: S, shared: Arc<Shared>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -128,8 +132,19 @@ where
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let max = cfg.max_frame_bytes;
 
-    // The handshake: exactly one Hello, first.
-    let principal = match read_frame(&mut rd, &mut buf, max, &shared).await {
+    // The handshake: exactly one Hello, first, within the handshake
+    // timeout and at most `HELLO_MAX_BYTES`: before it, the client is
+    // nobody, and must not hold a connection slot or a frame's buffer.
+    let hello = tokio::time::timeout(
+        cfg.tls_handshake_timeout,
+        read_frame(&mut rd, &mut buf, max.min(HELLO_MAX_BYTES), &shared),
+    )
+    .await;
+    let Ok(hello) = hello else {
+        tracing::debug!("no Hello within the handshake timeout: closed");
+        return finish(writer, out).await;
+    };
+    let principal = match hello {
         Ok(Some(frame)) => match Request::decode(frame.opcode, frame.body) {
             Ok(Request::Hello {
                 min_version,

@@ -70,8 +70,10 @@ pub struct ServerConfig {
     /// Serve the protocol over TLS with this configuration (see
     /// [`crate::tls::server_config`]); `None`: plain TCP.
     pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
-    /// A TLS handshake not done within this is abandoned (a plaintext
-    /// client, a silent socket): the connection closes.
+    /// The handshake's bound: a TLS handshake not done within this is
+    /// abandoned (a plaintext client, a silent socket), and so is a
+    /// connection whose `Hello` (after TLS, or first on plain TCP) hasn't
+    /// arrived within it: the connection closes and frees its slot.
     pub tls_handshake_timeout: Duration,
     /// HTTP connections (metrics scrapes, live-view pages) served at once.
     pub http_max_connections: usize,

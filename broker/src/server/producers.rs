@@ -10,7 +10,7 @@
 //! partition's last records are all a restart needs to recognise a retry.
 //! Fetches and group polls never hand a stamp out.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -185,6 +185,28 @@ struct Ids {
     next: u64,
     /// Ids below this are reserved by the file: handed out without a write.
     reserved: u64,
+    /// The principal each id belongs to: the one it was handed to, or
+    /// (for an id from before a restart, or one evicted) the first to use
+    /// it since. Only its owner takes its next epoch or writes under it,
+    /// so one tenant can't fence another's producer. At most
+    /// `MAX_STATES`, the oldest ids go first.
+    owners: BTreeMap<u64, String>,
+}
+
+impl Ids {
+    /// Whether `principal` may use `id`; an id with no owner becomes its.
+    fn claim(&mut self, id: u64, principal: &str) -> bool {
+        match self.owners.get(&id) {
+            Some(owner) => owner == principal,
+            None => {
+                if self.owners.len() >= MAX_STATES {
+                    self.owners.pop_first();
+                }
+                self.owners.insert(id, principal.to_string());
+                true
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -222,6 +244,7 @@ impl Producers {
             ids: Mutex::new(Ids {
                 next,
                 reserved: next,
+                owners: BTreeMap::new(),
             }),
             states: Mutex::new(States::default()),
         };
@@ -321,12 +344,15 @@ impl Producers {
 
     /// A new producer id (epoch 0), or for `Some(id)` the id's next epoch,
     /// which fences its older one. Blocking: may write [`ID_FILE`].
-    pub fn init(&self, producer: Option<u64>) -> Result<(u64, u32), InitError> {
+    pub fn init(&self, producer: Option<u64>, principal: &str) -> Result<(u64, u32), InitError> {
         let mut ids = self.ids.lock().map_err(|_| InitError::Poisoned)?;
         match producer {
             Some(id) => {
                 if id == 0 || id >= ids.next {
                     return Err(InitError::UnknownProducer(id));
+                }
+                if !ids.claim(id, principal) {
+                    return Err(InitError::NotOwner(id));
                 }
                 let mut states = self.states.lock().map_err(|_| InitError::Poisoned)?;
                 let e = states.epochs.entry(id).or_insert(0);
@@ -341,9 +367,22 @@ impl Producers {
                 }
                 let id = ids.next;
                 ids.next += 1;
+                ids.claim(id, principal);
                 Ok((id, 0))
             }
         }
+    }
+}
+
+impl Producers {
+    /// Whether `principal` may write batches stamped with `producer`'s id
+    /// (see [`Producers::init`]); an id with no owner becomes its.
+    /// An id never handed out is nobody's (and not claimed, so stamps
+    /// made up by a client can't crowd the owners out).
+    pub fn may_use(&self, producer: u64, principal: &str) -> bool {
+        self.ids.lock().is_ok_and(|mut ids| {
+            producer == 0 || producer >= ids.next || ids.claim(producer, principal)
+        })
     }
 }
 
@@ -353,6 +392,9 @@ pub enum InitError {
     /// The id was never handed out.
     #[error("producer id {0} was never handed out")]
     UnknownProducer(u64),
+    /// The id belongs to another principal.
+    #[error("producer id {0} belongs to another principal")]
+    NotOwner(u64),
     /// The id used every epoch.
     #[error("producer id {0} has no epoch left")]
     EpochExhausted(u64),
@@ -492,20 +534,23 @@ mod tests {
                 Ids {
                     next,
                     reserved: next,
+                    owners: BTreeMap::new(),
                 }
             }),
             states: Mutex::new(States::default()),
         };
         let a = open();
-        let first: Vec<u64> = (0..3).map(|_| a.init(None).expect("an id").0).collect();
+        let first: Vec<u64> = (0..3)
+            .map(|_| a.init(None, "p").expect("an id").0)
+            .collect();
         drop(a);
         let b = open();
-        let again = b.init(None).expect("an id").0;
+        let again = b.init(None, "p").expect("an id").0;
         assert!(first.iter().all(|&id| id < again), "{first:?} then {again}");
         assert!(matches!(
-            b.init(Some(again + 5)),
+            b.init(Some(again + 5), "p"),
             Err(InitError::UnknownProducer(_))
         ));
-        assert_eq!(b.init(Some(first[0])).expect("an epoch").1, 1);
+        assert_eq!(b.init(Some(first[0]), "p").expect("an epoch").1, 1);
     }
 }

@@ -87,6 +87,15 @@ fn append_blocking(
             )
         })?;
     let producers = &conn.shared.producers;
+    if !producers.may_use(stamp.producer_id, &conn.principal.name) {
+        return Err(refused(
+            ErrorCode::Unauthorized,
+            format!(
+                "producer id {} belongs to another principal",
+                stamp.producer_id
+            ),
+        ));
+    }
     let current = producers.epoch(stamp.producer_id);
     if stamp.epoch < current {
         return Err(fenced(stamp, current));
@@ -248,9 +257,10 @@ pub(super) fn topology(conn: &Conn, topic: &str) -> Reply {
 /// `InitProducer`: a new id, or the next epoch of a known one.
 pub(super) async fn init_producer(conn: &Arc<Conn>, producer_id: Option<u64>) -> Reply {
     let c = conn.clone();
-    let r = blocking(move || c.shared.producers.init(producer_id)).await?;
+    let r = blocking(move || c.shared.producers.init(producer_id, &c.principal.name)).await?;
     match r {
         Ok((producer_id, epoch)) => Ok(Response::ProducerInit { producer_id, epoch }),
+        Err(e @ InitError::NotOwner(_)) => Err(refused(ErrorCode::Unauthorized, e.to_string())),
         Err(e @ InitError::UnknownProducer(_)) | Err(e @ InitError::EpochExhausted(_)) => {
             Err(refused(ErrorCode::InvalidRequest, e.to_string()))
         }

@@ -1,0 +1,169 @@
+//! Connecting again after a lost connection: where the broker is
+//! ([`Endpoint`]), how long to keep trying ([`Reconnect`]), and the
+//! bounded backoff loop the producer runs.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::{ClientError, Connection};
+use crate::protocol::ErrorCode;
+use crate::tls::ClientTls;
+
+/// How to reach a broker: its address, TLS if it serves TLS, and the
+/// token. A producer made with [`Producer::connect`](super::Producer::connect)
+/// keeps it to connect again (and shake hands again, TLS and token
+/// included) after its connection drops.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    /// `host:port`.
+    pub addr: String,
+    /// The server's TLS as the client checks it; `None` for plain TCP.
+    pub tls: Option<ClientTls>,
+    /// The `Hello`'s token.
+    pub token: Option<Bytes>,
+}
+
+impl Endpoint {
+    /// Plain TCP to `addr`, no token.
+    pub fn new(addr: impl Into<String>) -> Endpoint {
+        Endpoint {
+            addr: addr.into(),
+            tls: None,
+            token: None,
+        }
+    }
+
+    /// The same endpoint over TLS.
+    pub fn with_tls(mut self, tls: ClientTls) -> Endpoint {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The same endpoint with a token.
+    pub fn with_token(mut self, token: Bytes) -> Endpoint {
+        self.token = Some(token);
+        self
+    }
+
+    /// Connects once: TCP, TLS when configured, the handshake.
+    pub async fn connect(&self) -> Result<Connection, ClientError> {
+        match &self.tls {
+            Some(tls) => Connection::connect_tls(self.addr.as_str(), tls, self.token.clone()).await,
+            None => Connection::connect(self.addr.as_str(), self.token.clone()).await,
+        }
+    }
+}
+
+/// How a producer reconnects after its connection drops: it waits
+/// `backoff_min`, doubling up to `backoff_max` between attempts, and gives
+/// up once `deadline` has passed since the connection was lost; the
+/// records waiting then fail with [`ClientError::Unavailable`].
+#[derive(Clone, Debug)]
+pub struct Reconnect {
+    /// The first wait between attempts.
+    pub backoff_min: Duration,
+    /// The longest wait between attempts.
+    pub backoff_max: Duration,
+    /// How long after the loss attempts go on.
+    pub deadline: Duration,
+}
+
+impl Default for Reconnect {
+    /// 50 ms doubling up to 2 s, for at most 30 s.
+    fn default() -> Reconnect {
+        Reconnect {
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(2),
+            deadline: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Whether a call failed because the connection went (or the server is
+/// going): nothing about the request itself, so it may be sent again on
+/// a new connection.
+pub(super) fn is_lost(e: &ClientError) -> bool {
+    use std::io::ErrorKind;
+    match e {
+        ClientError::Disconnected(_) | ClientError::Connect(_) => true,
+        // A TLS handshake cut off by the server going away; a certificate
+        // that isn't trusted is `InvalidData` and won't change.
+        ClientError::Tls(io) => matches!(
+            io.kind(),
+            ErrorKind::UnexpectedEof
+                | ErrorKind::ConnectionReset
+                | ErrorKind::ConnectionAborted
+                | ErrorKind::BrokenPipe
+        ),
+        _ => e.code() == Some(ErrorCode::ShuttingDown),
+    }
+}
+
+/// A copy of `e` for each record it fails (`ClientError` holds I/O
+/// errors, which don't clone).
+pub(super) fn copy_error(e: &ClientError) -> ClientError {
+    match e {
+        ClientError::Server { code, message } => ClientError::Server {
+            code: *code,
+            message: message.clone(),
+        },
+        ClientError::Unavailable {
+            addr,
+            attempts,
+            waited,
+            last_error,
+        } => ClientError::Unavailable {
+            addr: addr.clone(),
+            attempts: *attempts,
+            waited: *waited,
+            last_error: last_error.clone(),
+        },
+        other => ClientError::Disconnected(other.to_string()),
+    }
+}
+
+/// Connects to `endpoint` and runs `ready` on the new connection (the
+/// producer's topology fetch), attempt after attempt with the policy's
+/// backoff, until one succeeds or `since + deadline` passes. A refusal
+/// that another attempt won't change (a bad token, an unknown topic)
+/// ends the attempts at once.
+pub(super) async fn redial<T, F, Fut>(
+    endpoint: &Endpoint,
+    policy: &Reconnect,
+    since: Instant,
+    mut ready: F,
+) -> Result<(Connection, T), ClientError>
+where
+    F: FnMut(Connection) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let mut backoff = policy.backoff_min.max(Duration::from_millis(1));
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let err = match endpoint.connect().await {
+            Ok(conn) => match ready(conn.clone()).await {
+                Ok(t) => return Ok((conn, t)),
+                Err(e) => e,
+            },
+            Err(e) => e,
+        };
+        if !is_lost(&err) {
+            return Err(err);
+        }
+        let waited = since.elapsed();
+        if waited + backoff > policy.deadline {
+            return Err(ClientError::Unavailable {
+                addr: endpoint.addr.clone(),
+                attempts,
+                waited,
+                last_error: err.to_string(),
+            });
+        }
+        tracing::debug!(addr = %endpoint.addr, attempts, error = %err, "reconnecting");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(policy.backoff_max.max(backoff));
+    }
+}

@@ -131,14 +131,18 @@ fn scenario(dir: &Path, n: u32) {
 
     let log = Log::open(dir, opts()).unwrap();
     assert!(log.recovery_report().clean_shutdown);
-    assert!(open_fds() <= ceiling(), "{} after the clean open", open_fds());
+    assert!(
+        open_fds() <= ceiling(),
+        "{} after the clean open",
+        open_fds()
+    );
     check_all(&log, n, |p| before_crash(p) + 1);
     log.close().unwrap();
 }
 
 #[test]
-fn every_partition_written_crashed_and_reopened_fits_a_descriptor_limit_below_the_partition_count(
-) {
+fn every_partition_written_crashed_and_reopened_fits_a_descriptor_limit_below_the_partition_count()
+{
     const NAME: &str =
         "every_partition_written_crashed_and_reopened_fits_a_descriptor_limit_below_the_partition_count";
     let (n, limit) = partitions();
@@ -146,7 +150,10 @@ fn every_partition_written_crashed_and_reopened_fits_a_descriptor_limit_below_th
         scenario(Path::new(&dir), n);
         return;
     }
-    assert!(u64::from(n) > limit, "the limit is below the partition count");
+    assert!(
+        u64::from(n) > limit,
+        "the limit is below the partition count"
+    );
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");

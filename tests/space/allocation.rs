@@ -829,7 +829,8 @@ fn descriptor_shortage_at_a_roll_scenario(dir: &Path) {
 #[test]
 fn a_descriptor_shortage_at_a_roll_is_relieved_by_the_budget_and_poisons_nothing() {
     let _serial = serial();
-    const NAME: &str = "a_descriptor_shortage_at_a_roll_is_relieved_by_the_budget_and_poisons_nothing";
+    const NAME: &str =
+        "a_descriptor_shortage_at_a_roll_is_relieved_by_the_budget_and_poisons_nothing";
     if let Some(dir) = child_dir(NAME) {
         descriptor_shortage_at_a_roll_scenario(&dir);
         return;

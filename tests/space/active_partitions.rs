@@ -93,7 +93,13 @@ fn check_all(log: &Log, n: u32, records: impl Fn(u32) -> u64) {
 
 /// Runs in the child, under the limit.
 fn scenario(dir: &Path, n: u32) {
-    let before_crash = |p: u32| if p % ROLLED == 0 { 1 + MORE } else { 1 };
+    let before_crash = |p: u32| {
+        if p.is_multiple_of(ROLLED) {
+            1 + MORE
+        } else {
+            1
+        }
+    };
     let log = Log::open(dir, opts()).unwrap();
     log.create_topic(
         "t",

@@ -419,11 +419,12 @@ pub struct LogOptions {
     /// holds. Default [`DEFAULT_MAX_MAPPED_SEGMENTS`], far below the
     /// kernel's default `vm.max_map_count` of 65,530 per process.
     pub max_mapped_segments: usize,
-    /// The most descriptors of segments that take no more appends the log
-    /// keeps open (a sealed segment keeps one only until a sync round has
-    /// made it durable; past this many the oldest are closed and opened
-    /// again by the round that syncs them). Active segments hold one each
-    /// besides, and the log itself a few (lock, journal, checkpoints).
+    /// The most descriptors of segments the log keeps open, active ones
+    /// included (a sealed segment keeps one only until a sync round has
+    /// made it durable; past this many the oldest are closed, and opened
+    /// again by the writer or the round that syncs them when needed). The
+    /// log itself holds a few besides (lock, journal, checkpoints), and a
+    /// sync round one chunk of about 256 while it runs.
     /// Default [`DEFAULT_MAX_OPEN_FILES`], well within the default
     /// `ulimit -n` of 1,024.
     pub max_open_files: usize,

@@ -21,7 +21,9 @@ use crate::events::EventHub;
 use crate::format::checkpoint::PartitionCheckpoint;
 use crate::format::manifest::{ManifestRecord, ManifestState};
 use crate::partition::{DirtyList, Partition, SyncCapture};
-use crate::storage::durability::{CheckpointFiles, GroupCommit, SyncTarget, Syncer};
+use crate::storage::durability::{
+    CheckpointFiles, GroupCommit, SyncTarget, Syncer, BATCH_OPEN_MAX,
+};
 use crate::storage::fault::IoHook;
 use crate::topology::manifest::Manifest;
 use crate::topology::model;
@@ -310,26 +312,39 @@ impl Core {
     }
 
     /// [`Core::sync_round`], or with `every` [`Core::clean_sync_round`].
+    ///
+    /// The round syncs its partitions in chunks of about
+    /// [`BATCH_OPEN_MAX`] files and directories, each chunk's descriptors
+    /// open only while it syncs (one submission each), the checkpoint in
+    /// the first: a round over 10,000 dirty partitions whose segments'
+    /// descriptors the budget closed opens them again 256 at a time, not
+    /// all at once. A partition's outcome is recorded once its chunk
+    /// synced. When a later chunk cannot open its files (a shortage), the
+    /// chunks before it stand, the rest stay dirty for the next round, and
+    /// the round fails with the typed error, nothing poisoned.
     fn round(&self, every: Option<&[Arc<Partition>]>) -> Result<()> {
         self.check_no_sync_failure()?;
         // Before the dirty list: see `take_checkpoint_request`.
         let requested = every.is_none() && self.take_checkpoint_request();
         let parts = self.take_dirty();
         let caps: Vec<SyncCapture> = parts.iter().map(|p| p.capture_unsynced()).collect();
-        // Nothing was synced: every capture stays unsynced (and dirty), and
-        // a request this round took goes to the next one.
-        let undo = |e: Error| {
-            for (p, c) in parts.iter().zip(&caps) {
+        // Nothing of `parts[from..]` was synced: those captures stay
+        // unsynced (and dirty), and a request this round took and did not
+        // serve goes to the next one.
+        let undo = |from: usize, unserved: bool| {
+            for (p, c) in parts.iter().zip(&caps).skip(from) {
                 p.sync_done(c, false);
             }
-            if requested {
+            if requested && unserved {
                 self.request_checkpoint();
             }
-            Err(e)
         };
-        let (mut targets, mut owner) = match round_targets(&parts, &caps) {
+        let mut chunk = match chunk_targets(&parts, &caps, 0) {
             Ok(t) => t,
-            Err(e) => return undo(e),
+            Err(e) => {
+                undo(0, true);
+                return Err(e);
+            }
         };
         let mut ck = self.checkpoint.lock();
         if every.is_none() {
@@ -337,31 +352,57 @@ impl Core {
             // checkpoint is due again anyway.
             match self.due_checkpoint(&mut ck, &parts, requested) {
                 Ok(Some(t)) => {
-                    targets.push(t);
-                    owner.push(None);
+                    chunk.0.push(t);
+                    chunk.1.push(None);
                 }
                 Ok(None) => {}
-                Err(e) => return undo(e),
+                Err(e) => {
+                    undo(0, true);
+                    return Err(e);
+                }
             }
         }
         let round = std::time::Instant::now();
-        let results = self.syncer.sync_all(&targets);
-        crate::metrics::sync_round(round.elapsed(), targets.len());
-        let (failed, first_err) = self.note_sync_results(&targets, &owner, results, &parts);
-        for (i, cap) in caps.iter().enumerate() {
-            if parts[i].sync_done(cap, !failed[i]) {
-                // The checkpoint lags one round: the next round writes
-                // the position this one made durable.
-                parts[i].mark_dirty();
+        let mut synced = 0;
+        let mut done = 0;
+        loop {
+            let (targets, owner, upto) = chunk;
+            let results = self.syncer.sync_all(&targets);
+            synced += targets.len();
+            let (failed, first_err) = self.note_sync_results(&targets, &owner, results, &parts);
+            // The chunk's descriptors close here (the budget keeps those
+            // it has room for).
+            drop(targets);
+            for i in done..upto {
+                if parts[i].sync_done(&caps[i], !failed[i]) {
+                    // The checkpoint lags one round: the next round writes
+                    // the position this one made durable.
+                    parts[i].mark_dirty();
+                }
             }
+            done = upto;
+            if let Some(e) = first_err {
+                drop(ck);
+                undo(done, false);
+                crate::metrics::sync_round(round.elapsed(), synced);
+                // Every later round fails at once: a `Durable` future
+                // waiting for one fails now, not never.
+                self.wake_sync_failures();
+                return Err(e);
+            }
+            if done == parts.len() {
+                break;
+            }
+            chunk = match chunk_targets(&parts, &caps, done) {
+                Ok(t) => t,
+                Err(e) => {
+                    crate::metrics::sync_round(round.elapsed(), synced);
+                    undo(done, false);
+                    return Err(e);
+                }
+            };
         }
-        if let Some(e) = first_err {
-            drop(ck);
-            // Every later round fails at once: a `Durable` future waiting
-            // for one fails now, not never.
-            self.wake_sync_failures();
-            return Err(e);
-        }
+        crate::metrics::sync_round(round.elapsed(), synced);
         if let Some(every) = every {
             self.write_clean_checkpoint(&mut ck, every)?;
         }
@@ -504,17 +545,21 @@ impl Core {
     }
 }
 
-/// The files and directories a round syncs for its partitions, each with
-/// the index of the partition it belongs to (`owner`, `None` for the
-/// checkpoint the round may add).
-fn round_targets(
+/// The files and directories one chunk of a round syncs: those of the
+/// partitions from `from` on, at least one, until about
+/// [`BATCH_OPEN_MAX`] targets are open; each with the index of the
+/// partition it belongs to (`owner`, `None` for the checkpoint the round
+/// may add), and the index after the chunk's last partition.
+fn chunk_targets(
     parts: &[Arc<Partition>],
     caps: &[SyncCapture],
-) -> Result<(Vec<SyncTarget>, Vec<Option<usize>>)> {
+    from: usize,
+) -> Result<(Vec<SyncTarget>, Vec<Option<usize>>, usize)> {
     let mut targets = Vec::new();
     let mut owner = Vec::new();
-    for (i, cap) in caps.iter().enumerate() {
-        match cap.targets(parts[i].dir()) {
+    let mut i = from;
+    while i < caps.len() && (i == from || targets.len() < BATCH_OPEN_MAX) {
+        match caps[i].targets(parts[i].dir()) {
             Ok(t) => {
                 owner.extend(std::iter::repeat_n(Some(i), t.len()));
                 targets.extend(t);
@@ -524,8 +569,9 @@ fn round_targets(
             Err(_) if parts[i].is_removed() => {}
             Err(e) => return Err(e),
         }
+        i += 1;
     }
-    Ok((targets, owner))
+    Ok((targets, owner, i))
 }
 
 /// How many partitions outside the dirty set get their entry (write rates)

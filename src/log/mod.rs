@@ -57,8 +57,9 @@ pub struct Log {
 ///
 /// The fsyncs are batched rather than two per partition one after another:
 /// every segment's data and every partition directory (naming its segment)
-/// in rounds of [`BATCH_OPEN_MAX`] partitions (the directories' descriptors
-/// are open only for their round), then the topic directory (naming the
+/// in rounds of [`BATCH_OPEN_MAX`] descriptors (half of them partitions:
+/// the segments' and the directories' descriptors are open only for
+/// their round), then the topic directory (naming the
 /// partition directories), then `topics/` (naming the topic directory).
 fn create_topic_files(
     core: &Core,
@@ -68,7 +69,8 @@ fn create_topic_files(
 ) -> Result<Vec<Arc<crate::storage::segment::Segment>>> {
     std::fs::create_dir_all(tdir).at(tdir)?;
     let mut segments = Vec::with_capacity(rec.partitions.len());
-    for batch in rec.partitions.chunks(BATCH_OPEN_MAX) {
+    // Two descriptors a partition (its segment, its directory).
+    for batch in rec.partitions.chunks(BATCH_OPEN_MAX / 2) {
         let mut targets = Vec::with_capacity(2 * batch.len());
         let mut synced = Vec::with_capacity(batch.len());
         for p in batch {
@@ -91,8 +93,13 @@ fn create_topic_files(
             synced.push((seg, pos));
         }
         core.syncer.sync_batch(&targets)?;
+        drop(targets);
         for (seg, pos) in synced {
             seg.set_synced_pos(pos);
+            // Nothing to write or sync until the first append: the topic
+            // holds no descriptor per partition (the writer opens the file
+            // again when it needs it).
+            seg.close_file();
             segments.push(seg);
         }
     }

@@ -2,15 +2,23 @@
 //! take no more appends.
 //!
 //! Every segment keeps what the OS lends it (its mapping and its open
-//! file) in a [`Resident`]. The active segment of a partition is pinned:
-//! its writer stores into its mapping and its file, and nothing here ever
-//! takes them. A segment that takes no more appends (rolled, or the last
-//! one of a sealed partition) becomes *evictable*: from then on its cached
-//! mapping and descriptor count against the [`Budget`], which gives them
-//! back, least recently used first, when there are more than it allows.
-//! Reading a segment whose mapping was given back maps it again (and
-//! opens its file for that call only); a sync round opens the file of a
-//! sealed segment that still has unsynced bytes again.
+//! file) in a [`Resident`]. The mapping of a partition's active segment
+//! is pinned: its writer stores into it, and nothing here ever takes it.
+//! Its descriptor is not: every writable segment's open file counts
+//! against the [`Budget`] once the segment is attached, so a log of
+//! 10,000 active partitions holds `max_open_files` descriptors of
+//! segments, not 10,000. The writer opens the file again when it needs it
+//! (allocating ahead of itself, a `pwrite` of a large batch) and keeps it
+//! until the budget closes it; a sync round opens the file of a segment
+//! with unsynced bytes again (a descriptor opened after a write still
+//! reports a writeback error nobody has seen: the kernel samples the
+//! file's error sequence at open as unseen, and only this log syncs the
+//! file). A segment that takes no more appends (rolled, or the last one
+//! of a sealed partition) becomes *evictable*: from then on its cached
+//! mapping counts against the budget too. Past its limits the budget
+//! gives back what it holds, least recently used first. Reading a segment
+//! whose mapping was given back maps it again (and opens its file for
+//! that call only).
 //!
 //! Eviction only drops the cache's reference. A [`Mapping`] is an `Arc`:
 //! a read batch (or the `Bytes` made from one) that holds it keeps it
@@ -66,13 +74,14 @@ impl Mapping {
 pub(crate) struct BudgetLimits {
     /// Mappings of evictable segments kept cached.
     pub max_mapped_segments: usize,
-    /// Descriptors of evictable segments kept open.
+    /// Descriptors of segments kept open (active ones included).
     pub max_open_files: usize,
 }
 
 /// What a log's budget of mappings and descriptors holds now
-/// ([`crate::Log::resource_stats`]). Counts segments that take no more
-/// appends; each active partition holds one mapping and one descriptor
+/// ([`crate::Log::resource_stats`]). Counts the mappings of segments
+/// that take no more appends and the descriptors of every segment
+/// (active ones included); each active partition holds one mapping
 /// besides, and a `ReadBatch` keeps the mapping it reads from alive after
 /// an eviction until it drops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -80,7 +89,7 @@ pub(crate) struct BudgetLimits {
 pub struct ResourceStats {
     /// Mappings of sealed segments the log keeps cached.
     pub mapped_segments: usize,
-    /// Descriptors of sealed segments the log keeps open.
+    /// Descriptors of segments (sealed or active) the log keeps open.
     pub open_segment_files: usize,
     /// [`crate::LogOptions::max_mapped_segments`].
     pub max_mapped_segments: usize,
@@ -243,8 +252,12 @@ struct ResidentState {
     map_counted: bool,
     file: Option<Arc<File>>,
     file_counted: bool,
-    /// Takes no more appends: what it holds may be given back.
+    /// Takes no more appends: its mapping may be given back.
     evictable: bool,
+    /// Its descriptor may be closed: every writable segment's, active
+    /// ones included (the writer and the sync round open the file again
+    /// when they need it; stores go through the mapping, which stays).
+    file_evictable: bool,
 }
 
 impl Resident {
@@ -299,11 +312,11 @@ impl Resident {
     /// Counts what it holds when it is evictable and attached; returns
     /// which resources the budget must admit.
     fn count_held(s: &mut ResidentState, attached: bool) -> (bool, bool) {
-        if !(attached && s.evictable) {
+        if !attached {
             return (false, false);
         }
-        let map = s.map.is_some() && !s.map_counted;
-        let file = s.file.is_some() && !s.file_counted;
+        let map = s.evictable && s.map.is_some() && !s.map_counted;
+        let file = (s.evictable || s.file_evictable) && s.file.is_some() && !s.file_counted;
         s.map_counted |= map;
         s.file_counted |= file;
         (map, file)
@@ -330,6 +343,18 @@ impl Resident {
             return;
         }
         let admit = Self::count_held(&mut self.state.lock(), true);
+        self.admit_counted(admit);
+    }
+
+    /// The segment's descriptor may be closed by the budget while it
+    /// still takes appends (its mapping stays pinned): a log of many
+    /// active partitions holds descriptors for the ones in use, not for
+    /// every partition.
+    pub(crate) fn make_file_evictable(self: &Arc<Self>) {
+        let mut s = self.state.lock();
+        s.file_evictable = true;
+        let admit = Self::count_held(&mut s, self.budget.get().is_some());
+        drop(s);
         self.admit_counted(admit);
     }
 
@@ -504,6 +529,30 @@ mod tests {
         assert!(pinned.is_mapped());
         assert!(!b.shed());
         assert!(pinned.is_mapped(), "shedding never takes a pinned mapping");
+    }
+
+    #[test]
+    fn descriptors_of_segments_that_take_appends_count_and_close_past_the_limit_while_their_mappings_stay(
+    ) {
+        let b = budget(8, 2);
+        let rs: Vec<_> = (0..3)
+            .map(|_| {
+                let f = File::open("/dev/null").expect("/dev/null opens");
+                let r = Resident::new(Some(mapping()), Some(Arc::new(f)));
+                r.attach(&b);
+                r.make_file_evictable();
+                r
+            })
+            .collect();
+        assert_eq!(b.counts().open_segment_files, 2);
+        assert_eq!(b.counts().files_evicted, 1);
+        assert!(rs[0].file().is_none(), "the oldest descriptor is closed");
+        assert!(rs[1].file().is_some() && rs[2].file().is_some());
+        assert_eq!(b.counts().mapped_segments, 0, "their mappings stay pinned");
+        assert!(rs.iter().all(|r| r.is_mapped()));
+        assert!(b.shed());
+        assert_eq!(b.counts().open_segment_files, 0);
+        assert!(rs.iter().all(|r| r.is_mapped()), "shedding keeps them too");
     }
 
     #[test]

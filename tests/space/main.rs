@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod active_partitions;
 mod allocation;
 mod budget;
 mod enospc_paths;

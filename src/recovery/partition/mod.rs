@@ -224,8 +224,12 @@ pub fn open_chain(p: &ChainParams<'_>) -> Result<OpenedChain> {
                     // changes nothing: keep the mapping, not the descriptor,
                     // so an open holds descriptors for what follows the
                     // checkpoint, not for every segment. Any other segment
-                    // keeps its descriptor, so repairs never need to open a
-                    // file again after this phase.
+                    // keeps its mapping and closes its descriptor too: a
+                    // repair opens the file again for its call, and the
+                    // sync rounds under the log's budget, so an open of
+                    // 10,000 active partitions fits in `ulimit -n` 1,024.
+                    // Opening every file here still fails the open on a
+                    // refused open or mapping before anything is repaired.
                     let settled = !p.mode.write
                         || info.seal.is_some_and(|(_, end_pos)| {
                             seg.file_len() == end_pos
@@ -235,6 +239,8 @@ pub fn open_chain(p: &ChainParams<'_>) -> Result<OpenedChain> {
                         || sealed_partition_end_settled(p, base, seg.file_len());
                     if settled {
                         seg.release_fd();
+                    } else if p.mode.write {
+                        seg.close_file();
                     }
                     SegmentFile::Opened(seg, info)
                 }

@@ -403,9 +403,22 @@ impl Segment {
     }
 
     /// Puts the segment's mapping and descriptor under the log's budget
-    /// (the partition that takes the segment does).
+    /// (the partition that takes the segment does). The descriptor counts
+    /// from now on, also while the segment takes appends; the mapping
+    /// once it takes no more.
     pub(crate) fn attach_budget(&self, budget: &Arc<Budget>) {
         self.res.attach(budget);
+        if self.writable {
+            self.res.make_file_evictable();
+        }
+    }
+
+    /// Closes the descriptor and keeps the mapping: a new topic's first
+    /// segments once synced, and every segment recovery opened, so that
+    /// neither holds a descriptor per partition. The writer and the sync
+    /// round open the file again when they need it.
+    pub(crate) fn close_file(&self) {
+        self.res.take_file();
     }
 
     /// The segment takes no more appends (it was rolled, or it is the last
@@ -710,15 +723,29 @@ impl Segment {
             && self.synced_pos() >= self.committed_pos()
     }
 
-    /// The open file, or the file opened again for one call when its
-    /// descriptor was released (a trim of a sealed segment at open).
+    /// The open file, or the file opened again when its descriptor was
+    /// released: kept (under the budget) for a segment that takes appends
+    /// in a partition (the writer's next allocation or `pwrite` needs it
+    /// too), for this call only otherwise (a trim of a sealed segment, a
+    /// repair at open). A shortage makes the budget give back what it
+    /// holds and the open is tried once more, then it is
+    /// [`Error::ResourceExhausted`] with nothing changed.
     fn file(&self) -> Result<Arc<File>> {
         if let Some(f) = self.res.file() {
             return Ok(f);
         }
-        open_file(&self.path, access(self.writable))
-            .map(Arc::new)
-            .map_err(Error::resource_typed)
+        let f = match open_file(&self.path, access(self.writable)) {
+            Err(e) if e.is_resource_shortage() && self.shed() => {
+                open_file(&self.path, access(self.writable))
+            }
+            r => r,
+        }
+        .map_err(Error::resource_typed)?;
+        let f = Arc::new(f);
+        if self.res.budget().is_some() && !self.takes_no_appends() {
+            return Ok(self.res.set_file(f));
+        }
+        Ok(f)
     }
 
     /// Closes the descriptor of a segment that is sealed, whose seal is

@@ -24,17 +24,19 @@
 //! replica agrees on.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fissionlog::{Log, LogOptions, Partition, ReadIsolation, TopicConfig};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, Raft, ServerState};
 use tokio::sync::watch;
 
-use crate::client::{ClientCall, ClientReply, ClientRequest, ClientResponse};
-use crate::mem_log::MemLogStore;
+use crate::client::{ClientCall, ClientReply, ClientRequest, ClientResponse, ReadRecord};
+use crate::log_store::LogStore;
 use crate::network::{BoxFuture, ClientDispatch, Network, RaftRegistry};
-use crate::state_machine::{NoCommittedEnd, PartitionState, PartitionStateMachine, StampVerdict};
+use crate::state_machine::{CommittedEndSink, PartitionState, PartitionStateMachine, StampVerdict};
 use crate::types::{Command, CommandResponse, GroupId, NodeId, ProducerStamp, RecordIn};
 
 /// Most records one read call returns.
@@ -65,7 +67,8 @@ type InFlightKey = (u64, u32, u64);
 struct Group {
     raft: Raft<crate::types::TypeConfig>,
     sm: PartitionStateMachine,
-    log: MemLogStore,
+    /// The group's partition: the Raft log and what clients read.
+    part: Arc<Partition>,
     /// Serialises the dedup check and the proposal of stamped batches.
     propose: tokio::sync::Mutex<HashMap<InFlightKey, watch::Receiver<Option<ClientReply>>>>,
 }
@@ -77,6 +80,8 @@ pub struct Node {
     groups: Arc<HashMap<GroupId, Arc<Group>>>,
     registry: RaftRegistry,
     peers: Arc<BTreeMap<NodeId, String>>,
+    /// Held open while the node runs (its directory lock too).
+    _log: Arc<Log>,
 }
 
 impl std::fmt::Debug for Node {
@@ -94,6 +99,15 @@ pub enum NodeError {
     /// openraft refused the configuration.
     #[error("raft configuration refused: {0}")]
     Config(#[from] openraft::ConfigError),
+    /// The node's log directory, or a group's storage in it, could not
+    /// be opened.
+    #[error("storage of {what} did not open: {reason}")]
+    Storage {
+        /// The directory or the group's topic.
+        what: String,
+        /// What the library said.
+        reason: String,
+    },
     /// openraft could not start a group.
     #[error("group {group} did not start: {reason}")]
     GroupStart {
@@ -105,28 +119,61 @@ pub enum NodeError {
 }
 
 impl Node {
-    /// Starts node `id` hosting `groups`, its peers (id → address,
-    /// itself included) used to initialise a group that is given none.
+    /// Starts node `id` hosting `groups` on the fissionlog log in `dir`
+    /// (created if absent; a restarted node finds its groups' logs, votes
+    /// and committed ids there), its peers (id → address, itself
+    /// included) used to initialise a group that is given none.
+    ///
+    /// Each group is its own replicated topic, `group-<id>`, of one
+    /// partition: a group's storage (segments, vote, `raft-meta`,
+    /// `raft-stamps`) is one directory, hosting a group is creating a
+    /// topic, and there is no topic-wide partition count for a restart with
+    /// other groups to disagree with. The log's sync round covers every
+    /// topic, so the groups still share one group commit.
     pub async fn start(
         id: NodeId,
+        dir: &Path,
         groups: &[GroupId],
         peers: BTreeMap<NodeId, String>,
         network: &Network,
     ) -> Result<Node, NodeError> {
         let config = Arc::new(raft_config().validate()?);
         let registry = RaftRegistry::default();
+        let storage = |what: String| {
+            move |e: fissionlog::Error| NodeError::Storage {
+                what,
+                reason: e.to_string(),
+            }
+        };
+        let log =
+            Log::open(dir, LogOptions::default()).map_err(storage(dir.display().to_string()))?;
         let mut hosted = HashMap::new();
         for &group in groups {
-            // The one place the group's storage is chosen: the in-memory
-            // stepping stone until the partition-backed log storage lands.
-            let log = MemLogStore::new();
-            let sm =
-                PartitionStateMachine::new(PartitionState::default(), Arc::new(NoCommittedEnd));
+            let name = group_topic(group);
+            let topic = match log.topic(&name) {
+                Ok(t) => t,
+                Err(fissionlog::Error::UnknownTopic(_)) => log
+                    .create_topic(&name, group_topic_config())
+                    .map_err(storage(name.clone()))?,
+                Err(e) => return Err(storage(name)(e)),
+            };
+            let store = LogStore::open(topic, 0).map_err(|e| NodeError::Storage {
+                what: name.clone(),
+                reason: e.to_string(),
+            })?;
+            let part = store.partition().clone();
+            // The state machine starts empty: openraft applies the log
+            // again up to the saved committed id, which rebuilds the
+            // offsets, the dedup table and the high watermark.
+            let sm = PartitionStateMachine::new(
+                PartitionState::default(),
+                Arc::new(PartitionCommittedEnd(part.clone())),
+            );
             let raft = Raft::new(
                 id,
                 config.clone(),
                 network.factory(group),
-                log.clone(),
+                store,
                 sm.clone(),
             )
             .await
@@ -140,7 +187,7 @@ impl Node {
                 Arc::new(Group {
                     raft,
                     sm,
-                    log,
+                    part,
                     propose: tokio::sync::Mutex::new(HashMap::new()),
                 }),
             );
@@ -150,6 +197,7 @@ impl Node {
             groups: Arc::new(hosted),
             registry,
             peers: Arc::new(peers),
+            _log: Arc::new(log),
         })
     }
 
@@ -234,6 +282,34 @@ impl ClientDispatch for Node {
     }
 }
 
+/// The replicated topic holding `group`'s log.
+fn group_topic(group: GroupId) -> String {
+    format!("group-{}", group.0)
+}
+
+fn group_topic_config() -> TopicConfig {
+    let mut cfg = TopicConfig {
+        partitions: 1,
+        replicated: true,
+        // Any record a read answer can carry (one frame).
+        max_record_bytes: MAX_READ_BYTES as u32,
+        ..TopicConfig::default()
+    };
+    // A replicated topic's splits are the controller's.
+    cfg.balance.enabled = false;
+    cfg
+}
+
+/// Publishes the state machine's high watermark to the partition, where
+/// `ReadIsolation::Committed` reads see it.
+struct PartitionCommittedEnd(Arc<Partition>);
+
+impl CommittedEndSink for PartitionCommittedEnd {
+    fn publish(&self, end_offset: u64) {
+        self.0.set_committed_end(end_offset);
+    }
+}
+
 fn not_hosted(group: GroupId) -> ClientReply {
     ClientReply::Failed {
         reason: format!("group {} is not hosted on this node", group.0),
@@ -247,27 +323,48 @@ fn read(g: &Group, from_offset: u64, max_records: u32) -> ClientReply {
         };
     };
     let max = max_records.min(MAX_READ_RECORDS) as usize;
-    match g.log.read_committed(from_offset, max, committed_end) {
-        Ok(mut records) => {
-            // The answer must fit one frame: keep at least one record and
-            // stop before the payload bytes pass the bound.
-            let mut bytes = 0usize;
-            let keep = records
-                .iter()
-                .position(|r| {
-                    bytes += r.value.len() + r.key.as_ref().map_or(0, Vec::len) + 32;
-                    bytes > MAX_READ_BYTES
-                })
-                .map_or(records.len(), |i| i.max(1));
-            records.truncate(keep);
-            ClientReply::Records {
-                records,
-                committed_end,
+    // The partition's committed reads: below the high watermark the state
+    // machine published and below the durable end.
+    let batch = match g
+        .part
+        .read_with(from_offset, MAX_READ_BYTES, ReadIsolation::Committed)
+    {
+        Ok(b) => b,
+        Err(e) => {
+            return ClientReply::Failed {
+                reason: e.to_string(),
             }
         }
-        Err(e) => ClientReply::Failed {
-            reason: e.to_string(),
-        },
+    };
+    let mut records = Vec::new();
+    // The answer must fit one frame: keep at least one record and stop
+    // before the payload bytes pass the bound.
+    let mut bytes = 0usize;
+    for r in batch.try_iter() {
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                return ClientReply::Failed {
+                    reason: e.to_string(),
+                }
+            }
+        };
+        if r.offset < from_offset {
+            continue;
+        }
+        bytes += r.value.len() + r.key.map_or(0, <[u8]>::len) + 32;
+        if records.len() >= max || (bytes > MAX_READ_BYTES && !records.is_empty()) {
+            break;
+        }
+        records.push(ReadRecord {
+            offset: r.offset,
+            key: r.key.map(<[u8]>::to_vec),
+            value: r.value.to_vec(),
+        });
+    }
+    ClientReply::Records {
+        records,
+        committed_end,
     }
 }
 

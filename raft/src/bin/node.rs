@@ -135,7 +135,7 @@ async fn run(args: Args) -> Result<(), String> {
     let cfg = NetworkConfig::default();
     let network = Network::new(args.node_id, cfg.clone());
     let groups: Vec<GroupId> = (0..args.groups).map(|p| GroupId::partition(0, p)).collect();
-    let node = Node::start(args.node_id, &groups, peers, &network)
+    let node = Node::start(args.node_id, &args.dir, &groups, peers, &network)
         .await
         .map_err(|e| e.to_string())?;
     let server = Server::start(

@@ -24,56 +24,104 @@ const PRODUCERS: u64 = 8;
 const ACKS_PER_PHASE: usize = 80;
 const GROUP: GroupId = GroupId(0);
 
-/// A node process, SIGKILLed when dropped.
+/// A node process, SIGKILLed when dropped. Its data lives in `data/` of
+/// its temporary directory and its stderr (tracing at `RUST_LOG`, `info`
+/// for fissionlog and openraft's warnings when unset) in `node.log` beside
+/// it, appended to across restarts; a failing test prints each node's log
+/// tail and keeps the directory.
 struct NodeProc {
     id: NodeId,
     addr: String,
     child: Child,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
+
+/// Lines of each node's log printed when a test fails.
+const LOG_TAIL_LINES: usize = 80;
 
 impl NodeProc {
     fn start(id: NodeId) -> NodeProc {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fissionlog-raft"))
-            .arg("--dir")
-            .arg(dir.path())
-            .args(["--node-id", &id.to_string(), "--listen", "127.0.0.1:0"])
-            .arg("--exit-on-stdin-close")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the node binary");
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let mut line = String::new();
-        // The node prints its address once it serves; a node that dies
-        // first closes stdout and the read returns empty.
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the node's first line");
-        let addr = line
-            .strip_prefix("listening ")
-            .unwrap_or_else(|| panic!("node {id} did not start: {line:?}"))
-            .trim()
-            .to_string();
+        let (child, addr) = spawn_node(id, dir.path(), "127.0.0.1:0");
         NodeProc {
             id,
             addr,
             child,
-            _dir: dir,
+            dir,
         }
+    }
+
+    /// Starts the node again on its directory and its address (peers
+    /// know it by the address in the group's membership).
+    fn restart(&mut self) {
+        self.kill();
+        let (child, addr) = spawn_node(self.id, self.dir.path(), &self.addr);
+        assert_eq!(addr, self.addr, "node {} kept its address", self.id);
+        self.child = child;
     }
 
     fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.path().join("node.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
+    }
+}
+
+fn spawn_node(id: NodeId, base: &std::path::Path, listen: &str) -> (Child, String) {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(base.join("node.log"))
+        .expect("open the node's log file");
+    let filter = std::env::var("RUST_LOG")
+        .unwrap_or_else(|_| "warn,fissionlog_raft=info,fissionlog=info".to_string());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fissionlog-raft"))
+        .arg("--dir")
+        .arg(base.join("data"))
+        .args(["--node-id", &id.to_string(), "--listen", listen])
+        .arg("--exit-on-stdin-close")
+        .env("RUST_LOG", filter)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("spawn the node binary");
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut line = String::new();
+    // The node prints its address once it serves; a node that dies
+    // first closes stdout and the read returns empty.
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the node's first line");
+    let addr = line
+        .strip_prefix("listening ")
+        .unwrap_or_else(|| {
+            let log = std::fs::read_to_string(base.join("node.log")).unwrap_or_default();
+            panic!("node {id} did not start: {line:?}\n{log}")
+        })
+        .trim()
+        .to_string();
+    (child, addr)
 }
 
 impl Drop for NodeProc {
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() {
+            // Kept for a look at the whole log and the data.
+            self.dir.disable_cleanup(true);
+            eprintln!(
+                "--- node {} log tail ({}) ---\n{}",
+                self.id,
+                self.dir.path().join("node.log").display(),
+                self.log_tail()
+            );
+        }
     }
 }
 

@@ -180,3 +180,32 @@ async fn a_read_answer_stops_before_it_outgrows_a_frame() {
     assert_eq!(offsets, vec![0, 1]);
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_read_at_the_committed_end_answers_no_records_and_the_end_instead_of_failing() {
+    let (node, _dir) = single_node().await;
+    let read_from = |from_offset| ClientCall::Read {
+        group: G,
+        from_offset,
+        max_records: 100,
+    };
+    // An empty log: its end is 0.
+    assert_eq!(
+        node.handle(read_from(0)).await,
+        ClientReply::Records {
+            records: Vec::new(),
+            committed_end: 0
+        }
+    );
+    assert_eq!(node.handle(stamped(0)).await, applied(0));
+    assert_eq!(committed(&node).await, vec![(0, b"v0".to_vec())]);
+    // A reader that has read everything asks again from the end.
+    assert_eq!(
+        node.handle(read_from(1)).await,
+        ClientReply::Records {
+            records: Vec::new(),
+            committed_end: 1
+        }
+    );
+    node.shutdown().await;
+}

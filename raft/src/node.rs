@@ -330,6 +330,15 @@ fn read(g: &Group, from_offset: u64, max_records: u32) -> ClientReply {
         .read_with(from_offset, MAX_READ_BYTES, ReadIsolation::Committed)
     {
         Ok(b) => b,
+        // At or past what is visible: nothing to read yet. A reader that
+        // has read everything asks again from the end, and must not be
+        // told it failed.
+        Err(fissionlog::Error::OffsetOutOfRange { offset, end, .. }) if offset >= end => {
+            return ClientReply::Records {
+                records: Vec::new(),
+                committed_end,
+            }
+        }
         Err(e) => {
             return ClientReply::Failed {
                 reason: e.to_string(),

@@ -11,10 +11,13 @@
 //! *before* proposing it, and proposes it only when it is the producer's
 //! next one:
 //!
-//! 1. it waits until its state machine has applied an entry of its own
-//!    term (its first blank): from then on every entry of an older term
-//!    that this leader's log holds is applied, so the dedup table knows
-//!    every earlier copy that could still commit;
+//! 1. it waits until its state machine has applied every entry its log
+//!    held when it first checked a stamp in this term (and an entry of its
+//!    own term): then the dedup table knows every earlier copy that could
+//!    still commit. An entry of its own term alone is not enough: openraft
+//!    0.9 restores a restarted leader whose vote is committed at once, in
+//!    its old term and with no new blank, and its log can then hold
+//!    entries of that term beyond what it has applied;
 //! 2. under a per-group lock, it looks at the batches it proposed itself
 //!    and that are not applied yet (a retry of one of those waits for that
 //!    one's answer), then at the dedup table;
@@ -71,6 +74,11 @@ struct Group {
     part: Arc<Partition>,
     /// Serialises the dedup check and the proposal of stamped batches.
     propose: tokio::sync::Mutex<HashMap<InFlightKey, watch::Receiver<Option<ClientReply>>>>,
+    /// `(term, index)`: the last log index when this process first
+    /// checked a stamp as leader in `term`. Entries up to it may be copies
+    /// this leader did not propose; they must be applied before a stamp
+    /// is checked against the dedup table.
+    inherited_end: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
 /// A node: its groups and its client calls.
@@ -189,6 +197,7 @@ impl Node {
                     sm,
                     part,
                     propose: tokio::sync::Mutex::new(HashMap::new()),
+                    inherited_end: std::sync::Mutex::new(None),
                 }),
             );
         }
@@ -394,8 +403,25 @@ fn not_leader(g: &Group) -> ClientReply {
     }
 }
 
+/// The last log index this leader inherited in `term` (see [`Group`]):
+/// fixed at the first call in that term.
+fn inherited_end(g: &Group, term: u64, last_log_index: u64) -> u64 {
+    let mut at = g
+        .inherited_end
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    match *at {
+        Some((t, index)) if t == term => index,
+        _ => {
+            *at = Some((term, last_log_index));
+            last_log_index
+        }
+    }
+}
+
 /// Waits until this node leads the group and has applied an entry of its
-/// own term; `Err` with the answer to give when it is not the leader.
+/// own term and every entry its log held when it first checked a stamp in
+/// this term; `Err` with the answer to give when it is not the leader.
 async fn leader_ready(g: &Group) -> Result<(), ClientReply> {
     let mut metrics = g.raft.metrics();
     let wait = async {
@@ -405,8 +431,11 @@ async fn leader_ready(g: &Group) -> Result<(), ClientReply> {
                 if m.state != ServerState::Leader {
                     return false;
                 }
-                if m.last_applied.map(|l| l.leader_id.term) == Some(m.current_term) {
-                    return true;
+                let target = inherited_end(g, m.current_term, m.last_log_index.unwrap_or(0));
+                if let Some(applied) = m.last_applied {
+                    if applied.leader_id.term == m.current_term && applied.index >= target {
+                        return true;
+                    }
                 }
             }
             if metrics.changed().await.is_err() {

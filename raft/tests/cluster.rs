@@ -321,8 +321,7 @@ impl Cluster {
     /// the committed reader running.
     async fn start() -> Cluster {
         let nodes: Vec<NodeProc> = (1..=3).map(NodeProc::start).collect();
-        let members: Vec<(NodeId, String)> =
-            nodes.iter().map(|n| (n.id, n.addr.clone())).collect();
+        let members: Vec<(NodeId, String)> = nodes.iter().map(|n| (n.id, n.addr.clone())).collect();
         let init = call(
             &nodes[0].addr,
             ClientCall::Initialize {
@@ -591,7 +590,8 @@ fn every_acknowledged_append_survives_a_sigkill_of_all_three_nodes_once_and_in_o
         }
         // The restarted nodes elect a leader from their own logs and
         // votes, and the producers' retries find their first copies.
-        c.wait_acks(acked_before_kill, ACKS_PER_PHASE / 2, None).await;
+        c.wait_acks(acked_before_kill, ACKS_PER_PHASE / 2, None)
+            .await;
         c.finish_and_check().await;
     });
 }

@@ -96,7 +96,11 @@ fn init_logging() -> Result<(), String> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let spec = std::env::var("RUST_LOG").unwrap_or_default();
-    let spec = if spec.trim().is_empty() { "warn" } else { spec.trim() };
+    let spec = if spec.trim().is_empty() {
+        "warn"
+    } else {
+        spec.trim()
+    };
     let filter: tracing_subscriber::filter::Targets = spec
         .parse()
         .map_err(|e| format!("RUST_LOG {spec:?} does not parse: {e}"))?;
@@ -104,7 +108,10 @@ fn init_logging() -> Result<(), String> {
         .with_writer(std::io::stderr)
         .with_ansi(false);
     // A second subscriber cannot be installed in this process anyway.
-    let _ = tracing_subscriber::registry().with(fmt).with(filter).try_init();
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(filter)
+        .try_init();
     Ok(())
 }
 

@@ -20,12 +20,10 @@
 //!
 //! ## Not done yet
 //!
-//! The node's groups run on [`mem_log::MemLogStore`], an in-memory log: a
-//! stepping stone, not replication (nothing is durable). Built beside it:
-//! [`LogStore`] / [`LogReader`], openraft's log storage over a replicated
-//! partition with openraft's storage suite, and the [`MetaFile`] (purged
-//! and committed ids); the node does not use them yet. Missing: the node
-//! on [`LogStore`]; the controller group; splits across nodes; the fault
+//! The node's groups run on [`LogStore`] / [`LogReader`] over replicated
+//! partitions, with the [`MetaFile`] (purged and committed ids);
+//! [`mem_log::MemLogStore`] is kept for tests only. Missing: the controller
+//! group; splits across nodes; the fault
 //! campaigns and benchmarks (docs/REPLICATION.md, "Status").
 //!
 //! The single-node library does not depend on this crate: a broker that

@@ -22,13 +22,12 @@
 //!
 //! ## Not done yet
 //!
-//! The node's groups run on [`mem_log::MemLogStore`], an in-memory log: a
-//! stepping stone, not replication (nothing is durable). Built beside it:
-//! [`LogStore`] / [`LogReader`], openraft's log storage over a replicated
-//! partition with openraft's storage suite, and the [`MetaFile`] (purged
-//! and committed ids); the node does not use them yet. Missing: the node
-//! on [`LogStore`]; the node hosting the controller group; splits across nodes; the fault
-//! campaigns and benchmarks (docs/REPLICATION.md, "Status").
+//! The node's groups run on [`LogStore`] / [`LogReader`] over replicated
+//! partitions, with the [`MetaFile`] (purged and committed ids);
+//! [`mem_log::MemLogStore`] is kept for tests only. The controller group
+//! ([`controller`]) is built but the node does not host it yet. Missing:
+//! the node hosting it; splits across nodes; the fault campaigns and
+//! benchmarks (docs/REPLICATION.md, "Status").
 //!
 //! The single-node library does not depend on this crate: a broker that
 //! does not replicate compiles none of openraft, tokio or postcard.

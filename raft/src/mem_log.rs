@@ -3,10 +3,12 @@
 //! It keeps a group's vote and entries in memory only, so a node that
 //! restarts has forgotten both: it must never rejoin a cluster with the
 //! same id (it could vote twice in one term, and it has lost entries a
-//! quorum counted). It exists so the state machine, the transport and the
-//! node can run openraft end to end while the partition-backed log storage
-//! (`log_store.rs`, over a format-2 partition) is being built; the node
-//! opens its groups through one function, so swapping it in is one line.
+//! quorum counted). The node runs on the partition-backed log storage
+//! (`log_store.rs`); this one is kept for two tests: the real state
+//! machine's run of openraft's storage suite (whose cases include a log
+//! with a hole, which a partition refuses), and the append-callback
+//! test's control run, which must fail because this storage calls the
+//! callback on write.
 //!
 //! It also answers committed reads the way the partition will: a data
 //! entry's records take dense offsets, control entries take none.

@@ -11,10 +11,13 @@
 //! *before* proposing it, and proposes it only when it is the producer's
 //! next one:
 //!
-//! 1. it waits until its state machine has applied an entry of its own
-//!    term (its first blank): from then on every entry of an older term
-//!    that this leader's log holds is applied, so the dedup table knows
-//!    every earlier copy that could still commit;
+//! 1. it waits until its state machine has applied every entry its log
+//!    held when it first checked a stamp in this term (and an entry of its
+//!    own term): then the dedup table knows every earlier copy that could
+//!    still commit. An entry of its own term alone is not enough: openraft
+//!    0.9 restores a restarted leader whose vote is committed at once, in
+//!    its old term and with no new blank, and its log can then hold
+//!    entries of that term beyond what it has applied;
 //! 2. under a per-group lock, it looks at the batches it proposed itself
 //!    and that are not applied yet (a retry of one of those waits for that
 //!    one's answer), then at the dedup table;
@@ -24,17 +27,19 @@
 //! replica agrees on.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fissionlog::{Log, LogOptions, Partition, ReadIsolation, TopicConfig};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, Raft, ServerState};
 use tokio::sync::watch;
 
-use crate::client::{ClientCall, ClientReply, ClientRequest, ClientResponse};
-use crate::mem_log::MemLogStore;
+use crate::client::{ClientCall, ClientReply, ClientRequest, ClientResponse, ReadRecord};
+use crate::log_store::LogStore;
 use crate::network::{BoxFuture, ClientDispatch, Network, RaftRegistry};
-use crate::state_machine::{NoCommittedEnd, PartitionState, PartitionStateMachine, StampVerdict};
+use crate::state_machine::{CommittedEndSink, PartitionState, PartitionStateMachine, StampVerdict};
 use crate::types::{Command, CommandResponse, GroupId, NodeId, ProducerStamp, RecordIn};
 
 /// Most records one read call returns.
@@ -65,9 +70,15 @@ type InFlightKey = (u64, u32, u64);
 struct Group {
     raft: Raft<crate::types::TypeConfig>,
     sm: PartitionStateMachine,
-    log: MemLogStore,
+    /// The group's partition: the Raft log and what clients read.
+    part: Arc<Partition>,
     /// Serialises the dedup check and the proposal of stamped batches.
     propose: tokio::sync::Mutex<HashMap<InFlightKey, watch::Receiver<Option<ClientReply>>>>,
+    /// `(term, index)`: the last log index when this process first
+    /// checked a stamp as leader in `term`. Entries up to it may be copies
+    /// this leader did not propose; they must be applied before a stamp
+    /// is checked against the dedup table.
+    inherited_end: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
 /// A node: its groups and its client calls.
@@ -77,6 +88,8 @@ pub struct Node {
     groups: Arc<HashMap<GroupId, Arc<Group>>>,
     registry: RaftRegistry,
     peers: Arc<BTreeMap<NodeId, String>>,
+    /// Held open while the node runs (its directory lock too).
+    _log: Arc<Log>,
 }
 
 impl std::fmt::Debug for Node {
@@ -94,6 +107,15 @@ pub enum NodeError {
     /// openraft refused the configuration.
     #[error("raft configuration refused: {0}")]
     Config(#[from] openraft::ConfigError),
+    /// The node's log directory, or a group's storage in it, could not
+    /// be opened.
+    #[error("storage of {what} did not open: {reason}")]
+    Storage {
+        /// The directory or the group's topic.
+        what: String,
+        /// What the library said.
+        reason: String,
+    },
     /// openraft could not start a group.
     #[error("group {group} did not start: {reason}")]
     GroupStart {
@@ -105,28 +127,61 @@ pub enum NodeError {
 }
 
 impl Node {
-    /// Starts node `id` hosting `groups`, its peers (id → address,
-    /// itself included) used to initialise a group that is given none.
+    /// Starts node `id` hosting `groups` on the fissionlog log in `dir`
+    /// (created if absent; a restarted node finds its groups' logs, votes
+    /// and committed ids there), its peers (id → address, itself
+    /// included) used to initialise a group that is given none.
+    ///
+    /// Each group is its own replicated topic, `group-<id>`, of one
+    /// partition: a group's storage (segments, vote, `raft-meta`,
+    /// `raft-stamps`) is one directory, hosting a group is creating a
+    /// topic, and there is no topic-wide partition count for a restart with
+    /// other groups to disagree with. The log's sync round covers every
+    /// topic, so the groups still share one group commit.
     pub async fn start(
         id: NodeId,
+        dir: &Path,
         groups: &[GroupId],
         peers: BTreeMap<NodeId, String>,
         network: &Network,
     ) -> Result<Node, NodeError> {
         let config = Arc::new(raft_config().validate()?);
         let registry = RaftRegistry::default();
+        let storage = |what: String| {
+            move |e: fissionlog::Error| NodeError::Storage {
+                what,
+                reason: e.to_string(),
+            }
+        };
+        let log =
+            Log::open(dir, LogOptions::default()).map_err(storage(dir.display().to_string()))?;
         let mut hosted = HashMap::new();
         for &group in groups {
-            // The one place the group's storage is chosen: the in-memory
-            // stepping stone until the partition-backed log storage lands.
-            let log = MemLogStore::new();
-            let sm =
-                PartitionStateMachine::new(PartitionState::default(), Arc::new(NoCommittedEnd));
+            let name = group_topic(group);
+            let topic = match log.topic(&name) {
+                Ok(t) => t,
+                Err(fissionlog::Error::UnknownTopic(_)) => log
+                    .create_topic(&name, group_topic_config())
+                    .map_err(storage(name.clone()))?,
+                Err(e) => return Err(storage(name)(e)),
+            };
+            let store = LogStore::open(topic, 0).map_err(|e| NodeError::Storage {
+                what: name.clone(),
+                reason: e.to_string(),
+            })?;
+            let part = store.partition().clone();
+            // The state machine starts empty: openraft applies the log
+            // again up to the saved committed id, which rebuilds the
+            // offsets, the dedup table and the high watermark.
+            let sm = PartitionStateMachine::new(
+                PartitionState::default(),
+                Arc::new(PartitionCommittedEnd(part.clone())),
+            );
             let raft = Raft::new(
                 id,
                 config.clone(),
                 network.factory(group),
-                log.clone(),
+                store,
                 sm.clone(),
             )
             .await
@@ -140,8 +195,9 @@ impl Node {
                 Arc::new(Group {
                     raft,
                     sm,
-                    log,
+                    part,
                     propose: tokio::sync::Mutex::new(HashMap::new()),
+                    inherited_end: std::sync::Mutex::new(None),
                 }),
             );
         }
@@ -150,6 +206,7 @@ impl Node {
             groups: Arc::new(hosted),
             registry,
             peers: Arc::new(peers),
+            _log: Arc::new(log),
         })
     }
 
@@ -234,6 +291,34 @@ impl ClientDispatch for Node {
     }
 }
 
+/// The replicated topic holding `group`'s log.
+fn group_topic(group: GroupId) -> String {
+    format!("group-{}", group.0)
+}
+
+fn group_topic_config() -> TopicConfig {
+    let mut cfg = TopicConfig {
+        partitions: 1,
+        replicated: true,
+        // Any record a read answer can carry (one frame).
+        max_record_bytes: MAX_READ_BYTES as u32,
+        ..TopicConfig::default()
+    };
+    // A replicated topic's splits are the controller's.
+    cfg.balance.enabled = false;
+    cfg
+}
+
+/// Publishes the state machine's high watermark to the partition, where
+/// `ReadIsolation::Committed` reads see it.
+struct PartitionCommittedEnd(Arc<Partition>);
+
+impl CommittedEndSink for PartitionCommittedEnd {
+    fn publish(&self, end_offset: u64) {
+        self.0.set_committed_end(end_offset);
+    }
+}
+
 fn not_hosted(group: GroupId) -> ClientReply {
     ClientReply::Failed {
         reason: format!("group {} is not hosted on this node", group.0),
@@ -247,27 +332,57 @@ fn read(g: &Group, from_offset: u64, max_records: u32) -> ClientReply {
         };
     };
     let max = max_records.min(MAX_READ_RECORDS) as usize;
-    match g.log.read_committed(from_offset, max, committed_end) {
-        Ok(mut records) => {
-            // The answer must fit one frame: keep at least one record and
-            // stop before the payload bytes pass the bound.
-            let mut bytes = 0usize;
-            let keep = records
-                .iter()
-                .position(|r| {
-                    bytes += r.value.len() + r.key.as_ref().map_or(0, Vec::len) + 32;
-                    bytes > MAX_READ_BYTES
-                })
-                .map_or(records.len(), |i| i.max(1));
-            records.truncate(keep);
-            ClientReply::Records {
-                records,
+    // The partition's committed reads: below the high watermark the state
+    // machine published and below the durable end.
+    let batch = match g
+        .part
+        .read_with(from_offset, MAX_READ_BYTES, ReadIsolation::Committed)
+    {
+        Ok(b) => b,
+        // At or past what is visible: nothing to read yet. A reader that
+        // has read everything asks again from the end, and must not be
+        // told it failed.
+        Err(fissionlog::Error::OffsetOutOfRange { offset, end, .. }) if offset >= end => {
+            return ClientReply::Records {
+                records: Vec::new(),
                 committed_end,
             }
         }
-        Err(e) => ClientReply::Failed {
-            reason: e.to_string(),
-        },
+        Err(e) => {
+            return ClientReply::Failed {
+                reason: e.to_string(),
+            }
+        }
+    };
+    let mut records = Vec::new();
+    // The answer must fit one frame: keep at least one record and stop
+    // before the payload bytes pass the bound.
+    let mut bytes = 0usize;
+    for r in batch.try_iter() {
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                return ClientReply::Failed {
+                    reason: e.to_string(),
+                }
+            }
+        };
+        if r.offset < from_offset {
+            continue;
+        }
+        bytes += r.value.len() + r.key.map_or(0, <[u8]>::len) + 32;
+        if records.len() >= max || (bytes > MAX_READ_BYTES && !records.is_empty()) {
+            break;
+        }
+        records.push(ReadRecord {
+            offset: r.offset,
+            key: r.key.map(<[u8]>::to_vec),
+            value: r.value.to_vec(),
+        });
+    }
+    ClientReply::Records {
+        records,
+        committed_end,
     }
 }
 
@@ -288,8 +403,25 @@ fn not_leader(g: &Group) -> ClientReply {
     }
 }
 
+/// The last log index this leader inherited in `term` (see [`Group`]):
+/// fixed at the first call in that term.
+fn inherited_end(g: &Group, term: u64, last_log_index: u64) -> u64 {
+    let mut at = g
+        .inherited_end
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    match *at {
+        Some((t, index)) if t == term => index,
+        _ => {
+            *at = Some((term, last_log_index));
+            last_log_index
+        }
+    }
+}
+
 /// Waits until this node leads the group and has applied an entry of its
-/// own term; `Err` with the answer to give when it is not the leader.
+/// own term and every entry its log held when it first checked a stamp in
+/// this term; `Err` with the answer to give when it is not the leader.
 async fn leader_ready(g: &Group) -> Result<(), ClientReply> {
     let mut metrics = g.raft.metrics();
     let wait = async {
@@ -299,8 +431,11 @@ async fn leader_ready(g: &Group) -> Result<(), ClientReply> {
                 if m.state != ServerState::Leader {
                     return false;
                 }
-                if m.last_applied.map(|l| l.leader_id.term) == Some(m.current_term) {
-                    return true;
+                let target = inherited_end(g, m.current_term, m.last_log_index.unwrap_or(0));
+                if let Some(applied) = m.last_applied {
+                    if applied.leader_id.term == m.current_term && applied.index >= target {
+                        return true;
+                    }
                 }
             }
             if metrics.changed().await.is_err() {

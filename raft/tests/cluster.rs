@@ -1,7 +1,9 @@
-//! Three node processes on 127.0.0.1: a group initialised over them,
-//! idempotent producers appending with `acks=quorum`, the leader killed
-//! with SIGKILL part-way, a new leader serving, and a history check over
-//! everything acknowledged and read.
+//! Three node processes on 127.0.0.1, each on its own directory: a group
+//! initialised over them, idempotent producers appending with
+//! `acks=quorum`, a concurrent committed reader, SIGKILLs part-way (the
+//! leader; a follower, restarted; all three, restarted; the leader,
+//! restarted), and a history check over everything acknowledged and read
+//! against the committed log every live node converges on.
 //!
 //! Bounded: every node is killed when the harness drops (and exits by
 //! itself when its stdin closes, should the harness die), and the whole
@@ -24,56 +26,104 @@ const PRODUCERS: u64 = 8;
 const ACKS_PER_PHASE: usize = 80;
 const GROUP: GroupId = GroupId(0);
 
-/// A node process, SIGKILLed when dropped.
+/// A node process, SIGKILLed when dropped. Its data lives in `data/` of
+/// its temporary directory and its stderr (tracing at `RUST_LOG`, `info`
+/// for fissionlog and openraft's warnings when unset) in `node.log` beside
+/// it, appended to across restarts; a failing test prints each node's log
+/// tail and keeps the directory.
 struct NodeProc {
     id: NodeId,
     addr: String,
     child: Child,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
+
+/// Lines of each node's log printed when a test fails.
+const LOG_TAIL_LINES: usize = 80;
 
 impl NodeProc {
     fn start(id: NodeId) -> NodeProc {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fissionlog-raft"))
-            .arg("--dir")
-            .arg(dir.path())
-            .args(["--node-id", &id.to_string(), "--listen", "127.0.0.1:0"])
-            .arg("--exit-on-stdin-close")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the node binary");
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let mut line = String::new();
-        // The node prints its address once it serves; a node that dies
-        // first closes stdout and the read returns empty.
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the node's first line");
-        let addr = line
-            .strip_prefix("listening ")
-            .unwrap_or_else(|| panic!("node {id} did not start: {line:?}"))
-            .trim()
-            .to_string();
+        let (child, addr) = spawn_node(id, dir.path(), "127.0.0.1:0");
         NodeProc {
             id,
             addr,
             child,
-            _dir: dir,
+            dir,
         }
+    }
+
+    /// Starts the node again on its directory and its address (peers
+    /// know it by the address in the group's membership).
+    fn restart(&mut self) {
+        self.kill();
+        let (child, addr) = spawn_node(self.id, self.dir.path(), &self.addr);
+        assert_eq!(addr, self.addr, "node {} kept its address", self.id);
+        self.child = child;
     }
 
     fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.path().join("node.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
+    }
+}
+
+fn spawn_node(id: NodeId, base: &std::path::Path, listen: &str) -> (Child, String) {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(base.join("node.log"))
+        .expect("open the node's log file");
+    let filter = std::env::var("RUST_LOG")
+        .unwrap_or_else(|_| "warn,fissionlog_raft=info,fissionlog=info".to_string());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fissionlog-raft"))
+        .arg("--dir")
+        .arg(base.join("data"))
+        .args(["--node-id", &id.to_string(), "--listen", listen])
+        .arg("--exit-on-stdin-close")
+        .env("RUST_LOG", filter)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("spawn the node binary");
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut line = String::new();
+    // The node prints its address once it serves; a node that dies
+    // first closes stdout and the read returns empty.
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the node's first line");
+    let addr = line
+        .strip_prefix("listening ")
+        .unwrap_or_else(|| {
+            let log = std::fs::read_to_string(base.join("node.log")).unwrap_or_default();
+            panic!("node {id} did not start: {line:?}\n{log}")
+        })
+        .trim()
+        .to_string();
+    (child, addr)
 }
 
 impl Drop for NodeProc {
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() {
+            // Kept for a look at the whole log and the data.
+            self.dir.disable_cleanup(true);
+            eprintln!(
+                "--- node {} log tail ({}) ---\n{}",
+                self.id,
+                self.dir.path().join("node.log").display(),
+                self.log_tail()
+            );
+        }
     }
 }
 
@@ -154,7 +204,9 @@ async fn produce(
                     .or_else(|| r.alive.iter().next().map(|(i, a)| (*i, a.clone())))
             };
             let Some((node, addr)) = target else {
-                panic!("no live node");
+                // Every node is down (killed together): wait for restarts.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             };
             if let std::collections::hash_map::Entry::Vacant(e) = conns.entry(node) {
                 match NodeClient::connect(&addr, CALL_TIMEOUT).await {
@@ -252,104 +304,180 @@ async fn read_all(addr: &str) -> Option<(Vec<ReadRecord>, u64)> {
     }
 }
 
-async fn scenario(nodes: &mut [NodeProc]) {
-    let members: Vec<(NodeId, String)> = nodes.iter().map(|n| (n.id, n.addr.clone())).collect();
-    let init = call(
-        &nodes[0].addr,
-        ClientCall::Initialize {
-            group: GROUP,
-            members: members.clone(),
-        },
-    )
-    .await;
-    assert_eq!(init, Some(ClientReply::Initialized));
+/// A running cluster under load: its node processes, where producers
+/// send, what they were acknowledged and what a concurrent reader saw.
+struct Cluster {
+    nodes: Vec<NodeProc>,
+    routing: Arc<Mutex<Routing>>,
+    acks: Arc<Mutex<Vec<Ack>>>,
+    observed: Arc<Mutex<Vec<ReadRecord>>>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    reader: Option<tokio::task::JoinHandle<()>>,
+}
 
-    let routing = Arc::new(Mutex::new(Routing {
-        alive: members.iter().cloned().collect(),
-        leader: None,
-    }));
-    let acks = Arc::new(Mutex::new(Vec::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let producers: Vec<_> = (1..=PRODUCERS)
-        .map(|id| tokio::spawn(produce(id, routing.clone(), acks.clone(), stop.clone())))
-        .collect();
-
-    // A consumer reading committed records while all this goes on.
-    let observed = Arc::new(Mutex::new(Vec::<ReadRecord>::new()));
-    let reading = {
-        let (routing, observed) = (routing.clone(), observed.clone());
-        tokio::spawn(async move {
-            loop {
-                let addrs: Vec<String> = lock(&routing).alive.values().cloned().collect();
-                for a in addrs {
-                    if let Some((records, _)) = read_all(&a).await {
-                        lock(&observed).extend(records);
+impl Cluster {
+    /// Three nodes, the group initialised over them, the producers and
+    /// the committed reader running.
+    async fn start() -> Cluster {
+        let nodes: Vec<NodeProc> = (1..=3).map(NodeProc::start).collect();
+        let members: Vec<(NodeId, String)> = nodes.iter().map(|n| (n.id, n.addr.clone())).collect();
+        let init = call(
+            &nodes[0].addr,
+            ClientCall::Initialize {
+                group: GROUP,
+                members: members.clone(),
+            },
+        )
+        .await;
+        assert_eq!(init, Some(ClientReply::Initialized));
+        let routing = Arc::new(Mutex::new(Routing {
+            alive: members.iter().cloned().collect(),
+            leader: None,
+        }));
+        let acks = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (1..=PRODUCERS)
+            .map(|id| tokio::spawn(produce(id, routing.clone(), acks.clone(), stop.clone())))
+            .collect();
+        // A consumer reading committed records while all this goes on.
+        let observed = Arc::new(Mutex::new(Vec::<ReadRecord>::new()));
+        let reader = {
+            let (routing, observed) = (routing.clone(), observed.clone());
+            tokio::spawn(async move {
+                loop {
+                    let addrs: Vec<String> = lock(&routing).alive.values().cloned().collect();
+                    for a in addrs {
+                        if let Some((records, _)) = read_all(&a).await {
+                            lock(&observed).extend(records);
+                        }
                     }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            })
+        };
+        Cluster {
+            nodes,
+            routing,
+            acks,
+            observed,
+            stop,
+            tasks,
+            reader: Some(reader),
+        }
+    }
+
+    fn acked(&self) -> usize {
+        lock(&self.acks).len()
+    }
+
+    /// Waits until `count` more appends than `from` were acknowledged by
+    /// nodes other than `not_by`.
+    async fn wait_acks(&self, from: usize, count: usize, not_by: Option<NodeId>) {
+        loop {
+            let n = lock(&self.acks)[from..]
+                .iter()
+                .filter(|a| Some(a.by) != not_by)
+                .count();
+            if n >= count {
+                return;
             }
-        })
-    };
-
-    // Kill the leader once the producers are well under way.
-    while lock(&acks).len() < ACKS_PER_PHASE {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let leader = loop {
-        if let Some(l) = leader_of(&routing).await {
-            break l;
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let killed_at = Instant::now();
-    if let Some(n) = nodes.iter_mut().find(|n| n.id == leader) {
-        n.kill();
     }
-    lock(&routing).alive.remove(&leader);
-    eprintln!("killed leader node {leader}");
 
-    // A new leader serves: appends acknowledged by another node.
-    let acked_before = lock(&acks).len();
-    let mut first_after = None;
-    loop {
-        let by_new = lock(&acks)[acked_before..]
-            .iter()
-            .filter(|a| a.by != leader)
-            .count();
-        if by_new > 0 && first_after.is_none() {
-            first_after = Some(killed_at.elapsed());
+    async fn leader(&self) -> NodeId {
+        loop {
+            if let Some(l) = leader_of(&self.routing).await {
+                return l;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if by_new >= ACKS_PER_PHASE {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    eprintln!("a new leader acknowledged an append {first_after:?} after the kill");
-    stop.store(true, Ordering::SeqCst);
-    for p in producers {
-        p.await.expect("a producer panicked");
-    }
-    reading.abort();
-    let acks = lock(&acks).clone();
 
-    // The survivors converge on one committed log.
-    let survivors: Vec<String> = lock(&routing).alive.values().cloned().collect();
+    fn node(&mut self, id: NodeId) -> &mut NodeProc {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    /// SIGKILLs node `id`; producers and the reader stop sending to it.
+    fn kill(&mut self, id: NodeId) {
+        lock(&self.routing).alive.remove(&id);
+        self.node(id).kill();
+        eprintln!("killed node {id}");
+    }
+
+    /// Starts node `id` again on its directory and address.
+    fn restart(&mut self, id: NodeId) {
+        let node = self.node(id);
+        node.restart();
+        let addr = node.addr.clone();
+        lock(&self.routing).alive.insert(id, addr);
+        eprintln!("restarted node {id}");
+    }
+
+    /// Stops the producers (each after an acknowledged append) and the
+    /// reader; waits until every node holds the same committed log,
+    /// covering every acknowledgement, and checks the history against it.
+    async fn finish_and_check(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for p in std::mem::take(&mut self.tasks) {
+            p.await.expect("a producer panicked");
+        }
+        if let Some(r) = self.reader.take() {
+            r.abort();
+        }
+        let acks = lock(&self.acks).clone();
+        let addrs: Vec<String> = lock(&self.routing).alive.values().cloned().collect();
+        let final_log = converge(&addrs, &acks).await;
+        check_history(&acks, &lock(&self.observed), &final_log);
+    }
+}
+
+/// Waits until every node at `addrs` holds the same committed log, dense
+/// from 0 and reaching past every acknowledged offset; returns it.
+async fn converge(addrs: &[String], acks: &[Ack]) -> Vec<ReadRecord> {
     let max_acked = acks.iter().map(|a| a.offset + 1).max().unwrap_or(0);
-    let logs = loop {
+    let mut last_report = Instant::now();
+    loop {
         let mut logs = Vec::new();
-        for a in &survivors {
+        for a in addrs {
             logs.push(read_all(a).await);
         }
         let settled = logs
             .iter()
             .all(|l| matches!(l, Some((r, end)) if *end >= max_acked && r.len() as u64 == *end));
-        if settled && logs.windows(2).all(|w| w[0] == w[1]) {
-            break logs;
+        if settled && !logs.is_empty() && logs.windows(2).all(|w| w[0] == w[1]) {
+            if let Some((log, _)) = logs.swap_remove(0) {
+                return log;
+            }
+        }
+        if last_report.elapsed() > Duration::from_secs(5) {
+            last_report = Instant::now();
+            let seen: Vec<Option<(usize, u64)>> = logs
+                .iter()
+                .map(|l| l.as_ref().map(|(r, end)| (r.len(), *end)))
+                .collect();
+            eprintln!("not converged yet: (records, committed end) per node {seen:?}, acknowledged up to {max_acked}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let (final_log, _) = logs[0].clone().expect("settled logs are present");
-    check_history(&acks, &lock(&observed), &final_log);
+    }
+}
+
+/// Runs `scenario` on a multi-threaded runtime under the hard deadline.
+fn run<F: std::future::Future<Output = ()>>(scenario: F) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async {
+        tokio::time::timeout(DEADLINE, scenario)
+            .await
+            .expect("the scenario finished within its deadline");
+    });
 }
 
 fn check_history(acks: &[Ack], observed: &[ReadRecord], final_log: &[ReadRecord]) {
@@ -411,16 +539,93 @@ fn check_history(acks: &[Ack], observed: &[ReadRecord], final_log: &[ReadRecord]
 
 #[test]
 fn a_killed_leader_is_replaced_and_every_acknowledged_append_is_read_back_at_its_offset() {
-    let mut nodes: Vec<NodeProc> = (1..=3).map(NodeProc::start).collect();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    runtime.block_on(async {
-        tokio::time::timeout(DEADLINE, scenario(&mut nodes))
-            .await
-            .expect("the scenario finished within its deadline");
+    run(async {
+        let mut c = Cluster::start().await;
+        c.wait_acks(0, ACKS_PER_PHASE, None).await;
+        let leader = c.leader().await;
+        let killed_at = Instant::now();
+        c.kill(leader);
+        let before = c.acked();
+        c.wait_acks(before, 1, Some(leader)).await;
+        eprintln!(
+            "a new leader acknowledged an append {:?} after the kill",
+            killed_at.elapsed()
+        );
+        c.wait_acks(before, ACKS_PER_PHASE, Some(leader)).await;
+        c.finish_and_check().await;
+    });
+}
+
+#[test]
+fn a_follower_killed_under_load_and_restarted_on_its_directory_catches_up_to_the_same_committed_log(
+) {
+    run(async {
+        let mut c = Cluster::start().await;
+        c.wait_acks(0, ACKS_PER_PHASE / 2, None).await;
+        let leader = c.leader().await;
+        let follower = (1..=3).find(|&n| n != leader).unwrap_or(1);
+        c.kill(follower);
+        // The other two are a quorum: acknowledgements go on without it.
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, None).await;
+        c.restart(follower);
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, None).await;
+        // All three nodes, the restarted one included, converge.
+        c.finish_and_check().await;
+    });
+}
+
+#[test]
+fn every_acknowledged_append_survives_a_sigkill_of_all_three_nodes_once_and_in_order() {
+    run(async {
+        let mut c = Cluster::start().await;
+        c.wait_acks(0, ACKS_PER_PHASE, None).await;
+        // Producers keep sending while every node dies: some appends are
+        // in flight, written on some nodes and acknowledged to no one.
+        for id in 1..=3 {
+            c.kill(id);
+        }
+        let acked_before_kill = c.acked();
+        for id in 1..=3 {
+            c.restart(id);
+        }
+        // The restarted nodes elect a leader from their own logs and
+        // votes, and the producers' retries find their first copies.
+        c.wait_acks(acked_before_kill, ACKS_PER_PHASE / 2, None)
+            .await;
+        c.finish_and_check().await;
+    });
+}
+
+#[test]
+fn a_killed_leader_restarted_on_its_directory_rejoins_as_a_follower_and_converges() {
+    run(async {
+        let mut c = Cluster::start().await;
+        c.wait_acks(0, ACKS_PER_PHASE, None).await;
+        let old = c.leader().await;
+        c.kill(old);
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, Some(old)).await;
+        c.restart(old);
+        // The restarted node learns of the new leader instead of
+        // standing for election with its old term's log.
+        let addr = c.node(old).addr.clone();
+        let started = Instant::now();
+        loop {
+            if let Some(ClientReply::Status {
+                leader: Some(l), ..
+            }) = call(&addr, ClientCall::Status { group: GROUP }).await
+            {
+                if l != old {
+                    break;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "node {old} learned of a leader after its restart"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, Some(old)).await;
+        c.finish_and_check().await;
     });
 }
 

@@ -12,6 +12,10 @@
 //! its stdin closes, so a test harness that dies takes its nodes with it).
 //! Exit codes: 0 after a clean stop, 1 when it cannot start, 2 on a usage
 //! error.
+//!
+//! It logs to stderr, filtered by `RUST_LOG` (`warn` when unset) in the
+//! target syntax `warn,openraft=info,fissionlog_raft=debug`; a filter that
+//! does not parse is a usage error.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -86,6 +90,31 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     })
 }
 
+/// Installs the stderr subscriber; `Err` names a `RUST_LOG` that does not
+/// parse.
+fn init_logging() -> Result<(), String> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let spec = std::env::var("RUST_LOG").unwrap_or_default();
+    let spec = if spec.trim().is_empty() {
+        "warn"
+    } else {
+        spec.trim()
+    };
+    let filter: tracing_subscriber::filter::Targets = spec
+        .parse()
+        .map_err(|e| format!("RUST_LOG {spec:?} does not parse: {e}"))?;
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    // A second subscriber cannot be installed in this process anyway.
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(filter)
+        .try_init();
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args = match parse(std::env::args().skip(1)) {
         Ok(a) => a,
@@ -94,6 +123,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = init_logging() {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -135,7 +168,7 @@ async fn run(args: Args) -> Result<(), String> {
     let cfg = NetworkConfig::default();
     let network = Network::new(args.node_id, cfg.clone());
     let groups: Vec<GroupId> = (0..args.groups).map(|p| GroupId::partition(0, p)).collect();
-    let node = Node::start(args.node_id, &groups, peers, &network)
+    let node = Node::start(args.node_id, &args.dir, &groups, peers, &network)
         .await
         .map_err(|e| e.to_string())?;
     let server = Server::start(
@@ -145,6 +178,7 @@ async fn run(args: Args) -> Result<(), String> {
         Some(std::sync::Arc::new(node.clone())),
     )
     .map_err(|e| format!("cannot serve: {e}"))?;
+    tracing::info!(node = args.node_id, %local, dir = %args.dir.display(), "listening");
     println!("listening {local}");
 
     stop.wait(args.exit_on_stdin_close).await;

@@ -7,10 +7,13 @@ const G: GroupId = GroupId(0);
 
 /// A one-node group (a single voter needs no peers), initialised and led
 /// by node 1.
-async fn single_node() -> Node {
+async fn single_node() -> (Node, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
     let network = Network::new(1, NetworkConfig::default());
     let peers = BTreeMap::from([(1, "127.0.0.1:9".to_string())]);
-    let node = Node::start(1, &[G], peers, &network).await.expect("start");
+    let node = Node::start(1, dir.path(), &[G], peers, &network)
+        .await
+        .expect("start");
     let init = node
         .handle(ClientCall::Initialize {
             group: G,
@@ -23,7 +26,7 @@ async fn single_node() -> Node {
             leader: Some(1), ..
         } = node.handle(ClientCall::Status { group: G }).await
         {
-            return node;
+            return (node, dir);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -78,7 +81,7 @@ fn duplicate(base_offset: u64) -> ClientReply {
 
 #[tokio::test]
 async fn a_retried_stamped_append_gets_the_first_copys_offset_and_is_not_appended_again() {
-    let node = single_node().await;
+    let (node, _dir) = single_node().await;
     assert_eq!(node.handle(stamped(0)).await, applied(0));
     assert_eq!(node.handle(stamped(0)).await, duplicate(0));
     assert_eq!(node.handle(stamped(1)).await, applied(1));
@@ -91,7 +94,7 @@ async fn a_retried_stamped_append_gets_the_first_copys_offset_and_is_not_appende
 
 #[tokio::test]
 async fn concurrent_copies_of_one_stamped_append_all_get_one_offset_and_land_once() {
-    let node = single_node().await;
+    let (node, _dir) = single_node().await;
     let copies: Vec<_> = (0..4)
         .map(|_| {
             let node = node.clone();
@@ -113,7 +116,7 @@ async fn concurrent_copies_of_one_stamped_append_all_get_one_offset_and_land_onc
 
 #[tokio::test]
 async fn a_sequence_gap_is_refused_before_anything_is_appended() {
-    let node = single_node().await;
+    let (node, _dir) = single_node().await;
     assert_eq!(node.handle(stamped(0)).await, applied(0));
     assert_eq!(
         node.handle(stamped(5)).await,
@@ -129,8 +132,9 @@ async fn a_sequence_gap_is_refused_before_anything_is_appended() {
 
 #[tokio::test]
 async fn a_node_that_does_not_lead_the_group_answers_not_leader() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
     let network = Network::new(2, NetworkConfig::default());
-    let node = Node::start(2, &[G], BTreeMap::new(), &network)
+    let node = Node::start(2, dir.path(), &[G], BTreeMap::new(), &network)
         .await
         .expect("start");
     assert!(matches!(
@@ -155,7 +159,7 @@ async fn a_node_that_does_not_lead_the_group_answers_not_leader() {
 
 #[tokio::test]
 async fn a_read_answer_stops_before_it_outgrows_a_frame() {
-    let node = single_node().await;
+    let (node, _dir) = single_node().await;
     let big = vec![7u8; MAX_READ_BYTES / 3 + 1];
     for _ in 0..4 {
         let append = ClientCall::Append {
@@ -174,5 +178,34 @@ async fn a_read_answer_stops_before_it_outgrows_a_frame() {
     }
     let offsets: Vec<u64> = committed(&node).await.iter().map(|r| r.0).collect();
     assert_eq!(offsets, vec![0, 1]);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_read_at_the_committed_end_answers_no_records_and_the_end_instead_of_failing() {
+    let (node, _dir) = single_node().await;
+    let read_from = |from_offset| ClientCall::Read {
+        group: G,
+        from_offset,
+        max_records: 100,
+    };
+    // An empty log: its end is 0.
+    assert_eq!(
+        node.handle(read_from(0)).await,
+        ClientReply::Records {
+            records: Vec::new(),
+            committed_end: 0
+        }
+    );
+    assert_eq!(node.handle(stamped(0)).await, applied(0));
+    assert_eq!(committed(&node).await, vec![(0, b"v0".to_vec())]);
+    // A reader that has read everything asks again from the end.
+    assert_eq!(
+        node.handle(read_from(1)).await,
+        ClientReply::Records {
+            records: Vec::new(),
+            committed_end: 1
+        }
+    );
     node.shutdown().await;
 }

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use fissionlog::{IoHook, IoOp, Log, LogOptions, Partition, TopicConfig};
 use fissionlog_raft::mem_log::MemLogStore;
@@ -153,6 +154,12 @@ where
         .unwrap();
     let members = BTreeMap::from([(1, BasicNode::new("127.0.0.1:1"))]);
     raft.initialize(members).await.unwrap();
+    // A single voter elects itself, but not at once: a write before it
+    // leads is refused with ForwardToLeader.
+    raft.wait(Some(Duration::from_secs(10)))
+        .current_leader(1, "the single voter leads")
+        .await
+        .unwrap();
     let mut done = 0;
     for i in 0..APPENDS {
         let cmd = Command::Append {

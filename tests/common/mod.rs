@@ -2,6 +2,7 @@
 pub mod crash;
 pub mod durable;
 pub mod faults;
+pub mod group_model;
 pub mod groups;
 pub mod hot;
 pub mod lifecycle;

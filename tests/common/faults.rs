@@ -1,12 +1,13 @@
 //! One kit of I/O hooks for fault injection through `Log::open_with_hook`,
 //! the path production I/O takes: fail an operation (from its n-th call,
-//! once, or while armed; before the OS call or after it returned), hold
-//! one at a gate until the test releases it, record the operations seen,
-//! and run two hooks as one; and outside the I/O path, seeded pauses of a
-//! thread (a preemption at whatever instruction it is running) to widen
-//! races. A test writes its own hook only for what
-//! these cannot do (run an action or copy files at a call, track an order
-//! of calls), and says so above it.
+//! once, or while armed, optionally only on some paths; before the OS call
+//! or after it returned), hold one at a gate until the test releases it,
+//! record the operations seen, run a test action at a partition's next
+//! roll, and run two hooks as one; and outside the I/O path, seeded pauses
+//! of a thread (a preemption at whatever instruction it is running) to
+//! widen races. A test writes its own hook only for what these cannot do
+//! (copy files or write part of one inside a call, order calls on one
+//! sequence, chain gates), and says so above it.
 
 use std::io;
 use std::path::{Path, PathBuf};

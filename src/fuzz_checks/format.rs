@@ -1,6 +1,7 @@
 //! Checks of the pure byte layers: batches, checkpoints, segment scans.
 
 use super::*;
+use crate::recovery::scan::ScanOutcome;
 
 /// `format::batch`: `validate` never panics; a valid batch iterates exactly
 /// `record_count` well-formed records with consecutive offsets, and
@@ -199,14 +200,40 @@ pub fn check_segment_scan(data: &[u8]) {
 pub(super) fn check_scan_outcome(file: &[u8], p: &ScanParams) {
     let o = scan_segment(file, p);
     let ctx = format!("mode {:?}, durable_until {}", p.mode, p.durable_until);
-    let header = SEGMENT_HEADER_LEN as u64;
-    if file.len() as u64 <= header {
+    if !check_scan_bounds(file, p, &o, &ctx) {
+        return;
+    }
+    let walk = walk_scanned_range(file, p, &o, &ctx);
+    assert_eq!(walk.pos, o.end_pos, "{ctx}: last batch overruns end_pos");
+    assert_eq!(walk.offset, o.end_offset, "{ctx}: end_offset");
+    assert_eq!(
+        walk.records, o.records,
+        "{ctx}: records counted != records iterated"
+    );
+    assert_eq!(walk.max_ts, o.max_ts, "{ctx}: max timestamp");
+    for e in &o.index {
+        let at = (
+            u64::from(e.position),
+            p.base_offset + u64::from(e.rel_offset),
+        );
+        assert!(
+            walk.batch_starts.contains(&at),
+            "{ctx}: index entry {e:?} names no batch start"
+        );
+    }
+    check_rescan_of_repair(file, p, &o, &ctx);
+}
+
+/// Where a scan may end and what it may report; false when the file holds
+/// no data past its header (nothing more to check).
+fn check_scan_bounds(file: &[u8], p: &ScanParams, o: &ScanOutcome, ctx: &str) -> bool {
+    if file.len() as u64 <= SEGMENT_HEADER_LEN as u64 {
         assert_eq!(o.end_pos, p.from_pos, "{ctx}: data found in an empty file");
         assert!(
             o.holes.is_empty() && o.records == 0,
             "{ctx}: data found in an empty file"
         );
-        return;
+        return false;
     }
     assert!(o.end_pos >= p.from_pos, "{ctx}: end before start");
     assert!(
@@ -216,14 +243,33 @@ pub(super) fn check_scan_outcome(file: &[u8], p: &ScanParams) {
     if p.mode != RecoveryMode::Salvage {
         assert!(o.holes.is_empty(), "{ctx}: holes outside salvage mode");
     }
-    // Walk the scanned range.
-    let mut pos = header;
-    let mut offset = p.from_offset;
-    let mut records = 0u64;
-    let mut max_ts = i64::MIN;
-    let mut batch_starts = Vec::new();
+    true
+}
+
+/// What walking the scanned range batch by batch found.
+struct Walk {
+    pos: u64,
+    offset: u64,
+    records: u64,
+    max_ts: i64,
+    /// (position, offset) of every batch and hole.
+    batch_starts: Vec<(u64, u64)>,
+}
+
+/// Walks `[64, end_pos)`: every batch validates at its expected offset and
+/// yields its records at consecutive offsets; every salvage hole lies
+/// inside the range and loses at least one offset.
+fn walk_scanned_range(file: &[u8], p: &ScanParams, o: &ScanOutcome, ctx: &str) -> Walk {
+    let mut w = Walk {
+        pos: SEGMENT_HEADER_LEN as u64,
+        offset: p.from_offset,
+        records: 0,
+        max_ts: i64::MIN,
+        batch_starts: Vec::new(),
+    };
     let mut holes = o.holes.iter().peekable();
-    while pos < o.end_pos {
+    while w.pos < o.end_pos {
+        let pos = w.pos;
         if let Some(h) = holes.next_if(|h| h.position == pos) {
             assert!(h.lost > 0, "{ctx}: salvage hole at {pos} loses no offsets");
             assert!(
@@ -231,52 +277,40 @@ pub(super) fn check_scan_outcome(file: &[u8], p: &ScanParams) {
                 "{ctx}: salvage hole at {pos} outside the scanned range"
             );
             assert_eq!(
-                h.first_offset, offset,
+                h.first_offset, w.offset,
                 "{ctx}: hole starts at the wrong offset"
             );
-            batch_starts.push((pos, offset));
-            pos += h.len;
-            offset += h.lost;
+            w.batch_starts.push((pos, w.offset));
+            w.pos += h.len;
+            w.offset += h.lost;
             continue;
         }
         let bytes = &file[pos as usize..o.end_pos as usize];
-        let hdr = batch::validate(bytes, Some(offset)).unwrap_or_else(|e| {
+        let hdr = batch::validate(bytes, Some(w.offset)).unwrap_or_else(|e| {
             panic!("{ctx}: invalid batch at {pos} inside the scanned range: {e}")
         });
-        batch_starts.push((pos, offset));
+        w.batch_starts.push((pos, w.offset));
         if !batch::is_hole(&hdr) {
             for (i, r) in RecordIter::new(bytes, &hdr).enumerate() {
                 let r = r.unwrap_or_else(|e| panic!("{ctx}: bad record in batch at {pos}: {e}"));
-                assert_eq!(r.offset, offset + i as u64, "{ctx}: record offsets");
-                records += 1;
+                assert_eq!(r.offset, w.offset + i as u64, "{ctx}: record offsets");
+                w.records += 1;
             }
-            max_ts = max_ts.max(hdr.max_ts.get());
+            w.max_ts = w.max_ts.max(hdr.max_ts.get());
         }
-        pos += u64::from(hdr.batch_len.get());
-        offset += u64::from(hdr.record_count.get());
+        w.pos += u64::from(hdr.batch_len.get());
+        w.offset += u64::from(hdr.record_count.get());
     }
     assert!(
         holes.next().is_none(),
         "{ctx}: hole outside the walked batches"
     );
-    assert_eq!(pos, o.end_pos, "{ctx}: last batch overruns end_pos");
-    assert_eq!(offset, o.end_offset, "{ctx}: end_offset");
-    assert_eq!(
-        records, o.records,
-        "{ctx}: records counted != records iterated"
-    );
-    assert_eq!(max_ts, o.max_ts, "{ctx}: max timestamp");
-    for e in &o.index {
-        let at = (
-            u64::from(e.position),
-            p.base_offset + u64::from(e.rel_offset),
-        );
-        assert!(
-            batch_starts.contains(&at),
-            "{ctx}: index entry {e:?} names no batch start"
-        );
-    }
-    // Repair as recovery does (holes written, tail zeroed), then scan again.
+    w
+}
+
+/// Repairs the file as recovery does (holes written, tail zeroed), then
+/// scans it again: the same end, offset and count (C7).
+fn check_rescan_of_repair(file: &[u8], p: &ScanParams, o: &ScanOutcome, ctx: &str) {
     let mut repaired = file[..o.end_pos as usize].to_vec();
     for h in &o.holes {
         let lost = u32::try_from(h.lost).expect("salvage holes span < 2^32 offsets");

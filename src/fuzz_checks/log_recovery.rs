@@ -11,19 +11,18 @@ pub(super) fn build_log(dir: &Path, inp: &mut Input<'_>) -> Model {
     let segment_bytes = [4096u64, 8192, 16384, 4096][usize::from((flags >> 1) & 3)];
     let clean = flags & 8 == 0;
     let log = Log::open(dir, options(RecoveryMode::Strict, true)).expect("creating a log");
-    let mut handles: Vec<Topic> = Vec::new();
-    for t in 0..topics {
-        let cfg = TopicConfig {
-            partitions: 1 + u32::from((flags >> 4) & 1),
-            segment_bytes,
-            index_interval_bytes: 256,
-            ..Default::default()
-        };
-        handles.push(
+    let handles: Vec<Topic> = (0..topics)
+        .map(|t| {
+            let cfg = TopicConfig {
+                partitions: 1 + u32::from((flags >> 4) & 1),
+                segment_bytes,
+                index_interval_bytes: 256,
+                ..Default::default()
+            };
             log.create_topic(&format!("t{t}"), cfg)
-                .expect("creating a topic"),
-        );
-    }
+                .expect("creating a topic")
+        })
+        .collect();
     let mut model = Model::new();
     let n_ops = inp.u8() % 24;
     let mut seq = 0u64;
@@ -36,35 +35,7 @@ pub(super) fn build_log(dir: &Path, inp: &mut Input<'_>) -> Model {
         match op % 8 {
             0..=3 => {
                 let count = 1 + usize::from(op >> 4 & 3);
-                let values: Vec<Vec<u8>> = (0..count)
-                    .map(|i| value_for(seq + i as u64, usize::from(arg) * 3 % 700))
-                    .collect();
-                let keys: Vec<Vec<u8>> = (0..count)
-                    .map(|i| vec![b'k', (arg >> 4) + i as u8])
-                    .collect();
-                let recs: Vec<NewRecord<'_>> = (0..count)
-                    .map(|i| NewRecord {
-                        key: Some(&keys[i]),
-                        value: &values[i],
-                        timestamp: Some(1_000 + (seq + i as u64) as i64),
-                    })
-                    .collect();
-                let base = topic
-                    .append_to(pid, &recs)
-                    .expect("appending to a fresh log");
-                let m = model.entry((topic.name().to_string(), pid)).or_default();
-                assert_eq!(
-                    base,
-                    m.len() as u64,
-                    "append landed at an unexpected offset"
-                );
-                for i in 0..count {
-                    m.push((
-                        Some(keys[i].clone()),
-                        values[i].clone(),
-                        1_000 + (seq + i as u64) as i64,
-                    ));
-                }
+                append_batch(topic, pid, count, arg, seq, &mut model);
                 seq += count as u64;
             }
             4 | 5 => log.sync().expect("sync"),
@@ -87,6 +58,40 @@ pub(super) fn build_log(dir: &Path, inp: &mut Input<'_>) -> Model {
         log.abandon();
     }
     model
+}
+
+/// Appends `count` keyed records (sequence numbers from `seq`, key and
+/// size from `arg`) to partition `pid` as one batch, and to the model.
+fn append_batch(topic: &Topic, pid: u32, count: usize, arg: u8, seq: u64, model: &mut Model) {
+    let values: Vec<Vec<u8>> = (0..count)
+        .map(|i| value_for(seq + i as u64, usize::from(arg) * 3 % 700))
+        .collect();
+    let keys: Vec<Vec<u8>> = (0..count)
+        .map(|i| vec![b'k', (arg >> 4) + i as u8])
+        .collect();
+    let recs: Vec<NewRecord<'_>> = (0..count)
+        .map(|i| NewRecord {
+            key: Some(&keys[i]),
+            value: &values[i],
+            timestamp: Some(1_000 + (seq + i as u64) as i64),
+        })
+        .collect();
+    let base = topic
+        .append_to(pid, &recs)
+        .expect("appending to a fresh log");
+    let m = model.entry((topic.name().to_string(), pid)).or_default();
+    assert_eq!(
+        base,
+        m.len() as u64,
+        "append landed at an unexpected offset"
+    );
+    for i in 0..count {
+        m.push((
+            Some(keys[i].clone()),
+            values[i].clone(),
+            1_000 + (seq + i as u64) as i64,
+        ));
+    }
 }
 
 /// Applies the input's mutations to the files of `dir`: byte flips,
@@ -170,46 +175,63 @@ pub fn check_log_recovery(data: &[u8]) {
         log.close()
             .unwrap_or_else(|e| panic!("{mode:?}: close after recovery: {e}"));
         if let Some(s) = &strict {
-            if mode == RecoveryMode::Truncate {
-                assert_eq!(
-                    s, &read,
-                    "truncate open returns other data than strict open"
-                );
-            } else {
-                // Salvage keeps at least what strict keeps (it may keep
-                // segments that strict drops as resurrected by a crash).
-                for (k, sr) in s {
-                    let have = read.get(k).map_or(&[][..], |r| &r.records[..]);
-                    for rec in &sr.records {
-                        assert!(
-                            have.contains(rec),
-                            "salvage drops {k:?} offset {} that strict keeps",
-                            rec.0
-                        );
-                    }
-                }
-            }
+            check_agrees_with_strict(s, &read, mode);
         }
-        // Opening again changes nothing (C7). After truncation it needs no
-        // repair mode; salvage leaves gaps between segments that only a
-        // salvage open accepts (docs/TESTING.md, open findings).
-        let again_mode = if mode == RecoveryMode::Salvage {
-            mode
-        } else {
-            RecoveryMode::Strict
-        };
-        let again = Log::open(copy.path(), options(again_mode, false))
-            .unwrap_or_else(|e| panic!("{again_mode:?} reopen after a {mode:?} open fails: {e}"));
-        let read_again = read_everything(&again);
-        assert_eq!(
-            read, read_again,
-            "second open after {mode:?} recovery returns other data"
-        );
-        drop(again);
+        check_second_open(copy.path(), &read, mode);
         if mode == RecoveryMode::Strict {
             strict = Some(read);
         }
     }
+}
+
+/// What a truncate or salvage open read, against a strict open that
+/// succeeded: truncate reads the same, salvage at least as much.
+fn check_agrees_with_strict(
+    strict: &BTreeMap<(String, u32), PartitionRead>,
+    read: &BTreeMap<(String, u32), PartitionRead>,
+    mode: RecoveryMode,
+) {
+    if mode == RecoveryMode::Truncate {
+        assert_eq!(
+            strict, read,
+            "truncate open returns other data than strict open"
+        );
+        return;
+    }
+    // Salvage keeps at least what strict keeps (it may keep segments that
+    // strict drops as resurrected by a crash).
+    for (k, sr) in strict {
+        let have = read.get(k).map_or(&[][..], |r| &r.records[..]);
+        for rec in &sr.records {
+            assert!(
+                have.contains(rec),
+                "salvage drops {k:?} offset {} that strict keeps",
+                rec.0
+            );
+        }
+    }
+}
+
+/// Opening again changes nothing (C7). After truncation it needs no repair
+/// mode; salvage leaves gaps between segments that only a salvage open
+/// accepts (docs/TESTING.md, open findings).
+fn check_second_open(
+    dir: &Path,
+    read: &BTreeMap<(String, u32), PartitionRead>,
+    mode: RecoveryMode,
+) {
+    let again_mode = if mode == RecoveryMode::Salvage {
+        mode
+    } else {
+        RecoveryMode::Strict
+    };
+    let again = Log::open(dir, options(again_mode, false))
+        .unwrap_or_else(|e| panic!("{again_mode:?} reopen after a {mode:?} open fails: {e}"));
+    let read_again = read_everything(&again);
+    assert_eq!(
+        read, &read_again,
+        "second open after {mode:?} recovery returns other data"
+    );
 }
 
 pub(super) fn check_against_model(

@@ -10,8 +10,35 @@ use super::*;
 pub fn check_ops_model(data: &[u8]) {
     let mut inp = Input::new(data);
     let dir = ScratchDir::new("ops");
-    let flags = inp.u8();
-    let cfg = TopicConfig {
+    let cfg = ops_config(inp.u8());
+    let log = Log::open(dir.path(), options(RecoveryMode::Strict, true)).expect("creating a log");
+    let topic = log.create_topic("ops", cfg).expect("creating a topic");
+    let mut run = OpsRun {
+        dir: dir.path(),
+        log,
+        topic,
+        model: HashMap::new(),
+        per_key: BTreeMap::new(),
+        seq: 0,
+        reopens: 0,
+    };
+    let mut ops = 0;
+    while !inp.done() && ops < 64 {
+        ops += 1;
+        let op = inp.u8();
+        let arg = inp.u8();
+        run = run.apply(op, arg);
+    }
+    check_ops_state(&run.topic, &run.model, &run.per_key);
+    let OpsRun { log, topic, .. } = run;
+    drop(topic);
+    log.close().expect("close");
+}
+
+/// The topic of a run, from its first byte: 1-3 partitions, 4 or 8 KiB
+/// segments, syncing every append or never.
+fn ops_config(flags: u8) -> TopicConfig {
+    TopicConfig {
         partitions: 1 + u32::from(flags % 3),
         segment_bytes: [4096u64, 8192][usize::from((flags >> 2) & 1)],
         index_interval_bytes: 512,
@@ -21,88 +48,117 @@ pub fn check_ops_model(data: &[u8]) {
             SyncPolicy::Never
         },
         ..Default::default()
-    };
-    let mut log =
-        Log::open(dir.path(), options(RecoveryMode::Strict, true)).expect("creating a log");
-    let mut topic = log.create_topic("ops", cfg).expect("creating a topic");
-    let mut model: HashMap<u32, Vec<Written>> = HashMap::new();
-    let mut per_key: BTreeMap<Vec<u8>, Vec<Vec<u8>>> = BTreeMap::new();
-    let mut seq = 0u64;
-    let mut reopens = 0;
-    let mut ops = 0;
-    while !inp.done() && ops < 64 {
-        ops += 1;
-        let op = inp.u8();
-        let arg = inp.u8();
+    }
+}
+
+/// A log under a run of operations, and what the model expects of it.
+struct OpsRun<'a> {
+    dir: &'a Path,
+    log: Log,
+    topic: Topic,
+    /// Per partition, every record written to it, by offset.
+    model: HashMap<u32, Vec<Written>>,
+    /// Per key, its values in append order.
+    per_key: BTreeMap<Vec<u8>, Vec<Vec<u8>>>,
+    seq: u64,
+    reopens: u32,
+}
+
+impl OpsRun<'_> {
+    /// One operation: `op % 10` picks it (0-3 append, 4 sync, 5 roll,
+    /// 6 split, 7 merge, 8 close and open, 9 kill and open; at most four
+    /// reopens), `arg` its key, size or partition. Takes the run by value,
+    /// since a reopen replaces its log.
+    fn apply(mut self, op: u8, arg: u8) -> Self {
         match op % 10 {
-            0..=3 => {
-                let key = vec![b'k', arg & 7];
-                let value = value_for(seq, usize::from(op >> 4) * 40 + usize::from(arg >> 3));
-                seq += 1;
-                let at = topic.append(Some(&key), &value).expect("append");
-                let m = model.entry(at.partition).or_default();
-                assert_eq!(at.offset, m.len() as u64, "append offset is not dense");
-                m.push((Some(key.clone()), value.clone(), 0));
-                per_key.entry(key).or_default().push(value);
-            }
-            4 => log.sync().expect("sync"),
+            0..=3 => self.append(op, arg),
+            4 => self.log.sync().expect("sync"),
             5 => {
-                let active = topic.active_partitions();
+                let active = self.topic.active_partitions();
                 let pid = active[usize::from(arg) % active.len()];
-                topic
+                self.topic
                     .partition(pid)
                     .and_then(|p| p.roll_now())
                     .expect("roll");
             }
             6 => {
-                let active = topic.active_partitions();
+                let active = self.topic.active_partitions();
                 let pid = active[usize::from(arg) % active.len()];
-                match topic.split(pid, SplitPlan::Even) {
+                match self.topic.split(pid, SplitPlan::Even) {
                     Ok(_) | Err(Error::Refused(_)) => {}
                     Err(e) => panic!("split: {e}"),
                 }
             }
-            7 => {
-                let mut active: Vec<(u64, u32)> = topic
-                    .partitions()
-                    .into_iter()
-                    .filter(|p| p.sealed_at.is_none())
-                    .map(|p| (p.start, p.id))
-                    .collect();
-                active.sort_unstable();
-                if active.len() >= 2 {
-                    let i = usize::from(arg) % (active.len() - 1);
-                    match topic.merge(active[i].1, active[i + 1].1) {
-                        Ok(_) | Err(Error::Refused(_)) => {}
-                        Err(e) => panic!("merge: {e}"),
-                    }
-                }
-            }
-            _ if reopens < 4 => {
-                reopens += 1;
-                drop(topic);
-                if op % 10 == 8 {
-                    log.close().expect("close");
-                } else {
-                    log.abandon();
-                }
-                log = Log::open(dir.path(), options(RecoveryMode::Strict, false)).unwrap_or_else(
-                    |e| {
-                        panic!(
-                            "reopen after {}: {e}",
-                            if op % 10 == 8 { "close" } else { "kill" }
-                        )
-                    },
-                );
-                topic = log.topic("ops").expect("topic survives reopen");
-                check_ops_state(&topic, &model, &per_key);
-            }
+            7 => self.merge(arg),
+            _ if self.reopens < 4 => return self.reopen(op % 10 == 8),
             _ => {}
         }
+        self
     }
-    check_ops_state(&topic, &model, &per_key);
-    drop(topic);
-    log.close().expect("close");
+
+    fn append(&mut self, op: u8, arg: u8) {
+        let key = vec![b'k', arg & 7];
+        let value = value_for(self.seq, usize::from(op >> 4) * 40 + usize::from(arg >> 3));
+        self.seq += 1;
+        let at = self.topic.append(Some(&key), &value).expect("append");
+        let m = self.model.entry(at.partition).or_default();
+        assert_eq!(at.offset, m.len() as u64, "append offset is not dense");
+        m.push((Some(key.clone()), value.clone(), 0));
+        self.per_key.entry(key).or_default().push(value);
+    }
+
+    /// Merges two adjacent active partitions, the `arg`-th pair.
+    fn merge(&mut self, arg: u8) {
+        let mut active: Vec<(u64, u32)> = self
+            .topic
+            .partitions()
+            .into_iter()
+            .filter(|p| p.sealed_at.is_none())
+            .map(|p| (p.start, p.id))
+            .collect();
+        active.sort_unstable();
+        if active.len() >= 2 {
+            let i = usize::from(arg) % (active.len() - 1);
+            match self.topic.merge(active[i].1, active[i + 1].1) {
+                Ok(_) | Err(Error::Refused(_)) => {}
+                Err(e) => panic!("merge: {e}"),
+            }
+        }
+    }
+
+    /// Closes (`clean`) or abandons the log, opens it again and checks it
+    /// against the model.
+    fn reopen(self, clean: bool) -> Self {
+        let OpsRun {
+            dir,
+            log,
+            topic,
+            model,
+            per_key,
+            seq,
+            reopens,
+        } = self;
+        drop(topic);
+        if clean {
+            log.close().expect("close");
+        } else {
+            log.abandon();
+        }
+        let log = Log::open(dir, options(RecoveryMode::Strict, false)).unwrap_or_else(|e| {
+            panic!("reopen after {}: {e}", if clean { "close" } else { "kill" })
+        });
+        let topic = log.topic("ops").expect("topic survives reopen");
+        check_ops_state(&topic, &model, &per_key);
+        OpsRun {
+            dir,
+            log,
+            topic,
+            model,
+            per_key,
+            seq,
+            reopens: reopens + 1,
+        }
+    }
 }
 
 pub(super) fn check_ops_state(

@@ -308,14 +308,7 @@ fn second_process_is_locked_out() {
     }
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path(), no_balancer()).unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            &common::log::test_name(module_path!(), "lock_child"),
-            "--nocapture",
-            "--include-ignored",
-        ])
+    let out = crate::common::log::rerun_command(module_path!(), "lock_child")
         .env("FISSIONLOG_LOCK_CHILD", dir.path())
         .output()
         .unwrap();

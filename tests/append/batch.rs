@@ -1,14 +1,12 @@
 //! `Topic::append_batch` is all-or-nothing per partition and says exactly
 //! which records landed when it fails part-way.
 
-use crate::common::log::quiet;
-use std::io;
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use crate::common;
+use common::log::quiet;
 use std::sync::Arc;
 
+use fissionlog::IoOp;
 use fissionlog::{Appended, Error, Log, NewRecord, Topic, TopicConfig};
-use fissionlog::{IoHook, IoOp};
 
 fn config() -> TopicConfig {
     TopicConfig {
@@ -62,33 +60,18 @@ fn append_batch_validates_every_group_before_writing_any() {
     }
 }
 
-/// Fails segment creation in one partition directory while armed.
-#[derive(Debug)]
-struct FailCreateIn {
-    dir_suffix: &'static str,
-    armed: AtomicBool,
-}
-
-impl IoHook for FailCreateIn {
-    fn before(&self, op: IoOp, path: &Path) -> io::Result<()> {
-        let in_dir = path.parent().is_some_and(|d| d.ends_with(self.dir_suffix));
-        if op == IoOp::CreateSegment && in_dir && self.armed.load(Ordering::SeqCst) {
-            return Err(io::Error::from_raw_os_error(libc::EIO));
-        }
-        Ok(())
-    }
-}
-
 /// When a later partition's group fails with an I/O
 /// error after an earlier group was written, the error names exactly the
 /// records that landed and where.
 #[test]
 fn append_batch_reports_which_records_landed_when_a_later_group_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let hook = Arc::new(FailCreateIn {
-        dir_suffix: "p1",
-        armed: AtomicBool::new(false),
-    });
+    // Fails segment creation in partition 1's directory while armed.
+    let hook = Arc::new(
+        common::faults::Fail::new(IoOp::CreateSegment, libc::EIO)
+            .in_path("/p1/")
+            .disarmed(),
+    );
     let log = Log::open_with_hook(dir.path(), quiet(), hook.clone()).unwrap();
     let t = log.create_topic("t", config()).unwrap();
     let (k0, k1) = (key_for(&t, 0), key_for(&t, 1));
@@ -106,7 +89,7 @@ fn append_batch_reports_which_records_landed_when_a_later_group_fails() {
         .unwrap();
     }
     let before1 = t.partition(1).unwrap().end_offset();
-    hook.armed.store(true, Ordering::SeqCst);
+    hook.arm();
     let batch = [
         NewRecord {
             key: Some(&k1),

@@ -101,19 +101,6 @@ fn tail_reader_during_rolls_never_sees_a_hole() {
     assert!(p.segment_count() > 100, "the test rolled segments");
 }
 
-/// Fails manifest writes while set.
-#[derive(Debug, Default)]
-struct FailManifestWrites(AtomicBool);
-
-impl fissionlog::IoHook for FailManifestWrites {
-    fn before(&self, op: fissionlog::IoOp, _path: &std::path::Path) -> std::io::Result<()> {
-        if op == fissionlog::IoOp::WriteManifest && self.0.load(Ordering::SeqCst) {
-            return Err(std::io::Error::other("injected manifest write failure"));
-        }
-        Ok(())
-    }
-}
-
 /// A one-partition topic whose partition 0 holds `n` records with old
 /// timestamps, then is split (sealed at `n`) and emptied by retention.
 /// Returns the log, the topic and a cut taken after `read_before` records.
@@ -127,7 +114,7 @@ fn emptied_sealed_partition(
     n: u64,
     read_before: usize,
 ) -> (Log, fissionlog::Topic, fissionlog::Cut) {
-    let hook = Arc::new(FailManifestWrites::default());
+    let hook = Arc::new(common::faults::failing_manifest_writes());
     let log = Log::open_with_hook(dir, quiet(), hook.clone()).unwrap();
     let t = log
         .create_topic(
@@ -157,7 +144,7 @@ fn emptied_sealed_partition(
     log.sync().unwrap();
     // Two sync rounds move the checkpointed segment bases off partition 0.
     log.sync().unwrap();
-    hook.0.store(true, Ordering::SeqCst);
+    hook.arm();
     assert!(matches!(
         log.enforce_retention(),
         Err(Error::LogPoisoned { .. })

@@ -90,6 +90,8 @@ pub fn partition_values(t: &Topic, p: u32) -> Vec<Vec<u8>> {
 /// Parks the first armed call of `op` on a path containing `needle` (in
 /// `after`, once the OS call ran) until released; then returns EIO when
 /// armed with `fail`.
+/// (Its own hook, not `faults::Gate`: it is re-armed for each step and can fail
+/// the held call.)
 #[derive(Debug, Default)]
 pub struct Gate {
     pub armed: Mutex<Option<(IoOp, String, bool)>>,
@@ -106,7 +108,7 @@ impl Gate {
 
     /// Waits (5 s at most) for the armed call.
     pub fn wait_reached(&self) -> bool {
-        super::probe::wait_flag(&self.reached, Duration::from_secs(5))
+        super::faults::wait_flag(&self.reached, Duration::from_secs(5))
     }
 
     pub fn open(&self) {

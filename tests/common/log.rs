@@ -1,7 +1,8 @@
 //! Helpers for driving a log in a test, written once: the process-wide
 //! test lock, the name a test has in its binary (for re-running it in a
 //! child process), quiet options, a small topic, values and appends that
-//! can be checked back, and reads of a whole partition.
+//! can be checked back, reads of a whole partition, one-record batches and
+//! a fast temporary directory.
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -70,4 +71,41 @@ pub fn value(i: u64) -> Vec<u8> {
 /// The `len`-byte value of record `i`, the same pattern as [`value`].
 pub fn sized_value(i: u64, len: usize) -> Vec<u8> {
     (0..len).map(|j| (i as usize * 31 + j) as u8).collect()
+}
+
+/// One keyless record, timestamped at append.
+pub fn rec(v: &[u8]) -> [fissionlog::NewRecord<'_>; 1] {
+    [fissionlog::NewRecord {
+        key: None,
+        value: v,
+        timestamp: None,
+    }]
+}
+
+/// A fast filesystem when there is one (fsyncs are cheap there, so rounds
+/// and rolls come often), the default temporary directory otherwise.
+pub fn fast_tempdir() -> tempfile::TempDir {
+    if std::path::Path::new("/dev/shm").is_dir() {
+        if let Ok(d) = tempfile::tempdir_in("/dev/shm") {
+            return d;
+        }
+    }
+    tempfile::tempdir().unwrap()
+}
+
+/// A command that runs the test `name` of `module` (its `module_path!()`)
+/// again, alone, in a child process of this test binary (ignored tests
+/// included, so a child-only test can be `#[ignore]`d); the caller adds
+/// its environment and how it takes the output.
+pub fn rerun_command(module: &str, name: &str) -> std::process::Command {
+    let exe = std::env::current_exe().expect("the path of the running test binary");
+    let mut command = std::process::Command::new(exe);
+    command.args([
+        "--exact",
+        &test_name(module, name),
+        "--nocapture",
+        "--test-threads=1",
+        "--include-ignored",
+    ]);
+    command
 }

@@ -54,14 +54,7 @@ impl Drop for Tmpfs {
 /// child process with `dir` and returns its exit status (a SIGBUS kills
 /// only the child). The child finds itself with [`child_dir`]`(name)`.
 pub fn run_child(module: &str, name: &str, dir: &Path) -> std::process::Output {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            &super::log::test_name(module, name),
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-            "--include-ignored",
-        ])
+    super::log::rerun_command(module, name)
         .env(CHILD_ENV, name)
         .env(CHILD_DIR_ENV, dir)
         .output()

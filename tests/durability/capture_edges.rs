@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::crash::CrashOptions;
+use common::faults::{install_pause_handler, pause_thread, self_thread, PAUSE_US};
+use common::futures::poll_once;
+use common::log::{fast_tempdir, rec};
 use common::model_hook::ModelHook;
-use common::probe::{
-    fast_tempdir, install_pause_handler, pause_thread, poll_once, rec, self_thread, PAUSE_US,
-};
 use fissionlog::{
     IoHook, IoOp, Log, LogOptions, ReadIsolation, RecoveryMode, SplitPlan, SyncPolicy, TopicConfig,
 };
@@ -247,6 +247,8 @@ fn always_append_after_a_kill_mid_roll_survives_power_loss() {
 
 /// Fails every fsync once armed and a roll created a new segment (a kill
 /// right after that `Segment::create`, before any round fsynced anything).
+/// (Its own hook: one op arms the failure of every later sync, which the kit
+/// cannot.)
 struct KillAfterRoll {
     model: Arc<ModelHook>,
     armed: AtomicBool,

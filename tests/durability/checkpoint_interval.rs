@@ -5,11 +5,10 @@
 //! last checkpoint (C7).
 
 use crate::common;
-use common::faults::Both;
+use common::faults::{Both, Record};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,25 +16,8 @@ use common::crash::{power_loss_image_traced, CrashOptions, DirImage};
 use fissionlog::{IoHook, IoOp};
 use fissionlog::{Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
 
-/// Counts checkpoint writes and segment syncs.
-#[derive(Debug, Default)]
-struct Counter {
-    checkpoint_writes: AtomicUsize,
-    segment_syncs: AtomicUsize,
-}
-
-impl IoHook for Counter {
-    fn before(&self, op: IoOp, _path: &Path) -> std::io::Result<()> {
-        match op {
-            IoOp::WriteCheckpoint => self.checkpoint_writes.fetch_add(1, Ordering::SeqCst),
-            IoOp::SyncSegment => self.segment_syncs.fetch_add(1, Ordering::SeqCst),
-            _ => 0,
-        };
-        Ok(())
-    }
-}
-
-/// Records each file's content when its own fsync returns: what a power
+/// Records each file's content when its own fsync returns (a copy of the
+/// file at a call, which the kit's hooks do not take): what a power
 /// loss keeps of it (a checkpoint file left unsynced keeps its older bytes,
 /// whatever the directory looks like when `sync()` returns).
 #[derive(Debug)]
@@ -142,7 +124,7 @@ fn check_prefix(log: &Log, at_least: u64, at_most: u64, ctx: &str) -> u64 {
 fn checkpoint_is_written_only_when_due_or_needed() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
-    let hook = Arc::new(Counter::default());
+    let hook = Arc::new(Record::default());
     let log = Log::open_with_hook(&dir, opts(Duration::from_secs(3600)), hook.clone()).unwrap();
     log.create_topic(
         "t",
@@ -152,16 +134,16 @@ fn checkpoint_is_written_only_when_due_or_needed() {
         },
     )
     .unwrap();
-    let after_open = hook.checkpoint_writes.load(Ordering::SeqCst);
+    let after_open = hook.count(IoOp::WriteCheckpoint);
     assert!(after_open >= 2, "open writes both checkpoint files");
-    let syncs_before = hook.segment_syncs.load(Ordering::SeqCst);
+    let syncs_before = hook.count(IoOp::SyncSegment);
     for round in 0..40 {
         put(&log, round * 3, 3);
         log.sync().unwrap();
     }
-    assert!(hook.segment_syncs.load(Ordering::SeqCst) >= syncs_before + 40);
+    assert!(hook.count(IoOp::SyncSegment) >= syncs_before + 40);
     assert_eq!(
-        hook.checkpoint_writes.load(Ordering::SeqCst),
+        hook.count(IoOp::WriteCheckpoint),
         after_open,
         "rounds inside the interval sync data only"
     );
@@ -181,14 +163,14 @@ fn checkpoint_is_written_only_when_due_or_needed() {
     // Two writes put the current entries in both checkpoint files; a third
     // would write the same bytes again, so it is skipped.
     assert_eq!(
-        hook.checkpoint_writes.load(Ordering::SeqCst),
+        hook.count(IoOp::WriteCheckpoint),
         after_open + 2,
         "rounds write the checkpoint while retention waits for it, until both files are current"
     );
     // Raising the floor writes (and syncs) a checkpoint before unlinking.
     assert!(log.enforce_retention().unwrap() > 0);
     assert!(p.start_offset() > 0);
-    let after_retention = hook.checkpoint_writes.load(Ordering::SeqCst);
+    let after_retention = hook.count(IoOp::WriteCheckpoint);
     assert!(
         after_retention > after_open + 2,
         "the new floor was not checkpointed"
@@ -197,21 +179,18 @@ fn checkpoint_is_written_only_when_due_or_needed() {
     // holds the directory lock: let it go first.)
     drop(p);
     log.close().unwrap();
-    assert!(hook.checkpoint_writes.load(Ordering::SeqCst) > after_retention);
+    assert!(hook.count(IoOp::WriteCheckpoint) > after_retention);
 
     // With a zero interval every round writes one (the protocol before the
     // interval existed).
-    let hook = Arc::new(Counter::default());
+    let hook = Arc::new(Record::default());
     let log = Log::open_with_hook(&dir, opts(Duration::ZERO), hook.clone()).unwrap();
-    let after_open = hook.checkpoint_writes.load(Ordering::SeqCst);
+    let after_open = hook.count(IoOp::WriteCheckpoint);
     for round in 0..5 {
         put(&log, 120 + round, 1);
         log.sync().unwrap();
     }
-    assert_eq!(
-        hook.checkpoint_writes.load(Ordering::SeqCst),
-        after_open + 5
-    );
+    assert_eq!(hook.count(IoOp::WriteCheckpoint), after_open + 5);
     log.close().unwrap();
 }
 
@@ -222,7 +201,7 @@ fn checkpoint_is_written_only_when_due_or_needed() {
 fn crash_after_rounds_without_checkpoint_keeps_every_synced_record() {
     let root = tempfile::tempdir().unwrap();
     let base = root.path().join("base");
-    let hook = Arc::new(Counter::default());
+    let hook = Arc::new(Record::default());
     let image = Arc::new(FsyncImage {
         root: base.clone(),
         files: Mutex::new(BTreeMap::new()),
@@ -237,7 +216,7 @@ fn crash_after_rounds_without_checkpoint_keeps_every_synced_record() {
     // Counts and records.
     let both = Arc::new(Both(hook.clone(), image.clone()));
     let log = Log::open_with_hook(&base, opts(Duration::from_secs(3600)), both).unwrap();
-    let checkpoints = hook.checkpoint_writes.load(Ordering::SeqCst);
+    let checkpoints = hook.count(IoOp::WriteCheckpoint);
     let p = log.topic("t").unwrap().partition(0).unwrap();
     let checkpointed_bytes = p.size_bytes();
     let mut synced = 30;
@@ -247,7 +226,7 @@ fn crash_after_rounds_without_checkpoint_keeps_every_synced_record() {
         log.sync().unwrap();
     }
     assert_eq!(
-        hook.checkpoint_writes.load(Ordering::SeqCst),
+        hook.count(IoOp::WriteCheckpoint),
         checkpoints,
         "no checkpoint inside the interval"
     );

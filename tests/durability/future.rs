@@ -3,60 +3,14 @@
 //! Driven here by a minimal executor, so the test needs no runtime.
 
 use crate::common::log::quiet;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use crate::common::faults::Fail;
+use crate::common::futures::{block_on, counter, poll_with};
 use fissionlog::{Error, IoOp, Log, NewRecord, SyncPolicy, TopicConfig};
-
-/// Counts its wakes and unparks the thread that made it.
-struct Counter {
-    wakes: AtomicUsize,
-    thread: std::thread::Thread,
-}
-
-impl Wake for Counter {
-    fn wake(self: Arc<Self>) {
-        self.wakes.fetch_add(1, Ordering::SeqCst);
-        self.thread.unpark();
-    }
-}
-
-fn counter() -> (Arc<Counter>, Waker) {
-    let c = Arc::new(Counter {
-        wakes: AtomicUsize::new(0),
-        thread: std::thread::current(),
-    });
-    (c.clone(), Waker::from(c))
-}
-
-fn poll_once<F: Future + Unpin>(f: &mut F, waker: &Waker) -> Poll<F::Output> {
-    Pin::new(f).poll(&mut Context::from_waker(waker))
-}
-
-/// Polls `f` to completion on this thread, parking between polls (only a
-/// wake unparks it; the 10 s bound turns a lost wake-up into a failure).
-fn block_on<F: Future + Unpin>(mut f: F) -> F::Output {
-    let (c, waker) = counter();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let seen = c.wakes.load(Ordering::SeqCst);
-        if let Poll::Ready(v) = poll_once(&mut f, &waker) {
-            return v;
-        }
-        while c.wakes.load(Ordering::SeqCst) == seen {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "a pending durability future was never woken"
-            );
-            std::thread::park_timeout(Duration::from_millis(100));
-        }
-    }
-}
 
 fn config(sync: SyncPolicy) -> TopicConfig {
     TopicConfig {
@@ -89,25 +43,22 @@ fn resolves_once_a_sync_covers_the_offset_and_not_before() {
     let mut covered = t.durable(0, last);
     let mut next = t.durable(0, last + 1);
     assert!(
-        poll_once(&mut covered, &waker).is_pending(),
+        poll_with(&mut covered, &waker).is_pending(),
         "nothing synced yet"
     );
-    assert!(poll_once(&mut next, &waker).is_pending());
-    assert_eq!(c.wakes.load(Ordering::SeqCst), 0);
+    assert!(poll_with(&mut next, &waker).is_pending());
+    assert_eq!(c.count(), 0);
     log.sync().unwrap();
-    assert!(
-        c.wakes.load(Ordering::SeqCst) > 0,
-        "the sync woke the waiter"
-    );
+    assert!(c.count() > 0, "the sync woke the waiter");
     assert!(matches!(
-        poll_once(&mut covered, &waker),
+        poll_with(&mut covered, &waker),
         Poll::Ready(Ok(()))
     ));
     // The next offset is not written yet: still waiting.
-    assert!(poll_once(&mut next, &waker).is_pending());
+    assert!(poll_with(&mut next, &waker).is_pending());
     append(&t, 0, 10);
     log.sync().unwrap();
-    assert!(matches!(poll_once(&mut next, &waker), Poll::Ready(Ok(()))));
+    assert!(matches!(poll_with(&mut next, &waker), Poll::Ready(Ok(()))));
     assert!(t.partition(0).unwrap().durable_end_offset() > last + 1);
 }
 
@@ -150,14 +101,11 @@ fn closing_the_log_fails_a_pending_future() {
     let (c, waker) = counter();
     // Past what will ever be written before the close.
     let mut f = t.durable(1, off + 5);
-    assert!(poll_once(&mut f, &waker).is_pending());
+    assert!(poll_with(&mut f, &waker).is_pending());
     log.close().unwrap();
-    assert!(
-        c.wakes.load(Ordering::SeqCst) > 0,
-        "the close woke the waiter"
-    );
+    assert!(c.count() > 0, "the close woke the waiter");
     assert!(matches!(
-        poll_once(&mut f, &waker),
+        poll_with(&mut f, &waker),
         Poll::Ready(Err(Error::Closed))
     ));
 }
@@ -176,14 +124,11 @@ fn a_failed_fsync_fails_the_future_instead_of_resolving_it() {
     let off = append(&t, 0, 0);
     let (c, waker) = counter();
     let mut f = t.durable(0, off);
-    assert!(poll_once(&mut f, &waker).is_pending());
+    assert!(poll_with(&mut f, &waker).is_pending());
     hook.arm();
     assert!(log.sync().is_err());
-    assert!(
-        c.wakes.load(Ordering::SeqCst) > 0,
-        "the failure woke the waiter"
-    );
-    match poll_once(&mut f, &waker) {
+    assert!(c.count() > 0, "the failure woke the waiter");
+    match poll_with(&mut f, &waker) {
         Poll::Ready(Err(Error::Poisoned { partition: 0, .. })) => {}
         other => panic!("expected Poisoned, got {other:?}"),
     }
@@ -222,25 +167,25 @@ fn a_round_moving_another_partition_does_not_wake_the_future() {
     // written record not synced yet.
     let mut fa = t.durable(0, a_end);
     let mut fb = t.durable(1, append(&t, 1, 1));
-    assert!(poll_once(&mut fa, &wa).is_pending());
-    assert!(poll_once(&mut fb, &wb).is_pending());
+    assert!(poll_with(&mut fa, &wa).is_pending());
+    assert!(poll_with(&mut fb, &wb).is_pending());
     append(&t, 1, 2);
-    assert_eq!(cb.wakes.load(Ordering::SeqCst), 0, "an append woke B");
+    assert_eq!(cb.count(), 0, "an append woke B");
     log.sync().unwrap();
     assert_eq!(
-        ca.wakes.load(Ordering::SeqCst),
+        ca.count(),
         0,
         "A was woken by appends and a round on partition 1 only"
     );
-    assert!(cb.wakes.load(Ordering::SeqCst) > 0, "the round woke B");
-    assert!(matches!(poll_once(&mut fb, &wb), Poll::Ready(Ok(()))));
+    assert!(cb.count() > 0, "the round woke B");
+    assert!(matches!(poll_with(&mut fb, &wb), Poll::Ready(Ok(()))));
     // Partition 0's own append does not wake A either; its round does.
     assert_eq!(append(&t, 0, 3), a_end);
-    assert_eq!(ca.wakes.load(Ordering::SeqCst), 0, "an append woke A");
-    assert!(poll_once(&mut fa, &wa).is_pending(), "not durable yet");
+    assert_eq!(ca.count(), 0, "an append woke A");
+    assert!(poll_with(&mut fa, &wa).is_pending(), "not durable yet");
     log.sync().unwrap();
-    assert_eq!(ca.wakes.load(Ordering::SeqCst), 1, "A's round woke it once");
-    assert!(matches!(poll_once(&mut fa, &wa), Poll::Ready(Ok(()))));
+    assert_eq!(ca.count(), 1, "A's round woke it once");
+    assert!(matches!(poll_with(&mut fa, &wa), Poll::Ready(Ok(()))));
 }
 
 /// Deleting the topic wakes the futures of every partition, not only of
@@ -254,19 +199,16 @@ fn deleting_the_topic_wakes_futures_on_every_partition() {
         .map(|p| {
             let (c, w) = counter();
             let mut f = t.durable(p, append(&t, p, u64::from(p)) + 1);
-            assert!(poll_once(&mut f, &w).is_pending());
+            assert!(poll_with(&mut f, &w).is_pending());
             (c, w, f)
         })
         .collect();
     log.delete_topic("t").unwrap();
     for (p, (c, w, mut f)) in wakers.into_iter().enumerate() {
-        assert!(
-            c.wakes.load(Ordering::SeqCst) > 0,
-            "partition {p} not woken"
-        );
+        assert!(c.count() > 0, "partition {p} not woken");
         assert!(
             matches!(
-                poll_once(&mut f, &w),
+                poll_with(&mut f, &w),
                 Poll::Ready(Err(Error::UnknownTopic(_)))
             ),
             "partition {p}"
@@ -342,7 +284,7 @@ fn registration_racing_sync_rounds_loses_no_wakeup() {
                             std::hint::spin_loop();
                         }
                         let (c, w) = counter();
-                        match poll_once(&mut f, &w) {
+                        match poll_with(&mut f, &w) {
                             Poll::Ready(r) => {
                                 r.unwrap();
                                 break;
@@ -353,7 +295,7 @@ fn registration_racing_sync_rounds_loses_no_wakeup() {
                     assert!(t.partition(p).unwrap().durable_end_offset() > off);
                     let deadline = std::time::Instant::now() + Duration::from_secs(2);
                     for (k, c) in pending.iter().enumerate() {
-                        while c.wakes.load(Ordering::SeqCst) == 0 {
+                        while c.count() == 0 {
                             assert!(
                                 std::time::Instant::now() < deadline,
                                 "partition {p}, offset {off}: poll {k} of {} answered \

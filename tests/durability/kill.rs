@@ -4,7 +4,7 @@
 //! record byte for byte.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use fissionlog::{Log, LogOptions, SyncPolicy, TopicConfig};
@@ -68,18 +68,11 @@ fn kill_child() {
 #[test]
 fn acknowledged_records_survive_sigkill() {
     let root = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     for seed in 1..=4u64 {
         let dir = root.path().join(format!("s{seed}"));
         let mut acked = Vec::new();
         for round in 0..2u64 {
-            let mut child = Command::new(&exe)
-                .args([
-                    "--exact",
-                    &crate::common::log::test_name(module_path!(), "kill_child"),
-                    "--nocapture",
-                    "--include-ignored",
-                ])
+            let mut child = crate::common::log::rerun_command(module_path!(), "kill_child")
                 .env(CHILD_ENV, &dir)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())

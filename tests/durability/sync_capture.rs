@@ -12,15 +12,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::crash::CrashOptions;
+use common::faults::{install_pause_handler, pause_thread, self_thread, wait_flag};
+use common::futures::poll_once;
+use common::log::fast_tempdir;
 use common::model_hook::ModelHook;
-use common::probe::{
-    fast_tempdir, install_pause_handler, pause_thread, poll_once, self_thread, wait_flag,
-};
 use fissionlog::{IoHook, IoOp, Log, LogOptions, NewRecord, RecoveryMode, SyncPolicy, TopicConfig};
 
 /// Sees when each segment file was created and when each directory fsync
 /// started and completed, on one global sequence: a file's name is durable
 /// once a directory fsync that started after the file existed completed.
+/// (Its own hook: it orders creations and directory fsyncs on one sequence,
+/// which the kit cannot.)
 #[derive(Debug, Default)]
 struct NameHook {
     seq: AtomicU64,
@@ -115,6 +117,8 @@ impl NameHook {
 
 /// Forwards every op to a [`NameHook`] and, when there is one, to a
 /// [`ModelHook`] (the per-file power-loss model).
+/// (Its own hook, not `faults::Both`: the model is optional and the names see
+/// the model's result.)
 #[derive(Debug)]
 struct Both {
     names: Arc<NameHook>,
@@ -369,6 +373,8 @@ fn durable_future_record_survives_power_loss_after_racing_roll() {
 
 /// A [`NameHook`] that can also hold the first directory fsync of
 /// `topics/t0/p0` (the one a split's `sync_locked` issues) until released.
+/// (Its own hook: the gate sits between the names and the model, on one armed
+/// flag.)
 #[derive(Debug, Default)]
 struct SealGate {
     names: NameHook,
@@ -517,6 +523,7 @@ fn round_during_a_split_seal_does_not_call_an_unnamed_segment_durable() {
 /// Gates for [`always_append_during_a_split_seal_returns_covered`]: a
 /// round (R0) held in its fsync of topic "o" (`topics/t1/`), and the
 /// split's directory fsync of `topics/t0/p0` held, each until released.
+/// (Its own hook: two gates armed apart, in order with the names.)
 #[derive(Debug, Default)]
 struct AlwaysGate {
     names: NameHook,
@@ -661,6 +668,8 @@ fn newest_checkpoint(dir: &Path) -> fissionlog::internals::format::Checkpoint {
 /// the reclaim stops in its cut (`TrimSegment` of the parent) for a while
 /// (or until a round is inside its fsyncs), so that a round starts during
 /// the cut.
+/// (Its own hook: one gate waits for the other to be reached, which the kit
+/// cannot.)
 #[derive(Debug, Default)]
 struct ReclaimGate {
     armed: AtomicBool,

@@ -106,6 +106,8 @@ struct HookState {
     fired: bool,
 }
 
+/// (Its own hook: it keeps what was synced before and after the fault, which
+/// the kit cannot.)
 #[derive(Debug, Default)]
 struct Hook(Mutex<HookState>);
 

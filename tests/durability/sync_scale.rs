@@ -14,21 +14,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fissionlog::{IoHook, IoOp};
+use crate::common::faults::Record;
+use fissionlog::IoOp;
 use fissionlog::{Log, LogOptions, NewRecord, SyncPolicy, TopicConfig};
-use parking_lot::Mutex;
 
-#[derive(Debug, Default)]
-struct Count(Mutex<Vec<(IoOp, PathBuf)>>);
-
-impl IoHook for Count {
-    fn before(&self, op: IoOp, path: &Path) -> std::io::Result<()> {
-        if matches!(op, IoOp::SyncSegment | IoOp::SyncDir | IoOp::SyncCheckpoint) {
-            self.0.lock().push((op, path.to_path_buf()));
-        }
-        Ok(())
-    }
-}
+/// The fsyncs a round issues.
+const FSYNCS: [IoOp; 3] = [IoOp::SyncSegment, IoOp::SyncDir, IoOp::SyncCheckpoint];
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -47,7 +38,7 @@ fn sync_round_cost_with_many_partitions() {
     } else {
         tempfile::tempdir().unwrap()
     };
-    let hook = Arc::new(Count::default());
+    let hook = Arc::new(Record::default());
     let options = LogOptions {
         balancer: false,
         background_retention: false,
@@ -77,11 +68,11 @@ fn sync_round_cost_with_many_partitions() {
     let mut fsyncs_one = Vec::new();
     for i in 0..20u64 {
         t.append_to((i % u64::from(n)) as u32, &[rec(i)]).unwrap();
-        hook.0.lock().clear();
+        hook.clear();
         let s = Instant::now();
         log.sync().unwrap();
         one.push(s.elapsed());
-        fsyncs_one = hook.0.lock().clone();
+        fsyncs_one = hook.only(&FSYNCS);
         let s = Instant::now();
         log.sync().unwrap();
         none.push(s.elapsed());
@@ -111,11 +102,11 @@ fn sync_round_cost_with_many_partitions() {
     for _ in 0..3 {
         log.sync().unwrap();
     }
-    hook.0.lock().clear();
+    hook.clear();
     let s = Instant::now();
     log.sync().unwrap();
     let idle_time = s.elapsed();
-    let idle = hook.0.lock().clone();
+    let idle = hook.only(&FSYNCS);
     assert!(idle.is_empty(), "an idle round synced {idle:?}");
     let ck_bytes = std::fs::metadata(root.path().join("log/checkpoint.0"))
         .unwrap()
@@ -124,29 +115,11 @@ fn sync_round_cost_with_many_partitions() {
     log.close().unwrap();
 }
 
-/// Every op it sees.
-#[derive(Debug, Default)]
-struct Ops(Mutex<Vec<(IoOp, PathBuf)>>);
-
-impl IoHook for Ops {
-    fn before(&self, op: IoOp, path: &Path) -> std::io::Result<()> {
-        self.0.lock().push((op, path.to_path_buf()));
-        Ok(())
-    }
-}
-
-impl Ops {
-    fn index_writes(&self) -> Vec<PathBuf> {
-        let mut v: Vec<PathBuf> = self
-            .0
-            .lock()
-            .iter()
-            .filter(|(op, _)| *op == IoOp::WriteIndex)
-            .map(|(_, p)| p.clone())
-            .collect();
-        v.sort();
-        v
-    }
+/// The index files it saw written, sorted.
+fn index_writes(hook: &Record) -> Vec<PathBuf> {
+    let mut v = hook.paths(IoOp::WriteIndex);
+    v.sort();
+    v
 }
 
 /// A clean close costs what changed: it rewrites (durably) the index file
@@ -187,29 +160,29 @@ fn a_clean_close_writes_only_the_indexes_that_changed() {
     // Two large batches to partition 7: the second starts past the index
     // interval and takes an index entry; partition 8's small append does
     // not change its index.
-    let hook = Arc::new(Ops::default());
+    let hook = Arc::new(Record::default());
     let log = Log::open_with_hook(dir.path(), opts(), hook.clone()).unwrap();
     let topic = log.topic("t").unwrap();
     topic.append_to(7, &rec(&big)).unwrap();
     topic.append_to(7, &rec(&big)).unwrap();
     topic.append_to(8, &rec(b"small")).unwrap();
     drop(topic);
-    hook.0.lock().clear();
+    hook.clear();
     log.close().unwrap();
-    let written = hook.index_writes();
+    let written = index_writes(&hook);
     assert_eq!(written.len(), 1, "index files written: {written:?}");
     assert!(
         written[0].starts_with(dir.path().join("topics/t0/p7")),
         "{written:?}"
     );
 
-    let hook = Arc::new(Ops::default());
+    let hook = Arc::new(Record::default());
     let log = Log::open_with_hook(dir.path(), opts(), hook.clone()).unwrap();
     assert!(log.recovery_report().clean_shutdown);
-    hook.0.lock().clear();
+    hook.clear();
     log.close().unwrap();
     assert_eq!(
-        hook.index_writes(),
+        index_writes(&hook),
         Vec::<PathBuf>::new(),
         "nothing changed"
     );

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use fissionlog::{GroupOptions, Log, LogOptions, MemberOptions, SyncPolicy, TopicConfig};
@@ -77,7 +77,6 @@ fn parse(line: &str) -> BTreeMap<u32, u64> {
 #[test]
 fn committed_positions_survive_sigkill() {
     let root = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     for seed in 1..=3u64 {
         let dir = root.path().join(format!("s{seed}"));
         {
@@ -99,13 +98,7 @@ fn committed_positions_survive_sigkill() {
             }
             log.close().unwrap();
         }
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                &crate::common::log::test_name(module_path!(), "group_kill_child"),
-                "--nocapture",
-                "--include-ignored",
-            ])
+        let mut child = crate::common::log::rerun_command(module_path!(), "group_kill_child")
             .env(CHILD_ENV, &dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -1038,7 +1038,7 @@ fn spread_as_members_join(partitions: u32, joins: usize) -> Vec<JoinCost> {
     #[allow(non_snake_case)]
     let MOVES_PER_BALANCING = GroupOptions::default().max_moves_per_balancing;
     // Thousands of commits, each a manifest fsync: cheap on a RAM disk.
-    let dir = common::probe::fast_tempdir();
+    let dir = common::log::fast_tempdir();
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let log = open(dir.path(), &clock);
     let topic = log.topic_or_create("t", config(partitions)).unwrap();
@@ -1209,7 +1209,7 @@ fn members_in_threads_beside_splits_tail_splits_and_merges_get_every_record_once
         .and_then(|v| v.parse().ok())
         .unwrap_or(7);
     eprintln!("seed {seed}");
-    let dir = common::probe::fast_tempdir();
+    let dir = common::log::fast_tempdir();
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let log = open(dir.path(), &clock);
     let topic = log.topic_or_create("t", config(2)).unwrap();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::groups::{drain, member_opts, open};
-use common::retention::{config, fill, lost, OLD_TS};
+use common::retention::{config, fill, lost};
 use fissionlog::{GroupOptions, ManualClock, NewRecord, SplitPlan, StartAt, Topic, TopicConfig};
 
 /// What a reader from the group's committed cut reports as removed.
@@ -100,46 +100,19 @@ fn a_settled_loss_spanning_two_removed_generations_stays_settled_after_a_reopen(
 }
 
 mod model {
-    //! Model-based accounting of consumer groups under retention: random
-    //! appends (old records retention removes, fresh ones it keeps),
-    //! splits, merges, retention passes, joins, leaves, crashes, stalls,
-    //! polls, commits and reopens. Every record appended is delivered to
-    //! some member or lies in a range some member reported through
-    //! `Member::retained()`; a record is delivered again only after the
-    //! member holding it uncommitted lost its partitions, and never after
-    //! the group committed it.
+    //! Model-based accounting of consumer groups under retention, through
+    //! the group model of `tests/common/group_model.rs` with retention:
+    //! random appends (old records retention removes, fresh ones it
+    //! keeps), splits, merges, retention passes, joins, leaves, crashes,
+    //! stalls, polls, commits and reopens. Every record appended is
+    //! delivered to some member or lies in a range some member reported
+    //! through `Member::retained()`; a record is delivered again only after
+    //! the member holding it uncommitted lost its partitions, and never
+    //! after the group committed it.
 
-    use std::collections::{BTreeMap, BTreeSet, HashMap};
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use fissionlog::{
-        Group, GroupOptions, Log, LogOptions, ManualClock, Member, MemberOptions, NewRecord,
-        OwnedRecord, SplitPlan, Topic, TopicConfig,
-    };
     use proptest::prelude::*;
 
-    use super::OLD_TS;
-
-    const KEYS: u64 = 12;
-
-    #[derive(Debug, Clone)]
-    pub enum Op {
-        Append(u8, bool),
-        Join(Option<u8>),
-        Poll(u8, u8),
-        Commit(u8),
-        PollCommit(u8, u8),
-        Advance(u8, u8),
-        Crash(u8),
-        Leave(u8),
-        Split(u8),
-        Merge(u8),
-        /// Tail split of an active partition from `n/4` of its end.
-        TailSplit(u8, u8),
-        Retention,
-        Reopen,
-    }
+    use crate::common::group_model::{cases, rng_seed, Model, Op, Tail};
 
     pub fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
@@ -153,431 +126,11 @@ mod model {
             1 => any::<u8>().prop_map(Op::Leave),
             3 => any::<u8>().prop_map(Op::Split),
             2 => any::<u8>().prop_map(Op::Merge),
-            2 => (any::<u8>(), 0u8..4).prop_map(|(p, n)| Op::TailSplit(p, n)),
+            // From `n/4` of the partition's end.
+            2 => (any::<u8>(), 0u8..4).prop_map(|(p, n)| Op::TailSplit(p, Tail::Quarters(n))),
             3 => Just(Op::Retention),
-            1 => Just(Op::Reopen),
+            1 => Just(Op::Reopen(false)),
         ]
-    }
-
-    struct Live {
-        member: Member,
-        uncommitted: BTreeSet<u64>,
-        last_seq: BTreeMap<u64, u64>,
-        /// How many of its `retained()` ranges were taken already.
-        seen_retained: usize,
-    }
-
-    pub struct Model {
-        dir: tempfile::TempDir,
-        clock: Arc<ManualClock>,
-        log: Option<Log>,
-        topic: Topic,
-        group: Group,
-        members: Vec<Live>,
-        appended: u64,
-        /// Where each record is (appended, or moved by a tail split).
-        at: Vec<(u32, u64)>,
-        delivered: HashMap<u64, u32>,
-        committed: BTreeSet<u64>,
-        may_repeat: BTreeSet<u64>,
-        /// Every range any member reported.
-        reported: Vec<(u32, u64, u64)>,
-        /// Key `k` hashes into the `k`-th of `KEYS` equal slices of the
-        /// hash space, so routing does not depend on the topic's random
-        /// hash key.
-        keys: Vec<String>,
-    }
-
-    fn opts(clock: &Arc<ManualClock>) -> LogOptions {
-        LogOptions {
-            clock: clock.clone(),
-            balancer: false,
-            background_retention: false,
-            manifest_compact_records: 16,
-            ..LogOptions::default()
-        }
-    }
-
-    fn member_opts(instance: Option<u8>) -> MemberOptions {
-        MemberOptions {
-            session_timeout: Duration::from_secs(10),
-            processing_timeout: Duration::from_secs(30),
-            instance_id: instance.map(|i| format!("static-{i}")),
-            background_heartbeat: None,
-        }
-    }
-
-    fn parse(r: &OwnedRecord) -> (u64, u64) {
-        let v = std::str::from_utf8(&r.value).unwrap();
-        let (k, s) = v.split_once(':').unwrap();
-        (k.parse().unwrap(), s.parse().unwrap())
-    }
-
-    impl Model {
-        pub fn new() -> Model {
-            let dir = tempfile::tempdir().unwrap();
-            let clock = Arc::new(ManualClock::new(1_000_000_000));
-            let log = Log::open(dir.path(), opts(&clock)).unwrap();
-            let topic = log
-                .topic_or_create(
-                    "t",
-                    TopicConfig {
-                        partitions: 2,
-                        segment_bytes: 4096,
-                        retention_age: Some(Duration::from_secs(3600)),
-                        ..TopicConfig::default()
-                    },
-                )
-                .unwrap();
-            let group = topic.group("g", GroupOptions::default()).unwrap();
-            let slice = u64::MAX / KEYS + 1;
-            let keys = (0..KEYS)
-                .map(|k| {
-                    (0..)
-                        .map(|j| format!("k{k}-{j}"))
-                        .find(|name| topic.hash(name.as_bytes()) / slice == k)
-                        .unwrap()
-                })
-                .collect();
-            Model {
-                dir,
-                clock,
-                log: Some(log),
-                topic,
-                group,
-                members: Vec::new(),
-                appended: 0,
-                at: Vec::new(),
-                delivered: HashMap::new(),
-                committed: BTreeSet::new(),
-                may_repeat: BTreeSet::new(),
-                reported: Vec::new(),
-                keys,
-            }
-        }
-
-        fn pick(&self, i: u8) -> Option<usize> {
-            (!self.members.is_empty()).then(|| usize::from(i) % self.members.len())
-        }
-
-        fn collect_retained(&mut self, i: usize) {
-            let live = &mut self.members[i];
-            let r = live.member.retained();
-            for g in &r[live.seen_retained..] {
-                let range = (g.partition, g.start, g.end);
-                let told_before = r[..live.seen_retained]
-                    .iter()
-                    .any(|x| (x.partition, x.start, x.end) == range);
-                assert!(!told_before, "{range:?} reported twice to one member");
-                self.reported.push(range);
-            }
-            live.seen_retained = r.len();
-        }
-
-        fn lose(&mut self, i: usize) {
-            self.collect_retained(i);
-            let m = self.members.remove(i);
-            self.may_repeat.extend(m.uncommitted);
-        }
-
-        fn receive(&mut self, i: usize, got: Vec<OwnedRecord>) {
-            self.collect_retained(i);
-            for r in &got {
-                let (key, seq) = parse(r);
-                assert_eq!(
-                    self.at[seq as usize],
-                    (r.partition, r.offset),
-                    "record {seq} where it was appended"
-                );
-                let n = self.delivered.entry(seq).or_default();
-                *n += 1;
-                if *n > 1 {
-                    assert!(
-                        !self.committed.contains(&seq),
-                        "record {seq} ({}, {}) delivered again after the group committed it",
-                        r.partition,
-                        r.offset
-                    );
-                    assert!(
-                        self.may_repeat.contains(&seq),
-                        "record {seq} ({}, {}) delivered again outside a lost uncommitted window",
-                        r.partition,
-                        r.offset
-                    );
-                } else {
-                    let live = &mut self.members[i];
-                    if let Some(&prev) = live.last_seq.get(&key) {
-                        assert!(seq > prev, "key {key}: {seq} after {prev} to one member");
-                    }
-                }
-                let live = &mut self.members[i];
-                live.last_seq.insert(key, seq);
-                live.uncommitted.insert(seq);
-            }
-        }
-
-        fn commit(&mut self, i: usize) {
-            match self.members[i].member.commit() {
-                Ok(()) => {
-                    let done = std::mem::take(&mut self.members[i].uncommitted);
-                    self.committed.extend(done);
-                }
-                Err(fissionlog::Error::Fenced { .. }) => self.lose(i),
-                Err(fissionlog::Error::NotAssigned { .. }) => {
-                    let held = std::mem::take(&mut self.members[i].uncommitted);
-                    self.may_repeat.extend(held);
-                }
-                Err(e) => panic!("commit: {e}"),
-            }
-        }
-
-        pub fn apply(&mut self, op: &Op) {
-            match *op {
-                Op::Append(n, old) => {
-                    for _ in 0..n {
-                        let s = self.appended;
-                        let k = s % KEYS;
-                        let key = self.keys[k as usize].clone();
-                        let value = format!("{k}:{s}");
-                        let a = self
-                            .topic
-                            .append_batch(&[NewRecord {
-                                key: Some(key.as_bytes()),
-                                value: value.as_bytes(),
-                                timestamp: old.then_some(OLD_TS),
-                            }])
-                            .unwrap();
-                        self.at.push((a[0].partition, a[0].offset));
-                        self.appended += 1;
-                    }
-                }
-                Op::Join(instance) => {
-                    if self.members.len() >= 4 {
-                        return;
-                    }
-                    if let Some(iid) = instance {
-                        let name = format!("static-{iid}");
-                        let d = self.group.describe();
-                        let old = self.members.iter().position(|m| {
-                            d.members.iter().any(|x| {
-                                x.id == m.member.id() && x.instance_id.as_ref() == Some(&name)
-                            })
-                        });
-                        if let Some(i) = old {
-                            self.lose(i);
-                        }
-                    }
-                    let member = self.group.join(member_opts(instance)).unwrap();
-                    self.members.push(Live {
-                        member,
-                        uncommitted: BTreeSet::new(),
-                        last_seq: BTreeMap::new(),
-                        seen_retained: 0,
-                    });
-                }
-                Op::Poll(i, n) | Op::PollCommit(i, n) => {
-                    let Some(i) = self.pick(i) else { return };
-                    match self.members[i].member.poll(usize::from(n)) {
-                        Ok(got) => self.receive(i, got),
-                        Err(fissionlog::Error::Fenced { .. }) => {
-                            self.lose(i);
-                            return;
-                        }
-                        Err(e) => panic!("poll: {e}"),
-                    }
-                    if matches!(op, Op::PollCommit(..)) {
-                        self.commit(i);
-                    }
-                }
-                Op::Commit(i) => {
-                    if let Some(i) = self.pick(i) {
-                        self.commit(i);
-                    }
-                }
-                Op::Advance(mask, secs) => {
-                    for _ in 0..secs {
-                        self.clock.advance(Duration::from_secs(1));
-                        for (j, m) in self.members.iter().enumerate() {
-                            if mask & (1 << (j % 8)) != 0 {
-                                let _ = m.member.heartbeat();
-                            }
-                        }
-                    }
-                    self.group.tick();
-                    let d = self.group.describe();
-                    let mut stale = Vec::new();
-                    for (j, m) in self.members.iter().enumerate() {
-                        let desc = d.members.iter().find(|x| x.id == m.member.id());
-                        if desc.is_none_or(|x| x.state == fissionlog::MemberState::Slow) {
-                            stale.push(j);
-                        }
-                    }
-                    for j in stale {
-                        let held = std::mem::take(&mut self.members[j].uncommitted);
-                        self.may_repeat.extend(held);
-                    }
-                }
-                Op::Crash(i) => {
-                    if let Some(i) = self.pick(i) {
-                        self.lose(i);
-                    }
-                }
-                Op::Leave(i) => {
-                    if let Some(i) = self.pick(i) {
-                        self.collect_retained(i);
-                        let m = self.members.remove(i);
-                        self.may_repeat.extend(m.uncommitted);
-                        let _ = m.member.leave();
-                    }
-                }
-                Op::Split(i) => {
-                    let active = self.topic.active_partitions();
-                    if active.len() >= 8 {
-                        return;
-                    }
-                    let p = active[usize::from(i) % active.len()];
-                    let _ = self.topic.split(p, SplitPlan::Even);
-                }
-                Op::Merge(i) => {
-                    let mut parts = self.topic.partitions();
-                    parts.retain(|p| p.sealed_at.is_none());
-                    parts.sort_by_key(|p| p.start);
-                    if parts.len() < 2 {
-                        return;
-                    }
-                    let j = usize::from(i) % (parts.len() - 1);
-                    let _ = self.topic.merge(parts[j].id, parts[j + 1].id);
-                }
-                Op::TailSplit(i, n) => {
-                    let active = self.topic.active_partitions();
-                    if active.len() >= 8 {
-                        return;
-                    }
-                    let p = active[usize::from(i) % active.len()];
-                    let end = self.topic.partition(p).unwrap().end_offset();
-                    let from = end * u64::from(n) / 4;
-                    let Ok(out) = self.topic.split_tail(
-                        p,
-                        SplitPlan::Even,
-                        fissionlog::TailSplitOptions::from_offset(from),
-                    ) else {
-                        return;
-                    };
-                    // The moved records lead the children: where they are now.
-                    for (&c, &moved) in out.children.iter().zip(&out.moved) {
-                        let mut next = 0;
-                        while next < moved {
-                            let b = self.topic.read(c, next, 1 << 16).unwrap();
-                            let got = b.to_owned_records().unwrap();
-                            assert!(!got.is_empty(), "child {c} at {next}");
-                            for r in got.iter().take((moved - next) as usize) {
-                                let (_, seq) = parse(r);
-                                self.at[seq as usize] = (c, r.offset);
-                            }
-                            next += got.len() as u64;
-                        }
-                    }
-                }
-                Op::Retention => {
-                    let log = self.log.as_ref().unwrap();
-                    log.sync().unwrap();
-                    log.enforce_retention().unwrap();
-                }
-                Op::Reopen => {
-                    for i in 0..self.members.len() {
-                        self.collect_retained(i);
-                    }
-                    let members = std::mem::take(&mut self.members);
-                    for m in members {
-                        self.may_repeat.extend(m.uncommitted);
-                    }
-                    self.log.take().unwrap().close().unwrap();
-                    let log = Log::open(self.dir.path(), opts(&self.clock)).unwrap();
-                    self.topic = log.topic("t").unwrap();
-                    self.group = self.topic.group("g", GroupOptions::default()).unwrap();
-                    self.log = Some(log);
-                }
-            }
-        }
-
-        pub fn finish(&mut self) {
-            for i in 0..self.members.len() {
-                self.collect_retained(i);
-            }
-            let members = std::mem::take(&mut self.members);
-            for m in members {
-                self.may_repeat.extend(m.uncommitted);
-                let _ = m.member.leave();
-            }
-            let member = self.group.join(member_opts(None)).unwrap();
-            for _ in 0..11 {
-                self.clock.advance(Duration::from_secs(1));
-                member.heartbeat().unwrap();
-            }
-            self.members.push(Live {
-                member,
-                uncommitted: BTreeSet::new(),
-                last_seq: BTreeMap::new(),
-                seen_retained: 0,
-            });
-            // Committing after empty polls too: a partition retention
-            // emptied under the reader is drained without a record, and a
-            // merge child behind it waits for that commit (see
-            // `a_parent_emptied_by_retention_does_not_hold_a_merge_child_back`).
-            let mut empty = 0;
-            while empty < 12 {
-                let got = self.members[0].member.poll(500).unwrap();
-                empty = if got.is_empty() { empty + 1 } else { 0 };
-                self.receive(0, got);
-                self.commit(0);
-            }
-            self.collect_retained(0);
-            let missing: Vec<(u64, (u32, u64))> = (0..self.appended)
-                .filter(|s| !self.delivered.contains_key(s))
-                .map(|s| (s, self.at[s as usize]))
-                .filter(|&(_, (p, o))| {
-                    !self
-                        .reported
-                        .iter()
-                        .any(|&(q, a, b)| q == p && a <= o && o < b)
-                })
-                .collect();
-            assert!(
-                missing.is_empty(),
-                "neither delivered nor reported: {missing:?}; reported {:?}",
-                self.reported
-            );
-            assert_eq!(self.group.describe().lag_records, 0);
-            // Nothing left to report: the committed cut reports nothing.
-            let mut r = self
-                .topic
-                .reader(fissionlog::StartAt::Cut(self.group.committed()))
-                .unwrap();
-            assert!(r.poll(1000).unwrap().is_empty());
-            assert!(
-                r.retained().is_empty(),
-                "committed cut still reports {:?}",
-                r.retained()
-            );
-            self.log.take().unwrap().close().unwrap();
-        }
-    }
-
-    /// The same cases in every run (`FISSIONLOG_GROUP_MODEL_SEED=N` picks
-    /// other ones, `random` a new seed per run).
-    fn rng_seed() -> proptest::test_runner::RngSeed {
-        match std::env::var("FISSIONLOG_GROUP_MODEL_SEED").ok().as_deref() {
-            Some("random") => proptest::test_runner::RngSeed::Random,
-            Some(v) => proptest::test_runner::RngSeed::Fixed(v.parse().unwrap_or(1)),
-            None => proptest::test_runner::RngSeed::Fixed(1),
-        }
-    }
-
-    fn cases() -> u32 {
-        std::env::var("FISSIONLOG_GROUP_MODEL_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(32)
     }
 
     /// A case the model found: three members, a tail split of the
@@ -596,15 +149,11 @@ mod model {
             Op::PollCommit(0, 1),
             Op::Poll(0, 1),
             Op::Join(None),
-            Op::TailSplit(72, 0),
+            Op::TailSplit(72, Tail::Quarters(0)),
             Op::Join(None),
             Op::PollCommit(14, 1),
         ];
-        let mut m = Model::new();
-        for op in &ops {
-            m.apply(op);
-        }
-        m.finish();
+        Model::with_retention().run(&ops);
     }
 
     proptest! {
@@ -617,11 +166,7 @@ mod model {
 
         #[test]
         fn every_record_is_delivered_or_reported(ops in proptest::collection::vec(op(), 1..60)) {
-            let mut m = Model::new();
-            for op in &ops {
-                m.apply(op);
-            }
-            m.finish();
+            Model::with_retention().run(&ops);
         }
     }
 }

@@ -1509,51 +1509,6 @@ fn appends_mode_changes_splits_and_merges_race() {
     check(&log.topic("t").unwrap(), "reopened");
 }
 
-/// One action per partition, run at the next creation of a segment in its
-/// directory (a roll), once: taken out before it runs, so the I/O it
-/// causes passes through.
-#[derive(Default)]
-struct OnRoll {
-    actions: std::sync::Mutex<Vec<OnRollAction>>,
-}
-
-type OnRollAction = (u32, Box<dyn FnOnce() -> std::io::Result<()> + Send>);
-
-impl std::fmt::Debug for OnRoll {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("OnRoll")
-    }
-}
-
-impl OnRoll {
-    fn at(&self, partition: u32, action: impl FnOnce() -> std::io::Result<()> + Send + 'static) {
-        self.actions
-            .lock()
-            .unwrap()
-            .push((partition, Box::new(action)));
-    }
-
-    fn pending(&self) -> usize {
-        self.actions.lock().unwrap().len()
-    }
-}
-
-impl fissionlog::IoHook for OnRoll {
-    fn before(&self, op: fissionlog::IoOp, path: &std::path::Path) -> std::io::Result<()> {
-        if op != fissionlog::IoOp::CreateSegment {
-            return Ok(());
-        }
-        let path = path.to_string_lossy();
-        let action = {
-            let mut a = self.actions.lock().unwrap();
-            a.iter()
-                .position(|(p, _)| path.contains(&format!("/p{p}/")))
-                .map(|i| a.remove(i).1)
-        };
-        action.map_or(Ok(()), |f| f())
-    }
-}
-
 /// A key of the form `{prefix}{n}` that `topic` routes to `partition`.
 fn key_in(topic: &Topic, partition: u32, prefix: &str) -> Vec<u8> {
     (0..)
@@ -1578,7 +1533,7 @@ fn key_in(topic: &Topic, partition: u32, prefix: &str) -> Vec<u8> {
 #[test]
 fn a_group_refused_as_sealed_holds_back_a_windowed_keys_later_window() {
     let dir = tempfile::tempdir().unwrap();
-    let hook = std::sync::Arc::new(OnRoll::default());
+    let hook = std::sync::Arc::new(crate::common::faults::OnRoll::default());
     let log = Log::open_with_hook(dir.path(), opts(), hook.clone()).unwrap();
     let topic = log
         .create_topic(

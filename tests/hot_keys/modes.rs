@@ -996,7 +996,7 @@ impl ReaderModel {
     /// `hash_seed`: the topic's routing hash key, so a case routes the
     /// same way on every run.
     fn new(hash_seed: u64) -> ReaderModel {
-        let dir = common::probe::fast_tempdir();
+        let dir = common::log::fast_tempdir();
         let options = LogOptions {
             topic_hash_seed: Some(hash_seed),
             ..opts()

@@ -16,69 +16,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use common::crash::{CrashOptions, SplitMix64};
+use common::faults::{Both, OnRoll};
 use common::hot::{config, fill_until, opts, T0, W100};
 use common::model_hook::ModelHook;
 use fissionlog::{
-    Appended, Error, HotKeyMode, IoHook, IoOp, Log, NewRecord, SplitPlan, SyncPolicy, Topic,
-    TopicConfig,
+    Appended, Error, HotKeyMode, IoOp, Log, NewRecord, SplitPlan, SyncPolicy, Topic, TopicConfig,
 };
-
-type Action = Box<dyn FnOnce() -> io::Result<()> + Send>;
-
-/// The crash model, plus one action per partition run (outside the model's
-/// lock, so the I/O it causes goes through the model) at the next creation
-/// of a segment in that partition's directory.
-struct Scripted {
-    model: Arc<ModelHook>,
-    actions: Mutex<Vec<(u32, Action)>>,
-}
-
-impl std::fmt::Debug for Scripted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Scripted")
-    }
-}
-
-impl Scripted {
-    fn at(&self, partition: u32, action: impl FnOnce() -> io::Result<()> + Send + 'static) {
-        self.actions
-            .lock()
-            .unwrap()
-            .push((partition, Box::new(action)));
-    }
-
-    fn clear(&self) -> usize {
-        let mut a = self.actions.lock().unwrap();
-        let n = a.len();
-        a.clear();
-        n
-    }
-}
-
-impl IoHook for Scripted {
-    fn before(&self, op: IoOp, path: &Path) -> io::Result<()> {
-        if op == IoOp::CreateSegment {
-            let path = path.to_string_lossy();
-            let action = {
-                let mut a = self.actions.lock().unwrap();
-                a.iter()
-                    .position(|(p, _)| path.contains(&format!("/p{p}/")))
-                    .map(|i| a.remove(i).1)
-            };
-            if let Some(f) = action {
-                f()?;
-            }
-        }
-        self.model.before(op, path)
-    }
-
-    fn after(&self, op: IoOp, path: &Path, result: io::Result<()>) -> io::Result<()> {
-        self.model.after(op, path, result)
-    }
-}
 
 /// Keys of the batches (all of one length, so records are of one size).
 const X: &[u8] = b"key-x"; // windowed, 2 lanes
@@ -290,10 +236,11 @@ fn run_case(seed: u64, steps: bool) -> Seen {
     let always = rng.below(3) == 0 || steps;
     let dir = tempfile::tempdir().unwrap();
     let model = ModelHook::new(dir.path(), None);
-    let hook = Arc::new(Scripted {
-        model: model.clone(),
-        actions: Mutex::new(Vec::new()),
-    });
+    // The crash model, plus one action per partition run (outside the
+    // model's lock, so the I/O it causes goes through the model) at its
+    // next roll.
+    let hook = Arc::new(OnRoll::default());
+    let both = Arc::new(Both::new(hook.clone(), model.clone()));
     // With steps, a checkpoint every sync round: the batch's I/O steps do
     // not depend on how long the case took.
     let options = fissionlog::LogOptions {
@@ -304,7 +251,7 @@ fn run_case(seed: u64, steps: bool) -> Seen {
         },
         ..opts()
     };
-    let log = Log::open_with_hook(dir.path(), options, hook.clone()).unwrap();
+    let log = Log::open_with_hook(dir.path(), options, both).unwrap();
     let topic = log
         .create_topic(
             "t",
@@ -602,23 +549,21 @@ fn a_power_loss_at_every_step_of_a_disturbed_batch_keeps_each_key_in_order() {
 /// Two partitions `lo` < `hi` of 4 KiB segments under `sync`, `hi` full
 /// (its next batch rolls) and its segment creation failing once; a batch
 /// of a strict key of each (values `va`, `vb`): `lo`'s group lands, `hi`'s
-/// fails. Returns the log (open), its hook and what the error names.
+/// fails. Returns the log (open), its crash model and what the error names.
 fn half_landed_batch(
     sync: SyncPolicy,
 ) -> (
     tempfile::TempDir,
     Log,
     Topic,
-    Arc<Scripted>,
+    Arc<ModelHook>,
     Vec<Option<Appended>>,
 ) {
     let dir = tempfile::tempdir().unwrap();
     let model = ModelHook::new(dir.path(), None);
-    let hook = Arc::new(Scripted {
-        model,
-        actions: Mutex::new(Vec::new()),
-    });
-    let log = Log::open_with_hook(dir.path(), opts(), hook.clone()).unwrap();
+    let hook = Arc::new(OnRoll::default());
+    let both = Arc::new(Both::new(hook.clone(), model.clone()));
+    let log = Log::open_with_hook(dir.path(), opts(), both).unwrap();
     let topic = log
         .create_topic(
             "t",
@@ -658,7 +603,7 @@ fn half_landed_batch(
         other => panic!("{other:?}"),
     };
     assert!(landed[0].is_some() && landed[1].is_none(), "{landed:?}");
-    (dir, log, topic, hook, landed)
+    (dir, log, topic, model, landed)
 }
 
 /// Under `SyncPolicy::Always` a batch returns only once its records are
@@ -674,7 +619,7 @@ fn half_landed_batch(
 /// error lost the record named as landed.
 #[test]
 fn a_partial_batch_under_sync_always_names_records_it_did_not_sync() {
-    let (_dir, _log, topic, hook, landed) = half_landed_batch(SyncPolicy::Always);
+    let (_dir, _log, topic, model, landed) = half_landed_batch(SyncPolicy::Always);
     let at = positions(&topic);
     let a = landed[0].unwrap();
     assert_eq!(
@@ -682,7 +627,7 @@ fn a_partial_batch_under_sync_always_names_records_it_did_not_sync() {
         vec![(a.partition, a.offset)],
         "the record named as landed is visible to the topic's readers"
     );
-    let (img, _) = hook.model.crash_image(7, &CrashOptions::default());
+    let (img, _) = model.crash_image(7, &CrashOptions::default());
     let lost = tempfile::tempdir().unwrap();
     img.write_to(lost.path()).unwrap();
     let log = Log::open(lost.path(), opts()).unwrap();

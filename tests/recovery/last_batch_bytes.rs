@@ -10,8 +10,8 @@
 use crate::common;
 use common::crash::DirImage;
 use common::faults::Fail;
+use common::log::fast_tempdir;
 use common::log::{quiet_in, value};
-use common::probe::fast_tempdir;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

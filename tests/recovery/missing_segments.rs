@@ -7,12 +7,11 @@ use crate::common;
 use common::log::value;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::crash::DirImage;
 use fissionlog::FileAction;
-use fissionlog::{Error, IoHook, IoOp, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
+use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
 
 /// 25 records of 157 bytes fit a 4 KiB segment: segments 0, 25, ... 175.
 const RECORDS: u64 = 200;
@@ -334,19 +333,6 @@ fn retention_removed_segments_are_not_missing() {
         .any(|f| matches!(f.action, FileAction::MissingData { .. })));
 }
 
-/// Fails manifest writes while set.
-#[derive(Debug, Default)]
-struct FailManifestWrites(AtomicBool);
-
-impl IoHook for FailManifestWrites {
-    fn before(&self, op: IoOp, _path: &Path) -> std::io::Result<()> {
-        if op == IoOp::WriteManifest && self.0.load(Ordering::SeqCst) {
-            return Err(std::io::Error::other("injected manifest write failure"));
-        }
-        Ok(())
-    }
-}
-
 /// A sealed partition that retention emptied has no segment, and children
 /// created by a split after the last checkpoint have no checkpoint entry:
 /// neither is missing data. Strict reopens both, after a crash and after a
@@ -363,7 +349,7 @@ fn emptied_sealed_partition_and_new_children_are_not_missing() {
             background_retention: false,
             ..opts(RecoveryMode::Strict)
         };
-        let hook = Arc::new(FailManifestWrites::default());
+        let hook = Arc::new(common::faults::failing_manifest_writes());
         let log = Log::open_with_hook(&dir, o.clone(), hook.clone()).unwrap();
         let t = log
             .create_topic(
@@ -383,7 +369,7 @@ fn emptied_sealed_partition_and_new_children_are_not_missing() {
         for _ in 0..3 {
             log.sync().unwrap();
         }
-        hook.0.store(true, Ordering::SeqCst);
+        hook.arm();
         assert!(matches!(
             log.enforce_retention(),
             Err(Error::LogPoisoned { .. })

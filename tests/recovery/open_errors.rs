@@ -19,7 +19,7 @@ use std::sync::Arc;
 use common::crash::DirImage;
 use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
 
-use fissionlog::{IoHook, IoOp};
+use fissionlog::IoOp;
 
 const RECORDS: u64 = 300;
 
@@ -479,22 +479,6 @@ fn a_log_reached_through_a_symlink_or_a_symlinked_parent_works_as_its_target() {
     }
 }
 
-/// Directories fsynced as `SyncNewDir`, in order.
-#[derive(Debug, Default)]
-struct NewDirSyncs(std::sync::Mutex<Vec<std::path::PathBuf>>);
-
-impl IoHook for NewDirSyncs {
-    fn before(&self, op: IoOp, path: &Path) -> io::Result<()> {
-        if op == IoOp::SyncNewDir {
-            self.0
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(path.to_path_buf());
-        }
-        Ok(())
-    }
-}
-
 /// A log created at a relative path (`Log::open("log")`) makes its new
 /// directory's entry durable like one created at an absolute path: the
 /// directory it was created in (the working directory) is fsynced.
@@ -504,11 +488,12 @@ fn a_log_created_at_a_relative_path_fsyncs_the_directory_it_was_created_in() {
     let root = tempfile::tempdir().unwrap();
     let cwd = std::env::current_dir().unwrap();
     std::env::set_current_dir(root.path()).unwrap();
-    let hook = Arc::new(NewDirSyncs::default());
+    let hook = Arc::new(common::faults::Record::default());
     let opened = Log::open_with_hook("log", no_balancer_in(RecoveryMode::Strict), hook.clone())
         .and_then(|log| log.close());
     // Resolved in the working directory the log was created in.
-    let synced: Vec<_> = hook.0.lock().unwrap().clone();
+    // Directories fsynced as `SyncNewDir`, in order.
+    let synced = hook.paths(IoOp::SyncNewDir);
     let first = synced.first().and_then(|p| std::fs::canonicalize(p).ok());
     std::env::set_current_dir(&cwd).unwrap();
     opened.unwrap();

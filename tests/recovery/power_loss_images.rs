@@ -6,11 +6,12 @@ use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::crash::{CrashOptions, DirImage};
 use common::durable::crash_image;
+use common::faults::Gate;
 use common::model_hook::ModelHook;
 use fissionlog::{
     Error, Log, LogOptions, NewRecord, RecoveryMode, StartAt, SyncPolicy, TopicConfig,
@@ -177,59 +178,6 @@ fn salvage_hole_survives_a_power_loss_after_the_repair() {
     }
 }
 
-/// Blocks the first `CreateSegment` under `dir_part` once armed, until
-/// released: the appender rolling that partition then holds its writer lock.
-#[derive(Debug, Default)]
-struct RollGate {
-    /// Path fragment of the partition directory to block in; empty: disarmed.
-    target: Mutex<String>,
-    /// (entered, released).
-    state: Mutex<(bool, bool)>,
-    cv: Condvar,
-}
-
-impl RollGate {
-    fn arm(&self, dir_part: &str) {
-        *self.target.lock().unwrap() = dir_part.to_string();
-    }
-
-    fn wait_entered(&self) {
-        let mut g = self.state.lock().unwrap();
-        while !g.0 {
-            g = self.cv.wait(g).unwrap();
-        }
-    }
-
-    fn release(&self) {
-        self.state.lock().unwrap().1 = true;
-        self.cv.notify_all();
-    }
-}
-
-impl IoHook for RollGate {
-    fn before(&self, op: IoOp, path: &Path) -> std::io::Result<()> {
-        let hit = {
-            let mut t = self.target.lock().unwrap();
-            let hit = op == IoOp::CreateSegment
-                && !t.is_empty()
-                && path.to_string_lossy().contains(t.as_str());
-            if hit {
-                t.clear();
-            }
-            hit
-        };
-        if hit {
-            let mut g = self.state.lock().unwrap();
-            g.0 = true;
-            self.cv.notify_all();
-            while !g.1 {
-                g = self.cv.wait(g).unwrap();
-            }
-        }
-        Ok(())
-    }
-}
-
 /// C7 (and the retention contract "the new floors reach the checkpoint,
 /// durably, before any file goes"): `enforce_retention` raises a
 /// partition's floor, calls `request_checkpoint` and then `sync`. A sync
@@ -278,7 +226,15 @@ fn retention_floor_is_durable_before_files_go_with_a_concurrent_sync() {
         .unwrap();
         log.close().unwrap();
     }
-    let gate = Arc::new(RollGate::default());
+    // Blocks the first `CreateSegment` of busy/p5 once armed, until
+    // released: the appender rolling that partition then holds its writer
+    // lock.
+    let gate = Arc::new(
+        Gate::new(IoOp::CreateSegment)
+            .in_path("/t1/p5")
+            .disarmed()
+            .at_most(Duration::from_secs(60)),
+    );
     let slow = LogOptions {
         checkpoint_interval: Duration::from_secs(3600),
         ..opts(RecoveryMode::Strict)
@@ -299,7 +255,7 @@ fn retention_floor_is_durable_before_files_go_with_a_concurrent_sync() {
         }],
     )
     .unwrap();
-    gate.arm("/t1/p5");
+    gate.arm();
     let (sync_started, retention_started) = (AtomicBool::new(false), AtomicBool::new(false));
     let retired = std::thread::scope(|s| {
         // Rolls busy/p5 and blocks in the new segment's creation, holding
@@ -315,14 +271,17 @@ fn retention_floor_is_durable_before_files_go_with_a_concurrent_sync() {
             )
             .unwrap();
         });
-        gate.wait_entered();
+        assert!(
+            gate.wait_reached(Duration::from_secs(60)),
+            "the roll never reached the gate"
+        );
         // A sync round that took busy/p5 from the dirty list and waits for
         // its writer lock to capture it.
         // Each thread gets 300 ms from when it runs, not from its spawn (a
         // loaded machine may start it late).
         let entered = |flag: &AtomicBool| {
             assert!(
-                common::probe::wait_flag(flag, Duration::from_secs(10)),
+                common::faults::wait_flag(flag, Duration::from_secs(10)),
                 "the thread never ran"
             );
             std::thread::sleep(Duration::from_millis(300));
@@ -359,6 +318,8 @@ fn retention_floor_is_durable_before_files_go_with_a_concurrent_sync() {
 /// Emulates a checkpoint write that fails part way (ENOSPC while the file
 /// grows: the first bytes are overwritten, then the write fails), and
 /// captures a power-loss image while the next checkpoint is being synced.
+/// (Its own hook: it writes part of the file before failing and captures an
+/// image, which the kit cannot.)
 #[derive(Debug)]
 struct CheckpointFault {
     root: std::path::PathBuf,

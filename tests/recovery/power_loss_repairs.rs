@@ -7,12 +7,12 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::crash::{DirImage, PAGE_SIZE};
 use common::durable::NodeId;
+use common::faults::{Both, Gate};
 use common::model_hook::{CrashPoint, ModelHook};
 use fissionlog::IoOp;
 use fissionlog::{Log, LogOptions, NewRecord, RecoveryMode, SyncPolicy, TopicConfig};
@@ -579,58 +579,6 @@ fn stale_seal_cleared_by_recovery_is_durable() {
     log.abandon();
 }
 
-/// Delegates to a [`ModelHook`] and, once armed, blocks the first
-/// directory fsync of a sync round on a path ending with `suffix` until
-/// released.
-#[derive(Debug)]
-struct DirSyncGate {
-    model: std::sync::Arc<ModelHook>,
-    suffix: std::sync::Mutex<Option<String>>,
-    /// (entered, released).
-    state: std::sync::Mutex<(bool, bool)>,
-    cv: std::sync::Condvar,
-}
-
-impl DirSyncGate {
-    fn wait_entered(&self) {
-        let mut g = self.state.lock().unwrap();
-        while !g.0 {
-            g = self.cv.wait(g).unwrap();
-        }
-    }
-
-    fn release(&self) {
-        self.state.lock().unwrap().1 = true;
-        self.cv.notify_all();
-    }
-}
-
-impl fissionlog::IoHook for DirSyncGate {
-    fn before(&self, op: IoOp, path: &Path) -> std::io::Result<()> {
-        let hit = op == IoOp::SyncDir && {
-            let mut s = self.suffix.lock().unwrap();
-            let hit = s.as_deref().is_some_and(|x| path.ends_with(x));
-            if hit {
-                *s = None;
-            }
-            hit
-        };
-        if hit {
-            let mut g = self.state.lock().unwrap();
-            g.0 = true;
-            self.cv.notify_all();
-            while !g.1 {
-                g = self.cv.wait(g).unwrap();
-            }
-        }
-        self.model.before(op, path)
-    }
-
-    fn after(&self, op: IoOp, path: &Path, result: std::io::Result<()>) -> std::io::Result<()> {
-        self.model.after(op, path, result)
-    }
-}
-
 /// C5/C1: a split syncs its parent before the commit record, so that a
 /// power loss can never keep the split and lose parent records below the
 /// seal. That sync covers the partition directory only when the parent's
@@ -644,13 +592,17 @@ fn split_commit_makes_the_parents_rolled_segment_names_durable() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     std::fs::create_dir(&dir).unwrap();
-    let gate = std::sync::Arc::new(DirSyncGate {
-        model: ModelHook::new(&dir, None),
-        suffix: Default::default(),
-        state: Default::default(),
-        cv: Default::default(),
-    });
-    let log = Log::open_with_hook(&dir, opts(RecoveryMode::Strict), gate.clone()).unwrap();
+    // Once armed, the first directory fsync of `topics/t0/p0` (a sync
+    // round's) waits until released, ahead of the model.
+    let gate = std::sync::Arc::new(
+        Gate::new(IoOp::SyncDir)
+            .on_path("topics/t0/p0")
+            .disarmed()
+            .at_most(Duration::from_secs(60)),
+    );
+    let model = ModelHook::new(&dir, None);
+    let both = std::sync::Arc::new(Both::new(gate.clone(), model.clone()));
+    let log = Log::open_with_hook(&dir, opts(RecoveryMode::Strict), both).unwrap();
     log.create_topic("t", topic(4096)).unwrap();
     put_n(&log, 1, 5);
     log.sync().unwrap();
@@ -661,10 +613,13 @@ fn split_commit_makes_the_parents_rolled_segment_names_durable() {
     assert!(segs.len() >= 2, "the parent rolled");
     let seal = p.end_offset();
     drop(p);
-    *gate.suffix.lock().unwrap() = Some("topics/t0/p0".into());
+    gate.arm();
     let point = std::thread::scope(|s| {
         let round = s.spawn(|| log.sync());
-        gate.wait_entered();
+        assert!(
+            gate.wait_reached(Duration::from_secs(60)),
+            "the round never reached its directory fsync"
+        );
         let children = log
             .topic("t")
             .unwrap()
@@ -672,7 +627,7 @@ fn split_commit_makes_the_parents_rolled_segment_names_durable() {
             .unwrap();
         assert_eq!(children.len(), 2);
         // Power loss now, while the round's directory fsync has not run.
-        let point = gate.model.now(IoOp::SyncDir);
+        let point = model.now(IoOp::SyncDir);
         let live = DirImage::capture(&dir).unwrap();
         gate.release();
         round.join().unwrap().unwrap();
@@ -816,19 +771,6 @@ fn image_with_durable_names(dir: &Path, point: &CrashPoint, rel_dir: &Path) -> D
     img
 }
 
-/// Fails every manifest write once armed (a removal's record).
-#[derive(Debug)]
-struct FailManifestWrites(AtomicBool);
-
-impl fissionlog::IoHook for FailManifestWrites {
-    fn before(&self, op: IoOp, _path: &Path) -> std::io::Result<()> {
-        if op == IoOp::WriteManifest && self.0.load(Ordering::SeqCst) {
-            return Err(std::io::Error::other("injected manifest write failure"));
-        }
-        Ok(())
-    }
-}
-
 /// C7 (no false corruption): retention empties a sealed partition; each
 /// open then gives it an empty placeholder segment so its lineage stays
 /// readable (until retention removes it from the topology; here the
@@ -862,9 +804,9 @@ fn placeholder_of_an_emptied_sealed_partition_is_durable_before_a_checkpoint_nam
     // Retention empties the parent; the record that would remove it from
     // the topology fails, so the log (poisoned) keeps it as an emptied
     // sealed partition, as it stands between the two steps of a removal.
-    let fail = Arc::new(FailManifestWrites(AtomicBool::new(false)));
+    let fail = Arc::new(common::faults::failing_manifest_writes());
     let log = Log::open_with_hook(&dir, opts(RecoveryMode::Strict), fail.clone()).unwrap();
-    fail.0.store(true, Ordering::SeqCst);
+    fail.arm();
     assert!(
         log.enforce_retention().is_err(),
         "the removal's record fails"

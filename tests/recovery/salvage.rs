@@ -6,6 +6,7 @@
 use crate::common;
 use common::log::quiet_in;
 use common::log::value;
+use common::retention::fill;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -451,26 +452,6 @@ fn verify_reports_a_torn_rolled_segment_and_accepts_its_salvage() {
 }
 
 // ---- Readers over partitions retention removed ----
-
-const OLD_TS: i64 = 1_000;
-
-/// Appends `n` records to partition `p` through a key routed there, with an
-/// expired timestamp when `old`.
-fn fill(topic: &Topic, p: u32, n: u32, old: bool) {
-    let k = (0..)
-        .map(|k| format!("key-{k}"))
-        .find(|k| topic.route(k.as_bytes()) == p)
-        .unwrap();
-    for i in 0..n {
-        topic
-            .append_batch(&[NewRecord {
-                key: Some(k.as_bytes()),
-                value: format!("{p}:{i}").as_bytes(),
-                timestamp: old.then_some(OLD_TS),
-            }])
-            .unwrap();
-    }
-}
 
 /// Polls until three polls in a row return nothing (a poll that moves
 /// on to children may return nothing).

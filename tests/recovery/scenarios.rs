@@ -6,12 +6,12 @@ use common::log::no_balancer_in;
 use common::log::value;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use common::crash::{flip_byte, zero_range, DirImage};
 use fissionlog::FileAction;
+use fissionlog::IoOp;
 use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, TopicConfig};
-use fissionlog::{IoHook, IoOp};
 
 const SEG: u64 = 4096;
 /// One record with key "k" and a 100-byte value: 40 + 16 + 1 + 100 bytes.
@@ -265,19 +265,6 @@ fn clean_reopen_of_many_segments_scans_nothing_and_is_idempotent() {
     assert_eq!(all(&log), (0, 407));
 }
 
-/// Records every segment sync.
-#[derive(Debug, Default)]
-struct SyncRecorder(Mutex<Vec<PathBuf>>);
-
-impl IoHook for SyncRecorder {
-    fn before(&self, op: IoOp, path: &Path) -> std::io::Result<()> {
-        if op == IoOp::SyncSegment {
-            self.0.lock().unwrap().push(path.to_path_buf());
-        }
-        Ok(())
-    }
-}
-
 /// Regression: rolling writes the seal into the old segment's header; the
 /// next sync round must flush it even when the old segment's data was
 /// already synced (else a power loss keeps a synced segment without its
@@ -286,7 +273,7 @@ impl IoHook for SyncRecorder {
 fn sync_after_roll_flushes_the_seal() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("a");
-    let hook = Arc::new(SyncRecorder::default());
+    let hook = Arc::new(common::faults::Record::default());
     let log =
         Log::open_with_hook(&dir, no_balancer_in(RecoveryMode::Strict), hook.clone()).unwrap();
     log.create_topic("t", config()).unwrap();
@@ -298,20 +285,18 @@ fn sync_after_roll_flushes_the_seal() {
         .unwrap()
         .roll_now()
         .unwrap();
-    hook.0.lock().unwrap().clear();
+    hook.clear();
     log.sync().unwrap();
-    let synced = hook.0.lock().unwrap().clone();
+    let synced = hook.paths(IoOp::SyncSegment);
     assert!(
         synced.iter().any(|p| p.ends_with(rel_seg(0))),
         "sealed segment not synced: {synced:?}"
     );
-    hook.0.lock().unwrap().clear();
+    hook.clear();
     log.sync().unwrap();
     assert!(
         !hook
-            .0
-            .lock()
-            .unwrap()
+            .paths(IoOp::SyncSegment)
             .iter()
             .any(|p| p.ends_with(rel_seg(0))),
         "the seal is synced once"

@@ -9,13 +9,14 @@ use common::log::quiet_in;
 
 use std::future::Future;
 use std::path::Path;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use common::crash::CrashOptions;
+use common::faults::Fail;
+use common::futures::{block_on, counter, poll_with};
 use common::model_hook::ModelHook;
 use fissionlog::{
     Error, IoOp, Log, LogOptions, NewRecord, RecoveryMode, SplitPlan, SyncPolicy, Topic,
@@ -134,44 +135,6 @@ fn split_and_merge_right_after_a_truncate_repair_reopen_in_strict() {
     );
 }
 
-/// Counts its wakes.
-struct Counter(AtomicUsize);
-
-impl Wake for Counter {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-fn counter() -> (Arc<Counter>, Waker) {
-    let c = Arc::new(Counter(AtomicUsize::new(0)));
-    (c.clone(), Waker::from(c))
-}
-
-fn poll_once<F: Future + Unpin>(f: &mut F, waker: &Waker) -> Poll<F::Output> {
-    Pin::new(f).poll(&mut Context::from_waker(waker))
-}
-
-/// Polls `f` until ready; fails after 10 s (a lost wake-up), polling only
-/// after a wake.
-fn block_on<F: Future + Unpin>(mut f: F) -> F::Output {
-    let (c, waker) = counter();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let seen = c.0.load(Ordering::SeqCst);
-        if let Poll::Ready(v) = poll_once(&mut f, &waker) {
-            return v;
-        }
-        while c.0.load(Ordering::SeqCst) == seen {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "a pending durability future was never woken"
-            );
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-}
-
 /// One future cloned and polled from two tasks (two wakers): one sync
 /// wakes both, and both resolve.
 #[test]
@@ -184,14 +147,14 @@ fn a_future_polled_from_two_tasks_wakes_both() {
     let mut b = a.clone();
     let (ca, wa) = counter();
     let (cb, wb) = counter();
-    assert!(poll_once(&mut a, &wa).is_pending());
-    assert!(poll_once(&mut b, &wb).is_pending());
+    assert!(poll_with(&mut a, &wa).is_pending());
+    assert!(poll_with(&mut b, &wb).is_pending());
     // Polled again with the same waker: still one registration each.
-    assert!(poll_once(&mut a, &wa).is_pending());
+    assert!(poll_with(&mut a, &wa).is_pending());
     log.sync().unwrap();
-    assert!(ca.0.load(Ordering::SeqCst) >= 1 && cb.0.load(Ordering::SeqCst) >= 1);
-    assert!(matches!(poll_once(&mut a, &wa), Poll::Ready(Ok(()))));
-    assert!(matches!(poll_once(&mut b, &wb), Poll::Ready(Ok(()))));
+    assert!(ca.count() >= 1 && cb.count() >= 1);
+    assert!(matches!(poll_with(&mut a, &wa), Poll::Ready(Ok(()))));
+    assert!(matches!(poll_with(&mut b, &wb), Poll::Ready(Ok(()))));
 }
 
 /// Futures made before their offset is appended, one producer per
@@ -221,7 +184,7 @@ fn futures_made_before_the_append_resolve_only_once_durable() {
                     let next = part.end_offset();
                     let mut f = t.durable(p, next);
                     let (_c, w) = counter();
-                    let early = poll_once(&mut f, &w);
+                    let early = poll_with(&mut f, &w);
                     assert!(early.is_pending(), "offset {next} of {p} not appended yet");
                     let off = append(&t, p, i);
                     assert_eq!(off, next);
@@ -249,11 +212,11 @@ fn a_merged_parent_resolves_below_its_seal_and_fails_past_it() {
     let b = append(&t, 1, 1);
     let mut past = t.durable(1, b + 1);
     let (c, w) = counter();
-    assert!(poll_once(&mut past, &w).is_pending());
+    assert!(poll_with(&mut past, &w).is_pending());
     t.merge(0, 1).unwrap();
-    assert!(c.0.load(Ordering::SeqCst) > 0, "the merge woke the waiter");
+    assert!(c.count() > 0, "the merge woke the waiter");
     assert!(matches!(
-        poll_once(&mut past, &w),
+        poll_with(&mut past, &w),
         Poll::Ready(Err(Error::OffsetOutOfRange { partition: 1, .. }))
     ));
     block_on(t.durable(0, a)).unwrap();
@@ -274,18 +237,18 @@ fn after_a_reopen_only_what_is_on_disk_resolves() {
     let t = log.topic("t").unwrap();
     let (_c, w) = counter();
     assert!(matches!(
-        poll_once(&mut t.durable(0, last), &w),
+        poll_with(&mut t.durable(0, last), &w),
         Poll::Ready(Ok(()))
     ));
     let mut next = t.durable(0, last + 1);
-    assert!(poll_once(&mut next, &w).is_pending());
+    assert!(poll_with(&mut next, &w).is_pending());
     append(&t, 0, 10);
     assert!(
-        poll_once(&mut next, &w).is_pending(),
+        poll_with(&mut next, &w).is_pending(),
         "appended, not synced"
     );
     log.sync().unwrap();
-    assert!(matches!(poll_once(&mut next, &w), Poll::Ready(Ok(()))));
+    assert!(matches!(poll_with(&mut next, &w), Poll::Ready(Ok(()))));
 }
 
 /// Retention empties a sealed parent (every offset below its seal
@@ -381,12 +344,12 @@ fn retention_probe(cfg: TopicConfig, removed: bool) {
 fn resolves_with_syncs<F: Future + Unpin>(log: &Log, mut f: F) -> Option<F::Output> {
     let (_c, w) = counter();
     for _ in 0..3 {
-        if let Poll::Ready(v) = poll_once(&mut f, &w) {
+        if let Poll::Ready(v) = poll_with(&mut f, &w) {
             return Some(v);
         }
         log.sync().unwrap();
     }
-    match poll_once(&mut f, &w) {
+    match poll_with(&mut f, &w) {
         Poll::Ready(v) => Some(v),
         Poll::Pending => None,
     }
@@ -455,14 +418,11 @@ fn a_deleted_topic_fails_a_pending_future_instead_of_resolving_it() {
     let off = append(&t, 0, 0);
     let (c, w) = counter();
     let mut f = t.durable(0, off);
-    assert!(poll_once(&mut f, &w).is_pending());
+    assert!(poll_with(&mut f, &w).is_pending());
     log.delete_topic("t").unwrap();
-    assert!(
-        c.0.load(Ordering::SeqCst) > 0,
-        "the deletion woke the waiter"
-    );
+    assert!(c.count() > 0, "the deletion woke the waiter");
     log.sync().unwrap();
-    let r = poll_once(&mut f, &w);
+    let r = poll_with(&mut f, &w);
     assert!(
         matches!(r, Poll::Ready(Err(Error::UnknownTopic(_)))),
         "{r:?} for a record of a deleted topic"
@@ -480,28 +440,11 @@ fn a_deleted_topic_does_not_leave_a_future_pending_past_the_close() {
     let off = append(&t, 0, 0);
     let (_c, w) = counter();
     let mut f = t.durable(0, off + 1);
-    assert!(poll_once(&mut f, &w).is_pending());
+    assert!(poll_with(&mut f, &w).is_pending());
     log.delete_topic("t").unwrap();
     log.close().unwrap();
-    let r = poll_once(&mut f, &w);
+    let r = poll_with(&mut f, &w);
     assert!(matches!(r, Poll::Ready(Err(_))), "{r:?} after the close");
-}
-
-/// Fails every checkpoint fsync once armed (EIO after the call).
-#[derive(Debug, Default)]
-struct FailCheckpointSync(AtomicBool);
-
-impl fissionlog::IoHook for FailCheckpointSync {
-    fn before(&self, _op: IoOp, _path: &Path) -> std::io::Result<()> {
-        Ok(())
-    }
-
-    fn after(&self, op: IoOp, _path: &Path, result: std::io::Result<()>) -> std::io::Result<()> {
-        if op == IoOp::SyncCheckpoint && self.0.load(Ordering::SeqCst) {
-            return Err(std::io::Error::from_raw_os_error(libc::EIO));
-        }
-        result
-    }
 }
 
 /// A failed checkpoint fsync fails every later sync round (no partition
@@ -511,7 +454,12 @@ impl fissionlog::IoHook for FailCheckpointSync {
 #[test]
 fn a_failed_checkpoint_sync_fails_a_pending_future() {
     let root = tempfile::tempdir().unwrap();
-    let hook = Arc::new(FailCheckpointSync::default());
+    let hook = Arc::new(
+        // Every checkpoint fsync fails once armed (EIO after the call).
+        Fail::new(IoOp::SyncCheckpoint, libc::EIO)
+            .after_the_call()
+            .disarmed(),
+    );
     let eager = LogOptions {
         checkpoint_interval: Duration::ZERO,
         ..quiet_in(RecoveryMode::Strict)
@@ -523,28 +471,25 @@ fn a_failed_checkpoint_sync_fails_a_pending_future() {
     let off = append(&t, 0, 1);
     let (_c, w) = counter();
     let mut f = t.durable(0, off);
-    assert!(poll_once(&mut f, &w).is_pending());
+    assert!(poll_with(&mut f, &w).is_pending());
     // Not appended yet: the failing round cannot cover it.
     let (c2, w2) = counter();
     let mut g = t.durable(0, off + 1);
-    assert!(poll_once(&mut g, &w2).is_pending());
+    assert!(poll_with(&mut g, &w2).is_pending());
     // Covers `off`; the checkpoint lags a round behind it.
     log.sync().unwrap();
-    assert!(matches!(poll_once(&mut f, &w), Poll::Ready(Ok(()))));
-    assert!(poll_once(&mut g, &w2).is_pending());
-    let woken = c2.0.load(Ordering::SeqCst);
-    hook.0.store(true, Ordering::SeqCst);
+    assert!(matches!(poll_with(&mut f, &w), Poll::Ready(Ok(()))));
+    assert!(poll_with(&mut g, &w2).is_pending());
+    let woken = c2.count();
+    hook.arm();
     // The round that writes the lagging checkpoint (interval zero) fails
     // on it and moves no durable end.
     assert!(log.sync().is_err());
-    assert!(
-        c2.0.load(Ordering::SeqCst) > woken,
-        "the failure woke the waiter"
-    );
+    assert!(c2.count() > woken, "the failure woke the waiter");
     let late = append(&t, 0, 2);
     assert_eq!(late, off + 1);
     assert!(log.sync().is_err(), "sync rounds fail from now on");
-    let r = poll_once(&mut g, &w2);
+    let r = poll_with(&mut g, &w2);
     assert!(
         matches!(r, Poll::Ready(Err(_))),
         "{r:?}: offset {late} can no longer become durable"

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::tmpfs::{assert_child_ok, child_dir, fill_disk, run_child, Tmpfs};
+use fissionlog::IoOp;
 use fissionlog::{Error, Log, NewRecord, SyncPolicy, TopicConfig};
-use fissionlog::{IoHook, IoOp};
 
 fn append(log: &Log, topic: &str, i: u64, len: usize) -> fissionlog::Result<u64> {
     let t = log.topic(topic)?;
@@ -351,17 +351,6 @@ fn a_failed_index_write_at_a_roll_does_not_wedge_the_partition() {
     assert_log_holds(&dir, next);
 }
 
-/// Records the ops it sees.
-#[derive(Debug, Default)]
-struct OpLog(std::sync::Mutex<Vec<(IoOp, PathBuf)>>);
-
-impl IoHook for OpLog {
-    fn before(&self, op: IoOp, path: &Path) -> std::io::Result<()> {
-        self.0.lock().unwrap().push((op, path.to_path_buf()));
-        Ok(())
-    }
-}
-
 fn cli(args: &[&str], dir: &Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_fissionlog"))
         .args(args)
@@ -422,7 +411,7 @@ fn a_stale_index_is_rebuilt_durably_by_the_read_that_notices_it() {
         let dir = root.path().join(what.replace(' ', "_"));
         let (idx, good, n) = rolled_log(&dir);
         std::fs::write(&idx, &stale).unwrap();
-        let hook = std::sync::Arc::new(OpLog::default());
+        let hook = std::sync::Arc::new(common::faults::Record::default());
         let log = Log::open_with_hook(&dir, quiet(), hook.clone()).unwrap();
         assert_eq!(read_all(&log, "t", 0, 1000), n, "{what}");
         // Reads that start at each offset (they use the index's hints).
@@ -440,7 +429,7 @@ fn a_stale_index_is_rebuilt_durably_by_the_read_that_notices_it() {
         drop(p);
         log.close().unwrap();
         assert_eq!(std::fs::read(&idx).unwrap(), good, "{what}: index rebuilt");
-        let ops = hook.0.lock().unwrap().clone();
+        let ops = hook.ops();
         let tmp = idx.with_extension("idx.tmp");
         assert!(
             ops.iter()

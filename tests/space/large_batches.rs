@@ -7,10 +7,10 @@ use crate::common;
 use common::log::quiet;
 use common::log::serial;
 use common::log::sized_value;
+use common::retention::OLD_TS;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::tmpfs::{
     assert_child_ok, child_dir, fill_disk, run_child, Tmpfs, CHILD_DIR_ENV, CHILD_ENV,
@@ -220,17 +220,6 @@ fn strict_open_of_damaged_sparse_segment_is_an_error_not_sigbus() {
 
 // ---- Readers and retention removal (C4, C8) ----
 
-const OLD_TS: i64 = 1_000;
-
-fn retention_config() -> TopicConfig {
-    TopicConfig {
-        partitions: 1,
-        segment_bytes: 4096,
-        retention_age: Some(std::time::Duration::from_secs(3600)),
-        ..TopicConfig::default()
-    }
-}
-
 /// Appends `n` records keyed `key-0..8` round-robin, valued `tag:i`;
 /// `old` ones carry an ancient timestamp (retention expires them).
 fn put_keyed(topic: &fissionlog::Topic, tag: &str, n: u32, old: bool) -> Vec<String> {
@@ -285,7 +274,7 @@ fn removal_of_a_parent_and_its_child_reports_both_losses() {
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let log = Log::open(root.path(), quiet()).unwrap();
-    let topic = log.create_topic("t", retention_config()).unwrap();
+    let topic = log.create_topic("t", common::retention::config()).unwrap();
     put_keyed(&topic, "p0", 100, true);
     let mut live = topic.reader(fissionlog::StartAt::Earliest).unwrap();
     assert_eq!(live.poll(10).unwrap().len(), 10);
@@ -370,7 +359,7 @@ fn removal_of_a_drained_merge_parent_is_not_reported_lost() {
             "t",
             TopicConfig {
                 partitions: 2,
-                ..retention_config()
+                ..common::retention::config()
             },
         )
         .unwrap();
@@ -437,19 +426,7 @@ fn removal_of_a_drained_merge_parent_is_not_reported_lost() {
 fn split_and_fill(topic: &fissionlog::Topic, p: u32, n: u32, old: bool) -> Vec<u32> {
     let kids = topic.split(p, fissionlog::SplitPlan::Even).unwrap();
     for &c in &kids {
-        let k = (0..)
-            .map(|k| format!("key-{k}"))
-            .find(|k| topic.route(k.as_bytes()) == c)
-            .unwrap();
-        for i in 0..n {
-            topic
-                .append_batch(&[NewRecord {
-                    key: Some(k.as_bytes()),
-                    value: format!("{c}:{i}").as_bytes(),
-                    timestamp: old.then_some(OLD_TS),
-                }])
-                .unwrap();
-        }
+        common::retention::fill(topic, c, n, old);
     }
     kids
 }
@@ -466,7 +443,7 @@ fn removal_of_a_whole_generation_reports_every_lost_partition() {
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let log = Log::open(root.path(), quiet()).unwrap();
-    let topic = log.create_topic("t", retention_config()).unwrap();
+    let topic = log.create_topic("t", common::retention::config()).unwrap();
     put_keyed(&topic, "p0", 40, true);
     let mut r = topic.reader(fissionlog::StartAt::Earliest).unwrap();
     assert_eq!(r.poll(10).unwrap().len(), 10);
@@ -518,37 +495,6 @@ fn removal_of_a_whole_generation_reports_every_lost_partition() {
 
 // ---- Single-target sync rounds (C1) ----
 
-/// Fails, after it ran, the first fsync of a segment of `t0/p0` once armed
-/// (EIO: the kernel may have dropped the pages).
-#[derive(Debug, Default)]
-struct FailSegmentSync {
-    armed: std::sync::atomic::AtomicBool,
-    fired: std::sync::atomic::AtomicBool,
-}
-
-impl fissionlog::IoHook for FailSegmentSync {
-    fn before(&self, _op: fissionlog::IoOp, _path: &Path) -> std::io::Result<()> {
-        Ok(())
-    }
-
-    fn after(
-        &self,
-        op: fissionlog::IoOp,
-        path: &Path,
-        result: std::io::Result<()>,
-    ) -> std::io::Result<()> {
-        use std::sync::atomic::Ordering;
-        if op == fissionlog::IoOp::SyncSegment
-            && path.to_string_lossy().contains("t0/p0")
-            && self.armed.swap(false, Ordering::AcqRel)
-        {
-            self.fired.store(true, Ordering::Release);
-            return Err(std::io::Error::from_raw_os_error(libc::EIO));
-        }
-        result
-    }
-}
-
 /// One partition of a `SyncPolicy::Always` topic: each append's sync round
 /// has one target, synced with a direct fdatasync. When that fdatasync
 /// fails, the append (small or a large `pwrite` batch) is not
@@ -557,11 +503,18 @@ impl fissionlog::IoHook for FailSegmentSync {
 #[test]
 fn failed_single_target_fdatasync_is_never_reported_durable() {
     let _serial = serial();
-    use std::sync::atomic::Ordering;
     for len in [100, BIG] {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("log");
-        let hook = std::sync::Arc::new(FailSegmentSync::default());
+        // Fails, after it ran, the first fsync of a segment of `t0/p0` once
+        // armed (EIO: the kernel may have dropped the pages).
+        let hook = std::sync::Arc::new(
+            common::faults::Fail::new(fissionlog::IoOp::SyncSegment, libc::EIO)
+                .in_path("t0/p0")
+                .after_the_call()
+                .once()
+                .disarmed(),
+        );
         let log = Log::open_with_hook(&dir, quiet(), hook.clone()).unwrap();
         let t = log
             .create_topic(
@@ -579,9 +532,9 @@ fn failed_single_target_fdatasync_is_never_reported_durable() {
         }
         let p = t.partition(0).unwrap();
         assert_eq!(p.durable_end_offset(), 3);
-        hook.armed.store(true, Ordering::Release);
+        hook.arm();
         let err = append(&log, 3, len);
-        assert!(hook.fired.load(Ordering::Acquire), "the segment fsync ran");
+        assert!(hook.fired(), "the segment fsync ran");
         assert!(
             err.is_err(),
             "len {len}: an append whose sync failed was acknowledged"
@@ -912,7 +865,7 @@ fn partition_removed_before_an_earliest_reader_started_is_not_reported() {
             "t",
             TopicConfig {
                 partitions: 2,
-                ..retention_config()
+                ..common::retention::config()
             },
         )
         .unwrap();
@@ -1157,13 +1110,7 @@ fn sigkill_around_large_batches_keeps_every_acknowledged_record() {
     let dir = root.path().join("log");
     let mut acked_end = 0u64;
     for round in 0..4u64 {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                &common::log::test_name(module_path!(), NAME),
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+        let mut child = crate::common::log::rerun_command(module_path!(), NAME)
             .env(CHILD_ENV, NAME)
             .env(CHILD_DIR_ENV, &dir)
             .stdout(std::process::Stdio::piped())
@@ -1602,7 +1549,7 @@ fn removed_merge_parent_never_read_is_reported_when_the_child_opens() {
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let log = Log::open(root.path(), quiet()).unwrap();
-    let topic = log.create_topic("t", retention_config()).unwrap();
+    let topic = log.create_topic("t", common::retention::config()).unwrap();
     let cut = topic.reader(fissionlog::StartAt::Earliest).unwrap().cut();
     assert_eq!(
         topic.split(0, fissionlog::SplitPlan::Even).unwrap(),

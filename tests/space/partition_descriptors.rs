@@ -13,7 +13,6 @@
 //! runs N (10,000 takes a minute in a debug build).
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use crate::common;
@@ -142,14 +141,8 @@ fn many_partitions_create_close_open_and_reopen_after_a_crash_under_a_low_descri
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
     let limit = u64::from(n) + u64::from(n / ROLLED) + SLACK;
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        &common::log::test_name(module_path!(), NAME),
-        "--exact",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD_ENV, &dir);
+    let mut cmd = common::log::rerun_command(module_path!(), NAME);
+    cmd.env(CHILD_ENV, &dir);
     let rlimit = libc::rlimit {
         rlim_cur: limit,
         rlim_max: limit,

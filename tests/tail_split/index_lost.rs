@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::groups::member_opts;
+use common::retention::{fill, OLD_TS};
 use common::tail::{config, seq};
 use fissionlog::{
     FileAction, GroupOptions, Log, LogOptions, ManualClock, NewRecord, RecoveryMode, SplitPlan,
@@ -224,34 +225,6 @@ fn an_index_that_cannot_be_read_fails_every_open_and_changes_nothing() {
     log.close().unwrap();
 }
 
-/// Old enough for a one-hour retention age.
-const OLD_TS: i64 = 1_000;
-
-fn retention_config() -> TopicConfig {
-    TopicConfig {
-        partitions: 1,
-        segment_bytes: 4096,
-        retention_age: Some(Duration::from_secs(3600)),
-        ..TopicConfig::default()
-    }
-}
-
-fn fill(topic: &Topic, p: u32, n: u32, old: bool) {
-    let k = (0..)
-        .map(|k| format!("key-{k}"))
-        .find(|k| topic.route(k.as_bytes()) == p)
-        .unwrap();
-    for i in 0..n {
-        topic
-            .append_batch(&[NewRecord {
-                key: Some(k.as_bytes()),
-                value: format!("{p}:{i}").as_bytes(),
-                timestamp: old.then_some(OLD_TS),
-            }])
-            .unwrap();
-    }
-}
-
 /// Partition 0 splits into 1 (old records only, emptied by retention) and
 /// 2 (empty), which merge into 3 (empty). A member commits 0, then calls `poll_wait` once: that call
 /// reports 1's removed records. The settling commit of 1 as read must wait
@@ -265,7 +238,7 @@ fn a_loss_reported_inside_poll_wait_is_not_settled_before_the_caller_sees_it() {
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let kids = {
         let log = common::groups::open(root.path(), &clock);
-        let topic = log.create_topic("t", retention_config()).unwrap();
+        let topic = log.create_topic("t", common::retention::config()).unwrap();
         fill(&topic, 0, 5, false);
         let kids = topic.split(0, SplitPlan::Even).unwrap();
         fill(&topic, kids[0], 40, true);
@@ -557,7 +530,7 @@ fn a_rebalance_after_a_reported_loss_commits_no_record_unread() {
             "t",
             TopicConfig {
                 partitions: 2,
-                ..retention_config()
+                ..common::retention::config()
             },
         )
         .unwrap();

@@ -958,7 +958,7 @@ fn a_key_reader_follows_chained_tail_splits_made_after_it() {
 /// and the reader then read the moved records again from the children.)
 #[test]
 fn latest_readers_made_while_tail_splits_commit_never_return_older_records() {
-    let dir = common::probe::fast_tempdir();
+    let dir = common::log::fast_tempdir();
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log.create_topic("t", config()).unwrap();
     let rounds = churn_rounds(1000);
@@ -994,7 +994,7 @@ fn latest_readers_made_while_tail_splits_commit_never_return_older_records() {
 /// appended before the group was created.
 #[test]
 fn latest_groups_made_while_tail_splits_commit_never_get_older_records() {
-    let dir = common::probe::fast_tempdir();
+    let dir = common::log::fast_tempdir();
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log.create_topic("t", config()).unwrap();
     let rounds = churn_rounds(1000);
@@ -1040,7 +1040,7 @@ fn latest_groups_made_while_tail_splits_commit_never_get_older_records() {
 /// after it was made.
 #[test]
 fn key_readers_read_while_tail_splits_commit_return_each_record_once() {
-    let dir = common::probe::fast_tempdir();
+    let dir = common::log::fast_tempdir();
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log.create_topic("t", config()).unwrap();
     let churn = SplitChurn::start(&topic, churn_rounds(300), 15);
@@ -1236,7 +1236,7 @@ fn readers_polling_beside_tail_splits_appends_and_merges_return_each_record_once
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
     eprintln!("seed {seed}");
-    let dir = common::probe::fast_tempdir();
+    let dir = common::log::fast_tempdir();
     let log = Log::open(dir.path(), options()).unwrap();
     let topic = log
         .create_topic(

@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::futures::poll_once;
 use common::lifecycle::{cfg, delete_in_thread, opts, partition_values, topic_dirs, tree, Gate};
-use common::probe::{poll_once, rec};
+use common::log::rec;
 use fissionlog::{
     BalancePolicy, Error, GroupOptions, HotKeyMode, IoOp, Log, LogOptions, NewRecord, SplitPlan,
     SyncPolicy, TailSplitOptions, TopicConfig, TopologyEvent,
@@ -408,7 +409,7 @@ fn create_same_name_while_delete_is_parked_keeps_the_new_topic() {
 /// answer, the manifest after a Strict reopen and the directories agree.
 #[test]
 fn create_and_delete_of_one_name_race_consistently() {
-    let dir = common::probe::fast_tempdir();
+    let dir = common::log::fast_tempdir();
     let log = Arc::new(Log::open(dir.path(), opts()).unwrap());
     log.create_topic("t", cfg(1, SyncPolicy::Never)).unwrap();
     let t0 = Instant::now();
@@ -488,7 +489,7 @@ fn create_and_delete_of_one_name_race_consistently() {
 /// clean.
 #[test]
 fn balancer_thread_splitting_while_the_topic_is_deleted() {
-    let dir = common::probe::fast_tempdir();
+    let dir = common::log::fast_tempdir();
     let o = LogOptions {
         balancer: true,
         ..opts()
@@ -723,7 +724,7 @@ fn kill_after_delete_with_an_unchanged_checkpoint_reopens_strict() {
 /// deleted topic remains and a Strict reopen is clean.
 #[test]
 fn everything_at_once_with_deletes_does_not_deadlock() {
-    let dir = common::probe::fast_tempdir();
+    let dir = common::log::fast_tempdir();
     let log = Arc::new(Log::open(dir.path(), opts()).unwrap());
     let base = TopicConfig {
         retention_bytes: Some(1 << 16),
@@ -929,7 +930,7 @@ fn failure_inserted_after_the_delete_forgot_fails_later_syncs() {
         std::thread::spawn(move || log.sync())
     };
     assert!(
-        common::probe::wait_flag(&waker.woken, Duration::from_secs(5)),
+        common::faults::wait_flag(&waker.woken, Duration::from_secs(5)),
         "the failed round never poisoned the partition"
     );
     // The round is inside `poison_partition`: past its `is_removed` check,

@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::crash::CrashOptions;
+use common::futures::poll_once;
 use common::lifecycle::{cfg, opts, partition_values, topic_dirs, tree, Gate};
+use common::log::rec;
 use common::model_hook::ModelHook;
-use common::probe::{poll_once, rec};
 use fissionlog::{
     Error, GroupOptions, HotKeyMode, HotKeyPolicy, IoHook, IoOp, Log, LogOptions, NewRecord,
     SplitPlan, StartAt, SyncPolicy, TailSplitOptions, TopicConfig,
@@ -128,6 +129,7 @@ fn recreated_topic_shows_nothing_of_the_deleted_one() {
 /// Copies the log directory at chosen points of the engine's I/O: after
 /// the manifest fsync of the n-th (armed) commit, and before the directory
 /// fsync of `topics/` that follows a delete.
+/// (Its own hook: it copies the directory at a call, which the kit cannot.)
 #[derive(Default)]
 struct Snapshotter {
     root: PathBuf,

@@ -11,7 +11,7 @@ use common::log::no_balancer;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -510,16 +510,9 @@ fn sigkill_during_splits_and_merges() {
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let log_dir = dir.path().join("log");
-    let exe = std::env::current_exe().unwrap();
     let mut acked: Model = Model::new();
     for round in 0..4u64 {
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                &common::log::test_name(module_path!(), "split_crash_child"),
-                "--nocapture",
-                "--test-threads=1",
-            ])
+        let mut child = crate::common::log::rerun_command(module_path!(), "split_crash_child")
             .env(CHILD_ENV, &log_dir)
             .env("FISSIONLOG_SPLIT_CRASH_SEED", (seed + round).to_string())
             .stdout(Stdio::piped())

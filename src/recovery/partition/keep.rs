@@ -305,25 +305,34 @@ fn scan_and_repair(
     // The chain was not cut before this segment (it is kept): a cut now is
     // this segment's.
     let cut_here = cur.cut != CutState::None;
-    // A sealed partition cut below its seal is missing data (see after the
-    // chain): Strict refuses it here, before the tail is cleared and the
-    // segments after it are removed, so a refusing open changes no file.
-    if cut_here && p.mode.write && p.mode.recovery == RecoveryMode::Strict {
-        if let Some(seal) = p.sealed.filter(|&s| outcome.end_offset < s) {
-            let lost = outcome.end_offset..seal;
-            let what = format!(
-                "the sealed partition is cut at offset {} but was sealed at {}: offsets {}..{} are missing",
-                lost.start, lost.end, lost.start, lost.end
-            );
-            r.missing(path, lost, what)?;
-        }
+    if cut_here {
+        r.refuse_cut_below_seal(path, outcome.end_offset)?;
     }
-    // Past the synced region, stale bytes may lie beyond the end (unsynced
-    // batches a crash half kept): clear them so they can never validate
-    // after later appends.
     let (end_pos, end_offset) =
         resealed.map_or((outcome.end_pos, outcome.end_offset), |(o, pos)| (pos, o));
-    let mut tail_cleared = false;
+    let tail_cleared = clear_past_end(seg, info, end_pos, cut_here, p)?;
+    if params.from_pos == SEGMENT_HEADER_LEN as u64 {
+        r.load_scanned_index(seg, &outcome, resealed.is_some());
+    }
+    Ok(RecoveredEnd {
+        end_pos,
+        end_offset,
+        sealed: info.seal.is_some() && !cut_here && end_pos == info.seal.map_or(0, |s| s.1),
+        tail_cleared,
+    })
+}
+
+/// Past the synced region, stale bytes may lie beyond the end (unsynced
+/// batches a crash half kept): clears them (write mode, after a cut or a
+/// crash) so they can never validate after later appends. Returns whether
+/// the tail was cleared.
+fn clear_past_end(
+    seg: &mut Segment,
+    info: &HeaderInfo,
+    end_pos: u64,
+    cut_here: bool,
+    p: &ChainParams<'_>,
+) -> Result<bool> {
     if p.mode.write && cut_here && info.seal.is_some_and(|(_, seal_pos)| seal_pos > end_pos) {
         // The seal of a rolled segment cut below it goes first, durably:
         // a crash after the tail is cleared and before this repair ends
@@ -335,30 +344,48 @@ fn scan_and_repair(
         }
     }
     if p.mode.write && (cut_here || !p.clean) {
-        tail_cleared = seg.clear_tail(end_pos)?;
+        return seg.clear_tail(end_pos);
     }
-    if params.from_pos == SEGMENT_HEADER_LEN as u64 {
-        *seg.index.lock() = IndexState::Loaded(outcome.index.clone());
-        // A full scan (`recover`) also rewrites an index file that does not
-        // match (a power loss at a roll can leave it stale); it is a cache,
-        // so failing to is no error. So does a salvaged tear: the file may
-        // name batches past it.
-        if p.mode.write
-            && (p.mode.full_scan || resealed.is_some())
-            && matches!(seg.repair_index_file(p.hook), Ok(true))
-        {
-            r.report.add(seg.index_path(), FileAction::RebuiltIndex);
-        }
-    }
-    Ok(RecoveredEnd {
-        end_pos,
-        end_offset,
-        sealed: info.seal.is_some() && !cut_here && end_pos == info.seal.map_or(0, |s| s.1),
-        tail_cleared,
-    })
+    Ok(false)
 }
 
 impl Repairs<'_, '_> {
+    /// A sealed partition cut below its seal (at `end_offset`, in this
+    /// segment) is missing data (see after the chain): Strict refuses it
+    /// here, before the tail is cleared and the segments after it are
+    /// removed, so a refusing open changes no file.
+    fn refuse_cut_below_seal(&mut self, path: &Path, end_offset: u64) -> Result<()> {
+        let p = self.p;
+        if !p.mode.write || p.mode.recovery != RecoveryMode::Strict {
+            return Ok(());
+        }
+        if let Some(seal) = p.sealed.filter(|&s| end_offset < s) {
+            let lost = end_offset..seal;
+            let what = format!(
+                "the sealed partition is cut at offset {} but was sealed at {}: offsets {}..{} are missing",
+                lost.start, lost.end, lost.start, lost.end
+            );
+            self.missing(path, lost, what)?;
+        }
+        Ok(())
+    }
+
+    /// After a scan from the header: the index the scan built is the
+    /// segment's. A full scan (`recover`) also rewrites an index file that
+    /// does not match (a power loss at a roll can leave it stale); it is a
+    /// cache, so failing to is no error. So does a salvaged tear
+    /// (`resealed`): the file may name batches past it.
+    fn load_scanned_index(&mut self, seg: &mut Segment, outcome: &ScanOutcome, resealed: bool) {
+        let p = self.p;
+        *seg.index.lock() = IndexState::Loaded(outcome.index.clone());
+        if p.mode.write
+            && (p.mode.full_scan || resealed)
+            && matches!(seg.repair_index_file(p.hook), Ok(true))
+        {
+            self.report.add(seg.index_path(), FileAction::RebuiltIndex);
+        }
+    }
+
     /// Replaces the damaged regions a Salvage scan found with hole batches
     /// (write mode; an analysis names them).
     fn salvage_holes(&mut self, path: &Path, seg: &mut Segment, holes: &[HoleFix]) -> Result<()> {

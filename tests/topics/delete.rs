@@ -260,14 +260,16 @@ fn delete_waits_for_a_hot_key_append_parked_in_a_roll() {
     let app = {
         let t = t.clone();
         std::thread::spawn(move || {
-            let mut last = Ok(());
-            for _ in 0..200 {
-                last = t.append(Some(b"hot"), &[1u8; 100]).map(drop);
-                if last.is_err() {
-                    break;
+            // Appends go on until the delete ends them: on a loaded machine
+            // the delete may reach the topic only after the gate opened,
+            // and a fixed count of appends could all land before it.
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let last = t.append(Some(b"hot"), &[1u8; 100]).map(drop);
+                if last.is_err() || std::time::Instant::now() > deadline {
+                    break last;
                 }
             }
-            last
         })
     };
     assert!(gate.wait_reached(), "no roll");

@@ -25,27 +25,25 @@
 mod check;
 mod group;
 mod live;
+mod plan;
 mod report;
 mod workload;
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use fissionlog::{BalancePolicy, HotKeyMode, HotKeyPolicy};
-use fissionlog::{
-    Log, LogOptions, PartitionInfo, SyncPolicy, Topic, TopicConfig, TopologyEvent,
-    MAX_HOT_KEY_LANES,
-};
+use fissionlog::{BalancePolicy, HotKeyMode};
+use fissionlog::{Log, LogOptions, PartitionInfo, Topic, TopologyEvent};
 
 use check::{consume, ConsumerShared};
 use live::{Live, LiveRow};
+use plan::{Plan, Stop};
 use report::{window_load, EventNote, PartitionRow, PhasesReport, Report, Sample};
-use workload::{produce, write_key, Shared, Workload, VALUE_HEADER_BYTES};
+use workload::{produce, write_key, Shared};
 
 /// The topic the simulation writes.
 const TOPIC: &str = "simulate";
@@ -59,19 +57,6 @@ const SEGMENT_BYTES: u64 = 64 << 20;
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// Window of the final imbalance figures, seconds.
 const IMBALANCE_WINDOW_SECS: f64 = 3.0;
-/// Most `--keys`: per key the run keeps a hash and counters.
-const KEYS_MAX: u32 = 10_000_000;
-/// Most `(--keys + 1) x --producers`: each producer keeps a sequence
-/// number per key and the checker two counters (24 bytes per stream).
-const KEY_STREAMS_MAX: u64 = 20_000_000;
-/// Most `--max-partitions` (and so `--partitions`): a topic's limit.
-const PARTITIONS_MAX: u32 = 65_536;
-/// Most `--records`.
-const RECORDS_MAX: u64 = 1_000_000_000_000;
-/// Most records/s or bytes/s any rate argument takes.
-const RATE_MAX: f64 = 1e12;
-/// Most `--slow-consumer` factor.
-const SLOW_FACTOR_MAX: f64 = 1e6;
 
 /// Share of the surge rate the producers keep in the calm phase.
 const CALM_SHARE: f64 = 0.05;
@@ -248,229 +233,6 @@ enum Failure {
     Run(String),
 }
 
-/// When the producers stop.
-#[derive(Debug, Clone, Copy)]
-enum Stop {
-    After(Duration),
-    Records(u64),
-}
-
-/// Validated parameters of a run.
-#[derive(Debug, Clone)]
-struct Plan {
-    workload: Workload,
-    stop: Stop,
-    partitions: u32,
-    max_partitions: u32,
-    hot_factor: f64,
-    target_bytes_per_sec: Option<f64>,
-    target_records_per_sec: Option<f64>,
-    balance: bool,
-    phases: bool,
-    json: bool,
-    group: Option<group::GroupPlan>,
-    rate: Option<f64>,
-    /// The hot key's mode (strict without a hot key).
-    hot_key_mode: HotKeyMode,
-}
-
-impl Plan {
-    fn from_args(a: &SimulateArgs) -> Result<Plan, String> {
-        if a.value_bytes < VALUE_HEADER_BYTES {
-            return Err(format!(
-                "--value-bytes must be at least {VALUE_HEADER_BYTES}, not {}",
-                a.value_bytes
-            ));
-        }
-        if a.value_bytes > 1 << 20 {
-            return Err(format!(
-                "--value-bytes must be at most 1 MiB, not {}",
-                a.value_bytes
-            ));
-        }
-        // Every key costs memory: its hash, its load and range counters,
-        // and per producer a sequence number and the checker's two
-        // counters, so both the key count and keys x producers are bounded.
-        if a.keys == 0 || a.keys > KEYS_MAX {
-            return Err(format!(
-                "--keys must be between 1 and {KEYS_MAX}, not {}",
-                a.keys
-            ));
-        }
-        if (u64::from(a.keys) + 1) * u64::from(a.producers) > KEY_STREAMS_MAX {
-            return Err(format!(
-                "--keys x --producers must be at most {KEY_STREAMS_MAX} (each producer keeps counters per key), not {} x {}",
-                a.keys, a.producers
-            ));
-        }
-        if !(a.zipf.is_finite() && a.zipf >= 0.0) {
-            return Err(format!("--zipf must be a number >= 0, not {}", a.zipf));
-        }
-        if let Some(s) = a.hot_key_share {
-            if !(s.is_finite() && (0.0..1.0).contains(&s)) {
-                return Err(format!("--hot-key-share must be in [0, 1), not {s}"));
-            }
-        }
-        if a.max_partitions == 0 || a.max_partitions > PARTITIONS_MAX {
-            return Err(format!(
-                "--max-partitions must be between 1 and {PARTITIONS_MAX}, not {}",
-                a.max_partitions
-            ));
-        }
-        if a.partitions == 0 || a.partitions > a.max_partitions {
-            return Err(format!(
-                "--partitions must be between 1 and --max-partitions ({}), not {}",
-                a.max_partitions, a.partitions
-            ));
-        }
-        if a.producers == 0 || a.producers > 256 {
-            return Err(format!(
-                "--producers must be between 1 and 256, not {}",
-                a.producers
-            ));
-        }
-        for (name, t) in [
-            ("--target-bytes-per-sec", a.target_bytes_per_sec),
-            ("--target-records-per-sec", a.target_records_per_sec),
-        ] {
-            if let Some(t) = t {
-                if !(t.is_finite() && t > 0.0 && t <= RATE_MAX) {
-                    return Err(format!("{name} must be in (0, {RATE_MAX:e}], not {t}"));
-                }
-            }
-        }
-        if a.phases && a.records.is_some() {
-            return Err("--phases runs for a time; it cannot be combined with --records".into());
-        }
-        let stop = match (a.records, a.seconds) {
-            (Some(n), _) if n == 0 || n > RECORDS_MAX => {
-                return Err(format!(
-                    "--records must be between 1 and {RECORDS_MAX}, not {n}"
-                ))
-            }
-            (Some(n), _) => Stop::Records(n),
-            (None, Some(s)) if !(s.is_finite() && s > 0.0 && s <= 86_400.0) => {
-                return Err(format!("--seconds must be in (0, 86400], not {s}"));
-            }
-            (None, Some(s)) => Stop::After(Duration::from_secs_f64(s)),
-            (None, None) => Stop::After(Duration::from_secs(if a.phases { 30 } else { 10 })),
-        };
-        if let Some(r) = a.rate {
-            if !(r.is_finite() && (1.0..=RATE_MAX).contains(&r)) {
-                return Err(format!(
-                    "--rate must be between 1 and {RATE_MAX:e} records/s, not {r}"
-                ));
-            }
-        }
-        let group = match a.consumers {
-            None => None,
-            Some(n) if n == 0 || n > 64 => {
-                return Err(format!("--consumers must be between 1 and 64, not {n}"));
-            }
-            Some(n) => {
-                let slow_factor = a.slow_consumer.unwrap_or(1.0);
-                if !(slow_factor.is_finite() && (1.0..=SLOW_FACTOR_MAX).contains(&slow_factor)) {
-                    return Err(format!(
-                        "--slow-consumer must be a factor between 1 and {SLOW_FACTOR_MAX}, not {slow_factor}"
-                    ));
-                }
-                let processing_us = a.processing_us.unwrap_or(0.0);
-                if !(processing_us.is_finite() && (0.0..=1e6).contains(&processing_us)) {
-                    return Err(format!(
-                        "--processing-us must be between 0 and 1000000, not {processing_us}"
-                    ));
-                }
-                let kill_at = match a.kill_consumer_at {
-                    None => None,
-                    Some(_) if n < 2 => {
-                        return Err("--kill-consumer-at needs at least 2 consumers".into())
-                    }
-                    Some(s) if !(s.is_finite() && s > 0.0 && s <= 86_400.0) => {
-                        return Err(format!("--kill-consumer-at must be in (0, 86400], not {s}"));
-                    }
-                    Some(s) => Some(Duration::from_secs_f64(s)),
-                };
-                Some(group::GroupPlan {
-                    consumers: n,
-                    slow_factor,
-                    kill_at,
-                    processing_us,
-                })
-            }
-        };
-        if a.hot_key_window_ms == 0 || a.hot_key_window_ms > 86_400_000 {
-            return Err(format!(
-                "--hot-key-window-ms must be between 1 and 86400000, not {}",
-                a.hot_key_window_ms
-            ));
-        }
-        let hot_key_mode = match a.hot_key_mode {
-            HotKeyModeArg::Strict => HotKeyMode::Strict,
-            HotKeyModeArg::Windowed => {
-                HotKeyMode::Windowed(Duration::from_millis(a.hot_key_window_ms))
-            }
-            HotKeyModeArg::Spread => HotKeyMode::Spread,
-        };
-        let seed = a.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64)
-        });
-        Ok(Plan {
-            workload: Workload {
-                keys: a.keys,
-                zipf_exponent: a.zipf,
-                hot_key_share: a.hot_key_share.filter(|&s| s > 0.0),
-                value_bytes: a.value_bytes,
-                producers: a.producers,
-                seed,
-            },
-            stop,
-            partitions: a.partitions,
-            max_partitions: a.max_partitions,
-            hot_factor: a.hot_factor,
-            target_bytes_per_sec: a.target_bytes_per_sec,
-            target_records_per_sec: a.target_records_per_sec,
-            balance: !a.no_balance,
-            phases: a.phases,
-            json: a.json,
-            group,
-            rate: a.rate,
-            hot_key_mode,
-        })
-    }
-
-    fn topic_config(&self, balance: BalancePolicy) -> TopicConfig {
-        TopicConfig {
-            partitions: self.partitions,
-            segment_bytes: SEGMENT_BYTES,
-            sync: SyncPolicy::Never,
-            balance,
-            hot_keys: HotKeyPolicy {
-                allow_windowed: matches!(self.hot_key_mode, HotKeyMode::Windowed(_)),
-                allow_spread: self.hot_key_mode == HotKeyMode::Spread,
-                max_lanes: self.partitions.clamp(1, MAX_HOT_KEY_LANES),
-                auto_window: None,
-            },
-            ..TopicConfig::default()
-        }
-    }
-
-    /// The order the checker holds the hot key to.
-    fn hot_order(&self) -> check::HotOrder {
-        match self.hot_key_mode {
-            HotKeyMode::Strict => check::HotOrder::Strict,
-            HotKeyMode::Windowed(d) => check::HotOrder::Windowed(d.as_millis() as i64),
-            HotKeyMode::Spread => check::HotOrder::Spread,
-        }
-    }
-
-    /// Whether to draw the live view.
-    fn live(&self) -> bool {
-        !self.json && std::io::stdout().is_terminal()
-    }
-}
-
 /// The directory to use and whether it is a temporary one.
 fn prepare_dir(dir: Option<&Path>) -> Result<(PathBuf, bool), String> {
     if let Some(d) = dir {
@@ -490,46 +252,11 @@ fn prepare_dir(dir: Option<&Path>) -> Result<(PathBuf, bool), String> {
 
 /// Opens the log, calibrates, runs, checks, closes.
 fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
-    let log = Log::open(dir, LogOptions::default())
-        .map_err(|e| Failure::Setup(format!("cannot open a log in {}: {e}", dir.display())))?;
-    for name in [TOPIC, CALIBRATION_TOPIC] {
-        if log.topics().iter().any(|t| t == name) {
-            return Err(Failure::Setup(format!(
-                "{} already holds a topic named {name}; use an empty directory",
-                dir.display()
-            )));
-        }
-    }
+    let log = open_empty_log(dir)?;
     let events = log.subscribe();
-    let mut calibrated = None;
-    let (mut target_records, target_bytes) =
-        (plan.target_records_per_sec, plan.target_bytes_per_sec);
-    if let (Some(rate), true, None, None) = (plan.rate, plan.balance, target_records, target_bytes)
-    {
-        target_records = Some((rate / (2.0 * f64::from(plan.partitions))).max(1.0));
-    }
-    if plan.balance && target_records.is_none() && target_bytes.is_none() {
-        if !plan.json {
-            println!("calibrating for {} s ...", CALIBRATION.as_secs_f64());
-        }
-        let measured = calibrate(&log, plan)?;
-        calibrated = Some(measured);
-        let spread = measured / (2.0 * f64::from(plan.partitions));
-        let head = measured * plan.workload.head_share() / HEAD_KEY_FILL;
-        target_records = Some(spread.max(head).max(1.0));
-    }
-    let policy = BalancePolicy {
-        enabled: plan.balance,
-        target_bytes_per_sec: target_bytes,
-        target_records_per_sec: target_records,
-        min_age: Duration::from_secs(1),
-        check_interval: Duration::from_millis(250),
-        max_partitions: plan.max_partitions,
-        hot_factor: plan.hot_factor,
-        ..BalancePolicy::default()
-    };
+    let targets = Targets::of(&log, plan)?;
     let topic = log
-        .create_topic(TOPIC, plan.topic_config(policy))
+        .create_topic(TOPIC, plan.topic_config(targets.policy(plan)))
         .map_err(|e| Failure::Setup(format!("cannot create topic {TOPIC}: {e}")))?;
     if !plan.json {
         println!("simulating into {} ...", dir.display());
@@ -541,71 +268,190 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
             .set_hot_key_mode(&hot_key, plan.hot_key_mode)
             .map_err(|e| Failure::Setup(format!("cannot set the hot key's mode: {e}")))?;
     }
-    let outcome = drive(plan, &topic, &events)?;
-    let mut errors = outcome.errors;
+    let mut outcome = drive(plan, &topic, &events)?;
     let hot = match plan.workload.hot_key_share {
         Some(_) => match hot_key_summary(&topic, &hot_key, plan.hot_key_mode) {
             Ok(h) => Some(h),
             Err(e) => {
-                errors.push(format!("reading the hot key back failed: {e}"));
+                outcome
+                    .errors
+                    .push(format!("reading the hot key back failed: {e}"));
                 None
             }
         },
         None => None,
     };
     if let Err(e) = log.close() {
-        errors.push(format!("closing the log failed: {e}"));
+        outcome.errors.push(format!("closing the log failed: {e}"));
     }
-    let infos = outcome.final_infos;
-    let mut active: Vec<&PartitionInfo> = infos.iter().filter(|p| p.sealed_at.is_none()).collect();
-    active.sort_by_key(|p| p.start);
-    let ids: Vec<u32> = active.iter().map(|p| p.id).collect();
-    let window = IMBALANCE_WINDOW_SECS.min(outcome.seconds);
-    let load = window_load(&outcome.samples, &ids, window);
-    let total_rate: f64 = load.rates.values().sum();
-    let multi_key: Vec<u32> = active
-        .iter()
-        .filter(|p| p.start < p.end)
-        .map(|p| p.id)
-        .collect();
-    let imbalance_without_hot_keys = if multi_key.len() == ids.len() {
-        load.imbalance
-    } else {
-        window_load(&outcome.samples, &multi_key, window).imbalance
+    let run = RunSummary {
+        dir,
+        keep,
+        targets: &targets,
+        hashes: &hashes,
+        hot: hot.as_ref(),
     };
-    let partitions: Vec<PartitionRow> = active
-        .iter()
-        .map(|p| {
-            let rate = load.rates.get(&p.id).copied();
-            PartitionRow {
-                id: p.id,
-                start: format!("{:016x}", p.start),
-                end: format!("{:016x}", p.end),
-                parents: p.parents.clone(),
-                records: p.end_offset - p.start_offset,
-                bytes: p.bytes,
-                records_per_sec: rate,
-                share: rate.filter(|_| total_rate > 0.0).map(|r| r / total_rate),
-                // Isolated by the balancer, whether or not still reported hot.
-                hot_key: p.hot_key || p.start == p.end,
+    Ok(report_of(plan, &run, outcome))
+}
+
+/// The log in `dir`, refused if it already holds one of the simulation's
+/// topics.
+fn open_empty_log(dir: &Path) -> Result<Log, Failure> {
+    let log = Log::open(dir, LogOptions::default())
+        .map_err(|e| Failure::Setup(format!("cannot open a log in {}: {e}", dir.display())))?;
+    for name in [TOPIC, CALIBRATION_TOPIC] {
+        if log.topics().iter().any(|t| t == name) {
+            return Err(Failure::Setup(format!(
+                "{} already holds a topic named {name}; use an empty directory",
+                dir.display()
+            )));
+        }
+    }
+    Ok(log)
+}
+
+/// The balancer's per-partition targets of a run, and the calibrated rate
+/// they came from, if any.
+struct Targets {
+    records_per_sec: Option<f64>,
+    bytes_per_sec: Option<f64>,
+    calibrated: Option<f64>,
+}
+
+impl Targets {
+    /// The targets given, else derived from `--rate`, else calibrated (see
+    /// the module comment). No targets without a balancer.
+    fn of(log: &Log, plan: &Plan) -> Result<Targets, Failure> {
+        let mut calibrated = None;
+        let (mut target_records, target_bytes) =
+            (plan.target_records_per_sec, plan.target_bytes_per_sec);
+        if let (Some(rate), true, None, None) =
+            (plan.rate, plan.balance, target_records, target_bytes)
+        {
+            target_records = Some((rate / (2.0 * f64::from(plan.partitions))).max(1.0));
+        }
+        if plan.balance && target_records.is_none() && target_bytes.is_none() {
+            if !plan.json {
+                println!("calibrating for {} s ...", CALIBRATION.as_secs_f64());
             }
+            let measured = calibrate(log, plan)?;
+            calibrated = Some(measured);
+            let spread = measured / (2.0 * f64::from(plan.partitions));
+            let head = measured * plan.workload.head_share() / HEAD_KEY_FILL;
+            target_records = Some(spread.max(head).max(1.0));
+        }
+        Ok(Targets {
+            records_per_sec: target_records,
+            bytes_per_sec: target_bytes,
+            calibrated,
         })
-        .collect();
-    let bytes: u64 = infos.iter().map(|p| p.bytes).sum();
+    }
+
+    /// The balance policy of the simulated topic.
+    fn policy(&self, plan: &Plan) -> BalancePolicy {
+        BalancePolicy {
+            enabled: plan.balance,
+            target_bytes_per_sec: self.bytes_per_sec,
+            target_records_per_sec: self.records_per_sec,
+            min_age: Duration::from_secs(1),
+            check_interval: Duration::from_millis(250),
+            max_partitions: plan.max_partitions,
+            hot_factor: plan.hot_factor,
+            ..BalancePolicy::default()
+        }
+    }
+}
+
+/// What the report needs of a run besides its [`Outcome`].
+struct RunSummary<'a> {
+    dir: &'a Path,
+    keep: bool,
+    targets: &'a Targets,
+    hashes: &'a [u64],
+    hot: Option<&'a HotKeySummary>,
+}
+
+/// The active partitions at the end of a run and their load over the
+/// imbalance window.
+struct ActiveView {
+    partitions: Vec<PartitionRow>,
+    load: report::WindowLoad,
+    imbalance_without_hot_keys: Option<f64>,
+    single_key_partitions: usize,
+}
+
+impl ActiveView {
+    fn of(outcome: &Outcome) -> ActiveView {
+        let mut active: Vec<&PartitionInfo> = outcome
+            .final_infos
+            .iter()
+            .filter(|p| p.sealed_at.is_none())
+            .collect();
+        active.sort_by_key(|p| p.start);
+        let ids: Vec<u32> = active.iter().map(|p| p.id).collect();
+        let window = IMBALANCE_WINDOW_SECS.min(outcome.seconds);
+        let load = window_load(&outcome.samples, &ids, window);
+        let total_rate: f64 = load.rates.values().sum();
+        let multi_key: Vec<u32> = active
+            .iter()
+            .filter(|p| p.start < p.end)
+            .map(|p| p.id)
+            .collect();
+        let imbalance_without_hot_keys = if multi_key.len() == ids.len() {
+            load.imbalance
+        } else {
+            window_load(&outcome.samples, &multi_key, window).imbalance
+        };
+        let partitions: Vec<PartitionRow> = active
+            .iter()
+            .map(|p| {
+                let rate = load.rates.get(&p.id).copied();
+                PartitionRow {
+                    id: p.id,
+                    start: format!("{:016x}", p.start),
+                    end: format!("{:016x}", p.end),
+                    parents: p.parents.clone(),
+                    records: p.end_offset - p.start_offset,
+                    bytes: p.bytes,
+                    records_per_sec: rate,
+                    share: rate.filter(|_| total_rate > 0.0).map(|r| r / total_rate),
+                    // Isolated by the balancer, whether or not still reported hot.
+                    hot_key: p.hot_key || p.start == p.end,
+                }
+            })
+            .collect();
+        let single_key_partitions = active.iter().filter(|p| p.start == p.end).count();
+        ActiveView {
+            partitions,
+            load,
+            imbalance_without_hot_keys,
+            single_key_partitions,
+        }
+    }
+}
+
+/// The report of a finished run: one field per figure, so this stays one
+/// struct literal (the figures themselves are computed in [`ActiveView`]).
+fn report_of(plan: &Plan, run: &RunSummary, outcome: Outcome) -> Report {
+    let view = ActiveView::of(&outcome);
+    let bytes: u64 = outcome.final_infos.iter().map(|p| p.bytes).sum();
     let seconds = outcome.seconds.max(1e-9);
-    let mut per_key = vec![0u64; hashes.len()];
+    let mut per_key = vec![0u64; run.hashes.len()];
     for producer in &outcome.acked {
         for (total, n) in per_key.iter_mut().zip(producer) {
             *total += n;
         }
     }
+    let load = &view.load;
     let max_partition_records_per_sec = load.rates.values().copied().reduce(f64::max);
-    let single_key_partitions = active.iter().filter(|p| p.start == p.end).count();
     let cmp = outcome.checker.compare(&outcome.acked);
     let tally = outcome.tally;
-    Ok(Report {
-        dir: dir.display().to_string(),
-        kept: keep,
+    let target_records = run.targets.records_per_sec;
+    let hot = run.hot;
+    let partitions_active = view.partitions.len();
+    Report {
+        dir: run.dir.display().to_string(),
+        kept: run.keep,
         seed: plan.workload.seed,
         records: outcome.records,
         bytes,
@@ -618,45 +464,49 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
         zipf: plan.workload.zipf_exponent,
         hot_key_share: plan.workload.hot_key_share,
         balance: plan.balance,
-        calibrated_records_per_sec: calibrated,
+        calibrated_records_per_sec: run.targets.calibrated,
         target_records_per_sec: target_records,
-        target_bytes_per_sec: target_bytes,
+        target_bytes_per_sec: run.targets.bytes_per_sec,
         partitions_initial: plan.partitions,
-        partitions_active: active.len(),
+        partitions_active,
         splits: tally.splits,
         merges: tally.merges,
-        hot_keys: single_key_partitions,
+        hot_keys: view.single_key_partitions,
         hot_key_reports: tally.hot_keys,
-        single_key_partitions,
+        single_key_partitions: view.single_key_partitions,
         imbalance: load.imbalance,
         imbalance_static: load.imbalance_static,
-        imbalance_static_same_count: report::static_imbalance(&hashes, &per_key, active.len()),
+        imbalance_static_same_count: report::static_imbalance(
+            run.hashes,
+            &per_key,
+            partitions_active,
+        ),
         busiest_over_target: max_partition_records_per_sec
             .zip(target_records)
             .map(|(r, t)| r / t),
         converged_after_s: plan.balance.then(|| tally.last_change.unwrap_or(0.0)),
-        imbalance_without_hot_keys,
+        imbalance_without_hot_keys: view.imbalance_without_hot_keys,
         max_partition_records_per_sec,
         max_partition_records_per_sec_static: load.static_max_records_per_sec,
         imbalance_window_secs: load.window_secs,
         first_split_after_secs: tally.first_split,
-        hot_key_mode: hot.as_ref().map(|h| h.mode.clone()),
-        hot_key_lanes: hot.as_ref().map(|h| h.lane_loads.len()),
-        hot_key_lane_loads: hot.as_ref().map(|h| h.lane_loads.clone()),
-        hot_key_lane_imbalance: hot.as_ref().and_then(|h| h.lane_imbalance),
-        hot_key_read_order_violations: hot.as_ref().and_then(|h| h.read_order_violations),
+        hot_key_mode: hot.map(|h| h.mode.clone()),
+        hot_key_lanes: hot.map(|h| h.lane_loads.len()),
+        hot_key_lane_loads: hot.map(|h| h.lane_loads.clone()),
+        hot_key_lane_imbalance: hot.and_then(|h| h.lane_imbalance),
+        hot_key_read_order_violations: hot.and_then(|h| h.read_order_violations),
         order_violations: outcome.checker.order_violations,
         missing_records: cmp.missing,
         duplicate_records: outcome.checker.duplicates,
         unacknowledged_records: cmp.unacknowledged,
         malformed_records: outcome.checker.malformed,
         records_read: outcome.checker.received,
-        errors,
+        errors: outcome.errors,
         phases: outcome.phases,
         events: tally.notes,
-        partitions,
+        partitions: view.partitions,
         group: outcome.group,
-    })
+    }
 }
 
 /// The key bytes of the `--hot-key-share` key.

@@ -253,7 +253,6 @@ pub fn consume_group(
         commits: d.stats.commits,
         records_per_member: per_member,
     };
-    drop(run);
     let checker = checker.into_inner().expect("not poisoned");
     Ok((checker, report))
 }

@@ -653,9 +653,9 @@ fn initial_range_of_keys(topic: &Topic, keys: u32) -> (Vec<u32>, usize) {
     (table, starts.len())
 }
 
-/// Runs producers, consumer and monitor on the simulated topic.
-fn drive(plan: &Plan, topic: &Topic, events: &Receiver<TopologyEvent>) -> Result<Outcome, Failure> {
-    let (range_of_key, ranges) = initial_range_of_keys(topic, plan.workload.keys);
+/// What the producers share: the `--records` budget, the `--rate` limit
+/// and the per-range counters of `ranges` initial ranges.
+fn producer_shared(plan: &Plan, ranges: usize) -> Shared {
     let budget = match plan.stop {
         Stop::Records(n) => Some(n),
         Stop::After(_) => None,
@@ -664,6 +664,29 @@ fn drive(plan: &Plan, topic: &Topic, events: &Receiver<TopologyEvent>) -> Result
     if let Some(rate) = plan.rate {
         shared.set_limit_per_producer(rate / f64::from(plan.workload.producers.max(1)));
     }
+    shared
+}
+
+/// The acknowledged counts of each producer, and an error per producer
+/// thread that panicked.
+fn join_producers<T>(
+    producers: Vec<std::thread::ScopedJoinHandle<'_, T>>,
+) -> (Vec<T>, Vec<String>) {
+    let mut acked = Vec::new();
+    let mut errors = Vec::new();
+    for p in producers {
+        match p.join() {
+            Ok(a) => acked.push(a),
+            Err(_) => errors.push("a producer thread panicked".to_string()),
+        }
+    }
+    (acked, errors)
+}
+
+/// Runs producers, consumer and monitor on the simulated topic.
+fn drive(plan: &Plan, topic: &Topic, events: &Receiver<TopologyEvent>) -> Result<Outcome, Failure> {
+    let (range_of_key, ranges) = initial_range_of_keys(topic, plan.workload.keys);
+    let shared = producer_shared(plan, ranges);
     let consumer_shared = ConsumerShared {
         hot_order: plan.hot_order(),
         ..ConsumerShared::default()
@@ -698,14 +721,7 @@ fn drive(plan: &Plan, topic: &Topic, events: &Receiver<TopologyEvent>) -> Result
             monitor.draw(&consumer_shared, &shared);
         }
         shared.stop.store(true, Ordering::Release);
-        let mut acked = Vec::new();
-        let mut errors = Vec::new();
-        for p in producers {
-            match p.join() {
-                Ok(a) => acked.push(a),
-                Err(_) => errors.push("a producer thread panicked".to_string()),
-            }
-        }
+        let (acked, mut errors) = join_producers(producers);
         let final_infos = monitor.sample(topic, &shared);
         monitor.events(events);
         let records = shared.acked.load(Ordering::Acquire);

@@ -78,37 +78,49 @@ pub fn run(args: &GroupsArgs) -> CmdResult {
             &json!({"groups": groups, "deleted": args.delete, "positions_lost": lost}),
         )?;
     } else {
-        if let Some(g) = &args.delete {
-            writeln!(out, "deleted group {g:?}").map_err(Failure::output)?;
-        }
-        if groups.is_empty() {
-            writeln!(out, "no consumer groups").map_err(Failure::output)?;
-        }
-        for g in &groups {
+        print_text(&mut out, args, &groups, &lost)?;
+    }
+    out.flush().map_err(Failure::output)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The human-readable listing: one line per group, one per partition, and
+/// the group positions recovery moved back.
+fn print_text(
+    out: &mut impl Write,
+    args: &GroupsArgs,
+    groups: &[Value],
+    lost: &[Value],
+) -> Result<(), Failure> {
+    if let Some(g) = &args.delete {
+        writeln!(out, "deleted group {g:?}").map_err(Failure::output)?;
+    }
+    if groups.is_empty() {
+        writeln!(out, "no consumer groups").map_err(Failure::output)?;
+    }
+    for g in groups {
+        writeln!(
+            out,
+            "topic {} group {}: lag {} records",
+            g["topic"], g["group"], g["lag_records"]
+        )
+        .map_err(Failure::output)?;
+        for p in g["partitions"].as_array().into_iter().flatten() {
             writeln!(
                 out,
-                "topic {} group {}: lag {} records",
-                g["topic"], g["group"], g["lag_records"]
-            )
-            .map_err(Failure::output)?;
-            for p in g["partitions"].as_array().into_iter().flatten() {
-                writeln!(
-                    out,
-                    "  partition {:>5}  committed {:>12}  lag {:>10}",
-                    p["partition"], p["committed"], p["lag_records"]
-                )
-                .map_err(Failure::output)?;
-            }
-        }
-        for l in &lost {
-            writeln!(
-                out,
-                "recovery moved group {} of topic {} in partition {} back from {} to {} (records it had consumed were lost with the unsynced tail)",
-                l["group"], l["topic"], l["partition"], l["committed"], l["end"]
+                "  partition {:>5}  committed {:>12}  lag {:>10}",
+                p["partition"], p["committed"], p["lag_records"]
             )
             .map_err(Failure::output)?;
         }
     }
-    out.flush().map_err(Failure::output)?;
-    Ok(ExitCode::SUCCESS)
+    for l in lost {
+        writeln!(
+            out,
+            "recovery moved group {} of topic {} in partition {} back from {} to {} (records it had consumed were lost with the unsynced tail)",
+            l["group"], l["topic"], l["partition"], l["committed"], l["end"]
+        )
+        .map_err(Failure::output)?;
+    }
+    Ok(())
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::mpsc;
 
-use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, SyncPolicy, TopicConfig};
+use fissionlog::{Error, Log, LogOptions, NewRecord, RecoveryMode, SyncPolicy, Topic, TopicConfig};
 
 use crate::common::{check_topic_name, open_options, put_bytes, CmdResult, Failure};
 
@@ -158,24 +158,7 @@ fn too_long(line: u64, max: u64, topic: &str, appended: u64) -> Failure {
 /// Runs `produce`.
 pub fn run(args: &ProduceArgs) -> CmdResult {
     check_topic_name(&args.topic)?;
-    let options = LogOptions {
-        create: args.create,
-        ..open_options(RecoveryMode::Strict)
-    };
-    let log = Log::open(&args.dir, options)?;
-    let topic = if args.create {
-        let config = TopicConfig {
-            partitions: args.partitions,
-            sync: match args.sync {
-                Some(SyncArg::Always) => SyncPolicy::Always,
-                _ => SyncPolicy::Never,
-            },
-            ..TopicConfig::default()
-        };
-        log.topic_or_create(&args.topic, config)?
-    } else {
-        log.topic(&args.topic)?
-    };
+    let (log, topic) = open_topic(args)?;
     // An existing topic may have a weaker policy than asked for: then each
     // batch is synced explicitly before it is acknowledged.
     let sync_each_batch =
@@ -189,18 +172,7 @@ pub fn run(args: &ProduceArgs) -> CmdResult {
     let mut total = 0u64;
     let mut lines_read = 0u64;
     while let Some((lines, mut stop)) = next_batch(&rx) {
-        let mut parsed: Vec<(Option<Vec<u8>>, Vec<u8>)> =
-            lines.into_iter().map(parse_line).collect();
-        // A line shorter than the cap can still make a record over the
-        // limit (the framing): it stops input there too, after the
-        // lines before it.
-        if let Some(i) = parsed.iter().position(|(k, v)| {
-            RECORD_FRAMING_BYTES + k.as_ref().map_or(0, |k| k.len() as u64) + v.len() as u64
-                > record_bytes_max
-        }) {
-            parsed.truncate(i);
-            stop = Some(Stop::TooLong);
-        }
+        let parsed = parse_batch(lines, record_bytes_max, &mut stop);
         lines_read += parsed.len() as u64;
         let records: Vec<NewRecord<'_>> = parsed
             .iter()
@@ -227,15 +199,7 @@ pub fn run(args: &ProduceArgs) -> CmdResult {
         }
         total += at.iter().flatten().count() as u64;
         if args.acks {
-            for ((key, _), a) in parsed.iter().zip(&at) {
-                let Some(a) = a else { continue };
-                let mut obj = serde_json::Map::new();
-                put_bytes(&mut obj, "key", key.as_deref());
-                obj.insert("partition".into(), a.partition.into());
-                obj.insert("offset".into(), a.offset.into());
-                crate::common::write_json(&mut out, &obj)?;
-            }
-            out.flush().map_err(Failure::output)?;
+            write_acks(&mut out, &parsed, &at)?;
         }
         if let Some(e) = failed {
             return Err(e.into());
@@ -263,4 +227,64 @@ pub fn run(args: &ProduceArgs) -> CmdResult {
         eprintln!("appended {total} records to topic {:?}", args.topic);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Opens the log and the topic, creating both with `--create`.
+fn open_topic(args: &ProduceArgs) -> Result<(Log, Topic), Failure> {
+    let options = LogOptions {
+        create: args.create,
+        ..open_options(RecoveryMode::Strict)
+    };
+    let log = Log::open(&args.dir, options)?;
+    let topic = if args.create {
+        let config = TopicConfig {
+            partitions: args.partitions,
+            sync: match args.sync {
+                Some(SyncArg::Always) => SyncPolicy::Always,
+                _ => SyncPolicy::Never,
+            },
+            ..TopicConfig::default()
+        };
+        log.topic_or_create(&args.topic, config)?
+    } else {
+        log.topic(&args.topic)?
+    };
+    Ok((log, topic))
+}
+
+/// The key and value of each line of a batch, up to the first line whose
+/// record would be over `record_bytes_max`: a line shorter than the cap can
+/// still make a record over the limit (the framing), and it stops input
+/// there too (`stop`), after the lines before it.
+fn parse_batch(
+    lines: Vec<Vec<u8>>,
+    record_bytes_max: u64,
+    stop: &mut Option<Stop>,
+) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
+    let mut parsed: Vec<(Option<Vec<u8>>, Vec<u8>)> = lines.into_iter().map(parse_line).collect();
+    if let Some(i) = parsed.iter().position(|(k, v)| {
+        RECORD_FRAMING_BYTES + k.as_ref().map_or(0, |k| k.len() as u64) + v.len() as u64
+            > record_bytes_max
+    }) {
+        parsed.truncate(i);
+        *stop = Some(Stop::TooLong);
+    }
+    parsed
+}
+
+/// One JSON line per record that landed: its key, partition and offset.
+fn write_acks(
+    out: &mut impl Write,
+    parsed: &[(Option<Vec<u8>>, Vec<u8>)],
+    at: &[Option<fissionlog::Appended>],
+) -> Result<(), Failure> {
+    for ((key, _), a) in parsed.iter().zip(at) {
+        let Some(a) = a else { continue };
+        let mut obj = serde_json::Map::new();
+        put_bytes(&mut obj, "key", key.as_deref());
+        obj.insert("partition".into(), a.partition.into());
+        obj.insert("offset".into(), a.offset.into());
+        crate::common::write_json(out, &obj)?;
+    }
+    out.flush().map_err(Failure::output)
 }

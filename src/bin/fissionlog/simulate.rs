@@ -25,27 +25,26 @@
 mod check;
 mod group;
 mod live;
+mod monitor;
+mod plan;
 mod report;
 mod workload;
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use fissionlog::{BalancePolicy, HotKeyMode, HotKeyPolicy};
-use fissionlog::{
-    Log, LogOptions, PartitionInfo, SyncPolicy, Topic, TopicConfig, TopologyEvent,
-    MAX_HOT_KEY_LANES,
-};
+use fissionlog::{BalancePolicy, HotKeyMode};
+use fissionlog::{Log, LogOptions, PartitionInfo, Topic, TopologyEvent};
 
 use check::{consume, ConsumerShared};
-use live::{Live, LiveRow};
-use report::{window_load, EventNote, PartitionRow, PhasesReport, Report, Sample};
-use workload::{produce, write_key, Shared, Workload, VALUE_HEADER_BYTES};
+use monitor::{Monitor, Tally};
+use plan::{Plan, Stop};
+use report::{window_load, PartitionRow, PhasesReport, Report, Sample};
+use workload::{produce, write_key, Shared};
 
 /// The topic the simulation writes.
 const TOPIC: &str = "simulate";
@@ -59,19 +58,6 @@ const SEGMENT_BYTES: u64 = 64 << 20;
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// Window of the final imbalance figures, seconds.
 const IMBALANCE_WINDOW_SECS: f64 = 3.0;
-/// Most `--keys`: per key the run keeps a hash and counters.
-const KEYS_MAX: u32 = 10_000_000;
-/// Most `(--keys + 1) x --producers`: each producer keeps a sequence
-/// number per key and the checker two counters (24 bytes per stream).
-const KEY_STREAMS_MAX: u64 = 20_000_000;
-/// Most `--max-partitions` (and so `--partitions`): a topic's limit.
-const PARTITIONS_MAX: u32 = 65_536;
-/// Most `--records`.
-const RECORDS_MAX: u64 = 1_000_000_000_000;
-/// Most records/s or bytes/s any rate argument takes.
-const RATE_MAX: f64 = 1e12;
-/// Most `--slow-consumer` factor.
-const SLOW_FACTOR_MAX: f64 = 1e6;
 
 /// Share of the surge rate the producers keep in the calm phase.
 const CALM_SHARE: f64 = 0.05;
@@ -248,229 +234,6 @@ enum Failure {
     Run(String),
 }
 
-/// When the producers stop.
-#[derive(Debug, Clone, Copy)]
-enum Stop {
-    After(Duration),
-    Records(u64),
-}
-
-/// Validated parameters of a run.
-#[derive(Debug, Clone)]
-struct Plan {
-    workload: Workload,
-    stop: Stop,
-    partitions: u32,
-    max_partitions: u32,
-    hot_factor: f64,
-    target_bytes_per_sec: Option<f64>,
-    target_records_per_sec: Option<f64>,
-    balance: bool,
-    phases: bool,
-    json: bool,
-    group: Option<group::GroupPlan>,
-    rate: Option<f64>,
-    /// The hot key's mode (strict without a hot key).
-    hot_key_mode: HotKeyMode,
-}
-
-impl Plan {
-    fn from_args(a: &SimulateArgs) -> Result<Plan, String> {
-        if a.value_bytes < VALUE_HEADER_BYTES {
-            return Err(format!(
-                "--value-bytes must be at least {VALUE_HEADER_BYTES}, not {}",
-                a.value_bytes
-            ));
-        }
-        if a.value_bytes > 1 << 20 {
-            return Err(format!(
-                "--value-bytes must be at most 1 MiB, not {}",
-                a.value_bytes
-            ));
-        }
-        // Every key costs memory: its hash, its load and range counters,
-        // and per producer a sequence number and the checker's two
-        // counters, so both the key count and keys x producers are bounded.
-        if a.keys == 0 || a.keys > KEYS_MAX {
-            return Err(format!(
-                "--keys must be between 1 and {KEYS_MAX}, not {}",
-                a.keys
-            ));
-        }
-        if (u64::from(a.keys) + 1) * u64::from(a.producers) > KEY_STREAMS_MAX {
-            return Err(format!(
-                "--keys x --producers must be at most {KEY_STREAMS_MAX} (each producer keeps counters per key), not {} x {}",
-                a.keys, a.producers
-            ));
-        }
-        if !(a.zipf.is_finite() && a.zipf >= 0.0) {
-            return Err(format!("--zipf must be a number >= 0, not {}", a.zipf));
-        }
-        if let Some(s) = a.hot_key_share {
-            if !(s.is_finite() && (0.0..1.0).contains(&s)) {
-                return Err(format!("--hot-key-share must be in [0, 1), not {s}"));
-            }
-        }
-        if a.max_partitions == 0 || a.max_partitions > PARTITIONS_MAX {
-            return Err(format!(
-                "--max-partitions must be between 1 and {PARTITIONS_MAX}, not {}",
-                a.max_partitions
-            ));
-        }
-        if a.partitions == 0 || a.partitions > a.max_partitions {
-            return Err(format!(
-                "--partitions must be between 1 and --max-partitions ({}), not {}",
-                a.max_partitions, a.partitions
-            ));
-        }
-        if a.producers == 0 || a.producers > 256 {
-            return Err(format!(
-                "--producers must be between 1 and 256, not {}",
-                a.producers
-            ));
-        }
-        for (name, t) in [
-            ("--target-bytes-per-sec", a.target_bytes_per_sec),
-            ("--target-records-per-sec", a.target_records_per_sec),
-        ] {
-            if let Some(t) = t {
-                if !(t.is_finite() && t > 0.0 && t <= RATE_MAX) {
-                    return Err(format!("{name} must be in (0, {RATE_MAX:e}], not {t}"));
-                }
-            }
-        }
-        if a.phases && a.records.is_some() {
-            return Err("--phases runs for a time; it cannot be combined with --records".into());
-        }
-        let stop = match (a.records, a.seconds) {
-            (Some(n), _) if n == 0 || n > RECORDS_MAX => {
-                return Err(format!(
-                    "--records must be between 1 and {RECORDS_MAX}, not {n}"
-                ))
-            }
-            (Some(n), _) => Stop::Records(n),
-            (None, Some(s)) if !(s.is_finite() && s > 0.0 && s <= 86_400.0) => {
-                return Err(format!("--seconds must be in (0, 86400], not {s}"));
-            }
-            (None, Some(s)) => Stop::After(Duration::from_secs_f64(s)),
-            (None, None) => Stop::After(Duration::from_secs(if a.phases { 30 } else { 10 })),
-        };
-        if let Some(r) = a.rate {
-            if !(r.is_finite() && (1.0..=RATE_MAX).contains(&r)) {
-                return Err(format!(
-                    "--rate must be between 1 and {RATE_MAX:e} records/s, not {r}"
-                ));
-            }
-        }
-        let group = match a.consumers {
-            None => None,
-            Some(n) if n == 0 || n > 64 => {
-                return Err(format!("--consumers must be between 1 and 64, not {n}"));
-            }
-            Some(n) => {
-                let slow_factor = a.slow_consumer.unwrap_or(1.0);
-                if !(slow_factor.is_finite() && (1.0..=SLOW_FACTOR_MAX).contains(&slow_factor)) {
-                    return Err(format!(
-                        "--slow-consumer must be a factor between 1 and {SLOW_FACTOR_MAX}, not {slow_factor}"
-                    ));
-                }
-                let processing_us = a.processing_us.unwrap_or(0.0);
-                if !(processing_us.is_finite() && (0.0..=1e6).contains(&processing_us)) {
-                    return Err(format!(
-                        "--processing-us must be between 0 and 1000000, not {processing_us}"
-                    ));
-                }
-                let kill_at = match a.kill_consumer_at {
-                    None => None,
-                    Some(_) if n < 2 => {
-                        return Err("--kill-consumer-at needs at least 2 consumers".into())
-                    }
-                    Some(s) if !(s.is_finite() && s > 0.0 && s <= 86_400.0) => {
-                        return Err(format!("--kill-consumer-at must be in (0, 86400], not {s}"));
-                    }
-                    Some(s) => Some(Duration::from_secs_f64(s)),
-                };
-                Some(group::GroupPlan {
-                    consumers: n,
-                    slow_factor,
-                    kill_at,
-                    processing_us,
-                })
-            }
-        };
-        if a.hot_key_window_ms == 0 || a.hot_key_window_ms > 86_400_000 {
-            return Err(format!(
-                "--hot-key-window-ms must be between 1 and 86400000, not {}",
-                a.hot_key_window_ms
-            ));
-        }
-        let hot_key_mode = match a.hot_key_mode {
-            HotKeyModeArg::Strict => HotKeyMode::Strict,
-            HotKeyModeArg::Windowed => {
-                HotKeyMode::Windowed(Duration::from_millis(a.hot_key_window_ms))
-            }
-            HotKeyModeArg::Spread => HotKeyMode::Spread,
-        };
-        let seed = a.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64)
-        });
-        Ok(Plan {
-            workload: Workload {
-                keys: a.keys,
-                zipf_exponent: a.zipf,
-                hot_key_share: a.hot_key_share.filter(|&s| s > 0.0),
-                value_bytes: a.value_bytes,
-                producers: a.producers,
-                seed,
-            },
-            stop,
-            partitions: a.partitions,
-            max_partitions: a.max_partitions,
-            hot_factor: a.hot_factor,
-            target_bytes_per_sec: a.target_bytes_per_sec,
-            target_records_per_sec: a.target_records_per_sec,
-            balance: !a.no_balance,
-            phases: a.phases,
-            json: a.json,
-            group,
-            rate: a.rate,
-            hot_key_mode,
-        })
-    }
-
-    fn topic_config(&self, balance: BalancePolicy) -> TopicConfig {
-        TopicConfig {
-            partitions: self.partitions,
-            segment_bytes: SEGMENT_BYTES,
-            sync: SyncPolicy::Never,
-            balance,
-            hot_keys: HotKeyPolicy {
-                allow_windowed: matches!(self.hot_key_mode, HotKeyMode::Windowed(_)),
-                allow_spread: self.hot_key_mode == HotKeyMode::Spread,
-                max_lanes: self.partitions.clamp(1, MAX_HOT_KEY_LANES),
-                auto_window: None,
-            },
-            ..TopicConfig::default()
-        }
-    }
-
-    /// The order the checker holds the hot key to.
-    fn hot_order(&self) -> check::HotOrder {
-        match self.hot_key_mode {
-            HotKeyMode::Strict => check::HotOrder::Strict,
-            HotKeyMode::Windowed(d) => check::HotOrder::Windowed(d.as_millis() as i64),
-            HotKeyMode::Spread => check::HotOrder::Spread,
-        }
-    }
-
-    /// Whether to draw the live view.
-    fn live(&self) -> bool {
-        !self.json && std::io::stdout().is_terminal()
-    }
-}
-
 /// The directory to use and whether it is a temporary one.
 fn prepare_dir(dir: Option<&Path>) -> Result<(PathBuf, bool), String> {
     if let Some(d) = dir {
@@ -490,46 +253,11 @@ fn prepare_dir(dir: Option<&Path>) -> Result<(PathBuf, bool), String> {
 
 /// Opens the log, calibrates, runs, checks, closes.
 fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
-    let log = Log::open(dir, LogOptions::default())
-        .map_err(|e| Failure::Setup(format!("cannot open a log in {}: {e}", dir.display())))?;
-    for name in [TOPIC, CALIBRATION_TOPIC] {
-        if log.topics().iter().any(|t| t == name) {
-            return Err(Failure::Setup(format!(
-                "{} already holds a topic named {name}; use an empty directory",
-                dir.display()
-            )));
-        }
-    }
+    let log = open_empty_log(dir)?;
     let events = log.subscribe();
-    let mut calibrated = None;
-    let (mut target_records, target_bytes) =
-        (plan.target_records_per_sec, plan.target_bytes_per_sec);
-    if let (Some(rate), true, None, None) = (plan.rate, plan.balance, target_records, target_bytes)
-    {
-        target_records = Some((rate / (2.0 * f64::from(plan.partitions))).max(1.0));
-    }
-    if plan.balance && target_records.is_none() && target_bytes.is_none() {
-        if !plan.json {
-            println!("calibrating for {} s ...", CALIBRATION.as_secs_f64());
-        }
-        let measured = calibrate(&log, plan)?;
-        calibrated = Some(measured);
-        let spread = measured / (2.0 * f64::from(plan.partitions));
-        let head = measured * plan.workload.head_share() / HEAD_KEY_FILL;
-        target_records = Some(spread.max(head).max(1.0));
-    }
-    let policy = BalancePolicy {
-        enabled: plan.balance,
-        target_bytes_per_sec: target_bytes,
-        target_records_per_sec: target_records,
-        min_age: Duration::from_secs(1),
-        check_interval: Duration::from_millis(250),
-        max_partitions: plan.max_partitions,
-        hot_factor: plan.hot_factor,
-        ..BalancePolicy::default()
-    };
+    let targets = Targets::of(&log, plan)?;
     let topic = log
-        .create_topic(TOPIC, plan.topic_config(policy))
+        .create_topic(TOPIC, plan.topic_config(targets.policy(plan)))
         .map_err(|e| Failure::Setup(format!("cannot create topic {TOPIC}: {e}")))?;
     if !plan.json {
         println!("simulating into {} ...", dir.display());
@@ -541,71 +269,190 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
             .set_hot_key_mode(&hot_key, plan.hot_key_mode)
             .map_err(|e| Failure::Setup(format!("cannot set the hot key's mode: {e}")))?;
     }
-    let outcome = drive(plan, &topic, &events)?;
-    let mut errors = outcome.errors;
+    let mut outcome = drive(plan, &topic, &events)?;
     let hot = match plan.workload.hot_key_share {
         Some(_) => match hot_key_summary(&topic, &hot_key, plan.hot_key_mode) {
             Ok(h) => Some(h),
             Err(e) => {
-                errors.push(format!("reading the hot key back failed: {e}"));
+                outcome
+                    .errors
+                    .push(format!("reading the hot key back failed: {e}"));
                 None
             }
         },
         None => None,
     };
     if let Err(e) = log.close() {
-        errors.push(format!("closing the log failed: {e}"));
+        outcome.errors.push(format!("closing the log failed: {e}"));
     }
-    let infos = outcome.final_infos;
-    let mut active: Vec<&PartitionInfo> = infos.iter().filter(|p| p.sealed_at.is_none()).collect();
-    active.sort_by_key(|p| p.start);
-    let ids: Vec<u32> = active.iter().map(|p| p.id).collect();
-    let window = IMBALANCE_WINDOW_SECS.min(outcome.seconds);
-    let load = window_load(&outcome.samples, &ids, window);
-    let total_rate: f64 = load.rates.values().sum();
-    let multi_key: Vec<u32> = active
-        .iter()
-        .filter(|p| p.start < p.end)
-        .map(|p| p.id)
-        .collect();
-    let imbalance_without_hot_keys = if multi_key.len() == ids.len() {
-        load.imbalance
-    } else {
-        window_load(&outcome.samples, &multi_key, window).imbalance
+    let run = RunSummary {
+        dir,
+        keep,
+        targets: &targets,
+        hashes: &hashes,
+        hot: hot.as_ref(),
     };
-    let partitions: Vec<PartitionRow> = active
-        .iter()
-        .map(|p| {
-            let rate = load.rates.get(&p.id).copied();
-            PartitionRow {
-                id: p.id,
-                start: format!("{:016x}", p.start),
-                end: format!("{:016x}", p.end),
-                parents: p.parents.clone(),
-                records: p.end_offset - p.start_offset,
-                bytes: p.bytes,
-                records_per_sec: rate,
-                share: rate.filter(|_| total_rate > 0.0).map(|r| r / total_rate),
-                // Isolated by the balancer, whether or not still reported hot.
-                hot_key: p.hot_key || p.start == p.end,
+    Ok(report_of(plan, &run, outcome))
+}
+
+/// The log in `dir`, refused if it already holds one of the simulation's
+/// topics.
+fn open_empty_log(dir: &Path) -> Result<Log, Failure> {
+    let log = Log::open(dir, LogOptions::default())
+        .map_err(|e| Failure::Setup(format!("cannot open a log in {}: {e}", dir.display())))?;
+    for name in [TOPIC, CALIBRATION_TOPIC] {
+        if log.topics().iter().any(|t| t == name) {
+            return Err(Failure::Setup(format!(
+                "{} already holds a topic named {name}; use an empty directory",
+                dir.display()
+            )));
+        }
+    }
+    Ok(log)
+}
+
+/// The balancer's per-partition targets of a run, and the calibrated rate
+/// they came from, if any.
+struct Targets {
+    records_per_sec: Option<f64>,
+    bytes_per_sec: Option<f64>,
+    calibrated: Option<f64>,
+}
+
+impl Targets {
+    /// The targets given, else derived from `--rate`, else calibrated (see
+    /// the module comment). No targets without a balancer.
+    fn of(log: &Log, plan: &Plan) -> Result<Targets, Failure> {
+        let mut calibrated = None;
+        let (mut target_records, target_bytes) =
+            (plan.target_records_per_sec, plan.target_bytes_per_sec);
+        if let (Some(rate), true, None, None) =
+            (plan.rate, plan.balance, target_records, target_bytes)
+        {
+            target_records = Some((rate / (2.0 * f64::from(plan.partitions))).max(1.0));
+        }
+        if plan.balance && target_records.is_none() && target_bytes.is_none() {
+            if !plan.json {
+                println!("calibrating for {} s ...", CALIBRATION.as_secs_f64());
             }
+            let measured = calibrate(log, plan)?;
+            calibrated = Some(measured);
+            let spread = measured / (2.0 * f64::from(plan.partitions));
+            let head = measured * plan.workload.head_share() / HEAD_KEY_FILL;
+            target_records = Some(spread.max(head).max(1.0));
+        }
+        Ok(Targets {
+            records_per_sec: target_records,
+            bytes_per_sec: target_bytes,
+            calibrated,
         })
-        .collect();
-    let bytes: u64 = infos.iter().map(|p| p.bytes).sum();
+    }
+
+    /// The balance policy of the simulated topic.
+    fn policy(&self, plan: &Plan) -> BalancePolicy {
+        BalancePolicy {
+            enabled: plan.balance,
+            target_bytes_per_sec: self.bytes_per_sec,
+            target_records_per_sec: self.records_per_sec,
+            min_age: Duration::from_secs(1),
+            check_interval: Duration::from_millis(250),
+            max_partitions: plan.max_partitions,
+            hot_factor: plan.hot_factor,
+            ..BalancePolicy::default()
+        }
+    }
+}
+
+/// What the report needs of a run besides its [`Outcome`].
+struct RunSummary<'a> {
+    dir: &'a Path,
+    keep: bool,
+    targets: &'a Targets,
+    hashes: &'a [u64],
+    hot: Option<&'a HotKeySummary>,
+}
+
+/// The active partitions at the end of a run and their load over the
+/// imbalance window.
+struct ActiveView {
+    partitions: Vec<PartitionRow>,
+    load: report::WindowLoad,
+    imbalance_without_hot_keys: Option<f64>,
+    single_key_partitions: usize,
+}
+
+impl ActiveView {
+    fn of(outcome: &Outcome) -> ActiveView {
+        let mut active: Vec<&PartitionInfo> = outcome
+            .final_infos
+            .iter()
+            .filter(|p| p.sealed_at.is_none())
+            .collect();
+        active.sort_by_key(|p| p.start);
+        let ids: Vec<u32> = active.iter().map(|p| p.id).collect();
+        let window = IMBALANCE_WINDOW_SECS.min(outcome.seconds);
+        let load = window_load(&outcome.samples, &ids, window);
+        let total_rate: f64 = load.rates.values().sum();
+        let multi_key: Vec<u32> = active
+            .iter()
+            .filter(|p| p.start < p.end)
+            .map(|p| p.id)
+            .collect();
+        let imbalance_without_hot_keys = if multi_key.len() == ids.len() {
+            load.imbalance
+        } else {
+            window_load(&outcome.samples, &multi_key, window).imbalance
+        };
+        let partitions: Vec<PartitionRow> = active
+            .iter()
+            .map(|p| {
+                let rate = load.rates.get(&p.id).copied();
+                PartitionRow {
+                    id: p.id,
+                    start: format!("{:016x}", p.start),
+                    end: format!("{:016x}", p.end),
+                    parents: p.parents.clone(),
+                    records: p.end_offset - p.start_offset,
+                    bytes: p.bytes,
+                    records_per_sec: rate,
+                    share: rate.filter(|_| total_rate > 0.0).map(|r| r / total_rate),
+                    // Isolated by the balancer, whether or not still reported hot.
+                    hot_key: p.hot_key || p.start == p.end,
+                }
+            })
+            .collect();
+        let single_key_partitions = active.iter().filter(|p| p.start == p.end).count();
+        ActiveView {
+            partitions,
+            load,
+            imbalance_without_hot_keys,
+            single_key_partitions,
+        }
+    }
+}
+
+/// The report of a finished run: one field per figure, so this stays one
+/// struct literal (the figures themselves are computed in [`ActiveView`]).
+fn report_of(plan: &Plan, run: &RunSummary, outcome: Outcome) -> Report {
+    let view = ActiveView::of(&outcome);
+    let bytes: u64 = outcome.final_infos.iter().map(|p| p.bytes).sum();
     let seconds = outcome.seconds.max(1e-9);
-    let mut per_key = vec![0u64; hashes.len()];
+    let mut per_key = vec![0u64; run.hashes.len()];
     for producer in &outcome.acked {
         for (total, n) in per_key.iter_mut().zip(producer) {
             *total += n;
         }
     }
+    let load = &view.load;
     let max_partition_records_per_sec = load.rates.values().copied().reduce(f64::max);
-    let single_key_partitions = active.iter().filter(|p| p.start == p.end).count();
     let cmp = outcome.checker.compare(&outcome.acked);
     let tally = outcome.tally;
-    Ok(Report {
-        dir: dir.display().to_string(),
-        kept: keep,
+    let target_records = run.targets.records_per_sec;
+    let hot = run.hot;
+    let partitions_active = view.partitions.len();
+    Report {
+        dir: run.dir.display().to_string(),
+        kept: run.keep,
         seed: plan.workload.seed,
         records: outcome.records,
         bytes,
@@ -618,45 +465,49 @@ fn simulate(plan: &Plan, dir: &Path, keep: bool) -> Result<Report, Failure> {
         zipf: plan.workload.zipf_exponent,
         hot_key_share: plan.workload.hot_key_share,
         balance: plan.balance,
-        calibrated_records_per_sec: calibrated,
+        calibrated_records_per_sec: run.targets.calibrated,
         target_records_per_sec: target_records,
-        target_bytes_per_sec: target_bytes,
+        target_bytes_per_sec: run.targets.bytes_per_sec,
         partitions_initial: plan.partitions,
-        partitions_active: active.len(),
+        partitions_active,
         splits: tally.splits,
         merges: tally.merges,
-        hot_keys: single_key_partitions,
+        hot_keys: view.single_key_partitions,
         hot_key_reports: tally.hot_keys,
-        single_key_partitions,
+        single_key_partitions: view.single_key_partitions,
         imbalance: load.imbalance,
         imbalance_static: load.imbalance_static,
-        imbalance_static_same_count: report::static_imbalance(&hashes, &per_key, active.len()),
+        imbalance_static_same_count: report::static_imbalance(
+            run.hashes,
+            &per_key,
+            partitions_active,
+        ),
         busiest_over_target: max_partition_records_per_sec
             .zip(target_records)
             .map(|(r, t)| r / t),
         converged_after_s: plan.balance.then(|| tally.last_change.unwrap_or(0.0)),
-        imbalance_without_hot_keys,
+        imbalance_without_hot_keys: view.imbalance_without_hot_keys,
         max_partition_records_per_sec,
         max_partition_records_per_sec_static: load.static_max_records_per_sec,
         imbalance_window_secs: load.window_secs,
         first_split_after_secs: tally.first_split,
-        hot_key_mode: hot.as_ref().map(|h| h.mode.clone()),
-        hot_key_lanes: hot.as_ref().map(|h| h.lane_loads.len()),
-        hot_key_lane_loads: hot.as_ref().map(|h| h.lane_loads.clone()),
-        hot_key_lane_imbalance: hot.as_ref().and_then(|h| h.lane_imbalance),
-        hot_key_read_order_violations: hot.as_ref().and_then(|h| h.read_order_violations),
+        hot_key_mode: hot.map(|h| h.mode.clone()),
+        hot_key_lanes: hot.map(|h| h.lane_loads.len()),
+        hot_key_lane_loads: hot.map(|h| h.lane_loads.clone()),
+        hot_key_lane_imbalance: hot.and_then(|h| h.lane_imbalance),
+        hot_key_read_order_violations: hot.and_then(|h| h.read_order_violations),
         order_violations: outcome.checker.order_violations,
         missing_records: cmp.missing,
         duplicate_records: outcome.checker.duplicates,
         unacknowledged_records: cmp.unacknowledged,
         malformed_records: outcome.checker.malformed,
         records_read: outcome.checker.received,
-        errors,
+        errors: outcome.errors,
         phases: outcome.phases,
         events: tally.notes,
-        partitions,
+        partitions: view.partitions,
         group: outcome.group,
-    })
+    }
 }
 
 /// The key bytes of the `--hot-key-share` key.
@@ -765,84 +616,6 @@ fn calibrate(log: &Log, plan: &Plan) -> Result<f64, Failure> {
     Ok(acked as f64 / elapsed.as_secs_f64().max(1e-3))
 }
 
-/// Topology events of the run, counted.
-#[derive(Debug, Default)]
-struct Tally {
-    splits: u64,
-    merges: u64,
-    hot_keys: u64,
-    first_split: Option<f64>,
-    /// Time of the last split or merge.
-    last_change: Option<f64>,
-    notes: Vec<EventNote>,
-}
-
-impl Tally {
-    /// Takes every pending event of the simulated topic; returns the new notes.
-    fn drain(&mut self, events: &Receiver<TopologyEvent>, t: f64) -> Vec<EventNote> {
-        let mut fresh = Vec::new();
-        while let Ok(e) = events.try_recv() {
-            let note = match e {
-                TopologyEvent::Split {
-                    topic,
-                    parent,
-                    seal_offset,
-                    children,
-                } if topic == TOPIC => {
-                    self.splits += 1;
-                    self.first_split.get_or_insert(t);
-                    self.last_change = Some(t);
-                    EventNote {
-                        t,
-                        kind: "split",
-                        what: format!("p{parent} split at offset {seal_offset} into {children:?}"),
-                    }
-                }
-                TopologyEvent::Merge {
-                    topic,
-                    parents,
-                    child,
-                } if topic == TOPIC => {
-                    self.merges += 1;
-                    self.last_change = Some(t);
-                    let ids: Vec<u32> = parents.iter().map(|p| p.0).collect();
-                    EventNote {
-                        t,
-                        kind: "merge",
-                        what: format!("{ids:?} merged into p{child}"),
-                    }
-                }
-                TopologyEvent::HotKey {
-                    topic,
-                    partition,
-                    hash,
-                } if topic == TOPIC => {
-                    self.hot_keys += 1;
-                    EventNote {
-                        t,
-                        kind: "hot_key",
-                        what: format!("p{partition} holds one hot key (hash {hash:016x})"),
-                    }
-                }
-                _ => continue,
-            };
-            fresh.push(note.clone());
-            self.notes.push(note);
-        }
-        fresh
-    }
-
-    fn phase(&mut self, t: f64, what: String) -> EventNote {
-        let note = EventNote {
-            t,
-            kind: "phase",
-            what,
-        };
-        self.notes.push(note.clone());
-        note
-    }
-}
-
 /// What [`drive`] measured.
 struct Outcome {
     seconds: f64,
@@ -880,9 +653,9 @@ fn initial_range_of_keys(topic: &Topic, keys: u32) -> (Vec<u32>, usize) {
     (table, starts.len())
 }
 
-/// Runs producers, consumer and monitor on the simulated topic.
-fn drive(plan: &Plan, topic: &Topic, events: &Receiver<TopologyEvent>) -> Result<Outcome, Failure> {
-    let (range_of_key, ranges) = initial_range_of_keys(topic, plan.workload.keys);
+/// What the producers share: the `--records` budget, the `--rate` limit
+/// and the per-range counters of `ranges` initial ranges.
+fn producer_shared(plan: &Plan, ranges: usize) -> Shared {
     let budget = match plan.stop {
         Stop::Records(n) => Some(n),
         Stop::After(_) => None,
@@ -891,6 +664,29 @@ fn drive(plan: &Plan, topic: &Topic, events: &Receiver<TopologyEvent>) -> Result
     if let Some(rate) = plan.rate {
         shared.set_limit_per_producer(rate / f64::from(plan.workload.producers.max(1)));
     }
+    shared
+}
+
+/// The acknowledged counts of each producer, and an error per producer
+/// thread that panicked.
+fn join_producers<T>(
+    producers: Vec<std::thread::ScopedJoinHandle<'_, T>>,
+) -> (Vec<T>, Vec<String>) {
+    let mut acked = Vec::new();
+    let mut errors = Vec::new();
+    for p in producers {
+        match p.join() {
+            Ok(a) => acked.push(a),
+            Err(_) => errors.push("a producer thread panicked".to_string()),
+        }
+    }
+    (acked, errors)
+}
+
+/// Runs producers, consumer and monitor on the simulated topic.
+fn drive(plan: &Plan, topic: &Topic, events: &Receiver<TopologyEvent>) -> Result<Outcome, Failure> {
+    let (range_of_key, ranges) = initial_range_of_keys(topic, plan.workload.keys);
+    let shared = producer_shared(plan, ranges);
     let consumer_shared = ConsumerShared {
         hot_order: plan.hot_order(),
         ..ConsumerShared::default()
@@ -925,14 +721,7 @@ fn drive(plan: &Plan, topic: &Topic, events: &Receiver<TopologyEvent>) -> Result
             monitor.draw(&consumer_shared, &shared);
         }
         shared.stop.store(true, Ordering::Release);
-        let mut acked = Vec::new();
-        let mut errors = Vec::new();
-        for p in producers {
-            match p.join() {
-                Ok(a) => acked.push(a),
-                Err(_) => errors.push("a producer thread panicked".to_string()),
-            }
-        }
+        let (acked, mut errors) = join_producers(producers);
         let final_infos = monitor.sample(topic, &shared);
         monitor.events(events);
         let records = shared.acked.load(Ordering::Acquire);
@@ -973,180 +762,4 @@ fn drive(plan: &Plan, topic: &Topic, events: &Receiver<TopologyEvent>) -> Result
             group,
         })
     })
-}
-
-/// The `--phases` schedule and what it measured.
-#[derive(Debug, Clone, Copy)]
-struct PhaseState {
-    surge: Duration,
-    /// Set when the calm phase begins: (t, acked then, active partitions,
-    /// merges so far, surge records/s).
-    calm_from: Option<(f64, u64, usize, u64, f64)>,
-}
-
-/// The thread that samples, steers phases and draws the live view.
-struct Monitor {
-    started: Instant,
-    producers: u32,
-    stop: Stop,
-    samples: Vec<Sample>,
-    active: Vec<(u32, u64, u64)>,
-    tally: Tally,
-    phases: Option<PhaseState>,
-    live: Option<Live>,
-}
-
-impl Monitor {
-    fn new(plan: &Plan) -> Monitor {
-        let phases = match (plan.phases, plan.stop) {
-            (true, Stop::After(d)) => Some(PhaseState {
-                surge: d.mul_f64(SURGE_SHARE),
-                calm_from: None,
-            }),
-            _ => None,
-        };
-        let live = plan.live().then(|| {
-            Live::new(match plan.stop {
-                Stop::After(d) => (d.as_secs_f64() * 10.0) as u64,
-                Stop::Records(n) => n,
-            })
-        });
-        Monitor {
-            started: Instant::now(),
-            producers: plan.workload.producers,
-            stop: plan.stop,
-            samples: Vec::new(),
-            active: Vec::new(),
-            tally: Tally::default(),
-            phases,
-            live,
-        }
-    }
-
-    fn t(&self) -> f64 {
-        self.started.elapsed().as_secs_f64()
-    }
-
-    /// Records a sample; returns the partitions it read.
-    fn sample(&mut self, topic: &Topic, shared: &Shared) -> Vec<PartitionInfo> {
-        let t = self.t();
-        let infos = topic.partitions();
-        let mut active: Vec<(u32, u64, u64)> = infos
-            .iter()
-            .filter(|p| p.sealed_at.is_none())
-            .map(|p| (p.id, p.start, p.end))
-            .collect();
-        active.sort_by_key(|a| a.1);
-        self.active = active;
-        let end_offsets: BTreeMap<u32, u64> = infos.iter().map(|p| (p.id, p.end_offset)).collect();
-        self.samples.push(Sample {
-            t,
-            end_offsets,
-            initial_ranges: shared.initial_range_counts(),
-            acked: shared.acked.load(Ordering::Acquire),
-        });
-        infos
-    }
-
-    fn events(&mut self, events: &Receiver<TopologyEvent>) {
-        let t = self.t();
-        let fresh = self.tally.drain(events, t);
-        if let Some(live) = &self.live {
-            for n in fresh {
-                live.event(&format!("{:6.2} s  {}", n.t, n.what));
-            }
-        }
-    }
-
-    /// Switches phases; returns true when the producers should stop.
-    fn steer(&mut self, shared: &Shared) -> bool {
-        let t = self.t();
-        if let Some(ph) = &mut self.phases {
-            if ph.calm_from.is_none() && t >= ph.surge.as_secs_f64() {
-                let acked = shared.acked.load(Ordering::Acquire);
-                let surge_rate = acked as f64 / t.max(1e-3);
-                let producers = f64::from(self.producers.max(1));
-                shared.set_limit_per_producer((surge_rate * CALM_SHARE / producers).max(1.0));
-                ph.calm_from = Some((t, acked, self.active.len(), self.tally.merges, surge_rate));
-                let note = self.tally.phase(
-                    t,
-                    format!(
-                        "calm phase: producers throttled to {:.0}% of {} records/s",
-                        CALM_SHARE * 100.0,
-                        report::si(surge_rate)
-                    ),
-                );
-                if let Some(live) = &self.live {
-                    live.event(&format!("{:6.2} s  {}", note.t, note.what));
-                }
-            }
-        }
-        matches!(self.stop, Stop::After(d) if t >= d.as_secs_f64())
-    }
-
-    fn draw(&self, consumer: &ConsumerShared, shared: &Shared) {
-        let Some(live) = &self.live else { return };
-        let ids: Vec<u32> = self.active.iter().map(|a| a.0).collect();
-        let recent = window_load(&self.samples, &ids, 1.0);
-        let rows: Vec<LiveRow> = self
-            .active
-            .iter()
-            .map(|&(id, start, end)| LiveRow {
-                id,
-                start,
-                end,
-                records_per_sec: recent.rates.get(&id).copied().unwrap_or(0.0),
-            })
-            .collect();
-        let acked = shared.acked.load(Ordering::Acquire);
-        let lag = acked.saturating_sub(consumer.read.load(Ordering::Relaxed));
-        let phase = match &self.phases {
-            Some(p) if p.calm_from.is_some() => "calm  ",
-            Some(_) => "surge ",
-            None => "",
-        };
-        let status = consumer
-            .status
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_default();
-        let headline = format!(
-            "{phase}{} rec/s  {} active  {} splits  {} merges  {} hot keys  consumer lag {}{status}",
-            report::si(recent.records_per_sec),
-            self.active.len(),
-            self.tally.splits,
-            self.tally.merges,
-            self.tally.hot_keys,
-            report::si(lag as f64)
-        );
-        let position = match self.stop {
-            Stop::After(_) => (self.t() * 10.0) as u64,
-            Stop::Records(_) => acked,
-        };
-        live.update(position, headline, &rows);
-    }
-
-    fn phases_report(&self, shared: &Shared) -> Option<PhasesReport> {
-        let ph = self.phases?;
-        let end = self.samples.last().map_or(0.0, |s| s.t);
-        let acked = shared.acked.load(Ordering::Acquire);
-        Some(match ph.calm_from {
-            Some((t, acked_then, parts, merges_then, surge_rate)) => PhasesReport {
-                surge_secs: t,
-                calm_secs: end - t,
-                surge_records_per_sec: surge_rate,
-                calm_records_per_sec: (acked - acked_then) as f64 / (end - t).max(1e-3),
-                partitions_after_surge: parts,
-                merges_in_calm: self.tally.merges - merges_then,
-            },
-            None => PhasesReport {
-                surge_secs: end,
-                calm_secs: 0.0,
-                surge_records_per_sec: acked as f64 / end.max(1e-3),
-                calm_records_per_sec: 0.0,
-                partitions_after_surge: self.active.len(),
-                merges_in_calm: 0,
-            },
-        })
-    }
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use fissionlog::{Error, GroupOptions, MemberOptions, Topic};
+use fissionlog::{Error, Group, GroupOptions, MemberOptions, Topic};
 use serde::Serialize;
 
 use super::check::{Checker, ConsumerShared};
@@ -196,150 +196,26 @@ pub fn consume_group(
         .map_err(|e| format!("cannot create the consumer group: {e}"))?;
     let checker = Mutex::new(Checker::new(producers, keys_per_producer));
     checker.lock().expect("not poisoned").hot_order = shared.hot_order;
-    let started = Instant::now();
-    let rebalance_until = AtomicU64::new(0);
-    let done = AtomicBool::new(false);
-    // When any member last received records (stamp_micros).
-    let progress = AtomicU64::new(stamp_micros());
-    let killed_at: Mutex<Option<Instant>> = Mutex::new(None);
-    let n = plan.consumers.max(1);
-    let (all, during, per_member, lag_max, failover) = std::thread::scope(|s| {
-        let members: Vec<_> = (0..n)
+    let run = GroupRun {
+        group: &group,
+        plan,
+        shared,
+        checker: &checker,
+        started: Instant::now(),
+        rebalance_until: AtomicU64::new(0),
+        done: AtomicBool::new(false),
+        progress: AtomicU64::new(stamp_micros()),
+        killed_at: Mutex::new(None),
+        n: plan.consumers.max(1),
+    };
+    let (all, during, per_member, watched) = std::thread::scope(|s| {
+        let members: Vec<_> = (0..run.n)
             .map(|i| {
-                let (group, checker, rebalance_until, done, killed_at, progress) = (
-                    &group,
-                    &checker,
-                    &rebalance_until,
-                    &done,
-                    &killed_at,
-                    &progress,
-                );
-                s.spawn(move || -> Result<(Histogram, Histogram, u64), String> {
-                    let opts = MemberOptions {
-                        session_timeout: SESSION,
-                        processing_timeout: PROCESSING,
-                        instance_id: None,
-                        background_heartbeat: Some(HEARTBEAT),
-                    };
-                    let mut m = group
-                        .join(opts.clone())
-                        .map_err(|e| format!("member {i} cannot join: {e}"))?;
-                    let slow = if i == 0 { plan.slow_factor } else { 1.0 };
-                    let kill = plan.kill_at.filter(|_| n > 1 && i == n - 1);
-                    let mut all = Histogram::default();
-                    let mut during = Histogram::default();
-                    let mut received = 0u64;
-                    let mut debt_us = 0.0f64;
-                    while !done.load(Ordering::Acquire) && !shared.stop_now.load(Ordering::Acquire)
-                    {
-                        if kill.is_some_and(|k| started.elapsed() >= k) {
-                            // Stops without leaving: the group finds out
-                            // when its heartbeats stop.
-                            *killed_at.lock().expect("not poisoned") = Some(Instant::now());
-                            drop(m);
-                            return Ok((all, during, received));
-                        }
-                        let records = match m.poll_wait(1024, Duration::from_millis(50)) {
-                            Ok(r) => r,
-                            Err(Error::Fenced { .. }) => {
-                                m = group
-                                    .join(opts.clone())
-                                    .map_err(|e| format!("member {i} cannot rejoin: {e}"))?;
-                                continue;
-                            }
-                            Err(e) => return Err(format!("member {i}: poll failed: {e}")),
-                        };
-                        if records.is_empty() {
-                            if shared.producers_done.load(Ordering::Acquire) {
-                                let c = checker.lock().expect("not poisoned");
-                                let unique = c.received - c.duplicates;
-                                if unique >= shared.final_acked.load(Ordering::Acquire) {
-                                    done.store(true, Ordering::Release);
-                                    break;
-                                }
-                                drop(c);
-                                let quiet =
-                                    stamp_micros().saturating_sub(progress.load(Ordering::Relaxed));
-                                if quiet >= DRAIN_IDLE.as_micros() as u64 {
-                                    done.store(true, Ordering::Release);
-                                    break;
-                                }
-                            }
-                            continue;
-                        }
-                        progress.store(stamp_micros(), Ordering::Relaxed);
-                        debt_us += plan.processing_us * slow * records.len() as f64;
-                        if debt_us >= 1000.0 {
-                            std::thread::sleep(Duration::from_micros(debt_us as u64));
-                            debt_us = 0.0;
-                        }
-                        let now = stamp_micros();
-                        let in_rebalance = now < rebalance_until.load(Ordering::Relaxed);
-                        {
-                            let mut c = checker.lock().expect("not poisoned");
-                            for r in &records {
-                                c.receive_at(&r.value, r.timestamp);
-                                if let Some(b) = r.value.get(16..24) {
-                                    let at = u64::from_le_bytes(b.try_into().expect("8 bytes"));
-                                    let us = now.saturating_sub(at);
-                                    all.add(us);
-                                    if in_rebalance {
-                                        during.add(us);
-                                    }
-                                }
-                            }
-                        }
-                        received += records.len() as u64;
-                        shared
-                            .read
-                            .fetch_add(records.len() as u64, Ordering::Relaxed);
-                        match m.commit() {
-                            Ok(()) | Err(Error::NotAssigned { .. }) => {}
-                            Err(Error::Fenced { .. }) => {
-                                m = group
-                                    .join(opts.clone())
-                                    .map_err(|e| format!("member {i} cannot rejoin: {e}"))?;
-                            }
-                            Err(e) => return Err(format!("member {i}: commit failed: {e}")),
-                        }
-                    }
-                    let _ = m.leave();
-                    Ok((all, during, received))
-                })
+                let run = &run;
+                s.spawn(move || member(run, i))
             })
             .collect();
-        // The monitor: rebalance windows, lag, failover, a status line.
-        let mut last_rebalances = 0;
-        let mut lag_max = 0u64;
-        let mut failover: Option<f64> = None;
-        let mut first_relief: Option<f64> = None;
-        while members.iter().any(|m| !m.is_finished()) {
-            std::thread::sleep(Duration::from_millis(100));
-            let d = group.describe();
-            if d.stats.rebalances != last_rebalances {
-                last_rebalances = d.stats.rebalances;
-                rebalance_until.store(
-                    stamp_micros() + REBALANCE_WINDOW.as_micros() as u64,
-                    Ordering::Relaxed,
-                );
-            }
-            lag_max = lag_max.max(d.lag_records);
-            if d.stats.lag_relieved + d.stats.slow_detected > 0 && first_relief.is_none() {
-                first_relief = Some(started.elapsed().as_secs_f64());
-            }
-            let killed = *killed_at.lock().expect("not poisoned");
-            if let (Some(k), None) = (killed, failover) {
-                if d.stats.dead_detected > 0 && d.assignments.iter().all(|a| a.member.is_some()) {
-                    failover = Some(k.elapsed().as_secs_f64());
-                }
-            }
-            *shared.status.lock().expect("not poisoned") = format!(
-                "  group: {} members, {} rebalances, lag {}",
-                d.members.len(),
-                d.stats.rebalances,
-                d.lag_records
-            );
-        }
+        let watched = watch(&run, &members);
         let mut all = Histogram::default();
         let mut during = Histogram::default();
         let mut per_member = Vec::new();
@@ -351,14 +227,13 @@ pub fn consume_group(
             during.merge(&d);
             per_member.push(r);
         }
-        Ok::<_, String>((all, during, per_member, lag_max, (failover, first_relief)))
+        Ok::<_, String>((all, during, per_member, watched))
     })?;
-    let (failover, first_relief) = failover;
     let d = group.describe();
     let mut pauses = d.stats.pauses_ms.clone();
     pauses.sort_by(f64::total_cmp);
     let report = GroupReport {
-        consumers: n,
+        consumers: run.n,
         rebalances: d.stats.rebalances,
         partitions_moved: d.stats.moves,
         rebalance_pause_ms: Pauses {
@@ -371,15 +246,199 @@ pub fn consume_group(
         slow_consumers_detected: d.stats.slow_detected,
         lagging_consumers_relieved: d.stats.lag_relieved,
         lag_splits: d.stats.lag_splits,
-        failover_secs: failover,
-        first_relief_secs: first_relief,
-        lag_max_records: lag_max,
+        failover_secs: watched.failover,
+        first_relief_secs: watched.first_relief,
+        lag_max_records: watched.lag_max,
         redelivered_records: d.stats.redelivered,
         commits: d.stats.commits,
         records_per_member: per_member,
     };
     let checker = checker.into_inner().expect("not poisoned");
     Ok((checker, report))
+}
+
+/// What the member threads and the watcher of one group run share.
+struct GroupRun<'a> {
+    group: &'a Group,
+    plan: GroupPlan,
+    shared: &'a ConsumerShared,
+    checker: &'a Mutex<Checker>,
+    started: Instant,
+    /// Until when (stamp_micros) a delivery counts as during a rebalance.
+    rebalance_until: AtomicU64,
+    done: AtomicBool,
+    /// When any member last received records (stamp_micros).
+    progress: AtomicU64,
+    killed_at: Mutex<Option<Instant>>,
+    /// Members.
+    n: u32,
+}
+
+/// What one member measured: latencies over the run and during
+/// rebalances, and how many records it received.
+type MemberFigures = (Histogram, Histogram, u64);
+
+/// One member: joins, then polls, processes, checks and commits until the
+/// run is done (or it is the member killed at `--kill-consumer-at`).
+fn member(run: &GroupRun, i: u32) -> Result<MemberFigures, String> {
+    let (plan, shared, n) = (run.plan, run.shared, run.n);
+    let opts = MemberOptions {
+        session_timeout: SESSION,
+        processing_timeout: PROCESSING,
+        instance_id: None,
+        background_heartbeat: Some(HEARTBEAT),
+    };
+    let mut m = run
+        .group
+        .join(opts.clone())
+        .map_err(|e| format!("member {i} cannot join: {e}"))?;
+    let slow = if i == 0 { plan.slow_factor } else { 1.0 };
+    let kill = plan.kill_at.filter(|_| n > 1 && i == n - 1);
+    let mut all = Histogram::default();
+    let mut during = Histogram::default();
+    let mut received = 0u64;
+    let mut debt_us = 0.0f64;
+    while !run.done.load(Ordering::Acquire) && !shared.stop_now.load(Ordering::Acquire) {
+        if kill.is_some_and(|k| run.started.elapsed() >= k) {
+            // Stops without leaving: the group finds out
+            // when its heartbeats stop.
+            *run.killed_at.lock().expect("not poisoned") = Some(Instant::now());
+            drop(m);
+            return Ok((all, during, received));
+        }
+        let records = match m.poll_wait(1024, Duration::from_millis(50)) {
+            Ok(r) => r,
+            Err(Error::Fenced { .. }) => {
+                m = run
+                    .group
+                    .join(opts.clone())
+                    .map_err(|e| format!("member {i} cannot rejoin: {e}"))?;
+                continue;
+            }
+            Err(e) => return Err(format!("member {i}: poll failed: {e}")),
+        };
+        if records.is_empty() {
+            if drained(run) {
+                run.done.store(true, Ordering::Release);
+                break;
+            }
+            continue;
+        }
+        run.progress.store(stamp_micros(), Ordering::Relaxed);
+        debt_us += plan.processing_us * slow * records.len() as f64;
+        if debt_us >= 1000.0 {
+            std::thread::sleep(Duration::from_micros(debt_us as u64));
+            debt_us = 0.0;
+        }
+        check_batch(run, &records, &mut all, &mut during);
+        received += records.len() as u64;
+        shared
+            .read
+            .fetch_add(records.len() as u64, Ordering::Relaxed);
+        match m.commit() {
+            Ok(()) | Err(Error::NotAssigned { .. }) => {}
+            Err(Error::Fenced { .. }) => {
+                m = run
+                    .group
+                    .join(opts.clone())
+                    .map_err(|e| format!("member {i} cannot rejoin: {e}"))?;
+            }
+            Err(e) => return Err(format!("member {i}: commit failed: {e}")),
+        }
+    }
+    let _ = m.leave();
+    Ok((all, during, received))
+}
+
+/// After an empty poll: whether the run is over (the producers are done and
+/// everything they acknowledged was read, or nothing arrived for
+/// [`DRAIN_IDLE`]).
+fn drained(run: &GroupRun) -> bool {
+    let shared = run.shared;
+    if !shared.producers_done.load(Ordering::Acquire) {
+        return false;
+    }
+    let c = run.checker.lock().expect("not poisoned");
+    let unique = c.received - c.duplicates;
+    if unique >= shared.final_acked.load(Ordering::Acquire) {
+        return true;
+    }
+    drop(c);
+    let quiet = stamp_micros().saturating_sub(run.progress.load(Ordering::Relaxed));
+    quiet >= DRAIN_IDLE.as_micros() as u64
+}
+
+/// Feeds a polled batch to the checker and its append-to-delivery
+/// latencies to the histograms.
+fn check_batch(
+    run: &GroupRun,
+    records: &[fissionlog::OwnedRecord],
+    all: &mut Histogram,
+    during: &mut Histogram,
+) {
+    let now = stamp_micros();
+    let in_rebalance = now < run.rebalance_until.load(Ordering::Relaxed);
+    let mut c = run.checker.lock().expect("not poisoned");
+    for r in records {
+        c.receive_at(&r.value, r.timestamp);
+        if let Some(b) = r.value.get(16..24) {
+            let at = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+            let us = now.saturating_sub(at);
+            all.add(us);
+            if in_rebalance {
+                during.add(us);
+            }
+        }
+    }
+}
+
+/// What the watcher saw of the group while the members ran.
+struct Watched {
+    lag_max: u64,
+    failover: Option<f64>,
+    first_relief: Option<f64>,
+}
+
+/// The watcher: marks rebalance windows, samples the lag, times the
+/// failover and writes a status line until every member has finished.
+fn watch(
+    run: &GroupRun,
+    members: &[std::thread::ScopedJoinHandle<'_, Result<MemberFigures, String>>],
+) -> Watched {
+    let mut last_rebalances = 0;
+    let mut w = Watched {
+        lag_max: 0,
+        failover: None,
+        first_relief: None,
+    };
+    while members.iter().any(|m| !m.is_finished()) {
+        std::thread::sleep(Duration::from_millis(100));
+        let d = run.group.describe();
+        if d.stats.rebalances != last_rebalances {
+            last_rebalances = d.stats.rebalances;
+            run.rebalance_until.store(
+                stamp_micros() + REBALANCE_WINDOW.as_micros() as u64,
+                Ordering::Relaxed,
+            );
+        }
+        w.lag_max = w.lag_max.max(d.lag_records);
+        if d.stats.lag_relieved + d.stats.slow_detected > 0 && w.first_relief.is_none() {
+            w.first_relief = Some(run.started.elapsed().as_secs_f64());
+        }
+        let killed = *run.killed_at.lock().expect("not poisoned");
+        if let (Some(k), None) = (killed, w.failover) {
+            if d.stats.dead_detected > 0 && d.assignments.iter().all(|a| a.member.is_some()) {
+                w.failover = Some(k.elapsed().as_secs_f64());
+            }
+        }
+        *run.shared.status.lock().expect("not poisoned") = format!(
+            "  group: {} members, {} rebalances, lag {}",
+            d.members.len(),
+            d.stats.rebalances,
+            d.lag_records
+        );
+    }
+    w
 }
 
 #[cfg(test)]

@@ -290,6 +290,20 @@ impl Report {
 
     /// The human-readable report.
     pub fn print_text(&self) {
+        self.print_run();
+        self.print_partitions();
+        self.print_balance_and_checks();
+        self.print_group();
+        for e in &self.errors {
+            println!("error: {e}");
+        }
+        if self.kept {
+            println!("log kept in {}", self.dir);
+        }
+    }
+
+    /// What ran: the workload, the balancer and the topology changes.
+    fn print_run(&self) {
         println!(
             "{} records in {:.1} s: {} records/s, {:.1} MB/s ({} producers, {} keys, zipf {}{})",
             self.records,
@@ -343,6 +357,10 @@ impl Report {
                 p.merges_in_calm
             );
         }
+    }
+
+    /// One row per active partition.
+    fn print_partitions(&self) {
         println!();
         println!(
             "{:>5}  {:<35} {:>12} {:>12} {:>12} {:>7}",
@@ -362,6 +380,10 @@ impl Report {
                 if p.hot_key { "  hot key" } else { "" }
             );
         }
+    }
+
+    /// How even the load ended up, and what the order checker found.
+    fn print_balance_and_checks(&self) {
         println!();
         println!(
             "imbalance (max/mean load, last {:.1} s): {} with splitting, {} static ({} even ranges), {} static ({} even ranges)",
@@ -409,6 +431,10 @@ impl Report {
                     .map_or_else(|| "-".to_string(), |v| v.to_string())
             );
         }
+    }
+
+    /// The consumer group's figures, with `--consumers`.
+    fn print_group(&self) {
         if let Some(g) = &self.group {
             let ms = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
             println!(
@@ -437,12 +463,6 @@ impl Report {
                 g.lag_max_records,
                 g.redelivered_records
             );
-        }
-        for e in &self.errors {
-            println!("error: {e}");
-        }
-        if self.kept {
-            println!("log kept in {}", self.dir);
         }
     }
 }

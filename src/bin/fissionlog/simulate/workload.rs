@@ -187,6 +187,43 @@ fn pick_key(rng: &mut SmallRng, zipf: &Zipf<f64>, hot_key_share: Option<f64>, ke
     (zipf.sample(rng) as u32).clamp(1, keys)
 }
 
+/// The Zipf distribution of `w`'s keys, or `None` with an error recorded.
+fn zipf_of(w: &Workload, producer: u32, shared: &Shared) -> Option<Zipf<f64>> {
+    match Zipf::new(f64::from(w.keys), w.zipf_exponent) {
+        Ok(z) => Some(z),
+        Err(e) => {
+            shared
+                .errors
+                .lock()
+                .push(format!("producer {producer}: bad Zipf parameters: {e}"));
+            None
+        }
+    }
+}
+
+/// Counts an acknowledged batch of keys `ids` (`payload` bytes of key and
+/// value) into the shared totals and the per-initial-range counters;
+/// `local_ranges` is the producer's scratch for the latter.
+fn credit(
+    shared: &Shared,
+    ids: &[u32],
+    initial_range_of_key: &[u32],
+    local_ranges: &mut [u64],
+    payload: u64,
+) {
+    for &k in ids {
+        local_ranges[initial_range_of_key[k as usize] as usize] += 1;
+    }
+    for (c, local) in shared.per_initial_range.iter().zip(local_ranges.iter_mut()) {
+        if *local > 0 {
+            c.fetch_add(*local, Ordering::Relaxed);
+            *local = 0;
+        }
+    }
+    shared.acked.fetch_add(ids.len() as u64, Ordering::AcqRel);
+    shared.payload_bytes.fetch_add(payload, Ordering::Relaxed);
+}
+
 /// Runs producer `producer` until stopped or the budget is spent; returns,
 /// per key id, how many records of that key this producer had acknowledged
 /// (its sequence numbers `0..n` were all appended).
@@ -200,15 +237,8 @@ pub fn produce(
     shared: &Shared,
     initial_range_of_key: &[u32],
 ) -> Vec<u64> {
-    let zipf = match Zipf::new(f64::from(w.keys), w.zipf_exponent) {
-        Ok(z) => z,
-        Err(e) => {
-            shared
-                .errors
-                .lock()
-                .push(format!("producer {producer}: bad Zipf parameters: {e}"));
-            return vec![0; w.keys as usize + 1];
-        }
+    let Some(zipf) = zipf_of(w, producer, shared) else {
+        return vec![0; w.keys as usize + 1];
     };
     let mut rng =
         SmallRng::seed_from_u64(w.seed ^ u64::from(producer).wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -255,19 +285,13 @@ pub fn produce(
             })
             .collect();
         match topic.append_batch(&records) {
-            Ok(_) => {
-                for &k in &ids[..n] {
-                    local_ranges[initial_range_of_key[k as usize] as usize] += 1;
-                }
-                for (c, local) in shared.per_initial_range.iter().zip(&mut local_ranges) {
-                    if *local > 0 {
-                        c.fetch_add(*local, Ordering::Relaxed);
-                        *local = 0;
-                    }
-                }
-                shared.acked.fetch_add(n as u64, Ordering::AcqRel);
-                shared.payload_bytes.fetch_add(payload, Ordering::Relaxed);
-            }
+            Ok(_) => credit(
+                shared,
+                &ids[..n],
+                initial_range_of_key,
+                &mut local_ranges,
+                payload,
+            ),
             Err(e) => {
                 // Not acknowledged: roll the sequence numbers back so the
                 // check expects only what was acknowledged.

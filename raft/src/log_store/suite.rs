@@ -207,11 +207,13 @@ const CASES: &[Case] = &[
 
 /// Every case of `Suite::test_store` but one, each in a fresh directory
 /// and runtime (the suite's own `test_all` stops at the first failure).
-/// `get_initial_state_membership_from_log_and_sm` appends entry 3 right
-/// after entry 1: a partition refuses an index that is not `last + 1`
-/// (openraft's own rule, "no hole in the log", which the suite's
-/// in-memory stores do not check), so that case is run by the test below
-/// and must fail with that refusal.
+/// `get_initial_state_membership_from_log_and_sm` applies entries 1 and 2
+/// to the state machine with an empty log (openraft's initial state then
+/// purges the log through 2), and appends entry 1 and then 3: a partition
+/// refuses an index that is not the next one, `purged + 1` after a purge
+/// past its end (openraft's own rule, "no hole in the log", which the
+/// suite's in-memory stores do not check), so that case is run by the
+/// test below and must fail with that refusal.
 #[test]
 fn openraft_storage_suite_cases_pass_on_a_replicated_partition() {
     let failed: Vec<String> = CASES
@@ -231,7 +233,7 @@ fn the_suite_case_that_leaves_a_hole_in_the_log_is_refused_by_the_partition() {
         S::get_initial_state_membership_from_log_and_sm(store, sm).await
     })
     .expect_err("an append after a hole is refused");
-    assert!(e.to_string().contains("expects Raft index 2"), "{e}");
+    assert!(e.to_string().contains("expects Raft index 3"), "{e}");
 }
 
 #[test]
@@ -372,7 +374,10 @@ fn a_purge_past_the_last_entry_takes_the_next_index_and_a_reopen_keeps_that() {
                 let state = store.get_log_state().await?;
                 assert_eq!(state.last_purged_log_id, Some(snapshot_last));
                 assert_eq!(state.last_log_id.map(|id| id.index), Some(7));
-                assert_eq!(indexes(&store.try_get_log_entries(0..10).await?), vec![6, 7]);
+                assert_eq!(
+                    indexes(&store.try_get_log_entries(0..10).await?),
+                    vec![6, 7]
+                );
                 drop(store);
                 log.close().map_err(write_err)?;
             }

@@ -197,6 +197,20 @@ impl LogStore {
         let dir = part.dir().to_path_buf();
         let meta_file = MetaFile::new(&dir);
         let meta = meta_file.read()?;
+        if let Some(purged) = meta.purged {
+            // A purge at or past the log's end (a snapshot installed past
+            // it) is done again: the partition takes `purged + 1` next,
+            // whatever step a crash interrupted.
+            if part.last_log_id().is_none_or(|l| l.index <= purged.index) {
+                topic
+                    .purge_through_index(partition, purged.index)
+                    .map_err(|e| crate::Error::Io {
+                        op: "purge",
+                        path: dir.clone(),
+                        source: std::io::Error::other(e.to_string()),
+                    })?;
+            }
+        }
         let readable_from = Arc::new(AtomicU64::new(meta.purged.map_or(0, |p| p.index + 1)));
         let stamps = Arc::new(Mutex::new(Stamps::open(&dir)?));
         Ok(LogStore {

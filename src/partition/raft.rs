@@ -45,6 +45,11 @@ pub(crate) struct RaftTail {
     /// A truncation from this index is in progress: appends wait for it
     /// (they are refused).
     pub cutting: Option<u64>,
+    /// Entries were purged through this index: a log whose entries all
+    /// lie at or below it takes this + 1 next (a snapshot installed past
+    /// the log's end). Set by a purge, and again at open by the caller
+    /// from its `raft-meta`.
+    pub purged: Option<u64>,
 }
 
 /// Where a truncation cuts: the segment (its place in the list), the
@@ -337,9 +342,11 @@ impl Partition {
                 });
             }
             let last = self.raft_last_locked(&mut w);
-            let (expected, min_term) = match last {
-                Some(l) => (Some(l.index + 1), l.term),
-                None => (w.raft.next_when_empty, 0),
+            let past_purge = w.raft.purged.filter(|p| last.is_none_or(|l| l.index <= *p));
+            let (expected, min_term) = match (past_purge, last) {
+                (Some(p), _) => (Some(p + 1), 0),
+                (None, Some(l)) => (Some(l.index + 1), l.term),
+                (None, None) => (w.raft.next_when_empty, 0),
             };
             if expected.is_some_and(|x| x != id.index) || id.term < min_term {
                 return Err(Error::RaftIndexMismatch {
@@ -569,6 +576,7 @@ impl Partition {
         sync: &dyn Fn() -> Result<()>,
     ) -> Result<Vec<PathBuf>> {
         self.require_replicated()?;
+        self.purge_past_the_end(index, sync)?;
         let (mut i, held) = self.purge_plan(index);
         if held {
             // Segments the last two checkpoints name stay: two checkpoints
@@ -588,6 +596,40 @@ impl Partition {
         }
         sync()?;
         self.delete_retired()
+    }
+
+    /// A purge through `index` at or past the last entry (a snapshot
+    /// installed past the log's end): the next entry is `index + 1`, and
+    /// it must open a segment, since recovery checks that the indexes of
+    /// one segment's batches follow each other. A writer segment holding
+    /// records rolls; one holding only control entries cannot (its
+    /// successor would have its name), so those entries are cut, durably
+    /// (they are purged anyway). Idempotent: the caller repeats it at open
+    /// from its `raft-meta`, which covers a crash at any step.
+    fn purge_past_the_end(&self, index: u64, sync: &dyn Fn() -> Result<()>) -> Result<()> {
+        let cut_from = {
+            let mut w = self.writer.lock();
+            let last = self.raft_last_locked(&mut w);
+            if last.is_some_and(|l| l.index > index) {
+                return Ok(());
+            }
+            let seg = w.writer.segment().clone();
+            let cut_from = if seg.committed_pos() <= SEGMENT_HEADER_LEN as u64 {
+                None
+            } else if w.writer.next_offset() > seg.base_offset {
+                self.check_writable()?;
+                self.roll(&mut w)?;
+                None
+            } else {
+                first_id(&seg).map(|id| id.index)
+            };
+            w.raft.purged = w.raft.purged.max(Some(index));
+            cut_from
+        };
+        match cut_from {
+            Some(from) => self.truncate_from_index_with(from, 0, sync),
+            None => Ok(()),
+        }
     }
 
     /// How many leading segments a purge through `index` removes, and

@@ -207,11 +207,13 @@ const CASES: &[Case] = &[
 
 /// Every case of `Suite::test_store` but one, each in a fresh directory
 /// and runtime (the suite's own `test_all` stops at the first failure).
-/// `get_initial_state_membership_from_log_and_sm` appends entry 3 right
-/// after entry 1: a partition refuses an index that is not `last + 1`
-/// (openraft's own rule, "no hole in the log", which the suite's
-/// in-memory stores do not check), so that case is run by the test below
-/// and must fail with that refusal.
+/// `get_initial_state_membership_from_log_and_sm` applies entries 1 and 2
+/// to the state machine with an empty log (openraft's initial state then
+/// purges the log through 2), and appends entry 1 and then 3: a partition
+/// refuses an index that is not the next one, `purged + 1` after a purge
+/// past its end (openraft's own rule, "no hole in the log", which the
+/// suite's in-memory stores do not check), so that case is run by the
+/// test below and must fail with that refusal.
 #[test]
 fn openraft_storage_suite_cases_pass_on_a_replicated_partition() {
     let failed: Vec<String> = CASES
@@ -231,7 +233,7 @@ fn the_suite_case_that_leaves_a_hole_in_the_log_is_refused_by_the_partition() {
         S::get_initial_state_membership_from_log_and_sm(store, sm).await
     })
     .expect_err("an append after a hole is refused");
-    assert!(e.to_string().contains("expects Raft index 2"), "{e}");
+    assert!(e.to_string().contains("expects Raft index 3"), "{e}");
 }
 
 #[test]
@@ -316,4 +318,122 @@ fn an_append_is_readable_and_reported_flushed_with_no_callback_left_outstanding(
         Ok(())
     })
     .expect("the store works");
+}
+
+fn record_entry(index: u64, value: &[u8]) -> Entry {
+    Entry {
+        log_id: openraft::testing::log_id(1, 1, index),
+        payload: EntryPayload::Normal(Command::Append {
+            producer: None,
+            records: vec![RecordIn {
+                key: Some(b"k".to_vec()),
+                value: value.to_vec(),
+                timestamp_ms: 1,
+            }],
+        }),
+    }
+}
+
+fn indexes(entries: &[Entry]) -> Vec<u64> {
+    entries.iter().map(|e| e.log_id.index).collect()
+}
+
+/// A lagging follower installs a snapshot whose last id lies past its own
+/// last entry: openraft purges through that id and appends from the next
+/// index on. Run with the log's last segment holding records (it can roll)
+/// and holding only control entries (it cannot: its successor would have
+/// its name), and across a reopen.
+#[test]
+fn a_purge_past_the_last_entry_takes_the_next_index_and_a_reopen_keeps_that() {
+    use openraft::storage::RaftLogStorageExt;
+    for with_records in [true, false] {
+        run(async {
+            let dir = tempfile::tempdir().map_err(write_err)?;
+            let snapshot_last = openraft::testing::log_id(1, 1, 5);
+            {
+                let log = Log::open(dir.path(), LogOptions::default()).map_err(write_err)?;
+                let mut store = LogStore::open(replicated_topic(&log), 0).map_err(write_err)?;
+                let first: Vec<Entry> = (1..=2)
+                    .map(|i| {
+                        if with_records {
+                            record_entry(i, b"old")
+                        } else {
+                            openraft::testing::blank_ent::<TypeConfig>(1, 1, i)
+                        }
+                    })
+                    .collect();
+                store.blocking_append(first).await?;
+                store.purge(snapshot_last).await?;
+                let state = store.get_log_state().await?;
+                assert_eq!(state.last_purged_log_id, Some(snapshot_last));
+                assert_eq!(state.last_log_id, Some(snapshot_last));
+                assert!(indexes(&store.try_get_log_entries(0..10).await?).is_empty());
+                store
+                    .blocking_append([record_entry(6, b"six"), record_entry(7, b"seven")])
+                    .await?;
+                let state = store.get_log_state().await?;
+                assert_eq!(state.last_purged_log_id, Some(snapshot_last));
+                assert_eq!(state.last_log_id.map(|id| id.index), Some(7));
+                assert_eq!(
+                    indexes(&store.try_get_log_entries(0..10).await?),
+                    vec![6, 7]
+                );
+                drop(store);
+                log.close().map_err(write_err)?;
+            }
+            let log = Log::open(dir.path(), LogOptions::default()).map_err(write_err)?;
+            let topic = log.topic("raft").map_err(write_err)?;
+            let mut store = LogStore::open(topic, 0).map_err(write_err)?;
+            let state = store.get_log_state().await?;
+            assert_eq!(state.last_purged_log_id, Some(snapshot_last));
+            assert_eq!(state.last_log_id.map(|id| id.index), Some(7));
+            store.blocking_append([record_entry(8, b"eight")]).await?;
+            assert_eq!(
+                indexes(&store.try_get_log_entries(0..10).await?),
+                vec![6, 7, 8]
+            );
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("with records {with_records}: {e}"));
+    }
+}
+
+/// A crash after the purge made its id durable in `raft-meta` and before
+/// the partition changed: the reopened store takes the next index after
+/// the purged id all the same.
+#[test]
+fn a_store_reopened_after_a_crash_inside_a_purge_past_the_end_takes_the_next_index() {
+    use openraft::storage::RaftLogStorageExt;
+    run(async {
+        let dir = tempfile::tempdir().map_err(write_err)?;
+        let snapshot_last = openraft::testing::log_id(1, 1, 9);
+        let part_dir;
+        {
+            let log = Log::open(dir.path(), LogOptions::default()).map_err(write_err)?;
+            let mut store = LogStore::open(replicated_topic(&log), 0).map_err(write_err)?;
+            store
+                .blocking_append([record_entry(1, b"a"), record_entry(2, b"b")])
+                .await?;
+            part_dir = store.partition().dir().to_path_buf();
+            drop(store);
+            log.close().map_err(write_err)?;
+        }
+        // What `purge` makes durable first.
+        MetaFile::new(&part_dir)
+            .save(&Meta {
+                purged: Some(snapshot_last),
+                committed: None,
+            })
+            .map_err(write_err)?;
+        let log = Log::open(dir.path(), LogOptions::default()).map_err(write_err)?;
+        let topic = log.topic("raft").map_err(write_err)?;
+        let mut store = LogStore::open(topic, 0).map_err(write_err)?;
+        let state = store.get_log_state().await?;
+        assert_eq!(state.last_purged_log_id, Some(snapshot_last));
+        assert_eq!(state.last_log_id, Some(snapshot_last));
+        store.blocking_append([record_entry(10, b"ten")]).await?;
+        assert_eq!(indexes(&store.try_get_log_entries(0..20).await?), vec![10]);
+        Ok(())
+    })
+    .expect("the store takes the index after the purged id");
 }

@@ -14,3 +14,4 @@ mod budget;
 mod enospc_paths;
 mod large_batches;
 mod partition_descriptors;
+mod sync_round_shortage;

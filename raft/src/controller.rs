@@ -46,6 +46,7 @@ pub use command::{
 pub use placement::{place_children, NodeLoad};
 pub use state::{ApplyError, ControllerState, PartitionMeta, TopicMeta};
 
+use crate::state_machine::{decode_versioned, encode_versioned, StoredSnapshot};
 use crate::types::{CommandResponse, Entry, NodeId, TypeConfig};
 
 /// The snapshot format version this build writes and reads.
@@ -70,34 +71,13 @@ impl OutputSink for NoOutputs {
 
 /// A snapshot's bytes: the version byte, then the state's postcard.
 pub fn encode_controller_snapshot(state: &ControllerState) -> Result<Vec<u8>, postcard::Error> {
-    let mut out = vec![CONTROLLER_SNAPSHOT_VERSION];
-    postcard::to_io(state, &mut out)?;
-    Ok(out)
+    encode_versioned(CONTROLLER_SNAPSHOT_VERSION, state)
 }
 
 /// Decodes what [`encode_controller_snapshot`] wrote; the reason for a
 /// refusal as text (for openraft's error).
 pub fn decode_controller_snapshot(bytes: &[u8]) -> Result<ControllerState, String> {
-    let Some((&version, body)) = bytes.split_first() else {
-        return Err("empty snapshot".to_string());
-    };
-    if version != CONTROLLER_SNAPSHOT_VERSION {
-        return Err(format!(
-            "controller snapshot version {version}; this build reads {CONTROLLER_SNAPSHOT_VERSION}"
-        ));
-    }
-    let (state, rest) =
-        postcard::take_from_bytes::<ControllerState>(body).map_err(|e| e.to_string())?;
-    if !rest.is_empty() {
-        return Err(format!("{} bytes after the snapshot's state", rest.len()));
-    }
-    Ok(state)
-}
-
-#[derive(Debug, Clone)]
-struct StoredSnapshot {
-    meta: SnapshotMeta<NodeId, BasicNode>,
-    data: Vec<u8>,
+    decode_versioned(CONTROLLER_SNAPSHOT_VERSION, "controller snapshot", bytes)
 }
 
 struct Shared {

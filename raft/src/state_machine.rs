@@ -56,34 +56,53 @@ impl CommittedEndSink for NoCommittedEnd {
 /// The bytes of a snapshot: a version byte, then the postcard encoding of
 /// the [`PartitionState`].
 pub fn encode_snapshot(state: &PartitionState) -> Result<Vec<u8>, postcard::Error> {
-    let mut out = vec![SNAPSHOT_VERSION];
-    postcard::to_io(state, &mut out)?;
-    Ok(out)
+    encode_versioned(SNAPSHOT_VERSION, state)
 }
 
 /// Decodes the bytes [`encode_snapshot`] wrote; the reason for a refusal
 /// as text for openraft's error.
 pub fn decode_snapshot(bytes: &[u8]) -> Result<PartitionState, String> {
-    let Some((&version, body)) = bytes.split_first() else {
-        return Err("empty snapshot".to_string());
-    };
-    if version != SNAPSHOT_VERSION {
-        return Err(format!(
-            "snapshot version {version}; this build reads {SNAPSHOT_VERSION}"
-        ));
-    }
-    let (state, rest) =
-        postcard::take_from_bytes::<PartitionState>(body).map_err(|e| e.to_string())?;
-    if !rest.is_empty() {
-        return Err(format!("{} bytes after the snapshot's state", rest.len()));
-    }
-    Ok(state)
+    decode_versioned(SNAPSHOT_VERSION, "snapshot", bytes)
 }
 
+/// A version byte, then `value`'s postcard: every snapshot this crate
+/// writes (the partitions' and the controller's).
+pub(crate) fn encode_versioned<T: serde::Serialize>(
+    version: u8,
+    value: &T,
+) -> Result<Vec<u8>, postcard::Error> {
+    let mut out = vec![version];
+    postcard::to_io(value, &mut out)?;
+    Ok(out)
+}
+
+/// Decodes what [`encode_versioned`] wrote with `version`, refusing any
+/// other version and trailing bytes; `what` names it in the refusal.
+pub(crate) fn decode_versioned<T: serde::de::DeserializeOwned>(
+    version: u8,
+    what: &str,
+    bytes: &[u8],
+) -> Result<T, String> {
+    let Some((&found, body)) = bytes.split_first() else {
+        return Err(format!("empty {what}"));
+    };
+    if found != version {
+        return Err(format!(
+            "{what} version {found}; this build reads {version}"
+        ));
+    }
+    let (value, rest) = postcard::take_from_bytes::<T>(body).map_err(|e| e.to_string())?;
+    if !rest.is_empty() {
+        return Err(format!("{} bytes after the {what}'s state", rest.len()));
+    }
+    Ok(value)
+}
+
+/// A snapshot as built or installed: its metadata and bytes.
 #[derive(Debug, Clone)]
-struct StoredSnapshot {
-    meta: SnapshotMeta<NodeId, BasicNode>,
-    data: Vec<u8>,
+pub(crate) struct StoredSnapshot {
+    pub(crate) meta: SnapshotMeta<NodeId, BasicNode>,
+    pub(crate) data: Vec<u8>,
 }
 
 #[derive(Default)]

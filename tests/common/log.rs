@@ -109,3 +109,37 @@ pub fn rerun_command(module: &str, name: &str) -> std::process::Command {
     ]);
     command
 }
+
+/// Runs `cmd` (a [`rerun_command`]) with `RLIMIT_NOFILE` set to `limit`
+/// in the child, and asserts that the scenario it reruns ran and passed;
+/// `context` heads the failure message.
+pub fn assert_rerun_passes_under_nofile(mut cmd: std::process::Command, limit: u64, context: &str) {
+    let rlimit = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: limit,
+    };
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls setrlimit, which is async-signal-safe; `rlimit` is a plain
+    // value copied into the closure.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("the test binary runs again");
+    assert!(
+        out.status.success(),
+        "{context}:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+        "the child ran the scenario: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

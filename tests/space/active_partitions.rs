@@ -11,7 +11,6 @@
 //! a minute in a debug build).
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use crate::common;
@@ -163,40 +162,11 @@ fn every_partition_written_crashed_and_reopened_fits_a_descriptor_limit_below_th
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("log");
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        &common::log::test_name(module_path!(), NAME),
-        "--exact",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD_ENV, &dir);
-    let rlimit = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: limit,
-    };
-    // SAFETY: the closure runs in the forked child before exec and only
-    // calls setrlimit, which is async-signal-safe; `rlimit` is a plain
-    // value copied into the closure.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(move || {
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{n} partitions under RLIMIT_NOFILE={limit}:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("1 passed"),
-        "the child ran the scenario: {}",
-        String::from_utf8_lossy(&out.stdout)
+    let mut cmd = common::log::rerun_command(module_path!(), NAME);
+    cmd.env(CHILD_ENV, &dir);
+    common::log::assert_rerun_passes_under_nofile(
+        cmd,
+        limit,
+        &format!("{n} partitions under RLIMIT_NOFILE={limit}"),
     );
 }

@@ -143,32 +143,9 @@ fn many_partitions_create_close_open_and_reopen_after_a_crash_under_a_low_descri
     let limit = u64::from(n) + u64::from(n / ROLLED) + SLACK;
     let mut cmd = common::log::rerun_command(module_path!(), NAME);
     cmd.env(CHILD_ENV, &dir);
-    let rlimit = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: limit,
-    };
-    // SAFETY: the closure runs in the forked child before exec and only
-    // calls setrlimit, which is async-signal-safe; `rlimit` is a plain
-    // value copied into the closure.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(move || {
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{n} partitions under RLIMIT_NOFILE={limit}:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("1 passed"),
-        "the child ran the scenario: {}",
-        String::from_utf8_lossy(&out.stdout)
+    common::log::assert_rerun_passes_under_nofile(
+        cmd,
+        limit,
+        &format!("{n} partitions under RLIMIT_NOFILE={limit}"),
     );
 }

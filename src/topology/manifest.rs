@@ -483,9 +483,8 @@ fn write_durable(hook: &dyn IoHook, path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::TopicConfig;
-    use crate::format::manifest::{PartitionRecord, PartitionState, TopicRecord};
     use crate::storage::fault::NoFaults;
+    use crate::topology::model::tests::{part, whole_range_topic};
     use parking_lot::Mutex;
 
     /// The manifest's files in one directory image, by name.
@@ -519,33 +518,10 @@ mod tests {
         }
     }
 
-    fn part(id: u32, (start, end): (u64, u64), parents: Vec<u32>) -> PartitionRecord {
-        PartitionRecord {
-            id,
-            start,
-            end,
-            parents,
-            state: PartitionState::Active,
-            created_ms: 0,
-            removed_parents: vec![],
-        }
-    }
-
     /// The records of a topic whose partition `0..` splits in halves:
     /// record `i` splits partition `i - 1`'s left child.
     fn records(n: u32) -> Vec<ManifestRecord> {
-        let topic = TopicRecord {
-            id: 0,
-            name: "t".into(),
-            config: TopicConfig::default().to_record(),
-            hash_key: [0, 0],
-            next_partition_id: 1,
-            partitions: vec![part(0, (0, u64::MAX), vec![])],
-            groups: Vec::new(),
-            removed: Vec::new(),
-            tail_moves: Vec::new(),
-            hot_keys: Vec::new(),
-        };
+        let topic = whole_range_topic();
         let mut out = vec![ManifestRecord::CreateTopic(topic)];
         let (mut parent, mut end) = (0u32, u64::MAX);
         for i in 0..n {

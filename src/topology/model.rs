@@ -772,12 +772,12 @@ pub fn check_state(state: &ManifestState) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::TopicConfig;
     use crate::format::manifest::GroupPosition;
 
-    fn part(id: u32, (start, end): (u64, u64), parents: Vec<u32>) -> PartitionRecord {
+    pub(crate) fn part(id: u32, (start, end): (u64, u64), parents: Vec<u32>) -> PartitionRecord {
         PartitionRecord {
             id,
             start,
@@ -786,6 +786,22 @@ mod tests {
             state: PartitionState::Active,
             created_ms: 0,
             removed_parents: vec![],
+        }
+    }
+
+    /// Topic 0, "t", of one partition over the whole key range.
+    pub(crate) fn whole_range_topic() -> TopicRecord {
+        TopicRecord {
+            id: 0,
+            name: "t".into(),
+            config: TopicConfig::default().to_record(),
+            hash_key: [0, 0],
+            next_partition_id: 1,
+            partitions: vec![part(0, (0, u64::MAX), vec![])],
+            groups: Vec::new(),
+            removed: Vec::new(),
+            tail_moves: Vec::new(),
+            hot_keys: Vec::new(),
         }
     }
 
@@ -824,18 +840,7 @@ mod tests {
                 rng
             };
             let mut state = ManifestState::default();
-            let topic = TopicRecord {
-                id: 0,
-                name: "t".into(),
-                config: TopicConfig::default().to_record(),
-                hash_key: [0, 0],
-                next_partition_id: 1,
-                partitions: vec![part(0, (0, u64::MAX), vec![])],
-                groups: Vec::new(),
-                removed: Vec::new(),
-                tail_moves: Vec::new(),
-                hot_keys: Vec::new(),
-            };
+            let topic = whole_range_topic();
             apply(&mut state, &ManifestRecord::CreateTopic(topic)).unwrap();
             let (mut accepted, mut refused) = (0, 0);
             for step in 0..300 {
@@ -935,18 +940,7 @@ mod tests {
     #[test]
     fn remove_partition_rules() {
         let mut state = ManifestState::default();
-        let topic = TopicRecord {
-            id: 0,
-            name: "t".into(),
-            config: TopicConfig::default().to_record(),
-            hash_key: [0, 0],
-            next_partition_id: 1,
-            partitions: vec![part(0, (0, u64::MAX), vec![])],
-            groups: Vec::new(),
-            removed: Vec::new(),
-            tail_moves: Vec::new(),
-            hot_keys: Vec::new(),
-        };
+        let topic = whole_range_topic();
         apply(&mut state, &ManifestRecord::CreateTopic(topic)).unwrap();
         apply(&mut state, &split(0, (1, 2), (0, u64::MAX))).unwrap();
         apply(&mut state, &split(1, (3, 4), (0, u64::MAX / 2))).unwrap();

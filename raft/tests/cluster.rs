@@ -9,6 +9,8 @@
 //! itself when its stdin closes, should the harness die), and the whole
 //! run has a hard deadline.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -18,6 +20,8 @@ use std::time::{Duration, Instant};
 
 use fissionlog_raft::client::{ClientCall, ClientReply, NodeClient, ReadRecord};
 use fissionlog_raft::types::{CommandResponse, GroupId, NodeId, ProducerStamp, RecordIn};
+
+use common::history::{self, Acked, Isolation, Observed};
 
 const DEADLINE: Duration = Duration::from_secs(120);
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -402,6 +406,73 @@ impl Cluster {
             .unwrap_or_else(|| panic!("no node {id}"))
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to node `id`'s process. A stopped
+    /// node stays in the routing: producers and the reader time out on it
+    /// and move on, as they would on a node that hangs.
+    fn signal(&mut self, id: NodeId, signal: &str) {
+        let pid = self.node(id).child.id().to_string();
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("run kill(1)");
+        assert!(sent.success(), "SIG{signal} to node {id}");
+        eprintln!("SIG{signal} to node {id}");
+    }
+
+    /// Appends one record of key `probe` without a producer stamp to node
+    /// `id` directly, never retried; an acknowledgement joins the history.
+    async fn probe(&mut self, id: NodeId, seq: u64) -> Option<ClientReply> {
+        let addr = self.node(id).addr.clone();
+        let reply = call(
+            &addr,
+            ClientCall::Append {
+                group: GROUP,
+                producer: None,
+                records: vec![RecordIn {
+                    key: Some(b"probe".to_vec()),
+                    value: format!("probe:{seq}").into_bytes(),
+                    timestamp_ms: 0,
+                }],
+            },
+        )
+        .await;
+        if let Some(ClientReply::Applied(CommandResponse::Appended { base_offset, .. })) = &reply {
+            lock(&self.acks).push(Ack {
+                key: "probe".to_string(),
+                seq,
+                offset: *base_offset,
+                by: id,
+            });
+        }
+        reply
+    }
+
+    /// Waits until node `id` names another node as leader and refuses an
+    /// append as not the leader.
+    async fn wait_stepped_down(&mut self, id: NodeId, probe_seq: u64) {
+        let addr = self.node(id).addr.clone();
+        let started = Instant::now();
+        loop {
+            let names_another = matches!(
+                call(&addr, ClientCall::Status { group: GROUP }).await,
+                Some(ClientReply::Status { leader: Some(l), .. }) if l != id
+            );
+            if names_another {
+                let reply = self.probe(id, probe_seq).await;
+                assert!(
+                    matches!(reply, Some(ClientReply::NotLeader { .. })),
+                    "node {id}, a follower by its status, answered an append with {reply:?}"
+                );
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "node {id} stepped down"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// SIGKILLs node `id`; producers and the reader stop sending to it.
     fn kill(&mut self, id: NodeId) {
         lock(&self.routing).alive.remove(&id);
@@ -480,36 +551,39 @@ fn run<F: std::future::Future<Output = ()>>(scenario: F) {
     });
 }
 
+/// The history check (`common::history`) over the whole run, then what
+/// the producers' shape adds: a producer stops after an acknowledged
+/// append and retries each sequence with its stamp until acknowledged, so
+/// its key holds exactly the sequences acknowledged to it, each once and
+/// in order. Other keys (probes written without a stamp, never retried)
+/// are held to the history rules only.
 fn check_history(acks: &[Ack], observed: &[ReadRecord], final_log: &[ReadRecord]) {
-    let text = |r: &ReadRecord| {
-        (
-            String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned(),
-            String::from_utf8_lossy(&r.value).into_owned(),
-        )
-    };
-    for (i, r) in final_log.iter().enumerate() {
-        assert_eq!(r.offset, i as u64, "offsets are dense");
+    let acked: Vec<Acked> = acks
+        .iter()
+        .map(|a| Acked {
+            key: a.key.clone(),
+            value: format!("{}:{}", a.key, a.seq),
+            offset: a.offset,
+        })
+        .collect();
+    let observed: Vec<Observed> = observed
+        .iter()
+        .map(|r| Observed {
+            record: r.clone(),
+            isolation: Isolation::Committed,
+        })
+        .collect();
+    if let Err(v) = history::check(&acked, &observed, final_log) {
+        panic!("the history check failed: {v:?}");
     }
-    for a in acks {
-        let r = final_log
-            .get(a.offset as usize)
-            .unwrap_or_else(|| panic!("acknowledged {a:?} is past the committed log"));
-        assert_eq!(
-            text(r),
-            (a.key.clone(), format!("{}:{}", a.key, a.seq)),
-            "acknowledged append is read back at its offset"
-        );
-    }
-    for r in observed {
-        assert_eq!(
-            final_log.get(r.offset as usize),
-            Some(r),
-            "a record read during the run is in the final committed log"
-        );
-    }
+    let producer_keys: HashSet<String> = (1..=PRODUCERS).map(|id| format!("k{id}")).collect();
     let mut per_key: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for r in final_log {
-        let (key, value) = text(r);
+        let key = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
+        if !producer_keys.contains(&key) {
+            continue;
+        }
+        let value = String::from_utf8_lossy(&r.value).into_owned();
         let seq = value
             .rsplit(':')
             .next()
@@ -518,7 +592,7 @@ fn check_history(acks: &[Ack], observed: &[ReadRecord], final_log: &[ReadRecord]
         per_key.entry(key).or_default().push(seq);
     }
     let mut acked_per_key: BTreeMap<String, HashSet<u64>> = BTreeMap::new();
-    for a in acks {
+    for a in acks.iter().filter(|a| producer_keys.contains(&a.key)) {
         acked_per_key
             .entry(a.key.clone())
             .or_default()
@@ -526,8 +600,6 @@ fn check_history(acks: &[Ack], observed: &[ReadRecord], final_log: &[ReadRecord]
     }
     assert_eq!(acked_per_key.len() as u64, PRODUCERS);
     for (key, seqs) in per_key {
-        // A producer stops after an acknowledged append, so its log holds
-        // exactly the sequences acknowledged to it.
         let acked = acked_per_key.get(&key).map_or(0, |s| s.len() as u64);
         let want: Vec<u64> = (0..acked).collect();
         assert_eq!(
@@ -625,6 +697,73 @@ fn a_killed_leader_restarted_on_its_directory_rejoins_as_a_follower_and_converge
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, Some(old)).await;
+        c.finish_and_check().await;
+    });
+}
+
+#[test]
+fn a_leader_paused_past_the_election_timeout_steps_down_on_resume_and_loses_no_acknowledged_append()
+{
+    run(async {
+        let mut c = Cluster::start().await;
+        c.wait_acks(0, ACKS_PER_PHASE / 2, None).await;
+        let old = c.leader().await;
+        c.signal(old, "STOP");
+        let paused_at = Instant::now();
+        let before = c.acked();
+        // The producers fail over: the other two elect a leader and
+        // acknowledge without the paused one.
+        c.wait_acks(before, ACKS_PER_PHASE / 2, Some(old)).await;
+        eprintln!(
+            "acknowledgements resumed without node {old} {:?} after its pause",
+            paused_at.elapsed()
+        );
+        let new = c.leader().await;
+        assert_ne!(new, old, "another node leads while node {old} is paused");
+        c.signal(old, "CONT");
+        // Whatever the old leader took in while paused it cannot commit
+        // at its old term: it names the new leader and refuses appends,
+        // and an acknowledgement it gave is checked like any other.
+        c.wait_stepped_down(old, 0).await;
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, Some(old)).await;
+        c.finish_and_check().await;
+    });
+}
+
+#[test]
+fn a_leader_with_both_followers_paused_acknowledges_nothing_until_they_resume() {
+    run(async {
+        let mut c = Cluster::start().await;
+        c.wait_acks(0, ACKS_PER_PHASE / 2, None).await;
+        let leader = c.leader().await;
+        let followers: Vec<NodeId> = (1..=3).filter(|&n| n != leader).collect();
+        for &f in &followers {
+            c.signal(f, "STOP");
+        }
+        // Appends in flight when the followers stopped may already be
+        // committed; let their answers land.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let acked_when_paused = c.acked();
+        for seq in 0..2 {
+            let reply = c.probe(leader, seq).await;
+            eprintln!("an append to the leader without a quorum: {reply:?}");
+            assert!(
+                !matches!(reply, Some(ClientReply::Applied(_))),
+                "the leader without a quorum acknowledged an append: {reply:?}"
+            );
+        }
+        assert_eq!(
+            c.acked(),
+            acked_when_paused,
+            "nothing was acknowledged while only the leader ran"
+        );
+        for &f in &followers {
+            c.signal(f, "CONT");
+        }
+        // The cluster serves again; the probes that timed out may be
+        // committed now, once each, and the history check holds them to
+        // that.
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, None).await;
         c.finish_and_check().await;
     });
 }

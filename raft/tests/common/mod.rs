@@ -1,0 +1,3 @@
+//! Fixtures shared by the raft crate's integration tests.
+
+pub mod history;

@@ -539,13 +539,18 @@ async fn converge(addrs: &[String], acks: &[Ack]) -> Vec<ReadRecord> {
 
 /// Runs `scenario` on a multi-threaded runtime under the hard deadline.
 fn run<F: std::future::Future<Output = ()>>(scenario: F) {
+    run_within(DEADLINE, scenario);
+}
+
+/// Runs `scenario` on a multi-threaded runtime under `deadline`.
+fn run_within<F: std::future::Future<Output = ()>>(deadline: Duration, scenario: F) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("a tokio runtime");
     runtime.block_on(async {
-        tokio::time::timeout(DEADLINE, scenario)
+        tokio::time::timeout(deadline, scenario)
             .await
             .expect("the scenario finished within its deadline");
     });
@@ -625,6 +630,89 @@ fn a_killed_leader_is_replaced_and_every_acknowledged_append_is_read_back_at_its
         );
         c.wait_acks(before, ACKS_PER_PHASE, Some(leader)).await;
         c.finish_and_check().await;
+    });
+}
+
+/// Leader kills in the failover campaign.
+const FAILOVER_KILLS: usize = 20;
+/// The campaign's hard deadline: each kill, restart and catch-up takes a
+/// few seconds.
+const FAILOVER_DEADLINE: Duration = Duration::from_secs(600);
+
+/// Waits until restarted node `id` names another node as leader and its
+/// committed end reaches the leader's as it was when the wait began.
+async fn wait_rejoined(c: &mut Cluster, id: NodeId) {
+    let started = Instant::now();
+    let target = loop {
+        let leader = c.leader().await;
+        let addr = c.node(leader).addr.clone();
+        if let Some(ClientReply::Status {
+            leader: Some(l),
+            committed_end,
+        }) = call(&addr, ClientCall::Status { group: GROUP }).await
+        {
+            if l == leader && l != id {
+                break committed_end;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let addr = c.node(id).addr.clone();
+    loop {
+        if let Some(ClientReply::Status {
+            leader: Some(l),
+            committed_end,
+        }) = call(&addr, ClientCall::Status { group: GROUP }).await
+        {
+            if l != id && committed_end >= target {
+                return;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "node {id} rejoined and caught up to {target}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The failover figure: under the producers' load, SIGKILL the leader,
+/// time the first append acknowledged by another node, restart the
+/// killed node on its directory and wait until it has caught up; twenty
+/// times, then the history check over the whole campaign. Prints the
+/// median, p90 and maximum with every sample.
+#[test]
+#[ignore = "opt-in campaign of 20 leader kills, a few minutes"]
+fn failover_over_twenty_leader_kills() {
+    run_within(FAILOVER_DEADLINE, async {
+        let mut c = Cluster::start().await;
+        c.wait_acks(0, ACKS_PER_PHASE, None).await;
+        let mut samples = Vec::with_capacity(FAILOVER_KILLS);
+        for kill in 1..=FAILOVER_KILLS {
+            let leader = c.leader().await;
+            c.wait_acks(c.acked(), ACKS_PER_PHASE / 4, None).await;
+            let before = c.acked();
+            let killed_at = Instant::now();
+            c.kill(leader);
+            c.wait_acks(before, 1, Some(leader)).await;
+            let failover = killed_at.elapsed();
+            eprintln!("kill {kill}: node {leader}, failover {failover:?}");
+            samples.push(failover);
+            c.restart(leader);
+            wait_rejoined(&mut c, leader).await;
+        }
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 4, None).await;
+        c.finish_and_check().await;
+        samples.sort();
+        let at = |q: usize| samples[(samples.len() * q / 100).min(samples.len() - 1)];
+        println!(
+            "failover over {} leader kills: median {:?}, p90 {:?}, max {:?}; samples (sorted) {:?}",
+            samples.len(),
+            at(50),
+            at(90),
+            samples[samples.len() - 1],
+            samples
+        );
     });
 }
 

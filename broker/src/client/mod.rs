@@ -15,8 +15,9 @@ pub use reconnect::{Endpoint, Reconnect};
 
 use std::collections::HashMap;
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -30,6 +31,12 @@ use crate::protocol::{
 
 /// Largest response frame the client accepts.
 const CLIENT_MAX_FRAME: u32 = 64 << 20;
+
+/// How long a call waits for its response unless
+/// [`Connection::set_request_timeout`] says otherwise. Long enough for a
+/// fetch's longest server-side wait; short enough that a server that
+/// accepted and then went silent does not hang its caller for ever.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What a client call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +66,15 @@ pub enum ClientError {
     /// The server answered with a response of another kind.
     #[error("unexpected response: {0}")]
     Unexpected(String),
+    /// No response came within the connection's request timeout. The
+    /// request may or may not have taken effect; its late response, if
+    /// one ever comes, is discarded (responses are matched by request id,
+    /// and the id is forgotten here).
+    #[error("no response within {waited:?}")]
+    Timeout {
+        /// How long the call waited.
+        waited: Duration,
+    },
     /// The connection was lost and no new one could be made within the
     /// producer's reconnect deadline. A record failed with this may or may
     /// not have been appended before the loss.
@@ -102,6 +118,7 @@ struct Inner {
     writer: tokio::sync::Mutex<Writer>,
     pending: Pending,
     next_id: AtomicU32,
+    request_timeout_ms: AtomicU64,
     slots: Semaphore,
     reader: tokio::task::JoinHandle<()>,
 }
@@ -166,7 +183,12 @@ impl Connection {
             .await
             .map_err(|e| ClientError::Disconnected(e.to_string()))?;
         let mut buf = BytesMut::new();
-        let (_, resp) = read_response(&mut rd, &mut buf).await?;
+        let (_, resp) =
+            tokio::time::timeout(DEFAULT_REQUEST_TIMEOUT, read_response(&mut rd, &mut buf))
+                .await
+                .map_err(|_| ClientError::Timeout {
+                    waited: DEFAULT_REQUEST_TIMEOUT,
+                })??;
         let max_in_flight = match resp {
             Response::HelloOk { max_in_flight, .. } => max_in_flight,
             Response::Error { code, message, .. } => {
@@ -199,10 +221,26 @@ impl Connection {
                 writer: tokio::sync::Mutex::new(Box::new(wr)),
                 pending,
                 next_id: AtomicU32::new(1),
+                request_timeout_ms: AtomicU64::new(DEFAULT_REQUEST_TIMEOUT.as_millis() as u64),
                 slots: Semaphore::new(max_in_flight.max(1) as usize),
                 reader,
             }),
         })
+    }
+
+    /// Sets how long every later call on this connection (and on its
+    /// clones: the producer's, consumer's and admin's calls go through it)
+    /// waits for its response before failing with [`ClientError::Timeout`].
+    pub fn set_request_timeout(&self, timeout: Duration) {
+        let ms = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.inner.request_timeout_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The current request timeout.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.inner.request_timeout_ms.load(Ordering::Relaxed))
     }
 
     /// Sends a request and waits for its response; a server error becomes
@@ -246,6 +284,7 @@ impl Connection {
         slot.forget();
         Ok(PendingCall {
             rx,
+            id,
             conn: self.clone(),
         })
     }
@@ -254,15 +293,30 @@ impl Connection {
 /// A request written to the server whose response is not read yet.
 pub struct PendingCall {
     rx: oneshot::Receiver<Response>,
+    id: u32,
     conn: Connection,
 }
 
 impl PendingCall {
-    /// Waits for the response.
+    /// Waits for the response, at most the connection's request timeout.
     pub async fn wait(self) -> Result<Response, ClientError> {
-        let PendingCall { rx, conn } = self;
-        let r = rx.await;
+        let PendingCall { rx, id, conn } = self;
+        let waited = conn.request_timeout();
+        let r = tokio::time::timeout(waited, rx).await;
         conn.inner.slots.add_permits(1);
+        let r = match r {
+            Ok(r) => r,
+            Err(_) => {
+                // Forget the id: a late response finds no waiter and is
+                // dropped, so it can never answer another request.
+                if let Ok(mut m) = conn.inner.pending.lock() {
+                    if let Some(m) = m.as_mut() {
+                        m.remove(&id);
+                    }
+                }
+                return Err(ClientError::Timeout { waited });
+            }
+        };
         match r {
             Ok(Response::Error { code, message, .. }) => Err(ClientError::Server { code, message }),
             Ok(r) => Ok(r),

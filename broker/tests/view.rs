@@ -320,6 +320,31 @@ fn the_live_view_draws_the_partitions_and_shows_a_forced_split_within_seconds() 
             browser.eval(&session, "document.body.innerText")
         )
     });
+    // The children stay marked as born live on later redraws, so a check
+    // that polls slower than the view refreshes still sees them.
+    let updates = |browser: &mut Browser| {
+        browser
+            .eval(&session, "Number(document.body.dataset.updates || 0)")
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let seen_at = updates(&mut browser);
+    let redrawn = format!(
+        "Number(document.body.dataset.updates || 0) >= {}",
+        seen_at + 2
+    );
+    assert!(
+        browser
+            .wait_for(&session, &redrawn, SPLIT_SHOWN_WITHIN)
+            .is_some(),
+        "the view redrew twice after showing the split"
+    );
+    assert_eq!(
+        browser.eval(&session, &shown),
+        json!(true),
+        "after two more redraws the split's children {children:?} are still shown as born live under the sealed parent: {}",
+        browser.eval(&session, "document.body.innerText")
+    );
     println!(
         "the split showed {took:?} after it was forced; screenshot at {}",
         shot_path.display()

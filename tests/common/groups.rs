@@ -19,6 +19,7 @@ pub const PROCESSING: Duration = Duration::from_secs(30);
 /// The simulated clock, no background balancer or retention.
 pub fn options(clock: &Arc<ManualClock>) -> LogOptions {
     LogOptions {
+        topic_hash_seed: Some(super::log::HASH_SEED),
         clock: clock.clone(),
         balancer: false,
         background_retention: false,

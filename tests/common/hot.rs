@@ -16,6 +16,7 @@ pub const T0: i64 = 1_700_000_000_000;
 /// No balancer, no background retention.
 pub fn opts() -> LogOptions {
     LogOptions {
+        topic_hash_seed: Some(super::log::HASH_SEED),
         balancer: false,
         background_retention: false,
         ..LogOptions::default()

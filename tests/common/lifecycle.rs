@@ -15,6 +15,7 @@ use fissionlog::{
 /// No balancer, no background retention, checkpoints only when asked.
 pub fn opts() -> LogOptions {
     LogOptions {
+        topic_hash_seed: Some(super::log::HASH_SEED),
         balancer: false,
         background_retention: false,
         checkpoint_interval: Duration::from_secs(3600),

@@ -27,6 +27,12 @@ pub fn test_name(module: &str, name: &str) -> String {
     }
 }
 
+/// The routing hash seed of the shared test options: where a key lands
+/// is the same in every run (a topic's key is random otherwise, and a
+/// test whose shape depends on which keys share a partition would pass
+/// or fail by chance).
+pub const HASH_SEED: u64 = 2;
+
 /// Options for a log the test drives alone: no balancer and no
 /// background retention, so nothing splits, merges or deletes behind the
 /// test's back.
@@ -34,6 +40,7 @@ pub fn quiet() -> fissionlog::LogOptions {
     fissionlog::LogOptions {
         balancer: false,
         background_retention: false,
+        topic_hash_seed: Some(HASH_SEED),
         ..fissionlog::LogOptions::default()
     }
 }
@@ -50,6 +57,7 @@ pub fn quiet_in(mode: fissionlog::RecoveryMode) -> fissionlog::LogOptions {
 pub fn no_balancer() -> fissionlog::LogOptions {
     fissionlog::LogOptions {
         balancer: false,
+        topic_hash_seed: Some(HASH_SEED),
         ..fissionlog::LogOptions::default()
     }
 }

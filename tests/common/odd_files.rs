@@ -146,6 +146,7 @@ pub fn odd_file_kinds(dir: &Path) -> Vec<(&'static str, PathBuf)> {
 /// every second manifest record.
 pub fn odd_files_options() -> LogOptions {
     LogOptions {
+        topic_hash_seed: Some(super::log::HASH_SEED),
         balancer: false,
         background_retention: false,
         manifest_compact_records: 2,

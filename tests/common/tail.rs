@@ -8,6 +8,7 @@ use fissionlog::{LogOptions, OwnedRecord, Reader, StartAt, SyncPolicy, Topic, To
 /// No balancer, no background retention.
 pub fn options() -> LogOptions {
     LogOptions {
+        topic_hash_seed: Some(super::log::HASH_SEED),
         balancer: false,
         background_retention: false,
         ..LogOptions::default()

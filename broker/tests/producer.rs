@@ -338,3 +338,100 @@ async fn idempotent_producers_keep_every_acknowledged_record_once_and_in_key_ord
     c.leave().await.unwrap();
     srv.stop().await.unwrap();
 }
+
+/// A loopback proxy to `server` whose first connection stops passing the
+/// server's bytes to the client once `stall` is set (the server still
+/// reads and acts on every request); later connections pass everything.
+async fn stalling_proxy(
+    server: std::net::SocketAddr,
+    stall: Arc<AtomicBool>,
+) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut nth = 0;
+        while let Ok((client, _)) = listener.accept().await {
+            let first = nth == 0;
+            nth += 1;
+            let upstream = tokio::net::TcpStream::connect(server).await.unwrap();
+            let (mut cr, mut cw) = client.into_split();
+            let (mut ur, mut uw) = upstream.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut cr, &mut uw).await;
+            });
+            let stall = stall.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match ur.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    if first && stall.load(Ordering::SeqCst) {
+                        continue;
+                    }
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A batch whose response is lost on a stalled connection is sent again
+/// with its sequence over a new connection when the request timeout
+/// passes: the record is acknowledged at the offset it was first
+/// appended at, and appended once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_answer_never_comes_is_resent_on_a_new_connection_and_appended_once() {
+    use fissionlog_broker::client::Endpoint;
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let conn = one_partition_topic(&srv).await;
+    let stall = Arc::new(AtomicBool::new(false));
+    let proxy = stalling_proxy(srv.addr, stall.clone()).await;
+    let endpoint =
+        Endpoint::new(proxy.to_string()).with_request_timeout(Duration::from_millis(300));
+    let p = Producer::connect(
+        endpoint,
+        ProducerConfig {
+            idempotent: true,
+            ..ProducerConfig::new("t")
+        },
+    )
+    .await
+    .expect("the producer connects");
+    let send = |v: &'static str| {
+        p.send(
+            Some(Bytes::from_static(b"k")),
+            Bytes::from_static(v.as_bytes()),
+        )
+    };
+    let first = send("one").await.await.expect("acknowledged");
+    stall.store(true, Ordering::SeqCst);
+    let second = tokio::time::timeout(Duration::from_secs(20), send("two").await)
+        .await
+        .expect("the ack comes by itself")
+        .expect("acknowledged after a resend, not failed with a timeout");
+    let third = send("three").await.await.expect("acknowledged");
+    let values = fetch_values(&conn, 0).await;
+    assert_eq!(
+        values,
+        vec![
+            Bytes::from_static(b"one"),
+            Bytes::from_static(b"two"),
+            Bytes::from_static(b"three")
+        ],
+        "each record once, in order"
+    );
+    let offsets: Vec<u64> = [first, second, third]
+        .iter()
+        .map(|a| a.expect("a position").1)
+        .collect();
+    assert!(
+        offsets.windows(2).all(|w| w[0] < w[1]),
+        "positions in append order: {offsets:?}"
+    );
+}

@@ -23,6 +23,12 @@
 //! most [`RECENT_BATCHES`] batches of one partition are in flight, the
 //! number of batches the server remembers per partition: an older retry
 //! would not be recognised.
+//!
+//! A batch unanswered within the connection's request timeout is treated
+//! the same way (at most [`MAX_TIMEOUT_RESENDS`] times): the connection
+//! is replaced and the batch goes again with its sequence, so a response
+//! lost or late on a stalled connection neither fails the record nor
+//! appends it twice.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,6 +44,9 @@ use crate::server::producers::RECENT_BATCHES;
 
 /// Rounds of `moved` one batch may follow before its records fail.
 const MAX_MOVES: u32 = 64;
+/// Times one batch is sent again after going unanswered within the
+/// request timeout before its records fail with [`ClientError::Timeout`].
+const MAX_TIMEOUT_RESENDS: u32 = 3;
 
 /// A topic's routing as the server last described it.
 struct Route {
@@ -107,6 +116,8 @@ struct Batch {
     moves: u32,
     /// The partition and first sequence it went out with.
     sent_as: Option<(u32, u64)>,
+    /// Times it went unanswered within the request timeout.
+    timeouts: u32,
     records: Vec<ProduceRecord>,
     acks: Vec<oneshot::Sender<Ack>>,
 }
@@ -177,6 +188,7 @@ impl Sender {
                             order,
                             moves,
                             sent_as: None,
+                            timeouts: 0,
                             records: Vec::new(),
                             acks: Vec::new(),
                         },
@@ -287,6 +299,17 @@ impl Sender {
                 self.failed = true;
             }
             Err(e) if is_lost(&e) && self.endpoint.is_some() => self.lost.push(b),
+            // Unanswered: it may or may not have been appended. It goes
+            // again, with its sequence, over a new connection, as a lost
+            // one does: the server answers a copy it holds with the first
+            // one's positions, so nothing is doubled.
+            Err(ClientError::Timeout { .. })
+                if self.endpoint.is_some() && b.timeouts < MAX_TIMEOUT_RESENDS =>
+            {
+                let mut b = b;
+                b.timeouts += 1;
+                self.lost.push(b);
+            }
             Err(e) => {
                 fail(b.acks, &e);
                 self.failed = true;

@@ -23,6 +23,9 @@ pub struct Endpoint {
     pub tls: Option<ClientTls>,
     /// The `Hello`'s token.
     pub token: Option<Bytes>,
+    /// The request timeout of each connection made
+    /// ([`Connection::set_request_timeout`]); `None`: the default.
+    pub request_timeout: Option<Duration>,
 }
 
 impl Endpoint {
@@ -32,6 +35,7 @@ impl Endpoint {
             addr: addr.into(),
             tls: None,
             token: None,
+            request_timeout: None,
         }
     }
 
@@ -47,12 +51,25 @@ impl Endpoint {
         self
     }
 
+    /// The same endpoint, its connections waiting at most `timeout` for
+    /// each response.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Endpoint {
+        self.request_timeout = Some(timeout);
+        self
+    }
+
     /// Connects once: TCP, TLS when configured, the handshake.
     pub async fn connect(&self) -> Result<Connection, ClientError> {
-        match &self.tls {
-            Some(tls) => Connection::connect_tls(self.addr.as_str(), tls, self.token.clone()).await,
-            None => Connection::connect(self.addr.as_str(), self.token.clone()).await,
+        let conn = match &self.tls {
+            Some(tls) => {
+                Connection::connect_tls(self.addr.as_str(), tls, self.token.clone()).await?
+            }
+            None => Connection::connect(self.addr.as_str(), self.token.clone()).await?,
+        };
+        if let Some(t) = self.request_timeout {
+            conn.set_request_timeout(t);
         }
+        Ok(conn)
     }
 }
 

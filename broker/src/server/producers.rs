@@ -209,12 +209,55 @@ impl Ids {
     }
 }
 
-#[derive(Default)]
 struct States {
     map: HashMap<StateKey, Arc<Mutex<SeqState>>>,
-    /// The latest epoch of each producer that has one above 0.
-    epochs: HashMap<u64, u32>,
+    /// The latest epoch of each producer that has one above 0: at most
+    /// `limit`, the lowest ids go first.
+    epochs: BTreeMap<u64, u32>,
+    /// The highest epoch of a producer whose entry was evicted from
+    /// `epochs`: the next epoch of a producer without an entry is above
+    /// it, so a forgotten producer's next epoch still fences its older
+    /// ones.
+    epoch_floor: u32,
+    /// The most entries of `map` and of `epochs`.
+    limit: usize,
     clock: u64,
+}
+
+impl States {
+    fn new(limit: usize) -> States {
+        States {
+            map: HashMap::new(),
+            epochs: BTreeMap::new(),
+            epoch_floor: 0,
+            limit: limit.max(1),
+            clock: 0,
+        }
+    }
+
+    /// Raises `producer`'s latest epoch to `epoch`, evicting the lowest
+    /// id when the table is full.
+    fn note_epoch(&mut self, producer: u64, epoch: u32) {
+        if let Some(e) = self.epochs.get_mut(&producer) {
+            *e = (*e).max(epoch);
+            return;
+        }
+        if self.epochs.len() >= self.limit {
+            if let Some((_, evicted)) = self.epochs.pop_first() {
+                self.epoch_floor = self.epoch_floor.max(evicted);
+            }
+        }
+        self.epochs.insert(producer, epoch);
+    }
+
+    /// The epoch a new `InitProducer` of `producer` takes.
+    fn next_epoch(&self, producer: u64) -> Option<u32> {
+        self.epochs
+            .get(&producer)
+            .copied()
+            .unwrap_or(self.epoch_floor)
+            .checked_add(1)
+    }
 }
 
 impl std::fmt::Debug for Producers {
@@ -246,7 +289,7 @@ impl Producers {
                 reserved: next,
                 owners: BTreeMap::new(),
             }),
-            states: Mutex::new(States::default()),
+            states: Mutex::new(States::new(MAX_STATES)),
         };
         let highest = p.rebuild(log, scan_records)?;
         if let Ok(mut ids) = p.ids.lock() {
@@ -301,8 +344,7 @@ impl Producers {
                             st.record(s.epoch, s.first_sequence, count, r.offset + 1);
                         }
                         if let Ok(mut states) = self.states.lock() {
-                            let e = states.epochs.entry(s.producer_id).or_insert(0);
-                            *e = (*e).max(s.epoch);
+                            states.note_epoch(s.producer_id, s.epoch);
                         }
                     }
                     if batch.next_offset() <= at {
@@ -323,8 +365,9 @@ impl Producers {
         states.clock += 1;
         let now = states.clock;
         let key = (topic.to_string(), partition, producer);
-        if !states.map.contains_key(&key) && states.map.len() >= MAX_STATES {
-            evict(&mut states.map);
+        if !states.map.contains_key(&key) && states.map.len() >= states.limit {
+            let limit = states.limit;
+            evict(&mut states.map, limit);
         }
         let st = states.map.entry(key).or_default().clone();
         if let Ok(mut s) = st.lock() {
@@ -355,9 +398,9 @@ impl Producers {
                     return Err(InitError::NotOwner(id));
                 }
                 let mut states = self.states.lock().map_err(|_| InitError::Poisoned)?;
-                let e = states.epochs.entry(id).or_insert(0);
-                *e = e.checked_add(1).ok_or(InitError::EpochExhausted(id))?;
-                Ok((id, *e))
+                let epoch = states.next_epoch(id).ok_or(InitError::EpochExhausted(id))?;
+                states.note_epoch(id, epoch);
+                Ok((id, epoch))
             }
             None => {
                 if ids.next >= ids.reserved {
@@ -406,13 +449,13 @@ pub enum InitError {
     Poisoned,
 }
 
-fn evict(map: &mut HashMap<StateKey, Arc<Mutex<SeqState>>>) {
+fn evict(map: &mut HashMap<StateKey, Arc<Mutex<SeqState>>>, limit: usize) {
     let mut used: Vec<(u64, StateKey)> = map
         .iter()
         .map(|(k, v)| (v.lock().map_or(0, |s| s.used), k.clone()))
         .collect();
     used.sort_unstable_by_key(|(u, _)| *u);
-    for (_, k) in used.into_iter().take(MAX_STATES / 8) {
+    for (_, k) in used.into_iter().take((limit / 8).max(1)) {
         map.remove(&k);
     }
 }
@@ -524,21 +567,53 @@ mod tests {
         assert_eq!(decode_stamp(&v), None);
     }
 
+    fn table(dir: &Path, limit: usize) -> Producers {
+        let next = read_next_id(dir).expect("the id file reads");
+        Producers {
+            dir: dir.to_path_buf(),
+            ids: Mutex::new(Ids {
+                next,
+                reserved: next,
+                owners: BTreeMap::new(),
+            }),
+            states: Mutex::new(States::new(limit)),
+        }
+    }
+
+    #[test]
+    fn the_epoch_table_stays_bounded_and_a_forgotten_producer_still_fences_its_old_epochs() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let p = table(dir.path(), 4);
+        let ids: Vec<u64> = (0..40)
+            .map(|_| p.init(None, "p").expect("an id").0)
+            .collect();
+        let first = ids[0];
+        assert_eq!(p.init(Some(first), "p").expect("an epoch").1, 1);
+        assert_eq!(p.init(Some(first), "p").expect("an epoch").1, 2);
+        for &id in &ids[1..] {
+            assert!(p.init(Some(id), "p").expect("an epoch").1 >= 1);
+            let len = p.states.lock().expect("not poisoned").epochs.len();
+            assert!(len <= 4, "{len} epochs kept under a limit of 4");
+        }
+        assert_eq!(p.epoch(first), 0, "the lowest id was evicted");
+        let again = p.init(Some(first), "p").expect("an epoch").1;
+        assert!(
+            again > 2,
+            "an evicted producer re-initialised at epoch {again}, not above its old 2"
+        );
+        assert_eq!(p.epoch(first), again);
+        for _ in 0..100 {
+            let (id, _) = p.init(None, "p").expect("an id");
+            p.state("t", 0, id);
+        }
+        let len = p.states.lock().expect("not poisoned").map.len();
+        assert!(len <= 4, "{len} sequence states kept under a limit of 4");
+    }
+
     #[test]
     fn producer_ids_are_never_handed_out_twice_across_a_reopen_of_the_id_file() {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let open = || Producers {
-            dir: dir.path().to_path_buf(),
-            ids: Mutex::new({
-                let next = read_next_id(dir.path()).expect("the id file reads");
-                Ids {
-                    next,
-                    reserved: next,
-                    owners: BTreeMap::new(),
-                }
-            }),
-            states: Mutex::new(States::default()),
-        };
+        let open = || table(dir.path(), MAX_STATES);
         let a = open();
         let first: Vec<u64> = (0..3)
             .map(|_| a.init(None, "p").expect("an id").0)

@@ -524,9 +524,15 @@ impl Partition {
             }
             *list = v.truncated(cut.k + 1);
             drop(v);
+            // Not published yet: the writer's position is `keep`'s old
+            // end, past the cut. Published, it would raise the
+            // partition's end back over the truncated entries while they
+            // are cut (readers would see them, and a sync round would
+            // take them as durable and checkpoint them); the published
+            // position stays the one before the truncation, which a sync
+            // round finds past the end and ignores.
             w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
             w.segment_roll = 0;
-            self.publish_written(&w);
             self.unlink_newest_first(&later)
                 .map_err(|e| self.poisoned_by_cut(e))?;
             drop(later);

@@ -536,11 +536,16 @@ impl Partition {
             self.unlink_newest_first(&later)
                 .map_err(|e| self.poisoned_by_cut(e))?;
             drop(later);
-            drop(list);
+            // The list stays locked until `keep` ends at the cut: a reader
+            // takes its segment under the list lock (`read_entries`,
+            // `read_with`), so it either took it before the count above
+            // (and the cut waited for it) or takes it once its bytes past
+            // the cut can no longer be read.
             if cut.position < keep.committed_pos() {
                 keep.release_past(cut.position, cut.offset)
                     .map_err(|e| self.poisoned_by_cut(e))?;
             }
+            drop(list);
             w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
             self.publish_written(&w);
             self.set_reclaimed_end(keep.base_offset, cut.position, cut.offset);
@@ -708,7 +713,11 @@ impl Partition {
     /// [`Error::RaftIndexOutOfRange`] when the log does not hold the index.
     pub fn read_entries(&self, from_index: u64, max_bytes: usize) -> Result<EntryBatch> {
         self.require_replicated()?;
-        let segments = self.segments();
+        // The segment is taken under the list lock, which a Raft
+        // truncation holds from its count of a segment's holders until
+        // the segment ends at the cut (see `cut_files`).
+        let list = self.segments.read();
+        let segments = list.clone();
         let out_of_range = || Error::RaftIndexOutOfRange {
             topic: self.p.topic.to_string(),
             partition: self.p.id,
@@ -717,9 +726,11 @@ impl Partition {
             last: scan_last(segments.iter()).map(|i| i.index),
         };
         let k = segments.partition_point(|s| first_id(s).is_some_and(|id| id.index <= from_index));
-        let Some(seg) = k.checked_sub(1).map(|k| &segments[k]) else {
+        let Some(seg) = k.checked_sub(1).map(|k| segments[k].clone()) else {
             return Err(out_of_range());
         };
+        drop(list);
+        let seg = &seg;
         let Some(start) = position_of(seg, from_index) else {
             return Err(out_of_range());
         };

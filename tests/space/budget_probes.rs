@@ -637,3 +637,154 @@ fn a_sync_round_during_a_raft_truncation_never_checkpoints_past_the_cut() {
     log.close().unwrap();
     assert_verifies(dir.path(), "after a crash");
 }
+
+/// A tail split and its reclaim under a budget of two, with 4 KiB
+/// segments (the moved range spans many, each evicted and mapped again):
+/// `Bytes` of a batch taken before the split, covering moved records,
+/// keep their bytes (the cut of their segment waits for them); once they
+/// are dropped the reclaim completes, every record reads exactly once,
+/// after a reopen too, and the files verify.
+#[test]
+fn a_tail_split_reclaim_of_evicted_segments_keeps_held_bytes_and_every_record_once() {
+    use common::tail::{append_big, check_exactly_once, read_all};
+    use fissionlog::{SplitPlan, TailSplitOptions};
+    // Reopens its log: no child may hold a copy of its lock meanwhile.
+    let _serial = serial();
+    const N: u64 = 90;
+    const FROM: u64 = 31;
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), tiny()).unwrap();
+    let mut cfg = common::tail::config();
+    cfg.segment_bytes = 4096;
+    let topic = log.create_topic("t", cfg).unwrap();
+    append_big(&topic, 0, N, 7);
+    log.sync().unwrap();
+    let p = topic.partition(0).unwrap();
+    assert!(p.segment_count() > 20, "{} segments", p.segment_count());
+    drop(p);
+    // The batch holding FROM covers records past it (a segment holds 3).
+    let batch = topic.read(0, FROM - 1, 1 << 20).unwrap();
+    assert!(batch.next_offset() > FROM, "the batch covers moved records");
+    let held = batch.to_bytes();
+    let copy = held.to_vec();
+    drop(batch);
+    check_exactly_once(&read_all(&topic), 0..N, "before the split");
+    assert!(log.resource_stats().mappings_evicted > 0);
+    topic
+        .split_tail(0, SplitPlan::Even, TailSplitOptions::from_offset(FROM))
+        .unwrap();
+    let out = topic.reclaim_tail(0).unwrap();
+    assert!(out.recorded && !out.complete, "{out:?}");
+    check_exactly_once(&read_all(&topic), 0..N, "after the partial reclaim");
+    assert!(held == copy, "held bytes changed under the reclaim");
+    drop(held);
+    let again = topic.reclaim_tail(0).unwrap();
+    assert!(again.complete, "{again:?}");
+    check_exactly_once(&read_all(&topic), 0..N, "after the reclaim");
+    drop(topic);
+    log.close().unwrap();
+    assert_verifies(dir.path(), "after the reclaim");
+    let log = Log::open(dir.path(), tiny()).unwrap();
+    check_exactly_once(&read_all(&log.topic("t").unwrap()), 0..N, "reopened");
+    log.close().unwrap();
+}
+
+/// A Raft truncation inside a rolled segment the budget evicted (4 KiB
+/// segments, a budget of two, the other segments read after it), then
+/// appends of a newer term: the log holds the entries before the cut and
+/// the new ones, byte for byte, after a reopen too, and the files verify.
+#[test]
+fn a_raft_truncation_inside_an_evicted_rolled_segment_keeps_the_prefix_and_the_new_term() {
+    // Reopens its log: no child may hold a copy of its lock meanwhile.
+    let _serial = serial();
+    const LAST: u64 = 80;
+    const CUT: u64 = 23;
+    const NEW_LAST: u64 = 50;
+    let body = |term: u64, i: u64| format!("t{term}-{i:0300}").into_bytes();
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), tiny()).unwrap();
+    let mut cfg = TopicConfig {
+        segment_bytes: 4096,
+        index_interval_bytes: 256,
+        replicated: true,
+        ..TopicConfig::default()
+    };
+    cfg.balance.enabled = false;
+    let t = log.create_topic("t", cfg).unwrap();
+    let p = t.partition(0).unwrap();
+    let put = |term: u64, i: u64| {
+        let v = body(term, i);
+        p.append_entry(
+            RaftLogId {
+                term,
+                leader: 1,
+                index: i,
+            },
+            EntryBody::Records(&[RecordIn {
+                key: None,
+                value: &v,
+                timestamp: i as i64,
+            }]),
+        )
+        .unwrap();
+    };
+    for i in 1..=LAST {
+        put(1, i);
+    }
+    log.sync().unwrap();
+    let infos = p.segment_infos();
+    assert!(infos.len() > 5, "{} segments", infos.len());
+    // The cut falls inside a rolled segment, not at its first entry.
+    let holder = infos
+        .iter()
+        .find(|s| s.base_offset < CUT - 1 && s.end_offset > CUT - 1)
+        .unwrap();
+    assert!(holder.sealed && holder.base_offset < CUT - 2, "{holder:?}");
+    // Read everything, the segment holding the cut first: it is evicted.
+    let check = |term_of: &dyn Fn(u64) -> u64, last: u64, when: &str| {
+        let mut next = 1;
+        while next <= last {
+            let b = p.read_entries(next, 1 << 20).unwrap();
+            for e in b.entries() {
+                let e = e.unwrap();
+                assert_eq!(e.id.index, next, "{when}");
+                let fissionlog::RaftEntryBody::Records(r) = e.body else {
+                    panic!("{when}: entry {next} is not a record");
+                };
+                assert_eq!(r[0].value, body(term_of(next), next).as_slice(), "{when}");
+                next += 1;
+            }
+        }
+        assert_eq!(p.last_log_id().map(|id| id.index), Some(last), "{when}");
+    };
+    check(&|_| 1, LAST, "before");
+    let evicted = log.resource_stats().mappings_evicted;
+    assert!(evicted > 0);
+    t.truncate_from_index(0, CUT, 0).unwrap();
+    for i in CUT..=NEW_LAST {
+        put(2, i);
+    }
+    log.sync().unwrap();
+    let term_of = |i: u64| if i < CUT { 1 } else { 2 };
+    check(&term_of, NEW_LAST, "after the truncation");
+    drop((p, t));
+    log.close().unwrap();
+    assert_verifies(dir.path(), "after the truncation");
+    let log = Log::open(dir.path(), tiny()).unwrap();
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    let mut next = 1;
+    while next <= NEW_LAST {
+        let b = p.read_entries(next, 1 << 20).unwrap();
+        for e in b.entries() {
+            let e = e.unwrap();
+            let fissionlog::RaftEntryBody::Records(r) = e.body else {
+                panic!("reopened: entry {next} is not a record");
+            };
+            assert_eq!(r[0].value, body(term_of(next), next).as_slice(), "reopened");
+            next += 1;
+        }
+    }
+    assert_eq!(p.last_log_id().map(|id| id.index), Some(NEW_LAST));
+    drop(p);
+    log.close().unwrap();
+}

@@ -446,7 +446,9 @@ impl Partition {
     /// or vote before this returns. Appends are refused meanwhile. A
     /// reader holding a batch of the segment that is cut keeps its bytes:
     /// the cut waits for it (up to ten seconds, then the truncation fails
-    /// and may be asked again). A cut from the first entry of a rolled
+    /// and may be asked again), and a reader that comes while the files
+    /// are cut reads up to the cut only (its segment is taken under the
+    /// list lock, which the cut holds until the segment ends there). A cut from the first entry of a rolled
     /// segment is the end of the segment before it; one that would leave a
     /// rolled segment without a record before the cut is refused
     /// ([`Error::InvalidConfig`]) before anything changes.

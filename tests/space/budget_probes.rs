@@ -459,6 +459,9 @@ fn raft_id(index: u64) -> RaftLogId {
 /// Raft index of the first entry a truncation cuts, of 60.
 const RAFT_CUT: u64 = 40;
 const RAFT_LAST: u64 = 60;
+/// The offset of entry `RAFT_CUT` (entry `i` holds offset `i - 1`): the
+/// partition's end once it is cut.
+const RAFT_CUT_OFFSET: u64 = RAFT_CUT - 1;
 
 /// A replicated partition of one large segment holding entries
 /// `1..=RAFT_LAST` (one record each, offset `index - 1`), synced, opened
@@ -568,7 +571,7 @@ fn a_raft_truncation_in_progress_shows_no_reader_anything_past_its_cut() {
     let dir = tempfile::tempdir().unwrap();
     let held = hold_a_cut(dir.path());
     let p = held.log.topic("t").unwrap().partition(0).unwrap();
-    let cut_offset = RAFT_CUT - 1;
+    let cut_offset = RAFT_CUT_OFFSET;
     assert_eq!(p.end_offset(), cut_offset, "the end during the cut");
     let (tx, rx) = std::sync::mpsc::channel();
     let reader = {
@@ -628,7 +631,7 @@ fn a_sync_round_during_a_raft_truncation_never_checkpoints_past_the_cut() {
     std::thread::sleep(Duration::from_millis(300));
     let p = held.log.topic("t").unwrap().partition(0).unwrap();
     assert!(
-        p.durable_end_offset() <= RAFT_CUT - 1,
+        p.durable_end_offset() <= RAFT_CUT_OFFSET,
         "durable end {} during the cut",
         p.durable_end_offset()
     );
@@ -637,7 +640,7 @@ fn a_sync_round_during_a_raft_truncation_never_checkpoints_past_the_cut() {
     round.join().unwrap().unwrap();
     let log = Arc::into_inner(log).unwrap();
     let p = log.topic("t").unwrap().partition(0).unwrap();
-    assert!(p.durable_end_offset() <= RAFT_CUT - 1);
+    assert!(p.durable_end_offset() <= RAFT_CUT_OFFSET);
     drop(p);
     log.abandon();
     let log = Log::open(dir.path(), tiny()).unwrap();

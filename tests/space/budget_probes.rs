@@ -799,3 +799,58 @@ fn a_raft_truncation_inside_an_evicted_rolled_segment_keeps_the_prefix_and_the_n
     drop(p);
     log.close().unwrap();
 }
+
+/// Readers on four threads reading segments at random under a budget of
+/// two, while a writer keeps rolling: every record reads back byte for
+/// byte (batches and `Bytes` checked after many evictions), and the budget
+/// holds at most its limits once they stop.
+#[test]
+fn concurrent_readers_of_constantly_evicted_segments_read_every_record_byte_for_byte() {
+    const N: u64 = 64;
+    const MORE: u64 = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::open(dir.path(), tiny()).unwrap());
+    log.create_topic("t", small_segments(1)).unwrap();
+    for i in 0..N {
+        append(&log, 0, i, i as i64);
+    }
+    log.sync().unwrap();
+    let readers: Vec<_> = (0..4u64)
+        .map(|seed| {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let p = log.topic("t").unwrap().partition(0).unwrap();
+                let mut rng = common::crash::SplitMix64::new(seed);
+                let mut held = Vec::new();
+                for round in 0..400 {
+                    let i = rng.below(N);
+                    let b = p.read(i, 1 << 20).unwrap();
+                    let r = b.iter().next().unwrap();
+                    assert_eq!(r.offset, i);
+                    assert_eq!(r.value, value(0, i).as_slice(), "record {i}");
+                    if round % 40 == 0 {
+                        held.push((i, b.value_bytes(&r)));
+                    }
+                }
+                for (i, bytes) in held {
+                    assert_eq!(&bytes[..], value(0, i).as_slice(), "held record {i}");
+                }
+            })
+        })
+        .collect();
+    for i in N..N + MORE {
+        append(&log, 0, i, i as i64);
+    }
+    for r in readers {
+        r.join().unwrap();
+    }
+    let stats = log.resource_stats();
+    assert!(stats.mappings_evicted > 100, "{stats:?}");
+    assert!(
+        stats.mapped_segments <= 2 && stats.open_segment_files <= 2,
+        "{stats:?}"
+    );
+    let log = Arc::into_inner(log).unwrap();
+    assert_holds(&log, 0, 0, N + MORE, "after the readers");
+    log.close().unwrap();
+}

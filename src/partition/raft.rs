@@ -446,7 +446,9 @@ impl Partition {
     /// or vote before this returns. Appends are refused meanwhile. A
     /// reader holding a batch of the segment that is cut keeps its bytes:
     /// the cut waits for it (up to ten seconds, then the truncation fails
-    /// and may be asked again). A cut from the first entry of a rolled
+    /// and may be asked again), and a reader that comes while the files
+    /// are cut reads up to the cut only (its segment is taken under the
+    /// list lock, which the cut holds until the segment ends there). A cut from the first entry of a rolled
     /// segment is the end of the segment before it; one that would leave a
     /// rolled segment without a record before the cut is refused
     /// ([`Error::InvalidConfig`]) before anything changes.
@@ -524,17 +526,28 @@ impl Partition {
             }
             *list = v.truncated(cut.k + 1);
             drop(v);
+            // Not published yet: the writer's position is `keep`'s old
+            // end, past the cut. Published, it would raise the
+            // partition's end back over the truncated entries while they
+            // are cut (readers would see them, and a sync round would
+            // take them as durable and checkpoint them); the published
+            // position stays the one before the truncation, which a sync
+            // round finds past the end and ignores.
             w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
             w.segment_roll = 0;
-            self.publish_written(&w);
             self.unlink_newest_first(&later)
                 .map_err(|e| self.poisoned_by_cut(e))?;
             drop(later);
-            drop(list);
+            // The list stays locked until `keep` ends at the cut: a reader
+            // takes its segment under the list lock (`read_entries`,
+            // `read_with`), so it either took it before the count above
+            // (and the cut waited for it) or takes it once its bytes past
+            // the cut can no longer be read.
             if cut.position < keep.committed_pos() {
                 keep.release_past(cut.position, cut.offset)
                     .map_err(|e| self.poisoned_by_cut(e))?;
             }
+            drop(list);
             w.writer = SegmentWriter::new(keep.clone(), self.p.index_interval);
             self.publish_written(&w);
             self.set_reclaimed_end(keep.base_offset, cut.position, cut.offset);
@@ -702,7 +715,11 @@ impl Partition {
     /// [`Error::RaftIndexOutOfRange`] when the log does not hold the index.
     pub fn read_entries(&self, from_index: u64, max_bytes: usize) -> Result<EntryBatch> {
         self.require_replicated()?;
-        let segments = self.segments();
+        // The segment is taken under the list lock, which a Raft
+        // truncation holds from its count of a segment's holders until
+        // the segment ends at the cut (see `cut_files`).
+        let list = self.segments.read();
+        let segments = list.clone();
         let out_of_range = || Error::RaftIndexOutOfRange {
             topic: self.p.topic.to_string(),
             partition: self.p.id,
@@ -711,9 +728,11 @@ impl Partition {
             last: scan_last(segments.iter()).map(|i| i.index),
         };
         let k = segments.partition_point(|s| first_id(s).is_some_and(|id| id.index <= from_index));
-        let Some(seg) = k.checked_sub(1).map(|k| &segments[k]) else {
+        let Some(seg) = k.checked_sub(1).map(|k| segments[k].clone()) else {
             return Err(out_of_range());
         };
+        drop(list);
+        let seg = &seg;
         let Some(start) = position_of(seg, from_index) else {
             return Err(out_of_range());
         };

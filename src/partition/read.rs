@@ -25,7 +25,11 @@ impl Partition {
         // end, and a just-appended offset past the old last segment reads
         // as a hole.
         let end = self.visible_end(isolation);
-        let segments = self.segments();
+        // The segment read is taken under the list lock: a Raft
+        // truncation holds it from its count of a segment's holders until
+        // the segment ends at the cut (see `cut_files`).
+        let list = self.segments.read();
+        let segments = list.clone();
         let start = segments.first().map_or(end, |s| s.base_offset);
         if offset < start && offset < self.retired_below.load(Ordering::Acquire) {
             return Err(Error::Retained {
@@ -54,7 +58,8 @@ impl Partition {
                 end,
             });
         };
-        let seg = &segments[i];
+        let seg = segments[i].clone();
+        drop(list);
         if offset >= seg.end_offset() {
             let next = segments.get(i + 1).map_or(end, |s| s.base_offset);
             return Err(Error::Hole {
@@ -63,15 +68,8 @@ impl Partition {
                 end: next,
             });
         }
-        ReadBatch::new(
-            self.p.id,
-            seg.clone(),
-            self.p.lock.clone(),
-            offset,
-            max_bytes,
-            end,
-        )
-        .map_err(|e| self.retired_while_read(e, offset))
+        ReadBatch::new(self.p.id, seg, self.p.lock.clone(), offset, max_bytes, end)
+            .map_err(|e| self.retired_while_read(e, offset))
     }
 
     /// A read that had to map a segment again and found its file gone:

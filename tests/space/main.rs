@@ -11,6 +11,7 @@ mod common;
 mod active_partitions;
 mod allocation;
 mod budget;
+mod budget_probes;
 mod enospc_paths;
 mod large_batches;
 mod partition_descriptors;

@@ -87,7 +87,10 @@ fn append_blocking(
             )
         })?;
     let producers = &conn.shared.producers;
-    if !producers.may_use(stamp.producer_id, &conn.principal.name) {
+    let may = producers
+        .may_use(stamp.producer_id, &conn.principal.name)
+        .map_err(|e| refused(ErrorCode::Storage, format!("producer owners: {e}")))?;
+    if !may {
         return Err(refused(
             ErrorCode::Unauthorized,
             format!(

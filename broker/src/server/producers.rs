@@ -436,19 +436,35 @@ impl Producers {
 
 impl Producers {
     /// Whether `principal` may write batches stamped with `producer`'s id
-    /// (see [`Producers::init`]); an id with no owner becomes its.
-    /// An id never handed out is nobody's (and not claimed, so stamps
-    /// made up by a client can't crowd the owners out). Fails when a new
+    /// (see [`Producers::init`]); an id with no owner becomes its. An id
+    /// never handed out is [`Use::Unknown`]: a batch made up with it must
+    /// not leave sequence state behind, or the id's later owner would see
+    /// its first batches answered as duplicates of it. Fails when a new
     /// claim can't be made durable.
-    pub fn may_use(&self, producer: u64, principal: &str) -> fissionlog::Result<bool> {
+    pub fn may_use(&self, producer: u64, principal: &str) -> fissionlog::Result<Use> {
         let Ok(mut ids) = self.ids.lock() else {
-            return Ok(false);
+            return Ok(Use::NotOwner);
         };
         if producer == 0 || producer >= ids.next {
-            return Ok(true);
+            return Ok(Use::Unknown);
         }
-        ids.claim(producer, principal)
+        Ok(if ids.claim(producer, principal)? {
+            Use::Owner
+        } else {
+            Use::NotOwner
+        })
     }
+}
+
+/// What [`Producers::may_use`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// The id is the principal's (now, if it had no owner).
+    Owner,
+    /// The id belongs to another principal.
+    NotOwner,
+    /// The id was never handed out.
+    Unknown,
 }
 
 /// Why `InitProducer` failed.
@@ -605,13 +621,32 @@ mod tests {
             b.init(Some(alice), "bob"),
             Err(InitError::NotOwner(id)) if id == alice
         ));
-        assert!(!b.may_use(alice, "bob").expect("no storage error"));
-        assert!(b.may_use(alice, "alice").expect("no storage error"));
+        assert_eq!(
+            b.may_use(alice, "bob").expect("no storage error"),
+            Use::NotOwner
+        );
+        assert_eq!(
+            b.may_use(alice, "alice").expect("no storage error"),
+            Use::Owner
+        );
         assert_eq!(b.init(Some(bob), "bob").expect("bob's own id").1, 1);
         // An id claimed by its first user after a restart stays claimed.
         drop(b);
         let c = table(dir.path(), MAX_STATES);
-        assert!(!c.may_use(bob, "alice").expect("no storage error"));
+        assert_eq!(
+            c.may_use(bob, "alice").expect("no storage error"),
+            Use::NotOwner
+        );
+        // Past the last id handed out, an id is nobody's and not claimed.
+        let (carol, _) = c.init(None, "carol").expect("an id");
+        assert_eq!(
+            c.may_use(carol + 1, "alice").expect("no storage error"),
+            Use::Unknown
+        );
+        assert_eq!(
+            c.may_use(0, "alice").expect("no storage error"),
+            Use::Unknown
+        );
     }
 
     #[test]

@@ -115,6 +115,43 @@ async fn a_retried_batch_is_answered_with_its_first_offsets_and_appended_once() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_stamped_with_an_id_never_handed_out_is_refused_so_it_cannot_shadow_its_future_owner(
+) {
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let conn = one_partition_topic(&srv).await;
+    let (first, epoch) = init(&conn, None).await;
+    let p = topology(&conn, "t").await[0].partition;
+    let ahead = Stamp {
+        producer_id: first + 1,
+        epoch,
+        first_sequence: 0,
+    };
+    let made_up = conn
+        .call(produce_to(p, ahead, records(&["x", "y"])))
+        .await
+        .unwrap_err();
+    assert_eq!(made_up.code(), Some(ErrorCode::InvalidRequest));
+    // The id is handed out next; its first batch is new, not a duplicate
+    // of the made-up one.
+    let (next, epoch) = init(&conn, None).await;
+    assert_eq!(next, first + 1);
+    let stamp = Stamp {
+        producer_id: next,
+        epoch,
+        first_sequence: 0,
+    };
+    conn.call(produce_to(p, stamp, records(&["a", "b"])))
+        .await
+        .unwrap();
+    let values = fetch_values(&conn, p).await;
+    assert_eq!(
+        values,
+        vec![Bytes::from("value of a"), Bytes::from("value of b")]
+    );
+    srv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequence_gap_is_out_of_order_and_an_older_epoch_is_fenced() {
     let srv = TestServer::start(ServerConfig::default()).await;
     let conn = one_partition_topic(&srv).await;

@@ -15,6 +15,7 @@ mod handlers_admin;
 mod handlers_group;
 mod http;
 pub mod metrics;
+mod owners;
 pub mod producers;
 mod routed;
 mod stats;

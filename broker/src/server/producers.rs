@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use fissionlog::{Log, ReadIsolation};
 
+use super::owners::OwnersFile;
 use crate::protocol::Stamp;
 
 /// The key of a stamp record. A client record with this key is refused.
@@ -36,6 +37,9 @@ const ID_BLOCK: u64 = 1024;
 /// (producer, partition) states kept at most; the least recently used go
 /// first (a retry of theirs is then accepted as new).
 const MAX_STATES: usize = 100_000;
+/// Producer ids whose owner is kept at most, in memory and in
+/// [`super::owners::OWNERS_FILE`]; the lowest ids go first.
+pub(crate) const MAX_OWNERS: usize = 100_000;
 
 /// Is this the key of a stamp record?
 pub fn is_stamp(key: Option<&[u8]>) -> bool {
@@ -186,26 +190,32 @@ struct Ids {
     /// Ids below this are reserved by the file: handed out without a write.
     reserved: u64,
     /// The principal each id belongs to: the one it was handed to, or
-    /// (for an id from before a restart, or one evicted) the first to use
-    /// it since. Only its owner takes its next epoch or writes under it,
-    /// so one tenant can't fence another's producer. At most
-    /// `MAX_STATES`, the oldest ids go first.
+    /// (for an id evicted from this table) the first to use it since.
+    /// Only its owner takes its next epoch or writes under it, so one
+    /// tenant can't fence another's producer. At most [`MAX_OWNERS`], the
+    /// lowest ids go first; every claim is durable in `file` before it
+    /// is answered, so a restart keeps them.
     owners: BTreeMap<u64, String>,
+    file: OwnersFile,
 }
 
 impl Ids {
-    /// Whether `principal` may use `id`; an id with no owner becomes its.
-    fn claim(&mut self, id: u64, principal: &str) -> bool {
-        match self.owners.get(&id) {
-            Some(owner) => owner == principal,
-            None => {
-                if self.owners.len() >= MAX_STATES {
-                    self.owners.pop_first();
-                }
-                self.owners.insert(id, principal.to_string());
-                true
-            }
+    /// Whether `principal` may use `id`; an id with no owner becomes its,
+    /// durably.
+    fn claim(&mut self, id: u64, principal: &str) -> fissionlog::Result<bool> {
+        if let Some(owner) = self.owners.get(&id) {
+            return Ok(owner == principal);
         }
+        self.owners.insert(id, principal.to_string());
+        if self.owners.len() > MAX_OWNERS {
+            self.owners.pop_first();
+        }
+        if let Err(e) = self.file.append(id, principal, &self.owners) {
+            // Not durable: not claimed.
+            self.owners.remove(&id);
+            return Err(e);
+        }
+        Ok(true)
     }
 }
 
@@ -280,17 +290,7 @@ impl Producers {
     /// sequence state from the last `scan_records` records of every
     /// partition.
     pub fn open(log: &Log, scan_records: u64) -> fissionlog::Result<Producers> {
-        let dir = log.dir().to_path_buf();
-        let next = read_next_id(&dir)?;
-        let p = Producers {
-            dir,
-            ids: Mutex::new(Ids {
-                next,
-                reserved: next,
-                owners: BTreeMap::new(),
-            }),
-            states: Mutex::new(States::new(MAX_STATES)),
-        };
+        let p = Producers::load(log.dir(), MAX_STATES)?;
         let highest = p.rebuild(log, scan_records)?;
         if let Ok(mut ids) = p.ids.lock() {
             // A file lost with a crash between its write and the directory's
@@ -301,6 +301,23 @@ impl Producers {
             }
         }
         Ok(p)
+    }
+
+    /// The id and owner files of `dir`, with sequence and epoch tables of
+    /// at most `limit` entries (empty: [`Producers::rebuild`] fills them).
+    fn load(dir: &Path, limit: usize) -> fissionlog::Result<Producers> {
+        let next = read_next_id(dir)?;
+        let (file, owners) = OwnersFile::open(dir, MAX_OWNERS)?;
+        Ok(Producers {
+            dir: dir.to_path_buf(),
+            ids: Mutex::new(Ids {
+                next,
+                reserved: next,
+                owners,
+                file,
+            }),
+            states: Mutex::new(States::new(limit)),
+        })
     }
 
     /// Reads the stamps of each partition's tail; returns the highest
@@ -394,7 +411,7 @@ impl Producers {
                 if id == 0 || id >= ids.next {
                     return Err(InitError::UnknownProducer(id));
                 }
-                if !ids.claim(id, principal) {
+                if !ids.claim(id, principal).map_err(InitError::Storage)? {
                     return Err(InitError::NotOwner(id));
                 }
                 let mut states = self.states.lock().map_err(|_| InitError::Poisoned)?;
@@ -410,7 +427,7 @@ impl Producers {
                 }
                 let id = ids.next;
                 ids.next += 1;
-                ids.claim(id, principal);
+                ids.claim(id, principal).map_err(InitError::Storage)?;
                 Ok((id, 0))
             }
         }
@@ -419,14 +436,35 @@ impl Producers {
 
 impl Producers {
     /// Whether `principal` may write batches stamped with `producer`'s id
-    /// (see [`Producers::init`]); an id with no owner becomes its.
-    /// An id never handed out is nobody's (and not claimed, so stamps
-    /// made up by a client can't crowd the owners out).
-    pub fn may_use(&self, producer: u64, principal: &str) -> bool {
-        self.ids.lock().is_ok_and(|mut ids| {
-            producer == 0 || producer >= ids.next || ids.claim(producer, principal)
+    /// (see [`Producers::init`]); an id with no owner becomes its. An id
+    /// never handed out is [`Use::Unknown`]: a batch made up with it must
+    /// not leave sequence state behind, or the id's later owner would see
+    /// its first batches answered as duplicates of it. Fails when a new
+    /// claim can't be made durable.
+    pub fn may_use(&self, producer: u64, principal: &str) -> fissionlog::Result<Use> {
+        let Ok(mut ids) = self.ids.lock() else {
+            return Ok(Use::NotOwner);
+        };
+        if producer == 0 || producer >= ids.next {
+            return Ok(Use::Unknown);
+        }
+        Ok(if ids.claim(producer, principal)? {
+            Use::Owner
+        } else {
+            Use::NotOwner
         })
     }
+}
+
+/// What [`Producers::may_use`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// The id is the principal's (now, if it had no owner).
+    Owner,
+    /// The id belongs to another principal.
+    NotOwner,
+    /// The id was never handed out.
+    Unknown,
 }
 
 /// Why `InitProducer` failed.
@@ -568,16 +606,47 @@ mod tests {
     }
 
     fn table(dir: &Path, limit: usize) -> Producers {
-        let next = read_next_id(dir).expect("the id file reads");
-        Producers {
-            dir: dir.to_path_buf(),
-            ids: Mutex::new(Ids {
-                next,
-                reserved: next,
-                owners: BTreeMap::new(),
-            }),
-            states: Mutex::new(States::new(limit)),
-        }
+        Producers::load(dir, limit).expect("the id and owner files read")
+    }
+
+    #[test]
+    fn an_id_keeps_its_owner_across_a_restart() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let a = table(dir.path(), MAX_STATES);
+        let (alice, _) = a.init(None, "alice").expect("an id");
+        let (bob, _) = a.init(None, "bob").expect("an id");
+        drop(a);
+        let b = table(dir.path(), MAX_STATES);
+        assert!(matches!(
+            b.init(Some(alice), "bob"),
+            Err(InitError::NotOwner(id)) if id == alice
+        ));
+        assert_eq!(
+            b.may_use(alice, "bob").expect("no storage error"),
+            Use::NotOwner
+        );
+        assert_eq!(
+            b.may_use(alice, "alice").expect("no storage error"),
+            Use::Owner
+        );
+        assert_eq!(b.init(Some(bob), "bob").expect("bob's own id").1, 1);
+        // An id claimed by its first user after a restart stays claimed.
+        drop(b);
+        let c = table(dir.path(), MAX_STATES);
+        assert_eq!(
+            c.may_use(bob, "alice").expect("no storage error"),
+            Use::NotOwner
+        );
+        // Past the last id handed out, an id is nobody's and not claimed.
+        let (carol, _) = c.init(None, "carol").expect("an id");
+        assert_eq!(
+            c.may_use(carol + 1, "alice").expect("no storage error"),
+            Use::Unknown
+        );
+        assert_eq!(
+            c.may_use(0, "alice").expect("no storage error"),
+            Use::Unknown
+        );
     }
 
     #[test]

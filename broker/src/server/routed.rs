@@ -19,7 +19,7 @@ use fissionlog::{Error, HotKeyMode, NewRecord, Topic};
 use super::auth::Access;
 use super::conn::Conn;
 use super::handlers::{blocking, code_of, lib, refused, topic_for, ProduceJob, Reply};
-use super::producers::{encode_stamp, InitError, Verdict};
+use super::producers::{encode_stamp, InitError, Use, Verdict};
 use crate::protocol::{ErrorCode, ProduceRecord, RangeOwner, Response, Stamp};
 
 /// Appends one routed produce; returns its answer and the positions a
@@ -87,14 +87,29 @@ fn append_blocking(
             )
         })?;
     let producers = &conn.shared.producers;
-    if !producers.may_use(stamp.producer_id, &conn.principal.name) {
-        return Err(refused(
-            ErrorCode::Unauthorized,
-            format!(
-                "producer id {} belongs to another principal",
-                stamp.producer_id
-            ),
-        ));
+    let owner = producers
+        .may_use(stamp.producer_id, &conn.principal.name)
+        .map_err(|e| refused(ErrorCode::Storage, format!("producer owners: {e}")))?;
+    match owner {
+        Use::Owner => {}
+        Use::NotOwner => {
+            return Err(refused(
+                ErrorCode::Unauthorized,
+                format!(
+                    "producer id {} belongs to another principal",
+                    stamp.producer_id
+                ),
+            ))
+        }
+        Use::Unknown => {
+            return Err(refused(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "producer id {} was never handed out: ask InitProducer for one",
+                    stamp.producer_id
+                ),
+            ))
+        }
     }
     let current = producers.epoch(stamp.producer_id);
     if stamp.epoch < current {

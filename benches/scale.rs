@@ -7,6 +7,12 @@
 //! clean open (`/proc/self/fd`), with the cost per partition and the growth
 //! from one N to the next.
 //!
+//! Beside the creation, in the same scenario, the raw baseline: the same
+//! files made durable by hand, without the engine (per partition a
+//! directory, a file with a header, sized like a segment, its
+//! `fdatasync` and its directory's `fsync`, one after another; then the
+//! topic directory's `fsync`), and the ratio of the two.
+//!
 //! A plain binary, not criterion: one scenario takes seconds at the large
 //! N. Medians of `SCALE_RUNS` runs (3) for N up to 1,000, one run above.
 //!
@@ -65,6 +71,7 @@ fn options() -> LogOptions {
 #[derive(Default, Clone, Copy)]
 struct Figures {
     create: Duration,
+    raw_create: Duration,
     close: Duration,
     open: Duration,
     reader: Duration,
@@ -105,9 +112,49 @@ fn build(dir: &Path, n: u32, p: &Params) -> (Log, Duration) {
     (log, create)
 }
 
+/// The raw baseline of a topic creation: what it makes durable, by hand.
+fn raw_create(dir: &Path, n: u32, p: &Params) -> Duration {
+    use std::fs::{create_dir, File, OpenOptions};
+    use std::os::unix::fs::FileExt;
+    let capacity = p
+        .segment_bytes
+        .unwrap_or(TopicConfig::default().segment_bytes);
+    let header = [0x5au8; 64];
+    let t = Instant::now();
+    let tdir = dir.join("raw-topic");
+    create_dir(&tdir).expect("topic dir");
+    for i in 0..n {
+        let pdir = tdir.join(i.to_string());
+        create_dir(&pdir).expect("partition dir");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(pdir.join("00000000000000000000.log"))
+            .expect("segment file");
+        f.write_all_at(&header, 0).expect("header");
+        f.set_len(capacity).expect("size");
+        f.sync_data().expect("fdatasync");
+        File::open(&pdir)
+            .and_then(|d| d.sync_all())
+            .expect("dir fsync");
+    }
+    File::open(&tdir)
+        .and_then(|d| d.sync_all())
+        .expect("dir fsync");
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .expect("dir fsync");
+    let d = t.elapsed();
+    remove_dir(&tdir);
+    d
+}
+
 fn scenario(n: u32, p: &Params, run: usize) -> Figures {
     let mut f = Figures::default();
     let dir = bench_dir(&format!("scale-{n}-{run}"));
+    f.raw_create = raw_create(&dir, n, p);
+    progress(n, "raw baseline create", f.raw_create);
 
     // Create, write, clean close.
     let (log, create) = build(&dir, n, p);
@@ -225,6 +272,7 @@ fn main() {
         };
         let f = Figures {
             create: pick(|f| f.create),
+            raw_create: pick(|f| f.raw_create),
             close: pick(|f| f.close),
             open: pick(|f| f.open),
             reader: pick(|f| f.reader),
@@ -259,6 +307,12 @@ fn report(n: u32, runs: usize, f: &Figures, prev: Option<&(u32, Figures)>) {
     };
     let pf = prev.map(|(_, f)| *f);
     line("create topic", f.create, pf.map(|f| f.create));
+    line("  raw baseline", f.raw_create, pf.map(|f| f.raw_create));
+    println!(
+        "  {:<28} {:>10.2}",
+        "  create / raw baseline",
+        f.create.as_secs_f64() / f.raw_create.as_secs_f64().max(1e-9)
+    );
     line("clean close", f.close, pf.map(|f| f.close));
     line("clean open", f.open, pf.map(|f| f.open));
     line("reader(Latest)", f.reader, pf.map(|f| f.reader));

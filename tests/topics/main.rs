@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod creation;
 mod delete;
 mod delete_races;
 mod lifecycle;

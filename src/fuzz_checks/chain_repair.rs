@@ -125,6 +125,7 @@ pub fn check_chain_repair(data: &[u8]) {
         clean: false,
         sealed,
         checkpoint_lost,
+        initial: false,
         mode,
         hook: &NoFaults,
     };

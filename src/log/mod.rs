@@ -22,11 +22,12 @@ use crate::format::manifest::{ManifestRecord, PartitionRecord, PartitionState, T
 use crate::layout::{topic_dir, TOPICS_DIR};
 use crate::partition::Partition;
 use crate::recovery::RecoveryReport;
-use crate::storage::durability::{dir_target, SyncBackend, BATCH_OPEN_MAX};
+use crate::storage::durability::{SyncBackend, BATCH_OPEN_MAX};
 #[cfg(feature = "testing")]
 use crate::storage::fault::IoHook;
 use crate::storage::fault::{IoOp, NoFaults};
 use crate::storage::lock::DirLock;
+use crate::storage::position::DurablePoint;
 use crate::storage::sync_dir;
 use crate::topic::{even_ranges, partition_dir, Node, Topic, TopicInner, TopicState};
 
@@ -50,17 +51,29 @@ pub struct Log {
 }
 
 /// Creates a new topic's directory, its partitions' directories and their
-/// first segments, and makes them durable, before the manifest record that
-/// commits the topic names them (C5: a crash before the commit leaves files
-/// no record names, which the next open removes as orphans; after it, every
-/// file the record names is there).
+/// first segments, and makes the partition directories' names durable,
+/// before the manifest record that commits the topic names them (C5: a
+/// crash before the commit leaves files no record names, which the next
+/// open removes as orphans; after it, every partition directory the record
+/// names is there).
 ///
-/// The fsyncs are batched rather than two per partition one after another:
-/// every segment's data and every partition directory (naming its segment)
-/// in rounds of [`BATCH_OPEN_MAX`] descriptors (half of them partitions:
-/// the segments' and the directories' descriptors are open only for
-/// their round), then the topic directory (naming the
-/// partition directories), then `topics/` (naming the topic directory).
+/// The first segments are not synced here, nor the directories naming
+/// them: two fsyncs a partition were most of a creation's time (10,000
+/// partitions, 20,000 fsyncs). A new partition's durable point says
+/// nothing is durable, not even its first segment's header, and its first
+/// segment counts as created by a roll whose directory fsync has not run
+/// (see [`Partition::first_segment_unnamed`]): the sync round that first
+/// has something of it to make durable fdatasyncs the segment and fsyncs
+/// its directory, in the batches it issues anyway. Until then a power loss
+/// may take the file or leave its header torn; recovery treats that as the
+/// torn creation of a segment no checkpoint calls synced and creates it
+/// again, losing nothing, since nothing of it was acknowledged durable.
+///
+/// Each segment's descriptor is closed once it is created: the topic holds
+/// no descriptor per partition (the writer opens the file again when it
+/// needs it). Then the topic
+/// directory (naming the partition directories) and `topics/` (naming the
+/// topic directory) are fsynced.
 fn create_topic_files(
     core: &Core,
     tdir: &Path,
@@ -69,39 +82,22 @@ fn create_topic_files(
 ) -> Result<Vec<Arc<crate::storage::segment::Segment>>> {
     std::fs::create_dir_all(tdir).at(tdir)?;
     let mut segments = Vec::with_capacity(rec.partitions.len());
-    // Two descriptors a partition (its segment, its directory).
-    for batch in rec.partitions.chunks(BATCH_OPEN_MAX / 2) {
-        let mut targets = Vec::with_capacity(2 * batch.len());
-        let mut synced = Vec::with_capacity(batch.len());
-        for p in batch {
-            let pdir = partition_dir(tdir, p.id);
-            std::fs::create_dir_all(&pdir).at(&pdir)?;
-            let seg = Arc::new(crate::storage::segment::Segment::create_version(
-                &pdir,
-                (rec.id, p.id),
-                0,
-                rec.config.segment_bytes,
-                (
-                    now,
-                    crate::partition::segment_version(rec.config.replicated),
-                ),
-                &*core.hook,
-            )?);
-            let (target, pos) = seg.new_data_target()?;
-            targets.push(target);
-            targets.push(dir_target(&pdir, IoOp::SyncNewDir)?);
-            synced.push((seg, pos));
-        }
-        core.syncer.sync_batch(&targets)?;
-        drop(targets);
-        for (seg, pos) in synced {
-            seg.set_synced_pos(pos);
-            // Nothing to write or sync until the first append: the topic
-            // holds no descriptor per partition (the writer opens the file
-            // again when it needs it).
-            seg.close_file();
-            segments.push(seg);
-        }
+    for p in &rec.partitions {
+        let pdir = partition_dir(tdir, p.id);
+        std::fs::create_dir_all(&pdir).at(&pdir)?;
+        let seg = Arc::new(crate::storage::segment::Segment::create_version(
+            &pdir,
+            (rec.id, p.id),
+            0,
+            rec.config.segment_bytes,
+            (
+                now,
+                crate::partition::segment_version(rec.config.replicated),
+            ),
+            &*core.hook,
+        )?);
+        seg.close_file();
+        segments.push(seg);
     }
     sync_dir(&*core.hook, IoOp::SyncNewDir, tdir)?;
     sync_dir(&*core.hook, IoOp::SyncNewDir, &core.dir.join(TOPICS_DIR))?;
@@ -330,7 +326,16 @@ impl Log {
         let topic = new_topic(&self.core, &self._lock, rec);
         let mut st = TopicState::default();
         for (p, seg) in rec.partitions.iter().zip(segments) {
-            let part = topic.make_partition(p.id, vec![seg], (p.start, p.end), false, (0, 64, 0));
+            // Nothing durable yet, not even the header: see
+            // `create_topic_files`.
+            let part = topic.make_partition(
+                p.id,
+                vec![seg],
+                (p.start, p.end),
+                false,
+                DurablePoint::NOTHING.into(),
+            );
+            part.first_segment_unnamed();
             st.routes.insert(p.start, p.id);
             st.nodes.insert(
                 p.id,

@@ -18,6 +18,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::events::EventHub;
 use crate::format::checkpoint::{Checkpoint, PartitionCheckpoint};
 use crate::format::manifest::{ManifestState, PartitionRecord, PartitionState, TopicRecord};
+use crate::format::segment::SEGMENT_HEADER_LEN;
 use crate::layout::{topic_dir, LOCK_FILE, TOPICS_DIR};
 use crate::partition::Partition;
 use crate::recovery::partition::{
@@ -254,24 +255,26 @@ fn recover(
     // Make what recovery kept durable and clear the clean-shutdown mark
     // before anything new is appended: both checkpoint files then describe
     // the recovered state.
-    if !checkpoint.clean {
-        // A process killed after a roll leaves the new segment's name in
-        // the page cache but not known durable: recovery fsyncs a
-        // directory only where it removed or created files, so the open
-        // fsyncs the directory of every partition whose names may not be
-        // durable, before a checkpoint or a durable end names a segment in
-        // it. A checkpoint names a segment only once its name is durable
-        // (and with it every older one): a partition whose chain ends at
-        // or below the segment its entry names has nothing to make
-        // durable, and costs no fsync.
-        let dirs: Vec<std::path::PathBuf> = topics
-            .partitions()
-            .iter()
-            .filter(|p| names_may_not_be_durable(p, &cps, checkpoint_lost))
-            .map(|p| p.dir().to_path_buf())
-            .collect();
-        sync_recovered_dirs(core, &dirs)?;
-    }
+    // A process killed after a roll leaves the new segment's name in the
+    // page cache but not known durable: recovery fsyncs a directory only
+    // where it removed or created files, so after an unclean shutdown the
+    // open fsyncs the directory of every partition whose names may not be
+    // durable, before a checkpoint or a durable end names a segment in it.
+    // A checkpoint names a segment only once its name is durable (and with
+    // it every older one): a partition whose chain ends at or below the
+    // segment its entry names has nothing to make durable, and costs no
+    // fsync. An entry that calls nothing durable (a new topic's partition
+    // no sync round had reached) says no name is, even after a clean close.
+    let dirs: Vec<std::path::PathBuf> = topics
+        .partitions()
+        .iter()
+        .filter(|p| {
+            names_may_not_be_durable(p, &cps, checkpoint_lost)
+                && (!checkpoint.clean || nothing_durable(p, &cps))
+        })
+        .map(|p| p.dir().to_path_buf())
+        .collect();
+    sync_recovered_dirs(core, &dirs)?;
     core.request_checkpoint();
     core.sync_round()?;
     core.request_checkpoint();
@@ -298,8 +301,8 @@ fn sync_recovered_dirs(core: &Core, dirs: &[std::path::PathBuf]) -> Result<()> {
 
 /// Whether the names of `p`'s segments may not all be durable after an
 /// unclean shutdown: its chain ends in a segment newer than the one its
-/// checkpoint entry names (rolled to after that checkpoint), or no entry
-/// names it at all.
+/// checkpoint entry names (rolled to after that checkpoint), its entry
+/// calls nothing durable (see [`nothing_durable`]), or no entry names it.
 fn names_may_not_be_durable(
     p: &Partition,
     cps: &HashMap<(u32, u32), &PartitionCheckpoint>,
@@ -307,9 +310,19 @@ fn names_may_not_be_durable(
 ) -> bool {
     let last = p.segments().last().map(|s| s.base_offset);
     match cps.get(&(p.p.topic_id, p.id())) {
-        Some(c) if !checkpoint_lost => last.is_some_and(|base| base > c.segment_base),
+        Some(c) if !checkpoint_lost => {
+            c.position < SEGMENT_HEADER_LEN as u64 || last.is_some_and(|base| base > c.segment_base)
+        }
         _ => true,
     }
+}
+
+/// Whether `p`'s checkpoint entry calls nothing of it durable, not even
+/// its first segment's header: a new topic's partition that no sync round
+/// had reached when the checkpoint was written.
+fn nothing_durable(p: &Partition, cps: &HashMap<(u32, u32), &PartitionCheckpoint>) -> bool {
+    cps.get(&(p.p.topic_id, p.id()))
+        .is_some_and(|c| c.position < SEGMENT_HEADER_LEN as u64)
 }
 
 /// Checks that `dir` is usable: creates it (when allowed) or recognises a log.
@@ -399,6 +412,7 @@ fn chain_params<'a>(
         clean: checkpoint.clean,
         sealed,
         checkpoint_lost,
+        initial: p.parents.is_empty(),
         mode,
         hook,
     }

@@ -211,6 +211,7 @@ fn check_partition(
             PartitionState::Active => None,
         },
         checkpoint_lost,
+        initial: p.parents.is_empty(),
         mode: VERIFY_MODE,
         hook: &NoFaults,
     };

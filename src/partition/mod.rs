@@ -312,6 +312,19 @@ impl Partition {
         }
     }
 
+    /// Marks the first segment of a new topic's partition as not yet
+    /// named durably: its directory entry, like a rolled segment's, becomes
+    /// durable by the directory fsync of the first sync round that captures
+    /// a position in it. `rolls` starts at 1 and `dir_synced_rolls` at 0,
+    /// so a segment counted as created by roll 1 is fsynced into its
+    /// directory by that round (or by the roll that follows it, before the
+    /// next segment is created).
+    pub(crate) fn first_segment_unnamed(&self) {
+        let mut w = self.writer.lock();
+        w.segment_roll = 1;
+        self.publish_written(&w);
+    }
+
     /// Partition id.
     pub fn id(&self) -> u32 {
         self.p.id

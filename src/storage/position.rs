@@ -33,10 +33,13 @@ pub(crate) struct DurablePoint {
 }
 
 impl DurablePoint {
-    /// Nothing durable yet: the first segment's header, offset 0.
-    pub(crate) const START: DurablePoint = DurablePoint {
+    /// Nothing durable at all, not even the first segment's header (a new
+    /// topic's partition, or a chain recovery found no checkpoint in): a
+    /// position below the header, which a checkpoint entry records and
+    /// recovery reads as saying nothing of the segment's bytes.
+    pub(crate) const NOTHING: DurablePoint = DurablePoint {
         segment_base: 0,
-        position: crate::format::segment::SEGMENT_HEADER_LEN as u64,
+        position: 0,
         end_offset: 0,
     };
 }

@@ -350,6 +350,7 @@ mod tests {
             clean: false,
             sealed: None,
             checkpoint_lost: false,
+            initial: false,
             mode: RecoverMode {
                 write: true,
                 full_scan: false,

@@ -249,8 +249,12 @@ pub(super) fn keep_segment(
     } else {
         // Never past the end: a checkpoint that describes another file of
         // this name (see `plan_scan`) says nothing of this one's bytes.
-        sync.checkpoint
-            .map_or(SEGMENT_HEADER_LEN as u64, |c| c.position.min(end.end_pos))
+        // Without a checkpoint in its data nothing of the file is known
+        // durable, its header included (a new topic's first segment, or a
+        // rolled one, that a process kill left in the page cache): the
+        // open's sync round fdatasyncs it before a checkpoint points into
+        // it, even when it holds no record.
+        sync.checkpoint.map_or(0, |c| c.position.min(end.end_pos))
     };
     seg.set_recovered_end(end.end_pos, end.end_offset, synced, end.sealed);
     if let Some(c) = sync.checkpoint.filter(|c| c.position <= end.end_pos) {

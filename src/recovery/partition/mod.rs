@@ -86,6 +86,14 @@ pub struct ChainParams<'a> {
     /// both checkpoint files were damaged or removed (every log writes one
     /// at its first open, before any topic exists).
     pub checkpoint_lost: bool,
+    /// One of the partitions the topic was created with (no parents): its
+    /// first segment becomes durable in the sync round that first has
+    /// something of it to make durable, not at its creation, so while no
+    /// checkpoint entry calls any of its data durable, no file at all is
+    /// what a power loss leaves of an unsynced partition, not a loss.
+    /// (Children of splits and merges are durable before their record
+    /// commits.)
+    pub initial: bool,
     /// What recovery may do.
     pub mode: RecoverMode,
     /// Sees the fsyncs recovery makes after a repair.
@@ -107,6 +115,17 @@ impl<'a> ChainParams<'a> {
     pub(crate) fn checkpoint_in_data(&self) -> Option<&'a PartitionCheckpoint> {
         self.checkpoint
             .filter(|c| c.position >= SEGMENT_HEADER_LEN as u64)
+    }
+
+    /// Whether nothing says the partition's first segment was ever made
+    /// durable: an active initial partition (see [`ChainParams::initial`])
+    /// whose checkpoint entry, in a checkpoint that is there, calls none
+    /// of its data durable.
+    pub(crate) fn first_segment_may_be_unsynced(&self) -> bool {
+        self.initial
+            && self.sealed.is_none()
+            && !self.checkpoint_lost
+            && self.checkpoint_in_data().is_none()
     }
 }
 
@@ -337,7 +356,11 @@ pub fn repair_chain(
         report,
         out: RecoveredChain {
             segments: Vec::new(),
-            durable: DurablePoint::START,
+            // Until a checkpoint names a kept segment: a segment recovery
+            // creates, or one no checkpoint describes, is synced by the
+            // open's first round, and the checkpoint written in that same
+            // round must not call its header durable yet.
+            durable: DurablePoint::NOTHING,
             holes: Vec::new(),
             problems: Vec::new(),
             next_offset: 0,
@@ -385,8 +408,9 @@ pub(crate) struct ChainEnd {
     /// The checkpoint's segment is gone: not retired, not set aside by an
     /// earlier repair.
     pub checkpoint_file_missing: bool,
-    /// An active partition has no segment at all (its directory and first
-    /// segment are durable before the manifest commits it).
+    /// An active partition has no segment at all, though something says
+    /// its first segment was durable (see
+    /// [`ChainParams::first_segment_may_be_unsynced`]).
     pub no_segment: bool,
     /// The chain ends with a rolled segment, complete up to its seal: the
     /// segment after it existed (whatever followed it here was cut or is
@@ -418,7 +442,8 @@ impl ChainEnd {
             }),
             no_segment: live.is_empty()
                 && opened.set_aside.is_empty()
-                && (p.sealed.is_none() || p.checkpoint.is_none()),
+                && (p.sealed.is_none() || p.checkpoint.is_none())
+                && !p.first_segment_may_be_unsynced(),
             ends_rolled: segments.last().is_some_and(|s| s.is_sealed()),
             last_file: segments.last().map(|s| s.path().to_path_buf()),
             dir_missing: opened.dir_missing,

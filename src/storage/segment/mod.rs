@@ -661,23 +661,6 @@ impl Segment {
         })
     }
 
-    /// The fdatasync of a segment created outside a sync round, for a
-    /// batch of them ([`crate::storage::durability::Syncer::sync_all`]),
-    /// with the position it makes durable: once the target synced, the
-    /// caller passes it to [`Segment::set_synced_pos`].
-    pub(crate) fn new_data_target(&self) -> Result<(SyncTarget, u64)> {
-        let file = self.file()?;
-        let pos = self.committed_pos();
-        let target = SyncTarget {
-            fd: file.as_raw_fd(),
-            path: self.path.clone(),
-            datasync: true,
-            op: IoOp::SyncNewSegment,
-            _keep: Some(file),
-        };
-        Ok((target, pos))
-    }
-
     /// fdatasync of a segment created outside a sync round.
     pub fn sync_data(&self, hook: &dyn IoHook) -> Result<()> {
         let file = self.file()?;

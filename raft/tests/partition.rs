@@ -183,10 +183,14 @@ fn the_leaders_links_flapping_every_300_ms_lose_and_duplicate_no_acknowledged_ap
             tokio::time::sleep(FLAP_EVERY).await;
         }
         c.mesh().heal();
+        let cut = c.mesh().cut_connections();
         eprintln!(
-            "healed; {} appends acknowledged while flapping",
+            "healed; {} appends acknowledged while flapping, {cut} node-to-node connections cut",
             c.acked() - before
         );
+        // The drops closed connections the nodes had made: the links'
+        // traffic did go through the proxies.
+        assert!(cut > 0, "a drop closed a node-to-node connection");
         c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, None).await;
         // Every acknowledged append once, at its offset; every producer's
         // key holds each acknowledged sequence once, in order.

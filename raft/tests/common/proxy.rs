@@ -19,6 +19,7 @@
 //! Every connection task ends when the mode changes or the proxy drops.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fissionlog_raft::types::NodeId;
@@ -39,6 +40,8 @@ pub struct Proxy {
     addr: String,
     target: Arc<Mutex<Option<String>>>,
     mode: watch::Sender<Mode>,
+    /// Forwarding connections a switch closed.
+    cut: Arc<AtomicU64>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -52,12 +55,13 @@ impl Proxy {
         let addr = listener.local_addr().expect("a bound address").to_string();
         let target = Arc::new(Mutex::new(None::<String>));
         let (mode, _) = watch::channel(Mode::Pass);
+        let cut = Arc::new(AtomicU64::new(0));
         let accept = {
-            let (target, mode) = (target.clone(), mode.clone());
+            let (target, mode, cut) = (target.clone(), mode.clone(), cut.clone());
             tokio::spawn(async move {
                 while let Ok((inbound, _)) = listener.accept().await {
                     let to = lock(&target).clone();
-                    tokio::spawn(serve(inbound, to, mode.subscribe()));
+                    tokio::spawn(serve(inbound, to, mode.subscribe(), cut.clone()));
                 }
             })
         };
@@ -65,6 +69,7 @@ impl Proxy {
             addr,
             target,
             mode,
+            cut,
             accept,
         }
     }
@@ -77,6 +82,12 @@ impl Proxy {
     /// Where the link leads: the listening address of its node.
     pub fn set_target(&self, target: &str) {
         *lock(&self.target) = Some(target.to_string());
+    }
+
+    /// How many forwarding connections a switch has closed: more than
+    /// none shows the link's traffic went through this proxy.
+    pub fn cut_connections(&self) -> u64 {
+        self.cut.load(Ordering::SeqCst)
     }
 
     /// Switches the link; a change closes every connection it holds.
@@ -96,7 +107,12 @@ impl Drop for Proxy {
 }
 
 /// One accepted connection, until the mode changes (or the proxy goes).
-async fn serve(mut inbound: TcpStream, target: Option<String>, mut mode: watch::Receiver<Mode>) {
+async fn serve(
+    mut inbound: TcpStream,
+    target: Option<String>,
+    mut mode: watch::Receiver<Mode>,
+    cut: Arc<AtomicU64>,
+) {
     let current = *mode.borrow_and_update();
     match current {
         Mode::Pass => {
@@ -114,7 +130,9 @@ async fn serve(mut inbound: TcpStream, target: Option<String>, mut mode: watch::
             let _ = outbound.set_nodelay(true);
             tokio::select! {
                 _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                _ = mode.changed() => {}
+                _ = mode.changed() => {
+                    cut.fetch_add(1, Ordering::SeqCst);
+                }
             }
         }
         Mode::Drop => {
@@ -181,6 +199,11 @@ impl Mesh {
                 p.set(mode);
             }
         }
+    }
+
+    /// Forwarding connections closed by switches, over every link.
+    pub fn cut_connections(&self) -> u64 {
+        self.links.values().map(Proxy::cut_connections).sum()
     }
 
     /// Every link passes again.

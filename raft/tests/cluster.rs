@@ -297,3 +297,16 @@ fn a_node_without_its_required_options_exits_with_a_usage_error() {
     );
     assert!(stderr.contains("usage:"), "{stderr}");
 }
+
+#[test]
+fn the_nodes_help_lists_its_options_and_exits_with_success() {
+    let out = Command::new(env!("CARGO_BIN_EXE_fissionlog-raft"))
+        .arg("--help")
+        .output()
+        .expect("run the node binary");
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for option in ["--dir", "--node-id", "--listen", "--peers", "--peer-dial"] {
+        assert!(stdout.contains(option), "{option} in {stdout}");
+    }
+}

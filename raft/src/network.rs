@@ -144,6 +144,9 @@ pub struct Network {
     me: NodeId,
     cfg: NetworkConfig,
     links: Arc<Mutex<Links>>,
+    /// Where to dial a peer instead of the address its membership names
+    /// (a proxy in front of it, say); peers not in it are dialled there.
+    dial: Arc<HashMap<NodeId, String>>,
 }
 
 impl Network {
@@ -153,12 +156,24 @@ impl Network {
             me,
             cfg,
             links: Arc::default(),
+            dial: Arc::default(),
         }
     }
 
-    /// The shared link to `target` at `addr`; a new address replaces the
-    /// link (the old one ends when its last handle goes).
+    /// This network, dialling each peer in `dial` at the address given
+    /// there whatever address the group's membership names for it. The
+    /// membership (what every node agrees on) keeps the address the peer
+    /// listens on; only this node's outgoing connections go elsewhere.
+    pub fn with_dial_overrides(mut self, dial: HashMap<NodeId, String>) -> Network {
+        self.dial = Arc::new(dial);
+        self
+    }
+
+    /// The shared link to `target` at `addr` (or at its dial override);
+    /// a new address replaces the link (the old one ends when its last
+    /// handle goes).
     pub fn link(&self, target: NodeId, addr: &str) -> Arc<PeerLink> {
+        let addr = self.dial.get(&target).map_or(addr, String::as_str);
         let mut links = link::lock(&self.links);
         if let Some((known, l)) = links.get(&target) {
             if known == addr {

@@ -2,8 +2,15 @@
 //!
 //! ```text
 //! fissionlog-raft --dir DIR --node-id N --listen HOST:PORT
-//!                 [--peers ID=HOST:PORT,...] [--groups N] [--exit-on-stdin-close]
+//!                 [--peers ID=HOST:PORT,...] [--peer-dial ID=HOST:PORT,...]
+//!                 [--groups N] [--exit-on-stdin-close]
+//! fissionlog-raft --help
 //! ```
+//!
+//! `--peer-dial ID=ADDR` makes this node dial peer `ID` at `ADDR` instead
+//! of the address the group's membership names for it (which stays the
+//! one that peer listens on); the tests put a proxy there to cut links.
+//! It may be given more than once.
 //!
 //! It hosts partition groups `(topic 0, partition 0..N)`, listens for peers
 //! and clients on one port (port 0: the OS picks; the chosen address is
@@ -33,19 +40,65 @@ struct Args {
     node_id: NodeId,
     listen: String,
     peers: BTreeMap<NodeId, String>,
+    peer_dial: BTreeMap<NodeId, String>,
     groups: u32,
     exit_on_stdin_close: bool,
 }
 
 const USAGE: &str = "usage: fissionlog-raft --dir DIR --node-id N --listen HOST:PORT \
-[--peers ID=HOST:PORT,...] [--groups N] [--exit-on-stdin-close]";
+[--peers ID=HOST:PORT,...] [--peer-dial ID=HOST:PORT,...] [--groups N] [--exit-on-stdin-close]";
 
-fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+const HELP: &str = "\
+One fissionlog node: hosts partition groups (topic 0, partition 0..N) and
+serves peers and clients on one port.
+
+  --dir DIR              the node's log directory (created if absent)
+  --node-id N            this node's id
+  --listen HOST:PORT     where to listen (port 0: the OS picks; printed as
+                         `listening HOST:PORT` on stdout)
+  --peers ID=ADDR,...    the peers, used to initialise a group given none
+  --peer-dial ID=ADDR,...
+                         dial peer ID at ADDR instead of the address the
+                         group's membership names for it (a proxy, say);
+                         may be repeated
+  --groups N             partition groups hosted (default 1)
+  --exit-on-stdin-close  stop when stdin closes
+  --help                 print this and exit
+
+Exit codes: 0 after a clean stop, 1 when it cannot start, 2 on a usage error.
+Logs to stderr, filtered by RUST_LOG (default `warn`).";
+
+/// `ID=HOST:PORT,...` into `into`, as `flag`'s value.
+fn parse_addrs(flag: &str, value: &str, into: &mut BTreeMap<NodeId, String>) -> Result<(), String> {
+    for p in value.split(',').filter(|p| !p.is_empty()) {
+        let (id, addr) = p
+            .split_once('=')
+            .ok_or_else(|| format!("{flag} {p:?} is not ID=HOST:PORT"))?;
+        let id = id
+            .parse::<NodeId>()
+            .map_err(|_| format!("{flag} id {id:?} is not a number"))?;
+        into.insert(id, addr.to_string());
+    }
+    Ok(())
+}
+
+/// What the command line asks for: a node to run, or the help text.
+#[derive(Debug)]
+enum Cli {
+    Run(Args),
+    Help,
+}
+
+fn parse(mut it: impl Iterator<Item = String>) -> Result<Cli, String> {
     let (mut dir, mut node_id, mut listen) = (None, None, None);
     let mut peers = BTreeMap::new();
+    let mut peer_dial = BTreeMap::new();
     let mut groups = 1u32;
     let mut exit_on_stdin_close = false;
     while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            return Ok(Cli::Help);
+        }
         if flag == "--exit-on-stdin-close" {
             exit_on_stdin_close = true;
             continue;
@@ -66,28 +119,20 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                     .parse()
                     .map_err(|_| format!("--groups {value:?} is not a number"))?
             }
-            "--peers" => {
-                for p in value.split(',').filter(|p| !p.is_empty()) {
-                    let (id, addr) = p
-                        .split_once('=')
-                        .ok_or_else(|| format!("peer {p:?} is not ID=HOST:PORT"))?;
-                    let id = id
-                        .parse::<NodeId>()
-                        .map_err(|_| format!("peer id {id:?} is not a number"))?;
-                    peers.insert(id, addr.to_string());
-                }
-            }
+            "--peers" => parse_addrs(&flag, &value, &mut peers)?,
+            "--peer-dial" => parse_addrs(&flag, &value, &mut peer_dial)?,
             other => return Err(format!("unknown option {other}")),
         }
     }
-    Ok(Args {
+    Ok(Cli::Run(Args {
         dir: dir.ok_or("--dir is required")?,
         node_id: node_id.ok_or("--node-id is required")?,
         listen: listen.ok_or("--listen is required")?,
         peers,
+        peer_dial,
         groups,
         exit_on_stdin_close,
-    })
+    }))
 }
 
 /// Installs the stderr subscriber; `Err` names a `RUST_LOG` that does not
@@ -117,7 +162,11 @@ fn init_logging() -> Result<(), String> {
 
 fn main() -> ExitCode {
     let args = match parse(std::env::args().skip(1)) {
-        Ok(a) => a,
+        Ok(Cli::Run(a)) => a,
+        Ok(Cli::Help) => {
+            println!("{USAGE}\n\n{HELP}");
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
             eprintln!("{e}\n{USAGE}");
             return ExitCode::from(2);
@@ -166,7 +215,8 @@ async fn run(args: Args) -> Result<(), String> {
     let mut peers = args.peers.clone();
     peers.insert(args.node_id, local.to_string());
     let cfg = NetworkConfig::default();
-    let network = Network::new(args.node_id, cfg.clone());
+    let network = Network::new(args.node_id, cfg.clone())
+        .with_dial_overrides(args.peer_dial.clone().into_iter().collect());
     let groups: Vec<GroupId> = (0..args.groups).map(|p| GroupId::partition(0, p)).collect();
     let node = Node::start(args.node_id, &args.dir, &groups, peers, &network)
         .await

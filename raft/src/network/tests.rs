@@ -80,6 +80,20 @@ async fn a_vote_goes_to_the_peer_and_its_answer_comes_back() {
 }
 
 #[tokio::test]
+async fn a_dial_override_sends_to_its_address_not_the_membership_one() {
+    let server = echo_server(listener().await).await;
+    // Nothing listens where the membership says node 2 is.
+    let nowhere = listener().await;
+    let membership_addr = nowhere.local_addr().expect("bound").to_string();
+    drop(nowhere);
+    let net = Network::new(1, NetworkConfig::default())
+        .with_dial_overrides([(2, server.local_addr().to_string())].into());
+    let mut c = client(&net, &membership_addr).await;
+    let resp = c.vote(vote(7), ttl(5_000)).await.expect("answered");
+    assert!(resp.vote_granted);
+}
+
+#[tokio::test]
 async fn answers_come_back_out_of_order_on_one_shared_connection() {
     let server = echo_server(listener().await).await;
     let addr = server.local_addr().to_string();

@@ -1,0 +1,199 @@
+//! Network partitions on a three-node cluster: every node-to-node link
+//! runs through a TCP proxy (`common::proxy`, reached with the node's
+//! `--peer-dial`) that a test switches between passing and dropping,
+//! while idempotent producers append with `acks=quorum` and a committed
+//! reader reads (clients reach the nodes directly, past the proxies). Each
+//! run ends with the history check of `common::cluster` over everything
+//! acknowledged and read against the committed log all three nodes
+//! converge on once the network heals.
+//!
+//! Bounded: each test has a 60 s deadline, and every node and proxy goes
+//! when the test's cluster drops.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use fissionlog_raft::client::{ClientCall, ClientReply};
+use fissionlog_raft::types::NodeId;
+
+use common::cluster::{call, lock, run_within, Ack, Cluster, ACKS_PER_PHASE, GROUP};
+use common::proxy::Mode;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+/// How long a wait inside a test may take before it fails with a message
+/// saying what did not happen (well inside the deadline).
+const WAIT_LIMIT: Duration = Duration::from_secs(20);
+
+/// `(leader it names, committed end)` by node `id`'s status, if it
+/// answers.
+async fn status(c: &mut Cluster, id: NodeId) -> Option<(Option<NodeId>, u64)> {
+    let addr = c.node(id).addr.clone();
+    match call(&addr, ClientCall::Status { group: GROUP }).await {
+        Some(ClientReply::Status {
+            leader,
+            committed_end,
+        }) => Some((leader, committed_end)),
+        _ => None,
+    }
+}
+
+/// Waits until every node of `ids` names the same leader, one of `ids`;
+/// returns it.
+async fn wait_leader_among(c: &mut Cluster, ids: &[NodeId]) -> NodeId {
+    let started = Instant::now();
+    loop {
+        let mut named = Vec::new();
+        for &id in ids {
+            named.push(status(c, id).await.and_then(|(l, _)| l));
+        }
+        if let Some(Some(l)) = named.first().copied() {
+            if ids.contains(&l) && named.iter().all(|n| *n == Some(l)) {
+                return l;
+            }
+        }
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "nodes {ids:?} agreed on a leader among them (they name {named:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One past the highest offset acknowledged so far.
+fn acked_end(c: &Cluster) -> u64 {
+    lock(&c.acks)
+        .iter()
+        .map(|a| a.offset + 1)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Panics unless `ack` is in `final_log` at its offset, with its value.
+fn assert_in_final_log(ack: &Ack, final_log: &[fissionlog_raft::client::ReadRecord]) {
+    let want = format!("{}:{}", ack.key, ack.seq);
+    let found = final_log
+        .get(ack.offset as usize)
+        .map(|r| String::from_utf8_lossy(&r.value).into_owned());
+    assert_eq!(
+        found.as_deref(),
+        Some(want.as_str()),
+        "acknowledged by node {} at offset {}",
+        ack.by,
+        ack.offset
+    );
+}
+
+#[test]
+fn a_leader_cut_off_from_both_followers_is_replaced_and_acknowledges_nothing_the_final_log_lacks() {
+    run_within(DEADLINE, async {
+        let mut c = Cluster::start_with_proxies().await;
+        c.wait_acks(0, ACKS_PER_PHASE / 2, None).await;
+        let old = c.leader().await;
+        let followers: Vec<NodeId> = (1..=3).filter(|&n| n != old).collect();
+        c.mesh().set_node(old, Mode::Drop);
+        let cut_at = Instant::now();
+        eprintln!("cut node {old}, the leader, off from {followers:?}");
+        // The majority side elects one of its own.
+        let new = wait_leader_among(&mut c, &followers).await;
+        eprintln!(
+            "nodes {followers:?} follow node {new} {:?} after the cut",
+            cut_at.elapsed()
+        );
+        // The producers find it and it acknowledges without the old leader.
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, Some(old)).await;
+        // The old leader, still reachable by clients, has no quorum: an
+        // append sent straight to it is never acknowledged.
+        let reply = c.probe(old, 0).await;
+        eprintln!("an append to the cut-off leader: {reply:?}");
+        assert!(
+            !matches!(reply, Some(ClientReply::Applied(_))),
+            "node {old}, cut off from both followers, acknowledged an append: {reply:?}"
+        );
+        c.mesh().heal();
+        eprintln!("healed");
+        // It learns of the newer term, names the new leader, refuses
+        // appends; what it took in alone is truncated, not committed.
+        c.wait_stepped_down(old, 1).await;
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, None).await;
+        let (acks, final_log) = c.finish_and_check().await;
+        let late: Vec<&Ack> = acks
+            .iter()
+            .filter(|a| a.by == old && a.at > cut_at)
+            .collect();
+        eprintln!(
+            "node {old} answered {} appends as acknowledged after the cut",
+            late.len()
+        );
+        for a in late {
+            assert_in_final_log(a, &final_log);
+        }
+    });
+}
+
+#[test]
+fn a_follower_cut_off_by_a_symmetric_partition_catches_up_to_the_same_committed_log_after_it_heals()
+{
+    run_within(DEADLINE, async {
+        let mut c = Cluster::start_with_proxies().await;
+        c.wait_acks(0, ACKS_PER_PHASE / 2, None).await;
+        let leader = c.leader().await;
+        let cut = (1..=3).find(|&n| n != leader).unwrap_or(1);
+        c.mesh().set_node(cut, Mode::Drop);
+        eprintln!("cut node {cut}, a follower, off from both peers");
+        // The other two are a quorum: acknowledgements go on.
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, None).await;
+        // The partition held the cut-off node back (so the heal below has
+        // something to catch up).
+        let behind = status(&mut c, cut).await.map(|(_, end)| end);
+        let acked = acked_end(&c);
+        eprintln!("node {cut} committed end {behind:?}, acknowledged up to {acked}");
+        assert!(
+            behind.is_some_and(|end| end < acked),
+            "node {cut}, cut off, stayed behind what was acknowledged ({behind:?} < {acked})"
+        );
+        c.mesh().heal();
+        eprintln!("healed");
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, None).await;
+        // All three, the cut-off one included, converge on one log.
+        c.finish_and_check().await;
+    });
+}
+
+/// Times the leader's links flip between dropping and passing.
+const FLAPS: usize = 16;
+/// How long each state of a flapping link lasts.
+const FLAP_EVERY: Duration = Duration::from_millis(300);
+
+#[test]
+fn the_leaders_links_flapping_every_300_ms_lose_and_duplicate_no_acknowledged_append() {
+    run_within(DEADLINE, async {
+        let c = Cluster::start_with_proxies().await;
+        c.wait_acks(0, ACKS_PER_PHASE / 2, None).await;
+        let leader = c.leader().await;
+        let before = c.acked();
+        eprintln!("flapping node {leader}'s links to both followers");
+        for flap in 0..FLAPS {
+            let mode = if flap % 2 == 0 {
+                Mode::Drop
+            } else {
+                Mode::Pass
+            };
+            c.mesh().set_node(leader, mode);
+            tokio::time::sleep(FLAP_EVERY).await;
+        }
+        c.mesh().heal();
+        let cut = c.mesh().cut_connections();
+        eprintln!(
+            "healed; {} appends acknowledged while flapping, {cut} node-to-node connections cut",
+            c.acked() - before
+        );
+        // The drops closed connections the nodes had made: the links'
+        // traffic did go through the proxies.
+        assert!(cut > 0, "a drop closed a node-to-node connection");
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, None).await;
+        // Every acknowledged append once, at its offset; every producer's
+        // key holds each acknowledged sequence once, in order.
+        c.finish_and_check().await;
+    });
+}

@@ -7,7 +7,11 @@
 //! `poll_wait` returning it, beside a `Reader`'s. Then topics of N active
 //! partitions (`GROUPS_WIDE`, default 100 and 1,000): an idle poll, and a
 //! poll after an append to one partition, of one member owning them all
-//! and of a `Reader` from `Latest`, beside the raw end lookup.
+//! and of a `Reader` from `Latest`, beside the raw end lookup; and each
+//! idle poll of that member timed alone over 2.5 s (median, 99.9th
+//! percentile, slowest, how many took 100 µs or more of wall time and of
+//! the thread's CPU time, which a loaded machine does not inflate): the
+//! work the clock triggers shows there.
 
 mod common;
 
@@ -115,7 +119,8 @@ fn e2e(topic: &Topic, samples: usize, mut wait: impl FnMut() -> usize) -> Vec<Du
 }
 
 /// Per N: idle poll of the member, of the reader; poll after one append
-/// of the member, of the reader; the raw end lookup.
+/// of the member, of the reader; the raw end lookup; each idle poll of the
+/// member over [`SPREAD_TIME`].
 type WideRow = (
     u32,
     Vec<Duration>,
@@ -123,7 +128,40 @@ type WideRow = (
     Vec<Duration>,
     Vec<Duration>,
     Vec<Duration>,
+    Vec<(Duration, Duration)>,
 );
+
+/// How long each idle poll of the member is timed alone: long enough for
+/// the work the clock triggers (rate folds every 100 ms, a balancing every
+/// second) to land in it.
+const SPREAD_TIME: Duration = Duration::from_millis(2_500);
+
+/// CPU time of the calling thread: unlike wall time, it does not count
+/// the time the thread waited for a core, so it survives a loaded machine.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the valid, owned struct.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Each call of `f` timed alone, for `time`: its wall time and its
+/// thread's CPU time.
+fn each_call(time: Duration, mut f: impl FnMut()) -> Vec<(Duration, Duration)> {
+    let t0 = Instant::now();
+    let mut out = Vec::with_capacity(1 << 20);
+    while t0.elapsed() < time {
+        let c = thread_cpu();
+        let t = Instant::now();
+        f();
+        let wall = t.elapsed();
+        out.push((wall, thread_cpu() - c));
+    }
+    out
+}
 
 /// Idle polls and polls after one append over a topic of `n` active
 /// partitions, one member owning all of them, and a `Reader`.
@@ -148,6 +186,9 @@ fn wide(log: &Log, n: u32) -> WideRow {
     });
     let idle_reader = per_call(20, Duration::from_millis(200), || {
         black_box(reader.poll(1).expect("poll"));
+    });
+    let spread = each_call(SPREAD_TIME, || {
+        black_box(m.poll(1).expect("poll"));
     });
     // The poll that returns one record appended to one partition (the
     // append is not timed: the clock stops around each poll).
@@ -185,7 +226,15 @@ fn wide(log: &Log, n: u32) -> WideRow {
     });
     drop(reader);
     m.leave().expect("leave");
-    (n, idle_member, idle_reader, one_member, one_reader, base)
+    (
+        n,
+        idle_member,
+        idle_reader,
+        one_member,
+        one_reader,
+        base,
+        spread,
+    )
 }
 
 fn main() {
@@ -307,7 +356,7 @@ fn main() {
     };
     let wide_rows: Vec<WideRow> = widths.iter().map(|&n| wide(&log, n)).collect();
     table_header("3. N active partitions, one member owning all, a Reader (polls/s)");
-    for (n, idle_m, idle_r, one_m, one_r, base) in &wide_rows {
+    for (n, idle_m, idle_r, one_m, one_r, base, spread) in &wide_rows {
         row_rate(
             &format!("{n} active: idle member vs end"),
             "poll",
@@ -335,6 +384,35 @@ fn main() {
             1.0,
             one_r,
             base,
+        );
+        let wall: Vec<Duration> = spread.iter().map(|x| x.0).collect();
+        let cpu: Vec<Duration> = spread.iter().map(|x| x.1).collect();
+        let slowest = wall.iter().max().copied().unwrap_or_default();
+        row_value(
+            &format!("{n} active: idle member p50/p99.9/max"),
+            format!(
+                "{} / {} / {}",
+                us(percentile(&wall, 50.0)),
+                us(percentile(&wall, 99.9)),
+                us(slowest)
+            ),
+        );
+        let slow = |v: &[Duration]| {
+            v.iter()
+                .filter(|d| **d >= Duration::from_micros(100))
+                .count()
+        };
+        row_value(
+            &format!("{n} active: idle polls >= 100 us, of"),
+            format!("{} of {}", slow(&wall), spread.len()),
+        );
+        row_value(
+            &format!("{n} active: idle polls >= 100 us CPU, max"),
+            format!(
+                "{} / {}",
+                slow(&cpu),
+                us(cpu.iter().max().copied().unwrap_or_default())
+            ),
         );
     }
     drop(topic);

@@ -70,8 +70,13 @@ impl Coordinator {
     /// See [`super::GroupOptions::split_lagging`]: the partition to split
     /// for lag, if one qualifies. The shell splits it; the split changes
     /// the topology, and the next lineage the coordinator takes has the
-    /// children (pinned to the owner).
+    /// children (pinned to the owner). The walk over every ready
+    /// partition's lag is made only when it can change something
+    /// ([`Coordinator::lag_walk_due`]).
     pub(super) fn split_for_lag(&mut self, view: &dyn TopicView, now: u64) -> Option<u32> {
+        if !self.lag_walk_due() {
+            return None;
+        }
         // Lag trend per ready partition, and per member the lag and the
         // count of what it owns and is not being moved away from: one
         // pass, so the candidates below cost a lookup each.
@@ -81,11 +86,13 @@ impl Coordinator {
             .iter()
             .map(|(&p, o)| (p, o.member.filter(|_| o.revoking.is_none())))
             .collect();
+        let mut growing = false;
         for (p, holder) in ready {
             let lag = self.lag(view, p);
             if let Some(r) = self.rates.get_mut(&p) {
                 r.lag_rounds = if lag > r.lag { r.lag_rounds + 1 } else { 0 };
                 r.lag = lag;
+                growing |= r.lag_rounds > 0;
             }
             if let Some(m) = holder {
                 let h = held.entry(m).or_default();
@@ -93,6 +100,7 @@ impl Coordinator {
                 h.1 += lag;
             }
         }
+        self.moved.lag_rounds_left = growing;
         let cooldown = duration_nanos(self.options.move_cooldown);
         if self
             .last_lag_split
@@ -110,11 +118,12 @@ impl Coordinator {
         let candidate = self.owners.iter().find_map(|(&p, o)| {
             let owner = o.member?;
             let r = self.rates.get(&p)?;
+            let rate = self.rate(p);
             // The owner's only partition it keeps.
             let only = o.revoking.is_none() && held.get(&owner).is_some_and(|h| h.0 == 1);
             let sealed = self.lineage.sealed_at(p).is_some();
             let in_band = match (config.target_records_per_sec, config.target_bytes_per_sec) {
-                (Some(t), _) => r.rate < t && r.rate >= config.merge_fraction * t,
+                (Some(t), _) => rate < t && rate >= config.merge_fraction * t,
                 // Only a bytes target: the group sees records, not bytes.
                 (None, Some(_)) => false,
                 (None, None) => true,
@@ -185,14 +194,18 @@ impl Coordinator {
     fn relieve_lagging(&mut self, view: &dyn TopicView, now: u64) -> (bool, BTreeSet<u64>) {
         let cooldown = duration_nanos(self.options.move_cooldown);
         let mut moved = false;
-        let lags: BTreeMap<u64, u64> = self
-            .members
-            .keys()
-            .map(|&id| {
-                let lag = self.owned_by(id).iter().map(|&p| self.lag(view, p)).sum();
-                (id, lag)
-            })
-            .collect();
+        // Per member, the lag of what it owns and is not being moved away
+        // from: one pass over the owners, not one per member.
+        let mut lags: BTreeMap<u64, u64> = self.members.keys().map(|&id| (id, 0)).collect();
+        for (&p, o) in &self.owners {
+            if let Some(lag) = o
+                .member
+                .filter(|_| o.revoking.is_none())
+                .and_then(|m| lags.get_mut(&m))
+            {
+                *lag += self.lag(view, p);
+            }
+        }
         let receivers = self.receivers(now);
         let mut gave: BTreeSet<u64> = BTreeSet::new();
         for (&id, &lag) in &lags {

@@ -412,6 +412,7 @@ impl Coordinator {
     /// release.
     pub(super) fn apply_commit(&mut self, id: u64, plan: CommitPlan, now: u64) {
         self.committed = plan.next;
+        self.committed_moved();
         for p in &plan.told {
             self.losses.remove(p);
         }

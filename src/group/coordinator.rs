@@ -14,12 +14,9 @@ use crate::reader::translate_tails;
 use crate::topology::lineage::Lineage;
 
 use super::committed::{lists_descendant, Committed, Loss};
+use super::rates::{Moved, PartitionRate};
 use super::timeouts::deadline_after;
-use super::{GroupOptions, GroupStats, MemberOptions, MemberState, RATE_TAU_S};
-
-/// Append rates are folded at most this often (a tick runs on every member
-/// call).
-const RATE_FOLD_NANOS: u64 = 100_000_000;
+use super::{GroupOptions, GroupStats, MemberOptions, MemberState};
 
 /// What the coordinator reads of its topic, through the shell: the lineage
 /// (when the topology generation moved), the end of a partition and the
@@ -100,17 +97,6 @@ pub(super) struct MemberEntry {
     pub(super) last_lag: u64,
 }
 
-#[derive(Debug, Default)]
-pub(super) struct PartitionRate {
-    pub(super) end: u64,
-    pub(super) at: u64,
-    pub(super) rate: f64,
-    /// Its lag at the last balancing, and for how many balancings in a
-    /// row it grew.
-    pub(super) lag: u64,
-    pub(super) lag_rounds: u32,
-}
-
 /// The coordinator of one group: a state machine over plain values. Its
 /// inputs are the time (`now`, nanoseconds of the group clock), the
 /// members' events (join, heartbeat, poll, commit, leave), the partition
@@ -136,6 +122,12 @@ pub(crate) struct Coordinator {
     pub(super) next_epoch: u64,
     /// When the append rates were last folded.
     pub(super) last_rates: u64,
+    /// What the topic signalled, and the ready partitions to fold (see
+    /// [`super::rates`]).
+    pub(super) moved: Moved,
+    /// The ready set changed since the rates last had an entry per ready
+    /// partition.
+    pub(super) ready_changed: bool,
     /// When the group last split a partition for lag.
     pub(super) last_lag_split: Option<u64>,
     /// An output: the partition to split for lag, asked by a tick and not
@@ -167,9 +159,10 @@ pub(crate) struct Coordinator {
     /// moved, and reports only what changed while it stays.
     pub(super) ownership: u64,
     /// Walks over every ready partition or every member made so far (the
-    /// timeout scan, the unowned check, a rate fold, a balancing, a ready
-    /// set rebuild, a full ownership read): what proves, without a clock,
-    /// that an idle member's poll makes none.
+    /// timeout scan, the unowned check, a balancing, a ready set rebuild
+    /// and the rates' entries after it, a new lineage's closure ends, a
+    /// full ownership read; a rate fold is not one, see [`super::rates`]):
+    /// what proves, without a clock, that an idle member's poll makes none.
     pub(super) full_walks: u64,
     /// Timeout scans run so far (each also counted in `full_walks`).
     pub(super) timeout_scans: u64,
@@ -177,6 +170,11 @@ pub(crate) struct Coordinator {
     /// which the tests hold the deadline-driven scan to.
     #[cfg(test)]
     pub(super) scan_every_tick: bool,
+    /// Fold every ready partition's rate at every fold and look every lag
+    /// up: the rule before incremental folds, which the tests hold them
+    /// to.
+    #[cfg(test)]
+    pub(super) fold_every_partition: bool,
 }
 
 impl Coordinator {
@@ -213,6 +211,8 @@ impl Coordinator {
             last_balance: 0,
             next_epoch: 1,
             last_rates: 0,
+            moved: Moved::default(),
+            ready_changed: true,
             last_lag_split: None,
             lag_split: None,
             losses: BTreeMap::new(),
@@ -227,6 +227,8 @@ impl Coordinator {
             timeout_scans: 0,
             #[cfg(test)]
             scan_every_tick: false,
+            #[cfg(test)]
+            fold_every_partition: false,
         }
     }
 
@@ -267,6 +269,7 @@ impl Coordinator {
             }
         }
         self.committed.forget_removed(&lineage);
+        self.closures_changed();
         self.recompute_ready(None);
         self.refresh_losses();
     }
@@ -372,6 +375,7 @@ impl Coordinator {
         }
         if kept != old.len() || kept != self.owners.len() {
             self.ownership += 1;
+            self.ready_changed = true;
         }
     }
 
@@ -420,63 +424,6 @@ impl Coordinator {
 
     pub(super) fn committed_position(&self, p: u32) -> u64 {
         self.committed.positions.get(&p).copied().unwrap_or(0)
-    }
-
-    /// Records of ready `p` (with its pinned children) past the committed
-    /// positions.
-    pub(super) fn lag(&self, view: &dyn TopicView, p: u32) -> u64 {
-        closure(&self.lineage, p)
-            .into_iter()
-            .map(|x| {
-                let end = view.end_offset(x);
-                let start = if x == p {
-                    self.committed_position(p)
-                } else {
-                    0
-                };
-                end.saturating_sub(start)
-            })
-            .sum()
-    }
-
-    pub(super) fn update_rates(&mut self, view: &dyn TopicView, now: u64) {
-        // At most every 100 ms: a tick runs on every member call.
-        if now.saturating_sub(self.last_rates) < RATE_FOLD_NANOS
-            && self.rates.len() == self.owners.len()
-        {
-            return;
-        }
-        self.last_rates = now;
-        self.full_walks += 1;
-        let ready: Vec<u32> = self.owners.keys().copied().collect();
-        for p in ready {
-            let end: u64 = closure(&self.lineage, p)
-                .into_iter()
-                .map(|x| view.end_offset(x))
-                .sum();
-            let r = self.rates.entry(p).or_insert(PartitionRate {
-                end,
-                at: now,
-                rate: 0.0,
-                lag: 0,
-                lag_rounds: 0,
-            });
-            let dt = now.saturating_sub(r.at) as f64 / 1e9;
-            if dt >= 0.1 {
-                let inst = end.saturating_sub(r.end) as f64 / dt;
-                let a = 1.0 - (-dt / RATE_TAU_S).exp();
-                r.rate += a * (inst - r.rate);
-                r.end = end;
-                r.at = now;
-            }
-        }
-        self.rates.retain(|p, _| self.owners.contains_key(p));
-    }
-
-    /// Load of ready `p` for balancing: appends per second (plus one, so
-    /// idle partitions still spread by count).
-    pub(super) fn weight(&self, p: u32) -> f64 {
-        self.rates.get(&p).map_or(0.0, |r| r.rate) + 1.0
     }
 
     /// Marks ready `p` as moving away from its owner (to `to`, or to the

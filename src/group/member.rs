@@ -455,9 +455,9 @@ impl Member {
     }
 
     /// Walks over every partition made during the last poll, by the group's
-    /// coordinator (its timeout scan, the unowned check, a rate fold, a
-    /// balancing, a ready-set rebuild) or by this member (taking its
-    /// assignment, a full report of what it handed out): none for an idle
+    /// coordinator (its timeout scan, the unowned check, a balancing, a
+    /// ready-set rebuild) or by this member (taking its assignment, a full
+    /// report of what it handed out): none for an idle
     /// poll before a timeout or balancing is due. Not part of the API: it
     /// proves in tests that an idle poll's cost does not grow with the
     /// partitions owned.

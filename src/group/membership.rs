@@ -330,7 +330,7 @@ impl Coordinator {
                 revoking: o.revoking.is_some(),
                 committed: self.committed_position(p),
                 lag_records: self.lag(view, p),
-                append_rate: self.rates.get(&p).map_or(0.0, |r| r.rate),
+                append_rate: self.rate(p),
             })
             .collect();
         let members = self

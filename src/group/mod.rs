@@ -52,6 +52,7 @@ mod coordinator;
 mod heartbeat;
 mod member;
 mod membership;
+mod rates;
 mod recovery;
 mod registry;
 mod report;
@@ -68,6 +69,7 @@ use crate::balance::BalancePolicy;
 use crate::error::{Error, Result};
 use crate::topic::{SplitPlan, Topic};
 use crate::topology::lineage::Lineage;
+use crate::wake::Subscription;
 
 use coordinator::{Coordinator, TopicView};
 
@@ -298,6 +300,10 @@ pub(crate) struct Runtime {
     topic: Topic,
     name: String,
     coordinator: Mutex<Coordinator>,
+    /// The partitions the topic signalled, handed to the coordinator on
+    /// every lock: its rates and lags follow what moved without walking
+    /// every ready partition (see `rates.rs`).
+    signals: Subscription,
 }
 
 /// A consumer group of one topic (cheap to clone). Take one with
@@ -332,7 +338,11 @@ impl Runtime {
     }
 
     fn lock(&self) -> MutexGuard<'_, Coordinator> {
-        self.coordinator.lock()
+        let mut co = self.coordinator.lock();
+        // Under the lock: the ends the coordinator looks up after this are
+        // at least those the signals taken here were published with.
+        co.note_moved(self.signals.ready().take());
+        co
     }
 
     /// Carries out what the coordinator asked for while `co` was held: a

@@ -84,6 +84,9 @@ impl Topic {
                 (lineage, c, 0)
             }
         };
+        // Before any end is looked up: whatever is published after a look
+        // is signalled.
+        let signals = self.inner.wake().subscribe();
         let coordinator = Coordinator::new(
             name.to_string(),
             options,
@@ -96,6 +99,7 @@ impl Topic {
             topic: self.clone(),
             name: name.to_string(),
             coordinator: Mutex::new(coordinator),
+            signals,
         });
         runtime.lock().refresh(self);
         groups.insert(name.to_string(), runtime.clone());

@@ -199,4 +199,4 @@ impl Coordinator {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -131,6 +131,57 @@ fn an_idle_member_poll_walks_no_partition_list_until_a_balancing_or_timeout_is_d
 }
 
 #[test]
+fn the_append_rates_are_folded_without_walking_the_partitions_on_an_idle_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let log = open(dir.path(), &clock);
+    let topic = log.create_topic("t", config(300)).unwrap();
+    let group = topic.group("g", GroupOptions::default()).unwrap();
+    let mut m = group.join(member_opts()).unwrap();
+    assert!(m.poll(100).unwrap().is_empty());
+    // Past the rate fold interval (100 ms), not the balancing's (1 s): an
+    // idle poll folds nothing and walks nothing.
+    for _ in 0..3 {
+        clock.advance(std::time::Duration::from_millis(150));
+        assert!(m.poll(100).unwrap().is_empty());
+        assert_eq!(
+            m.full_walks_in_last_poll(),
+            0,
+            "an idle poll after a fold interval"
+        );
+    }
+    // Appends to one partition: the poll that folds them walks nothing
+    // either, and that partition alone has a rate.
+    for seq in 0..10 {
+        put(&topic, 77, seq);
+    }
+    clock.advance(std::time::Duration::from_millis(150));
+    assert_eq!(m.poll(100).unwrap().len(), 10);
+    assert_eq!(
+        m.full_walks_in_last_poll(),
+        0,
+        "a poll after appends to one"
+    );
+    let described = group.describe();
+    let rated: Vec<(u32, f64)> = described
+        .assignments
+        .iter()
+        .filter(|a| a.append_rate > 0.0)
+        .map(|a| (a.partition, a.append_rate))
+        .collect();
+    assert_eq!(rated.len(), 1, "{rated:?}");
+    assert_eq!(rated[0].0, 77);
+    // 10 records over the 0.15 s since the last fold, weighted by
+    // 1 - exp(-0.15 / 2).
+    let want = 10.0 / 0.15 * (1.0 - (-0.15f64 / 2.0).exp());
+    assert!(
+        (rated[0].1 - want).abs() < 1e-6 * want,
+        "{rated:?}, want {want}"
+    );
+    log.close().unwrap();
+}
+
+#[test]
 fn two_members_of_two_thousand_partitions_read_every_record_once_in_order() {
     let n = wide();
     let dir = tempfile::tempdir().unwrap();

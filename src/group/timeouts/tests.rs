@@ -14,7 +14,7 @@ use crate::group::{MemberOptions, MemberState};
 const SECOND: u64 = 1_000_000_000;
 
 /// Everything the timeouts decide, as one comparable text.
-fn state(co: &Coordinator) -> String {
+pub(in crate::group) fn state(co: &Coordinator) -> String {
     let mut s = format!("generation {}\n", co.generation);
     for (id, m) in &co.members {
         let _ = writeln!(
@@ -41,10 +41,10 @@ fn state(co: &Coordinator) -> String {
 }
 
 /// A small deterministic generator (the seed is in every failure).
-struct Rng(u64);
+pub(in crate::group) struct Rng(pub(in crate::group) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(in crate::group) fn next(&mut self) -> u64 {
         self.0 = self
             .0
             .wrapping_mul(6364136223846793005)
@@ -52,7 +52,7 @@ impl Rng {
         self.0 >> 33
     }
 
-    fn below(&mut self, n: u64) -> u64 {
+    pub(in crate::group) fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
 }

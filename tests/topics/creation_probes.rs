@@ -100,14 +100,20 @@ impl Script {
         points.push(self.model.now(IoOp::SyncSegment));
         assert!(points.len() > 5, "only {} crash points", points.len());
         for (k, point) in points.iter().enumerate() {
-            for seed in 0..3u64 {
+            for seed in 0..4u64 {
                 let ctx = format!(
                     "step {k}/{} ({:?} {}), seed {seed}",
                     points.len(),
                     point.op,
                     point.path.display()
                 );
-                let (image, _) = point.image(seed, &CrashOptions::default());
+                // Odd seeds tear pages at any byte, and keep some of what
+                // the page cache held (a mix of a kill and a power loss).
+                let options = CrashOptions {
+                    torn_any_byte: seed % 2 == 1,
+                    keep_all_new_probability: if seed % 2 == 1 { 0.3 } else { 0.0 },
+                };
+                let (image, _) = point.image(seed, &options);
                 let out = tempfile::tempdir().unwrap();
                 image.write_to(out.path()).unwrap();
                 self.check_image(out.path(), k, &ctx);
@@ -364,8 +370,12 @@ fn verify_accepts_a_power_loss_image_of_a_clean_close_without_writes() {
     let log = Log::open_with_hook(dir.path(), opts(), model.clone()).unwrap();
     drop(log.create_topic("t", cfg(3, SyncPolicy::Never)).unwrap());
     log.close().unwrap();
-    for seed in 0..8u64 {
-        let (image, _) = model.crash_image(seed, &CrashOptions::default());
+    for seed in 0..32u64 {
+        let options = CrashOptions {
+            torn_any_byte: seed % 2 == 1,
+            keep_all_new_probability: 0.0,
+        };
+        let (image, _) = model.crash_image(seed, &options);
         let out = tempfile::tempdir().unwrap();
         image.write_to(out.path()).unwrap();
         let ctx = format!("seed {seed}");
@@ -561,5 +571,139 @@ fn the_durable_append_probe_notices_a_missing_fsync() {
             s.check_all();
         });
         assert!(caught.is_err(), "ignoring {op:?} goes unnoticed");
+    }
+}
+
+/// Entry `index` of term `term` of a replicated partition: one record.
+fn raft_append(t: &Topic, p: u32, term: u64, index: u64) {
+    let value = format!("t{term}-i{index:0300}");
+    t.partition(p)
+        .unwrap()
+        .append_entry(
+            fissionlog::RaftLogId {
+                term,
+                leader: 1,
+                index,
+            },
+            fissionlog::EntryBody::Records(&[fissionlog::RecordIn {
+                key: None,
+                value: value.as_bytes(),
+                timestamp: index as i64,
+            }]),
+        )
+        .unwrap_or_else(|e| panic!("append {p} {term}/{index}: {e}"));
+}
+
+/// The (term, index) of every entry of replicated partition `p`.
+fn raft_ids(t: &Topic, p: u32) -> Vec<(u64, u64)> {
+    let part = t.partition(p).unwrap();
+    let mut out = Vec::new();
+    let Some(first) = part.first_log_id() else {
+        return out;
+    };
+    let mut next = first.index;
+    loop {
+        let batch = match part.read_entries(next, 1 << 20) {
+            Ok(b) => b,
+            Err(fissionlog::Error::RaftIndexOutOfRange { .. }) => break,
+            Err(e) => panic!("read_entries({next}): {e}"),
+        };
+        for e in batch.entries() {
+            let e = e.unwrap();
+            out.push((e.id.term, e.id.index));
+        }
+        next = batch.next_index();
+    }
+    out
+}
+
+/// A replicated topic's new partitions: entries appended before the
+/// first sync round (some rolling the 4 KiB first segment), a sync, more
+/// entries and a sync. Every image opens Strict with a dense prefix of
+/// each partition's entries, all of the synced ones, and takes entries
+/// again.
+#[test]
+fn power_loss_around_the_first_entries_of_a_new_replicated_topic() {
+    replicated_power_loss(false);
+}
+
+/// See [`power_loss_around_the_first_entries_of_a_new_replicated_topic`];
+/// `verify` runs on each recovered log once closed when `verify_closed`.
+fn replicated_power_loss(verify_closed: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ModelHook::new(dir.path(), None);
+    let log = Log::open_with_hook(dir.path(), opts(), model.clone()).unwrap();
+    model.record_steps(true);
+    let mut config = TopicConfig {
+        replicated: true,
+        ..cfg(2, SyncPolicy::Never)
+    };
+    config.balance.enabled = false;
+    let t = log.create_topic("t", config).unwrap();
+    let mut points = model.take_steps();
+    let created = points.len();
+    for i in 1..=14 {
+        raft_append(&t, 0, 1, i);
+    }
+    raft_append(&t, 1, 1, 1);
+    log.sync().unwrap();
+    points.extend(model.take_steps());
+    let first_sync = points.len();
+    raft_append(&t, 1, 1, 2);
+    log.sync().unwrap();
+    points.extend(model.take_steps());
+    let second_sync = points.len();
+    model.record_steps(false);
+    points.push(model.now(IoOp::SyncSegment));
+    drop(t);
+    log.abandon();
+    for (k, point) in points.iter().enumerate() {
+        for seed in 0..3u64 {
+            let ctx = format!(
+                "step {k} ({:?} {}), seed {seed}",
+                point.op,
+                point.path.display()
+            );
+            let (image, trace) = point.image(seed, &CrashOptions::default());
+            let ctx = format!("{ctx}, image {trace:?}");
+            let out = tempfile::tempdir().unwrap();
+            image.write_to(out.path()).unwrap();
+            let log = Log::open(out.path(), opts())
+                .unwrap_or_else(|e| panic!("{ctx}: Strict open fails: {e}"));
+            check_report(&log, &ctx);
+            let Ok(t) = log.topic("t") else {
+                assert!(k < created, "{ctx}: the topic is gone");
+                continue;
+            };
+            let want = [
+                if k >= first_sync { 14 } else { 0 },
+                if k >= second_sync {
+                    2
+                } else if k >= first_sync {
+                    1
+                } else {
+                    0
+                },
+            ];
+            for p in 0..2u32 {
+                let ids = raft_ids(&t, p);
+                let dense: Vec<(u64, u64)> = (1..=ids.len() as u64).map(|i| (1, i)).collect();
+                assert_eq!(ids, dense, "{ctx}: partition {p}");
+                assert!(
+                    ids.len() >= want[p as usize],
+                    "{ctx}: partition {p} holds {} entries, {} synced",
+                    ids.len(),
+                    want[p as usize]
+                );
+                raft_append(&t, p, 1, ids.len() as u64 + 1);
+            }
+            log.sync()
+                .unwrap_or_else(|e| panic!("{ctx}: sync after recovery: {e}"));
+            drop(t);
+            log.close().unwrap();
+            if verify_closed {
+                assert_healthy(out.path(), &ctx);
+            }
+        }
     }
 }

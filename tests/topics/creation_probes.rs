@@ -807,6 +807,16 @@ fn power_loss_around_retention_of_a_new_partitions_first_segments() {
     retention_power_loss(false);
 }
 
+/// The recovered logs of
+/// [`power_loss_around_retention_of_a_new_partitions_first_segments`],
+/// once read, written, synced and closed cleanly, are logs `verify` finds
+/// healthy: an index a power loss left short or empty is rebuilt, not
+/// reported after the open accepted the log.
+#[test]
+fn verify_accepts_a_recovered_log_after_reads_and_a_clean_close() {
+    retention_power_loss(true);
+}
+
 /// See [`power_loss_around_retention_of_a_new_partitions_first_segments`];
 /// `verify` runs on each recovered log once closed when `verify_closed`.
 fn retention_power_loss(verify_closed: bool) {

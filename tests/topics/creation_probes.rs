@@ -100,7 +100,7 @@ impl Script {
         points.push(self.model.now(IoOp::SyncSegment));
         assert!(points.len() > 5, "only {} crash points", points.len());
         for (k, point) in points.iter().enumerate() {
-            for seed in 0..4u64 {
+            for seed in 0..seeds() {
                 let ctx = format!(
                     "step {k}/{} ({:?} {}), seed {seed}",
                     points.len(),
@@ -908,4 +908,12 @@ fn retention_power_loss(verify_closed: bool) {
             }
         }
     }
+}
+
+/// Seeds per crash point (`PROBE_SEEDS` raises it for a longer run).
+fn seeds() -> u64 {
+    std::env::var("PROBE_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4)
 }

@@ -8,6 +8,7 @@
 mod common;
 
 mod creation;
+mod creation_probes;
 mod delete;
 mod delete_races;
 mod lifecycle;

@@ -316,7 +316,7 @@ fn scan_and_repair(
         resealed.map_or((outcome.end_pos, outcome.end_offset), |(o, pos)| (pos, o));
     let tail_cleared = clear_past_end(seg, info, end_pos, cut_here, p)?;
     if params.from_pos == SEGMENT_HEADER_LEN as u64 {
-        r.load_scanned_index(seg, &outcome, resealed.is_some());
+        r.load_scanned_index(seg, &outcome, resealed.is_some(), info.seal.is_some());
     }
     Ok(RecoveredEnd {
         end_pos,
@@ -376,17 +376,32 @@ impl Repairs<'_, '_> {
 
     /// After a scan from the header: the index the scan built is the
     /// segment's. A full scan (`recover`) also rewrites an index file that
-    /// does not match (a power loss at a roll can leave it stale); it is a
-    /// cache, so failing to is no error. So does a salvaged tear
-    /// (`resealed`): the file may name batches past it.
-    fn load_scanned_index(&mut self, seg: &mut Segment, outcome: &ScanOutcome, resealed: bool) {
+    /// does not match (a power loss at a roll can leave it stale), and
+    /// reports it; it is a cache, so failing to is no error. So does a
+    /// salvaged tear (`resealed`): the file may name batches past it. Any
+    /// other open rewrites a sealed segment's stale file too, without a
+    /// report (nothing else writes that index again, and `verify` would
+    /// list it until a `recover`): only the segments an unclean open
+    /// scans (those past the checkpoint) get here, only a file that does
+    /// not match is written, and an active segment's is the clean close's.
+    fn load_scanned_index(
+        &mut self,
+        seg: &mut Segment,
+        outcome: &ScanOutcome,
+        resealed: bool,
+        sealed: bool,
+    ) {
         let p = self.p;
         *seg.index.lock() = IndexState::Loaded(outcome.index.clone());
-        if p.mode.write
-            && (p.mode.full_scan || resealed)
-            && matches!(seg.repair_index_file(p.hook), Ok(true))
-        {
-            self.report.add(seg.index_path(), FileAction::RebuiltIndex);
+        if !p.mode.write {
+            return;
+        }
+        if p.mode.full_scan || resealed {
+            if matches!(seg.repair_index_file(p.hook), Ok(true)) {
+                self.report.add(seg.index_path(), FileAction::RebuiltIndex);
+            }
+        } else if sealed {
+            let _ = seg.repair_index_file(p.hook);
         }
     }
 

@@ -30,6 +30,7 @@ use crate::storage::durability::{
 };
 use crate::storage::fault::{IoHook, IoOp};
 use crate::storage::lock::DirLock;
+use crate::storage::position::DurablePoint;
 use crate::storage::segment::Segment;
 use crate::storage::sync_dir;
 use crate::topic::{partition_dir, Node, Topic, TopicState};
@@ -269,7 +270,8 @@ fn recover(
         .partitions()
         .iter()
         .filter(|p| {
-            names_may_not_be_durable(p, &cps, checkpoint_lost)
+            !p.is_unwritten_start()
+                && names_may_not_be_durable(p, &cps, checkpoint_lost)
                 && (!checkpoint.clean || nothing_durable(p, &cps))
         })
         .map(|p| p.dir().to_path_buf())
@@ -452,7 +454,19 @@ fn load_topic(
         let (segs, chain) = recover_segments(core, rec, p, &params, opened, report)?;
         let sealed = matches!(p.state, PartitionState::Sealed { .. });
         let retired_below = cps.get(&(rec.id, p.id)).map_or(0, |c| c.start_offset);
+        let unwritten = params.first_segment_may_be_unsynced()
+            && retired_below == 0
+            && segs.len() == 1
+            && segs[0].base_offset == 0
+            && segs[0].end_offset() == 0
+            && chain.durable == DurablePoint::NOTHING;
         let part = topic.make_partition(p.id, segs, (p.start, p.end), sealed, chain.durable.into());
+        if unwritten {
+            // Still nothing appended and nothing durable: the partition
+            // stays as a new topic's, costing no fsync until its first
+            // records (the open does not fsync its directory either).
+            part.first_segment_unnamed();
+        }
         part.set_retired_below(retired_below);
         if let Some(c) = cps.get(&(rec.id, p.id)) {
             restore_rates(&part, c, downtime, now);

@@ -75,6 +75,14 @@ pub(crate) fn segment_version(replicated: bool) -> u16 {
     }
 }
 
+/// Where a new partition's writer stands before its first append: the
+/// first segment's header, offset 0.
+pub(crate) const UNWRITTEN: DurablePoint = DurablePoint {
+    segment_base: 0,
+    position: crate::format::segment::SEGMENT_HEADER_LEN as u64,
+    end_offset: 0,
+};
+
 /// Write-side state, guarded by the writer lock.
 #[derive(Debug)]
 pub(crate) struct WriterState {
@@ -173,6 +181,11 @@ pub struct Partition {
     /// the next round registers it with the log's failed partitions.
     poison_unreported: AtomicBool,
     dir_dirty: AtomicBool,
+    /// A new topic's partition nothing was appended to yet, whose first
+    /// segment is neither synced nor named durably: a sync round has
+    /// nothing of it to make durable (see [`Partition::capture_unsynced`]).
+    /// Cleared by the first position published past the header.
+    unwritten_start: AtomicBool,
     /// Rolls so far, counted from 1 at open (the names recovery found are
     /// not known to be durable). Changed under the writer lock.
     rolls: AtomicU64,
@@ -288,6 +301,7 @@ impl Partition {
             is_poisoned: AtomicBool::new(false),
             poison_unreported: AtomicBool::new(false),
             dir_dirty: AtomicBool::new(false),
+            unwritten_start: AtomicBool::new(false),
             rolls: AtomicU64::new(1),
             dir_synced_rolls: AtomicU64::new(0),
             checkpointed_bases: Mutex::new((durable.0, durable.0)),
@@ -319,10 +333,25 @@ impl Partition {
     /// so a segment counted as created by roll 1 is fsynced into its
     /// directory by that round (or by the roll that follows it, before the
     /// next segment is created).
+    ///
+    /// While nothing is appended, a sync round skips the partition: a
+    /// never-written partition costs no fsync, at its first round, at a
+    /// clean close or after a reopen that finds it still empty (recovery
+    /// marks such a partition again).
     pub(crate) fn first_segment_unnamed(&self) {
         let mut w = self.writer.lock();
         w.segment_roll = 1;
+        self.unwritten_start.store(
+            DurablePoint::of_writer(&w.writer) == UNWRITTEN,
+            Ordering::Release,
+        );
         self.publish_written(&w);
+    }
+
+    /// Whether nothing was appended to this new partition yet (see
+    /// [`Partition::first_segment_unnamed`]).
+    pub(crate) fn is_unwritten_start(&self) -> bool {
+        self.unwritten_start.load(Ordering::Acquire)
     }
 
     /// Partition id.

@@ -94,8 +94,14 @@ impl Partition {
     /// partition on the list for the next round. (A lost race both ways
     /// would let a round started after an append miss it.)
     pub(super) fn publish_written(&self, w: &WriterState) {
-        self.written
-            .store(DurablePoint::of_writer(&w.writer).to_cell(w.segment_roll));
+        let pos = DurablePoint::of_writer(&w.writer);
+        if pos != UNWRITTEN && self.unwritten_start.load(Ordering::Relaxed) {
+            // Before the position: a capture that reads the new position
+            // never skips it (see `capture_unsynced`), one that reads the
+            // old one skips what was then nothing to sync.
+            self.unwritten_start.store(false, Ordering::Release);
+        }
+        self.written.store(pos.to_cell(w.segment_roll));
         self.end_offset
             .store(w.writer.next_offset(), Ordering::SeqCst);
     }
@@ -132,17 +138,40 @@ impl Partition {
         let rolls = self.rolls.load(Ordering::Acquire);
         // Taken whenever set: retention's deletions set it too.
         let flagged = self.dir_dirty.swap(false, Ordering::AcqRel);
+        if !flagged && pos == UNWRITTEN && self.unwritten_start.load(Ordering::Acquire) {
+            // A new topic's partition with nothing appended: its first
+            // segment and its name need not be durable yet (recovery makes
+            // them again if a power loss takes them), unless a split or
+            // merge sealed it, whose seal must be synced.
+            let sealed = self.sealed.load(Ordering::Acquire)
+                || self.segments().last().is_some_and(|s| s.is_sealed());
+            if !sealed {
+                return SyncCapture {
+                    segments: Vec::new(),
+                    sync_dir: false,
+                    dir_op: IoOp::SyncDir,
+                    rolls,
+                    pos: DurablePoint::NOTHING,
+                };
+            }
+        }
         let sync_dir = flagged || self.dir_synced_rolls.load(Ordering::Acquire) < created_roll;
         self.capture_segments(pos, sync_dir, rolls)
     }
 
     /// [`Partition::capture_unsynced`] by a caller holding the writer lock.
+    ///
+    /// Never skips a never-written partition: the callers (a split, merge
+    /// or tail split syncing its parent or children before its record
+    /// commits) need its first segment durable, even empty, so the
+    /// partition stops counting as unwritten here.
     pub(super) fn capture_with(&self, w: &WriterState) -> SyncCapture {
         debug_assert_eq!(
             DurablePoint::of_writer(&w.writer),
             DurablePoint::from_cell(self.written.load()).0,
             "the published position follows the writer"
         );
+        self.unwritten_start.store(false, Ordering::Release);
         self.capture_unsynced()
     }
 

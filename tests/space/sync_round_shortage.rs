@@ -93,10 +93,6 @@ fn scenario(dir: &Path) {
         },
     )
     .unwrap();
-    // Twice: the first round makes the new partitions' first segments
-    // durable (which puts every partition back on the dirty list, for the
-    // checkpoint to catch up), the second leaves the list empty.
-    log.sync().unwrap();
     log.sync().unwrap();
     // Dirty in this order: partitions 1.. first (the first chunk), then
     // partition 0 with one unsynced segment per record (the second).

@@ -767,11 +767,11 @@ fn sync_counts(model: &ModelHook) -> Vec<(IoOp, u64)> {
 }
 
 /// Where the fsyncs a creation no longer makes go when no record comes:
-/// the clean close's sync round makes every first segment and its name
-/// durable (one fdatasync and one directory fsync a partition), so the
-/// clean opens after it fsync no partition directory.
+/// nowhere. The clean close syncs no never-written partition, and neither
+/// do the clean opens after it (each still finds the partitions empty and
+/// keeps them as a new topic's).
 #[test]
-fn a_clean_close_of_never_written_partitions_makes_them_durable_once() {
+fn a_clean_close_of_never_written_partitions_syncs_none_of_them() {
     let dir = tempfile::tempdir().unwrap();
     let model = ModelHook::new(dir.path(), None);
     let log = Log::open_with_hook(dir.path(), opts(), model.clone()).unwrap();
@@ -784,8 +784,8 @@ fn a_clean_close_of_never_written_partitions_makes_them_durable_once() {
         "the creation synced a segment: {created:?}"
     );
     log.close().unwrap();
-    assert_eq!(model.synced_count(IoOp::SyncSegment), 64);
-    assert_eq!(model.synced_count(IoOp::SyncDir), 64);
+    assert_eq!(model.synced_count(IoOp::SyncSegment), 0);
+    assert_eq!(model.synced_count(IoOp::SyncDir), 0);
     for k in 0..3 {
         let model = ModelHook::new(dir.path(), None);
         let log = Log::open_with_hook(dir.path(), opts(), model.clone()).unwrap();
@@ -919,10 +919,10 @@ fn seeds() -> u64 {
 }
 
 /// The first fdatasync (or directory fsync) of a new partition's first
-/// segment fails, in the first sync round after the creation (which syncs
-/// every new partition, written or not): no append to that partition is
-/// acknowledged after it, the other partitions' acknowledged appends stay,
-/// and every image of the log opens Strict.
+/// segment fails, in the first sync round that has records of it: that
+/// append and every later one to the partition are refused, the other
+/// partitions' acknowledged appends stay, and every image of the log
+/// opens Strict.
 #[test]
 fn a_failed_first_sync_of_a_new_segment_acks_nothing_and_opens_strict() {
     for failing in [IoOp::SyncSegment, IoOp::SyncDir] {
@@ -937,11 +937,18 @@ fn a_failed_first_sync_of_a_new_segment_acks_nothing_and_opens_strict() {
             }
             Ok(())
         })));
-        // The round this append waits for also syncs p0, and fails.
+        // Nothing of p0 is synced by this append's round: p0 is empty.
         if t.append_to(1, &common::log::rec(b"a")).is_ok() {
             s.written.entry(1).or_default().push(b"a".to_vec());
             s.acked(1);
         }
+        // The first round with a record of p0 syncs its first segment and
+        // its name, and fails.
+        let failed = t.append_to(0, &common::log::rec(b"w"));
+        assert!(
+            failed.is_err(),
+            "{failing:?}: the append whose sync failed was acknowledged"
+        );
         s.model.set_fault(None);
         let refused = t.append_to(0, &common::log::rec(b"x"));
         assert!(
@@ -952,19 +959,20 @@ fn a_failed_first_sync_of_a_new_segment_acks_nothing_and_opens_strict() {
         s.append(&t, 1, b"b", true);
         drop(t);
         log.abandon();
-        // `x` may or may not be there (never acknowledged): only p1 is checked.
+        // `w` and `x` may or may not be there (never acknowledged): only
+        // p1 is checked.
         s.check_all();
     }
 }
 
-/// Where a creation's per-partition fsyncs went: the first sync round
-/// after it makes every new partition's first segment and its name
-/// durable, records or not, so the first durable append to one partition
-/// of a 64-partition topic waits for 64 fdatasyncs and 64 directory
-/// fsyncs; the second waits for its own partition only. This pins the
-/// count so a change to it is seen; it is not a limit the design sets.
+/// Where a creation's per-partition fsyncs went: the sync round that
+/// first has records of a new partition makes its first segment and its
+/// name durable, and a partition with nothing appended costs nothing. So
+/// the first durable append to one partition of a 64-partition topic
+/// waits for one fdatasync and one directory fsync, the second for the
+/// fdatasync only.
 #[test]
-fn the_first_sync_round_after_a_creation_syncs_every_new_partition() {
+fn the_first_sync_round_after_a_creation_syncs_only_the_written_partition() {
     let dir = tempfile::tempdir().unwrap();
     let model = ModelHook::new(dir.path(), None);
     let log = Log::open_with_hook(dir.path(), opts(), model.clone()).unwrap();
@@ -979,7 +987,7 @@ fn the_first_sync_round_after_a_creation_syncs_every_new_partition() {
         model.synced_count(IoOp::SyncSegment),
         model.synced_count(IoOp::SyncDir),
     );
-    assert_eq!(first, (64, 64), "the first durable append");
+    assert_eq!(first, (1, 1), "the first durable append");
     t.append_to(5, &common::log::rec(b"b")).unwrap();
     let second = (
         model.synced_count(IoOp::SyncSegment) - first.0,

@@ -673,8 +673,12 @@ fn refused_open_releases_its_files() {
     use fissionlog::{Log, LogOptions};
     let dir = fc::ScratchDir::new("regress-leak");
     let log = small_log(dir.path(), 2);
-    // A second topic created after the first, so recovery loads `t` first.
-    log.create_topic("u", Default::default()).unwrap();
+    // A second topic created after the first, so recovery loads `t` first,
+    // with a record, so its first segment is synced data (an empty one
+    // of a never-written partition would read as a torn creation).
+    let u = log.create_topic("u", Default::default()).unwrap();
+    u.append(None, b"u").unwrap();
+    drop(u);
     log.close().unwrap();
     let u = dir.path().join("topics/t1/p0/00000000000000000000.seg");
     let mut bytes = std::fs::read(&u).unwrap();

@@ -43,10 +43,7 @@ fn durable_appends_racing_sync_rounds_on_a_new_topic_survive_power_loss() {
         let t = log.create_topic("t", cfg(6, SyncPolicy::Always)).unwrap();
         // Background rounds of a second topic, never written to either.
         let bg = log
-            .create_topic(
-                "bg",
-                cfg(4, SyncPolicy::Interval(Duration::from_millis(1))),
-            )
+            .create_topic("bg", cfg(4, SyncPolicy::Interval(Duration::from_millis(1))))
             .unwrap();
         let done = Arc::new(AtomicBool::new(false));
         let go = Arc::new(Barrier::new(5));
@@ -117,7 +114,11 @@ fn durable_appends_racing_sync_rounds_on_a_new_topic_survive_power_loss() {
                 a.acked
             );
             for p in 4..6 {
-                assert!(partition_values(&t, p).is_empty(), "{}: partition {p}", a.ctx);
+                assert!(
+                    partition_values(&t, p).is_empty(),
+                    "{}: partition {p}",
+                    a.ctx
+                );
             }
             t.append_to(5, &common::log::rec(b"z")).unwrap();
             drop(t);
@@ -332,6 +333,108 @@ fn a_partition_emptied_by_a_power_loss_stays_openable_after_later_power_losses()
                 log.close().unwrap();
                 super::creation_probes::assert_healthy(out.path(), &ctx);
             }
+        }
+    }
+}
+
+/// C1 and C5 under races: the first durable appends to two fresh
+/// partitions race a split of one and a merge of the other two-thread
+/// pair, and an explicit sync round, so a topology change's own sync of a
+/// never-written partition overlaps the append that ends that state. A
+/// power-loss image taken right after each acknowledgement keeps every
+/// record acknowledged to that partition, parent or child.
+#[test]
+fn durable_appends_racing_a_split_and_a_merge_of_fresh_partitions_survive_power_loss() {
+    for round in 0..6u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let model = ModelHook::new(dir.path(), None);
+        let log = Arc::new(Log::open_with_hook(dir.path(), opts(), model.clone()).unwrap());
+        let t = log.create_topic("t", cfg(3, SyncPolicy::Always)).unwrap();
+        let go = Arc::new(Barrier::new(4));
+        let changer = {
+            let (t, go) = (t.clone(), go.clone());
+            std::thread::spawn(move || {
+                go.wait();
+                if round % 2 == 0 {
+                    t.split(0, SplitPlan::Even).unwrap();
+                    t.merge(1, 2).unwrap();
+                } else {
+                    t.merge(1, 2).unwrap();
+                    t.split(0, SplitPlan::Even).unwrap();
+                }
+            })
+        };
+        let syncer = {
+            let (log, go) = (log.clone(), go.clone());
+            std::thread::spawn(move || {
+                go.wait();
+                for _ in 0..20 {
+                    log.sync().unwrap();
+                }
+            })
+        };
+        let writers: Vec<_> = [0u32, 1]
+            .into_iter()
+            .map(|p| {
+                let (t, model, go) = (t.clone(), model.clone(), go.clone());
+                std::thread::spawn(move || {
+                    go.wait();
+                    let mut out = Vec::new();
+                    for i in 0..4u8 {
+                        let v = [b'a' + p as u8, i];
+                        // Refused once the partition is sealed.
+                        if t.append_to(p, &common::log::rec(&v)).is_err() {
+                            break;
+                        }
+                        let seed = round * 100 + u64::from(p) * 10 + u64::from(i);
+                        let options = CrashOptions {
+                            torn_any_byte: seed % 2 == 1,
+                            keep_all_new_probability: 0.0,
+                        };
+                        let (image, _) = model.crash_image(seed, &options);
+                        out.push(AckImage {
+                            p,
+                            acked: usize::from(i) + 1,
+                            image,
+                            ctx: format!("round {round}, partition {p}, ack {i}, seed {seed}"),
+                        });
+                    }
+                    out
+                })
+            })
+            .collect();
+        let acks: Vec<AckImage> = writers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect();
+        changer.join().unwrap();
+        syncer.join().unwrap();
+        drop(t);
+        Arc::into_inner(log).unwrap().abandon();
+        for a in &acks {
+            let out = tempfile::tempdir().unwrap();
+            a.image.write_to(out.path()).unwrap();
+            let log = Log::open(out.path(), opts())
+                .unwrap_or_else(|e| panic!("{}: Strict open fails: {e}", a.ctx));
+            check_report(&log, &a.ctx);
+            let t = log.topic("t").unwrap();
+            let want: Vec<Vec<u8>> = (0..a.acked as u8)
+                .map(|i| vec![b'a' + a.p as u8, i])
+                .collect();
+            let vals = partition_values(&t, a.p);
+            assert!(
+                vals.starts_with(&want),
+                "{}: partition {} holds {vals:?}, {} acked",
+                a.ctx,
+                a.p,
+                a.acked
+            );
+            for c in t.active_partitions() {
+                t.append_to(c, &common::log::rec(b"z")).unwrap();
+            }
+            drop(t);
+            log.close().unwrap();
+            super::creation_probes::assert_healthy(out.path(), &a.ctx);
         }
     }
 }

@@ -438,3 +438,24 @@ fn durable_appends_racing_a_split_and_a_merge_of_fresh_partitions_survive_power_
         }
     }
 }
+
+/// A topic never written, closed clean and reopened (still a new
+/// topic's partitions), deleted and created again under its name, then
+/// durable appends: power loss at every step from the reopen on.
+#[test]
+fn power_loss_around_a_recreation_of_a_never_written_topic_after_a_clean_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, mut s) = start(dir.path());
+    drop(log.create_topic("t", cfg(3, SyncPolicy::Never)).unwrap());
+    log.close().unwrap();
+    s.mark();
+    let log = Log::open_with_hook(dir.path(), opts(), s.model.clone()).unwrap();
+    log.delete_topic("t").unwrap();
+    let t = s.create(&log, cfg(3, SyncPolicy::Always));
+    s.append(&t, 0, b"a", true);
+    s.append(&t, 2, &big(1), true);
+    s.append(&t, 0, b"b", true);
+    drop(t);
+    log.abandon();
+    s.check_all();
+}

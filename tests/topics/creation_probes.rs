@@ -20,20 +20,20 @@ use fissionlog::{
 };
 
 /// One scenario's record of what it wrote and when it was acknowledged.
-struct Script {
-    model: Arc<ModelHook>,
+pub(super) struct Script {
+    pub(super) model: Arc<ModelHook>,
     /// The crash points before every I/O step so far.
-    points: Vec<CrashPoint>,
+    pub(super) points: Vec<CrashPoint>,
     /// Per partition, every value appended, in order.
-    written: BTreeMap<u32, Vec<Vec<u8>>>,
+    pub(super) written: BTreeMap<u32, Vec<Vec<u8>>>,
     /// Per partition: from crash point `.0` on, at least `.1` values.
-    durable: BTreeMap<u32, Vec<(usize, usize)>>,
+    pub(super) durable: BTreeMap<u32, Vec<(usize, usize)>>,
     /// From this crash point on the topic must be there.
-    created: usize,
+    pub(super) created: usize,
 }
 
 impl Script {
-    fn new(model: Arc<ModelHook>) -> Script {
+    pub(super) fn new(model: Arc<ModelHook>) -> Script {
         model.record_steps(true);
         Script {
             model,
@@ -45,19 +45,19 @@ impl Script {
     }
 
     /// The number of I/O steps run so far.
-    fn mark(&mut self) -> usize {
+    pub(super) fn mark(&mut self) -> usize {
         self.points.extend(self.model.take_steps());
         self.points.len()
     }
 
-    fn create(&mut self, log: &Log, config: TopicConfig) -> Topic {
+    pub(super) fn create(&mut self, log: &Log, config: TopicConfig) -> Topic {
         let t = log.create_topic("t", config).unwrap();
         self.created = self.mark();
         t
     }
 
     /// Appends `value` to `p`; acknowledged durable when `durable`.
-    fn append(&mut self, t: &Topic, p: u32, value: &[u8], durable: bool) {
+    pub(super) fn append(&mut self, t: &Topic, p: u32, value: &[u8], durable: bool) {
         t.append_to(p, &common::log::rec(value)).unwrap();
         self.written.entry(p).or_default().push(value.to_vec());
         if durable {
@@ -65,14 +65,14 @@ impl Script {
         }
     }
 
-    fn acked(&mut self, p: u32) {
+    pub(super) fn acked(&mut self, p: u32) {
         let at = self.mark();
         let n = self.written.get(&p).map_or(0, Vec::len);
         self.durable.entry(p).or_default().push((at, n));
     }
 
     /// A sync round returned: everything written so far is durable.
-    fn synced(&mut self, log: &Log) {
+    pub(super) fn synced(&mut self, log: &Log) {
         log.sync().unwrap();
         let ps: Vec<u32> = self.written.keys().copied().collect();
         for p in ps {
@@ -81,7 +81,7 @@ impl Script {
     }
 
     /// Values `p` must hold at crash point `k`.
-    fn must_hold(&self, p: u32, k: usize) -> usize {
+    pub(super) fn must_hold(&self, p: u32, k: usize) -> usize {
         self.durable.get(&p).map_or(0, |v| {
             v.iter()
                 .filter(|(at, _)| *at <= k)
@@ -93,7 +93,7 @@ impl Script {
 
     /// Stops recording and checks a power-loss image at every crash point
     /// (and after the last step) with three seeds each.
-    fn check_all(mut self) {
+    pub(super) fn check_all(mut self) {
         self.mark();
         self.model.record_steps(false);
         let mut points = std::mem::take(&mut self.points);
@@ -124,7 +124,7 @@ impl Script {
     /// Opens one image Strict and checks it, writes to every active
     /// partition, syncs, opens a power-loss image of that and checks it
     /// again, then closes it and runs `verify`.
-    fn check_image(&self, dir: &Path, k: usize, ctx: &str) {
+    pub(super) fn check_image(&self, dir: &Path, k: usize, ctx: &str) {
         let model = ModelHook::new(dir, None);
         let log = Log::open_with_hook(dir, opts(), model.clone())
             .unwrap_or_else(|e| panic!("{ctx}: Strict open fails: {e}"));
@@ -185,7 +185,7 @@ impl Script {
 
 /// Recovery reported no loss: no hole, nothing cut as corruption, no
 /// data called missing.
-fn check_report(log: &Log, ctx: &str) {
+pub(super) fn check_report(log: &Log, ctx: &str) {
     let r = log.recovery_report();
     assert!(r.holes.is_empty(), "{ctx}: holes {:?}", r.holes);
     for f in &r.files {
@@ -204,7 +204,7 @@ fn check_report(log: &Log, ctx: &str) {
 }
 
 /// `verify` finds no problem in the closed log at `dir`.
-fn assert_healthy(dir: &Path, ctx: &str) {
+pub(super) fn assert_healthy(dir: &Path, ctx: &str) {
     let (report, problems) =
         fissionlog::verify(dir).unwrap_or_else(|e| panic!("{ctx}: verify fails: {e}"));
     assert!(problems.is_empty(), "{ctx}: verify finds {problems:?}");
@@ -216,13 +216,13 @@ fn assert_healthy(dir: &Path, ctx: &str) {
 }
 
 /// A fresh log with a model hook, and the script recording from now on.
-fn start(dir: &Path) -> (Log, Script) {
+pub(super) fn start(dir: &Path) -> (Log, Script) {
     let model = ModelHook::new(dir, None);
     let log = Log::open_with_hook(dir, opts(), model.clone()).unwrap();
     (log, Script::new(model))
 }
 
-fn big(tag: u8) -> Vec<u8> {
+pub(super) fn big(tag: u8) -> Vec<u8> {
     vec![tag; 1500]
 }
 
@@ -911,7 +911,7 @@ fn retention_power_loss(verify_closed: bool) {
 }
 
 /// Seeds per crash point (`PROBE_SEEDS` raises it for a longer run).
-fn seeds() -> u64 {
+pub(super) fn seeds() -> u64 {
     std::env::var("PROBE_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -9,6 +9,7 @@ mod common;
 
 mod creation;
 mod creation_probes;
+mod creation_unwritten_probes;
 mod delete;
 mod delete_races;
 mod lifecycle;

@@ -28,6 +28,26 @@ struct AckImage {
     ctx: String,
 }
 
+impl AckImage {
+    /// A power-loss image taken right after ack `i` (counted from 0) of
+    /// partition `p` in `round`, tearing pages at any byte every other
+    /// seed.
+    fn now(model: &ModelHook, round: u64, p: u32, i: u8) -> AckImage {
+        let seed = round * 100 + u64::from(p) * 10 + u64::from(i);
+        let options = CrashOptions {
+            torn_any_byte: seed % 2 == 1,
+            keep_all_new_probability: 0.0,
+        };
+        let (image, _) = model.crash_image(seed, &options);
+        AckImage {
+            p,
+            acked: usize::from(i) + 1,
+            image,
+            ctx: format!("round {round}, partition {p}, ack {i}, seed {seed}"),
+        }
+    }
+}
+
 /// C1 under races: four threads make the first durable appends to their
 /// own partitions of a fresh `SyncPolicy::Always` topic while another
 /// thread runs explicit sync rounds and a second topic's background
@@ -68,18 +88,7 @@ fn durable_appends_racing_sync_rounds_on_a_new_topic_survive_power_loss() {
                     for i in 0..3u8 {
                         let v = [b'a' + p as u8, i];
                         t.append_to(p, &common::log::rec(&v)).unwrap();
-                        let seed = round * 100 + u64::from(p) * 10 + u64::from(i);
-                        let options = CrashOptions {
-                            torn_any_byte: seed % 2 == 1,
-                            keep_all_new_probability: 0.0,
-                        };
-                        let (image, _) = model.crash_image(seed, &options);
-                        out.push(AckImage {
-                            p,
-                            acked: usize::from(i) + 1,
-                            image,
-                            ctx: format!("round {round}, partition {p}, ack {i}, seed {seed}"),
-                        });
+                        out.push(AckImage::now(&model, round, p, i));
                     }
                     out
                 })
@@ -386,18 +395,7 @@ fn durable_appends_racing_a_split_and_a_merge_of_fresh_partitions_survive_power_
                         if t.append_to(p, &common::log::rec(&v)).is_err() {
                             break;
                         }
-                        let seed = round * 100 + u64::from(p) * 10 + u64::from(i);
-                        let options = CrashOptions {
-                            torn_any_byte: seed % 2 == 1,
-                            keep_all_new_probability: 0.0,
-                        };
-                        let (image, _) = model.crash_image(seed, &options);
-                        out.push(AckImage {
-                            p,
-                            acked: usize::from(i) + 1,
-                            image,
-                            ctx: format!("round {round}, partition {p}, ack {i}, seed {seed}"),
-                        });
+                        out.push(AckImage::now(&model, round, p, i));
                     }
                     out
                 })

@@ -62,6 +62,33 @@ impl CrashPoint {
     }
 }
 
+/// Writes `seeds` power-loss images (default options) of every point to a
+/// fresh directory each and hands it to `check` with the point's index and
+/// a context naming the step, its op and path, and the seed. Returns how
+/// many images were checked.
+pub fn for_each_image(
+    points: &[CrashPoint],
+    seeds: u64,
+    mut check: impl FnMut(usize, &Path, &str),
+) -> usize {
+    let mut checked = 0;
+    for (k, point) in points.iter().enumerate() {
+        for seed in 0..seeds {
+            let ctx = format!(
+                "step {k} ({:?} {}), seed {seed}",
+                point.op,
+                point.path.display()
+            );
+            let (image, _) = point.image(seed, &CrashOptions::default());
+            let out = tempfile::tempdir().unwrap();
+            image.write_to(out.path()).unwrap();
+            check(k, out.path(), &ctx);
+            checked += 1;
+        }
+    }
+    checked
+}
+
 struct State {
     durable: Durable,
     pending: Vec<(IoOp, PathBuf, Vec<Synced>)>,

@@ -8,7 +8,7 @@ use crate::common;
 
 use common::crash::CrashOptions;
 use common::lifecycle::{cfg, opts, partition_values};
-use common::model_hook::{ModelHook, SYNC_OPS};
+use common::model_hook::{for_each_image, ModelHook, SYNC_OPS};
 use fissionlog::{IoOp, Log, SyncPolicy};
 
 const PARTITIONS: u32 = 8;
@@ -78,21 +78,7 @@ fn power_loss_from_a_topic_creation_to_its_first_sync_loses_nothing() {
     points.push(model.now(IoOp::SyncSegment));
     drop(t);
     log.abandon();
-    let mut opened = 0;
-    for (k, point) in points.iter().enumerate() {
-        for seed in 0..3u64 {
-            let ctx = format!(
-                "step {k} ({:?} {}), seed {seed}",
-                point.op,
-                point.path.display()
-            );
-            let (image, _) = point.image(seed, &CrashOptions::default());
-            let out = tempfile::tempdir().unwrap();
-            image.write_to(out.path()).unwrap();
-            check_image(out.path(), k >= synced, &ctx);
-            opened += 1;
-        }
-    }
+    let opened = for_each_image(&points, 3, |k, dir, ctx| check_image(dir, k >= synced, ctx));
     assert!(opened > 10, "only {opened} images");
 }
 

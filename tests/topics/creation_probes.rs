@@ -14,7 +14,7 @@ use crate::common;
 
 use common::crash::CrashOptions;
 use common::lifecycle::{cfg, opts, partition_values};
-use common::model_hook::{CrashPoint, ModelHook};
+use common::model_hook::{for_each_image, CrashPoint, ModelHook};
 use fissionlog::{
     FileAction, IoOp, Log, SplitPlan, SyncPolicy, TailSplitOptions, Topic, TopicConfig,
 };
@@ -866,47 +866,38 @@ fn retention_power_loss(verify_closed: bool) {
         points.push(model.now(IoOp::SyncSegment));
         drop(t);
         log.abandon();
-        for (k, point) in points.iter().enumerate() {
-            for seed in 0..3u64 {
-                let ctx = format!(
-                    "sync first {sync_first}, step {k} ({:?} {}), seed {seed}",
-                    point.op,
-                    point.path.display()
-                );
-                let (image, _) = point.image(seed, &CrashOptions::default());
-                let out = tempfile::tempdir().unwrap();
-                image.write_to(out.path()).unwrap();
-                let log = Log::open(out.path(), opts())
-                    .unwrap_or_else(|e| panic!("{ctx}: Strict open fails: {e}"));
-                check_report(&log, &ctx);
-                let Ok(t) = log.topic("t") else {
-                    assert!(k < created, "{ctx}: the topic is gone");
-                    continue;
-                };
-                let start = t.partition(0).unwrap().start_offset() as usize;
-                let vals = partition_values(&t, 0);
-                let want = acked
-                    .iter()
-                    .filter(|(at, _)| *at <= k)
-                    .map(|&(_, n)| n)
-                    .max()
-                    .unwrap_or(0);
-                assert!(
-                    start + vals.len() >= want
-                        && start + vals.len() <= written.len()
-                        && written[start..start + vals.len()] == vals[..],
-                    "{ctx}: partition 0 holds {} values from {start}, {want} synced",
-                    vals.len()
-                );
-                t.append_to(0, &common::log::rec(b"z")).unwrap();
-                log.sync().unwrap();
-                drop(t);
-                log.close().unwrap();
-                if verify_closed {
-                    assert_healthy(out.path(), &ctx);
-                }
+        for_each_image(&points, 3, |k, dir, ctx| {
+            let ctx = format!("sync first {sync_first}, {ctx}");
+            let log =
+                Log::open(dir, opts()).unwrap_or_else(|e| panic!("{ctx}: Strict open fails: {e}"));
+            check_report(&log, &ctx);
+            let Ok(t) = log.topic("t") else {
+                assert!(k < created, "{ctx}: the topic is gone");
+                return;
+            };
+            let start = t.partition(0).unwrap().start_offset() as usize;
+            let vals = partition_values(&t, 0);
+            let want = acked
+                .iter()
+                .filter(|(at, _)| *at <= k)
+                .map(|&(_, n)| n)
+                .max()
+                .unwrap_or(0);
+            assert!(
+                start + vals.len() >= want
+                    && start + vals.len() <= written.len()
+                    && written[start..start + vals.len()] == vals[..],
+                "{ctx}: partition 0 holds {} values from {start}, {want} synced",
+                vals.len()
+            );
+            t.append_to(0, &common::log::rec(b"z")).unwrap();
+            log.sync().unwrap();
+            drop(t);
+            log.close().unwrap();
+            if verify_closed {
+                assert_healthy(dir, &ctx);
             }
-        }
+        });
     }
 }
 

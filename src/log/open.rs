@@ -313,7 +313,7 @@ fn names_may_not_be_durable(
     let last = p.segments().last().map(|s| s.base_offset);
     match cps.get(&(p.p.topic_id, p.id())) {
         Some(c) if !checkpoint_lost => {
-            c.position < SEGMENT_HEADER_LEN as u64 || last.is_some_and(|base| base > c.segment_base)
+            calls_nothing_durable(c) || last.is_some_and(|base| base > c.segment_base)
         }
         _ => true,
     }
@@ -324,7 +324,13 @@ fn names_may_not_be_durable(
 /// had reached when the checkpoint was written.
 fn nothing_durable(p: &Partition, cps: &HashMap<(u32, u32), &PartitionCheckpoint>) -> bool {
     cps.get(&(p.p.topic_id, p.id()))
-        .is_some_and(|c| c.position < SEGMENT_HEADER_LEN as u64)
+        .is_some_and(|c| calls_nothing_durable(c))
+}
+
+/// A position below the header says nothing of a segment's bytes (see
+/// `ChainParams::checkpoint_in_data`).
+fn calls_nothing_durable(c: &PartitionCheckpoint) -> bool {
+    c.position < SEGMENT_HEADER_LEN as u64
 }
 
 /// Checks that `dir` is usable: creates it (when allowed) or recognises a log.

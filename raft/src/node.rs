@@ -2,6 +2,22 @@
 //! carries their RPCs, and the client calls (append with `acks=quorum`,
 //! read committed) served over the same frames.
 //!
+//! ## The controller and the groups it places
+//!
+//! Started with [`NodeOptions::controller`], a node also hosts the
+//! controller group and proposes clients' controller commands to it.
+//! Partition `p` of the topic with controller id `t` is Raft group
+//! [`GroupId::partition`]`(t, p)`: topic ids come from the controller's
+//! applied log (creation order, from 1), so every replica derives the
+//! same group. Each controller output on this replica wakes a task that
+//! reads the applied state and hosts every partition placed with this
+//! node among its replicas; the preferred leader (the first replica)
+//! initialises the group's membership to the replicas, unless its log
+//! already holds one. Only the controller's applied state decides what is
+//! hosted, so a restart hosts the same groups again as the controller's
+//! log is re-applied. Replica moves, seals of a split's parent and the
+//! balancer are not acted on yet.
+//!
 //! ## Idempotent appends on the leader
 //!
 //! One Raft entry is one batch in the partition's segment log, written

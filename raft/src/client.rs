@@ -13,13 +13,14 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use crate::controller::ControllerCommand;
 use crate::error::{Error, Result};
 use crate::frame::FrameCodec;
 use crate::network::Hello;
 use crate::types::{CommandResponse, GroupId, NodeId, ProducerStamp, RecordIn};
 
 /// A client's request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClientRequest {
     /// Echoed in the response.
     pub call_id: u64,
@@ -28,7 +29,7 @@ pub struct ClientRequest {
 }
 
 /// What a client asks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ClientCall {
     /// Append the records as one batch, answered once a quorum holds it.
     Append {
@@ -61,6 +62,29 @@ pub enum ClientCall {
         /// The voters.
         members: Vec<(NodeId, String)>,
     },
+    /// Propose a command to the controller group, answered once committed
+    /// and applied ([`ClientReply::Applied`] with
+    /// [`CommandResponse::Controller`]), or [`ClientReply::NotLeader`].
+    Controller(ControllerCommand),
+    /// Where a topic's partitions live, as this node's controller replica
+    /// has applied it (it may lag the controller's leader).
+    Topic {
+        /// The topic's name.
+        name: String,
+    },
+}
+
+/// One partition of a topic, as [`ClientReply::Topic`] gives it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionRoute {
+    /// The partition's id in its topic.
+    pub partition: u32,
+    /// Its Raft group: [`GroupId::partition`]`(topic id, partition)`.
+    pub group: GroupId,
+    /// Its replicas, the preferred leader first.
+    pub replicas: Vec<NodeId>,
+    /// Whether it takes appends (false once sealed).
+    pub active: bool,
 }
 
 /// A client's response.
@@ -108,8 +132,16 @@ pub enum ClientReply {
     Status {
         /// The leader it knows.
         leader: Option<NodeId>,
-        /// The high watermark on this node.
+        /// The high watermark on this node (for the controller group:
+        /// the Raft index of the last entry applied here).
         committed_end: u64,
+    },
+    /// A topic's id and partitions ([`ClientCall::Topic`]).
+    Topic {
+        /// The topic's id.
+        id: u32,
+        /// Its partitions, in id order.
+        partitions: Vec<PartitionRoute>,
     },
     /// The group was initialised.
     Initialized,

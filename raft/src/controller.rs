@@ -50,7 +50,8 @@ use crate::state_machine::{decode_versioned, encode_versioned, StoredSnapshot};
 use crate::types::{CommandResponse, Entry, NodeId, TypeConfig};
 
 /// The snapshot format version this build writes and reads.
-pub const CONTROLLER_SNAPSHOT_VERSION: u8 = 1;
+/// Version 2: topics carry the id their partition groups derive from.
+pub const CONTROLLER_SNAPSHOT_VERSION: u8 = 2;
 
 /// Where a replica publishes what each applied controller command
 /// produced: the node's reaction (create the children's groups, tell the

@@ -16,7 +16,9 @@
 //!   watermark, producer dedup, membership, seal) and its snapshots;
 //! - [`network`]: the node-to-node transport (one shared connection per
 //!   node pair) and the server; [`client`]: the client calls;
-//! - [`node`]: a node hosting groups, and the `fissionlog-raft` binary.
+//! - [`node`]: a node hosting groups (and, with the controller, the
+//!   groups the controller places on it), and the `fissionlog-raft`
+//!   binary.
 //! - [`controller`]: the controller group's commands and state machine
 //!   (topology, placement, consumer groups) and its snapshots.
 //!
@@ -24,10 +26,11 @@
 //!
 //! The node's groups run on [`LogStore`] / [`LogReader`] over replicated
 //! partitions, with the [`MetaFile`] (purged and committed ids);
-//! [`mem_log::MemLogStore`] is kept for tests only. The controller group
-//! ([`controller`]) is built but the node does not host it yet. Missing:
-//! the node hosting it; splits across nodes; the fault campaigns and
-//! benchmarks (docs/REPLICATION.md, "Status").
+//! [`mem_log::MemLogStore`] is kept for tests only. A node started with
+//! the controller ([`node::NodeOptions`]) hosts the controller group and
+//! every partition group it places there. Missing: splits across nodes
+//! driven by the controller, the balancer, replica set changes; the fault
+//! campaigns and benchmarks (docs/REPLICATION.md, "The controller").
 //!
 //! The single-node library does not depend on this crate: a broker that
 //! does not replicate compiles none of openraft, tokio or postcard.

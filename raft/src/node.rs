@@ -2,6 +2,22 @@
 //! carries their RPCs, and the client calls (append with `acks=quorum`,
 //! read committed) served over the same frames.
 //!
+//! ## The controller and the groups it places
+//!
+//! Started with [`NodeOptions::controller`], a node also hosts the
+//! controller group and proposes clients' controller commands to it.
+//! Partition `p` of the topic with controller id `t` is Raft group
+//! [`GroupId::partition`]`(t, p)`: topic ids come from the controller's
+//! applied log (creation order, from 1), so every replica derives the
+//! same group. Each controller output on this replica wakes a task that
+//! reads the applied state and hosts every partition placed with this
+//! node among its replicas; the preferred leader (the first replica)
+//! initialises the group's membership to the replicas, unless its log
+//! already holds one. Only the controller's applied state decides what is
+//! hosted, so a restart hosts the same groups again as the controller's
+//! log is re-applied. Replica moves, seals of a split's parent and the
+//! balancer are not acted on yet.
+//!
 //! ## Idempotent appends on the leader
 //!
 //! One Raft entry is one batch in the partition's segment log, written
@@ -32,11 +48,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fissionlog::{Log, LogOptions, Partition, ReadIsolation, TopicConfig};
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use openraft::{BasicNode, Config, Raft, ServerState};
 use tokio::sync::watch;
 
-use crate::client::{ClientCall, ClientReply, ClientRequest, ClientResponse, ReadRecord};
+use crate::client::{
+    ClientCall, ClientReply, ClientRequest, ClientResponse, PartitionRoute, ReadRecord,
+};
+use crate::controller::{ControllerCommand, ControllerStateMachine, OutputSink, CONTROLLER_TOPIC};
 use crate::log_store::LogStore;
 use crate::network::{BoxFuture, ClientDispatch, Network, RaftRegistry};
 use crate::state_machine::{CommittedEndSink, PartitionState, PartitionStateMachine, StampVerdict};
@@ -81,21 +100,146 @@ struct Group {
     inherited_end: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
+/// What a node hosts beyond the groups it is given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeOptions {
+    /// Host the controller group ([`GroupId::CONTROLLER`]), and with it
+    /// every partition group the controller places on this node.
+    pub controller: bool,
+}
+
+/// What every hosted group shares: the node's log, its Raft settings,
+/// the transport and the registry peers' RPCs are dispatched through.
+struct Host {
+    id: NodeId,
+    config: Arc<Config>,
+    network: Network,
+    registry: RaftRegistry,
+    groups: std::sync::RwLock<HashMap<GroupId, Arc<Group>>>,
+    /// Held open while the node runs (its directory lock too).
+    log: Arc<Log>,
+}
+
+impl Host {
+    fn group(&self, group: GroupId) -> Option<Arc<Group>> {
+        self.groups
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&group)
+            .cloned()
+    }
+
+    fn all(&self) -> Vec<Arc<Group>> {
+        self.groups
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Starts hosting `group` on its own replicated topic of the node's
+    /// log (created if absent; a restart finds the log, the vote and the
+    /// committed id there). Only one caller at a time hosts a given
+    /// group: [`Node::start`] before anything else runs, then the
+    /// placement task alone.
+    async fn host(&self, group: GroupId) -> Result<Arc<Group>, NodeError> {
+        if let Some(g) = self.group(group) {
+            return Ok(g);
+        }
+        let name = group_topic(group);
+        let store = open_store(&self.log, &name).map_err(storage_error(&name))?;
+        let part = store.partition().clone();
+        // The state machine starts empty: openraft applies the log
+        // again up to the saved committed id, which rebuilds the
+        // offsets, the dedup table and the high watermark.
+        let sm = PartitionStateMachine::new(
+            PartitionState::default(),
+            Arc::new(PartitionCommittedEnd(part.clone())),
+        );
+        let raft = Raft::new(
+            self.id,
+            self.config.clone(),
+            self.network.factory(group),
+            store,
+            sm.clone(),
+        )
+        .await
+        .map_err(|e| NodeError::GroupStart {
+            group: group.0,
+            reason: e.to_string(),
+        })?;
+        let g = Arc::new(Group {
+            raft: raft.clone(),
+            sm,
+            part,
+            propose: tokio::sync::Mutex::new(HashMap::new()),
+            inherited_end: std::sync::Mutex::new(None),
+        });
+        self.groups
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(group, g.clone());
+        self.registry.insert(group, raft);
+        Ok(g)
+    }
+}
+
+/// `LogStore` over partition 0 of the replicated topic `name` of `log`,
+/// created if absent; what failed as [`NodeError::Storage`]'s reason.
+fn open_store(log: &Log, name: &str) -> Result<LogStore, String> {
+    let topic = match log.topic(name) {
+        Ok(t) => t,
+        Err(fissionlog::Error::UnknownTopic(_)) => log
+            .create_topic(name, group_topic_config())
+            .map_err(|e| e.to_string())?,
+        Err(e) => return Err(e.to_string()),
+    };
+    LogStore::open(topic, 0).map_err(|e| e.to_string())
+}
+
+fn storage_error(what: &str) -> impl FnOnce(String) -> NodeError + '_ {
+    move |reason| NodeError::Storage {
+        what: what.to_string(),
+        reason,
+    }
+}
+
+/// The controller group hosted on this node.
+struct ControllerGroup {
+    raft: Raft<crate::types::TypeConfig>,
+    sm: ControllerStateMachine,
+}
+
+/// The controller's outputs on this replica wake the placement task,
+/// which reads the placements from the applied state (not from the
+/// output itself: the state also covers what a snapshot brought).
+struct PlacementWake(Arc<tokio::sync::Notify>);
+
+impl OutputSink for PlacementWake {
+    fn applied(&self, _index: u64, _response: &crate::controller::ControllerResponse) {
+        self.0.notify_one();
+    }
+}
+
+/// How often the placement task looks at the controller's state without
+/// being woken (a snapshot installed, a group whose start failed).
+const PLACEMENT_RECHECK: Duration = Duration::from_secs(1);
+
 /// A node: its groups and its client calls.
 #[derive(Clone)]
 pub struct Node {
-    id: NodeId,
-    groups: Arc<HashMap<GroupId, Arc<Group>>>,
-    registry: RaftRegistry,
+    host: Arc<Host>,
+    controller: Option<Arc<ControllerGroup>>,
+    /// The task hosting the groups the controller places here.
+    placement: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
     peers: Arc<BTreeMap<NodeId, String>>,
-    /// Held open while the node runs (its directory lock too).
-    _log: Arc<Log>,
 }
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node")
-            .field("id", &self.id)
+            .field("id", &self.host.id)
             .finish_non_exhaustive()
     }
 }
@@ -145,85 +289,127 @@ impl Node {
         peers: BTreeMap<NodeId, String>,
         network: &Network,
     ) -> Result<Node, NodeError> {
+        Node::start_with(id, dir, groups, peers, network, NodeOptions::default()).await
+    }
+
+    /// [`Node::start`], and with `options.controller` the controller
+    /// group too: its Raft log is `LogStore` over partition 0 of the
+    /// reserved topic `__controller` of the node's log, its state machine
+    /// keeps its files in `dir/controller` (the local topology and the
+    /// saved snapshot). Every partition the controller's applied state
+    /// places with this node among its replicas becomes a hosted group
+    /// ([`GroupId::partition`]`(topic id, partition)`), and the
+    /// partition's preferred leader (its first replica) initialises the
+    /// group's membership to the placed replicas. After a restart the
+    /// same groups are hosted again as the controller's log is applied.
+    pub async fn start_with(
+        id: NodeId,
+        dir: &Path,
+        groups: &[GroupId],
+        peers: BTreeMap<NodeId, String>,
+        network: &Network,
+        options: NodeOptions,
+    ) -> Result<Node, NodeError> {
         let config = Arc::new(raft_config().validate()?);
-        let registry = RaftRegistry::default();
-        let storage = |what: String| {
-            move |e: fissionlog::Error| NodeError::Storage {
-                what,
-                reason: e.to_string(),
-            }
-        };
-        let log =
-            Log::open(dir, LogOptions::default()).map_err(storage(dir.display().to_string()))?;
-        let mut hosted = HashMap::new();
+        let log = Log::open(dir, LogOptions::default()).map_err(|e| NodeError::Storage {
+            what: dir.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let host = Arc::new(Host {
+            id,
+            config,
+            network: network.clone(),
+            registry: RaftRegistry::default(),
+            groups: std::sync::RwLock::new(HashMap::new()),
+            log: Arc::new(log),
+        });
         for &group in groups {
-            let name = group_topic(group);
-            let topic = match log.topic(&name) {
-                Ok(t) => t,
-                Err(fissionlog::Error::UnknownTopic(_)) => log
-                    .create_topic(&name, group_topic_config())
-                    .map_err(storage(name.clone()))?,
-                Err(e) => return Err(storage(name)(e)),
-            };
-            let store = LogStore::open(topic, 0).map_err(|e| NodeError::Storage {
-                what: name.clone(),
+            host.host(group).await?;
+        }
+        let peers = Arc::new(peers);
+        let mut node = Node {
+            host: host.clone(),
+            controller: None,
+            placement: Arc::new(std::sync::Mutex::new(None)),
+            peers: peers.clone(),
+        };
+        if options.controller {
+            let wake = Arc::new(tokio::sync::Notify::new());
+            let sm = ControllerStateMachine::open(
+                &dir.join("controller"),
+                Arc::new(PlacementWake(wake.clone())),
+            )
+            .map_err(|e| NodeError::Storage {
+                what: "the controller's state".to_string(),
                 reason: e.to_string(),
             })?;
-            let part = store.partition().clone();
-            // The state machine starts empty: openraft applies the log
-            // again up to the saved committed id, which rebuilds the
-            // offsets, the dedup table and the high watermark.
-            let sm = PartitionStateMachine::new(
-                PartitionState::default(),
-                Arc::new(PartitionCommittedEnd(part.clone())),
-            );
+            let store =
+                open_store(&host.log, CONTROLLER_TOPIC).map_err(storage_error(CONTROLLER_TOPIC))?;
             let raft = Raft::new(
                 id,
-                config.clone(),
-                network.factory(group),
+                host.config.clone(),
+                network.factory(GroupId::CONTROLLER),
                 store,
                 sm.clone(),
             )
             .await
             .map_err(|e| NodeError::GroupStart {
-                group: group.0,
+                group: GroupId::CONTROLLER.0,
                 reason: e.to_string(),
             })?;
-            registry.insert(group, raft.clone());
-            hosted.insert(
-                group,
-                Arc::new(Group {
-                    raft,
-                    sm,
-                    part,
-                    propose: tokio::sync::Mutex::new(HashMap::new()),
-                    inherited_end: std::sync::Mutex::new(None),
-                }),
-            );
+            host.registry.insert(GroupId::CONTROLLER, raft.clone());
+            let ctl = Arc::new(ControllerGroup { raft, sm });
+            let task = tokio::spawn(place_groups(host, ctl.clone(), peers, wake));
+            *node
+                .placement
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(task);
+            node.controller = Some(ctl);
         }
-        Ok(Node {
-            id,
-            groups: Arc::new(hosted),
-            registry,
-            peers: Arc::new(peers),
-            _log: Arc::new(log),
-        })
+        Ok(node)
     }
 
     /// The dispatch of peers' Raft RPCs to this node's groups.
     pub fn registry(&self) -> RaftRegistry {
-        self.registry.clone()
+        self.host.registry.clone()
     }
 
-    /// Stops every group.
+    /// The groups hosted now (the controller group not included).
+    pub fn hosted(&self) -> Vec<GroupId> {
+        let mut out: Vec<GroupId> = self
+            .host
+            .groups
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Stops every group (the placement task first, so none starts
+    /// behind it).
     pub async fn shutdown(&self) {
-        for g in self.groups.values() {
+        let task = self
+            .placement
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(task) = task {
+            task.abort();
+            let _ = task.await;
+        }
+        if let Some(c) = &self.controller {
+            let _ = c.raft.shutdown().await;
+        }
+        for g in self.host.all() {
             let _ = g.raft.shutdown().await;
         }
     }
 
     async fn handle(&self, call: ClientCall) -> ClientReply {
-        let group_of = |g: GroupId| self.groups.get(&g).cloned();
+        let group_of = |g: GroupId| self.host.group(g);
         match call {
             ClientCall::Append {
                 group,
@@ -241,40 +427,203 @@ impl Node {
                 Some(g) => read(&g, from_offset, max_records),
                 None => not_hosted(group),
             },
-            ClientCall::Status { group } => match group_of(group) {
-                Some(g) => {
-                    let leader = g.raft.metrics().borrow().current_leader;
-                    let committed_end = g.sm.with_state(|s| s.committed_end).unwrap_or(0);
-                    ClientReply::Status {
+            ClientCall::Status { group } => {
+                if let (GroupId::CONTROLLER, Some(c)) = (group, &self.controller) {
+                    let leader = c.raft.metrics().borrow().current_leader;
+                    let applied =
+                        c.sm.with_state(|s| s.last_applied.map_or(0, |l| l.index))
+                            .unwrap_or(0);
+                    return ClientReply::Status {
                         leader,
-                        committed_end,
-                    }
-                }
-                None => not_hosted(group),
-            },
-            ClientCall::Initialize { group, members } => match group_of(group) {
-                Some(g) => {
-                    let members: BTreeMap<NodeId, BasicNode> = if members.is_empty() {
-                        self.peers
-                            .iter()
-                            .map(|(id, a)| (*id, BasicNode::new(a)))
-                            .collect()
-                    } else {
-                        members
-                            .into_iter()
-                            .map(|(id, a)| (id, BasicNode::new(a)))
-                            .collect()
+                        committed_end: applied,
                     };
-                    match g.raft.initialize(members).await {
-                        Ok(()) => ClientReply::Initialized,
-                        Err(e) => ClientReply::Failed {
-                            reason: e.to_string(),
-                        },
-                    }
                 }
-                None => not_hosted(group),
+                match group_of(group) {
+                    Some(g) => {
+                        let leader = g.raft.metrics().borrow().current_leader;
+                        let committed_end = g.sm.with_state(|s| s.committed_end).unwrap_or(0);
+                        ClientReply::Status {
+                            leader,
+                            committed_end,
+                        }
+                    }
+                    None => not_hosted(group),
+                }
+            }
+            ClientCall::Initialize { group, members } => {
+                let raft = match (group, &self.controller) {
+                    (GroupId::CONTROLLER, Some(c)) => Some(c.raft.clone()),
+                    _ => group_of(group).map(|g| g.raft.clone()),
+                };
+                let Some(raft) = raft else {
+                    return not_hosted(group);
+                };
+                let members: BTreeMap<NodeId, BasicNode> = if members.is_empty() {
+                    self.peers
+                        .iter()
+                        .map(|(id, a)| (*id, BasicNode::new(a)))
+                        .collect()
+                } else {
+                    members
+                        .into_iter()
+                        .map(|(id, a)| (id, BasicNode::new(a)))
+                        .collect()
+                };
+                match raft.initialize(members).await {
+                    Ok(()) => ClientReply::Initialized,
+                    Err(e) => ClientReply::Failed {
+                        reason: e.to_string(),
+                    },
+                }
+            }
+            ClientCall::Controller(cmd) => match &self.controller {
+                Some(c) => propose_controller(c, &cmd).await,
+                None => not_hosted(GroupId::CONTROLLER),
+            },
+            ClientCall::Topic { name } => match &self.controller {
+                Some(c) => topic_routes(c, &name),
+                None => not_hosted(GroupId::CONTROLLER),
             },
         }
+    }
+}
+
+/// Hosts every group the controller's applied state places on this node,
+/// and initialises those this node is the preferred leader of; woken by
+/// each controller output on this replica, and every
+/// [`PLACEMENT_RECHECK`] regardless.
+async fn place_groups(
+    host: Arc<Host>,
+    ctl: Arc<ControllerGroup>,
+    peers: Arc<BTreeMap<NodeId, String>>,
+    wake: Arc<tokio::sync::Notify>,
+) {
+    // Groups whose membership is known to be set (by this node or before).
+    let mut initialised = std::collections::HashSet::new();
+    loop {
+        place_once(&host, &ctl, &peers, &mut initialised).await;
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(PLACEMENT_RECHECK) => {}
+        }
+    }
+}
+
+async fn place_once(
+    host: &Host,
+    ctl: &ControllerGroup,
+    peers: &BTreeMap<NodeId, String>,
+    initialised: &mut std::collections::HashSet<GroupId>,
+) {
+    let Ok((mine, addrs)) = ctl.sm.with_state(|s| {
+        let addrs: BTreeMap<NodeId, String> = s
+            .membership
+            .nodes()
+            .map(|(id, n)| (*id, n.addr.clone()))
+            .collect();
+        (s.groups_of(host.id), addrs)
+    }) else {
+        return;
+    };
+    for (group, placement) in mine {
+        let g = match host.host(group).await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(group = group.0, error = %e, "cannot host a placed group");
+                continue;
+            }
+        };
+        if placement.leader() != Some(host.id) || initialised.contains(&group) {
+            continue;
+        }
+        let has_members = g
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .next()
+            .is_some();
+        if has_members {
+            initialised.insert(group);
+            continue;
+        }
+        let members: Option<BTreeMap<NodeId, BasicNode>> = placement
+            .replicas
+            .iter()
+            .map(|r| {
+                addrs
+                    .get(r)
+                    .or_else(|| peers.get(r))
+                    .map(|a| (*r, BasicNode::new(a)))
+            })
+            .collect();
+        let Some(members) = members else {
+            tracing::warn!(group = group.0, replicas = ?placement.replicas, "a placed replica has no known address");
+            continue;
+        };
+        match g.raft.initialize(members).await {
+            Ok(()) => {
+                tracing::info!(group = group.0, replicas = ?placement.replicas, "initialised a placed group");
+                initialised.insert(group);
+            }
+            // Its log holds a membership already (a restart, say).
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
+                initialised.insert(group);
+            }
+            Err(e) => {
+                tracing::warn!(group = group.0, error = %e, "cannot initialise a placed group");
+            }
+        }
+    }
+}
+
+async fn propose_controller(c: &ControllerGroup, cmd: &ControllerCommand) -> ClientReply {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let entry = match cmd.to_entry(now_ms) {
+        Ok(e) => e,
+        Err(e) => {
+            return ClientReply::Failed {
+                reason: format!("cannot encode the command: {e}"),
+            }
+        }
+    };
+    match c.raft.client_write(entry).await {
+        Ok(r) => ClientReply::Applied(r.data),
+        Err(RaftError::APIError(e)) => api_error(&c.raft, e),
+        Err(e) => ClientReply::Failed {
+            reason: e.to_string(),
+        },
+    }
+}
+
+fn topic_routes(c: &ControllerGroup, name: &str) -> ClientReply {
+    let found = c.sm.with_state(|s| {
+        s.topics.get(name).map(|t| ClientReply::Topic {
+            id: t.id,
+            partitions: t
+                .partitions
+                .iter()
+                .map(|(&p, m)| PartitionRoute {
+                    partition: p,
+                    group: GroupId::partition(t.id, p),
+                    replicas: m.placement.replicas.clone(),
+                    active: m.active,
+                })
+                .collect(),
+        })
+    });
+    match found {
+        Ok(Some(reply)) => reply,
+        Ok(None) => ClientReply::Failed {
+            reason: format!("unknown topic {name}"),
+        },
+        Err(e) => ClientReply::Failed {
+            reason: e.to_string(),
+        },
     }
 }
 
@@ -389,8 +738,8 @@ fn read(g: &Group, from_offset: u64, max_records: u32) -> ClientReply {
 /// How long an append may wait for this leader's first entry to apply.
 const LEADER_READY_WAIT: Duration = Duration::from_secs(5);
 
-fn not_leader(g: &Group) -> ClientReply {
-    let m = g.raft.metrics().borrow().clone();
+fn not_leader(raft: &Raft<crate::types::TypeConfig>) -> ClientReply {
+    let m = raft.metrics().borrow().clone();
     let leader_addr = m.current_leader.and_then(|l| {
         m.membership_config
             .membership()
@@ -445,7 +794,7 @@ async fn leader_ready(g: &Group) -> Result<(), ClientReply> {
     };
     match tokio::time::timeout(LEADER_READY_WAIT, wait).await {
         Ok(true) => Ok(()),
-        Ok(false) | Err(_) => Err(not_leader(g)),
+        Ok(false) | Err(_) => Err(not_leader(&g.raft)),
     }
 }
 
@@ -557,7 +906,7 @@ type WriteResult = Result<
 async fn propose(g: &Group, cmd: Command) -> ClientReply {
     match g.raft.client_write(cmd).await {
         Ok(r) => ClientReply::Applied(r.data),
-        Err(RaftError::APIError(e)) => api_error(g, e),
+        Err(RaftError::APIError(e)) => api_error(&g.raft, e),
         Err(e) => ClientReply::Failed {
             reason: e.to_string(),
         },
@@ -567,19 +916,22 @@ async fn propose(g: &Group, cmd: Command) -> ClientReply {
 async fn write_reply(g: &Group, r: Result<WriteResult, String>) -> ClientReply {
     match r {
         Ok(Ok(resp)) => ClientReply::Applied(resp.data),
-        Ok(Err(e)) => api_error(g, e),
+        Ok(Err(e)) => api_error(&g.raft, e),
         Err(reason) => ClientReply::Failed { reason },
     }
 }
 
-fn api_error(g: &Group, e: ClientWriteError<NodeId, BasicNode>) -> ClientReply {
+fn api_error(
+    raft: &Raft<crate::types::TypeConfig>,
+    e: ClientWriteError<NodeId, BasicNode>,
+) -> ClientReply {
     match e {
         ClientWriteError::ForwardToLeader(f) => match f.leader_id {
             Some(_) => ClientReply::NotLeader {
                 leader: f.leader_id,
                 leader_addr: f.leader_node.map(|n| n.addr),
             },
-            None => not_leader(g),
+            None => not_leader(raft),
         },
         other => ClientReply::Failed {
             reason: other.to_string(),

@@ -3,7 +3,7 @@
 //! ```text
 //! fissionlog-raft --dir DIR --node-id N --listen HOST:PORT
 //!                 [--peers ID=HOST:PORT,...] [--peer-dial ID=HOST:PORT,...]
-//!                 [--groups N] [--exit-on-stdin-close]
+//!                 [--groups N] [--controller] [--exit-on-stdin-close]
 //! fissionlog-raft --help
 //! ```
 //!
@@ -12,7 +12,10 @@
 //! one that peer listens on); the tests put a proxy there to cut links.
 //! It may be given more than once.
 //!
-//! It hosts partition groups `(topic 0, partition 0..N)`, listens for peers
+//! It hosts partition groups `(topic 0, partition 0..N)` and, with
+//! `--controller`, the controller group (its voters: the `--peers` set,
+//! once a client initialises it) and every partition group the controller
+//! places on this node (topic ids from 1). It listens for peers
 //! and clients on one port (port 0: the OS picks; the chosen address is
 //! printed as `listening HOST:PORT` on stdout once it serves), and stops
 //! cleanly on SIGTERM or SIGINT (and, with `--exit-on-stdin-close`, when
@@ -29,7 +32,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use fissionlog_raft::network::{Network, NetworkConfig, Server};
-use fissionlog_raft::node::Node;
+use fissionlog_raft::node::{Node, NodeOptions};
 use fissionlog_raft::types::{GroupId, NodeId};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
@@ -42,11 +45,13 @@ struct Args {
     peers: BTreeMap<NodeId, String>,
     peer_dial: BTreeMap<NodeId, String>,
     groups: u32,
+    controller: bool,
     exit_on_stdin_close: bool,
 }
 
 const USAGE: &str = "usage: fissionlog-raft --dir DIR --node-id N --listen HOST:PORT \
-[--peers ID=HOST:PORT,...] [--peer-dial ID=HOST:PORT,...] [--groups N] [--exit-on-stdin-close]";
+[--peers ID=HOST:PORT,...] [--peer-dial ID=HOST:PORT,...] [--groups N] [--controller] \
+[--exit-on-stdin-close]";
 
 const HELP: &str = "\
 One fissionlog node: hosts partition groups (topic 0, partition 0..N) and
@@ -62,6 +67,8 @@ serves peers and clients on one port.
                          group's membership names for it (a proxy, say);
                          may be repeated
   --groups N             partition groups hosted (default 1)
+  --controller           host the controller group (initialised over the
+                         peers) and the partition groups it places here
   --exit-on-stdin-close  stop when stdin closes
   --help                 print this and exit
 
@@ -95,12 +102,17 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Cli, String> {
     let mut peer_dial = BTreeMap::new();
     let mut groups = 1u32;
     let mut exit_on_stdin_close = false;
+    let mut controller = false;
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             return Ok(Cli::Help);
         }
         if flag == "--exit-on-stdin-close" {
             exit_on_stdin_close = true;
+            continue;
+        }
+        if flag == "--controller" {
+            controller = true;
             continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -131,6 +143,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Cli, String> {
         peers,
         peer_dial,
         groups,
+        controller,
         exit_on_stdin_close,
     }))
 }
@@ -218,7 +231,10 @@ async fn run(args: Args) -> Result<(), String> {
     let network = Network::new(args.node_id, cfg.clone())
         .with_dial_overrides(args.peer_dial.clone().into_iter().collect());
     let groups: Vec<GroupId> = (0..args.groups).map(|p| GroupId::partition(0, p)).collect();
-    let node = Node::start(args.node_id, &args.dir, &groups, peers, &network)
+    let options = NodeOptions {
+        controller: args.controller,
+    };
+    let node = Node::start_with(args.node_id, &args.dir, &groups, peers, &network, options)
         .await
         .map_err(|e| e.to_string())?;
     let server = Server::start(

@@ -21,7 +21,7 @@ use super::command::{
 };
 use super::groups::{GroupPartition, GroupState};
 use super::placement::{place_children, NodeLoad};
-use crate::types::NodeId;
+use crate::types::{GroupId, NodeId};
 
 /// One partition as the controller records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,6 +41,10 @@ pub struct PartitionMeta {
 /// One topic as the controller records it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TopicMeta {
+    /// Its id, given in creation order from 1 (see
+    /// [`ControllerState::last_topic_id`]): partition `p` of the topic is
+    /// Raft group [`GroupId::partition`]`(id, p)` on every node.
+    pub id: u32,
     /// Its configuration.
     pub config: TopicConfig,
     /// The topology commands applied to it, in log order: replaying them
@@ -106,6 +110,10 @@ pub struct ControllerState {
     pub topics: BTreeMap<String, TopicMeta>,
     /// Consumer groups by name.
     pub groups: BTreeMap<String, GroupState>,
+    /// The id the last created topic took (0: none yet). Ids are never
+    /// reused; topic id 0 stays for the groups a node is told to host on
+    /// its command line (`--groups`).
+    pub last_topic_id: u32,
 }
 
 fn refused(reason: impl Into<String>) -> ControllerResponse {
@@ -136,6 +144,24 @@ impl ControllerState {
     /// learners, ascending.
     pub fn nodes(&self) -> Vec<NodeId> {
         self.membership.nodes().map(|(&id, _)| id).collect()
+    }
+
+    /// Every partition placed with `node` among its replicas: its Raft
+    /// group and its placement (the preferred leader first), in group
+    /// order.
+    pub fn groups_of(&self, node: NodeId) -> Vec<(GroupId, ReplicaPlacement)> {
+        let mut out: Vec<(GroupId, ReplicaPlacement)> = self
+            .topics
+            .values()
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .filter(|(_, p)| p.placement.replicas.contains(&node))
+                    .map(|(&pid, p)| (GroupId::partition(t.id, pid), p.placement.clone()))
+            })
+            .collect();
+        out.sort_by_key(|(g, _)| *g);
+        out
     }
 
     /// Leaders and replicas per node over every partition placed.
@@ -187,6 +213,11 @@ impl ControllerState {
         if self.topics.contains_key(name) {
             return Ok(refused(format!("topic {name} exists")));
         }
+        // u32::MAX is the controller's own group's topic half.
+        let id = self.last_topic_id + 1;
+        if id == u32::MAX {
+            return Ok(refused("no topic id left"));
+        }
         if placement.len() != config.partitions as usize
             || placement.iter().any(|p| p.replicas.is_empty())
         {
@@ -223,11 +254,13 @@ impl ControllerState {
         self.topics.insert(
             name.to_string(),
             TopicMeta {
+                id,
                 config: config.clone(),
                 history: Vec::new(),
                 partitions,
             },
         );
+        self.last_topic_id = id;
         Ok(ControllerResponse::only(ControllerAnswer::TopicCreated))
     }
 

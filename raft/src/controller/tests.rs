@@ -8,7 +8,7 @@ use openraft::{
 };
 
 use super::*;
-use crate::types::Command;
+use crate::types::{Command, GroupId};
 
 fn config(partitions: u32) -> TopicConfig {
     let mut cfg = TopicConfig {
@@ -206,6 +206,51 @@ fn creating_a_topic_creates_it_in_the_local_log_with_its_placement() {
     assert_eq!(t.partitions[&1].placement.leader(), Some(2));
     assert_eq!(log.topic("t").unwrap().active_partitions(), vec![0, 1]);
     s.check_topic(&log, "t").unwrap();
+}
+
+#[test]
+fn topics_take_ids_in_creation_order_and_each_node_s_groups_derive_from_them() {
+    let (_d, log) = open_log();
+    let mut s = state_on(&[1, 2, 3]);
+    s.apply(&log, &create("b", 2, &[1, 2])).unwrap();
+    // A refused create takes no id.
+    s.apply(&log, &create("bad/name", 1, &[1])).unwrap();
+    s.apply(&log, &create("a", 1, &[3])).unwrap();
+    assert_eq!((s.topics["b"].id, s.topics["a"].id), (1, 2));
+    assert_eq!(s.last_topic_id, 2);
+    // Partition p of topic id t is group (t, p); the node's groups are
+    // the partitions placed with it among the replicas.
+    let groups = |node| -> Vec<(GroupId, Vec<NodeId>)> {
+        s.groups_of(node)
+            .into_iter()
+            .map(|(g, p)| (g, p.replicas))
+            .collect()
+    };
+    assert_eq!(
+        groups(1),
+        vec![
+            (GroupId::partition(1, 0), vec![1, 2, 3]),
+            (GroupId::partition(1, 1), vec![2, 3, 1]),
+            (GroupId::partition(2, 0), vec![3, 1, 2]),
+        ]
+    );
+    let mut only_two = state_on(&[1, 2, 3]);
+    only_two
+        .apply(
+            &log,
+            &ControllerCommand::CreateTopic {
+                name: "c".into(),
+                config: config(2),
+                placement: vec![placed(&[2]), placed(&[3, 2])],
+            },
+        )
+        .unwrap();
+    assert!(only_two.groups_of(1).is_empty());
+    assert_eq!(only_two.groups_of(2).len(), 2);
+    assert_eq!(
+        only_two.groups_of(3),
+        vec![(GroupId::partition(1, 1), placed(&[3, 2]))]
+    );
 }
 
 #[test]

@@ -209,3 +209,159 @@ async fn a_read_at_the_committed_end_answers_no_records_and_the_end_instead_of_f
     );
     node.shutdown().await;
 }
+
+fn topic_on(partitions: &[&[NodeId]]) -> ControllerCommand {
+    let mut config = TopicConfig {
+        partitions: partitions.len() as u32,
+        replicated: true,
+        ..TopicConfig::default()
+    };
+    config.balance.enabled = false;
+    ControllerCommand::CreateTopic {
+        name: "t".into(),
+        config,
+        placement: partitions
+            .iter()
+            .map(|r| crate::controller::ReplicaPlacement {
+                replicas: r.to_vec(),
+            })
+            .collect(),
+    }
+}
+
+async fn start_controller_node(dir: &Path) -> Node {
+    let network = Network::new(1, NetworkConfig::default());
+    let peers = BTreeMap::from([(1, "127.0.0.1:9".to_string())]);
+    let options = NodeOptions { controller: true };
+    // A restart may find the last run's directory lock not yet released
+    // by its storage tasks.
+    for _ in 0..100 {
+        match Node::start_with(1, dir, &[], peers.clone(), &network, options).await {
+            Ok(node) => return node,
+            Err(NodeError::Storage { .. }) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("start: {e}"),
+        }
+    }
+    panic!("the node did not start on its directory");
+}
+
+/// Waits until `node` hosts `group` and leads it.
+async fn wait_leading(node: &Node, group: GroupId) {
+    for _ in 0..500 {
+        if let ClientReply::Status {
+            leader: Some(1), ..
+        } = node.handle(ClientCall::Status { group }).await
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("node 1 did not lead group {}", group.0);
+}
+
+fn stamped_to(group: GroupId, seq: u64) -> ClientCall {
+    match stamped(seq) {
+        ClientCall::Append {
+            producer, records, ..
+        } => ClientCall::Append {
+            group,
+            producer,
+            records,
+        },
+        other => other,
+    }
+}
+
+#[tokio::test]
+async fn a_topic_created_through_the_controller_is_hosted_where_placed_and_again_after_a_restart() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let node = start_controller_node(dir.path()).await;
+    let init = node
+        .handle(ClientCall::Initialize {
+            group: GroupId::CONTROLLER,
+            members: Vec::new(),
+        })
+        .await;
+    assert_eq!(init, ClientReply::Initialized);
+    wait_leading(&node, GroupId::CONTROLLER).await;
+    // Partition 0 here, partition 1 on a node 2 this node never hosts.
+    let created = node
+        .handle(ClientCall::Controller(topic_on(&[&[1], &[2]])))
+        .await;
+    let ClientReply::Applied(CommandResponse::Controller(r)) = created else {
+        panic!("not a controller answer: {created:?}");
+    };
+    assert_eq!(r.answer, crate::controller::ControllerAnswer::TopicCreated);
+    let routes = node.handle(ClientCall::Topic { name: "t".into() }).await;
+    let ClientReply::Topic { id, partitions } = routes else {
+        panic!("{routes:?}");
+    };
+    assert_eq!(id, 1);
+    let groups: Vec<(GroupId, Vec<NodeId>)> = partitions
+        .into_iter()
+        .map(|r| (r.group, r.replicas))
+        .collect();
+    let (mine, other) = (GroupId::partition(1, 0), GroupId::partition(1, 1));
+    assert_eq!(groups, vec![(mine, vec![1]), (other, vec![2])]);
+
+    wait_leading(&node, mine).await;
+    assert_eq!(node.hosted(), vec![mine]);
+    assert_eq!(node.handle(stamped_to(mine, 0)).await, applied(0));
+    assert_eq!(node.handle(stamped_to(mine, 1)).await, applied(1));
+    node.shutdown().await;
+    drop(node);
+
+    // Restarted: the controller's log applied again hosts the group
+    // again, with its log and its membership (not initialised anew).
+    let node = start_controller_node(dir.path()).await;
+    wait_leading(&node, mine).await;
+    assert_eq!(node.hosted(), vec![mine]);
+    assert_eq!(node.handle(stamped_to(mine, 1)).await, duplicate(1));
+    assert_eq!(node.handle(stamped_to(mine, 2)).await, applied(2));
+    match node
+        .handle(ClientCall::Read {
+            group: mine,
+            from_offset: 0,
+            max_records: 10,
+        })
+        .await
+    {
+        ClientReply::Records { records, .. } => assert_eq!(
+            records.iter().map(|r| r.value.clone()).collect::<Vec<_>>(),
+            vec![b"v0".to_vec(), b"v1".to_vec(), b"v2".to_vec()]
+        ),
+        other => panic!("read failed: {other:?}"),
+    }
+    assert!(matches!(
+        node.handle(ClientCall::Status { group: other }).await,
+        ClientReply::Failed { .. }
+    ));
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn controller_calls_to_a_node_without_it_or_before_it_has_a_leader_are_refused() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let network = Network::new(2, NetworkConfig::default());
+    let plain = Node::start(2, dir.path(), &[], BTreeMap::new(), &network)
+        .await
+        .expect("start");
+    let reply = plain
+        .handle(ClientCall::Controller(topic_on(&[&[2]])))
+        .await;
+    assert!(
+        matches!(&reply, ClientReply::Failed { reason } if reason.contains("not hosted")),
+        "{reply:?}"
+    );
+    plain.shutdown().await;
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let node = start_controller_node(dir.path()).await;
+    // Not initialised: no leader to name.
+    assert!(matches!(
+        node.handle(ClientCall::Controller(topic_on(&[&[1]]))).await,
+        ClientReply::NotLeader { leader: None, .. }
+    ));
+    assert!(node.hosted().is_empty());
+    node.shutdown().await;
+}

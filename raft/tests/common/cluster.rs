@@ -296,13 +296,18 @@ pub async fn produce(
 
 /// Reads every committed record of the group from `addr`.
 pub async fn read_all(addr: &str) -> Option<(Vec<ReadRecord>, u64)> {
+    read_all_of(addr, GROUP).await
+}
+
+/// Reads every committed record of `group` from `addr`.
+pub async fn read_all_of(addr: &str, group: GroupId) -> Option<(Vec<ReadRecord>, u64)> {
     let mut c = NodeClient::connect(addr, CALL_TIMEOUT).await.ok()?;
     let mut out = Vec::new();
     loop {
         let reply = c
             .call(
                 ClientCall::Read {
-                    group: GROUP,
+                    group,
                     from_offset: out.len() as u64,
                     max_records: 1000,
                 },

@@ -477,9 +477,12 @@ fn ops_seeds() -> Vec<Vec<u8>> {
 /// Chains for `check_chain_repair`: a mode byte (bit 0 write, bit 1 full
 /// scan, bits 2.. the recovery mode, bit 6 checkpoint lost, bit 7 a
 /// checkpoint follows: segment base, position (2 bytes), end offset,
-/// floor), a seal byte (bit 0: sealed at the rest), then per file: the gap
-/// to its base, its kind (0 retired, 1 damaged, else opened; bit 2 sealed,
-/// bits 3.. how its scan stops), its records, a damage byte.
+/// floor), a seal byte (bit 0: sealed at bits 1..6; bit 7: one of the
+/// partitions the topic was created with), then per file: the gap to its
+/// base, its kind (0 retired, 1 damaged, else opened; bit 2 sealed, bits 3..
+/// how its scan stops), its records, a damage byte. A damaged file is empty,
+/// shorter than a header or has a bad header CRC, by its base modulo 3;
+/// an opened one holds batches of 100 bytes.
 fn chain_seeds() -> Vec<Vec<u8>> {
     vec![
         // Salvage, repairing, the checkpoint in the third segment: two
@@ -497,6 +500,37 @@ fn chain_seeds() -> Vec<Vec<u8>> {
         ],
         // Salvage with the checkpoint lost: a header naming another base.
         vec![0x45, 0, 0, 3, 2, 0xFE, 0, 6, 2, 0],
+        // A new topic's partition, Strict, repairing, no checkpoint entry,
+        // no segment file: no loss, the open creates its first segment.
+        vec![0x01, 0x80],
+        // The same with its first segment an empty file (torn creation)
+        // and an unsynced segment after it.
+        vec![0x01, 0x80, 0, 1, 3, 2, 2, 0],
+        // Strict, repairing, an entry that calls nothing durable: the
+        // first segment holds only its header.
+        vec![0x85, 0, 0, 0, 0, 0, 0x80, 0, 2, 0, 0],
+        // The same with the retention floor at 2 and a first segment whose
+        // header CRC does not match.
+        vec![0x85, 0, 0, 0, 0, 2, 0x80, 2, 1],
+        // Strict analysis (verify): no checkpoint, a first segment with
+        // half a batch after its header.
+        vec![0x00, 0x80, 0, 0x0A, 0, 0],
+        // Truncate, repairing, not a new topic's partition and no segment
+        // file: the loss of its durable first segment is reported.
+        vec![0x05, 0x00],
+        // Strict, repairing, a new topic's partition with the checkpoint
+        // lost and its first segment empty: it may be synced data, refused.
+        vec![0x49, 0x80, 0, 1],
+        // Strict, repairing, a new topic's partition whose entry calls 3
+        // records durable (position 364): a first segment of 5 records and
+        // a torn batch.
+        vec![0x85, 0, 0x6C, 0x01, 3, 0, 0x80, 0, 0x0A, 5, 0],
+        // Salvage of the same partition whose synced first segment is an
+        // empty file: offsets 0..3 read as a hole.
+        vec![0x81, 0, 0x6C, 0x01, 3, 0, 0x80, 0, 1],
+        // Truncate, repairing: the checkpoint calls 3 records of the first
+        // segment durable and it holds only its header.
+        vec![0x89, 0, 0x6C, 0x01, 3, 0, 0, 0, 2, 0, 0],
     ]
 }
 
@@ -696,5 +730,47 @@ fn refused_open_releases_its_files() {
             0,
             "a refused open left files open"
         );
+    }
+}
+
+/// Truncate and Salvage failed to open ("File exists") when a segment the
+/// checkpoint calls durable came back holding only its header: the hole
+/// for its lost offsets was created under the name of that same empty
+/// segment, which the chain had kept.
+#[test]
+fn repair_of_a_synced_segment_left_with_only_its_header_fills_the_hole() {
+    use fissionlog::{Log, LogOptions, RecoveryMode};
+    for mode in [RecoveryMode::Truncate, RecoveryMode::Salvage] {
+        let dir = fc::ScratchDir::new("regress-header-only");
+        small_log(dir.path(), 0).close().unwrap();
+        let seg = segments(dir.path())[0].clone();
+        let file = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+        file.set_len(64).unwrap();
+        drop(file);
+        let opts = |recovery| LogOptions {
+            recovery,
+            balancer: false,
+            create: false,
+            ..Default::default()
+        };
+        assert!(Log::open(dir.path(), opts(RecoveryMode::Strict)).is_err());
+        let log = Log::open(dir.path(), opts(mode))
+            .unwrap_or_else(|e| panic!("{mode:?} refused to repair: {e}"));
+        let holes: Vec<_> = log
+            .recovery_report()
+            .holes
+            .iter()
+            .map(|h| (h.offsets.start, h.offsets.end))
+            .collect();
+        assert_eq!(holes, [(0, 4)], "{mode:?}");
+        let t = log.topic("t").unwrap();
+        let next = t.append(Some(b"k"), b"after").unwrap();
+        assert_eq!(next.offset, 4, "{mode:?}: lost offsets handed out again");
+        log.close().unwrap();
+        // The repaired chain opens Strict.
+        Log::open(dir.path(), opts(RecoveryMode::Strict))
+            .unwrap_or_else(|e| panic!("Strict reopen after {mode:?}: {e}"))
+            .close()
+            .unwrap();
     }
 }

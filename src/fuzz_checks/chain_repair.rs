@@ -2,19 +2,25 @@
 //! over arbitrary segment chains with a model of what the applier does to
 //! the cursor.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::error::Error;
+use crate::format::batch::{
+    batch_len, encode_batch, RecordIn, BATCH_HEADER_LEN, RECORD_HEADER_LEN,
+};
 use crate::format::checkpoint::PartitionCheckpoint;
-use crate::format::segment::HeaderInfo;
+use crate::format::segment::{encode_seal, HeaderInfo, SEAL_POS};
 use crate::recovery::partition::classify::{
     classify, damage_response, Cursor, CutState, DamageResponse, Disposal, FileFacts, FileKind,
     SyncKnowledge, Verdict,
 };
-use crate::recovery::partition::{ChainParams, PartitionIds, RecoverMode};
+use crate::recovery::partition::{recover_chain, ChainParams, PartitionIds, RecoverMode};
+use crate::recovery::{FileAction, RecoveryReport};
 use crate::storage::fault::NoFaults;
+use crate::storage::position::DurablePoint;
+use crate::storage::segment::segment_file_name;
 
-use super::{Input, MODES};
+use super::{encode_header, Input, ScratchDir, MODES, SEGMENT_HEADER_LEN};
 
 /// One segment file of a generated chain.
 enum File {
@@ -35,12 +41,15 @@ struct Chain {
     checkpoint: Option<PartitionCheckpoint>,
     sealed: Option<u64>,
     checkpoint_lost: bool,
+    /// One of the partitions the topic was created with.
+    initial: bool,
     /// Base offsets (increasing) and files.
     files: Vec<(u64, File)>,
 }
 
-/// Decodes a chain: the mode, a checkpoint, a seal, then up to 16 files
-/// with increasing base offsets.
+/// Decodes a chain: the mode, a checkpoint, a seal (bit 0 sealed, bits 1..6
+/// its offset, bit 7 an initial partition), then up to 16 files with
+/// increasing base offsets.
 fn decode(input: &mut Input<'_>) -> Chain {
     let flags = input.u8();
     let mode = RecoverMode {
@@ -59,7 +68,8 @@ fn decode(input: &mut Input<'_>) -> Chain {
         rates: Vec::new(),
     });
     let seal = input.u8();
-    let sealed = (seal & 1 != 0).then_some(u64::from(seal >> 1));
+    let sealed = (seal & 1 != 0).then_some(u64::from((seal >> 1) & 0x3F));
+    let initial = seal & 0x80 != 0;
     let mut files = Vec::new();
     let mut base = 0u64;
     while !input.done() && files.len() < 16 {
@@ -94,6 +104,7 @@ fn decode(input: &mut Input<'_>) -> Chain {
         checkpoint,
         sealed,
         checkpoint_lost,
+        initial,
         files,
     }
 }
@@ -102,7 +113,8 @@ fn decode(input: &mut Input<'_>) -> Chain {
 /// the same verdict; nothing is kept after a cut; a cut never heals; a
 /// segment the checkpoint knows synced is never deleted (it is set aside,
 /// or Strict refuses); a kept segment continues the chain; a gap names
-/// exactly the missing offsets.
+/// exactly the missing offsets. Then the same chain, written to files, goes
+/// through chain repair itself (see [`check_repair_of_files`]).
 pub fn check_chain_repair(data: &[u8]) {
     let mut input = Input::new(data);
     let Chain {
@@ -110,9 +122,11 @@ pub fn check_chain_repair(data: &[u8]) {
         checkpoint,
         sealed,
         checkpoint_lost,
+        initial,
         files,
     } = decode(&mut input);
-    let dir = PathBuf::from("/nonexistent/topics/t1/p2");
+    let scratch = ScratchDir::new("chain");
+    let dir = scratch.path().join("topics/t1/p2");
     let p = ChainParams {
         dir: &dir,
         ids: PartitionIds {
@@ -125,7 +139,7 @@ pub fn check_chain_repair(data: &[u8]) {
         clean: false,
         sealed,
         checkpoint_lost,
-        initial: false,
+        initial,
         mode,
         hook: &NoFaults,
     };
@@ -136,7 +150,19 @@ pub fn check_chain_repair(data: &[u8]) {
     let mut cur = Cursor::start(known_end);
     cur.expected = Some(floor);
     let refuse_unknown_sync = checkpoint_lost && damage_response(&mode) == DamageResponse::Refuse;
-    for (base, file) in &files {
+    walk_classifier(&p, &files, cur, refuse_unknown_sync);
+    check_repair_of_files(&p, &files);
+}
+
+/// Walks `files` through the classifier with the model of the applier.
+fn walk_classifier(
+    p: &ChainParams<'_>,
+    files: &[(u64, File)],
+    mut cur: Cursor,
+    refuse_unknown_sync: bool,
+) {
+    let mode = p.mode;
+    for (base, file) in files {
         let path = Path::new("seg");
         let kind = match file {
             File::Retired => FileKind::Retired,
@@ -148,14 +174,14 @@ pub fn check_chain_repair(data: &[u8]) {
             path,
             kind,
         };
-        let verdict = classify(&facts, &cur, &p);
+        let verdict = classify(&facts, &cur, p);
         assert_eq!(
             verdict,
-            classify(&facts, &cur, &p),
+            classify(&facts, &cur, p),
             "classify is not deterministic"
         );
         let before = cur.clone();
-        let sync = SyncKnowledge::of(*base, &p);
+        let sync = SyncKnowledge::of(*base, p);
         check_verdict(&verdict, &facts, &before, &sync);
         if !model_apply(&verdict, &mut cur, *base, file, &mode, refuse_unknown_sync) {
             return;
@@ -235,6 +261,229 @@ fn keep(cur: &mut Cursor, base: u64, file: &File) {
     });
     let sealed = *stop == 0 && header.seal.is_some_and(|s| s.0 == end);
     cur.kept(end, sealed);
+}
+
+/// Bytes of every batch a generated segment holds (one record each), so
+/// the positions the decoded checkpoints and seals name (64 + 100 n) fall
+/// on batch boundaries.
+const BATCH_BYTES: usize = 100;
+
+/// The batch holding the one record at `offset`, [`BATCH_BYTES`] long.
+fn batch_at(offset: u64) -> Vec<u8> {
+    let value = vec![offset as u8; BATCH_BYTES - BATCH_HEADER_LEN - RECORD_HEADER_LEN];
+    let recs = [RecordIn {
+        key: None,
+        value: &value,
+        timestamp: offset as i64,
+    }];
+    let mut b = vec![0; batch_len(&recs)];
+    encode_batch(&mut b, offset, &recs);
+    debug_assert_eq!(b.len(), BATCH_BYTES);
+    b
+}
+
+/// The bytes of a generated segment file at `base`. A retired one is a
+/// valid empty segment (below the checkpoint's floor recovery never opens
+/// it; above it, it is an empty segment). A damaged one is empty, shorter
+/// than a header, or a header whose CRC does not match. An opened one holds
+/// its records from its header's base, its seal when it has one, then its
+/// stop: nothing, half a batch (torn), or a batch with a flipped byte and a
+/// valid one after it (corrupt). Zeros fill it to 4 KiB, as preallocation
+/// leaves a segment.
+fn file_bytes(base: u64, file: &File) -> Vec<u8> {
+    let mut out = match file {
+        File::Retired => encode_header(1, 2, base, 0).to_vec(),
+        File::Damaged(_) => match base % 3 {
+            0 => return Vec::new(),
+            1 => return encode_header(1, 2, base, 0)[..SEGMENT_HEADER_LEN / 2].to_vec(),
+            _ => {
+                let mut h = encode_header(1, 2, base, 0).to_vec();
+                h[20] ^= 0xFF;
+                h
+            }
+        },
+        File::Opened {
+            header,
+            records,
+            stop,
+        } => {
+            let mut out = crate::format::segment::encode_header_version(
+                header.version,
+                header.topic_id,
+                header.partition_id,
+                header.base_offset,
+                0,
+            )
+            .to_vec();
+            let first = header.base_offset;
+            for o in first..first + records {
+                out.extend(batch_at(o));
+            }
+            if let Some((end_offset, _)) = header.seal {
+                let seal = encode_seal(end_offset, out.len() as u64);
+                out[SEAL_POS..SEAL_POS + seal.len()].copy_from_slice(&seal);
+            }
+            let next = first + records;
+            match stop {
+                1 => out.extend(&batch_at(next)[..BATCH_BYTES / 2]),
+                2 => {
+                    let mut bad = batch_at(next);
+                    bad[BATCH_BYTES - 1] ^= 0xFF;
+                    out.extend(bad);
+                    out.extend(batch_at(next + 1));
+                }
+                _ => {}
+            }
+            out
+        }
+    };
+    out.resize(out.len().max(4096), 0);
+    out
+}
+
+/// Whether `file`, the first a new topic's partition has, may be what a
+/// power loss left of a first segment no sync reached: torn (its header
+/// does not decode), or a header naming this partition at its base, with
+/// whatever bytes follow it, and no other segment file after it.
+fn may_be_unsynced_first(base: u64, file: &File, alone: bool) -> bool {
+    match file {
+        File::Damaged(_) => true,
+        File::Retired => alone,
+        File::Opened { header, .. } => {
+            alone && header.base_offset == base && (header.topic_id, header.partition_id) == (1, 2)
+        }
+    }
+}
+
+/// Chain repair itself (`recover_chain`) over `files` written to `p.dir`.
+/// Never a panic, and a refusal only where the mode refuses damage (Strict,
+/// repairing), as a corruption error. Nothing the checkpoint calls durable
+/// is handed out again (an analysis that reports a problem hands nothing
+/// out), and a repair leaves a chain that covers it (with
+/// its records or a hole) or reports the loss. The durable point the chain
+/// hands on calls durable only what a kept segment holds, and nothing when
+/// no checkpoint entry names data. A new topic's partition that nothing
+/// says was ever synced ([`ChainParams::first_segment_may_be_unsynced`])
+/// with no segment file, a torn first one, or only an empty (or unsynced)
+/// one is no loss: it recovers in every mode with nothing reported lost or
+/// damaged, and without a readable first segment the chain comes back
+/// empty at its floor, for the open to create the first segment again.
+/// Any other active partition without a segment file is reported.
+fn check_repair_of_files(p: &ChainParams<'_>, files: &[(u64, File)]) {
+    std::fs::create_dir_all(p.dir).expect("creating the partition directory");
+    for (base, file) in files {
+        let path = p.dir.join(segment_file_name(*base));
+        std::fs::write(&path, file_bytes(*base, file)).expect("writing a segment file");
+    }
+    let floor = p.checkpoint.map_or(0, |c| c.start_offset);
+    let known_end = p
+        .checkpoint_in_data()
+        .map_or(floor, |c| c.end_offset.max(floor));
+    let live: Vec<&(u64, File)> = files.iter().filter(|(b, _)| *b >= floor).collect();
+    let unsynced_start = p.first_segment_may_be_unsynced()
+        && live
+            .first()
+            .is_none_or(|(b, f)| *b == floor && may_be_unsynced_first(*b, f, live.len() == 1));
+    let no_first_segment = unsynced_start
+        && live
+            .first()
+            .is_none_or(|(_, f)| matches!(f, File::Damaged(_)));
+    let mut report = RecoveryReport::default();
+    let result = recover_chain(p, &mut report);
+    let lost: Vec<_> = report
+        .files
+        .iter()
+        .filter(|f| matches!(f.action, FileAction::MissingData { .. }))
+        .collect();
+    let out = match result {
+        Err(e) => {
+            assert!(
+                !unsynced_start,
+                "a new topic's partition whose first segment may never have been synced was refused: {e}"
+            );
+            assert_eq!(
+                damage_response(&p.mode),
+                DamageResponse::Refuse,
+                "chain repair failed in a mode that does not refuse: {e}"
+            );
+            assert!(
+                matches!(e, Error::Corruption { .. }),
+                "a refusal that is not a corruption error: {e}"
+            );
+            return;
+        }
+        Ok(out) => out,
+    };
+    if unsynced_start {
+        assert!(
+            lost.is_empty() && out.problems.is_empty() && out.holes.is_empty(),
+            "a never-synced first segment of a new topic's partition reads as a loss: {lost:?}, {:?}, holes {:?}",
+            out.problems,
+            out.holes
+        );
+    }
+    if no_first_segment {
+        assert!(
+            out.segments.is_empty() && out.next_offset == floor,
+            "a missing or torn first segment is not left for the open to create at {floor}: next offset {}, {} segments",
+            out.next_offset,
+            out.segments.len()
+        );
+    }
+    if live.is_empty() && p.sealed.is_none() && !p.first_segment_may_be_unsynced() {
+        assert!(
+            !lost.is_empty() || !out.problems.is_empty(),
+            "an active partition whose first segment was durable has no segment file, and nothing is reported"
+        );
+    }
+    // An analysis that reports a problem hands nothing out.
+    assert!(
+        out.next_offset >= known_end || !p.mode.write && !out.problems.is_empty(),
+        "offsets the checkpoint calls durable are handed out again: next offset {}, durable up to {known_end}",
+        out.next_offset
+    );
+    for w in out.segments.windows(2) {
+        assert_eq!(
+            w[1].base_offset,
+            w[0].end_offset(),
+            "the recovered chain is not contiguous"
+        );
+    }
+    let covered = known_end <= floor
+        || out.segments.first().is_some_and(|s| s.base_offset <= floor)
+            && out
+                .segments
+                .last()
+                .is_some_and(|s| s.end_offset() >= known_end);
+    assert!(
+        covered || !lost.is_empty() || !out.problems.is_empty(),
+        "offsets {floor}..{known_end} the checkpoint calls durable are neither in the chain nor reported lost"
+    );
+    if p.mode.write {
+        assert!(
+            covered,
+            "a repair left offsets {floor}..{known_end} the checkpoint calls durable without a segment or a hole"
+        );
+    }
+    if p.checkpoint_in_data().is_none() {
+        assert_eq!(
+            out.durable,
+            DurablePoint::NOTHING,
+            "a chain no checkpoint names data in calls something durable"
+        );
+    } else if out.durable != DurablePoint::NOTHING {
+        let d = out.durable;
+        let held = out
+            .segments
+            .iter()
+            .find(|s| s.base_offset == d.segment_base)
+            .unwrap_or_else(|| panic!("the durable point names a segment not kept: {d:?}"));
+        assert!(
+            d.position <= held.committed_pos(),
+            "the durable point is past its segment's end: {d:?}, end {}",
+            held.committed_pos()
+        );
+    }
 }
 
 /// The invariants of one verdict, given the cursor before it.

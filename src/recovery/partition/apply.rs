@@ -239,6 +239,28 @@ impl Repairs<'_, '_> {
                 crate::storage::sync_dir(p.hook, IoOp::SyncRecoveryDir, parent)?;
             }
         }
+        // A kept segment that starts where the hole does holds no record
+        // (the chain ends at its base): a synced segment that came back
+        // with only its header. The hole takes its name and its place; a
+        // power loss before the hole is durable leaves the same repair to
+        // the next open.
+        if let Some(empty) = self
+            .out
+            .segments
+            .pop_if(|s| s.base_offset == lost.start && s.end_offset() == lost.start)
+        {
+            let path = empty.path().to_path_buf();
+            drop(empty);
+            std::fs::remove_file(&path).at(&path)?;
+            let _ = std::fs::remove_file(path.with_extension("idx"));
+            self.report.add(
+                &path,
+                FileAction::DeletedSegment {
+                    reason: "holds no record; replaced by the hole for its lost offsets"
+                        .to_string(),
+                },
+            );
+        }
         let ids = (p.ids.topic, p.ids.partition);
         let filler = Segment::create_hole(p.dir, ids, lost.start, lost.end, p.hook)?;
         self.report.add(

@@ -774,3 +774,42 @@ fn repair_of_a_synced_segment_left_with_only_its_header_fills_the_hole() {
             .unwrap();
     }
 }
+
+/// The state a crash leaves between the two steps of that repair (the
+/// header-only segment unlinked, the hole not yet created): the segment the
+/// checkpoint names is missing, and the next open makes the same repair,
+/// with the same hole and no offset handed out again.
+#[test]
+fn a_crash_between_unlinking_a_header_only_segment_and_creating_its_hole_repairs_the_same() {
+    use fissionlog::{Log, LogOptions, RecoveryMode};
+    for mode in [RecoveryMode::Truncate, RecoveryMode::Salvage] {
+        let dir = fc::ScratchDir::new("regress-header-only-unlinked");
+        small_log(dir.path(), 0).close().unwrap();
+        let seg = segments(dir.path())[0].clone();
+        std::fs::remove_file(&seg).unwrap();
+        let opts = |recovery| LogOptions {
+            recovery,
+            balancer: false,
+            create: false,
+            ..Default::default()
+        };
+        assert!(Log::open(dir.path(), opts(RecoveryMode::Strict)).is_err());
+        let log = Log::open(dir.path(), opts(mode))
+            .unwrap_or_else(|e| panic!("{mode:?} refused to repair: {e}"));
+        let holes: Vec<_> = log
+            .recovery_report()
+            .holes
+            .iter()
+            .map(|h| (h.offsets.start, h.offsets.end))
+            .collect();
+        assert_eq!(holes, [(0, 4)], "{mode:?}");
+        let t = log.topic("t").unwrap();
+        let next = t.append(Some(b"k"), b"after").unwrap();
+        assert_eq!(next.offset, 4, "{mode:?}: lost offsets handed out again");
+        log.close().unwrap();
+        Log::open(dir.path(), opts(RecoveryMode::Strict))
+            .unwrap_or_else(|e| panic!("Strict reopen after {mode:?}: {e}"))
+            .close()
+            .unwrap();
+    }
+}

@@ -24,10 +24,18 @@
 //! ```
 //!
 //! Data lives under `target/bench-data` (or `FISSIONLOG_BENCH_DIR`).
+//!
+//! `HISTORY_KEEP=DIR` builds each history once into `DIR/history-K` and
+//! keeps it; a later run finds it there and only times the opens (the
+//! change latencies then print as `-`). Each run times three clean opens
+//! and prints their median; the first one after a build also waits on the
+//! filesystem writing the build back, so run `sync` between build and
+//! timing when comparing.
 
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -82,16 +90,18 @@ fn options() -> LogOptions {
 
 struct Figures {
     partitions: u32,
-    worst_change: Duration,
-    p99_change: Duration,
+    /// The worst and the 99th-percentile change; `None` for a kept
+    /// history that was not built in this run.
+    changes: Option<(Duration, Duration)>,
     open: Duration,
     heap_bytes: isize,
     rss_bytes: u64,
 }
 
-fn scenario(k: u32) -> Figures {
-    let dir = bench_dir(&format!("history-{k}"));
-    let log = Log::open(&dir, options()).expect("open a fresh log");
+/// Builds the history of `k` changes in `dir` and closes it cleanly;
+/// returns the partition count and each change's latency.
+fn build(dir: &Path, k: u32) -> (u32, Vec<Duration>) {
+    let log = Log::open(dir, options()).expect("open a fresh log");
     let cfg = TopicConfig {
         partitions: 1,
         segment_bytes: fissionlog::MIN_SEGMENT_BYTES,
@@ -124,24 +134,59 @@ fn scenario(k: u32) -> Figures {
     let partitions = topic.partitions().len() as u32;
     drop(topic);
     log.close().expect("clean close");
-    lat.sort_unstable();
-    let worst_change = lat.last().copied().unwrap_or_default();
-    let p99_change = lat[(lat.len() * 99 / 100).min(lat.len() - 1)];
+    (partitions, lat)
+}
 
+/// One clean open of `dir`: its time, the heap it holds and its resident
+/// set growth, and the partition count.
+fn open_once(dir: &Path) -> (Duration, isize, u64, u32) {
     let heap_before = LIVE_BYTES.load(Ordering::Relaxed);
     let rss_before = rss_bytes();
     let t = Instant::now();
-    let log = Log::open(&dir, options()).expect("clean open");
+    let log = Log::open(dir, options()).expect("clean open");
     let open = t.elapsed();
     let heap_bytes = LIVE_BYTES.load(Ordering::Relaxed) - heap_before;
     let rss = rss_bytes().saturating_sub(rss_before);
     assert!(log.recovery_report().clean_shutdown, "open after a close");
+    let partitions = log.topic(TOPIC).expect("the topic").partitions().len() as u32;
     log.close().expect("close");
-    remove_dir(&dir);
+    (open, heap_bytes, rss, partitions)
+}
+
+fn scenario(k: u32) -> Figures {
+    let keep = std::env::var_os("HISTORY_KEEP").map(PathBuf::from);
+    let (dir, kept) = match &keep {
+        Some(root) => {
+            let dir = root.join(format!("history-{k}"));
+            let built = dir.join("built");
+            if !built.exists() {
+                let _ = std::fs::remove_dir_all(&dir);
+                std::fs::create_dir_all(&dir).expect("create the kept history's dir");
+            }
+            (dir, built.exists())
+        }
+        None => (bench_dir(&format!("history-{k}")), false),
+    };
+    let changes = if kept {
+        None
+    } else {
+        let (_, mut lat) = build(&dir.join("log"), k);
+        if keep.is_some() {
+            std::fs::write(dir.join("built"), b"").expect("mark the history built");
+        }
+        lat.sort_unstable();
+        let worst = lat.last().copied().unwrap_or_default();
+        Some((worst, lat[(lat.len() * 99 / 100).min(lat.len() - 1)]))
+    };
+    let mut opens: Vec<_> = (0..3).map(|_| open_once(&dir.join("log"))).collect();
+    opens.sort_by_key(|o| o.0);
+    let (open, heap_bytes, rss, partitions) = opens[1];
+    if keep.is_none() {
+        remove_dir(&dir);
+    }
     Figures {
         partitions,
-        worst_change,
-        p99_change,
+        changes,
         open,
         heap_bytes,
         rss_bytes: rss,
@@ -180,12 +225,18 @@ fn main() {
         }
         let f = scenario(k);
         let n = f64::from(f.partitions.max(1));
+        let ms = |d: Option<Duration>| {
+            d.map_or_else(
+                || "-".to_string(),
+                |d| format!("{:.2} ms", d.as_secs_f64() * 1e3),
+            )
+        };
         println!(
-            "{:>7} {:>10} {:>9.2} ms {:>9.2} ms {:>7.1} ms {:>9.2} µs {:>9.0} B {:>7.0} B",
+            "{:>7} {:>10} {:>12} {:>12} {:>7.1} ms {:>9.2} µs {:>9.0} B {:>7.0} B",
             k,
             f.partitions,
-            f.worst_change.as_secs_f64() * 1e3,
-            f.p99_change.as_secs_f64() * 1e3,
+            ms(f.changes.map(|c| c.0)),
+            ms(f.changes.map(|c| c.1)),
             f.open.as_secs_f64() * 1e3,
             f.open.as_secs_f64() * 1e6 / n,
             f.heap_bytes as f64 / n,

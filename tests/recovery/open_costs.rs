@@ -201,3 +201,99 @@ fn a_clean_close_writes_no_index_for_a_partition_whose_records_fit_in_one_index_
     assert!(problems.is_empty(), "{problems:#?}");
     assert!(partitions_touched(&rec, &dir).is_empty(), "{:?}", rec.ops());
 }
+
+/// A topic split and merged back `changes` times, a record in every
+/// partition before each change, closed cleanly. Returns the directories
+/// of its sealed partitions and each partition's values in order.
+fn closed_history(dir: &Path, changes: u32) -> (Vec<PathBuf>, Vec<(u32, Vec<Vec<u8>>)>) {
+    let log = Log::open(dir, quiet()).unwrap();
+    let t = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 1,
+                segment_bytes: fissionlog::MIN_SEGMENT_BYTES,
+                ..TopicConfig::default()
+            },
+        )
+        .unwrap();
+    let mut active = vec![0u32];
+    let mut written: std::collections::BTreeMap<u32, Vec<Vec<u8>>> = Default::default();
+    for i in 0..changes {
+        for &p in &active {
+            let v = value(u64::from(i) * 10 + u64::from(p));
+            t.append_to(
+                p,
+                &[NewRecord {
+                    key: None,
+                    value: &v,
+                    timestamp: None,
+                }],
+            )
+            .unwrap();
+            written.entry(p).or_default().push(v);
+        }
+        active = if active.len() == 1 {
+            t.split(active[0], fissionlog::SplitPlan::Even).unwrap()
+        } else {
+            vec![t.merge(active[0], active[1]).unwrap()]
+        };
+    }
+    let sealed = t
+        .partitions()
+        .iter()
+        .filter(|p| p.sealed_at.is_some())
+        .map(|p| t.partition(p.id).unwrap().dir().to_path_buf())
+        .collect();
+    drop(t);
+    log.close().unwrap();
+    (sealed, written.into_iter().collect())
+}
+
+/// A clean open of a topic with a long split and merge history costs
+/// nothing per sealed partition beyond listing it and reading its last
+/// segment's header: no mapping, no index file read, no data scanned, and
+/// the budget holds nothing for them (C7 at scale). Every record still
+/// reads back, each sealed partition's segment mapped on demand.
+#[test]
+fn a_clean_open_maps_no_segment_of_a_sealed_partition_until_it_is_read() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let (sealed, written) = closed_history(&dir, 40);
+    assert!(sealed.len() >= 50, "{} sealed partitions", sealed.len());
+
+    let rec = Arc::new(Record::default());
+    let log = Log::open_with_hook(&dir, quiet(), rec.clone()).unwrap();
+    assert!(log.recovery_report().clean_shutdown);
+    assert_eq!(log.recovery_report().bytes_scanned, 0);
+    let mapped: Vec<PathBuf> = rec
+        .ops()
+        .into_iter()
+        .filter(|(op, p)| *op == IoOp::MapSegment && sealed.iter().any(|d| p.starts_with(d)))
+        .map(|(_, p)| p)
+        .collect();
+    assert!(
+        mapped.is_empty(),
+        "a clean open mapped {} segments of sealed partitions: {:?}",
+        mapped.len(),
+        &mapped[..mapped.len().min(4)]
+    );
+    let stats = log.resource_stats();
+    assert_eq!(
+        (stats.mapped_segments, stats.mappings_evicted),
+        (0, 0),
+        "the budget after a clean open: {stats:?}"
+    );
+
+    let t = log.topic("t").unwrap();
+    for (p, values) in &written {
+        let part = t.partition(*p).unwrap();
+        let b = part.read(0, 1 << 20).unwrap();
+        let got: Vec<Vec<u8>> = b.iter().map(|r| r.value.to_vec()).collect();
+        assert_eq!(&got, values, "partition {p}");
+    }
+    drop(t);
+    log.close().unwrap();
+    let (_, problems) = fissionlog::verify(&dir).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+}

@@ -202,10 +202,13 @@ fn a_clean_close_writes_no_index_for_a_partition_whose_records_fit_in_one_index_
     assert!(partitions_touched(&rec, &dir).is_empty(), "{:?}", rec.ops());
 }
 
+/// Each partition's values, in order.
+type Written = Vec<(u32, Vec<Vec<u8>>)>;
+
 /// A topic split and merged back `changes` times, a record in every
 /// partition before each change, closed cleanly. Returns the directories
-/// of its sealed partitions and each partition's values in order.
-fn closed_history(dir: &Path, changes: u32) -> (Vec<PathBuf>, Vec<(u32, Vec<Vec<u8>>)>) {
+/// of its sealed partitions and what each partition holds.
+fn closed_history(dir: &Path, changes: u32) -> (Vec<PathBuf>, Written) {
     let log = Log::open(dir, quiet()).unwrap();
     let t = log
         .create_topic(
@@ -292,6 +295,15 @@ fn a_clean_open_maps_no_segment_of_a_sealed_partition_until_it_is_read() {
         let got: Vec<Vec<u8>> = b.iter().map(|r| r.value.to_vec()).collect();
         assert_eq!(&got, values, "partition {p}");
     }
+    // Each read loaded its segment's index from the data: one interval
+    // of it, which a clean close does not write, so neither does a read.
+    let written: Vec<PathBuf> = rec
+        .ops()
+        .into_iter()
+        .filter(|(op, p)| *op == IoOp::WriteIndex && sealed.iter().any(|d| p.starts_with(d)))
+        .map(|(_, p)| p)
+        .collect();
+    assert!(written.is_empty(), "reads wrote index files: {written:?}");
     drop(t);
     log.close().unwrap();
     let (_, problems) = fissionlog::verify(&dir).unwrap();

@@ -111,7 +111,9 @@ fn keep(
     r: &mut Repairs<'_, '_>,
 ) -> Result<()> {
     match file {
-        SegmentFile::Opened(seg, info) => keep_segment(base, path, seg, &info, cur, r),
+        SegmentFile::Opened(seg, info, settled) => {
+            keep_segment(base, path, seg, (&info, settled), cur, r)
+        }
         // `classify` keeps only files whose header decoded.
         SegmentFile::Retired | SegmentFile::Damaged(_) => {
             unreachable!("only an opened segment is kept")
@@ -124,7 +126,7 @@ fn keep(
 /// when retired.
 fn held_by(file: &mut SegmentFile, base: u64, p: &ChainParams<'_>) -> u64 {
     match file {
-        SegmentFile::Opened(seg, info) => held_until(seg, info, p),
+        SegmentFile::Opened(seg, info, _) => held_until(seg, info, p),
         SegmentFile::Damaged(_) => base,
         SegmentFile::Retired => 0,
     }

@@ -29,6 +29,14 @@ pub enum ScanPlan {
         /// Offset after its last record.
         end_offset: u64,
     },
+    /// A sealed partition's last segment that ends where a clean
+    /// shutdown's checkpoint says (see [`reaches_checkpoint`]).
+    AtCheckpoint {
+        /// End of data: the checkpointed position.
+        end_pos: u64,
+        /// Offset after its last record: the checkpointed end.
+        end_offset: u64,
+    },
     /// Scan it.
     Scan(ScanParams),
 }
@@ -181,9 +189,24 @@ fn walk_start(seg: &Segment, params: &ScanParams, p: &ChainParams<'_>) -> (u64, 
 /// Whether the batch headers of `file` from `from` (a position and its
 /// offset) chain to exactly `to_pos`, at offset `to_offset`. Pure.
 fn headers_lead_to(file: &[u8], from: (u64, u64), to_pos: u64, to_offset: u64) -> bool {
+    headers_lead_to_in((file, 0), from, to_pos, to_offset)
+}
+
+/// [`headers_lead_to`] over `bytes`, the file's bytes from position `at`
+/// on. Pure.
+fn headers_lead_to_in(
+    (bytes, at): (&[u8], u64),
+    from: (u64, u64),
+    to_pos: u64,
+    to_offset: u64,
+) -> bool {
     let (mut pos, mut next) = from;
     while pos < to_pos {
-        let Some(rest) = usize::try_from(pos).ok().and_then(|at| file.get(at..)) else {
+        let Some(rest) = pos
+            .checked_sub(at)
+            .and_then(|rel| usize::try_from(rel).ok())
+            .and_then(|rel| bytes.get(rel..))
+        else {
             return false;
         };
         let Ok(h) = batch::parse_header(rest) else {
@@ -198,6 +221,44 @@ fn headers_lead_to(file: &[u8], from: (u64, u64), to_pos: u64, to_offset: u64) -
     pos == to_pos && next == to_offset
 }
 
+/// The most bytes [`reaches_checkpoint`] reads to check a segment: an
+/// index interval of batch headers and the batch that crosses its end,
+/// for the file a clean close wrote. A longer walk is left to the scan.
+const CHECKPOINT_WALK_MAX_BYTES: u64 = 64 << 10;
+
+/// Whether the batch headers of `seg` (opened, not mapped, holding its
+/// descriptor) lead from its index file's last entry, or from its first
+/// batch, to exactly the checkpointed position and end: what
+/// [`checked_start`] checks before a scan from the checkpoint, read with
+/// one `pread` instead of a mapping. A repair that a crash stopped before
+/// its checkpoint leaves that checkpoint naming a position past a cut,
+/// and then the segment is scanned. `false` when the bytes to read exceed
+/// [`CHECKPOINT_WALK_MAX_BYTES`] or cannot be read: the scan decides.
+pub(super) fn reaches_checkpoint(seg: &Segment, base: u64, p: &ChainParams<'_>) -> bool {
+    let Some(c) = p.checkpoint else {
+        return false;
+    };
+    let header = SEGMENT_HEADER_LEN as u64;
+    if c.position <= header {
+        return c.position == header && c.end_offset == base;
+    }
+    let params = ScanParams {
+        base_offset: base,
+        from_pos: c.position,
+        from_offset: c.end_offset,
+        durable_until: c.position,
+        mode: p.mode.recovery,
+        index_interval: p.index_interval,
+        batch_version: 0,
+    };
+    let from = walk_start(seg, &params, p);
+    if c.position - from.0 > CHECKPOINT_WALK_MAX_BYTES {
+        return false;
+    }
+    seg.read_unmapped(from.0, c.position)
+        .is_some_and(|bytes| headers_lead_to_in((&bytes, from.0), from, c.position, c.end_offset))
+}
+
 /// How a scan's stop cuts the chain: a torn tail is unsynced, corruption
 /// is in synced data. Pure.
 pub fn stop_cut(stop: &ScanStop) -> CutState {
@@ -209,18 +270,38 @@ pub fn stop_cut(stop: &ScanStop) -> CutState {
 }
 
 /// Recovers the end of `seg`, which continues the chain, and appends it.
+/// `settled`: a sealed partition's last segment that ends where a clean
+/// shutdown's checkpoint says ([`reaches_checkpoint`]): its end is the
+/// checkpoint's, and it is kept unmapped, its index loaded when a read
+/// asks.
 pub(super) fn keep_segment(
     base: u64,
     path: &Path,
     mut seg: Segment,
-    info: &HeaderInfo,
+    (info, settled): (&HeaderInfo, bool),
     cur: &mut Cursor,
     r: &mut Repairs<'_, '_>,
 ) -> Result<()> {
     let p = r.p;
     let sync = SyncKnowledge::of(base, p);
     r.report.segments_opened += 1;
-    let end = match plan_scan(base, info, seg.capacity(), &sync, p) {
+    let plan = match sync.checkpoint.filter(|_| settled) {
+        Some(c) => ScanPlan::AtCheckpoint {
+            end_pos: c.position,
+            end_offset: c.end_offset,
+        },
+        None => plan_scan(base, info, seg.capacity(), &sync, p),
+    };
+    let end = match plan {
+        ScanPlan::AtCheckpoint {
+            end_pos,
+            end_offset,
+        } => RecoveredEnd {
+            end_pos,
+            end_offset,
+            sealed: info.seal.is_some(),
+            tail_cleared: false,
+        },
         ScanPlan::TrustSeal {
             end_pos,
             end_offset,
@@ -264,7 +345,7 @@ pub(super) fn keep_segment(
             end_offset: c.end_offset,
         };
     }
-    if matches!(*seg.index.lock(), IndexState::NotLoaded) && !end.sealed {
+    if matches!(*seg.index.lock(), IndexState::NotLoaded) && !end.sealed && !settled {
         // After a clean shutdown the active segment's index file is what
         // the close made durable: read it (metadata, C7) rather than walk
         // every batch header of the data. Otherwise, or when it does not

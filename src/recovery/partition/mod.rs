@@ -135,8 +135,10 @@ impl<'a> ChainParams<'a> {
 enum SegmentFile {
     /// Below the retention floor: retired, not opened.
     Retired,
-    /// Opened and mapped; the header is valid.
-    Opened(Segment, HeaderInfo),
+    /// Opened; the header is valid. With `true`, a sealed partition's last
+    /// segment that ends where a clean shutdown's checkpoint says, its
+    /// batch headers leading there: kept as it is, unmapped.
+    Opened(Segment, HeaderInfo, bool),
     /// The bytes prove damage: the header does not decode (torn or
     /// corrupt) or the file size is impossible.
     Damaged(Error),
@@ -147,7 +149,7 @@ impl SegmentFile {
     fn kind(&self) -> FileKind<'_> {
         match self {
             SegmentFile::Retired => FileKind::Retired,
-            SegmentFile::Opened(_, info) => FileKind::Opened(info),
+            SegmentFile::Opened(_, info, _) => FileKind::Opened(info),
             SegmentFile::Damaged(e) => FileKind::Damaged(e),
         }
     }
@@ -235,37 +237,7 @@ pub fn open_chain(p: &ChainParams<'_>) -> Result<OpenedChain> {
         let file = if p.checkpoint.is_some_and(|c| base < c.start_offset) {
             SegmentFile::Retired
         } else {
-            match Segment::open_with(&path, p.mode.write, p.hook) {
-                Ok((seg, info)) => {
-                    // A durable sealed segment already trimmed to its seal is
-                    // neither scanned nor changed by the repair phase (without
-                    // a full scan), and an analysis (`verify`, dry runs)
-                    // changes nothing: keep the mapping, not the descriptor,
-                    // so an open holds descriptors for what follows the
-                    // checkpoint, not for every segment. Any other segment
-                    // keeps its mapping and closes its descriptor too: a
-                    // repair opens the file again for its call, and the
-                    // sync rounds under the log's budget, so an open of
-                    // 10,000 active partitions fits in `ulimit -n` 1,024.
-                    // Opening every file here still fails the open on a
-                    // refused open or mapping before anything is repaired.
-                    let settled = !p.mode.write
-                        || info.seal.is_some_and(|(_, end_pos)| {
-                            seg.file_len() == end_pos
-                                && p.checkpoint.is_some_and(|c| base < c.segment_base)
-                                && !p.mode.full_scan
-                        })
-                        || sealed_partition_end_settled(p, base, seg.file_len());
-                    if settled {
-                        seg.release_fd();
-                    } else if p.mode.write {
-                        seg.close_file();
-                    }
-                    SegmentFile::Opened(seg, info)
-                }
-                Err(e @ Error::Corruption { .. }) => SegmentFile::Damaged(e),
-                Err(e) => return Err(open_failed(e)),
-            }
+            open_segment(p, base, &path)?
         };
         files.push((base, path, file));
     }
@@ -296,6 +268,54 @@ pub fn open_chain(p: &ChainParams<'_>) -> Result<OpenedChain> {
     })
 }
 
+/// Opens one segment file for [`open_chain`]. A durable sealed segment
+/// already trimmed to its seal is neither scanned nor changed by the
+/// repair phase (without a full scan), nor is a sealed partition's last
+/// segment that ends where a clean shutdown's checkpoint says, and an
+/// analysis (`verify`, dry runs) changes nothing: those are opened for
+/// their header only, neither mapped nor keeping the descriptor, so an
+/// open costs no mapping and no descriptor for the sealed segments and
+/// partitions it does not scan (a read maps them under the log's budget).
+/// Any other segment is mapped and closes its descriptor: a repair opens
+/// the file again for its call, and the sync rounds under the log's
+/// budget, so an open of 10,000 active partitions fits in `ulimit -n`
+/// 1,024. Opening every file here still fails the open on a refused open
+/// (or a refused mapping of a segment it scans) before anything is
+/// repaired.
+fn open_segment(p: &ChainParams<'_>, base: u64, path: &Path) -> Result<SegmentFile> {
+    let (file, len, info) = match Segment::open_header(path, p.mode.write, p.hook) {
+        Ok(opened) => opened,
+        Err(e @ Error::Corruption { .. }) => return Ok(SegmentFile::Damaged(e)),
+        Err(e) => return Err(open_failed(e)),
+    };
+    let trusted_seal = info.seal.is_some_and(|(_, end_pos)| {
+        len == end_pos && p.checkpoint.is_some_and(|c| base < c.segment_base) && !p.mode.full_scan
+    });
+    let at_checkpoint = sealed_partition_end_settled(p, base, len, &info);
+    let unmapped = !p.mode.write || trusted_seal || at_checkpoint;
+    let seg = match Segment::from_file(
+        path,
+        (file, len),
+        &info,
+        p.mode.write,
+        (!unmapped).then_some(p.hook),
+    ) {
+        Ok(seg) => seg,
+        Err(e @ Error::Corruption { .. }) => return Ok(SegmentFile::Damaged(e)),
+        Err(e) => return Err(open_failed(e)),
+    };
+    // Checked while the descriptor is open: the batch headers must lead
+    // to the checkpointed end (see `keep::reaches_checkpoint`). Otherwise
+    // the segment is scanned as any other, mapped when the scan asks.
+    let settled = at_checkpoint && keep::reaches_checkpoint(&seg, base, p);
+    if unmapped {
+        seg.release_fd();
+    } else if p.mode.write {
+        seg.close_file();
+    }
+    Ok(SegmentFile::Opened(seg, info, settled))
+}
+
 fn problem(file: &Path, position: u64, what: String, repair: &str) -> Problem {
     Problem {
         file: file.to_path_buf(),
@@ -305,16 +325,27 @@ fn problem(file: &Path, position: u64, what: String, repair: &str) -> Problem {
     }
 }
 
-/// Whether the segment at `base`, `file_len` bytes long, is the last one
-/// of a sealed partition, trimmed to exactly what a clean shutdown's
-/// checkpoint names: nothing to scan or repair, so it keeps neither its
-/// descriptor nor its mapping (a read maps it again), and an open of a log
-/// with many sealed partitions holds none for them.
-fn sealed_partition_end_settled(p: &ChainParams<'_>, base: u64, file_len: u64) -> bool {
+/// Whether the segment at `base`, `file_len` bytes long, with header
+/// `info`, is the last one of a sealed partition, trimmed to exactly what
+/// a clean shutdown's checkpoint names, its header carrying no seal or
+/// that same end: nothing to scan or repair (once its batch headers are
+/// seen to lead there), so it keeps neither its descriptor nor a mapping
+/// (a read maps it), and an open of a log with many sealed partitions
+/// holds none for them.
+fn sealed_partition_end_settled(
+    p: &ChainParams<'_>,
+    base: u64,
+    file_len: u64,
+    info: &HeaderInfo,
+) -> bool {
     p.clean
         && !p.mode.full_scan
+        && p.mode.write
         && p.checkpoint.is_some_and(|c| {
-            p.sealed == Some(c.end_offset) && c.segment_base == base && c.position == file_len
+            p.sealed == Some(c.end_offset)
+                && c.segment_base == base
+                && c.position == file_len
+                && info.seal.is_none_or(|s| s == (c.end_offset, c.position))
         })
 }
 

@@ -159,11 +159,17 @@ impl Segment {
     /// one is right either way) on disk.
     pub(super) fn rebuild_stale_index(&self, data: &CommittedBytes, end: u64) -> Vec<IndexEntry> {
         let entries = rebuild_index(data, self.base_offset, end, 4096);
+        self.write_rebuilt_index(&entries);
+        entries
+    }
+
+    /// Writes a rebuilt index to the index file, durably (a segment of a
+    /// partition that can write; a cache, so a failure is no error).
+    fn write_rebuilt_index(&self, entries: &[IndexEntry]) {
         if self.writable && self.hook.get().is_some() {
-            let buf = encode_index_file(self.base_offset, &entries);
+            let buf = encode_index_file(self.base_offset, entries);
             let _ = self.write_index_bytes(&buf, true, self.hook());
         }
-        entries
     }
 
     /// Finds the file position of the batch holding `offset` (which must be
@@ -229,12 +235,25 @@ impl Segment {
     /// Reads the index file; one that is missing or does not match the
     /// segment is rebuilt from the data and written again (durably).
     pub(super) fn load_index(&self, data: &CommittedBytes, end: u64) -> Vec<IndexEntry> {
-        if let Ok(Some(buf)) = self.read_index_file() {
-            let (entries, whole) =
-                format_index::decode_index(&buf, self.base_offset, end, self.end_offset());
-            if whole {
+        match self.read_index_file() {
+            Ok(Some(buf)) => {
+                let (entries, whole) =
+                    format_index::decode_index(&buf, self.base_offset, end, self.end_offset());
+                if whole {
+                    return entries;
+                }
+            }
+            // No file, and data that fits in one index interval: what a
+            // clean close leaves (it writes no index a walk of one
+            // interval derives), so a read writes none either.
+            Ok(None) => {
+                let entries = rebuild_index(data, self.base_offset, end, 4096);
+                if entries.len() > 1 {
+                    self.write_rebuilt_index(&entries);
+                }
                 return entries;
             }
+            Err(_) => {}
         }
         self.rebuild_stale_index(data, end)
     }

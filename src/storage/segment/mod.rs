@@ -175,6 +175,10 @@ pub struct Segment {
     /// header of a segment sealed since the last round, or a power loss can
     /// leave a durable, fully synced segment without its seal).
     seal_synced: AtomicBool,
+    /// The header on disk is known to carry no seal (read so at open, or
+    /// written so): recovery need not map the file to look for a stale
+    /// one.
+    unsealed_head: AtomicBool,
     pub(crate) index: Mutex<IndexState>,
     /// Length and CRC-32 of the index file's bytes when they are known to
     /// be durably on disk (written and synced, or read at an open after a
@@ -182,6 +186,19 @@ pub struct Segment {
     /// the file only when the index changed since. [`INDEX_UNKNOWN`] when
     /// unknown.
     index_durable: AtomicU64,
+}
+
+/// A segment file's length must hold a header and stay within the
+/// largest segment.
+fn check_file_len(path: &Path, file_len: u64) -> Result<()> {
+    if file_len < SEGMENT_HEADER_LEN as u64 || file_len > crate::config::MAX_SEGMENT_BYTES {
+        return Err(Error::corruption(
+            path,
+            0,
+            format!("segment file size {file_len} is out of range"),
+        ));
+    }
+    Ok(())
 }
 
 /// The longest index of a segment of `segment_bytes`: an entry per batch
@@ -258,6 +275,7 @@ impl Segment {
         // empty after a power loss ("file shorter than a segment header").
         seg.synced_pos.store(0, Ordering::Release);
         seg.end_offset.store(base_offset, Ordering::Release);
+        seg.unsealed_head.store(true, Ordering::Release);
         *seg.index.lock() = IndexState::Loaded(Vec::new());
         Ok(seg)
     }
@@ -299,6 +317,20 @@ impl Segment {
         writable: bool,
         hook: &dyn IoHook,
     ) -> Result<(Segment, HeaderInfo)> {
+        let (file, len, info) = Segment::open_header(path, writable, hook)?;
+        let seg = Segment::from_file(path, (file, len), &info, writable, Some(hook))?;
+        Ok((seg, info))
+    }
+
+    /// Opens an existing segment file and reads its header: the file, its
+    /// length and the header (the open goes through `hook` as
+    /// [`IoOp::OpenSegment`]). A header that does not decode is
+    /// [`Error::Corruption`], a newer version [`Error::UnsupportedVersion`].
+    pub(crate) fn open_header(
+        path: &Path,
+        writable: bool,
+        hook: &dyn IoHook,
+    ) -> Result<(File, u64, HeaderInfo)> {
         hook.before(IoOp::OpenSegment, path).at(path)?;
         let file = open_file(path, access(writable))?;
         let len = file.metadata().at(path)?.len();
@@ -313,19 +345,51 @@ impl Segment {
             },
             e => Error::corruption(path, 0, e.to_string()),
         })?;
-        hook.before(IoOp::MapSegment, path).at(path)?;
-        let seg = Segment::map(
-            path.to_path_buf(),
-            file,
-            len,
-            (len, len),
-            info.base_offset,
-            writable,
-        )?;
+        Ok((file, len, info))
+    }
+
+    /// The segment of a file [`Segment::open_header`] opened, keeping the
+    /// descriptor: mapped through `map_hook` (as [`IoOp::MapSegment`]),
+    /// or, without a hook, not mapped (a read maps it,
+    /// [`Segment::mapping`]): recovery opens so the segments it neither
+    /// scans nor repairs, which then cost no mapping.
+    pub(crate) fn from_file(
+        path: &Path,
+        (file, len): (File, u64),
+        info: &HeaderInfo,
+        writable: bool,
+        map_hook: Option<&dyn IoHook>,
+    ) -> Result<Segment> {
+        let seg = match map_hook {
+            Some(hook) => {
+                hook.before(IoOp::MapSegment, path).at(path)?;
+                Segment::map(
+                    path.to_path_buf(),
+                    file,
+                    len,
+                    (len, len),
+                    info.base_offset,
+                    writable,
+                )?
+            }
+            None => {
+                check_file_len(path, len)?;
+                Segment::assemble(
+                    path.to_path_buf(),
+                    Resident::new(None, Some(Arc::new(file))),
+                    len,
+                    (len, len),
+                    info.base_offset,
+                    writable,
+                )
+            }
+        };
         seg.committed_pos
             .store(SEGMENT_HEADER_LEN as u64, Ordering::Release);
         seg.end_offset.store(info.base_offset, Ordering::Release);
-        Ok((seg, info))
+        seg.unsealed_head
+            .store(info.seal.is_none(), Ordering::Release);
+        Ok(seg)
     }
 
     /// Maps `capacity` bytes of `file`, whose length is `file_len` and
@@ -338,20 +402,32 @@ impl Segment {
         base_offset: u64,
         writable: bool,
     ) -> Result<Segment> {
-        if file_len < SEGMENT_HEADER_LEN as u64 || file_len > crate::config::MAX_SEGMENT_BYTES {
-            return Err(Error::corruption(
-                &path,
-                0,
-                format!("segment file size {file_len} is out of range"),
-            ));
-        }
+        check_file_len(&path, file_len)?;
         debug_assert!(allocated <= file_len);
         // An `Error::Io`: recovery makes it `OpenFailed`, a roll
         // `ResourceExhausted`.
         let map = map_file(&file, capacity, writable).at(&path)?;
         let res = Resident::new(Some(Arc::new(Mapping::new(map))), Some(Arc::new(file)));
+        Ok(Segment::assemble(
+            path,
+            res,
+            capacity,
+            (file_len, allocated),
+            base_offset,
+            writable,
+        ))
+    }
+
+    fn assemble(
+        path: PathBuf,
+        res: Arc<Resident>,
+        capacity: u64,
+        (file_len, allocated): (u64, u64),
+        base_offset: u64,
+        writable: bool,
+    ) -> Segment {
         let index_path = path.with_extension("idx");
-        Ok(Segment {
+        Segment {
             path,
             index_path,
             res,
@@ -368,9 +444,10 @@ impl Segment {
             sealed: AtomicBool::new(false),
             frozen: AtomicBool::new(false),
             seal_synced: AtomicBool::new(false),
+            unsealed_head: AtomicBool::new(false),
             index: Mutex::new(IndexState::NotLoaded),
             index_durable: AtomicU64::new(INDEX_UNKNOWN),
-        })
+        }
     }
 
     /// Path of the segment file.
@@ -585,7 +662,7 @@ impl Segment {
     /// until then a power loss brings the seal back and recovery clears it
     /// again. Recovery only (`&mut self`: no reader or writer yet).
     pub(crate) fn clear_stale_seal(&mut self) -> Result<bool> {
-        if self.is_sealed() {
+        if self.is_sealed() || self.unsealed_head.load(Ordering::Acquire) {
             return Ok(false);
         }
         let raw = self.raw_for_recovery()?;
@@ -598,6 +675,7 @@ impl Segment {
         self.file()?
             .write_all_at(&[0u8; 20], segment::SEAL_POS as u64)
             .at(&self.path)?;
+        self.unsealed_head.store(true, Ordering::Release);
         Ok(true)
     }
 
@@ -635,6 +713,16 @@ impl Segment {
             map,
             len: len as usize,
         })
+    }
+
+    /// The file's bytes `[from, to)` read with `pread` through the
+    /// descriptor it holds, for a recovery check of a segment it does not
+    /// map; `None` without a descriptor or when a read fails.
+    pub(crate) fn read_unmapped(&self, from: u64, to: u64) -> Option<Vec<u8>> {
+        let file = self.res.file()?;
+        let mut buf = vec![0u8; usize::try_from(to.checked_sub(from)?).ok()?];
+        file.read_exact_at(&mut buf, from).ok()?;
+        Some(buf)
     }
 
     /// Committed data bytes `[SEGMENT_HEADER_LEN, committed_pos)`, indexed
@@ -929,6 +1017,7 @@ impl Segment {
             }
         }
         self.sealed.store(true, Ordering::Release);
+        self.unsealed_head.store(false, Ordering::Release);
         // A seal written again (a rolled segment a Raft truncation cut and
         // rolled from) is not synced yet.
         self.seal_synced.store(false, Ordering::Release);

@@ -42,11 +42,20 @@ impl SegmentWriter {
         } else {
             segment.res.map()
         };
+        // The newest timestamp only matters to appends (each index entry
+        // carries the newest before it): a segment that takes none, the
+        // last one of a sealed partition, works it out when a time lookup
+        // or retention asks, and an open need not map it for this.
+        let max_ts = if segment.takes_no_appends() {
+            i64::MIN
+        } else {
+            segment.max_timestamp()
+        };
         SegmentWriter {
             map,
             write_pos: segment.committed_pos(),
             next_offset: segment.end_offset(),
-            max_ts: segment.max_timestamp(),
+            max_ts,
             segment,
             last_indexed_pos,
             index_interval,

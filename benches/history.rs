@@ -80,6 +80,18 @@ fn rss_bytes() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
+/// CPU time the process has used, user and system, every thread.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage fills the zeroed `rusage` it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is always valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
 fn options() -> LogOptions {
     LogOptions {
         balancer: false,
@@ -94,6 +106,8 @@ struct Figures {
     /// history that was not built in this run.
     changes: Option<(Duration, Duration)>,
     open: Duration,
+    /// CPU time of that open (user and system).
+    open_cpu: Duration,
     heap_bytes: isize,
     rss_bytes: u64,
 }
@@ -137,14 +151,15 @@ fn build(dir: &Path, k: u32) -> (u32, Vec<Duration>) {
     (partitions, lat)
 }
 
-/// One clean open of `dir`: its time, the heap it holds and its resident
-/// set growth, and the partition count.
-fn open_once(dir: &Path) -> (Duration, isize, u64, u32) {
+/// One clean open of `dir`: its time and CPU time, the heap it holds and
+/// its resident set growth, and the partition count.
+fn open_once(dir: &Path) -> ((Duration, Duration), isize, u64, u32) {
     let heap_before = LIVE_BYTES.load(Ordering::Relaxed);
     let rss_before = rss_bytes();
+    let cpu = cpu_time();
     let t = Instant::now();
     let log = Log::open(dir, options()).expect("clean open");
-    let open = t.elapsed();
+    let open = (t.elapsed(), cpu_time().saturating_sub(cpu));
     let heap_bytes = LIVE_BYTES.load(Ordering::Relaxed) - heap_before;
     let rss = rss_bytes().saturating_sub(rss_before);
     assert!(log.recovery_report().clean_shutdown, "open after a close");
@@ -179,8 +194,8 @@ fn scenario(k: u32) -> Figures {
         Some((worst, lat[(lat.len() * 99 / 100).min(lat.len() - 1)]))
     };
     let mut opens: Vec<_> = (0..3).map(|_| open_once(&dir.join("log"))).collect();
-    opens.sort_by_key(|o| o.0);
-    let (open, heap_bytes, rss, partitions) = opens[1];
+    opens.sort_by_key(|o| o.0 .0);
+    let ((open, open_cpu), heap_bytes, rss, partitions) = opens[1];
     if keep.is_none() {
         remove_dir(&dir);
     }
@@ -188,6 +203,7 @@ fn scenario(k: u32) -> Figures {
         partitions,
         changes,
         open,
+        open_cpu,
         heap_bytes,
         rss_bytes: rss,
     }
@@ -209,13 +225,14 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(10_000);
     println!(
-        "{:>7} {:>10} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10}",
+        "{:>7} {:>10} {:>12} {:>12} {:>10} {:>12} {:>10} {:>12} {:>10}",
         "K",
         "partitions",
         "worst change",
         "p99 change",
         "open",
         "open/part",
+        "open cpu",
         "heap/part",
         "rss/part"
     );
@@ -232,13 +249,14 @@ fn main() {
             )
         };
         println!(
-            "{:>7} {:>10} {:>12} {:>12} {:>7.1} ms {:>9.2} µs {:>9.0} B {:>7.0} B",
+            "{:>7} {:>10} {:>12} {:>12} {:>7.1} ms {:>9.2} µs {:>7.1} ms {:>9.0} B {:>7.0} B",
             k,
             f.partitions,
             ms(f.changes.map(|c| c.0)),
             ms(f.changes.map(|c| c.1)),
             f.open.as_secs_f64() * 1e3,
             f.open.as_secs_f64() * 1e6 / n,
+            f.open_cpu.as_secs_f64() * 1e3,
             f.heap_bytes as f64 / n,
             f.rss_bytes as f64 / n,
         );

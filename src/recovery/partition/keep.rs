@@ -227,8 +227,9 @@ fn headers_lead_to_in(
 const CHECKPOINT_WALK_MAX_BYTES: u64 = 64 << 10;
 
 /// Whether the batch headers of `seg` (opened, not mapped, holding its
-/// descriptor) lead from its index file's last entry, or from its first
-/// batch, to exactly the checkpointed position and end: what
+/// descriptor) lead from its first batch (a segment of at most
+/// [`CHECKPOINT_WALK_MAX_BYTES`]) or from its index file's last entry to
+/// exactly the checkpointed position and end: what
 /// [`checked_start`] checks before a scan from the checkpoint, read with
 /// one `pread` instead of a mapping. A repair that a crash stopped before
 /// its checkpoint leaves that checkpoint naming a position past a cut,
@@ -251,7 +252,12 @@ pub(super) fn reaches_checkpoint(seg: &Segment, base: u64, p: &ChainParams<'_>) 
         index_interval: p.index_interval,
         batch_version: 0,
     };
-    let from = walk_start(seg, &params, p);
+    // A segment this short is read whole, without looking for its index.
+    let from = if c.position - header <= CHECKPOINT_WALK_MAX_BYTES {
+        (header, base)
+    } else {
+        walk_start(seg, &params, p)
+    };
     if c.position - from.0 > CHECKPOINT_WALK_MAX_BYTES {
         return false;
     }

@@ -7,6 +7,12 @@
 //! clean open (`/proc/self/fd`), with the cost per partition and the growth
 //! from one N to the next.
 //!
+//! Beside the clean close, in the same scenario, a raw baseline of the
+//! work it cannot skip: by hand, in the "same durability" tree below,
+//! 1 KiB written into each partition's file, then each file
+//! `fdatasync`ed, one after another, and one file of a checkpoint's size
+//! (40 bytes per partition) written and fsynced with its directory.
+//!
 //! Beside the creation, in the same scenario, two raw baselines, the same
 //! files made by hand without the engine (per partition a directory and a
 //! file with a header, sized like a segment; then the topic directory's
@@ -80,6 +86,7 @@ struct Figures {
     raw_create: Duration,
     raw_create_light: Duration,
     close: Duration,
+    raw_close: Duration,
     open: Duration,
     reader: Duration,
     idle_poll: Duration,
@@ -158,6 +165,42 @@ fn raw_create(dir: &Path, name: &str, n: u32, p: &Params, sync_each: bool) -> Du
     t.elapsed()
 }
 
+/// A raw baseline of a clean close, by hand, on the files
+/// [`raw_create`] made in `dir/name`: 1 KiB written into each, each
+/// fdatasynced one after another, then a checkpoint-sized file written and
+/// made durable.
+fn raw_close(dir: &Path, name: &str, n: u32) -> Duration {
+    use std::fs::{File, OpenOptions};
+    use std::os::unix::fs::FileExt;
+    let data = [0xa5u8; BYTES_PER_PARTITION];
+    let tdir = dir.join(name);
+    let files: Vec<File> = (0..n)
+        .map(|i| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(tdir.join(i.to_string()).join("00000000000000000000.log"))
+                .expect("raw segment file")
+        })
+        .collect();
+    let t = Instant::now();
+    for f in &files {
+        f.write_all_at(&data, 64).expect("write");
+    }
+    for f in &files {
+        f.sync_data().expect("fdatasync");
+    }
+    let cp = tdir.join("checkpoint");
+    let f = File::create(&cp).expect("checkpoint file");
+    f.write_all_at(&vec![1u8; 40 * n as usize], 0)
+        .expect("checkpoint write");
+    f.sync_data().expect("checkpoint fdatasync");
+    File::open(&tdir)
+        .and_then(|d| d.sync_all())
+        .expect("dir fsync");
+    t.elapsed()
+}
+
 fn scenario(n: u32, p: &Params, run: usize) -> Figures {
     let mut f = Figures::default();
     let dir = bench_dir(&format!("scale-{n}-{run}"));
@@ -173,6 +216,8 @@ fn scenario(n: u32, p: &Params, run: usize) -> Figures {
     log.close().expect("clean close");
     f.close = t.elapsed();
     progress(n, "create and close", f.create + f.close);
+    f.raw_close = raw_close(&raw, "light", n);
+    progress(n, "raw baseline close", f.raw_close);
 
     // Clean open, descriptors, reader, idle poll.
     let fds_before = open_fds();
@@ -286,6 +331,7 @@ fn main() {
             raw_create: pick(|f| f.raw_create),
             raw_create_light: pick(|f| f.raw_create_light),
             close: pick(|f| f.close),
+            raw_close: pick(|f| f.raw_close),
             open: pick(|f| f.open),
             reader: pick(|f| f.reader),
             idle_poll: pick(|f| f.idle_poll),
@@ -319,12 +365,13 @@ fn report(n: u32, runs: usize, f: &Figures, prev: Option<&(u32, Figures)>) {
     };
     let pf = prev.map(|(_, f)| *f);
     line("create topic", f.create, pf.map(|f| f.create));
-    let ratio = |name: &str, raw: Duration| {
+    let ratio_of = |name: &str, d: Duration, raw: Duration| {
         println!(
             "  {name:<28} {:>10.2}",
-            f.create.as_secs_f64() / raw.as_secs_f64().max(1e-9)
+            d.as_secs_f64() / raw.as_secs_f64().max(1e-9)
         );
     };
+    let ratio = |name: &str, raw: Duration| ratio_of(name, f.create, raw);
     line(
         "  raw, same durability",
         f.raw_create_light,
@@ -338,6 +385,12 @@ fn report(n: u32, runs: usize, f: &Figures, prev: Option<&(u32, Figures)>) {
     );
     ratio("  create / raw, every file", f.raw_create);
     line("clean close", f.close, pf.map(|f| f.close));
+    line(
+        "  raw, one after another",
+        f.raw_close,
+        pf.map(|f| f.raw_close),
+    );
+    ratio_of("  close / raw", f.close, f.raw_close);
     line("clean open", f.open, pf.map(|f| f.open));
     line("reader(Latest)", f.reader, pf.map(|f| f.reader));
     line("idle poll", f.idle_poll, pf.map(|f| f.idle_poll));

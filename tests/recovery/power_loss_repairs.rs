@@ -669,7 +669,7 @@ fn split_commit_makes_the_parents_rolled_segment_names_durable() {
 }
 
 /// The live tree of a crash point as an image (every page written back).
-fn live_image(point: &CrashPoint) -> DirImage {
+pub(super) fn live_image(point: &CrashPoint) -> DirImage {
     fn walk(point: &CrashPoint, dir: NodeId, rel: &Path, img: &mut DirImage) {
         for (name, e) in point.live.dirs.get(&dir).into_iter().flatten() {
             let path = rel.join(name);

@@ -459,11 +459,11 @@ impl Repairs<'_, '_> {
             },
         );
         self.out.holes.push(hole.clone());
-        seg.write_hole(
+        seg.write_hole_growing(
             position,
             seal_pos - position,
-            hole.start,
-            hole.end - hole.start,
+            (hole.start, hole.end - hole.start),
+            self.p.hook,
         )?;
         seg.sync_data(self.p.hook)?;
         if seal_pos > seg.capacity() {

@@ -900,6 +900,42 @@ impl Segment {
         file.write_all_at(&header, pos).at(&self.path)
     }
 
+    /// [`Segment::write_hole`] of a hole that ends past the end of the
+    /// file (Salvage completing a rolled segment cut short up to its
+    /// seal). The hole's header goes in and is made durable before the
+    /// file grows to the hole's end: a power loss between the two leaves
+    /// the file shorter than its seal, so the next open scans it and makes
+    /// the same repair. Grown first, a power loss can keep the new length
+    /// and lose the header, and the next open trusts the seal of a file
+    /// whose bytes below it hold no batch (reads of the lost offsets fail
+    /// as corruption instead of reading as a hole). The caller syncs the
+    /// grown length.
+    pub(crate) fn write_hole_growing(
+        &mut self,
+        pos: u64,
+        len: u64,
+        (first_offset, lost): (u64, u64),
+        hook: &dyn IoHook,
+    ) -> Result<()> {
+        let file = self.file()?;
+        let file_len = file.metadata().at(&self.path)?.len();
+        let end = pos + len;
+        if end <= file_len {
+            drop(file);
+            return self.write_hole(pos, len, first_offset, lost);
+        }
+        let lost = u32::try_from(lost)
+            .map_err(|_| Error::corruption(&self.path, pos, "hole spans too many offsets"))?;
+        let len32 = u32::try_from(len)
+            .map_err(|_| Error::corruption(&self.path, pos, "hole longer than a batch"))?;
+        let header = batch::hole_header(len32, first_offset, lost);
+        // What the file holds past `pos` is damage: zeroed, then the header.
+        write_zeros(&file, pos, file_len.saturating_sub(pos)).at(&self.path)?;
+        file.write_all_at(&header, pos).at(&self.path)?;
+        crate::storage::sync_file(hook, IoOp::SyncNewSegment, &file, &self.path, true)?;
+        file.set_len(end).at(&self.path)
+    }
+
     /// Writes the seal (end offset and position) into the header, then
     /// lets the budget evict the segment's mapping and descriptor.
     ///

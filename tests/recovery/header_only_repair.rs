@@ -201,6 +201,9 @@ fn power_loss_at_every_step(root: &Path, shape: Shape, mode: RecoveryMode) -> Ve
             failures.extend(check_image(&dir, partition, mode, &repaired, &ctx));
         }
     }
+    // The repair run again on its own result (a crash right after it).
+    let ctx = format!("{name}: a second repair");
+    failures.extend(check_image(&repair, partition, mode, &repaired, &ctx));
     failures
 }
 

@@ -389,6 +389,7 @@ pub fn repair_chain(
             .last()
             .filter(|s| s.is_sealed())
             .map(|s| s.end_offset());
+        cur.last_kept = r.out.segments.last().map(|s| s.base_offset);
         let facts = FileFacts {
             base,
             path: &path,

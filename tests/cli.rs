@@ -1322,7 +1322,20 @@ fn header_only_segments_verify_recover_dump() {
     assert!(before == snapshot(&dir), "a dry run changed the directory");
     let o = run(&["recover"], &dir);
     expect_code(&o, 1, "recover strict");
-    assert!(before == snapshot(&dir), "Strict changed the directory");
+    let after = snapshot(&dir);
+    let changed: Vec<_> = after
+        .iter()
+        .filter(|(p, b)| before.get(*p) != Some(*b))
+        .map(|(p, b)| (p.clone(), b.len(), before.get(p).map(|v| v.len())))
+        .collect();
+    assert!(
+        before == after,
+        "Strict changed the directory: {changed:?} {:?}",
+        before
+            .keys()
+            .filter(|k| !after.contains_key(*k))
+            .collect::<Vec<_>>()
+    );
     for mode in ["truncate", "salvage"] {
         let copy = tmp.path().join(mode);
         copy_dir(&dir, &copy);

@@ -396,12 +396,11 @@ impl Repairs<'_, '_> {
         if !p.mode.write {
             return;
         }
+        // Written after the chain (see `Repairs::index_rewrites`).
         if p.mode.full_scan || resealed {
-            if matches!(seg.repair_index_file(p.hook), Ok(true)) {
-                self.report.add(seg.index_path(), FileAction::RebuiltIndex);
-            }
+            self.index_rewrites.push((seg.base_offset, true));
         } else if sealed {
-            let _ = seg.repair_index_file(p.hook);
+            self.index_rewrites.push((seg.base_offset, false));
         }
     }
 

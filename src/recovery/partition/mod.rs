@@ -367,6 +367,7 @@ pub fn repair_chain(
         },
         removed: false,
         torn_creation: None,
+        index_rewrites: Vec::new(),
     };
     let live: Vec<u64> = opened
         .files
@@ -555,6 +556,7 @@ fn finish_chain(
         let _ = std::fs::remove_file(path.with_extension("idx"));
         crate::storage::sync_dir(p.hook, IoOp::SyncRecoveryDir, p.dir)?;
     }
+    r.rewrite_indexes();
     if p.mode.write && cur.known_end > end.chain_end {
         // Offsets below `known_end` were handed out (and may sit in a saved
         // Cut): they read as a hole, and appends continue after them.

@@ -279,6 +279,13 @@ pub(super) fn keep_segment(
         *seg.index.lock() = IndexState::Loaded(entries);
     }
     cur.kept(end.end_offset, end.sealed);
+    if !p.mode.write {
+        // An analysis (`verify`) keeps what it learnt (ends, index), not
+        // the mapping: it is under no log's budget, and a partition of
+        // more segments than the kernel allows mappings is checked one
+        // segment at a time.
+        seg.release_fd();
+    }
     r.out.segments.push(seg);
     Ok(())
 }

@@ -96,6 +96,9 @@ enum Shape {
     WriterSegment,
     /// A rolled segment in the middle of the chain.
     MiddleSegment,
+    /// A rolled segment in the middle of the chain whose seal was lost
+    /// with its records.
+    UnsealedMiddleSegment,
     /// The last two segments.
     TwoLastSegments,
     /// The only segment of a split's child.
@@ -110,7 +113,10 @@ fn build(dir: &Path, shape: Shape) -> (u32, u64) {
     log.create_topic("t", topic()).unwrap();
     let (partition, records) = match shape {
         Shape::OnlySegment => (0, 5),
-        Shape::WriterSegment | Shape::MiddleSegment | Shape::TwoLastSegments => (0, 60),
+        Shape::WriterSegment
+        | Shape::MiddleSegment
+        | Shape::UnsealedMiddleSegment
+        | Shape::TwoLastSegments => (0, 60),
         Shape::ChildSegment => {
             put(&log, 0, 1, 5);
             let children = log.topic("t").unwrap().split(0, SplitPlan::Even).unwrap();
@@ -139,7 +145,7 @@ fn build(dir: &Path, shape: Shape) -> (u32, u64) {
             vec![&segs[0].path]
         }
         Shape::WriterSegment => vec![&segs.last().unwrap().path],
-        Shape::MiddleSegment => {
+        Shape::MiddleSegment | Shape::UnsealedMiddleSegment => {
             assert!(segs.len() >= 3, "{shape:?}: {} segments", segs.len());
             vec![&segs[segs.len() / 2].path]
         }
@@ -150,6 +156,11 @@ fn build(dir: &Path, shape: Shape) -> (u32, u64) {
     };
     for p in damaged {
         keep_only_header(p);
+        if matches!(shape, Shape::UnsealedMiddleSegment) {
+            // The seal's 20 bytes at byte 44 of the header (docs/FORMAT.md).
+            let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+            std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 20], 44).unwrap();
+        }
     }
     (partition, end)
 }
@@ -275,6 +286,11 @@ fn power_loss_during_the_hole_repair_of_a_header_only_writer_segment() {
 #[test]
 fn power_loss_during_the_repair_of_a_header_only_middle_segment() {
     run(Shape::MiddleSegment);
+}
+
+#[test]
+fn power_loss_during_the_hole_repair_of_a_header_only_middle_segment_without_its_seal() {
+    run(Shape::UnsealedMiddleSegment);
 }
 
 #[test]

@@ -206,8 +206,9 @@ fn list_segments(dir: &Path) -> Result<Listing> {
         {
             // Index caches and tail splits' descendant indexes belong to us.
             crate::storage::file::check_listed(&entry)?;
-        } else if name.ends_with(".idx.tmp") {
-            // An interrupted index write: scratch, replaced by the next one.
+        } else if name.ends_with(".idx.tmp") || name.ends_with(".seg.tmp") {
+            // An interrupted index write or hole segment creation: scratch,
+            // replaced by the next one.
         } else {
             if let Some(base) = name
                 .strip_suffix(".damaged")

@@ -118,6 +118,11 @@ pub fn segment_file_name(base_offset: u64) -> String {
     format!("{base_offset:020}.seg")
 }
 
+/// Extension of the scratch file a hole segment is written under before it
+/// is renamed to its segment name (`<base>.seg.tmp`): a leftover of an
+/// interrupted repair, which the next one replaces.
+pub(crate) const SCRATCH_EXTENSION: &str = "seg.tmp";
+
 /// Parses a segment file name back into its base offset.
 pub fn parse_segment_file_name(name: &str) -> Option<u64> {
     let stem = name.strip_suffix(".seg")?;
@@ -197,6 +202,7 @@ impl Segment {
     /// Creates a new segment file with its first chunk allocated and maps it
     /// at `capacity`. On any failure the file is removed again, so a retry
     /// (the next roll) starts from the same state.
+    #[cfg(test)]
     pub fn create(
         dir: &Path,
         ids: (u32, u32),
@@ -275,18 +281,32 @@ impl Segment {
         let lost = u32::try_from(end - first).map_err(|_| {
             Error::corruption(&path, 0, "a salvage hole spans more than 2^32 offsets")
         })?;
-        let mut seg = Segment::create(dir, ids, first, crate::config::MIN_SEGMENT_BYTES, 0, hook)?;
+        // The whole file (header, seal, one hole batch) is written and
+        // synced under a scratch name, then renamed into place: a kill or
+        // a power loss at any step leaves the name as it was or holding
+        // the finished hole. Created in place, an interrupted creation left
+        // a segment with a valid header and zeros where a batch belongs,
+        // which the next open takes for corruption in synced data (and
+        // Truncate and Salvage cut the chain there, losing what follows).
         let hole_end = (SEGMENT_HEADER_LEN + batch::BATCH_HEADER_LEN) as u64;
-        seg.write_hole(
-            SEGMENT_HEADER_LEN as u64,
-            hole_end - SEGMENT_HEADER_LEN as u64,
-            first,
-            u64::from(lost),
-        )?;
-        seg.write_seal(end, hole_end);
-        seg.sync_data(hook)?;
+        let mut bytes =
+            segment::encode_header_version(segment::SEGMENT_VERSION_V1, ids.0, ids.1, first, 0)
+                .to_vec();
+        bytes[segment::SEAL_POS..segment::SEAL_POS + 20]
+            .copy_from_slice(&segment::encode_seal(end, hole_end));
+        let batch_len = batch::BATCH_HEADER_LEN as u32;
+        bytes.extend_from_slice(&batch::hole_header(batch_len, first, lost));
+        let tmp = path.with_extension(SCRATCH_EXTENSION);
+        hook.before(IoOp::CreateSegment, &tmp).at(&tmp)?;
+        let file = create_scratch(&tmp)?;
+        file.write_all_at(&bytes, 0).at(&tmp)?;
+        crate::storage::sync_file(hook, IoOp::SyncNewSegment, &file, &tmp, true)?;
+        drop(file);
+        std::fs::rename(&tmp, &path).at(&path)?;
         crate::storage::sync_dir(hook, IoOp::SyncRecoveryDir, dir)?;
+        let (seg, _) = Segment::open_with(&path, true, hook)?;
         seg.set_recovered_end(hole_end, end, hole_end, true);
+        *seg.index.lock() = IndexState::Loaded(Vec::new());
         Ok(seg)
     }
 

@@ -1269,3 +1269,187 @@ fn produce_stops_at_a_line_longer_than_the_largest_record() {
         assert_eq!(values, want, "{what}");
     }
 }
+
+/// A log whose partition lost the records of its last two segments (each
+/// left with only its header, the writer segment one of them): `verify`
+/// names them, a dry run changes nothing, Truncate and Salvage repair it
+/// (the lost offsets read as a hole, dump prints what survived, a second
+/// recover changes nothing, verify is clean), and the next append does not
+/// reuse a lost offset.
+#[test]
+fn header_only_segments_verify_recover_dump() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let log = Log::open(&dir, LogOptions::default()).unwrap();
+    let t = log.create_topic("c", small_topic()).unwrap();
+    for i in 0..12u64 {
+        t.append(Some(b"k"), format!("value-{i:03}").as_bytes())
+            .unwrap();
+        if i % 4 == 3 && i < 11 {
+            t.partition(0).unwrap().roll_now().unwrap();
+        }
+    }
+    drop(t);
+    log.close().unwrap();
+    let segs = find_segments(&dir);
+    assert_eq!(segs.len(), 3, "{segs:?}");
+    for seg in &segs[1..] {
+        let f = std::fs::OpenOptions::new().write(true).open(seg).unwrap();
+        f.set_len(64).unwrap();
+    }
+    let short = segs[1].to_str().unwrap().to_string();
+    let o = run(&["verify", "--json"], &dir);
+    expect_code(&o, 1, "verify");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["clean"], false);
+    let problems = doc["problems"].as_array().unwrap();
+    // The first damaged file is named, and no problem calls a file that is
+    // there missing.
+    assert!(
+        problems.iter().any(|p| p["file"] == short.as_str()),
+        "{doc}"
+    );
+    let claimed_missing = |p: &serde_json::Value| {
+        let what = p["what"].as_str().unwrap();
+        what.contains("there is no segment file") && what.ends_with(&short)
+    };
+    assert!(!problems.iter().any(claimed_missing), "{doc}");
+    let before = snapshot(&dir);
+    for mode in ["strict", "truncate", "salvage"] {
+        let o = run(&["recover", "--dry-run", "--mode", mode, "--json"], &dir);
+        expect_code(&o, 1, "dry run");
+    }
+    assert!(before == snapshot(&dir), "a dry run changed the directory");
+    let o = run(&["recover"], &dir);
+    expect_code(&o, 1, "recover strict");
+    let after = snapshot(&dir);
+    let changed: Vec<_> = after
+        .iter()
+        .filter(|(p, b)| before.get(*p) != Some(*b))
+        .map(|(p, b)| (p.clone(), b.len(), before.get(p).map(|v| v.len())))
+        .collect();
+    assert!(
+        before == after,
+        "Strict changed the directory: {changed:?} {:?}",
+        before
+            .keys()
+            .filter(|k| !after.contains_key(*k))
+            .collect::<Vec<_>>()
+    );
+    for mode in ["truncate", "salvage"] {
+        let copy = tmp.path().join(mode);
+        copy_dir(&dir, &copy);
+        let o = run(&["recover", "--mode", mode, "--json"], &copy);
+        expect_code(&o, 0, mode);
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(doc["changed"], true, "{mode}");
+        let o = run(&["dump", "--topic", "c", "--json"], &copy);
+        expect_code(&o, 0, "dump after recover");
+        let got: Vec<(u64, String)> = json_lines(&o)
+            .iter()
+            .map(|r| {
+                (
+                    r["offset"].as_u64().unwrap(),
+                    r["value"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        let want: Vec<(u64, String)> = (0..4).map(|i| (i, format!("value-{i:03}"))).collect();
+        assert_eq!(got, want, "{mode}: dump");
+        expect_code(&run(&["verify"], &copy), 0, "verify after recover");
+        let o = run(&["recover", "--mode", mode, "--json"], &copy);
+        expect_code(&o, 0, "second recover");
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(doc["changed"], false, "{mode}: second recover: {doc}");
+        let log = Log::open(&copy, LogOptions::default()).unwrap();
+        let next = log
+            .topic("c")
+            .unwrap()
+            .append(Some(b"k"), b"after")
+            .unwrap();
+        assert_eq!(
+            next.offset, 12,
+            "{mode}: a lost offset was handed out again"
+        );
+        log.close().unwrap();
+    }
+}
+
+/// Runs the binary under an open-file limit of `nofile`.
+fn run_limited(nofile: u32, args: &[&str], dir: &Path) -> Output {
+    Command::new("prlimit")
+        .arg(format!("--nofile={nofile}"))
+        .arg(env!("CARGO_BIN_EXE_fissionlog"))
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// `verify`, `dump` and `inspect` of a log with far more sealed segments
+/// (1,200 in the partitions of two splits) than the open-file limit they
+/// run under (64, below the log's own budget of 128 descriptors): each
+/// succeeds and sees every segment and record.
+#[test]
+fn verify_dump_and_inspect_of_many_segments_run_under_a_low_descriptor_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let log = Log::open(&dir, LogOptions::default()).unwrap();
+    let t = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 1,
+                segment_bytes: 4096,
+                sync: SyncPolicy::Never,
+                ..TopicConfig::default()
+            },
+        )
+        .unwrap();
+    // A record of 3000 bytes fills a 4 KiB segment: every append rolls.
+    let value = vec![b'v'; 3000];
+    let mut records = 0u64;
+    let mut append = |t: &fissionlog::Topic, n: u64| {
+        for _ in 0..n {
+            let key = format!("k{records}");
+            t.append(Some(key.as_bytes()), &value).unwrap();
+            records += 1;
+        }
+    };
+    append(&t, 600);
+    t.split(0, fissionlog::SplitPlan::Even).unwrap();
+    append(&t, 400);
+    t.split(1, fissionlog::SplitPlan::Even).unwrap();
+    append(&t, 200);
+    let segments: usize = t
+        .partitions()
+        .iter()
+        .map(|p| t.partition(p.id).unwrap().segment_count())
+        .sum();
+    assert!(segments >= 1200, "{segments} segments");
+    drop(t);
+    log.close().unwrap();
+    let o = run_limited(64, &["verify", "--json"], &dir);
+    expect_code(&o, 0, "verify");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["segments"].as_u64(), Some(segments as u64), "{doc}");
+    assert_eq!(doc["records_scanned"].as_u64(), Some(records));
+    let o = run_limited(64, &["dump", "--topic", "t", "--json"], &dir);
+    expect_code(&o, 0, "dump");
+    let mut keys: Vec<String> = json_lines(&o)
+        .iter()
+        .map(|r| r["key"].as_str().unwrap().to_string())
+        .collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len() as u64, records, "dump prints every record once");
+    let o = run_limited(64, &["inspect", "--json"], &dir);
+    expect_code(&o, 0, "inspect");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let parts = doc["topics"][0]["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 5);
+    let shown: u64 = parts.iter().map(|p| p["segments"].as_u64().unwrap()).sum();
+    assert_eq!(shown, segments as u64, "{doc}");
+}

@@ -10,6 +10,7 @@ mod common;
 
 mod chain_shapes;
 mod full_scan;
+mod header_only_repair;
 mod index_lies;
 mod last_batch_bytes;
 mod missing_segments;

@@ -669,7 +669,7 @@ fn split_commit_makes_the_parents_rolled_segment_names_durable() {
 }
 
 /// The live tree of a crash point as an image (every page written back).
-fn live_image(point: &CrashPoint) -> DirImage {
+pub(super) fn live_image(point: &CrashPoint) -> DirImage {
     fn walk(point: &CrashPoint, dir: NodeId, rel: &Path, img: &mut DirImage) {
         for (name, e) in point.live.dirs.get(&dir).into_iter().flatten() {
             let path = rel.join(name);
@@ -690,11 +690,14 @@ fn live_image(point: &CrashPoint) -> DirImage {
 }
 
 /// C3/C7: Salvage repairs a sealed partition that lost its last segment
-/// by writing a hole segment up to the seal. A power loss while it does
-/// (the hole file's name kept, its bytes not yet synced) leaves a file
-/// with no valid header after the partition's last rolled segment. The
-/// next open took it for a segment torn at creation, deleted it, and a
-/// Strict open accepted the partition ending below its seal.
+/// by writing a hole segment up to the seal. A power loss while it does,
+/// had the hole file been created under its own name (the name kept, its
+/// bytes not yet synced), would leave a file with no valid header after
+/// the partition's last rolled segment (the hole is now written under a
+/// scratch name and renamed once synced; the image here puts an empty
+/// file at the name to keep the check). The next open took it for a
+/// segment torn at creation, deleted it, and a Strict open accepted the
+/// partition ending below its seal.
 #[test]
 fn interrupted_hole_repair_of_a_sealed_partition_is_not_taken_for_a_torn_creation() {
     let root = tempfile::tempdir().unwrap();
@@ -728,12 +731,15 @@ fn interrupted_hole_repair_of_a_sealed_partition_is_not_taken_for_a_torn_creatio
     let point = hook
         .take_steps()
         .into_iter()
-        .find(|s| s.op == IoOp::SyncNewSegment && s.path == last.path)
+        .find(|s| s.op == IoOp::SyncNewSegment && s.path == last.path.with_extension("seg.tmp"))
         .expect("salvage synced a hole segment in place of the lost one");
     let mut img = live_image(&point);
     let rel = last.path.strip_prefix(&dir).unwrap().to_path_buf();
-    // Never synced: its durable content is empty.
-    assert!(img.files.contains_key(&rel));
+    // The name is not there before the synced scratch file is renamed to
+    // it; an empty file there stands for a hole created in place whose
+    // bytes were never synced.
+    assert!(!img.files.contains_key(&rel));
+    assert!(img.files.contains_key(&rel.with_extension("seg.tmp")));
     img.insert_file(rel, Vec::new());
     let after = root.path().join("after");
     img.write_to(&after).unwrap();

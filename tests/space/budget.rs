@@ -374,3 +374,80 @@ fn a_shortage_at_any_open_map_or_roll_is_retryable_and_loses_nothing() {
         }
     }
 }
+
+/// What `inspect` and `dump` do, on 1,200 sealed segments in the
+/// partitions of two splits under a budget of 16 mappings and 8
+/// descriptors: the partitions' infos and segment lists, then the topic
+/// read whole in lineage order. Every record comes back once, and the
+/// process holds at most the budget of mappings and descriptors of sealed
+/// segments besides the active partitions' own mappings.
+#[test]
+fn partition_infos_and_a_lineage_read_of_many_segments_stay_within_the_budget() {
+    // Counts this process's descriptors: not while a test lowers its limit.
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let (maps, files) = (16, 8);
+    let log = Log::open(&dir, budget(maps, files)).unwrap();
+    log.create_topic("t", small_segments()).unwrap();
+    let mut next = 0;
+    for (records, split) in [(600, Some(0)), (400, Some(1)), (200, None)] {
+        for _ in 0..records {
+            append(&log, next).unwrap();
+            next += 1;
+        }
+        if let Some(p) = split {
+            log.topic("t")
+                .unwrap()
+                .split(p, fissionlog::SplitPlan::Even)
+                .unwrap();
+        }
+    }
+    log.close().unwrap();
+    let log = Log::open(&dir, budget(maps, files)).unwrap();
+    let t = log.topic("t").unwrap();
+    let infos = t.partitions();
+    assert_eq!(infos.len(), 5);
+    let active = infos.iter().filter(|p| p.sealed_at.is_none()).count();
+    let segments: usize = infos
+        .iter()
+        .map(|p| t.partition(p.id).unwrap().segment_infos().len())
+        .sum();
+    assert!(segments >= 1200, "{segments} segments");
+    let within = |when: &str| {
+        let stats = log.resource_stats();
+        assert!(stats.mapped_segments <= maps, "{when}: {stats:?}");
+        assert!(stats.open_segment_files <= files, "{when}: {stats:?}");
+        let mapped = mappings_under(&dir);
+        assert!(
+            mapped <= maps + active,
+            "{when}: {mapped} mappings, budget {maps} and {active} active partitions"
+        );
+        let open = descriptors_under(&dir);
+        assert!(
+            open <= files + 4,
+            "{when}: {open} descriptors, budget {files}"
+        );
+    };
+    within("after the partitions' infos");
+    let mut reader = t.reader(fissionlog::StartAt::Earliest).unwrap();
+    let mut seen = vec![false; next as usize];
+    loop {
+        let recs = reader.poll(64).unwrap();
+        if recs.is_empty() {
+            break;
+        }
+        for r in &recs {
+            let key = String::from_utf8(r.key.clone().unwrap()).unwrap();
+            let i: u64 = key[1..].parse().unwrap();
+            assert_eq!(r.value, sized_value(i, LEN), "record of {key}");
+            assert!(!seen[i as usize], "{key} read twice");
+            seen[i as usize] = true;
+        }
+    }
+    assert!(seen.iter().all(|s| *s), "every record is read");
+    within("after reading the topic in lineage order");
+    assert!(log.resource_stats().mappings_evicted > 0);
+    drop(t);
+    log.close().unwrap();
+}

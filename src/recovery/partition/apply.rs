@@ -29,6 +29,11 @@ pub(super) struct Repairs<'a, 'b> {
     /// its removal and lose theirs, and the next open would find a segment
     /// missing before one that is there: lost data, not a crash artifact.
     pub torn_creation: Option<PathBuf>,
+    /// Kept segments whose index file is rewritten from their scan (base
+    /// offset, and whether the report names it): only once the chain is
+    /// repaired, so a Strict open that refuses a later file (or data
+    /// missing at the end) leaves every file as it was.
+    pub index_rewrites: Vec<(u64, bool)>,
 }
 
 /// Carries out `verdict` for one file of the chain.
@@ -220,6 +225,20 @@ impl Repairs<'_, '_> {
             );
         }
         Ok(response)
+    }
+
+    /// Rewrites the index files [`Repairs::index_rewrites`] names, of the
+    /// segments still in the chain. An index is a cache: failing to write
+    /// one is no error.
+    pub(super) fn rewrite_indexes(&mut self) {
+        for (base, reported) in std::mem::take(&mut self.index_rewrites) {
+            let Some(seg) = self.out.segments.iter().find(|s| s.base_offset == base) else {
+                continue;
+            };
+            if matches!(seg.repair_index_file(self.p.hook), Ok(true)) && reported {
+                self.report.add(seg.index_path(), FileAction::RebuiltIndex);
+            }
+        }
     }
 
     /// Writes a segment holding one hole batch for `lost` (write mode

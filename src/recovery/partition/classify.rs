@@ -42,6 +42,8 @@ pub struct Cursor {
     /// The last segment kept so far is sealed and ends at this offset (a
     /// roll created the segment after it before sealing it).
     pub complete_until: Option<u64>,
+    /// Base offset of the last segment kept so far.
+    pub last_kept: Option<u64>,
 }
 
 impl Cursor {
@@ -52,6 +54,7 @@ impl Cursor {
             known_end,
             cut: CutState::None,
             complete_until: None,
+            last_kept: None,
         }
     }
 
@@ -314,14 +317,32 @@ fn discontinuity(
         // Segments are missing between two that are here: named by the
         // checkpoint as synced, or created before this one and after a
         // complete segment.
-        let gap = p.dir.join(segment_file_name(exp));
-        let what = format!(
-            "offsets {exp}..{base} are missing: the chain ends at {exp} and there is no segment file {}",
-            gap.display()
-        );
+        // After a segment complete up to its seal, the file at `exp` is
+        // missing; otherwise the chain ends early inside a file that is
+        // there (a segment that lost records, or lost its seal), and the
+        // problem names that file, not one that was never expected.
+        let short = cur.last_kept.filter(|_| !after_complete);
+        let (missing_file, what) = match short {
+            Some(kept) => {
+                let file = p.dir.join(segment_file_name(kept));
+                let what = format!(
+                    "offsets {exp}..{base} are missing: segment file {} ends at offset {exp} but the next segment starts at {base}",
+                    file.display()
+                );
+                (file, what)
+            }
+            None => {
+                let gap = p.dir.join(segment_file_name(exp));
+                let what = format!(
+                    "offsets {exp}..{base} are missing: the chain ends at {exp} and there is no segment file {}",
+                    gap.display()
+                );
+                (gap, what)
+            }
+        };
         return Verdict::Gap {
             lost: exp..base,
-            missing_file: gap,
+            missing_file,
             what,
         };
     }

@@ -366,6 +366,13 @@ pub(super) fn keep_segment(
         *seg.index.lock() = IndexState::Loaded(entries);
     }
     cur.kept(end.end_offset, end.sealed);
+    if !p.mode.write {
+        // An analysis (`verify`) keeps what it learnt (ends, index), not
+        // the mapping: it is under no log's budget, and a partition of
+        // more segments than the kernel allows mappings is checked one
+        // segment at a time.
+        seg.release_fd();
+    }
     r.out.segments.push(seg);
     Ok(())
 }
@@ -483,12 +490,11 @@ impl Repairs<'_, '_> {
         if !p.mode.write {
             return;
         }
+        // Written after the chain (see `Repairs::index_rewrites`).
         if p.mode.full_scan || resealed {
-            if matches!(seg.repair_index_file(p.hook), Ok(true)) {
-                self.report.add(seg.index_path(), FileAction::RebuiltIndex);
-            }
+            self.index_rewrites.push((seg.base_offset, true));
         } else if sealed {
-            let _ = seg.repair_index_file(p.hook);
+            self.index_rewrites.push((seg.base_offset, false));
         }
     }
 
@@ -546,11 +552,11 @@ impl Repairs<'_, '_> {
             },
         );
         self.out.holes.push(hole.clone());
-        seg.write_hole(
+        seg.write_hole_growing(
             position,
             seal_pos - position,
-            hole.start,
-            hole.end - hole.start,
+            (hole.start, hole.end - hole.start),
+            self.p.hook,
         )?;
         seg.sync_data(self.p.hook)?;
         if seal_pos > seg.capacity() {

@@ -208,8 +208,9 @@ fn list_segments(dir: &Path) -> Result<Listing> {
         {
             // Index caches and tail splits' descendant indexes belong to us.
             crate::storage::file::check_listed(&entry)?;
-        } else if name.ends_with(".idx.tmp") {
-            // An interrupted index write: scratch, replaced by the next one.
+        } else if name.ends_with(".idx.tmp") || name.ends_with(".seg.tmp") {
+            // An interrupted index write or hole segment creation: scratch,
+            // replaced by the next one.
         } else {
             if let Some(base) = name
                 .strip_suffix(".damaged")
@@ -398,6 +399,7 @@ pub fn repair_chain(
         },
         removed: false,
         torn_creation: None,
+        index_rewrites: Vec::new(),
     };
     let live: Vec<u64> = opened
         .files
@@ -420,6 +422,7 @@ pub fn repair_chain(
             .last()
             .filter(|s| s.is_sealed())
             .map(|s| s.end_offset());
+        cur.last_kept = r.out.segments.last().map(|s| s.base_offset);
         let facts = FileFacts {
             base,
             path: &path,
@@ -585,6 +588,7 @@ fn finish_chain(
         let _ = std::fs::remove_file(path.with_extension("idx"));
         crate::storage::sync_dir(p.hook, IoOp::SyncRecoveryDir, p.dir)?;
     }
+    r.rewrite_indexes();
     if p.mode.write && cur.known_end > end.chain_end {
         // Offsets below `known_end` were handed out (and may sit in a saved
         // Cut): they read as a hole, and appends continue after them.
@@ -614,4 +618,95 @@ fn finish_chain(
 /// Shares recovered segments.
 pub fn into_arcs(segments: Vec<Segment>) -> Vec<Arc<Segment>> {
     segments.into_iter().map(Arc::new).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::fault::NoFaults;
+    use crate::{Log, LogOptions, NewRecord, TopicConfig};
+
+    /// Mappings of files under `dir` in this process.
+    fn mappings_under(dir: &Path) -> usize {
+        let dir = dir.to_string_lossy().into_owned();
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(dir.as_str()))
+            .count()
+    }
+
+    /// An analysis (`verify`) scans every segment of a partition: it holds
+    /// no mapping of one once it is checked, so a partition of more
+    /// segments than `vm.max_map_count` allows mappings (or than a log's
+    /// budget keeps) is checked as well as a small one.
+    #[test]
+    fn an_analysis_keeps_no_mapping_of_the_segments_it_checked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = Log::open(
+            tmp.path(),
+            LogOptions {
+                balancer: false,
+                ..LogOptions::default()
+            },
+        )
+        .unwrap();
+        let t = log
+            .create_topic(
+                "t",
+                TopicConfig {
+                    partitions: 1,
+                    segment_bytes: 4096,
+                    ..TopicConfig::default()
+                },
+            )
+            .unwrap();
+        // One record of 3000 bytes fills a segment of 4 KiB: each rolls.
+        let value = vec![7u8; 3000];
+        for _ in 0..200 {
+            t.append_to(
+                0,
+                &[NewRecord {
+                    key: None,
+                    value: &value,
+                    timestamp: None,
+                }],
+            )
+            .unwrap();
+        }
+        drop(t);
+        log.close().unwrap();
+        let dir = tmp.path().join("topics/t0/p0");
+        let p = ChainParams {
+            dir: &dir,
+            ids: PartitionIds {
+                topic: 0,
+                partition: 0,
+            },
+            index_interval: 4096,
+            segment_bytes: 4096,
+            checkpoint: None,
+            clean: false,
+            sealed: None,
+            checkpoint_lost: false,
+            initial: true,
+            mode: RecoverMode {
+                write: false,
+                full_scan: true,
+                recovery: RecoveryMode::Strict,
+            },
+            hook: &NoFaults,
+        };
+        let mut report = RecoveryReport::default();
+        let chain = recover_chain(&p, &mut report).unwrap();
+        assert!(chain.problems.is_empty(), "{:?}", chain.problems);
+        assert_eq!(chain.segments.len(), 200);
+        assert_eq!(chain.next_offset, 200);
+        let mapped = mappings_under(&dir);
+        assert!(
+            mapped <= 1,
+            "{mapped} mappings held after checking {} segments",
+            chain.segments.len()
+        );
+    }
 }

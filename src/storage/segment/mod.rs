@@ -118,6 +118,11 @@ pub fn segment_file_name(base_offset: u64) -> String {
     format!("{base_offset:020}.seg")
 }
 
+/// Extension of the scratch file a hole segment is written under before it
+/// is renamed to its segment name (`<base>.seg.tmp`): a leftover of an
+/// interrupted repair, which the next one replaces.
+pub(crate) const SCRATCH_EXTENSION: &str = "seg.tmp";
+
 /// Parses a segment file name back into its base offset.
 pub fn parse_segment_file_name(name: &str) -> Option<u64> {
     let stem = name.strip_suffix(".seg")?;
@@ -214,6 +219,7 @@ impl Segment {
     /// Creates a new segment file with its first chunk allocated and maps it
     /// at `capacity`. On any failure the file is removed again, so a retry
     /// (the next roll) starts from the same state.
+    #[cfg(test)]
     pub fn create(
         dir: &Path,
         ids: (u32, u32),
@@ -293,18 +299,32 @@ impl Segment {
         let lost = u32::try_from(end - first).map_err(|_| {
             Error::corruption(&path, 0, "a salvage hole spans more than 2^32 offsets")
         })?;
-        let mut seg = Segment::create(dir, ids, first, crate::config::MIN_SEGMENT_BYTES, 0, hook)?;
+        // The whole file (header, seal, one hole batch) is written and
+        // synced under a scratch name, then renamed into place: a kill or
+        // a power loss at any step leaves the name as it was or holding
+        // the finished hole. Created in place, an interrupted creation left
+        // a segment with a valid header and zeros where a batch belongs,
+        // which the next open takes for corruption in synced data (and
+        // Truncate and Salvage cut the chain there, losing what follows).
         let hole_end = (SEGMENT_HEADER_LEN + batch::BATCH_HEADER_LEN) as u64;
-        seg.write_hole(
-            SEGMENT_HEADER_LEN as u64,
-            hole_end - SEGMENT_HEADER_LEN as u64,
-            first,
-            u64::from(lost),
-        )?;
-        seg.write_seal(end, hole_end);
-        seg.sync_data(hook)?;
+        let mut bytes =
+            segment::encode_header_version(segment::SEGMENT_VERSION_V1, ids.0, ids.1, first, 0)
+                .to_vec();
+        bytes[segment::SEAL_POS..segment::SEAL_POS + 20]
+            .copy_from_slice(&segment::encode_seal(end, hole_end));
+        let batch_len = batch::BATCH_HEADER_LEN as u32;
+        bytes.extend_from_slice(&batch::hole_header(batch_len, first, lost));
+        let tmp = path.with_extension(SCRATCH_EXTENSION);
+        hook.before(IoOp::CreateSegment, &tmp).at(&tmp)?;
+        let file = create_scratch(&tmp)?;
+        file.write_all_at(&bytes, 0).at(&tmp)?;
+        crate::storage::sync_file(hook, IoOp::SyncNewSegment, &file, &tmp, true)?;
+        drop(file);
+        std::fs::rename(&tmp, &path).at(&path)?;
         crate::storage::sync_dir(hook, IoOp::SyncRecoveryDir, dir)?;
+        let (seg, _) = Segment::open_with(&path, true, hook)?;
         seg.set_recovered_end(hole_end, end, hole_end, true);
+        *seg.index.lock() = IndexState::Loaded(Vec::new());
         Ok(seg)
     }
 
@@ -986,6 +1006,42 @@ impl Segment {
         // The zeroed payload in bounded pieces, then the header over it.
         write_zeros(&file, pos, len).at(&self.path)?;
         file.write_all_at(&header, pos).at(&self.path)
+    }
+
+    /// [`Segment::write_hole`] of a hole that ends past the end of the
+    /// file (Salvage completing a rolled segment cut short up to its
+    /// seal). The hole's header goes in and is made durable before the
+    /// file grows to the hole's end: a power loss between the two leaves
+    /// the file shorter than its seal, so the next open scans it and makes
+    /// the same repair. Grown first, a power loss can keep the new length
+    /// and lose the header, and the next open trusts the seal of a file
+    /// whose bytes below it hold no batch (reads of the lost offsets fail
+    /// as corruption instead of reading as a hole). The caller syncs the
+    /// grown length.
+    pub(crate) fn write_hole_growing(
+        &mut self,
+        pos: u64,
+        len: u64,
+        (first_offset, lost): (u64, u64),
+        hook: &dyn IoHook,
+    ) -> Result<()> {
+        let file = self.file()?;
+        let file_len = file.metadata().at(&self.path)?.len();
+        let end = pos + len;
+        if end <= file_len {
+            drop(file);
+            return self.write_hole(pos, len, first_offset, lost);
+        }
+        let lost = u32::try_from(lost)
+            .map_err(|_| Error::corruption(&self.path, pos, "hole spans too many offsets"))?;
+        let len32 = u32::try_from(len)
+            .map_err(|_| Error::corruption(&self.path, pos, "hole longer than a batch"))?;
+        let header = batch::hole_header(len32, first_offset, lost);
+        // What the file holds past `pos` is damage: zeroed, then the header.
+        write_zeros(&file, pos, file_len.saturating_sub(pos)).at(&self.path)?;
+        file.write_all_at(&header, pos).at(&self.path)?;
+        crate::storage::sync_file(hook, IoOp::SyncNewSegment, &file, &self.path, true)?;
+        file.set_len(end).at(&self.path)
     }
 
     /// Writes the seal (end offset and position) into the header, then

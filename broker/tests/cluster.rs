@@ -20,7 +20,7 @@ use fissionlog_broker::client::{
     Admin, ClientError, Connection, Endpoint, Producer, ProducerConfig,
 };
 use fissionlog_broker::protocol::{
-    Acks, FetchedRecord, Isolation, ProduceRecord, Request, Response, Stamp, SyncSpec,
+    Acks, ErrorCode, FetchedRecord, Isolation, ProduceRecord, Request, Response, Stamp, SyncSpec,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_fissionlog-broker");
@@ -488,6 +488,34 @@ fn a_record_the_leader_wrote_but_could_not_commit_is_never_fetched() {
                     timestamp: None,
                 }],
             };
+            // A follower does not append: it names the leader.
+            let follower = addrs[leader as usize % 3].clone();
+            let fconn = Connection::connect(&follower, None).await.expect("connect");
+            let r = fconn.call(produce(0, "committed")).await;
+            match r {
+                Err(ClientError::NotLeader {
+                    leader: Some(named),
+                    ..
+                }) => assert_eq!(
+                    named, addr,
+                    "the follower names the leader's client address"
+                ),
+                other => panic!("a follower answers not_leader naming the leader: {other:?}"),
+            }
+            // What cluster mode does not do yet is refused with its own code.
+            let r = fconn
+                .call(Request::JoinGroup {
+                    topic: topic.into(),
+                    group: "g".into(),
+                    session_timeout_ms: 10_000,
+                    processing_timeout_ms: 10_000,
+                    instance_id: None,
+                })
+                .await;
+            assert!(
+                matches!(&r, Err(e) if e.code() == Some(ErrorCode::Unsupported)),
+                "groups are unsupported in cluster mode: {r:?}"
+            );
             let r = conn.call(produce(0, "committed")).await.expect("committed");
             assert_eq!(
                 r,

@@ -400,7 +400,7 @@ pub(crate) async fn describe(a: DescribeArgs) -> CmdResult {
     );
     for p in v["partitions"].as_array().into_iter().flatten() {
         println!(
-            "  p{} {} [{}..={}] offsets {}..{} parents {} children {}{}",
+            "  p{} {} [{}..={}] offsets {}..{} parents {} children {}{}{}",
             p["id"],
             p["state"].as_str().unwrap_or("?"),
             p["key_start"].as_str().unwrap_or("?"),
@@ -413,6 +413,12 @@ pub(crate) async fn describe(a: DescribeArgs) -> CmdResult {
                 " hot key"
             } else {
                 ""
+            },
+            // Cluster mode: where the partition's replicas are.
+            if p["replicas"].is_array() {
+                format!(" replicas {} leader {}", p["replicas"], p["leader"])
+            } else {
+                String::new()
             }
         );
     }

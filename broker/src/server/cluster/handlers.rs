@@ -386,20 +386,33 @@ async fn describe(c: &Cluster, opcode: u8, name: &str) -> Answer {
     for (&p, m) in &meta.partitions {
         let group = GroupId::partition(meta.id, p);
         let (leader, hw) = leader_of(c, group).await;
+        let children: Vec<u32> = meta
+            .partitions
+            .iter()
+            .filter(|(_, q)| q.parents.contains(&p))
+            .map(|(&id, _)| id)
+            .collect();
         parts.push(json!({
             "id": p,
             "key_start": format!("{:#018x}", m.start),
             "key_end": format!("{:#018x}", m.end),
             "state": if m.active { "active" } else { "sealed" },
+            "parents": m.parents,
+            "children": children,
             "replicas": m.placement.replicas,
             "leader": leader,
             "leader_addr": leader.and_then(|l| c.peers().get(&l).cloned()),
+            // What this replica has committed: retention is not applied
+            // to replicated partitions yet, so they start at 0.
+            "start_offset": hw.map(|_| 0),
+            "end_offset": hw,
             "high_watermark": hw,
         }));
     }
+    let generation = meta.history.len();
     Ok(json_reply(
         opcode,
-        json!({"topic": name, "id": meta.id, "node": c.node_id(), "partitions": parts}),
+        json!({"topic": name, "id": meta.id, "generation": generation, "node": c.node_id(), "partitions": parts}),
     )?)
 }
 

@@ -319,6 +319,19 @@ async fn await_acks(
 
 #[test]
 fn acknowledged_records_survive_the_partition_leaders_kill_exactly_once_and_in_key_order() {
+    leader_killed_mid_stream(false);
+}
+
+/// The same, the killed leader being the broker the producer was given.
+#[test]
+fn acknowledged_records_survive_the_kill_of_the_producers_own_broker() {
+    leader_killed_mid_stream(true);
+}
+
+/// Produces 750 keyed records through broker 1, SIGKILLs the leader of a
+/// partition (broker 1 itself with `endpoint_dies`) with records in
+/// flight, and checks what the survivors hold.
+fn leader_killed_mid_stream(endpoint_dies: bool) {
     let mut cluster = start_cluster();
     let addrs: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -333,12 +346,12 @@ fn acknowledged_records_survive_the_partition_leaders_kill_exactly_once_and_in_k
             for a in &addrs[1..] {
                 leaders(a, topic).await;
             }
-            // The victim leads a partition and is not the producer's
-            // endpoint (broker 1), which it needs to find new leaders.
+            // The victim leads a partition; it is the producer's
+            // endpoint (broker 1) or another broker.
             let (&victim_partition, &victim) = before
                 .iter()
-                .find(|(_, &l)| l != 1)
-                .expect("a partition led by broker 2 or 3");
+                .find(|(_, &l)| (l == 1) == endpoint_dies)
+                .expect("a partition led by the broker to kill");
             let config = ProducerConfig {
                 acks: Acks::Quorum,
                 idempotent: true,

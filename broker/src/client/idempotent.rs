@@ -32,7 +32,9 @@
 //! TLS and token) in the order they were first sent. A broker that
 //! names no leader, or a leader's connection that is lost, sends the
 //! partition's batches back to the endpoint's broker after a short
-//! backoff, which names the new leader once it is elected. The stamp
+//! backoff, which names the new leader once it is elected. When the
+//! endpoint's broker itself is lost, a leader this producer is connected
+//! to takes its place (its address becomes the endpoint's). The stamp
 //! is kept across every one of these, so the new leader answers a batch
 //! its predecessor had committed with the first copy's offsets. At most
 //! [`MAX_REDIRECTS`] redirects per batch.
@@ -454,7 +456,14 @@ impl Sender {
     /// ones and the records queued meanwhile.
     async fn resend_lost(&mut self, rx: &mut mpsc::Receiver<Item>) {
         let reconnected = if self.default_lost {
-            self.reconnect(Instant::now()).await
+            // In a cluster, another broker this producer already talks
+            // to takes the lost one's place at once.
+            self.follow_leaders().await;
+            if self.adopt_leader().await {
+                Ok(())
+            } else {
+                self.reconnect(Instant::now()).await
+            }
         } else {
             Ok(())
         };
@@ -484,6 +493,30 @@ impl Sender {
                 self.broken = true;
             }
         }
+    }
+
+    /// Makes the connection to a partition leader (another broker of the
+    /// cluster) the endpoint's, once the topic's routing is fetched over
+    /// it; false when there is none that answers (always on one node).
+    async fn adopt_leader(&mut self) -> bool {
+        let known: Vec<(String, Connection)> = self
+            .leader_conns
+            .iter()
+            .map(|(a, c)| (a.clone(), c.clone()))
+            .collect();
+        for (addr, conn) in known {
+            if let Ok(r) = route(&conn, &self.config.topic).await {
+                self.conn = conn;
+                self.route = r;
+                if let Some(ep) = &mut self.endpoint {
+                    ep.addr = addr;
+                }
+                return true;
+            }
+            self.leader_conns.remove(&addr);
+            self.leaders.retain(|_, l| *l != addr);
+        }
+        false
     }
 
     /// Applies the leader changes heard since the last resend: dead

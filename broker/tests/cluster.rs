@@ -605,3 +605,97 @@ fn written_values(dir: &Path) -> Vec<Vec<u8>> {
     }
     out
 }
+
+fn run_cli(args: &[&str], stdin: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut c = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the command starts");
+    c.stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    let deadline = Instant::now() + WAIT_LIMIT;
+    while c.try_wait().expect("its status").is_none() {
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            panic!("{args:?} did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    c.wait_with_output().expect("its output")
+}
+
+/// The README's three-node run: `produce --idempotent --ack-level quorum`
+/// through one broker reaches every partition's leader, `describe` names
+/// replicas and leaders, and what cluster mode does not take is refused.
+#[test]
+fn the_command_line_produces_to_and_describes_a_three_broker_cluster() {
+    let cluster = start_cluster();
+    let (b2, b3) = (&cluster.brokers[1].addr, &cluster.brokers[2].addr);
+    let lines: String = (0..30).map(|i| format!("k{i}\tv{i}\n")).collect();
+    let started = Instant::now();
+    let out = loop {
+        let out = run_cli(
+            &[
+                "produce",
+                "--server",
+                b2,
+                "--topic",
+                "t",
+                "--create",
+                "--partitions",
+                "3",
+                "--ack-level",
+                "quorum",
+                "--idempotent",
+                "--acks",
+            ],
+            &lines,
+        );
+        // The controller may still be electing its first leader.
+        if out.status.success() || started.elapsed() > WAIT_LIMIT {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        out.status.success(),
+        "produce: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let acks: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(acks.len(), 30);
+    let partitions: HashSet<u64> = acks
+        .iter()
+        .filter_map(|a| a["partition"].as_u64())
+        .collect();
+    assert_eq!(partitions.len(), 3, "keys reach every partition: {acks:?}");
+
+    let out = run_cli(&["describe", "--server", b3, "--topic", "t", "--json"], "");
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON document");
+    for p in v["partitions"].as_array().expect("partitions") {
+        assert_eq!(p["replicas"].as_array().map(Vec::len), Some(3), "{p}");
+        assert!(p["leader"].is_u64(), "{p}");
+    }
+
+    let out = run_cli(&["produce", "--server", b3, "--topic", "t"], "k\tv\n");
+    assert_eq!(out.status.code(), Some(1), "an unrouted produce is refused");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unsupported"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = run_cli(&["serve", "--dir", "/nonexistent", "--node-id", "1"], "");
+    assert_eq!(out.status.code(), Some(2), "--node-id needs --peers");
+}

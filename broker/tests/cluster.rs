@@ -36,9 +36,52 @@ struct Broker {
     addr: String,
     child: Option<Child>,
     dir: PathBuf,
+    /// The `--peers` it was started with.
+    peers: String,
+}
+
+/// Starts broker `id` on `dir/data` listening on `addr`; its first
+/// stdout line must say it listens there.
+fn spawn_broker(id: u64, addr: &str, dir: &Path, peers: &str) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("broker.log"))
+        .expect("the broker's log");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--dir"])
+        .arg(dir.join("data"))
+        .args([
+            "--listen",
+            addr,
+            "--node-id",
+            &id.to_string(),
+            "--peers",
+            peers,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("the broker starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped stdout"))
+        .read_line(&mut line)
+        .expect("the broker's first line");
+    if line.trim() != format!("listening on {addr}") {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("broker {id} listens where its peers know it ({addr}); it printed {line:?}");
+    }
+    child
 }
 
 impl Broker {
+    /// Starts it again on its directory and address.
+    fn restart(&mut self) {
+        self.kill();
+        self.child = Some(spawn_broker(self.id, &self.addr, &self.dir, &self.peers));
+    }
+
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -55,7 +98,7 @@ impl Broker {
 
 struct Cluster {
     brokers: Vec<Broker>,
-    _base: tempfile::TempDir,
+    base: Option<tempfile::TempDir>,
 }
 
 impl Drop for Cluster {
@@ -69,6 +112,14 @@ impl Drop for Cluster {
                     b.id,
                     b.addr,
                     b.log_tail()
+                );
+            }
+        }
+        if failing {
+            if let Some(base) = self.base.take() {
+                eprintln!(
+                    "the brokers' directories are kept in {}",
+                    base.keep().display()
                 );
             }
         }
@@ -100,41 +151,18 @@ fn start_cluster() -> Cluster {
         let id = i as u64 + 1;
         let dir = base.path().join(format!("b{id}"));
         std::fs::create_dir_all(&dir).expect("the broker's directory");
-        let log = std::fs::File::create(dir.join("broker.log")).expect("the broker's log");
-        let mut child = Command::new(BIN)
-            .args(["serve", "--dir"])
-            .arg(dir.join("data"))
-            .args([
-                "--listen",
-                addr,
-                "--node-id",
-                &id.to_string(),
-                "--peers",
-                &peers,
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("the broker starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped stdout"))
-            .read_line(&mut line)
-            .expect("the broker's first line");
+        let child = spawn_broker(id, addr, &dir, &peers);
         brokers.push(Broker {
             id,
             addr: addr.clone(),
             child: Some(child),
             dir,
+            peers: peers.clone(),
         });
-        assert_eq!(
-            line.trim(),
-            format!("listening on {addr}"),
-            "broker {id} listens where its peers know it"
-        );
     }
     Cluster {
         brokers,
-        _base: base,
+        base: Some(base),
     }
 }
 
@@ -334,72 +362,58 @@ fn acknowledged_records_survive_the_kill_of_the_producers_own_broker() {
 fn leader_killed_mid_stream(endpoint_dies: bool) {
     let mut cluster = start_cluster();
     let addrs: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
-    let (tx, rx) = std::sync::mpsc::channel();
-    // The brokers are killed from this thread; the run sends the id of
-    // the one to kill and waits for the go-ahead.
-    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
-    let run = std::thread::spawn(move || {
-        run_within(async move {
-            let topic = "orders";
-            create_topic(&addrs[0], topic, 3).await;
-            let before = leaders(&addrs[0], topic).await;
-            for a in &addrs[1..] {
-                leaders(a, topic).await;
-            }
-            // The victim leads a partition; it is the producer's
-            // endpoint (broker 1) or another broker.
-            let (&victim_partition, &victim) = before
-                .iter()
-                .find(|(_, &l)| (l == 1) == endpoint_dies)
-                .expect("a partition led by the broker to kill");
-            let config = ProducerConfig {
-                acks: Acks::Quorum,
-                idempotent: true,
-                max_in_flight: 8,
-                ..ProducerConfig::new(topic)
-            };
-            let producer = Producer::connect(Endpoint::new(addrs[0].clone()), config)
-                .await
-                .expect("the producer connects");
-            let mut acked: Acked = Vec::new();
-            let sent = send_range(&producer, 0, 300).await;
-            await_acks(sent, &mut acked).await;
-            // Mid-stream: records in flight when the leader dies.
-            let in_flight = send_range(&producer, 300, 450).await;
-            tx.send(victim).expect("the killer listens");
-            go_rx.await.expect("the victim was killed");
-            let after = send_range(&producer, 450, 750).await;
-            await_acks(in_flight, &mut acked).await;
-            await_acks(after, &mut acked).await;
-            assert_eq!(acked.len(), 750);
+    run_within(async move {
+        let topic = "orders";
+        create_topic(&addrs[0], topic, 3).await;
+        let before = leaders(&addrs[0], topic).await;
+        for a in &addrs[1..] {
+            leaders(a, topic).await;
+        }
+        // The victim leads a partition; it is the producer's
+        // endpoint (broker 1) or another broker.
+        let (&victim_partition, &victim) = before
+            .iter()
+            .find(|(_, &l)| (l == 1) == endpoint_dies)
+            .expect("a partition led by the broker to kill");
+        let config = ProducerConfig {
+            acks: Acks::Quorum,
+            idempotent: true,
+            max_in_flight: 8,
+            ..ProducerConfig::new(topic)
+        };
+        let producer = Producer::connect(Endpoint::new(addrs[0].clone()), config)
+            .await
+            .expect("the producer connects");
+        let mut acked: Acked = Vec::new();
+        let sent = send_range(&producer, 0, 300).await;
+        await_acks(sent, &mut acked).await;
+        // Mid-stream: records in flight when the leader dies.
+        let in_flight = send_range(&producer, 300, 450).await;
+        let v = victim as usize - 1;
+        cluster.brokers[v].kill();
+        let after = send_range(&producer, 450, 750).await;
+        await_acks(in_flight, &mut acked).await;
+        await_acks(after, &mut acked).await;
+        assert_eq!(acked.len(), 750);
 
-            let survivors: Vec<&String> = addrs
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| *i as u64 + 1 != victim)
-                .map(|(_, a)| a)
-                .collect();
-            let new_leaders = leaders(survivors[0], topic).await;
-            assert_ne!(
-                new_leaders[&victim_partition], victim,
-                "partition {victim_partition} has a new leader"
-            );
-            check(&acked, &survivors, topic).await;
-        });
+        let survivors: Vec<&String> = addrs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i as u64 + 1 != victim)
+            .map(|(_, a)| a)
+            .collect();
+        let new_leaders = leaders(survivors[0], topic).await;
+        assert_ne!(
+            new_leaders[&victim_partition], victim,
+            "partition {victim_partition} has a new leader"
+        );
+        check(&acked, &survivors, topic).await;
+
+        // Restarted on its directory and address, the victim hosts its
+        // partitions again and catches up to the same committed log.
+        cluster.brokers[v].restart();
+        check(&acked, &[&addrs[v], survivors[0]], topic).await;
     });
-    let victim = rx
-        .recv_timeout(DEADLINE)
-        .expect("the run names the broker to kill");
-    let b = cluster
-        .brokers
-        .iter_mut()
-        .find(|b| b.id == victim)
-        .expect("a broker");
-    b.kill();
-    let _ = go_tx.send(());
-    if let Err(e) = run.join() {
-        std::panic::resume_unwind(e);
-    }
 }
 
 /// Every acknowledged record is read back from every survivor at its

@@ -694,12 +694,26 @@ fn the_command_line_produces_to_and_describes_a_three_broker_cluster() {
         .collect();
     assert_eq!(partitions.len(), 3, "keys reach every partition: {acks:?}");
 
-    let out = run_cli(&["describe", "--server", b3, "--topic", "t", "--json"], "");
-    assert!(out.status.success());
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON document");
-    for p in v["partitions"].as_array().expect("partitions") {
-        assert_eq!(p["replicas"].as_array().map(Vec::len), Some(3), "{p}");
-        assert!(p["leader"].is_u64(), "{p}");
+    // A replica learns its leader from the leader's first heartbeat,
+    // which may come after the produce was committed by the other two.
+    let started = Instant::now();
+    loop {
+        let out = run_cli(&["describe", "--server", b3, "--topic", "t", "--json"], "");
+        assert!(out.status.success());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON document");
+        let parts = v["partitions"].as_array().expect("partitions").clone();
+        assert_eq!(parts.len(), 3, "{v}");
+        for p in &parts {
+            assert_eq!(p["replicas"].as_array().map(Vec::len), Some(3), "{p}");
+        }
+        if parts.iter().all(|p| p["leader"].is_u64()) {
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "broker 3 names every partition's leader: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
 
     let out = run_cli(&["produce", "--server", b3, "--topic", "t"], "k\tv\n");

@@ -1,10 +1,11 @@
 //! # fissionlog-broker
 //!
-//! A sample single-node network broker on the fissionlog storage engine:
-//! the binary protocol ([`protocol`], docs/PROTOCOL.md), a tokio server
-//! over an embedded [`fissionlog::Log`] ([`server`]), and an async client
-//! with a batching [`client::Producer`], a group [`client::Consumer`] and
-//! an [`client::Admin`].
+//! A sample network broker on the fissionlog storage engine: the binary
+//! protocol ([`protocol`], docs/PROTOCOL.md), a tokio server over an
+//! embedded [`fissionlog::Log`] ([`server`]) or, in cluster mode, over
+//! replicated partitions on fissionlog-raft ([`server::cluster`]), and an
+//! async client with a batching [`client::Producer`], a group
+//! [`client::Consumer`] and an [`client::Admin`].
 
 #![warn(missing_docs)]
 

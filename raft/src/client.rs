@@ -105,6 +105,8 @@ pub struct ReadRecord {
     pub key: Option<Vec<u8>>,
     /// Its value.
     pub value: Vec<u8>,
+    /// Its timestamp (milliseconds since the Unix epoch), as appended.
+    pub timestamp_ms: i64,
 }
 
 /// The answer to a [`ClientCall`].

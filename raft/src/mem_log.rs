@@ -119,6 +119,7 @@ impl MemLogStore {
                         offset,
                         key: r.key.clone(),
                         value: r.value.clone(),
+                        timestamp_ms: r.timestamp_ms,
                     });
                 }
             }

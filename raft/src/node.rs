@@ -388,6 +388,16 @@ impl Node {
         out
     }
 
+    /// Runs `f` on the controller's state as this replica has applied it
+    /// (it may lag the controller's leader); `None` without the
+    /// controller, or once it stopped.
+    pub fn with_controller_state<T>(
+        &self,
+        f: impl FnOnce(&crate::controller::ControllerState) -> T,
+    ) -> Option<T> {
+        self.controller.as_ref()?.sm.with_state(f).ok()
+    }
+
     /// Stops every group (the placement task first, so none starts
     /// behind it).
     pub async fn shutdown(&self) {
@@ -727,6 +737,7 @@ fn read(g: &Group, from_offset: u64, max_records: u32) -> ClientReply {
             offset: r.offset,
             key: r.key.map(<[u8]>::to_vec),
             value: r.value.to_vec(),
+            timestamp_ms: r.timestamp,
         });
     }
     ClientReply::Records {

@@ -1,8 +1,10 @@
 //! `serve`: one node on an embedded log.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use fissionlog::{Log, LogOptions};
+use fissionlog_broker::server::cluster::{Cluster, ClusterConfig};
 use fissionlog_broker::server::{serve_with_http, ServerConfig, TokenAuthorizer};
 
 use super::{CmdResult, Failure};
@@ -42,9 +44,38 @@ pub(crate) struct ServeArgs {
     /// Mutual TLS: accept only clients with a certificate from these CAs (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
+    /// Cluster mode: this broker's node id in the cluster (with
+    /// `--peers`). The log then lives in `DIR/raft`, every topic is
+    /// replicated, and peers reach this node on the `--listen` port.
+    #[arg(long, requires = "peers")]
+    node_id: Option<u64>,
+    /// Cluster mode: every broker of the cluster as `ID=HOST:PORT,...`
+    /// (this one included), the address each listens on (`--listen`).
+    #[arg(long, requires = "node_id", value_parser = parse_peers)]
+    peers: Option<BTreeMap<u64, String>>,
     /// Log at debug level (stderr).
     #[arg(long)]
     verbose: bool,
+}
+
+/// `ID=HOST:PORT,...` into node ids and addresses.
+fn parse_peers(v: &str) -> Result<BTreeMap<u64, String>, String> {
+    let mut out = BTreeMap::new();
+    for p in v.split(',').filter(|p| !p.is_empty()) {
+        let (id, addr) = p
+            .split_once('=')
+            .ok_or_else(|| format!("{p:?} is not ID=HOST:PORT"))?;
+        let id = id
+            .parse::<u64>()
+            .map_err(|_| format!("node id {id:?} is not a number"))?;
+        if out.insert(id, addr.to_string()).is_some() {
+            return Err(format!("node id {id} is named twice"));
+        }
+    }
+    if out.is_empty() {
+        return Err("no peers".into());
+    }
+    Ok(out)
 }
 
 pub(crate) async fn run(a: ServeArgs) -> CmdResult {
@@ -66,11 +97,18 @@ pub(crate) async fn run(a: ServeArgs) -> CmdResult {
     // Before the log opens: its partitions register their series with the
     // recorder installed when they are made.
     fissionlog_broker::server::metrics::install();
-    let dir = a.dir.clone();
-    let log = tokio::task::spawn_blocking(move || Log::open(&dir, LogOptions::default()))
+    // Cluster mode: the replicated log in DIR/raft, the broker's own
+    // (producer ids, nothing else in use) in DIR/local, so neither finds
+    // the other's files.
+    let (dir, raft_dir) = match a.node_id {
+        Some(_) => (a.dir.join("local"), Some(a.dir.join("raft"))),
+        None => (a.dir.clone(), None),
+    };
+    let log_dir = dir.clone();
+    let log = tokio::task::spawn_blocking(move || Log::open(&log_dir, LogOptions::default()))
         .await
         .map_err(|e| Failure::refused(format!("open failed: {e}")))?
-        .map_err(|e| Failure::usage(format!("cannot open the log at {}: {e}", a.dir.display())))?;
+        .map_err(|e| Failure::usage(format!("cannot open the log at {}: {e}", dir.display())))?;
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .map_err(|e| Failure::usage(format!("cannot listen on {}: {e}", a.listen)))?;
@@ -99,6 +137,16 @@ pub(crate) async fn run(a: ServeArgs) -> CmdResult {
         let auth = TokenAuthorizer::from_json(&text).map_err(Failure::usage)?;
         config.authorizer = std::sync::Arc::new(auth);
     }
+    if let (Some(node_id), Some(peers), Some(raft_dir)) = (a.node_id, a.peers.clone(), &raft_dir) {
+        let local = listener
+            .local_addr()
+            .map_err(|e| Failure::usage(format!("no local address: {e}")))?;
+        let c = Cluster::start(ClusterConfig { node_id, peers }, raft_dir, local)
+            .await
+            .map_err(Failure::usage)?;
+        config.cluster = Some(c);
+    }
+    let cluster = config.cluster.clone();
     let shutdown = async {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -123,5 +171,9 @@ pub(crate) async fn run(a: ServeArgs) -> CmdResult {
         let _ = std::io::stdout().flush();
     })
     .await
-    .map_err(|e| Failure::refused(format!("closing the log failed: {e}")))
+    .map_err(|e| Failure::refused(format!("closing the log failed: {e}")))?;
+    if let Some(c) = cluster {
+        c.shutdown().await;
+    }
+    Ok(())
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fissionlog_broker::client::{
-    Admin, ClientError, Connection, Consumer, ConsumerConfig, Producer, ProducerConfig,
+    Admin, ClientError, Connection, Consumer, ConsumerConfig, Endpoint, Producer, ProducerConfig,
 };
 use fissionlog_broker::protocol::{Acks, ErrorCode, SplitSpec, SyncSpec, TailFromSpec};
 use serde_json::{json, Value};
@@ -43,6 +43,22 @@ pub(crate) fn token() -> Option<Bytes> {
     std::env::var("FISSIONLOG_BROKER_TOKEN")
         .ok()
         .map(Bytes::from)
+}
+
+/// The broker as an [`Endpoint`]: TLS and the token included, so a
+/// producer connects again (and to other brokers) the same way.
+fn endpoint(s: &Server) -> Result<Endpoint, Failure> {
+    let mut ep = Endpoint::new(s.server.clone());
+    if let Some(ca) = &s.tls_ca {
+        let name = s.tls_server_name.as_deref().unwrap_or_else(|| s.host());
+        let tls = fissionlog_broker::tls::ClientTls::from_ca_file(ca, name)
+            .map_err(|e| Failure::usage(e.to_string()))?;
+        ep = ep.with_tls(tls);
+    }
+    if let Some(t) = token() {
+        ep = ep.with_token(t);
+    }
+    Ok(ep)
 }
 
 async fn connect(s: &Server) -> Result<Connection, Failure> {
@@ -83,6 +99,12 @@ pub(crate) struct ProduceArgs {
     /// Print one JSON line per acknowledged record, in input order.
     #[arg(long)]
     acks: bool,
+    /// Route each record to its partition and stamp every batch, so a
+    /// retry is never appended twice; it follows a cluster's `not_leader`
+    /// answers to each partition's leader. A broker in cluster mode takes
+    /// only these produces, with `--ack-level quorum`.
+    #[arg(long)]
+    idempotent: bool,
 }
 
 fn split_line(line: &[u8]) -> (Option<&[u8]>, &[u8]) {
@@ -114,13 +136,17 @@ pub(crate) async fn produce(a: ProduceArgs) -> CmdResult {
             Err(e) => return Err(e.into()),
         }
     }
-    let producer = Producer::new(
-        conn,
-        ProducerConfig {
-            acks,
-            ..ProducerConfig::new(&a.topic)
-        },
-    );
+    let config = ProducerConfig {
+        acks,
+        idempotent: a.idempotent,
+        ..ProducerConfig::new(&a.topic)
+    };
+    let producer = if a.idempotent {
+        drop(conn);
+        Producer::connect(endpoint(&a.server)?, config).await?
+    } else {
+        Producer::new(conn, config)
+    };
     // Lines are read on a thread (stdin blocks) and sent in order.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(1024);
     std::thread::spawn(move || {
@@ -374,7 +400,7 @@ pub(crate) async fn describe(a: DescribeArgs) -> CmdResult {
     );
     for p in v["partitions"].as_array().into_iter().flatten() {
         println!(
-            "  p{} {} [{}..={}] offsets {}..{} parents {} children {}{}",
+            "  p{} {} [{}..={}] offsets {}..{} parents {} children {}{}{}",
             p["id"],
             p["state"].as_str().unwrap_or("?"),
             p["key_start"].as_str().unwrap_or("?"),
@@ -387,6 +413,12 @@ pub(crate) async fn describe(a: DescribeArgs) -> CmdResult {
                 " hot key"
             } else {
                 ""
+            },
+            // Cluster mode: where the partition's replicas are.
+            if p["replicas"].is_array() {
+                format!(" replicas {} leader {}", p["replicas"], p["leader"])
+            } else {
+                String::new()
             }
         );
     }

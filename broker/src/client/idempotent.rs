@@ -24,6 +24,21 @@
 //! number of batches the server remembers per partition: an older retry
 //! would not be recognised.
 //!
+//! Through a leader change (a broker in cluster mode answers
+//! `not_leader`, naming the partition's leader when it knows it): the
+//! batch is kept with its partition and sequence like a lost one; once
+//! every batch in flight is answered, the partition's batches go to the
+//! named broker (over a connection of its own, made with the endpoint's
+//! TLS and token) in the order they were first sent. A broker that
+//! names no leader, or a leader's connection that is lost, sends the
+//! partition's batches back to the endpoint's broker after a short
+//! backoff, which names the new leader once it is elected. When the
+//! endpoint's broker itself is lost, a leader this producer is connected
+//! to takes its place (its address becomes the endpoint's). The stamp
+//! is kept across every one of these, so the new leader answers a batch
+//! its predecessor had committed with the first copy's offsets. At most
+//! [`MAX_REDIRECTS`] redirects per batch.
+//!
 //! A batch unanswered within the connection's request timeout is treated
 //! the same way (at most [`MAX_TIMEOUT_RESENDS`] times): the connection
 //! is replaced and the batch goes again with its sequence, so a response
@@ -44,6 +59,11 @@ use crate::server::producers::RECENT_BATCHES;
 
 /// Rounds of `moved` one batch may follow before its records fail.
 const MAX_MOVES: u32 = 64;
+/// Times one batch follows `not_leader` (or loses its leader's
+/// connection) before its records fail.
+pub(super) const MAX_REDIRECTS: u32 = 64;
+/// The wait before batches whose leader is unknown go out again.
+const REDIRECT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
 /// Times one batch is sent again after going unanswered within the
 /// request timeout before its records fail with [`ClientError::Timeout`].
 const MAX_TIMEOUT_RESENDS: u32 = 3;
@@ -118,6 +138,10 @@ struct Batch {
     sent_as: Option<(u32, u64)>,
     /// Times it went unanswered within the request timeout.
     timeouts: u32,
+    /// Times it followed `not_leader` or lost its leader's connection.
+    redirects: u32,
+    /// The leader's address it went to, `None`: the endpoint's connection.
+    via: Option<String>,
     records: Vec<ProduceRecord>,
     acks: Vec<oneshot::Sender<Ack>>,
 }
@@ -146,6 +170,17 @@ struct Sender {
     lost: Vec<Batch>,
     /// A batch failed: its partition's sequence has a gap.
     failed: bool,
+    /// The endpoint's connection was lost: connect again before resending.
+    default_lost: bool,
+    /// Connections to partition leaders other than the endpoint's broker.
+    leader_conns: HashMap<String, Connection>,
+    /// Where each partition's batches go (absent: the endpoint's broker).
+    leaders: HashMap<u32, String>,
+    /// Leader changes heard since the last resend, applied at the next
+    /// one (so a partition's batches in flight all went to one broker).
+    staged: Vec<(u32, Option<String>)>,
+    /// Leaders whose connection was lost since the last resend.
+    dead: Vec<String>,
     /// The connection is gone and the last reconnect gave up: the next
     /// batch connects first and takes a new epoch (the failed batches
     /// left gaps).
@@ -189,6 +224,8 @@ impl Sender {
                             moves,
                             sent_as: None,
                             timeouts: 0,
+                            redirects: 0,
+                            via: None,
                             records: Vec::new(),
                             acks: Vec::new(),
                         },
@@ -223,6 +260,22 @@ impl Sender {
                 first
             }
         };
+        let via = self.leaders.get(&partition).cloned();
+        let conn = match &via {
+            None => self.conn.clone(),
+            Some(addr) => match self.leader_conn(addr).await {
+                Ok(c) => c,
+                Err(e) => {
+                    // The named leader is unreachable (a stale hint):
+                    // back to the endpoint's broker, which names the new one.
+                    self.leaders.remove(&partition);
+                    self.dead.push(addr.clone());
+                    self.redirected(b, &e);
+                    return;
+                }
+            },
+        };
+        b.via = via;
         let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
             fail(
                 b.acks,
@@ -243,7 +296,7 @@ impl Sender {
             // `Bytes` clones share their buffers.
             records: b.records.clone(),
         };
-        match self.conn.start(req).await {
+        match conn.start(req).await {
             Ok(pending) => {
                 self.outstanding += 1;
                 *self.per_partition.entry(partition).or_insert(0) += 1;
@@ -254,12 +307,46 @@ impl Sender {
                     let _ = tx.send((b, r));
                 });
             }
-            Err(e) if is_lost(&e) && self.endpoint.is_some() => self.lost.push(b),
+            Err(e) if is_lost(&e) && b.via.is_some() => {
+                if let Some(a) = b.via.clone() {
+                    self.dead.push(a);
+                }
+                self.redirected(b, &e);
+            }
+            Err(e) if is_lost(&e) && self.endpoint.is_some() => {
+                self.default_lost = true;
+                self.lost.push(b);
+            }
             Err(e) => {
                 fail(b.acks, &e);
                 self.failed = true;
             }
         }
+    }
+
+    /// The connection to the leader at `addr`, made with the endpoint's
+    /// TLS, token and request timeout.
+    async fn leader_conn(&mut self, addr: &str) -> Result<Connection, ClientError> {
+        if let Some(c) = self.leader_conns.get(addr) {
+            return Ok(c.clone());
+        }
+        let mut ep = self.endpoint.clone().unwrap_or_else(|| Endpoint::new(addr));
+        ep.addr = addr.to_string();
+        let c = ep.connect().await?;
+        self.leader_conns.insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+
+    /// Keeps `b` to go again to its partition's leader, or fails it after
+    /// [`MAX_REDIRECTS`].
+    fn redirected(&mut self, mut b: Batch, e: &ClientError) {
+        if b.redirects >= MAX_REDIRECTS {
+            fail(b.acks, e);
+            self.failed = true;
+            return;
+        }
+        b.redirects += 1;
+        self.lost.push(b);
     }
 
     /// Acks a batch's records, or keeps a moved or lost one for sending
@@ -298,7 +385,22 @@ impl Sender {
                 fail(b.acks, &ClientError::Unexpected(format!("{other:?}")));
                 self.failed = true;
             }
-            Err(e) if is_lost(&e) && self.endpoint.is_some() => self.lost.push(b),
+            Err(ClientError::NotLeader { message, leader }) => {
+                if let Some((p, _)) = b.sent_as {
+                    self.staged.push((p, leader.clone()));
+                }
+                self.redirected(b, &ClientError::NotLeader { message, leader });
+            }
+            Err(e) if is_lost(&e) && b.via.is_some() => {
+                if let Some(a) = b.via.clone() {
+                    self.dead.push(a);
+                }
+                self.redirected(b, &e);
+            }
+            Err(e) if is_lost(&e) && self.endpoint.is_some() => {
+                self.default_lost = true;
+                self.lost.push(b);
+            }
             // Unanswered: it may or may not have been appended. It goes
             // again, with its sequence, over a new connection, as a lost
             // one does: the server answers a copy it holds with the first
@@ -308,6 +410,10 @@ impl Sender {
             {
                 let mut b = b;
                 b.timeouts += 1;
+                match b.via.clone() {
+                    Some(a) => self.dead.push(a),
+                    None => self.default_lost = true,
+                }
                 self.lost.push(b);
             }
             Err(e) => {
@@ -349,8 +455,22 @@ impl Sender {
     /// no connection can be made in time they fail, and so do the moved
     /// ones and the records queued meanwhile.
     async fn resend_lost(&mut self, rx: &mut mpsc::Receiver<Item>) {
-        match self.reconnect(Instant::now()).await {
+        let reconnected = if self.default_lost {
+            // In a cluster, another broker this producer already talks
+            // to takes the lost one's place at once.
+            self.follow_leaders().await;
+            if self.adopt_leader().await {
+                Ok(())
+            } else {
+                self.reconnect(Instant::now()).await
+            }
+        } else {
+            Ok(())
+        };
+        match reconnected {
             Ok(()) => {
+                self.default_lost = false;
+                self.follow_leaders().await;
                 let mut lost = std::mem::take(&mut self.lost);
                 lost.sort_by_key(|b| b.order);
                 for b in lost {
@@ -375,6 +495,59 @@ impl Sender {
         }
     }
 
+    /// Makes the connection to a partition leader (another broker of the
+    /// cluster) the endpoint's, once the topic's routing is fetched over
+    /// it; false when there is none that answers (always on one node).
+    async fn adopt_leader(&mut self) -> bool {
+        let known: Vec<(String, Connection)> = self
+            .leader_conns
+            .iter()
+            .map(|(a, c)| (a.clone(), c.clone()))
+            .collect();
+        for (addr, conn) in known {
+            if let Ok(r) = route(&conn, &self.config.topic).await {
+                self.conn = conn;
+                self.route = r;
+                if let Some(ep) = &mut self.endpoint {
+                    ep.addr = addr;
+                }
+                return true;
+            }
+            self.leader_conns.remove(&addr);
+            self.leaders.retain(|_, l| *l != addr);
+        }
+        false
+    }
+
+    /// Applies the leader changes heard since the last resend: dead
+    /// leaders' connections go, named leaders take their partitions, and
+    /// a partition whose leader is unknown goes back to the endpoint's
+    /// broker after a backoff (an election takes a moment).
+    async fn follow_leaders(&mut self) {
+        let mut unknown = !self.dead.is_empty();
+        for (p, leader) in std::mem::take(&mut self.staged) {
+            match leader {
+                Some(a) => {
+                    self.leaders.insert(p, a);
+                }
+                None => {
+                    unknown = true;
+                    self.leaders.remove(&p);
+                }
+            }
+        }
+        // After the hints: a hint naming a leader whose connection was
+        // just lost is stale (the hinting broker has not seen the
+        // election yet).
+        for a in std::mem::take(&mut self.dead) {
+            self.leader_conns.remove(&a);
+            self.leaders.retain(|_, l| *l != a);
+        }
+        if unknown {
+            tokio::time::sleep(REDIRECT_BACKOFF).await;
+        }
+    }
+
     /// After a reconnect that gave up: connects again and takes the next
     /// epoch, which starts every partition's sequence at 0.
     async fn revive(&mut self) -> Result<(), ClientError> {
@@ -392,7 +565,10 @@ impl Sender {
             })
             .await?
         {
-            Response::ProducerInit { epoch, .. } => {
+            // A broker in cluster mode hands out a new id instead of the
+            // next epoch of this one.
+            Response::ProducerInit { producer_id, epoch } => {
+                self.producer_id = producer_id;
                 self.epoch = epoch;
                 self.sequences.clear();
                 Ok(())
@@ -443,6 +619,11 @@ pub(super) async fn run(
         lost: Vec::new(),
         failed: false,
         broken: false,
+        default_lost: false,
+        leader_conns: HashMap::new(),
+        leaders: HashMap::new(),
+        staged: Vec::new(),
+        dead: Vec::new(),
     };
     let mut open = true;
     loop {

@@ -50,6 +50,16 @@ pub enum ClientError {
         /// The server's sentence.
         message: String,
     },
+    /// Cluster mode: the broker does not lead what the request needs;
+    /// nothing was carried out. `leader` is the leader broker's client
+    /// address when that broker knows it.
+    #[error("not_leader: {message}")]
+    NotLeader {
+        /// The server's sentence.
+        message: String,
+        /// Where to send the request instead.
+        leader: Option<String>,
+    },
     /// The connection failed or closed before the answer came.
     #[error("connection lost: {0}")]
     Disconnected(String),
@@ -98,6 +108,7 @@ impl ClientError {
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             ClientError::Server { code, .. } => Some(*code),
+            ClientError::NotLeader { .. } => Some(ErrorCode::NotLeader),
             _ => None,
         }
     }
@@ -319,6 +330,9 @@ impl PendingCall {
         };
         match r {
             Ok(Response::Error { code, message, .. }) => Err(ClientError::Server { code, message }),
+            Ok(Response::NotLeader {
+                message, leader, ..
+            }) => Err(ClientError::NotLeader { message, leader }),
             Ok(r) => Ok(r),
             Err(_) => Err(ClientError::Disconnected(
                 "the connection closed before the answer".into(),

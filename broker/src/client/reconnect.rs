@@ -137,6 +137,10 @@ pub(super) fn copy_error(e: &ClientError) -> ClientError {
             waited: *waited,
             last_error: last_error.clone(),
         },
+        ClientError::NotLeader { message, leader } => ClientError::NotLeader {
+            message: message.clone(),
+            leader: leader.clone(),
+        },
         other => ClientError::Disconnected(other.to_string()),
     }
 }

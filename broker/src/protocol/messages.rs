@@ -280,6 +280,15 @@ pub enum Response {
         epoch: u64,
         partitions: Vec<RangeOwner>,
     },
+    /// Cluster mode: this broker does not lead what the request needs
+    /// (a partition's Raft group, the controller); nothing was carried
+    /// out. `leader` is the leader broker's client address when known:
+    /// the request goes there.
+    NotLeader {
+        opcode: u8,
+        message: String,
+        leader: Option<String>,
+    },
     /// Records of one partition.
     Fetched {
         partition: u32,

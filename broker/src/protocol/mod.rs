@@ -139,11 +139,19 @@ pub enum ErrorCode {
     /// An idempotent batch of an older producer epoch: another producer
     /// took the id over.
     ProducerFenced = 24,
+    /// Cluster mode: this broker does not lead the partition (or the
+    /// controller); nothing was carried out. The answer names the
+    /// leader's client address when this broker knows it
+    /// (`Response::NotLeader`): send the request there.
+    NotLeader = 25,
+    /// Not available in the mode this broker runs in (consumer groups,
+    /// splits and hot-key modes in cluster mode, for now).
+    Unsupported = 26,
 }
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 26] = [
         ErrorCode::Malformed,
         ErrorCode::UnsupportedVersion,
         ErrorCode::FrameTooLarge,
@@ -168,6 +176,8 @@ impl ErrorCode {
         ErrorCode::Moved,
         ErrorCode::OutOfOrderSequence,
         ErrorCode::ProducerFenced,
+        ErrorCode::NotLeader,
+        ErrorCode::Unsupported,
     ];
 
     /// The code of a wire value (0 is success, not a code).
@@ -202,6 +212,8 @@ impl ErrorCode {
             ErrorCode::Moved => "moved",
             ErrorCode::OutOfOrderSequence => "out_of_order_sequence",
             ErrorCode::ProducerFenced => "producer_fenced",
+            ErrorCode::NotLeader => "not_leader",
+            ErrorCode::Unsupported => "unsupported",
         }
     }
 }

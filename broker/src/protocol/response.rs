@@ -45,6 +45,7 @@ impl Response {
                 Response::Topology { .. } => op::TOPOLOGY,
                 Response::Moved { .. } => op::PRODUCE_TO,
                 Response::Done { opcode, .. }
+                | Response::NotLeader { opcode, .. }
                 | Response::Json { opcode, .. }
                 | Response::Error { opcode, .. } => *opcode & !RESPONSE_BIT,
             }
@@ -136,6 +137,13 @@ impl Response {
                 e.u64(*epoch);
                 encode_owners(&mut e, partitions);
             }
+            Response::NotLeader {
+                message, leader, ..
+            } => {
+                code = ErrorCode::NotLeader as u16;
+                e.str(message);
+                e.opt_str(leader.as_deref());
+            }
             Response::Error {
                 opcode: o,
                 code: c,
@@ -172,6 +180,15 @@ impl Response {
                     message,
                     epoch,
                     partitions,
+                });
+            }
+            if code == ErrorCode::NotLeader {
+                let leader = d.opt_str("leader address", MAX_NAME_BYTES)?;
+                d.finish("response")?;
+                return Ok(Response::NotLeader {
+                    opcode: req_op,
+                    message,
+                    leader,
                 });
             }
             d.finish("response")?;

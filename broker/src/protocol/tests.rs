@@ -226,6 +226,21 @@ fn every_response_kind_decodes_to_what_was_encoded() {
             code: ErrorCode::OutOfOrderSequence,
             message: "gap".into(),
         },
+        Response::NotLeader {
+            opcode: 0x04,
+            message: "not the leader".into(),
+            leader: Some("127.0.0.1:9093".into()),
+        },
+        Response::NotLeader {
+            opcode: 0x03,
+            message: "no leader known".into(),
+            leader: None,
+        },
+        Response::Error {
+            opcode: 0x10,
+            code: ErrorCode::Unsupported,
+            message: "no groups in cluster mode".into(),
+        },
     ] {
         roundtrip_response(r);
     }

@@ -14,6 +14,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::auth::Principal;
+use super::cluster::handlers as cluster_handlers;
 use super::handlers;
 use super::stats::ServerStats;
 use super::Shared;
@@ -235,6 +236,17 @@ where
         out: out.clone(),
     });
     let producer = tokio::spawn(handlers::produce_loop(conn.clone(), produce_rx));
+    // Cluster mode: produces go one after another through the partition
+    // groups, everything else through the cluster's handlers.
+    let cluster = shared.config.cluster.clone();
+    let (cluster_tx, cluster_producer) = match &cluster {
+        Some(c) => {
+            let (tx, rx) = mpsc::channel(cfg.max_in_flight.max(1) as usize);
+            let task = tokio::spawn(cluster_handlers::produce_loop(conn.clone(), c.clone(), rx));
+            (Some(tx), Some(task))
+        }
+        None => (None, None),
+    };
     let in_flight = Arc::new(AtomicU64::new(0));
     let mut shutdown = shared.shutdown.clone();
     loop {
@@ -304,7 +316,22 @@ where
         ServerStats::raise(&shared.stats.in_flight_max, n);
         let slot = InFlight(Some(in_flight.clone()));
         let id = frame.request_id;
-        if let Request::Produce {
+        if let (Some(c), Some(tx)) = (&cluster, &cluster_tx) {
+            if matches!(req, Request::Produce { .. } | Request::ProduceTo { .. }) {
+                // Queued here, in read order.
+                if tx.send((id, req, slot)).await.is_err() {
+                    break;
+                }
+            } else {
+                tokio::spawn(cluster_handlers::dispatch(
+                    conn.clone(),
+                    c.clone(),
+                    id,
+                    req,
+                    slot,
+                ));
+            }
+        } else if let Request::Produce {
             topic,
             acks,
             records,
@@ -342,6 +369,10 @@ where
     }
     if let Ok(mut p) = conn.produce_tx.lock() {
         p.take();
+    }
+    drop(cluster_tx);
+    if let Some(t) = cluster_producer {
+        let _ = t.await;
     }
     drop(conn);
     let _ = producer.await;

@@ -9,6 +9,7 @@
 //! itself, and one that stays stalled past `stall_timeout` is closed.
 
 mod auth;
+pub mod cluster;
 mod conn;
 mod handlers;
 mod handlers_admin;
@@ -87,6 +88,11 @@ pub struct ServerConfig {
     /// idempotent producers' sequence state: a retry of a batch further
     /// back than this, after a restart, is not recognised.
     pub producer_scan_records: u64,
+    /// Cluster mode: the node this broker is a member through. Its peers'
+    /// connections come in on the same listener and are handed to it;
+    /// requests are carried out through the replicated partitions
+    /// ([`cluster`]). `None`: a single node on the embedded log.
+    pub cluster: Option<Arc<cluster::Cluster>>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -97,6 +103,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_connections", &self.max_connections)
             .field("write_queue_frames", &self.write_queue_frames)
             .field("tls", &self.tls.is_some())
+            .field("cluster", &self.cluster)
             .finish_non_exhaustive()
     }
 }
@@ -121,6 +128,7 @@ impl Default for ServerConfig {
             view_max_clients: 16,
             view_refresh: Duration::from_secs(1),
             producer_scan_records: 100_000,
+            cluster: None,
         }
     }
 }
@@ -245,6 +253,14 @@ pub async fn serve_with_http(
                         let shared = shared.clone();
                         let tls = tls.clone();
                         conns.spawn(async move {
+                            if let Some(c) = &shared.config.cluster {
+                                let wait = shared.config.tls_handshake_timeout;
+                                match cluster::Cluster::classify(&stream, wait).await {
+                                    cluster::Incoming::Client => {}
+                                    cluster::Incoming::Peer => return c.hand_over(stream).await,
+                                    cluster::Incoming::Gone => return,
+                                }
+                            }
                             match tls {
                                 Some(acceptor) => {
                                     if let Some(s) = tls_accept(&acceptor, stream, peer, &shared).await {

@@ -100,6 +100,34 @@ impl Server {
         })
     }
 
+    /// Serves the connections handed over on `incoming` (accepted by a
+    /// listener that also serves another protocol, such as the broker's
+    /// port in cluster mode) until [`Server::shutdown`] or until
+    /// `incoming` closes; `local_addr` is the address they came in on.
+    pub fn start_handed(
+        incoming: mpsc::Receiver<TcpStream>,
+        local_addr: std::net::SocketAddr,
+        cfg: NetworkConfig,
+        groups: Arc<dyn GroupDispatch>,
+        clients: Option<Arc<dyn ClientDispatch>>,
+    ) -> Server {
+        let (stop, stopped) = watch::channel(false);
+        let errors = ConnectionErrors::default();
+        let ctx = Arc::new(ConnCtx {
+            cfg,
+            groups,
+            clients,
+            errors: errors.clone(),
+            stopped: stopped.clone(),
+        });
+        tokio::spawn(handed_loop(incoming, ctx, stopped));
+        Server {
+            stop,
+            errors,
+            local_addr,
+        }
+    }
+
     /// The address it listens on.
     pub fn local_addr(&self) -> std::net::SocketAddr {
         self.local_addr
@@ -129,21 +157,38 @@ async fn accept_loop(listener: TcpListener, ctx: Arc<ConnCtx>, mut stopped: watc
         tokio::select! {
             _ = stopped.changed() => return,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let ctx = ctx.clone();
-                    tokio::spawn(async move {
-                        let mut stopped = ctx.stopped.clone();
-                        tokio::select! {
-                            _ = stopped.changed() => {}
-                            _ = serve_connection(stream, ctx.clone()) => {}
-                        }
-                    });
-                }
+                Ok((stream, _)) => spawn_connection(stream, ctx.clone()),
                 // Out of descriptors and the like: wait a little, go on.
                 Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
             },
         }
     }
+}
+
+async fn handed_loop(
+    mut incoming: mpsc::Receiver<TcpStream>,
+    ctx: Arc<ConnCtx>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = stopped.changed() => return,
+            handed = incoming.recv() => match handed {
+                Some(stream) => spawn_connection(stream, ctx.clone()),
+                None => return,
+            },
+        }
+    }
+}
+
+fn spawn_connection(stream: TcpStream, ctx: Arc<ConnCtx>) {
+    tokio::spawn(async move {
+        let mut stopped = ctx.stopped.clone();
+        tokio::select! {
+            _ = stopped.changed() => {}
+            _ = serve_connection(stream, ctx.clone()) => {}
+        }
+    });
 }
 
 async fn serve_connection(stream: TcpStream, ctx: Arc<ConnCtx>) {

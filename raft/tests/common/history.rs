@@ -59,7 +59,7 @@ pub enum Violation {
     /// A read saw a record the final committed log does not hold.
     PhantomRead {
         observed: Observed,
-        final_record: Option<ReadRecord>,
+        final_record: Option<Box<ReadRecord>>,
     },
     /// A value sits at two offsets of the final log.
     Duplicate { value: String, offsets: (u64, u64) },
@@ -109,7 +109,7 @@ pub fn check(
         if final_record != Some(&o.record) {
             return Err(Violation::PhantomRead {
                 observed: o.clone(),
-                final_record: final_record.cloned(),
+                final_record: final_record.cloned().map(Box::new),
             });
         }
     }
@@ -150,6 +150,7 @@ mod tests {
             offset,
             key: Some(key.as_bytes().to_vec()),
             value: value.as_bytes().to_vec(),
+            timestamp_ms: 0,
         }
     }
 

@@ -1,0 +1,729 @@
+//! Cluster mode end to end: three `fissionlog-broker serve --node-id
+//! --peers` processes on 127.0.0.1, a topic of three partitions created
+//! through the controller, an idempotent producer with `acks=quorum`
+//! through the client, the broker leading a partition SIGKILLed while
+//! records are in flight, and everything committed read back from the
+//! survivors.
+//!
+//! Bounded: each test runs under a deadline, every wait inside it is
+//! limited and says what did not happen, and every broker is killed when
+//! the test's handles drop.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fissionlog_broker::client::{
+    Admin, ClientError, Connection, Endpoint, Producer, ProducerConfig,
+};
+use fissionlog_broker::protocol::{
+    Acks, ErrorCode, FetchedRecord, Isolation, ProduceRecord, Request, Response, Stamp, SyncSpec,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fissionlog-broker");
+const DEADLINE: Duration = Duration::from_secs(150);
+/// How long one wait inside a test may take.
+const WAIT_LIMIT: Duration = Duration::from_secs(30);
+const KEYS: usize = 12;
+
+/// One broker process, SIGKILLed when dropped. Its stderr goes to
+/// `broker.log` beside its data; a failing test prints each log's tail.
+struct Broker {
+    id: u64,
+    addr: String,
+    child: Option<Child>,
+    dir: PathBuf,
+    /// The `--peers` it was started with.
+    peers: String,
+}
+
+/// Starts broker `id` on `dir/data` listening on `addr`; its first
+/// stdout line must say it listens there.
+fn spawn_broker(id: u64, addr: &str, dir: &Path, peers: &str) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("broker.log"))
+        .expect("the broker's log");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--dir"])
+        .arg(dir.join("data"))
+        .args([
+            "--listen",
+            addr,
+            "--node-id",
+            &id.to_string(),
+            "--peers",
+            peers,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("the broker starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped stdout"))
+        .read_line(&mut line)
+        .expect("the broker's first line");
+    if line.trim() != format!("listening on {addr}") {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("broker {id} listens where its peers know it ({addr}); it printed {line:?}");
+    }
+    child
+}
+
+impl Broker {
+    /// Starts it again on its directory and address.
+    fn restart(&mut self) {
+        self.kill();
+        self.child = Some(spawn_broker(self.id, &self.addr, &self.dir, &self.peers));
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("broker.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+struct Cluster {
+    brokers: Vec<Broker>,
+    base: Option<tempfile::TempDir>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let failing = std::thread::panicking();
+        for b in &mut self.brokers {
+            b.kill();
+            if failing {
+                eprintln!(
+                    "--- broker {} ({}) log tail:\n{}",
+                    b.id,
+                    b.addr,
+                    b.log_tail()
+                );
+            }
+        }
+        if failing {
+            if let Some(base) = self.base.take() {
+                eprintln!(
+                    "the brokers' directories are kept in {}",
+                    base.keep().display()
+                );
+            }
+        }
+    }
+}
+
+/// Three free loopback addresses, chosen by the OS: bound, read, let go
+/// (the brokers must know each other's address before they start).
+fn free_addrs(n: usize) -> Vec<String> {
+    let ls: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
+        .collect();
+    ls.iter()
+        .map(|l| l.local_addr().expect("an address").to_string())
+        .collect()
+}
+
+fn start_cluster() -> Cluster {
+    let base = tempfile::tempdir().expect("a temporary directory");
+    let addrs = free_addrs(3);
+    let peers: String = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut brokers = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let id = i as u64 + 1;
+        let dir = base.path().join(format!("b{id}"));
+        std::fs::create_dir_all(&dir).expect("the broker's directory");
+        let child = spawn_broker(id, addr, &dir, &peers);
+        brokers.push(Broker {
+            id,
+            addr: addr.clone(),
+            child: Some(child),
+            dir,
+            peers: peers.clone(),
+        });
+    }
+    Cluster {
+        brokers,
+        base: Some(base),
+    }
+}
+
+fn run_within(body: impl std::future::Future<Output = ()> + Send + 'static) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        tokio::time::timeout(DEADLINE, body)
+            .await
+            .expect("the test finishes within its deadline")
+    });
+    rt.shutdown_timeout(Duration::from_secs(1));
+}
+
+/// Creates `topic` through broker `addr`, retrying while the controller
+/// elects its first leader.
+async fn create_topic(addr: &str, topic: &str, partitions: u32) {
+    let started = Instant::now();
+    loop {
+        let last = match Connection::connect(addr, None).await {
+            Ok(c) => {
+                let r = Admin::new(c)
+                    .create_topic(topic, partitions, SyncSpec::Always, 0, false)
+                    .await;
+                match r {
+                    Ok(_) => return,
+                    Err(e) => e.to_string(),
+                }
+            }
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "the cluster created {topic} (last answer: {last})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Each partition's leader as broker `addr` describes it, once it names
+/// one for every partition.
+async fn leaders(addr: &str, topic: &str) -> BTreeMap<u32, u64> {
+    let started = Instant::now();
+    loop {
+        let mut last = String::new();
+        if let Ok(c) = Connection::connect(addr, None).await {
+            match Admin::new(c).describe(topic).await {
+                Ok(v) => {
+                    let parts = v["partitions"].as_array().cloned().unwrap_or_default();
+                    let got: BTreeMap<u32, u64> = parts
+                        .iter()
+                        .filter_map(|p| Some((p["id"].as_u64()? as u32, p["leader"].as_u64()?)))
+                        .collect();
+                    if !parts.is_empty() && got.len() == parts.len() {
+                        assert!(
+                            parts
+                                .iter()
+                                .all(|p| p["replicas"].as_array().map(Vec::len) == Some(3)),
+                            "every partition has three replicas: {v}"
+                        );
+                        return got;
+                    }
+                    last = v.to_string();
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "broker {addr} names a leader for every partition of {topic} (it says {last})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn fetch(conn: &Connection, topic: &str, partition: u32, offset: u64) -> Response {
+    conn.call(Request::Fetch {
+        topic: topic.into(),
+        partition,
+        offset,
+        max_bytes: 1 << 20,
+        max_wait_ms: 0,
+        isolation: Isolation::Written,
+    })
+    .await
+    .expect("a fetch answer")
+}
+
+/// Every record of `partition` below the high watermark broker `addr`
+/// reports once that covers `at_least`, and the high watermark; asserts
+/// no answer carries a record at or past its own high watermark.
+async fn read_all(
+    addr: &str,
+    topic: &str,
+    partition: u32,
+    at_least: u64,
+) -> (Vec<FetchedRecord>, u64) {
+    let conn = Connection::connect(addr, None)
+        .await
+        .expect("connect to a survivor");
+    let started = Instant::now();
+    loop {
+        let mut out = Vec::new();
+        let mut offset = 0;
+        let hw = loop {
+            let Response::Fetched {
+                records,
+                next_offset,
+                high_watermark,
+                ..
+            } = fetch(&conn, topic, partition, offset).await
+            else {
+                panic!("a fetch of partition {partition} answers records");
+            };
+            for r in &records {
+                assert!(
+                    r.offset < high_watermark,
+                    "partition {partition}: offset {} fetched at high watermark {high_watermark}",
+                    r.offset
+                );
+            }
+            let done = records.is_empty();
+            out.extend(records);
+            offset = next_offset;
+            if done {
+                break high_watermark;
+            }
+        };
+        if hw >= at_least {
+            return (out, hw);
+        }
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "broker {addr}'s high watermark of partition {partition} reaches {at_least} (it is {hw})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `(key, seq)` of a value `k<key> <seq>`.
+fn parse(value: &[u8]) -> (String, u64) {
+    let s = std::str::from_utf8(value).expect("UTF-8 values");
+    let (k, seq) = s.split_once(' ').expect("a value is KEY SEQ");
+    (k.to_string(), seq.parse().expect("a sequence number"))
+}
+
+type Acked = Vec<((String, u64), (u32, u64))>;
+
+/// Sends records `from..to` (record `i` has key `k{i % KEYS}`), and
+/// returns each one's acknowledgement future, in send order.
+async fn send_range(
+    p: &Producer,
+    from: u64,
+    to: u64,
+) -> Vec<((String, u64), fissionlog_broker::client::SendFuture)> {
+    let mut out = Vec::new();
+    for i in from..to {
+        let key = format!("k{}", i % KEYS as u64);
+        let value = format!("{key} {i}");
+        let f = p
+            .send(Some(Bytes::from(key.clone())), Bytes::from(value))
+            .await;
+        out.push(((key, i), f));
+    }
+    out
+}
+
+async fn await_acks(
+    sent: Vec<((String, u64), fissionlog_broker::client::SendFuture)>,
+    acked: &mut Acked,
+) {
+    for (rec, f) in sent {
+        match f.await {
+            Ok(Some(pos)) => acked.push((rec, pos)),
+            other => panic!("record {rec:?} is acknowledged through the leader change: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn acknowledged_records_survive_the_partition_leaders_kill_exactly_once_and_in_key_order() {
+    leader_killed_mid_stream(false);
+}
+
+/// The same, the killed leader being the broker the producer was given.
+#[test]
+fn acknowledged_records_survive_the_kill_of_the_producers_own_broker() {
+    leader_killed_mid_stream(true);
+}
+
+/// Produces 750 keyed records through broker 1, SIGKILLs the leader of a
+/// partition (broker 1 itself with `endpoint_dies`) with records in
+/// flight, and checks what the survivors hold.
+fn leader_killed_mid_stream(endpoint_dies: bool) {
+    let mut cluster = start_cluster();
+    let addrs: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
+    run_within(async move {
+        let topic = "orders";
+        create_topic(&addrs[0], topic, 3).await;
+        let before = leaders(&addrs[0], topic).await;
+        for a in &addrs[1..] {
+            leaders(a, topic).await;
+        }
+        // The victim leads a partition; it is the producer's
+        // endpoint (broker 1) or another broker.
+        let (&victim_partition, &victim) = before
+            .iter()
+            .find(|(_, &l)| (l == 1) == endpoint_dies)
+            .expect("a partition led by the broker to kill");
+        let config = ProducerConfig {
+            acks: Acks::Quorum,
+            idempotent: true,
+            max_in_flight: 8,
+            ..ProducerConfig::new(topic)
+        };
+        let producer = Producer::connect(Endpoint::new(addrs[0].clone()), config)
+            .await
+            .expect("the producer connects");
+        let mut acked: Acked = Vec::new();
+        let sent = send_range(&producer, 0, 300).await;
+        await_acks(sent, &mut acked).await;
+        // Mid-stream: records in flight when the leader dies.
+        let in_flight = send_range(&producer, 300, 450).await;
+        let v = victim as usize - 1;
+        cluster.brokers[v].kill();
+        let after = send_range(&producer, 450, 750).await;
+        await_acks(in_flight, &mut acked).await;
+        await_acks(after, &mut acked).await;
+        assert_eq!(acked.len(), 750);
+
+        let survivors: Vec<&String> = addrs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i as u64 + 1 != victim)
+            .map(|(_, a)| a)
+            .collect();
+        let new_leaders = leaders(survivors[0], topic).await;
+        assert_ne!(
+            new_leaders[&victim_partition], victim,
+            "partition {victim_partition} has a new leader"
+        );
+        check(&acked, &survivors, topic).await;
+
+        // Restarted on its directory and address, the victim hosts its
+        // partitions again and catches up to the same committed log.
+        cluster.brokers[v].restart();
+        check(&acked, &[&addrs[v], survivors[0]], topic).await;
+    });
+}
+
+/// Every acknowledged record is read back from every survivor at its
+/// acknowledged position, exactly once; each key's records are in send
+/// order; the survivors' committed prefixes are the same.
+async fn check(acked: &Acked, survivors: &[&String], topic: &str) {
+    let mut need: HashMap<u32, u64> = HashMap::new();
+    for (_, (p, o)) in acked {
+        let e = need.entry(*p).or_insert(0);
+        *e = (*e).max(o + 1);
+    }
+    let mut read: Vec<BTreeMap<u32, Vec<FetchedRecord>>> = Vec::new();
+    for addr in survivors {
+        let mut parts = BTreeMap::new();
+        for p in 0..3 {
+            let (recs, _) = read_all(addr, topic, p, need.get(&p).copied().unwrap_or(0)).await;
+            parts.insert(p, recs);
+        }
+        read.push(parts);
+    }
+    for p in 0..3u32 {
+        let (a, b) = (&read[0][&p], &read[1][&p]);
+        let n = a.len().min(b.len());
+        let same = a[..n]
+            .iter()
+            .zip(&b[..n])
+            .all(|(x, y)| (x.offset, &x.key, &x.value) == (y.offset, &y.key, &y.value));
+        assert!(
+            same,
+            "partition {p}: the survivors' committed prefixes differ"
+        );
+    }
+    let parts = &read[0];
+    let mut seen: HashSet<(String, u64)> = HashSet::new();
+    let mut at: HashMap<(u32, u64), (String, u64)> = HashMap::new();
+    for (p, recs) in parts {
+        let mut last: HashMap<String, u64> = HashMap::new();
+        for (i, r) in recs.iter().enumerate() {
+            assert_eq!(r.offset, i as u64, "partition {p}'s offsets are dense");
+            let rec = parse(&r.value);
+            assert!(seen.insert(rec.clone()), "{rec:?} is read twice");
+            if let Some(&l) = last.get(&rec.0) {
+                assert!(
+                    rec.1 > l,
+                    "key {} went from {l} to {} in partition {p}",
+                    rec.0,
+                    rec.1
+                );
+            }
+            last.insert(rec.0.clone(), rec.1);
+            at.insert((*p, r.offset), rec);
+        }
+    }
+    for (rec, pos) in acked {
+        assert_eq!(
+            at.get(pos),
+            Some(rec),
+            "acknowledged {rec:?} is read back at {pos:?}"
+        );
+    }
+}
+
+/// With two of three replicas gone, the leader of a partition still
+/// writes a produce to its log, but cannot commit it: a fetch from it
+/// never returns that record, though the leader's partition holds it.
+#[test]
+fn a_record_the_leader_wrote_but_could_not_commit_is_never_fetched() {
+    let mut cluster = start_cluster();
+    let addrs: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u64>>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let dirs: Vec<PathBuf> = cluster.brokers.iter().map(|b| b.dir.clone()).collect();
+    let run = std::thread::spawn(move || {
+        run_within(async move {
+            let topic = "audit";
+            create_topic(&addrs[0], topic, 1).await;
+            let leader = leaders(&addrs[0], topic).await[&0];
+            let addr = addrs[leader as usize - 1].clone();
+            let conn = Connection::connect(&addr, None).await.expect("connect");
+            let Response::ProducerInit { producer_id, epoch } = conn
+                .call(Request::InitProducer { producer_id: None })
+                .await
+                .expect("a producer id")
+            else {
+                panic!("a producer id");
+            };
+            let produce = |seq: u64, value: &'static str| Request::ProduceTo {
+                topic: topic.into(),
+                partition: 0,
+                acks: Acks::Quorum,
+                stamp: Some(Stamp {
+                    producer_id,
+                    epoch,
+                    first_sequence: seq,
+                }),
+                records: vec![ProduceRecord {
+                    key: None,
+                    value: Bytes::from_static(value.as_bytes()),
+                    timestamp: None,
+                }],
+            };
+            // A follower does not append: it names the leader.
+            let follower = addrs[leader as usize % 3].clone();
+            let fconn = Connection::connect(&follower, None).await.expect("connect");
+            let r = fconn.call(produce(0, "committed")).await;
+            match r {
+                Err(ClientError::NotLeader {
+                    leader: Some(named),
+                    ..
+                }) => assert_eq!(
+                    named, addr,
+                    "the follower names the leader's client address"
+                ),
+                other => panic!("a follower answers not_leader naming the leader: {other:?}"),
+            }
+            // What cluster mode does not do yet is refused with its own code.
+            let r = fconn
+                .call(Request::JoinGroup {
+                    topic: topic.into(),
+                    group: "g".into(),
+                    session_timeout_ms: 10_000,
+                    processing_timeout_ms: 10_000,
+                    instance_id: None,
+                })
+                .await;
+            assert!(
+                matches!(&r, Err(e) if e.code() == Some(ErrorCode::Unsupported)),
+                "groups are unsupported in cluster mode: {r:?}"
+            );
+            let r = conn.call(produce(0, "committed")).await.expect("committed");
+            assert_eq!(
+                r,
+                Response::Produced {
+                    positions: vec![(0, 0)]
+                }
+            );
+            let others: Vec<u64> = (1..=3).filter(|&i| i != leader).collect();
+            tx.send(others).expect("the killer listens");
+            go_rx.await.expect("the followers were killed");
+            conn.set_request_timeout(Duration::from_secs(2));
+            let r = conn.call(produce(1, "uncommitted")).await;
+            assert!(
+                matches!(r, Err(ClientError::Timeout { .. })),
+                "without a quorum the produce is not acknowledged: {r:?}"
+            );
+            for _ in 0..5 {
+                let Response::Fetched {
+                    records,
+                    high_watermark,
+                    ..
+                } = fetch(&conn, topic, 0, 0).await
+                else {
+                    panic!("a fetch answer");
+                };
+                let values: Vec<&[u8]> = records.iter().map(|r| &r.value[..]).collect();
+                assert_eq!(values, vec![&b"committed"[..]]);
+                assert_eq!(high_watermark, 1);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+    });
+    let others = rx
+        .recv_timeout(DEADLINE)
+        .expect("the run names the followers");
+    for id in others {
+        if let Some(b) = cluster.brokers.iter_mut().find(|b| b.id == id) {
+            b.kill();
+        }
+    }
+    let _ = go_tx.send(());
+    if let Err(e) = run.join() {
+        std::panic::resume_unwind(e);
+    }
+    // The leader's own partition holds the record it could not commit.
+    for b in &mut cluster.brokers {
+        b.kill();
+    }
+    let held = dirs
+        .iter()
+        .any(|d| written_values(&d.join("data/raft")).contains(&b"uncommitted".to_vec()));
+    assert!(held, "the leader's log holds the uncommitted record");
+}
+
+/// Every record written to any partition group of the node log in `dir`
+/// (committed or not).
+fn written_values(dir: &Path) -> Vec<Vec<u8>> {
+    let Ok(log) = fissionlog::Log::open(dir, fissionlog::LogOptions::default()) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for name in log.topics() {
+        if !name.starts_with("group-") {
+            continue;
+        }
+        let Ok(t) = log.topic(&name) else { continue };
+        let Ok(part) = t.partition(0) else { continue };
+        let Ok(batch) = part.read_with(0, 1 << 20, fissionlog::ReadIsolation::Written) else {
+            continue;
+        };
+        for r in batch.try_iter().flatten() {
+            out.push(r.value.to_vec());
+        }
+    }
+    out
+}
+
+fn run_cli(args: &[&str], stdin: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut c = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the command starts");
+    c.stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    let deadline = Instant::now() + WAIT_LIMIT;
+    while c.try_wait().expect("its status").is_none() {
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            panic!("{args:?} did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    c.wait_with_output().expect("its output")
+}
+
+/// The README's three-node run: `produce --idempotent --ack-level quorum`
+/// through one broker reaches every partition's leader, `describe` names
+/// replicas and leaders, and what cluster mode does not take is refused.
+#[test]
+fn the_command_line_produces_to_and_describes_a_three_broker_cluster() {
+    let cluster = start_cluster();
+    let (b2, b3) = (&cluster.brokers[1].addr, &cluster.brokers[2].addr);
+    let lines: String = (0..30).map(|i| format!("k{i}\tv{i}\n")).collect();
+    let started = Instant::now();
+    let out = loop {
+        let out = run_cli(
+            &[
+                "produce",
+                "--server",
+                b2,
+                "--topic",
+                "t",
+                "--create",
+                "--partitions",
+                "3",
+                "--ack-level",
+                "quorum",
+                "--idempotent",
+                "--acks",
+            ],
+            &lines,
+        );
+        // The controller may still be electing its first leader.
+        if out.status.success() || started.elapsed() > WAIT_LIMIT {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        out.status.success(),
+        "produce: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let acks: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(acks.len(), 30);
+    let partitions: HashSet<u64> = acks
+        .iter()
+        .filter_map(|a| a["partition"].as_u64())
+        .collect();
+    assert_eq!(partitions.len(), 3, "keys reach every partition: {acks:?}");
+
+    // A replica learns its leader from the leader's first heartbeat,
+    // which may come after the produce was committed by the other two.
+    let started = Instant::now();
+    loop {
+        let out = run_cli(&["describe", "--server", b3, "--topic", "t", "--json"], "");
+        assert!(out.status.success());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON document");
+        let parts = v["partitions"].as_array().expect("partitions").clone();
+        assert_eq!(parts.len(), 3, "{v}");
+        for p in &parts {
+            assert_eq!(p["replicas"].as_array().map(Vec::len), Some(3), "{p}");
+        }
+        if parts.iter().all(|p| p["leader"].is_u64()) {
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "broker 3 names every partition's leader: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let out = run_cli(&["produce", "--server", b3, "--topic", "t"], "k\tv\n");
+    assert_eq!(out.status.code(), Some(1), "an unrouted produce is refused");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unsupported"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = run_cli(&["serve", "--dir", "/nonexistent", "--node-id", "1"], "");
+    assert_eq!(out.status.code(), Some(2), "--node-id needs --peers");
+}

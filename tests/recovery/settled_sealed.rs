@@ -7,12 +7,14 @@
 //! (C3, C6, C7, C8).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common;
+use common::faults::Fail;
 use common::log::{quiet, sized_value};
 
-use fissionlog::{Error, Log, LogOptions, NewRecord, SplitPlan, TopicConfig};
+use fissionlog::{Error, IoOp, Log, LogOptions, NewRecord, SplitPlan, TopicConfig};
 
 /// Timestamp of the parent's record `i`.
 fn ts(i: u64) -> i64 {
@@ -330,6 +332,36 @@ fn time_lookups_find_every_record_of_an_unmapped_sealed_segment() {
         drop(part);
         log.close().unwrap();
     }
+}
+
+/// A time lookup whose segment cannot be mapped (out of descriptors) is
+/// an error, never an answer from the segments it could see.
+#[test]
+fn a_time_lookup_that_cannot_map_a_sealed_segment_fails() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let (n, len, seg) = SHAPES[0];
+    let file = sealed_parent(&dir, n, len, seg);
+    let part_dir = file.parent().unwrap().to_string_lossy().into_owned();
+    let fail = Arc::new(
+        Fail::new(IoOp::MapSegment, libc::EMFILE)
+            .in_path(&part_dir)
+            .disarmed(),
+    );
+    let log = Log::open_with_hook(&dir, quiet(), fail.clone()).unwrap();
+    let part = log.topic("t").unwrap().partition(0).unwrap();
+    fail.arm();
+    let got = part.offset_for_time(ts(3));
+    fail.disarm();
+    assert!(fail.fired(), "the lookup mapped nothing");
+    assert!(
+        matches!(got, Err(Error::ResourceExhausted { .. })),
+        "a lookup that could not map its segment: {got:?}"
+    );
+    // Once the descriptors are back, the same lookup finds the record.
+    assert_eq!(part.offset_for_time(ts(3)).unwrap(), Some(3));
+    drop(part);
+    log.close().unwrap();
 }
 
 /// Time retention after a clean open: a sealed parent whose records are

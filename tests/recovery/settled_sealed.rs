@@ -616,3 +616,94 @@ fn sealed_siblings_swapped_segments_are_refused() {
         }
     }
 }
+
+/// Where the child of the descriptor-limit test finds its log.
+const NOFILE_CHILD_ENV: &str = "FISSIONLOG_SETTLED_SEALED_NOFILE_DIR";
+
+/// A clean open of a history with more sealed partitions than the
+/// process may hold descriptors, its reads and time lookups of every
+/// partition, a crash after them and the open that follows, all under
+/// `RLIMIT_NOFILE` 24: nothing of a sealed partition holds a descriptor
+/// once read.
+#[test]
+fn reads_of_every_sealed_partition_after_a_clean_open_fit_a_low_descriptor_limit() {
+    const NAME: &str =
+        "reads_of_every_sealed_partition_after_a_clean_open_fit_a_low_descriptor_limit";
+    let opts = || LogOptions {
+        max_open_files: 8,
+        ..quiet()
+    };
+    if let Ok(dir) = std::env::var(NOFILE_CHILD_ENV) {
+        let dir = Path::new(&dir);
+        let want: super::open_costs::Written = read_want(dir);
+        for crash in [false, true] {
+            let log = Log::open(dir.join("log"), opts()).unwrap();
+            check_history(&log, &want, &format!("crash {crash}"));
+            let t = log.topic("t").unwrap();
+            for p in t.partitions() {
+                let part = t.partition(p.id).unwrap();
+                let first = part.offset_for_time(i64::MIN).unwrap();
+                assert_eq!(first.is_some(), part.end_offset() > part.start_offset());
+            }
+            drop(t);
+            if crash {
+                log.abandon();
+            } else {
+                log.close().unwrap();
+            }
+        }
+        let log = Log::open(dir.join("log"), opts()).unwrap();
+        check_history(&log, &want, "after the crash");
+        log.close().unwrap();
+        return;
+    }
+    let _serial = common::log::serial();
+    let root = tempfile::tempdir().unwrap();
+    let (sealed, want) = super::open_costs::closed_history(&root.path().join("log"), 40);
+    assert!(sealed.len() > 50, "{} sealed partitions", sealed.len());
+    write_want(root.path(), &want);
+    let mut cmd = common::log::rerun_command(module_path!(), NAME);
+    cmd.env(NOFILE_CHILD_ENV, root.path());
+    common::log::assert_rerun_passes_under_nofile(
+        cmd,
+        24,
+        &format!("{} sealed partitions under RLIMIT_NOFILE=24", sealed.len()),
+    );
+}
+
+/// What each partition holds, written for the child: a line per
+/// partition, its id then its values in hex.
+fn write_want(dir: &Path, want: &super::open_costs::Written) {
+    let text: String = want
+        .iter()
+        .map(|(p, vs)| {
+            let vs: Vec<String> = vs
+                .iter()
+                .map(|v| v.iter().map(|b| format!("{b:02x}")).collect())
+                .collect();
+            format!("{p} {}\n", vs.join(" "))
+        })
+        .collect();
+    std::fs::write(dir.join("want"), text).unwrap();
+}
+
+fn read_want(dir: &Path) -> super::open_costs::Written {
+    std::fs::read_to_string(dir.join("want"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut words = l.split(' ');
+            let p = words.next().unwrap().parse().unwrap();
+            let vs = words
+                .filter(|w| !w.is_empty())
+                .map(|w| {
+                    (0..w.len())
+                        .step_by(2)
+                        .map(|i| u8::from_str_radix(&w[i..i + 2], 16).unwrap())
+                        .collect()
+                })
+                .collect();
+            (p, vs)
+        })
+        .collect()
+}

@@ -707,3 +707,34 @@ fn read_want(dir: &Path) -> super::open_costs::Written {
         })
         .collect()
 }
+
+/// Time retention that cannot map an unmapped sealed segment to learn
+/// its newest timestamp (out of descriptors) keeps it: the partition is
+/// neither removed nor cut, and reads back whole once mapping works.
+#[test]
+fn time_retention_that_cannot_map_a_sealed_segment_keeps_it() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let (n, len, seg) = SHAPES[1];
+    // The records are at about 1,000 s after the epoch: an hour's age
+    // expires them, once their timestamps are known.
+    let file = sealed_parent_kept(&dir, (n, len, seg), Some(Duration::from_secs(3600)));
+    let part_dir = file.parent().unwrap().to_string_lossy().into_owned();
+    let fail = Arc::new(
+        Fail::new(IoOp::MapSegment, libc::EMFILE)
+            .in_path(&part_dir)
+            .disarmed(),
+    );
+    let log = Log::open_with_hook(&dir, quiet(), fail.clone()).unwrap();
+    fail.arm();
+    let _ = log.enforce_retention();
+    fail.disarm();
+    assert!(fail.fired(), "retention mapped nothing");
+    assert_eq!(read_partition(&log, 0).unwrap(), written(n, len));
+    // With the timestamps known, the same retention retires them.
+    log.enforce_retention().unwrap();
+    let t = log.topic("t").unwrap();
+    assert!(t.partition(0).map_or(true, |p| p.is_empty_sealed()));
+    drop(t);
+    log.close().unwrap();
+}

@@ -25,14 +25,24 @@ fn ts(i: u64) -> i64 {
 /// `i` at timestamp [`ts`]`(i)`), then split: 0 is sealed, its children
 /// hold a record each. Closed cleanly. Returns the parent's last segment.
 fn sealed_parent(dir: &Path, n: u64, len: usize, segment_bytes: u64) -> PathBuf {
-    sealed_parent_kept(dir, (n, len, segment_bytes), None)
+    sealed_parent_with(dir, (n, len, segment_bytes), (None, None))
 }
 
 /// [`sealed_parent`], the topic keeping records `retention_age`.
 fn sealed_parent_kept(
     dir: &Path,
-    (n, len, segment_bytes): (u64, usize, u64),
+    shape: (u64, usize, u64),
     retention_age: Option<Duration>,
+) -> PathBuf {
+    sealed_parent_with(dir, shape, (retention_age, None))
+}
+
+/// [`sealed_parent`], the topic keeping records `retention_age` and
+/// `retention_bytes`.
+fn sealed_parent_with(
+    dir: &Path,
+    (n, len, segment_bytes): (u64, usize, u64),
+    (retention_age, retention_bytes): (Option<Duration>, Option<u64>),
 ) -> PathBuf {
     let log = Log::open(dir, quiet()).unwrap();
     let t = log
@@ -42,6 +52,7 @@ fn sealed_parent_kept(
                 partitions: 1,
                 segment_bytes,
                 retention_age,
+                retention_bytes,
                 ..TopicConfig::default()
             },
         )
@@ -801,4 +812,53 @@ fn a_sealed_replicated_partition_reads_its_entries_after_a_clean_open() {
     log.close().unwrap();
     let (_, problems) = fissionlog::verify(&dir).unwrap();
     assert!(problems.is_empty(), "{problems:?}");
+}
+
+/// A clean open that reads nothing, killed: the next open (after a
+/// crash) scans nothing (the sealed partitions' checkpointed end is their
+/// files' end, and nothing was appended) and reads every partition back.
+#[test]
+fn a_crash_after_a_clean_open_that_read_nothing_scans_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let (_, want) = super::open_costs::closed_history(&dir, 12);
+    let log = Log::open(&dir, quiet()).unwrap();
+    assert_eq!(log.recovery_report().bytes_scanned, 0);
+    log.abandon();
+    let log = Log::open(&dir, quiet()).unwrap();
+    assert!(!log.recovery_report().clean_shutdown);
+    assert_eq!(log.recovery_report().bytes_scanned, 0);
+    check_history(&log, &want, "after the crash");
+    log.close().unwrap();
+    let (_, problems) = fissionlog::verify(&dir).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+}
+
+/// Byte retention after a clean open: the sealed parent, over the limit,
+/// goes whole; its children keep
+/// their active segments and read back; the log verifies and opens clean.
+#[test]
+fn byte_retention_after_a_clean_open_removes_an_unmapped_sealed_parent() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("log");
+    let (n, len, seg) = SHAPES[1];
+    let file = sealed_parent_with(&dir, (n, len, seg), (None, Some(1)));
+    let log = Log::open(&dir, quiet()).unwrap();
+    log.enforce_retention().unwrap();
+    let t = log.topic("t").unwrap();
+    assert!(t.partition(0).map_or(true, |p| p.is_empty_sealed()));
+    assert!(!file.exists(), "{} is still there", file.display());
+    for c in [1, 2] {
+        assert_eq!(read_partition(&log, c).unwrap().len(), 1, "child {c}");
+    }
+    drop(t);
+    log.close().unwrap();
+    let (_, problems) = fissionlog::verify(&dir).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    let log = Log::open(&dir, quiet()).unwrap();
+    assert_eq!(log.recovery_report().bytes_scanned, 0);
+    for c in [1, 2] {
+        assert_eq!(read_partition(&log, c).unwrap().len(), 1, "child {c}");
+    }
+    log.close().unwrap();
 }

@@ -862,3 +862,61 @@ fn byte_retention_after_a_clean_open_removes_an_unmapped_sealed_parent() {
     }
     log.close().unwrap();
 }
+
+/// Sealed partitions whose last segment holds no record (split before
+/// any append, or right after a roll): the clean open keeps them at the
+/// checkpoint, they read as what they hold, and the log verifies clean.
+#[test]
+fn sealed_partitions_ending_in_an_empty_segment_open_cleanly() {
+    for rolled in [false, true] {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("log");
+        let log = Log::open(&dir, quiet()).unwrap();
+        let t = log
+            .create_topic(
+                "t",
+                TopicConfig {
+                    partitions: 1,
+                    ..TopicConfig::default()
+                },
+            )
+            .unwrap();
+        let n = if rolled { 3 } else { 0 };
+        for i in 0..n {
+            let v = sized_value(i, 100);
+            t.append_to(
+                0,
+                &[NewRecord {
+                    key: None,
+                    value: &v,
+                    timestamp: Some(ts(i)),
+                }],
+            )
+            .unwrap();
+        }
+        if rolled {
+            t.partition(0).unwrap().roll_now().unwrap();
+        }
+        t.split(0, SplitPlan::Even).unwrap();
+        let part_dir = t.partition(0).unwrap().dir().to_path_buf();
+        drop(t);
+        log.close().unwrap();
+        let last = last_segment(&part_dir);
+        assert_eq!(std::fs::metadata(&last).unwrap().len(), 64, "{rolled}");
+        for round in 0..2 {
+            let log = Log::open(&dir, quiet()).unwrap();
+            assert_eq!(log.recovery_report().bytes_scanned, 0);
+            assert_eq!(read_partition(&log, 0).unwrap(), written(n, 100));
+            let part = log.topic("t").unwrap().partition(0).unwrap();
+            assert_eq!(
+                part.offset_for_time(i64::MIN).unwrap(),
+                (n > 0).then_some(0),
+                "rolled {rolled}, open {round}"
+            );
+            drop(part);
+            log.close().unwrap();
+            let (_, problems) = fissionlog::verify(&dir).unwrap();
+            assert!(problems.is_empty(), "{problems:?}");
+        }
+    }
+}

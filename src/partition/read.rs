@@ -150,10 +150,19 @@ impl Partition {
 
     pub(super) fn physical_offset_for_time(&self, ts: i64) -> Result<Option<u64>> {
         let segments = self.segments();
-        let Some(i) = segments.iter().position(|s| s.max_timestamp() >= ts) else {
+        // A segment whose newest timestamp cannot be known (it cannot be
+        // mapped) fails the lookup: passed over, its records would be
+        // answered as missing or as the next segment's.
+        let mut found = None;
+        for s in segments.iter() {
+            if s.newest_timestamp()? >= ts {
+                found = Some(s);
+                break;
+            }
+        }
+        let Some(seg) = found else {
             return Ok(None);
         };
-        let seg = &segments[i];
         let (pos, off) = seg.time_hint(ts);
         let data = seg.committed()?;
         let end = seg.committed_pos();

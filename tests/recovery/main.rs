@@ -22,4 +22,5 @@ mod salvage;
 mod salvage_gap;
 mod scenarios;
 mod sealed_strict;
+mod settled_sealed;
 mod timestamps;

@@ -203,12 +203,12 @@ fn a_clean_close_writes_no_index_for_a_partition_whose_records_fit_in_one_index_
 }
 
 /// Each partition's values, in order.
-type Written = Vec<(u32, Vec<Vec<u8>>)>;
+pub(super) type Written = Vec<(u32, Vec<Vec<u8>>)>;
 
 /// A topic split and merged back `changes` times, a record in every
 /// partition before each change, closed cleanly. Returns the directories
 /// of its sealed partitions and what each partition holds.
-fn closed_history(dir: &Path, changes: u32) -> (Vec<PathBuf>, Written) {
+pub(super) fn closed_history(dir: &Path, changes: u32) -> (Vec<PathBuf>, Written) {
     let log = Log::open(dir, quiet()).unwrap();
     let t = log
         .create_topic(

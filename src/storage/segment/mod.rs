@@ -610,17 +610,23 @@ impl Segment {
 
     /// Newest record timestamp, `i64::MIN` when empty. Computed on first use
     /// for segments recovered without a scan (from the last index entry on).
+    /// `i64::MIN` too while the segment cannot be mapped (a shortage):
+    /// a caller that must tell the two apart asks `newest_timestamp`.
     pub fn max_timestamp(&self) -> i64 {
+        self.newest_timestamp().unwrap_or(i64::MIN)
+    }
+
+    /// [`Segment::max_timestamp`], or the error of mapping the segment
+    /// when it must be read to know (nothing cached then, so the next
+    /// call tries again): a time lookup that cannot read a segment fails
+    /// rather than pass over it.
+    pub(crate) fn newest_timestamp(&self) -> Result<i64> {
         let known = self.max_timestamp.load(Ordering::Acquire);
         if known != i64::MIN || self.end_offset() == self.base_offset {
-            return known;
+            return Ok(known);
         }
+        let data = self.committed()?;
         let ((mut pos, _), mut max) = self.time_hint_and_newest_before(i64::MAX);
-        // Unknown while the segment cannot be mapped (a shortage): not
-        // cached, so the next call tries again.
-        let Ok(data) = self.committed() else {
-            return known;
-        };
         let end = self.committed_pos();
         while pos < end {
             let Ok(h) = batch::parse_header(data.from(pos)) else {
@@ -632,7 +638,7 @@ impl Segment {
             pos += u64::from(h.batch_len.get());
         }
         self.max_timestamp.fetch_max(max, Ordering::AcqRel);
-        max
+        Ok(max)
     }
 
     /// Whether the segment was rolled.

@@ -10,8 +10,10 @@
 //! Beside the clean close, in the same scenario, a raw baseline of the
 //! work it cannot skip: by hand, in the "same durability" tree below,
 //! 1 KiB written into each partition's file, then each file
-//! `fdatasync`ed, one after another, and one file of a checkpoint's size
-//! (40 bytes per partition) written and fsynced with its directory.
+//! `fdatasync`ed and each partition directory fsynced (the first
+//! segment's name, which a creation leaves to the first sync round), one
+//! after another, and one file of a checkpoint's size (40 bytes per
+//! partition) written and fsynced with its directory.
 //!
 //! Beside the creation, in the same scenario, two raw baselines, the same
 //! files made by hand without the engine (per partition a directory and a
@@ -167,8 +169,8 @@ fn raw_create(dir: &Path, name: &str, n: u32, p: &Params, sync_each: bool) -> Du
 
 /// A raw baseline of a clean close, by hand, on the files
 /// [`raw_create`] made in `dir/name`: 1 KiB written into each, each
-/// fdatasynced one after another, then a checkpoint-sized file written and
-/// made durable.
+/// fdatasynced and each directory fsynced one after another, then a
+/// checkpoint-sized file written and made durable.
 fn raw_close(dir: &Path, name: &str, n: u32) -> Duration {
     use std::fs::{File, OpenOptions};
     use std::os::unix::fs::FileExt;
@@ -189,6 +191,13 @@ fn raw_close(dir: &Path, name: &str, n: u32) -> Duration {
     }
     for f in &files {
         f.sync_data().expect("fdatasync");
+    }
+    // The first segment's name, which the creation left to the first
+    // sync round: each partition directory's fsync.
+    for i in 0..n {
+        File::open(tdir.join(i.to_string()))
+            .and_then(|d| d.sync_all())
+            .expect("partition dir fsync");
     }
     let cp = tdir.join("checkpoint");
     let f = File::create(&cp).expect("checkpoint file");

@@ -170,6 +170,51 @@ impl RaftLogReader<TypeConfig> for LogReader {
     }
 }
 
+/// How long an append's durability wait goes before it says so (then
+/// again at each doubling).
+const DURABLE_WAIT_WARN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The log's group commit for one append: one round shared with every
+/// group syncing now, repeated while a round that started before the
+/// append finished without covering its last entry `last`. A wait that
+/// goes on past [`DURABLE_WAIT_WARN`] is reported with the entry, its
+/// position and what the partition has made durable, once and again at
+/// each doubling of the time waited: rounds that keep passing the entry
+/// by are a stall of the group (its follower answers no append).
+fn wait_durable(
+    topic: &Topic,
+    part: &Partition,
+    last: &fissionlog::EntryPos,
+) -> std::io::Result<()> {
+    let start = std::time::Instant::now();
+    let mut warn_at = DURABLE_WAIT_WARN;
+    let mut rounds = 0u64;
+    while !part.is_entry_durable(last) {
+        topic
+            .sync()
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        rounds += 1;
+        let waited = start.elapsed();
+        if waited >= warn_at && !part.is_entry_durable(last) {
+            tracing::warn!(
+                partition = %part.dir().display(),
+                index = last.id.index,
+                term = last.id.term,
+                segment_base = last.segment_base,
+                end_position = last.end_position,
+                end_offset = last.end_offset,
+                written_end_offset = part.end_offset(),
+                durable_end_offset = part.durable_end_offset(),
+                rounds,
+                waited_ms = waited.as_millis() as u64,
+                "an appended entry is still not durable after sync rounds"
+            );
+            warn_at = warn_at.saturating_mul(2);
+        }
+    }
+    Ok(())
+}
+
 /// openraft's log storage over one replicated partition.
 #[derive(Debug)]
 pub struct LogStore {
@@ -387,16 +432,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let part = self.part.clone();
         let outstanding = self.outstanding.clone();
         tokio::task::spawn_blocking(move || {
-            // The log's group commit: one round shared with every group
-            // syncing now. Repeated while a round that started before the
-            // append finished without covering it.
-            let mut result = Ok(());
-            while !part.is_entry_durable(&last) {
-                if let Err(e) = topic.sync() {
-                    result = Err(std::io::Error::other(e.to_string()));
-                    break;
-                }
-            }
+            // A panic in the wait (a sync round's) still reaches openraft,
+            // as a storage error: a callback dropped without a call, and
+            // the count never released, would leave the group answering
+            // nothing and every later vote save or truncation waiting.
+            let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                wait_durable(&topic, &part, &last)
+            }));
+            let result = waited.unwrap_or_else(|_| {
+                tracing::error!(
+                    partition = %part.dir().display(),
+                    index = last.id.index,
+                    "the wait for an appended entry to become durable panicked"
+                );
+                Err(std::io::Error::other(
+                    "the wait for an appended entry to become durable panicked",
+                ))
+            });
             // Released before the callback: openraft may start its next
             // I/O (a vote save) as soon as the callback fires.
             outstanding.fetch_sub(1, Ordering::SeqCst);

@@ -164,25 +164,22 @@ pub fn checked_start(file: &[u8], params: ScanParams, walk_from: (u64, u64)) -> 
 /// position of the index file the close wrote, so the open stays
 /// metadata-sized (C7). A cleared tail zeroes everything from the cut on,
 /// so a walk from any entry crosses it or starts in it.
-fn walk_start(seg: &Segment, params: &ScanParams, p: &ChainParams<'_>) -> (u64, u64) {
-    let first = (SEGMENT_HEADER_LEN as u64, params.base_offset);
-    if !p.clean || params.from_pos <= first.0 {
+fn walk_start(
+    seg: &Segment,
+    base: u64,
+    (to_pos, to_offset): (u64, u64),
+    p: &ChainParams<'_>,
+) -> (u64, u64) {
+    let first = (SEGMENT_HEADER_LEN as u64, base);
+    if !p.clean || to_pos <= first.0 {
         return first;
     }
     let Ok(Some(buf)) = seg.read_index_file() else {
         return first;
     };
-    let (entries, _) = crate::format::index::decode_index(
-        &buf,
-        params.base_offset,
-        params.from_pos,
-        params.from_offset,
-    );
+    let (entries, _) = crate::format::index::decode_index(&buf, base, to_pos, to_offset);
     entries.last().map_or(first, |e| {
-        (
-            u64::from(e.position),
-            params.base_offset + u64::from(e.rel_offset),
-        )
+        (u64::from(e.position), base + u64::from(e.rel_offset))
     })
 }
 
@@ -243,20 +240,11 @@ pub(super) fn reaches_checkpoint(seg: &Segment, base: u64, p: &ChainParams<'_>) 
     if c.position <= header {
         return c.position == header && c.end_offset == base;
     }
-    let params = ScanParams {
-        base_offset: base,
-        from_pos: c.position,
-        from_offset: c.end_offset,
-        durable_until: c.position,
-        mode: p.mode.recovery,
-        index_interval: p.index_interval,
-        batch_version: 0,
-    };
     // A segment this short is read whole, without looking for its index.
     let from = if c.position - header <= CHECKPOINT_WALK_MAX_BYTES {
         (header, base)
     } else {
-        walk_start(seg, &params, p)
+        walk_start(seg, base, (c.position, c.end_offset), p)
     };
     if c.position - from.0 > CHECKPOINT_WALK_MAX_BYTES {
         return false;
@@ -318,7 +306,7 @@ pub(super) fn keep_segment(
             tail_cleared: false,
         },
         ScanPlan::Scan(params) => {
-            let walk_from = walk_start(&seg, &params, p);
+            let walk_from = walk_start(&seg, base, (params.from_pos, params.from_offset), p);
             let params = checked_start(&seg.raw_for_recovery()?, params, walk_from);
             scan_and_repair(path, &mut seg, info, &params, &sync, cur, r)?
         }

@@ -9,16 +9,63 @@
 //! when the last of them is dropped. A second `Log::open` of the directory,
 //! in this process or another, gets `Error::Locked` until then.
 
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::storage::file::{open_file, Access};
 
 /// How long an open waits for a held lock before it reports
 /// `Error::Locked` (see [`DirLock::acquire`]).
-pub(crate) const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100);
+pub(crate) const LOCK_PATIENCE: Duration = Duration::from_millis(100);
+
+/// How long an open waits for a lock this process released within the
+/// last [`RELEASE_MEMORY`] and does not hold: then the holder is most
+/// likely a child of this process between its `fork` and its `exec`,
+/// which a loaded machine can leave unscheduled for much longer than
+/// [`LOCK_PATIENCE`].
+pub(crate) const CHILD_PATIENCE: Duration = Duration::from_secs(5);
+
+/// How long a release is remembered for [`CHILD_PATIENCE`].
+const RELEASE_MEMORY: Duration = Duration::from_secs(30);
+
+/// A lock file, by device and inode (one file under any path).
+type FileId = (u64, u64);
+
+/// The lock files this process holds, and when it last released each
+/// one it no longer holds.
+#[derive(Default)]
+struct Held {
+    now: HashSet<FileId>,
+    released: HashMap<FileId, Instant>,
+}
+
+/// When an acquire of `id` begun at `start` gives up: [`LOCK_PATIENCE`]
+/// after it began, or, once this process holds the lock no more but let
+/// go of it lately, [`CHILD_PATIENCE`] after that release.
+fn deadline(id: FileId, start: Instant) -> Instant {
+    let h = held();
+    let mut end = start + LOCK_PATIENCE;
+    if !h.now.contains(&id) {
+        if let Some(&at) = h.released.get(&id) {
+            if at.elapsed() < RELEASE_MEMORY {
+                end = end.max(at + CHILD_PATIENCE);
+            }
+        }
+    }
+    end
+}
+
+fn held() -> std::sync::MutexGuard<'static, Held> {
+    static HELD: std::sync::OnceLock<Mutex<Held>> = std::sync::OnceLock::new();
+    HELD.get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// A held `flock` on a log directory's lock file (released on drop, when
 /// the file is closed).
@@ -26,6 +73,19 @@ pub(crate) const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_
 pub(crate) struct DirLock {
     _file: File,
     dir: PathBuf,
+    id: FileId,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        let mut h = held();
+        h.now.remove(&self.id);
+        let now = Instant::now();
+        h.released
+            .retain(|_, at| now.duration_since(*at) < RELEASE_MEMORY);
+        h.released.insert(self.id, now);
+        // The flock goes when `_file` closes, right after this.
+    }
 }
 
 impl DirLock {
@@ -37,29 +97,38 @@ impl DirLock {
     /// from `fork` until its `exec` closes the descriptor: a process that
     /// spawns children (a broker running tools, a test harness) can see
     /// its own lock, released a moment ago, still held by a child that has
-    /// not reached `exec` yet. A lock another `Log` holds stays refused.
+    /// not reached `exec` yet, and a child forked while another `Log` of
+    /// this process held its own lock shares that one too. So once this
+    /// process has let go of the lock, the wait lasts until
+    /// [`CHILD_PATIENCE`] after that release. A lock another `Log` holds
+    /// stays refused.
     pub(crate) fn acquire(dir: &Path, lock_file: &str) -> Result<Arc<DirLock>> {
         let path = dir.join(lock_file);
         let f = open_file(&path, Access::OpenOrCreate)?;
-        let deadline = std::time::Instant::now() + LOCK_PATIENCE;
-        let mut pause = std::time::Duration::from_millis(1);
+        let meta = f.metadata().map_err(|e| Error::io(&path, e))?;
+        let id = (meta.dev(), meta.ino());
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(1);
         loop {
             match f.try_lock() {
                 Ok(()) => {
+                    held().now.insert(id);
                     return Ok(Arc::new(DirLock {
                         _file: f,
                         dir: dir.to_path_buf(),
-                    }))
+                        id,
+                    }));
                 }
                 Err(std::fs::TryLockError::WouldBlock) => {
-                    let now = std::time::Instant::now();
-                    if now >= deadline {
+                    let now = Instant::now();
+                    let end = deadline(id, start);
+                    if now >= end {
                         return Err(Error::Locked {
                             path: dir.to_path_buf(),
                         });
                     }
-                    std::thread::sleep(pause.min(deadline - now));
-                    pause = (pause * 2).min(std::time::Duration::from_millis(20));
+                    std::thread::sleep(pause.min(end - now));
+                    pause = (pause * 2).min(Duration::from_millis(20));
                 }
                 Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
             }
@@ -88,6 +157,38 @@ mod tests {
         });
         let second = DirLock::acquire(dir.path(), "lock");
         release.join().unwrap();
+        assert!(second.is_ok(), "{second:?}");
+    }
+
+    /// A child forked while the lock was held keeps the `flock` until its
+    /// `exec`: a close and reopen in the parent meanwhile must wait for
+    /// it, not report the log locked.
+    #[test]
+    fn a_lock_a_forked_child_still_shares_is_taken_once_the_child_execs() {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let first = DirLock::acquire(dir.path(), "lock").unwrap();
+        let child = std::thread::spawn(|| {
+            let mut cmd = std::process::Command::new("true");
+            // SAFETY: the closure runs in the forked child before `exec`
+            // and only calls nanosleep, which is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    let pause = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 600_000_000,
+                    };
+                    libc::nanosleep(&pause, std::ptr::null_mut());
+                    Ok(())
+                });
+            }
+            cmd.status().unwrap()
+        });
+        // Let the fork happen while the lock is held.
+        std::thread::sleep(Duration::from_millis(150));
+        drop(first);
+        let second = DirLock::acquire(dir.path(), "lock");
+        assert!(child.join().unwrap().success());
         assert!(second.is_ok(), "{second:?}");
     }
 

@@ -865,15 +865,10 @@ fn byte_retention_after_a_clean_open_removes_an_unmapped_sealed_parent() {
 
 /// Sealed partitions whose last segment holds no record (split before
 /// any append, or right after a roll): the clean open keeps them at the
-/// checkpoint, they read as what they hold, and the log verifies clean.
-///
-/// Ignored until a race it shows is fixed: about one run in three, the
-/// `verify` right after `close` finds the log still locked
-/// (`Error::Locked`), as if something kept a partition (and with it the
-/// directory lock) alive past `close`'s return. Run it with
-/// `cargo test -p fissionlog --test recovery sealed_partitions_ending -- --ignored`.
+/// checkpoint, they read as what they hold, and the log verifies clean
+/// right after each close (while other tests of this binary fork
+/// children that share the lock until they exec).
 #[test]
-#[ignore = "close can return before the directory lock is released: a race under investigation"]
 fn sealed_partitions_ending_in_an_empty_segment_open_cleanly() {
     for rolled in [false, true] {
         let root = tempfile::tempdir().unwrap();

@@ -113,7 +113,14 @@ struct Counter {
 pub struct LoadMap {
     start: u64,
     end: u64,
+    /// The histogram's bucket count (`buckets` is empty until the first
+    /// load arrives, then holds this many).
+    n_buckets: usize,
+    /// Empty while nothing was recorded or absorbed: a partition that
+    /// takes no appends (every sealed one, and an idle active one) holds
+    /// no histogram.
     buckets: Vec<f64>,
+    /// Grows to `top_k` as keys arrive.
     counters: Vec<Counter>,
     top_k: usize,
     total: f64,
@@ -154,8 +161,9 @@ impl LoadMap {
         LoadMap {
             start,
             end,
-            buckets: vec![0.0; buckets],
-            counters: Vec::with_capacity(config.top_k.max(1)),
+            n_buckets: buckets,
+            buckets: Vec::new(),
+            counters: Vec::new(),
             top_k: config.top_k.max(1),
             total: 0.0,
             samples: 0.0,
@@ -208,6 +216,7 @@ impl LoadMap {
         self.decay_to(now_nanos);
         let hash = key_hash.clamp(self.start, self.end);
         let weight = bytes.max(1) as f64;
+        self.allocate();
         let bucket = self.bucket_of(hash);
         self.buckets[bucket] += weight;
         self.total += weight;
@@ -298,7 +307,7 @@ impl LoadMap {
             .map(|c| (c.hash, (c.weight - c.error).max(0.0)))
             .collect();
         keys.sort_by_key(|k| k.0);
-        let mut out = Vec::with_capacity(self.buckets.len() + 2 * keys.len());
+        let mut out = Vec::with_capacity(self.n_buckets + 2 * keys.len());
         let mut cum = 0.0;
         let mut push = |lo: u64, hi: u64, mass: f64, point: bool, out: &mut Vec<HashSpan>| {
             cum += mass;
@@ -405,7 +414,7 @@ impl LoadMap {
             return 0.0;
         }
         let (lo, hi) = (lo.max(self.start), hi.min(self.end));
-        let mut points = vec![0.0; self.buckets.len()];
+        let mut points = vec![0.0; self.n_buckets];
         let mut inside = 0.0;
         for c in &self.counters {
             let guaranteed = (c.weight - c.error).max(0.0);
@@ -448,7 +457,8 @@ impl LoadMap {
         self.decayed_nanos = now;
         let factor = other.decay_factor(now - other.decayed_nanos);
         let before = self.total;
-        for i in 0..self.buckets.len() {
+        self.allocate();
+        for i in 0..self.n_buckets {
             let lo = self.start + (self.bucket_lo(i) as u64);
             let hi = self.start + (self.bucket_lo(i + 1) - 1) as u64;
             let w = other.load_in(lo, hi) * factor;
@@ -560,6 +570,14 @@ impl LoadMap {
         }
     }
 
+    /// Makes room for load: the histogram's buckets, allocated at the first
+    /// load that arrives.
+    fn allocate(&mut self) {
+        if self.buckets.is_empty() {
+            self.buckets = vec![0.0; self.n_buckets];
+        }
+    }
+
     /// Width of the range as a count of hash values (up to 2^64).
     fn width(&self) -> u128 {
         u128::from(self.end - self.start) + 1
@@ -569,16 +587,16 @@ impl LoadMap {
     /// `floor(offset * n / width)`. Integer arithmetic on u128, so the full
     /// range `[0, u64::MAX]` (width 2^64) needs no special case.
     fn bucket_of(&self, hash: u64) -> usize {
-        let n = self.buckets.len() as u128;
+        let n = self.n_buckets as u128;
         let offset = u128::from(hash - self.start);
         let bucket = offset * n / self.width();
-        (bucket as usize).min(self.buckets.len() - 1)
+        (bucket as usize).min(self.n_buckets - 1)
     }
 
     /// The first offset of bucket `i` (`i == n` gives the width): the
     /// smallest offset `o` with `o * n >= i * width`.
     fn bucket_lo(&self, i: usize) -> u128 {
-        let n = self.buckets.len() as u128;
+        let n = self.n_buckets as u128;
         (i as u128 * self.width()).div_ceil(n)
     }
 
@@ -625,6 +643,32 @@ mod tests {
             sample_every: 1,
             ..LoadMapConfig::default()
         }
+    }
+
+    /// A map that never saw load (a sealed partition's, an idle one's)
+    /// holds no histogram or counters; the first load allocates them and
+    /// the map then answers as one allocated up front would.
+    #[test]
+    fn a_map_allocates_its_histogram_at_the_first_load_and_answers_the_same() {
+        let mut lazy = LoadMap::with_config(0, u64::MAX, &unsampled(), 0);
+        assert_eq!((lazy.buckets.capacity(), lazy.counters.capacity()), (0, 0));
+        assert_eq!(lazy.split_point(), None);
+        assert_eq!(lazy.child_share(0, u64::MAX / 2), None);
+        assert!(lazy.profile().is_empty());
+        let mut seeded = LoadMap::with_config(0, u64::MAX, &unsampled(), 0);
+        seeded.absorb(&lazy);
+        assert_eq!(seeded.buckets.capacity(), 0, "an empty map seeds nothing");
+        let mut rng = Rng(7);
+        for i in 0..1_000 {
+            lazy.record(i, rng.next() / 4, 100);
+        }
+        assert_eq!(lazy.buckets.len(), 64);
+        let m = lazy.split_point().expect("a median of recorded load");
+        assert!(m < u64::MAX / 4 + u64::MAX / 64, "{m}");
+        seeded.absorb(&lazy);
+        assert_eq!(seeded.buckets.len(), 64);
+        let share = seeded.child_share(0, u64::MAX / 4).unwrap();
+        assert!(share > 0.95, "{share}");
     }
 
     fn rel_err(actual: u64, expected: u64) -> f64 {

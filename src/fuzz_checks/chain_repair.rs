@@ -141,6 +141,7 @@ pub fn check_chain_repair(data: &[u8]) {
         checkpoint_lost,
         initial,
         mode,
+        parents_checked: false,
         hook: &NoFaults,
     };
     let floor = checkpoint.as_ref().map_or(0, |c| c.start_offset);

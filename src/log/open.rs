@@ -221,7 +221,16 @@ fn recover(
     // for a mapping, permissions) fails the open here, before any file is
     // repaired.
     let mut opened = HashMap::new();
+    // `topics` and each topic's directory may not be symlinks (see
+    // `storage::file::refuse_symlinked_dir`): checked once here, not
+    // once per partition.
+    if !state.topics.is_empty() {
+        crate::storage::file::refuse_symlinked_dir(&dir.join(crate::layout::TOPICS_DIR))
+            .map_err(crate::recovery::partition::open_failed)?;
+    }
     for rec in &state.topics {
+        crate::storage::file::refuse_symlinked_dir(&topic_dir(dir, rec.id))
+            .map_err(crate::recovery::partition::open_failed)?;
         for p in &rec.partitions {
             let pdir = partition_dir(&topic_dir(dir, rec.id), p.id);
             let params = chain_params(
@@ -422,6 +431,8 @@ fn chain_params<'a>(
         checkpoint_lost,
         initial: p.parents.is_empty(),
         mode,
+        // `recover` checks them once per topic before any chain opens.
+        parents_checked: true,
         hook,
     }
 }

@@ -213,6 +213,7 @@ fn check_partition(
         checkpoint_lost,
         initial: p.parents.is_empty(),
         mode: VERIFY_MODE,
+        parents_checked: false,
         hook: &NoFaults,
     };
     let reclaimed = t.tail_moves.iter().any(|m| m.parent == p.id && m.reclaimed);

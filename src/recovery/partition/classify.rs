@@ -377,6 +377,7 @@ mod tests {
                 full_scan: false,
                 recovery,
             },
+            parents_checked: false,
             hook: &NoFaults,
         }
     }

@@ -96,6 +96,10 @@ pub struct ChainParams<'a> {
     pub initial: bool,
     /// What recovery may do.
     pub mode: RecoverMode,
+    /// The caller has checked, once for the whole topic, that neither
+    /// the topic's directory nor `topics` is a symlink; otherwise the
+    /// chain checks them with the partition's own directory.
+    pub parents_checked: bool,
     /// Sees the fsyncs recovery makes after a repair.
     pub hook: &'a dyn crate::storage::fault::IoHook,
 }
@@ -182,11 +186,11 @@ struct Listing {
 }
 
 /// Lists a partition directory.
-fn list_segments(dir: &Path) -> Result<Listing> {
+fn list_segments(dir: &Path, parents_checked: bool) -> Result<Listing> {
     let mut out = Listing::default();
     // The partition's directory, its topic's and `topics`: none may be a
     // symlink (see `storage::file::refuse_symlinked_dir`).
-    for d in dir.ancestors().take(3) {
+    for d in dir.ancestors().take(if parents_checked { 1 } else { 3 }) {
         crate::storage::file::refuse_symlinked_dir(d)?;
     }
     let rd = match std::fs::read_dir(dir) {
@@ -232,7 +236,7 @@ fn list_segments(dir: &Path) -> Result<Listing> {
 /// while opening a file is never taken for damage. Only bytes that decode
 /// as invalid are [`SegmentFile::Damaged`].
 pub fn open_chain(p: &ChainParams<'_>) -> Result<OpenedChain> {
-    let listing = list_segments(p.dir).map_err(open_failed)?;
+    let listing = list_segments(p.dir, p.parents_checked).map_err(open_failed)?;
     let mut files = Vec::with_capacity(listing.segments.len());
     for (base, path) in listing.segments {
         let file = if p.checkpoint.is_some_and(|c| base < c.start_offset) {
@@ -351,7 +355,7 @@ fn sealed_partition_end_settled(
 }
 
 /// An OS error while opening or mapping becomes [`Error::OpenFailed`].
-fn open_failed(e: Error) -> Error {
+pub(crate) fn open_failed(e: Error) -> Error {
     match e {
         Error::Io { path, source } => Error::OpenFailed { path, source },
         e => e,
@@ -695,6 +699,7 @@ mod tests {
                 full_scan: true,
                 recovery: RecoveryMode::Strict,
             },
+            parents_checked: false,
             hook: &NoFaults,
         };
         let mut report = RecoveryReport::default();

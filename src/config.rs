@@ -130,7 +130,7 @@ impl Default for TopicConfig {
         TopicConfig {
             partitions: 1,
             segment_bytes: 128 << 20,
-            index_interval_bytes: 4096,
+            index_interval_bytes: DEFAULT_INDEX_INTERVAL_BYTES,
             max_record_bytes: 1 << 20,
             sync: SyncPolicy::Never,
             retention_age: None,
@@ -141,6 +141,9 @@ impl Default for TopicConfig {
         }
     }
 }
+
+/// The default `index_interval_bytes`.
+pub const DEFAULT_INDEX_INTERVAL_BYTES: u32 = 4096;
 
 /// Smallest segment accepted (room for a header and a few batches).
 pub const MIN_SEGMENT_BYTES: u64 = 4096;

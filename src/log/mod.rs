@@ -118,8 +118,9 @@ fn create_topic_files(
 /// small partitions then closes without creating a file per partition.
 fn flush_indexes(core: &Core, parts: &[Arc<Partition>]) -> Result<()> {
     let derivable = |seg: &crate::storage::segment::Segment, buf: &[u8]| {
-        use crate::format::index::{INDEX_ENTRY_LEN, INDEX_HEADER_LEN};
-        buf.len() <= INDEX_HEADER_LEN + INDEX_ENTRY_LEN && !seg.index_path().exists()
+        use crate::format::index::{INDEX_ENTRY_LEN, INDEX_HEADER_LEN, INDEX_TRAILER_LEN};
+        buf.len() <= INDEX_HEADER_LEN + INDEX_ENTRY_LEN + INDEX_TRAILER_LEN
+            && !seg.index_path().exists()
     };
     let changed: Vec<_> = parts
         .iter()

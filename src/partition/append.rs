@@ -151,6 +151,7 @@ impl Partition {
             .map_err(Error::resource_typed)
         })?;
         seg.attach_hook(&self.hook);
+        seg.set_index_interval(self.p.index_interval);
         seg.attach_budget(&self.p.budget);
         // Sealing puts the old segment's mapping and descriptor under the
         // budget (it takes no more appends).

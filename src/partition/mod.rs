@@ -276,6 +276,7 @@ impl Partition {
         let end = last.end_offset();
         for s in &segments {
             s.attach_hook(&hook);
+            s.set_index_interval(p.index_interval);
             s.attach_budget(&p.budget);
         }
         if sealed {

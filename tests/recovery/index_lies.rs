@@ -58,15 +58,18 @@ fn closed_log(dir: &Path) {
 /// An index entry: relative offset, position, newest timestamp before.
 type Entry = (u32, u32, i64);
 
-/// An index file for the segment at `base` with `entries`.
+/// An index file for the segment at `base` with `entries`, with a
+/// checksum that matches: a lie that only checks at use can catch.
 fn index_file(base: u64, entries: &[Entry]) -> Vec<u8> {
-    let mut v = b"FSNLIDX\0".to_vec();
+    let mut v = b"FSNLIDX\x02".to_vec();
     v.extend_from_slice(&base.to_le_bytes());
     for &(rel, pos, ts) in entries {
         v.extend_from_slice(&rel.to_le_bytes());
         v.extend_from_slice(&pos.to_le_bytes());
         v.extend_from_slice(&ts.to_le_bytes());
     }
+    let crc = crc32fast::hash(&v);
+    v.extend_from_slice(&crc.to_le_bytes());
     v
 }
 
@@ -169,4 +172,86 @@ fn lying_index_entries_never_change_what_a_read_returns() {
             );
         }
     }
+}
+
+/// A timestamp bound damaged in an index file a clean close wrote (here
+/// lowered to the oldest, as a stuck bit or a stale write would leave it)
+/// would make the time lookup start past the records it asks for, which
+/// no check of a position against its batch can see: the file's checksum
+/// refuses it and the lookup answers from the data.
+#[test]
+fn a_damaged_timestamp_bound_in_an_index_file_never_changes_a_time_lookup() {
+    for seg_base in [0, PER_SEG] {
+        let dir = tempfile::tempdir().unwrap();
+        closed_log(dir.path());
+        let path = dir.path().join(idx(seg_base));
+        let mut bytes = std::fs::read(&path).unwrap();
+        let entries = (bytes.len() - 16) / 16;
+        assert!(entries >= 3, "segment {seg_base}: {entries} entries");
+        // Every bound but the first's lowered to the segment's first
+        // timestamp: the lookup of any later record would start at the
+        // last entry.
+        for k in 1..entries {
+            let at = 16 + 16 * k + 8;
+            bytes[at..at + 8].copy_from_slice(&(seg_base as i64).to_le_bytes());
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let log = Log::open(dir.path(), quiet()).unwrap();
+        let what = format!("segment {seg_base}: lowered bounds");
+        each_offset_reads_its_record(&log, &what);
+        let p = log.topic("t").unwrap().partition(0).unwrap();
+        let count = if seg_base == 0 { PER_SEG } else { N - PER_SEG };
+        for o in seg_base..seg_base + count {
+            assert_eq!(p.offset_for_time(o as i64).unwrap(), Some(o), "{what}: {o}");
+        }
+        drop(p);
+        log.close().unwrap();
+    }
+}
+
+/// A rolled segment whose data fits in one of its topic's index intervals
+/// (64 KiB here) gets no index file at a clean close, and a read after the
+/// reopen derives the same single entry at the topic's interval: it writes
+/// no index file either, where rebuilding at another interval would make
+/// several entries and write them.
+#[test]
+fn a_read_rebuilds_an_index_at_the_topics_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), quiet()).unwrap();
+    let t = log
+        .create_topic(
+            "t",
+            TopicConfig {
+                partitions: 1,
+                index_interval_bytes: 64 * 1024,
+                ..TopicConfig::default()
+            },
+        )
+        .unwrap();
+    for i in 0..150 {
+        t.append_to(
+            0,
+            &[NewRecord {
+                key: None,
+                value: &value(i),
+                timestamp: Some(i as i64),
+            }],
+        )
+        .unwrap();
+    }
+    t.partition(0).unwrap().roll_now().unwrap();
+    drop(t);
+    log.close().unwrap();
+    let first = dir.path().join(idx(0));
+    std::fs::remove_file(&first).ok();
+    let log = Log::open(dir.path(), quiet()).unwrap();
+    let p = log.topic("t").unwrap().partition(0).unwrap();
+    for o in [0, 75, 149] {
+        assert_eq!(p.offset_for_time(o as i64).unwrap(), Some(o));
+        let b = p.read(o, 1).unwrap();
+        assert_eq!(b.iter().next().unwrap().offset, o);
+    }
+    assert!(!first.exists(), "a read wrote {}", first.display());
+    drop(p);
+    log.close().unwrap();
 }

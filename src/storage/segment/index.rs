@@ -158,7 +158,7 @@ impl Segment {
     /// from the data, in memory and (durably, best effort: the in-memory
     /// one is right either way) on disk.
     pub(super) fn rebuild_stale_index(&self, data: &CommittedBytes, end: u64) -> Vec<IndexEntry> {
-        let entries = rebuild_index(data, self.base_offset, end, 4096);
+        let entries = rebuild_index(data, self.base_offset, end, self.index_interval());
         self.write_rebuilt_index(&entries);
         entries
     }
@@ -247,7 +247,7 @@ impl Segment {
             // clean close leaves (it writes no index a walk of one
             // interval derives), so a read writes none either.
             Ok(None) => {
-                let entries = rebuild_index(data, self.base_offset, end, 4096);
+                let entries = rebuild_index(data, self.base_offset, end, self.index_interval());
                 if entries.len() > 1 {
                     self.write_rebuilt_index(&entries);
                 }
@@ -318,14 +318,7 @@ pub(super) const INDEX_UNKNOWN: u64 = u64::MAX;
 
 /// The bytes of an index file holding `entries`.
 pub(super) fn encode_index_file(base_offset: u64, entries: &[IndexEntry]) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(
-        format_index::INDEX_HEADER_LEN + entries.len() * format_index::INDEX_ENTRY_LEN,
-    );
-    buf.extend_from_slice(&format_index::encode_index_header(base_offset));
-    for e in entries {
-        buf.extend_from_slice(&format_index::encode_entry(e));
-    }
-    buf
+    format_index::encode_index_file(base_offset, entries)
 }
 
 /// Walks batch headers from `(pos, offset)` to the batch holding `target`.

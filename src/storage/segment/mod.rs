@@ -161,6 +161,10 @@ pub struct Segment {
     writable: bool,
     /// The log's I/O hook, attached when a partition takes the segment.
     hook: OnceLock<Arc<dyn IoHook>>,
+    /// Bytes of data between two index entries when a read rebuilds the
+    /// index: its topic's `index_interval_bytes`, set when a partition
+    /// takes the segment (the default interval until then).
+    index_interval: AtomicU64,
     /// Offset of the first record.
     pub base_offset: u64,
     /// End of valid data in bytes (Release by the writer, Acquire by readers).
@@ -212,7 +216,8 @@ fn check_file_len(path: &Path, file_len: u64) -> Result<()> {
 /// would otherwise be allocated).
 fn index_max_bytes(segment_bytes: u64) -> u64 {
     let entries = segment_bytes / batch::BATCH_HEADER_LEN as u64 + 1;
-    format_index::INDEX_HEADER_LEN as u64 + entries * format_index::INDEX_ENTRY_LEN as u64
+    (format_index::INDEX_HEADER_LEN + format_index::INDEX_TRAILER_LEN) as u64
+        + entries * format_index::INDEX_ENTRY_LEN as u64
 }
 
 impl Segment {
@@ -456,6 +461,7 @@ impl Segment {
             file_len: AtomicU64::new(file_len),
             writable,
             hook: OnceLock::new(),
+            index_interval: AtomicU64::new(u64::from(crate::config::DEFAULT_INDEX_INTERVAL_BYTES)),
             base_offset,
             committed_pos: AtomicU64::new(SEGMENT_HEADER_LEN as u64),
             end_offset: AtomicU64::new(base_offset),
@@ -506,6 +512,18 @@ impl Segment {
     /// does); ops of a segment without one go unobserved.
     pub(crate) fn attach_hook(&self, hook: &Arc<dyn IoHook>) {
         let _ = self.hook.set(hook.clone());
+    }
+
+    /// Sets the interval a read rebuilds the index at: the one the writer
+    /// and recovery index the segment at, so that an index a clean close
+    /// leaves unwritten (one entry) is rebuilt as that one entry.
+    pub(crate) fn set_index_interval(&self, bytes: u64) {
+        self.index_interval.store(bytes.max(1), Ordering::Relaxed);
+    }
+
+    /// See [`Segment::set_index_interval`].
+    pub(super) fn index_interval(&self) -> u64 {
+        self.index_interval.load(Ordering::Relaxed)
     }
 
     /// Puts the segment's mapping and descriptor under the log's budget

@@ -828,6 +828,9 @@ async fn append(g: &Group, producer: Option<ProducerStamp>, records: Vec<RecordI
         return reply;
     }
     let key = (stamp.producer_id, stamp.epoch, stamp.first_sequence);
+    // Whether this node confirmed it still leads since the table was
+    // found behind the batch (see below).
+    let mut confirmed = false;
     let (done_tx, rx) = loop {
         let mut in_flight = g.propose.lock().await;
         if let Some(rx) = in_flight.get(&key).cloned() {
@@ -854,6 +857,21 @@ async fn append(g: &Group, producer: Option<ProducerStamp>, records: Vec<RecordI
                 }
             }
         };
+        // A sequence past what the table expects may be a gap, or a table
+        // behind the group: a leader cut off from a quorum does not know it
+        // was replaced, and the batches between may have committed under
+        // the new leader. A producer takes the refusal as final, so it is
+        // given only once this node has confirmed, with a quorum, that it
+        // still leads and has applied everything committed (a duplicate or
+        // an older epoch is a fact of what was applied, whoever leads).
+        if matches!(verdict, StampVerdict::OutOfOrder { .. }) && !confirmed {
+            drop(in_flight);
+            if let Err(reply) = confirm_leader(g).await {
+                return reply;
+            }
+            confirmed = true;
+            continue;
+        }
         if let Some(answer) = refusal(&stamp, verdict) {
             return ClientReply::Applied(answer);
         }
@@ -873,6 +891,17 @@ async fn append(g: &Group, producer: Option<ProducerStamp>, records: Vec<RecordI
     g.propose.lock().await.remove(&key);
     let _ = done_tx.send(Some(reply.clone()));
     reply
+}
+
+/// Confirms with a quorum that this node still leads the group and waits
+/// until it has applied everything committed as of the confirmation;
+/// `Err` with the answer to give otherwise (not the leader, or no quorum
+/// within [`LEADER_READY_WAIT`]).
+async fn confirm_leader(g: &Group) -> Result<(), ClientReply> {
+    match tokio::time::timeout(LEADER_READY_WAIT, g.raft.ensure_linearizable()).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(_)) | Err(_) => Err(not_leader(&g.raft)),
+    }
 }
 
 /// The answer for a stamped batch that must not be proposed, if any.

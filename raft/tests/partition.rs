@@ -15,7 +15,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use fissionlog_raft::client::{ClientCall, ClientReply};
-use fissionlog_raft::types::NodeId;
+use fissionlog_raft::types::{CommandResponse, NodeId, ProducerStamp, RecordIn};
 
 use common::cluster::{call, lock, run_within, Ack, Cluster, ACKS_PER_PHASE, GROUP};
 use common::proxy::Mode;
@@ -128,6 +128,93 @@ fn a_leader_cut_off_from_both_followers_is_replaced_and_acknowledges_nothing_the
         for a in late {
             assert_in_final_log(a, &final_log);
         }
+    });
+}
+
+/// The stamped append of producer `producer` at `seq` sent to node `id`
+/// alone (no retry elsewhere).
+async fn stamped(c: &mut Cluster, id: NodeId, producer: u64, seq: u64) -> Option<ClientReply> {
+    let addr = c.node(id).addr.clone();
+    call(
+        &addr,
+        ClientCall::Append {
+            group: GROUP,
+            producer: Some(ProducerStamp {
+                producer_id: producer,
+                epoch: 0,
+                first_sequence: seq,
+            }),
+            records: vec![RecordIn {
+                key: Some(b"stamped".to_vec()),
+                value: format!("stamped:{seq}").into_bytes(),
+                timestamp_ms: 0,
+            }],
+        },
+    )
+    .await
+}
+
+/// Sends producer `producer`'s batch `seq` to node `id` until it is
+/// appended.
+async fn stamped_until_appended(c: &mut Cluster, id: NodeId, producer: u64, seq: u64) {
+    let started = Instant::now();
+    loop {
+        let reply = stamped(c, id, producer, seq).await;
+        if let Some(ClientReply::Applied(CommandResponse::Appended { .. })) = reply {
+            return;
+        }
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "node {id} appended sequence {seq} (last answer {reply:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A leader cut off from both followers does not know it was replaced, and
+/// its dedup table stops at what it applied before the cut. A producer
+/// that went on at the new leader and comes back to it with its next
+/// sequence must not be told that sequence is out of order (a refusal a
+/// producer takes as final): the old leader cannot confirm it still leads,
+/// so it gives no verdict, and the producer goes on elsewhere.
+#[test]
+fn a_cut_off_leader_does_not_refuse_a_producers_next_sequence_as_out_of_order() {
+    run_within(DEADLINE, async {
+        const PRODUCER: u64 = 1_000;
+        let mut c = Cluster::start_with_proxies().await;
+        c.wait_acks(0, ACKS_PER_PHASE / 4, None).await;
+        let old = c.leader().await;
+        stamped_until_appended(&mut c, old, PRODUCER, 0).await;
+        let followers: Vec<NodeId> = (1..=3).filter(|&n| n != old).collect();
+        c.mesh().set_node(old, Mode::Drop);
+        let new = wait_leader_among(&mut c, &followers).await;
+        stamped_until_appended(&mut c, new, PRODUCER, 1).await;
+        let reply = stamped(&mut c, old, PRODUCER, 2).await;
+        eprintln!("sequence 2 sent to the cut-off leader: {reply:?}");
+        assert!(
+            !matches!(
+                reply,
+                Some(ClientReply::Applied(
+                    CommandResponse::OutOfOrderSequence { .. } | CommandResponse::Appended { .. }
+                ))
+            ),
+            "node {old}, cut off, answered sequence 2 with {reply:?}"
+        );
+        c.mesh().heal();
+        c.wait_stepped_down(old, 1).await;
+        let leader = c.leader().await;
+        stamped_until_appended(&mut c, leader, PRODUCER, 2).await;
+        let (_, final_log) = c.finish_and_check().await;
+        let mine: Vec<String> = final_log
+            .iter()
+            .filter(|r| r.key.as_deref() == Some(b"stamped".as_slice()))
+            .map(|r| String::from_utf8_lossy(&r.value).into_owned())
+            .collect();
+        assert_eq!(
+            mine,
+            ["stamped:0", "stamped:1", "stamped:2"],
+            "each batch once, in order"
+        );
     });
 }
 

@@ -991,3 +991,61 @@ fn producer_ids_come_from_the_controller_and_survive_its_leaders_kill() {
         std::panic::resume_unwind(e);
     }
 }
+
+/// A producer given every broker of the cluster goes on through another
+/// when the broker it connected to dies before it connected to any other
+/// (that broker led every partition it wrote to).
+#[test]
+fn a_producer_given_several_brokers_goes_on_through_another_when_its_only_broker_dies() {
+    let mut cluster = start_cluster();
+    let addrs: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = std::thread::spawn(move || {
+        run_within(async move {
+            let topic = "solo";
+            create_topic(&addrs[0], topic, 1).await;
+            // Partition 0's first leader is its preferred leader, broker 1.
+            assert_eq!(leaders(&addrs[0], topic).await[&0], 1);
+            let config = ProducerConfig {
+                acks: Acks::Quorum,
+                idempotent: true,
+                max_in_flight: 4,
+                ..ProducerConfig::new(topic)
+            };
+            let producer = Producer::connect(Endpoint::with_bootstrap(addrs.clone()), config)
+                .await
+                .expect("the producer connects");
+            let mut acked: Acked = Vec::new();
+            await_acks(send_range(&producer, 0, 50).await, &mut acked).await;
+            tx.send(()).expect("the killer listens");
+            go_rx.await.expect("broker 1 was killed");
+            await_acks(send_range(&producer, 50, 100).await, &mut acked).await;
+            assert_eq!(acked.len(), 100);
+            let need = acked.iter().map(|(_, (_, o))| o + 1).max().unwrap_or(0);
+            let (recs, _) = read_all(&addrs[1], topic, 0, need).await;
+            let mut seen = HashSet::new();
+            for r in &recs {
+                assert!(seen.insert(parse(&r.value)), "{:?} is read twice", r.value);
+            }
+            for (rec, (p, o)) in &acked {
+                let got = recs
+                    .iter()
+                    .find(|r| r.offset == *o)
+                    .map(|r| parse(&r.value));
+                assert_eq!(
+                    (*p, got.as_ref()),
+                    (0, Some(rec)),
+                    "acknowledged {rec:?} is read back at offset {o}"
+                );
+            }
+        });
+    });
+    if rx.recv_timeout(DEADLINE).is_ok() {
+        cluster.brokers[0].kill();
+    }
+    let _ = go_tx.send(());
+    if let Err(e) = run.join() {
+        std::panic::resume_unwind(e);
+    }
+}

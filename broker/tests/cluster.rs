@@ -9,6 +9,8 @@
 //! limited and says what did not happen, and every broker is killed when
 //! the test's handles drop.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -20,7 +22,8 @@ use fissionlog_broker::client::{
     Admin, ClientError, Connection, Endpoint, Producer, ProducerConfig,
 };
 use fissionlog_broker::protocol::{
-    Acks, ErrorCode, FetchedRecord, Isolation, ProduceRecord, Request, Response, Stamp, SyncSpec,
+    Acks, ErrorCode, FetchedRecord, Isolation, ProduceRecord, RangeOwner, Request, Response, Stamp,
+    SyncSpec,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_fissionlog-broker");
@@ -138,8 +141,13 @@ fn free_addrs(n: usize) -> Vec<String> {
 }
 
 fn start_cluster() -> Cluster {
+    start_cluster_of(3)
+}
+
+/// A cluster of `n` brokers, ids 1 to `n`.
+fn start_cluster_of(n: usize) -> Cluster {
     let base = tempfile::tempdir().expect("a temporary directory");
-    let addrs = free_addrs(3);
+    let addrs = free_addrs(n);
     let peers: String = addrs
         .iter()
         .enumerate()
@@ -718,12 +726,326 @@ fn the_command_line_produces_to_and_describes_a_three_broker_cluster() {
 
     let out = run_cli(&["produce", "--server", b3, "--topic", "t"], "k\tv\n");
     assert_eq!(out.status.code(), Some(1), "an unrouted produce is refused");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("unsupported"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("unsupported:").count(),
+        1,
+        "the code's name shows once: {stderr}"
     );
 
     let out = run_cli(&["serve", "--dir", "/nonexistent", "--node-id", "1"], "");
     assert_eq!(out.status.code(), Some(2), "--node-id needs --peers");
+}
+
+/// Topic `topic`'s routing key and active partitions as broker `addr`
+/// gives them, once its controller replica has the topic.
+async fn topology(addr: &str, topic: &str) -> ([u64; 2], Vec<RangeOwner>) {
+    let started = Instant::now();
+    loop {
+        let last = match Connection::connect(addr, None).await {
+            Ok(c) => match c
+                .call(Request::Topology {
+                    topic: topic.into(),
+                })
+                .await
+            {
+                Ok(Response::Topology {
+                    routing_key,
+                    partitions,
+                    ..
+                }) => return (routing_key, partitions),
+                other => format!("{other:?}"),
+            },
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "broker {addr} gives the topology of {topic} (last answer: {last})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The partition each of `keys` routes to under `routing`.
+fn routes(routing: &([u64; 2], Vec<RangeOwner>), keys: &[String]) -> Vec<u32> {
+    keys.iter()
+        .map(|k| {
+            let h = fissionlog::key_hash(routing.0, k.as_bytes());
+            routing
+                .1
+                .iter()
+                .find(|o| o.start <= h && h <= o.end)
+                .map(|o| o.partition)
+                .expect("the active partitions tile the hash space")
+        })
+        .collect()
+}
+
+/// `InitProducer` through broker `addr`, retried while the controller
+/// has no leader (it is being elected).
+async fn init_producer(addr: &str, id: Option<u64>) -> (u64, u32) {
+    let started = Instant::now();
+    loop {
+        let last = match Connection::connect(addr, None).await {
+            Ok(c) => match c.call(Request::InitProducer { producer_id: id }).await {
+                Ok(Response::ProducerInit { producer_id, epoch }) => return (producer_id, epoch),
+                other => format!("{other:?}"),
+            },
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "broker {addr} hands out a producer id (last answer: {last})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The controller's leader as some broker of `addrs` knows it.
+async fn controller_leader(addrs: &[String]) -> u64 {
+    use fissionlog_raft::client::{ClientCall, ClientReply, NodeClient};
+    use fissionlog_raft::types::GroupId;
+    let started = Instant::now();
+    loop {
+        for a in addrs {
+            let Ok(mut nc) = NodeClient::connect(a, Duration::from_secs(2)).await else {
+                continue;
+            };
+            let call = ClientCall::Status {
+                group: GroupId::CONTROLLER,
+            };
+            if let Ok(ClientReply::Status {
+                leader: Some(l), ..
+            }) = nc.call(call, Duration::from_secs(2)).await
+            {
+                return l;
+            }
+        }
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "a broker names the controller's leader"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A topic's routing key is drawn at random when it is created and kept
+/// by the controller: every broker of a cluster routes keys the same way,
+/// and the same topic (same name, same id) in another cluster routes them
+/// differently. A version 2 client, which cannot read `not_leader` or
+/// `unsupported`, is refused at the handshake.
+#[test]
+fn every_broker_routes_with_the_topics_random_key_and_another_cluster_draws_another() {
+    let three = start_cluster();
+    let one = start_cluster_of(1);
+    let addrs: Vec<String> = three.brokers.iter().map(|b| b.addr.clone()).collect();
+    let other = one.brokers[0].addr.clone();
+    run_within(async move {
+        create_topic(&addrs[0], "orders", 3).await;
+        create_topic(&other, "orders", 3).await;
+        let keys: Vec<String> = (0..200).map(|i| format!("customer-{i}")).collect();
+        let here = topology(&addrs[0], "orders").await;
+        for a in &addrs[1..] {
+            let t = topology(a, "orders").await;
+            assert_eq!(t.0, here.0, "broker {a} gives the same routing key");
+            assert_eq!(
+                routes(&t, &keys),
+                routes(&here, &keys),
+                "broker {a} routes alike"
+            );
+        }
+        let there = topology(&other, "orders").await;
+        assert_eq!(
+            there.1.iter().map(|o| (o.start, o.end)).collect::<Vec<_>>(),
+            here.1.iter().map(|o| (o.start, o.end)).collect::<Vec<_>>(),
+            "both topics have the same ranges"
+        );
+        assert_ne!(there.0, here.0, "another cluster drew another key");
+        let differ = routes(&there, &keys)
+            .iter()
+            .zip(routes(&here, &keys))
+            .filter(|(a, b)| **a != *b)
+            .count();
+        // Under independent keys each key lands elsewhere with chance
+        // 2/3: all 200 alike would be a 3^-200 event.
+        assert!(differ > 0, "the other cluster routes some key elsewhere");
+
+        let mut s = tokio::net::TcpStream::connect(&addrs[0])
+            .await
+            .expect("connect");
+        let hello = Request::Hello {
+            min_version: 2,
+            max_version: 2,
+            client: "version 2".into(),
+            token: None,
+        };
+        use tokio::io::AsyncWriteExt;
+        s.write_all(&fissionlog_broker::protocol::concat(&hello.encode(1)))
+            .await
+            .expect("write the hello");
+        match common::read_response(&mut s).await {
+            Some((
+                1,
+                Response::Error {
+                    code: ErrorCode::UnsupportedVersion,
+                    ..
+                },
+            )) => {}
+            other => panic!("a version 2 client is refused by a cluster broker: {other:?}"),
+        }
+    });
+    drop((three, one));
+}
+
+/// Producer ids come from the controller: ids handed out by different
+/// brokers never repeat and count up, a known id's next epoch fences its
+/// older one, and after the controller's leader is killed no id is
+/// handed out again and epochs go on from where they were.
+#[test]
+fn producer_ids_come_from_the_controller_and_survive_its_leaders_kill() {
+    let mut cluster = start_cluster();
+    let addrs: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
+    let (tx, rx) = std::sync::mpsc::channel::<u64>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = std::thread::spawn(move || {
+        run_within(async move {
+            let topic = "ids";
+            create_topic(&addrs[0], topic, 1).await;
+            let mut ids = Vec::new();
+            for a in addrs.iter().chain(addrs.iter()) {
+                let (id, epoch) = init_producer(a, None).await;
+                assert_eq!(epoch, 0, "a new id starts at epoch 0");
+                ids.push(id);
+            }
+            assert!(
+                ids.windows(2).all(|w| w[0] < w[1]),
+                "ids from every broker come from one rising sequence: {ids:?}"
+            );
+            let first = ids[0];
+            assert_eq!(init_producer(&addrs[2], Some(first)).await, (first, 1));
+
+            // The new epoch writes; the old one is fenced.
+            let leader = leaders(&addrs[0], topic).await[&0];
+            let conn = Connection::connect(&addrs[leader as usize - 1], None)
+                .await
+                .expect("connect to the partition's leader");
+            let produce = |epoch: u32| Request::ProduceTo {
+                topic: topic.into(),
+                partition: 0,
+                acks: Acks::Quorum,
+                stamp: Some(Stamp {
+                    producer_id: first,
+                    epoch,
+                    first_sequence: 0,
+                }),
+                records: vec![ProduceRecord {
+                    key: None,
+                    value: Bytes::from_static(b"v"),
+                    timestamp: None,
+                }],
+            };
+            let r = conn.call(produce(1)).await;
+            assert!(
+                matches!(r, Ok(Response::Produced { .. })),
+                "epoch 1 writes: {r:?}"
+            );
+            let r = conn.call(produce(0)).await;
+            assert!(
+                matches!(&r, Err(e) if e.code() == Some(ErrorCode::ProducerFenced)),
+                "epoch 0 is fenced: {r:?}"
+            );
+
+            let victim = controller_leader(&addrs).await;
+            tx.send(victim).expect("the killer listens");
+            go_rx.await.expect("the controller's leader was killed");
+            let survivors: Vec<&String> = addrs
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i as u64 + 1 != victim)
+                .map(|(_, a)| a)
+                .collect();
+            let max = ids.iter().copied().max().expect("ids");
+            for a in &survivors {
+                let (id, epoch) = init_producer(a, None).await;
+                assert!(
+                    id > max,
+                    "id {id} after the leader's kill was never handed out (the last was {max})"
+                );
+                assert_eq!(epoch, 0);
+            }
+            assert_eq!(
+                init_producer(survivors[0], Some(first)).await,
+                (first, 2),
+                "the epoch goes on from the one before the kill"
+            );
+        });
+    });
+    // A run that failed before naming the leader shows its own panic.
+    if let Ok(victim) = rx.recv_timeout(DEADLINE) {
+        if let Some(b) = cluster.brokers.iter_mut().find(|b| b.id == victim) {
+            b.kill();
+        }
+    }
+    let _ = go_tx.send(());
+    if let Err(e) = run.join() {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// A producer given every broker of the cluster goes on through another
+/// when the broker it connected to dies before it connected to any other
+/// (that broker led every partition it wrote to).
+#[test]
+fn a_producer_given_several_brokers_goes_on_through_another_when_its_only_broker_dies() {
+    let mut cluster = start_cluster();
+    let addrs: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = std::thread::spawn(move || {
+        run_within(async move {
+            let topic = "solo";
+            create_topic(&addrs[0], topic, 1).await;
+            // Partition 0's first leader is its preferred leader, broker 1.
+            assert_eq!(leaders(&addrs[0], topic).await[&0], 1);
+            let config = ProducerConfig {
+                acks: Acks::Quorum,
+                idempotent: true,
+                max_in_flight: 4,
+                ..ProducerConfig::new(topic)
+            };
+            let producer = Producer::connect(Endpoint::with_bootstrap(addrs.clone()), config)
+                .await
+                .expect("the producer connects");
+            let mut acked: Acked = Vec::new();
+            await_acks(send_range(&producer, 0, 50).await, &mut acked).await;
+            tx.send(()).expect("the killer listens");
+            go_rx.await.expect("broker 1 was killed");
+            await_acks(send_range(&producer, 50, 100).await, &mut acked).await;
+            assert_eq!(acked.len(), 100);
+            let need = acked.iter().map(|(_, (_, o))| o + 1).max().unwrap_or(0);
+            let (recs, _) = read_all(&addrs[1], topic, 0, need).await;
+            let mut seen = HashSet::new();
+            for r in &recs {
+                assert!(seen.insert(parse(&r.value)), "{:?} is read twice", r.value);
+            }
+            for (rec, (p, o)) in &acked {
+                let got = recs
+                    .iter()
+                    .find(|r| r.offset == *o)
+                    .map(|r| parse(&r.value));
+                assert_eq!(
+                    (*p, got.as_ref()),
+                    (0, Some(rec)),
+                    "acknowledged {rec:?} is read back at offset {o}"
+                );
+            }
+        });
+    });
+    if rx.recv_timeout(DEADLINE).is_ok() {
+        cluster.brokers[0].kill();
+    }
+    let _ = go_tx.send(());
+    if let Err(e) = run.join() {
+        std::panic::resume_unwind(e);
+    }
 }

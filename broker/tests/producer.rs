@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::TestServer;
 use fissionlog_broker::client::{
-    Admin, Connection, Consumer, ConsumerConfig, Producer, ProducerConfig,
+    Admin, ClientError, Connection, Consumer, ConsumerConfig, Producer, ProducerConfig,
 };
 use fissionlog_broker::protocol::{
     Acks, ErrorCode, Isolation, ProduceRecord, RangeOwner, Request, Response, SplitSpec, Stamp,
@@ -91,6 +91,43 @@ async fn one_partition_topic(srv: &TestServer) -> Connection {
         .await
         .unwrap();
     conn
+}
+
+/// A plain producer's refused batch fails each record with the server's
+/// code and sentence as the server sent them: the code's name shows once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_producers_refused_record_carries_the_servers_error_once() {
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let conn = Connection::connect(srv.addr, None).await.unwrap();
+    let direct = conn
+        .call(Request::Produce {
+            topic: "missing".into(),
+            acks: Acks::Leader,
+            records: records(&["k"]),
+        })
+        .await;
+    let Err(ClientError::Server { code, message }) = direct else {
+        panic!("a produce to a missing topic is refused: {direct:?}");
+    };
+    let p = Producer::new(conn.clone(), ProducerConfig::new("missing"));
+    let got = p
+        .send(Some(Bytes::from_static(b"k")), Bytes::from_static(b"v"))
+        .await
+        .await;
+    match &got {
+        Err(ClientError::Server {
+            code: c,
+            message: m,
+        }) => assert_eq!((c, m), (&code, &message), "the server's own error"),
+        other => panic!("the record fails with the server's error: {other:?}"),
+    }
+    let text = got.unwrap_err().to_string();
+    assert_eq!(text, format!("{}: {message}", code.name()));
+    assert_eq!(
+        text.matches(code.name()).count(),
+        message.matches(code.name()).count() + 1
+    );
+    srv.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -224,6 +224,34 @@ async fn a_hello_without_a_common_version_is_refused_and_closed() {
     srv.stop().await.unwrap();
 }
 
+/// The version a single node answers a `Hello` with: the newest both
+/// sides speak. Version 3 added codes 25 and 26, which a single node never
+/// sends, so it still takes a version 2 client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_answers_the_newest_common_version_and_still_takes_version_2() {
+    let srv = TestServer::start(ServerConfig::default()).await;
+    let newest = fissionlog_broker::protocol::PROTOCOL_VERSION;
+    assert!(newest >= 3, "codes 25 and 26 came with version 3");
+    for (min, max, want) in [(2, 2, 2), (2, 3, 3), (3, 3, 3), (2, newest + 5, newest)] {
+        let mut s = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+        let hello = Request::Hello {
+            min_version: min,
+            max_version: max,
+            client: "versions".into(),
+            token: None,
+        };
+        s.write_all(&concat(&hello.encode(1))).await.unwrap();
+        match read_response(&mut s).await {
+            Some((1, Response::HelloOk { version, .. })) => assert_eq!(
+                version, want,
+                "a Hello for {min}..={max} is answered with version {want}"
+            ),
+            other => panic!("a Hello for {min}..={max} is taken: {other:?}"),
+        }
+    }
+    srv.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_before_the_handshake_is_refused_and_closed() {
     let srv = TestServer::start(ServerConfig::default()).await;

@@ -65,7 +65,8 @@ pub enum ClientCall {
     /// Propose a command to the controller group, answered once committed
     /// and applied ([`ClientReply::Applied`] with
     /// [`CommandResponse::Controller`]), or [`ClientReply::NotLeader`].
-    Controller(ControllerCommand),
+    /// Boxed: a command is several times the size of the other calls.
+    Controller(Box<ControllerCommand>),
     /// Where a topic's partitions live, as this node's controller replica
     /// has applied it (it may lag the controller's leader).
     Topic {

@@ -13,9 +13,13 @@
 //!   the proposer in [`crate::CommandResponse::Controller`] and published
 //!   to an [`OutputSink`] on every replica.
 //! - [`placement::place_children`]: where a split's children go.
+//! - [`producers`]: producer ids and epochs, one sequence for the
+//!   cluster.
 //!
 //! The snapshot is the [`ControllerState`] behind a version byte
-//! (postcard): placement, topic histories, groups, the applied log id.
+//! (postcard): placement, topic histories and routing keys, groups,
+//! producer ids, the applied log id. A snapshot of another version is
+//! refused with the versions in the reason, never read.
 //! Installing one wipes the local topology and rebuilds it from the
 //! topics' histories. Each snapshot built or installed is also saved in
 //! the state machine's directory ([`snapshot_file`]): once openraft purged
@@ -25,6 +29,7 @@
 pub mod command;
 pub mod groups;
 pub mod placement;
+pub mod producers;
 pub mod snapshot_file;
 pub mod state;
 
@@ -44,6 +49,7 @@ pub use command::{
     GroupEvent, ReplicaPlacement, CONTROLLER_TOPIC,
 };
 pub use placement::{place_children, NodeLoad};
+pub use producers::{ProducerIds, ProducerInitError};
 pub use state::{ApplyError, ControllerState, PartitionMeta, TopicMeta};
 
 use crate::state_machine::{decode_versioned, encode_versioned, StoredSnapshot};
@@ -51,7 +57,9 @@ use crate::types::{CommandResponse, Entry, NodeId, TypeConfig};
 
 /// The snapshot format version this build writes and reads.
 /// Version 2: topics carry the id their partition groups derive from.
-pub const CONTROLLER_SNAPSHOT_VERSION: u8 = 2;
+/// Version 3: topics carry their routing hash key, and the state the
+/// producer ids handed out ([`producers`]).
+pub const CONTROLLER_SNAPSHOT_VERSION: u8 = 3;
 
 /// Where a replica publishes what each applied controller command
 /// produced: the node's reaction (create the children's groups, tell the

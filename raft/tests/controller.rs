@@ -308,6 +308,7 @@ fn create(name: &str, partitions: u32) -> ControllerCommand {
                 replicas: vec![1, 2, 3],
             })
             .collect(),
+        hash_key: [5, 6],
     }
 }
 

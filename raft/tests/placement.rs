@@ -78,7 +78,11 @@ impl Nodes {
         let started = Instant::now();
         let mut target = 1;
         loop {
-            let reply = call(&self.addr(target), ClientCall::Controller(cmd.clone())).await;
+            let reply = call(
+                &self.addr(target),
+                ClientCall::Controller(Box::new(cmd.clone())),
+            )
+            .await;
             match reply {
                 Some(ClientReply::Applied(CommandResponse::Controller(r))) => return r.answer,
                 Some(ClientReply::NotLeader {
@@ -246,6 +250,7 @@ fn a_topic_created_through_the_controller_becomes_raft_groups_on_its_placed_node
                     .into_iter()
                     .map(|replicas| ReplicaPlacement { replicas })
                     .collect(),
+                hash_key: [3, 4],
             })
             .await;
         assert_eq!(answer, ControllerAnswer::TopicCreated);

@@ -332,6 +332,9 @@ impl Sender {
         }
         let mut ep = self.endpoint.clone().unwrap_or_else(|| Endpoint::new(addr));
         ep.addr = addr.to_string();
+        // This leader or none: another broker reached in its place would
+        // be taken for it.
+        ep.bootstrap.clear();
         let c = ep.connect().await?;
         self.leader_conns.insert(addr.to_string(), c.clone());
         Ok(c)

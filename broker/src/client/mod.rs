@@ -26,7 +26,7 @@ use tokio::sync::{oneshot, Semaphore};
 
 use crate::protocol::{
     frame_len, split_frame, ErrorCode, ProtocolError, Request, Response, LEN_PREFIX,
-    PROTOCOL_VERSION,
+    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 
 /// Largest response frame the client accepts.
@@ -185,7 +185,9 @@ impl Connection {
     {
         let (mut rd, mut wr) = tokio::io::split(stream);
         let hello = Request::Hello {
-            min_version: PROTOCOL_VERSION,
+            // A version 2 server (a single node of an older build) never
+            // sends the codes version 3 added: this client reads both.
+            min_version: MIN_PROTOCOL_VERSION,
             max_version: PROTOCOL_VERSION,
             client: "fissionlog-broker-client".into(),
             token: token.map(crate::protocol::Token),

@@ -228,16 +228,10 @@ async fn run(
                     }
                 }
                 Err(e) => {
-                    let (code, msg) = (e.code(), e.to_string());
+                    // Each record gets the server's own code and sentence
+                    // (its `Display` adds the code's name once).
                     for a in acks {
-                        let err = match code {
-                            Some(code) => ClientError::Server {
-                                code,
-                                message: msg.clone(),
-                            },
-                            None => ClientError::Disconnected(msg.clone()),
-                        };
-                        let _ = a.send(Err(err));
+                        let _ = a.send(Err(super::reconnect::copy_error(&e)));
                     }
                 }
             }

@@ -11,7 +11,8 @@ use super::{ClientError, Connection};
 use crate::protocol::ErrorCode;
 use crate::tls::ClientTls;
 
-/// How to reach a broker: its address, TLS if it serves TLS, and the
+/// How to reach a broker: its address (and, for a cluster, more brokers
+/// to try when it can't be reached), TLS if it serves TLS, and the
 /// token. A producer made with [`Producer::connect`](super::Producer::connect)
 /// keeps it to connect again (and shake hands again, TLS and token
 /// included) after its connection drops.
@@ -19,6 +20,10 @@ use crate::tls::ClientTls;
 pub struct Endpoint {
     /// `host:port`.
     pub addr: String,
+    /// Brokers tried in order when `addr` can't be reached (cluster
+    /// mode: any broker names the partitions' leaders), so a producer
+    /// whose only broker died goes on through another.
+    pub bootstrap: Vec<String>,
     /// The server's TLS as the client checks it; `None` for plain TCP.
     pub tls: Option<ClientTls>,
     /// The `Hello`'s token.
@@ -33,10 +38,20 @@ impl Endpoint {
     pub fn new(addr: impl Into<String>) -> Endpoint {
         Endpoint {
             addr: addr.into(),
+            bootstrap: Vec::new(),
             tls: None,
             token: None,
             request_timeout: None,
         }
+    }
+
+    /// The first of `addrs`, the others tried in order when it can't be
+    /// reached. Empty: no address, every connect fails.
+    pub fn with_bootstrap<S: Into<String>>(addrs: impl IntoIterator<Item = S>) -> Endpoint {
+        let mut addrs = addrs.into_iter().map(Into::into);
+        let mut e = Endpoint::new(addrs.next().unwrap_or_default());
+        e.bootstrap = addrs.collect();
+        e
     }
 
     /// The same endpoint over TLS.
@@ -58,13 +73,27 @@ impl Endpoint {
         self
     }
 
-    /// Connects once: TCP, TLS when configured, the handshake.
+    /// Connects once: TCP, TLS when configured, the handshake; to `addr`,
+    /// else to the first of `bootstrap` that answers. A refusal that is
+    /// not a lost connection (a bad token) is not tried elsewhere.
     pub async fn connect(&self) -> Result<Connection, ClientError> {
-        let conn = match &self.tls {
-            Some(tls) => {
-                Connection::connect_tls(self.addr.as_str(), tls, self.token.clone()).await?
+        let mut result = self.connect_to(&self.addr).await;
+        for addr in &self.bootstrap {
+            match &result {
+                Err(e) if is_lost(e) => {
+                    tracing::debug!(failed = %self.addr, next = %addr, error = %e, "trying the next broker");
+                    result = self.connect_to(addr).await;
+                }
+                _ => break,
             }
-            None => Connection::connect(self.addr.as_str(), self.token.clone()).await?,
+        }
+        result
+    }
+
+    async fn connect_to(&self, addr: &str) -> Result<Connection, ClientError> {
+        let conn = match &self.tls {
+            Some(tls) => Connection::connect_tls(addr, tls, self.token.clone()).await?,
+            None => Connection::connect(addr, self.token.clone()).await?,
         };
         if let Some(t) = self.request_timeout {
             conn.set_request_timeout(t);

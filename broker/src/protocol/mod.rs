@@ -21,10 +21,33 @@ use bytes::Bytes;
 
 /// The first four bytes of a client's `Hello`.
 pub const MAGIC: [u8; 4] = *b"FLBK";
-/// The protocol version this build speaks. Version 2 added routed and
-/// idempotent produces (`ProduceTo`, `InitProducer`, `Topology`) and the
-/// `moved` answer; version 1 clients are refused at the handshake.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// The newest protocol version this build speaks. Version 2 added routed
+/// and idempotent produces (`ProduceTo`, `InitProducer`, `Topology`) and
+/// the `moved` answer; version 3 added the codes `not_leader` (25) and
+/// `unsupported` (26) of cluster mode. Version 1 clients are refused at
+/// the handshake.
+pub const PROTOCOL_VERSION: u16 = 3;
+/// The oldest version a single-node broker speaks: it never sends a code
+/// version 3 added, so a version 2 client reads every answer it gets.
+pub const MIN_PROTOCOL_VERSION: u16 = 2;
+/// The oldest version a cluster-mode broker speaks: its answers carry
+/// `not_leader` and `unsupported`, which a version 2 client can't read.
+pub const MIN_CLUSTER_PROTOCOL_VERSION: u16 = 3;
+
+/// The version a server answers a `Hello` asking for
+/// `[min_version, max_version]` with: the newest both sides speak, or
+/// `None` when there is none. A cluster-mode broker (`cluster`) speaks
+/// from [`MIN_CLUSTER_PROTOCOL_VERSION`], a single node from
+/// [`MIN_PROTOCOL_VERSION`], both up to [`PROTOCOL_VERSION`].
+pub fn negotiate_version(min_version: u16, max_version: u16, cluster: bool) -> Option<u16> {
+    let lowest = if cluster {
+        MIN_CLUSTER_PROTOCOL_VERSION
+    } else {
+        MIN_PROTOCOL_VERSION
+    };
+    let version = max_version.min(PROTOCOL_VERSION);
+    (version >= lowest && version >= min_version).then_some(version)
+}
 /// Bytes of the length prefix.
 pub const LEN_PREFIX: usize = 4;
 /// Bytes of a request header after the length: request id and opcode.

@@ -370,3 +370,23 @@ fn random_bytes_never_panic_the_decoder() {
         assert!(r.is_ok(), "seed {seed:#x}, case {i}: {v:?}");
     }
 }
+
+#[test]
+fn a_cluster_broker_takes_only_clients_that_read_its_codes() {
+    // A single node: versions 2 and 3.
+    assert_eq!(negotiate_version(2, 2, false), Some(2));
+    assert_eq!(negotiate_version(2, 3, false), Some(3));
+    assert_eq!(negotiate_version(1, 1, false), None);
+    assert_eq!(negotiate_version(4, 9, false), None);
+    // Cluster mode sends not_leader and unsupported: version 3 only.
+    assert_eq!(negotiate_version(2, 2, true), None);
+    assert_eq!(negotiate_version(2, 3, true), Some(3));
+    assert_eq!(negotiate_version(2, u16::MAX, true), Some(PROTOCOL_VERSION));
+    assert_eq!(negotiate_version(3, 2, false), None);
+    for code in [ErrorCode::NotLeader, ErrorCode::Unsupported] {
+        assert!(
+            code as u16 > ErrorCode::ProducerFenced as u16,
+            "{code:?} is one of the codes version 3 added"
+        );
+    }
+}

@@ -19,8 +19,8 @@ use super::handlers;
 use super::stats::ServerStats;
 use super::Shared;
 use crate::protocol::{
-    frame_len, split_frame, ErrorCode, ProtocolError, Request, Response, LEN_PREFIX,
-    PROTOCOL_VERSION,
+    frame_len, negotiate_version, split_frame, ErrorCode, ProtocolError, Request, Response,
+    LEN_PREFIX, MIN_CLUSTER_PROTOCOL_VERSION, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 
 /// A group member joined on this connection.
@@ -153,9 +153,15 @@ where
                 token,
                 ..
             }) => {
-                if !(min_version..=max_version).contains(&PROTOCOL_VERSION) {
+                let cluster = shared.config.cluster.is_some();
+                let Some(version) = negotiate_version(min_version, max_version, cluster) else {
+                    let lowest = if cluster {
+                        MIN_CLUSTER_PROTOCOL_VERSION
+                    } else {
+                        MIN_PROTOCOL_VERSION
+                    };
                     let msg = format!(
-                        "this server speaks protocol version {PROTOCOL_VERSION}, the client asked for {min_version}..={max_version}"
+                        "this server speaks protocol versions {lowest}..={PROTOCOL_VERSION}, the client asked for {min_version}..={max_version}"
                     );
                     close_with(
                         &out,
@@ -166,14 +172,14 @@ where
                     )
                     .await;
                     return finish(writer, out).await;
-                }
+                };
                 match cfg
                     .authorizer
                     .authenticate(token.as_ref().map(|t| &t.0[..]))
                 {
                     Some(p) => {
                         let ok = Response::HelloOk {
-                            version: PROTOCOL_VERSION,
+                            version,
                             max_frame_bytes: max,
                             max_in_flight: cfg.max_in_flight,
                             server: "fissionlog-broker".into(),

@@ -21,7 +21,10 @@ use crate::types::{Command, NodeId, RecordIn};
 pub const CONTROLLER_TOPIC: &str = "__controller";
 
 /// The version byte in front of each encoded command.
-pub const COMMAND_VERSION: u8 = 1;
+/// Version 2: `CreateTopic` carries the topic's routing hash key, and
+/// `InitProducer` allocates producer ids. A version 1 command is refused
+/// (the same way on every replica), never read with the new layout.
+pub const COMMAND_VERSION: u8 = 2;
 
 /// Where one partition's replicas live.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +85,10 @@ pub enum ControllerCommand {
         config: TopicConfig,
         /// One placement per partition.
         placement: Vec<ReplicaPlacement>,
+        /// The key of the topic's routing hash (`fissionlog::key_hash`),
+        /// 128 random bits the proposer drew: every broker routes keys
+        /// with it, and nobody without it can aim keys at a partition.
+        hash_key: [u64; 2],
     },
     /// A topology change, applied to every node's local topology through
     /// `Topic::apply`; new partitions are placed by [`super::placement`].
@@ -110,6 +117,13 @@ pub enum ControllerCommand {
         now_ms: u64,
         /// The event.
         event: GroupEvent,
+    },
+    /// Hands out a producer id: a new one (epoch 0), or for `Some(id)`
+    /// the id's next epoch, which fences its older ones
+    /// ([`super::producers`]).
+    InitProducer {
+        /// The id asking for its next epoch; `None` for a new id.
+        producer_id: Option<u64>,
     },
 }
 
@@ -166,6 +180,13 @@ pub enum ControllerAnswer {
         member: u64,
         /// The group's current generation.
         generation: u64,
+    },
+    /// A producer id and its epoch were handed out.
+    ProducerInit {
+        /// The id.
+        producer_id: u64,
+        /// Its epoch.
+        epoch: u32,
     },
     /// The command was refused, the same way on every replica (bad name,
     /// unknown topic, a split the topology does not allow...).

@@ -21,6 +21,7 @@ use super::command::{
 };
 use super::groups::{GroupPartition, GroupState};
 use super::placement::{place_children, NodeLoad};
+use super::producers::ProducerIds;
 use crate::types::{GroupId, NodeId};
 
 /// One partition as the controller records it.
@@ -52,6 +53,10 @@ pub struct TopicMeta {
     pub history: Vec<TopologyCommand>,
     /// Its partitions by id.
     pub partitions: BTreeMap<u32, PartitionMeta>,
+    /// The key of its routing hash, as its `CreateTopic` carried it: a
+    /// record with key `k` belongs to the partition whose range holds
+    /// `fissionlog::key_hash(hash_key, k)`, on every broker.
+    pub hash_key: [u64; 2],
 }
 
 /// Why a command could not be applied on this node while it may have
@@ -114,6 +119,8 @@ pub struct ControllerState {
     /// reused; topic id 0 stays for the groups a node is told to host on
     /// its command line (`--groups`).
     pub last_topic_id: u32,
+    /// The producer ids handed out and their latest epochs.
+    pub producers: ProducerIds,
 }
 
 fn refused(reason: impl Into<String>) -> ControllerResponse {
@@ -184,7 +191,8 @@ impl ControllerState {
                 name,
                 config,
                 placement,
-            } => self.create_topic(log, name, config, placement),
+                hash_key,
+            } => self.create_topic(log, name, config, placement, *hash_key),
             ControllerCommand::Topology { topic, command } => self.topology(log, topic, command),
             ControllerCommand::SetPlacement {
                 topic,
@@ -197,6 +205,17 @@ impl ControllerState {
                 now_ms,
                 event,
             } => Ok(self.group(group, topic, *now_ms, event)),
+            ControllerCommand::InitProducer { producer_id } => {
+                Ok(match self.producers.init(*producer_id) {
+                    Ok((producer_id, epoch)) => {
+                        ControllerResponse::only(ControllerAnswer::ProducerInit {
+                            producer_id,
+                            epoch,
+                        })
+                    }
+                    Err(e) => refused(e.to_string()),
+                })
+            }
         }
     }
 
@@ -206,6 +225,7 @@ impl ControllerState {
         name: &str,
         config: &TopicConfig,
         placement: &[ReplicaPlacement],
+        hash_key: [u64; 2],
     ) -> Result<ControllerResponse, ApplyError> {
         if name == CONTROLLER_TOPIC {
             return Ok(refused(format!("{CONTROLLER_TOPIC} is reserved")));
@@ -258,6 +278,7 @@ impl ControllerState {
                 config: config.clone(),
                 history: Vec::new(),
                 partitions,
+                hash_key,
             },
         );
         self.last_topic_id = id;

@@ -36,6 +36,11 @@ fn membership(nodes: &[NodeId]) -> Membership<NodeId, BasicNode> {
     Membership::new(vec![voters], map)
 }
 
+/// A test topic's routing key: fixed per name, so runs repeat.
+fn key_of(name: &str) -> [u64; 2] {
+    [fissionlog::key_hash([7, 0], name.as_bytes()), 7]
+}
+
 fn create(name: &str, partitions: u32, leaders: &[NodeId]) -> ControllerCommand {
     ControllerCommand::CreateTopic {
         name: name.into(),
@@ -44,6 +49,7 @@ fn create(name: &str, partitions: u32, leaders: &[NodeId]) -> ControllerCommand 
             .iter()
             .map(|&l| placed(&[l, l % 3 + 1, (l + 1) % 3 + 1]))
             .collect(),
+        hash_key: key_of(name),
     }
 }
 
@@ -156,6 +162,10 @@ fn a_command_makes_a_round_trip_through_a_log_entry() {
                 positions: vec![(0, 5)],
             },
         ),
+        ControllerCommand::InitProducer { producer_id: None },
+        ControllerCommand::InitProducer {
+            producer_id: Some(9),
+        },
     ];
     for cmd in &cmds {
         let entry = cmd.to_entry(1).unwrap();
@@ -242,6 +252,7 @@ fn topics_take_ids_in_creation_order_and_each_node_s_groups_derive_from_them() {
                 name: "c".into(),
                 config: config(2),
                 placement: vec![placed(&[2]), placed(&[3, 2])],
+                hash_key: key_of("c"),
             },
         )
         .unwrap();
@@ -267,6 +278,7 @@ fn a_bad_create_is_refused_and_changes_nothing() {
             name: "u".into(),
             config: config(2),
             placement: vec![placed(&[1])],
+            hash_key: key_of("u"),
         },
     ] {
         let r = s.apply(&log, &bad).unwrap();
@@ -800,4 +812,116 @@ fn a_damaged_snapshot_file_is_refused_never_taken_for_no_snapshot() {
         ControllerStateMachine::open(dir.path(), Arc::new(NoOutputs)),
         Err(crate::Error::CorruptSnapshot { .. })
     ));
+}
+
+#[test]
+fn a_topic_keeps_the_routing_key_its_create_carried() {
+    let (_d, log) = open_log();
+    let mut s = state_on(&[1, 2, 3]);
+    let mut cmd = create("t", 2, &[1, 2]);
+    if let ControllerCommand::CreateTopic { hash_key, .. } = &mut cmd {
+        *hash_key = [0x1234, 0x5678];
+    }
+    s.apply(&log, &cmd).unwrap();
+    assert_eq!(s.topics["t"].hash_key, [0x1234, 0x5678]);
+}
+
+fn init_producer(producer_id: Option<u64>) -> ControllerCommand {
+    ControllerCommand::InitProducer { producer_id }
+}
+
+fn producer_answer(answers: &[CommandResponse]) -> Vec<ControllerAnswer> {
+    answers
+        .iter()
+        .filter_map(|a| match a {
+            CommandResponse::Controller(r) => Some(r.answer.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn producer_ids_are_never_handed_out_again_after_a_snapshot_install_or_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = ControllerStateMachine::open(&dir.path().join("a"), Arc::new(NoOutputs)).unwrap();
+    let cmds = [
+        init_producer(None),
+        init_producer(None),
+        init_producer(Some(1)),
+        init_producer(Some(7)),
+    ];
+    let answers = producer_answer(&sm.apply(entries(&cmds)).await.unwrap());
+    assert_eq!(
+        &answers[..3],
+        &[
+            ControllerAnswer::ProducerInit {
+                producer_id: 1,
+                epoch: 0
+            },
+            ControllerAnswer::ProducerInit {
+                producer_id: 2,
+                epoch: 0
+            },
+            ControllerAnswer::ProducerInit {
+                producer_id: 1,
+                epoch: 1
+            },
+        ]
+    );
+    assert!(
+        matches!(&answers[3], ControllerAnswer::Refused { reason } if reason.contains("never handed out")),
+        "{answers:?}"
+    );
+    let snap = openraft::RaftSnapshotBuilder::build_snapshot(&mut sm)
+        .await
+        .unwrap();
+    let mut fresh =
+        ControllerStateMachine::open(&dir.path().join("b"), Arc::new(NoOutputs)).unwrap();
+    fresh
+        .install_snapshot(&snap.meta, snap.snapshot)
+        .await
+        .unwrap();
+    // The replica opened again starts from the snapshot file it saved.
+    drop(fresh);
+    let mut reopened =
+        ControllerStateMachine::open(&dir.path().join("b"), Arc::new(NoOutputs)).unwrap();
+    let next = [
+        entry(
+            6,
+            EntryPayload::Normal(init_producer(None).to_entry(0).unwrap()),
+        ),
+        entry(
+            7,
+            EntryPayload::Normal(init_producer(Some(1)).to_entry(0).unwrap()),
+        ),
+    ];
+    let got = producer_answer(&reopened.apply(next.clone()).await.unwrap());
+    assert_eq!(
+        got,
+        vec![
+            ControllerAnswer::ProducerInit {
+                producer_id: 3,
+                epoch: 0
+            },
+            ControllerAnswer::ProducerInit {
+                producer_id: 1,
+                epoch: 2
+            },
+        ]
+    );
+    assert_eq!(producer_answer(&sm.apply(next).await.unwrap()), got);
+}
+
+#[test]
+fn a_snapshot_of_the_previous_version_is_refused_with_both_versions_named() {
+    let mut bytes = encode_controller_snapshot(&ControllerState::default()).unwrap();
+    bytes[0] = CONTROLLER_SNAPSHOT_VERSION - 1;
+    let reason = decode_controller_snapshot(&bytes).unwrap_err();
+    assert!(
+        reason.contains(&format!(
+            "version {}; this build reads {CONTROLLER_SNAPSHOT_VERSION}",
+            CONTROLLER_SNAPSHOT_VERSION - 1
+        )),
+        "{reason}"
+    );
 }

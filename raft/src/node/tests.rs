@@ -231,6 +231,7 @@ fn topic_on(partitions: &[&[NodeId]]) -> ControllerCommand {
                 replicas: r.to_vec(),
             })
             .collect(),
+        hash_key: [1, 2],
     }
 }
 
@@ -291,7 +292,7 @@ async fn a_topic_created_through_the_controller_is_hosted_where_placed_and_again
     wait_leading(&node, GroupId::CONTROLLER).await;
     // Partition 0 here, partition 1 on a node 2 this node never hosts.
     let created = node
-        .handle(ClientCall::Controller(topic_on(&[&[1], &[2]])))
+        .handle(ClientCall::Controller(Box::new(topic_on(&[&[1], &[2]]))))
         .await;
     let ClientReply::Applied(CommandResponse::Controller(r)) = created else {
         panic!("not a controller answer: {created:?}");
@@ -346,7 +347,7 @@ async fn controller_calls_to_a_node_without_it_or_before_it_has_a_leader_are_ref
         .await
         .expect("start");
     let reply = plain
-        .handle(ClientCall::Controller(topic_on(&[&[2]])))
+        .handle(ClientCall::Controller(Box::new(topic_on(&[&[2]]))))
         .await;
     assert!(
         matches!(&reply, ClientReply::Failed { reason } if reason.contains("not hosted")),
@@ -358,7 +359,8 @@ async fn controller_calls_to_a_node_without_it_or_before_it_has_a_leader_are_ref
     let node = start_controller_node(dir.path()).await;
     // Not initialised: no leader to name.
     assert!(matches!(
-        node.handle(ClientCall::Controller(topic_on(&[&[1]]))).await,
+        node.handle(ClientCall::Controller(Box::new(topic_on(&[&[1]]))))
+            .await,
         ClientReply::NotLeader { leader: None, .. }
     ));
     assert!(node.hosted().is_empty());

@@ -19,18 +19,20 @@
 //!   isolation asked, a cluster read is committed.
 //! - `Topology`, `ListTopics`, `Describe` come from this broker's
 //!   controller replica (which may lag the leader's by a heartbeat).
-//! - `InitProducer` hands out a fresh random producer id with epoch 0,
-//!   also when asked for a known id's next epoch: cluster mode does not
-//!   fence an older instance of a producer yet.
+//! - `InitProducer` is the controller's: a new id from the cluster's one
+//!   sequence (never handed out again, also after a controller leader
+//!   change), or a known id's next epoch, which fences its older ones. A
+//!   stamped `ProduceTo` of an id this broker's controller replica has
+//!   not seen handed out is `invalid_request`, one of an epoch older than
+//!   the id's latest is `producer_fenced`.
 //! - Consumer groups, splits, merges, tail splits and hot-key modes are
 //!   refused with `unsupported`.
 //!
-//! The routing key of a topic (what `Topology` gives clients) is derived
-//! from the topic's name and controller id, so every broker gives the
-//! same one; it is not secret the way a single node's random key is.
+//! The routing key of a topic (what `Topology` gives clients) is 128
+//! random bits the broker proposing its `CreateTopic` drew, kept in the
+//! controller's `TopicMeta`: every broker routes with it, and a client
+//! without it (without write access) cannot aim keys at one partition.
 
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -182,14 +184,11 @@ async fn route(conn: &Conn, c: &Cluster, req: Request) -> Answer {
             let meta = topic_meta(c, &topic)?;
             Ok(Response::Topology {
                 epoch: meta.history.len() as u64,
-                routing_key: routing_key(meta.id, &topic),
+                routing_key: meta.hash_key,
                 partitions: owners(&meta),
             })
         }
-        Request::InitProducer { .. } => Ok(Response::ProducerInit {
-            producer_id: new_producer_id(c),
-            epoch: 0,
-        }),
+        Request::InitProducer { producer_id } => init_producer(c, producer_id).await,
         Request::Fetch {
             topic,
             partition,
@@ -214,24 +213,87 @@ async fn route(conn: &Conn, c: &Cluster, req: Request) -> Answer {
     }
 }
 
-/// The routing key every broker gives for topic `id` named `name`.
-pub fn routing_key(id: u32, name: &str) -> [u64; 2] {
-    let id = u64::from(id);
-    [
-        fissionlog::key_hash([id, 0x666c_636c_7573_7431], name.as_bytes()),
-        fissionlog::key_hash([id, 0x666c_636c_7573_7432], name.as_bytes()),
-    ]
+/// A new topic's routing hash key: 128 bits from the OS's random source,
+/// drawn once by the broker that proposes the create and carried in the
+/// controller's command, so every broker routes with the same key.
+fn new_hash_key() -> Result<[u64; 2], Refusal> {
+    let mut key = [0u8; 16];
+    getrandom::fill(&mut key).map_err(|e| {
+        Refusal::from(refused(
+            ErrorCode::Internal,
+            format!("no random routing key: {e}"),
+        ))
+    })?;
+    let (a, b) = key.split_at(8);
+    let word = |w: &[u8]| {
+        let mut x = [0u8; 8];
+        x.copy_from_slice(w);
+        u64::from_le_bytes(x)
+    };
+    Ok([word(a), word(b)])
 }
 
-fn new_producer_id(c: &Cluster) -> u64 {
-    // Random per call (std's RandomState is seeded from the OS) mixed
-    // with this node's id and a counter: ids from different brokers do
-    // not collide but by a 2^-64 chance.
-    let n = c.next_producer.fetch_add(1, Ordering::Relaxed);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(c.node_id());
-    h.write_u64(n);
-    h.finish().max(1)
+/// `InitProducer` through the controller: a new id, or `producer_id`'s
+/// next epoch.
+async fn init_producer(c: &Cluster, producer_id: Option<u64>) -> Answer {
+    match propose(c, ControllerCommand::InitProducer { producer_id }).await? {
+        ControllerAnswer::ProducerInit { producer_id, epoch } => {
+            Ok(Response::ProducerInit { producer_id, epoch })
+        }
+        ControllerAnswer::Refused { reason } if reason.contains("never handed out") => {
+            Err(refused(ErrorCode::InvalidRequest, reason).into())
+        }
+        ControllerAnswer::Refused { reason } => Err(refused(ErrorCode::Refused, reason).into()),
+        other => Err(refused(
+            ErrorCode::Internal,
+            format!("the controller answered {other:?}"),
+        )
+        .into()),
+    }
+}
+
+/// A stamped produce's id must have been handed out, and its epoch must
+/// not be older than the id's latest, as this broker's controller
+/// replica knows them. The replica may lag the controller's leader by a
+/// heartbeat, so an id it has not seen yet is waited for a little.
+async fn check_producer(c: &Cluster, stamp: &Stamp) -> Result<(), Refusal> {
+    let started = Instant::now();
+    loop {
+        let known = c
+            .node()
+            .with_controller_state(|s| {
+                let p = &s.producers;
+                p.handed_out(stamp.producer_id)
+                    .then(|| p.epoch(stamp.producer_id))
+            })
+            .flatten();
+        match known {
+            Some(current) if stamp.epoch < current => {
+                return Err(refused(
+                    ErrorCode::ProducerFenced,
+                    format!(
+                        "producer {} epoch {} is fenced by epoch {current}",
+                        stamp.producer_id, stamp.epoch
+                    ),
+                )
+                .into())
+            }
+            Some(_) => return Ok(()),
+            None if stamp.producer_id != 0 && started.elapsed() < LEADER_WAIT => {
+                tokio::time::sleep(STEP).await
+            }
+            None => {
+                return Err(refused(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "producer id {} was never handed out: ask InitProducer for one",
+                        stamp.producer_id
+                    ),
+                )
+                .into())
+            }
+        }
+    }
 }
 
 fn owners(meta: &TopicMeta) -> Vec<RangeOwner> {
@@ -273,7 +335,7 @@ async fn propose(c: &Cluster, cmd: ControllerCommand) -> Result<ControllerAnswer
     let started = Instant::now();
     let mut at: Option<String> = None;
     loop {
-        let call = ClientCall::Controller(cmd.clone());
+        let call = ClientCall::Controller(Box::new(cmd.clone()));
         let reply =
             match &at {
                 None => c.call(call).await,
@@ -326,6 +388,7 @@ async fn create_topic(
         name: name.to_string(),
         placement: placement(&nodes, cfg.partitions),
         config: cfg,
+        hash_key: new_hash_key()?,
     };
     match propose(c, cmd).await? {
         ControllerAnswer::TopicCreated => {}
@@ -483,9 +546,12 @@ async fn produce(conn: &Conn, c: &Cluster, req: Request) -> Answer {
         )
         .into());
     }
-    check_keys(&meta, &topic, partition, &records)?;
+    check_keys(&meta, partition, &records)?;
     if !route.replicas.contains(&c.node_id()) {
         return Err(not_hosted(c, &route));
+    }
+    if let Some(s) = &stamp {
+        check_producer(c, s).await?;
     }
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -565,13 +631,8 @@ fn record_in(r: ProduceRecord, now_ms: i64) -> RecordIn {
 
 /// Every keyed record must belong to `partition` under the topic's
 /// routing: a key routed elsewhere would break its order.
-fn check_keys(
-    meta: &TopicMeta,
-    topic: &str,
-    partition: u32,
-    records: &[ProduceRecord],
-) -> Result<(), Refusal> {
-    let key = routing_key(meta.id, topic);
+fn check_keys(meta: &TopicMeta, partition: u32, records: &[ProduceRecord]) -> Result<(), Refusal> {
+    let key = meta.hash_key;
     let Some(m) = meta.partitions.get(&partition) else {
         return Ok(());
     };
@@ -764,9 +825,10 @@ mod tests {
     }
 
     #[test]
-    fn every_broker_derives_the_same_routing_key_and_topics_differ() {
-        assert_eq!(routing_key(1, "orders"), routing_key(1, "orders"));
-        assert_ne!(routing_key(1, "orders"), routing_key(2, "orders"));
-        assert_ne!(routing_key(1, "orders"), routing_key(1, "payments"));
+    fn each_create_draws_its_own_routing_key() {
+        let keys: std::collections::HashSet<[u64; 2]> = (0..64)
+            .map(|_| new_hash_key().ok().expect("a key"))
+            .collect();
+        assert_eq!(keys.len(), 64, "64 draws of 128 bits never repeat");
     }
 }

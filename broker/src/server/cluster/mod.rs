@@ -52,8 +52,6 @@ pub struct Cluster {
     peers: BTreeMap<NodeId, String>,
     handed: mpsc::Sender<TcpStream>,
     server: Server,
-    /// Source of producer ids (see [`handlers`]).
-    next_producer: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -118,16 +116,12 @@ impl Cluster {
             Arc::new(node.registry()),
             Some(Arc::new(node.clone())),
         );
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
         let c = Arc::new(Cluster {
             node_id: me,
             node,
             peers,
             handed,
             server,
-            next_producer: std::sync::atomic::AtomicU64::new(seed),
         });
         if c.peers.keys().next() == Some(&me) {
             c.bootstrap().await;

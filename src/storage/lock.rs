@@ -192,6 +192,94 @@ mod tests {
         assert!(second.is_ok(), "{second:?}");
     }
 
+    /// A child forked (and not yet exec'd) while `dir`'s log was open: it
+    /// shares the log's lock until its `exec`, 600 ms after the fork.
+    fn slow_child() -> std::thread::JoinHandle<std::process::ExitStatus> {
+        use std::os::unix::process::CommandExt;
+        let child = std::thread::spawn(|| {
+            let mut cmd = std::process::Command::new("true");
+            // SAFETY: the closure runs in the forked child before `exec`
+            // and only calls nanosleep, which is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    let pause = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 600_000_000,
+                    };
+                    libc::nanosleep(&pause, std::ptr::null_mut());
+                    Ok(())
+                });
+            }
+            cmd.status().unwrap()
+        });
+        // Let the fork happen while the lock is held.
+        std::thread::sleep(Duration::from_millis(150));
+        child
+    }
+
+    fn quiet() -> crate::LogOptions {
+        crate::LogOptions {
+            balancer: false,
+            background_retention: false,
+            ..crate::LogOptions::default()
+        }
+    }
+
+    /// A `verify` right after a close, while a child forked during the
+    /// open still shares the released lock, waits for the child as a
+    /// reopen does rather than report the log held by a writer.
+    #[test]
+    fn a_verify_right_after_a_close_waits_for_a_forked_child() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = crate::Log::open(dir.path(), quiet()).unwrap();
+        let child = slow_child();
+        log.close().unwrap();
+        let verified = crate::verify(dir.path());
+        assert!(child.join().unwrap().success());
+        let (_, problems) = verified.unwrap();
+        assert!(problems.is_empty(), "{problems:#?}");
+    }
+
+    /// A reopen that waits out a child holding the lock it released is
+    /// still the only holder: a third open while the reopened log lives
+    /// is refused, and one after its close succeeds.
+    #[test]
+    fn a_reopen_that_waited_for_a_child_still_refuses_a_second_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = crate::Log::open(dir.path(), quiet()).unwrap();
+        let child = slow_child();
+        log.close().unwrap();
+        let reopened = crate::Log::open(dir.path(), quiet()).unwrap();
+        assert!(child.join().unwrap().success());
+        let third = crate::Log::open(dir.path(), quiet());
+        assert!(matches!(third, Err(Error::Locked { .. })), "{:?}", third.err());
+        reopened.close().unwrap();
+        crate::Log::open(dir.path(), quiet()).unwrap().close().unwrap();
+    }
+
+    /// A child forked while two logs were open shares both locks: both
+    /// reopen after their close, and each refuses a second open.
+    #[test]
+    fn a_child_forked_under_two_logs_delays_neither_reopen_into_locked() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let la = crate::Log::open(a.path(), quiet()).unwrap();
+        let lb = crate::Log::open(b.path(), quiet()).unwrap();
+        let child = slow_child();
+        la.close().unwrap();
+        lb.close().unwrap();
+        let ra = crate::Log::open(a.path(), quiet());
+        let rb = crate::Log::open(b.path(), quiet());
+        assert!(child.join().unwrap().success());
+        let (ra, rb) = (ra.unwrap(), rb.unwrap());
+        for d in [a.path(), b.path()] {
+            let again = crate::Log::open(d, quiet());
+            assert!(matches!(again, Err(Error::Locked { .. })), "{:?}", again.err());
+        }
+        ra.close().unwrap();
+        rb.close().unwrap();
+    }
+
     #[test]
     fn a_lock_that_stays_held_is_refused_as_locked() {
         let dir = tempfile::tempdir().unwrap();

@@ -142,6 +142,56 @@ impl DirLock {
     }
 }
 
+/// A shared `flock` on a log directory's lock file (what `verify` takes:
+/// it reads, so it only has to keep writers out), released on drop.
+pub(crate) struct SharedLock {
+    _file: File,
+    id: FileId,
+}
+
+impl Drop for SharedLock {
+    fn drop(&mut self) {
+        // A child forked while this was held shares it until its `exec`,
+        // as it would an exclusive lock: an open right after waits for it.
+        let mut h = held();
+        let now = Instant::now();
+        h.released
+            .retain(|_, at| now.duration_since(*at) < RELEASE_MEMORY);
+        h.released.insert(self.id, now);
+    }
+}
+
+impl SharedLock {
+    /// Takes a shared lock on `f`, the lock file at `path` of `dir`. A
+    /// writer's lock is refused with `Error::Locked` after the patience of
+    /// [`DirLock::acquire`]: a lock this process let go of lately is most
+    /// likely still shared by a child between its `fork` and its `exec`,
+    /// so `verify` right after a close waits for it as a reopen does.
+    pub(crate) fn acquire(f: File, path: &Path, dir: &Path) -> Result<SharedLock> {
+        let meta = f.metadata().map_err(|e| Error::io(path, e))?;
+        let id = (meta.dev(), meta.ino());
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match f.try_lock_shared() {
+                Ok(()) => return Ok(SharedLock { _file: f, id }),
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    let now = Instant::now();
+                    let end = deadline(id, start);
+                    if now >= end {
+                        return Err(Error::Locked {
+                            path: dir.to_path_buf(),
+                        });
+                    }
+                    std::thread::sleep(pause.min(end - now));
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(path, e)),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,9 +302,16 @@ mod tests {
         let reopened = crate::Log::open(dir.path(), quiet()).unwrap();
         assert!(child.join().unwrap().success());
         let third = crate::Log::open(dir.path(), quiet());
-        assert!(matches!(third, Err(Error::Locked { .. })), "{:?}", third.err());
+        assert!(
+            matches!(third, Err(Error::Locked { .. })),
+            "{:?}",
+            third.err()
+        );
         reopened.close().unwrap();
-        crate::Log::open(dir.path(), quiet()).unwrap().close().unwrap();
+        crate::Log::open(dir.path(), quiet())
+            .unwrap()
+            .close()
+            .unwrap();
     }
 
     /// A child forked while two logs were open shares both locks: both
@@ -274,7 +331,11 @@ mod tests {
         let (ra, rb) = (ra.unwrap(), rb.unwrap());
         for d in [a.path(), b.path()] {
             let again = crate::Log::open(d, quiet());
-            assert!(matches!(again, Err(Error::Locked { .. })), "{:?}", again.err());
+            assert!(
+                matches!(again, Err(Error::Locked { .. })),
+                "{:?}",
+                again.err()
+            );
         }
         ra.close().unwrap();
         rb.close().unwrap();

@@ -268,7 +268,10 @@ fn damaged_files(bytes: &[u8], other: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
         ("a zero-length file", Vec::new()),
         ("a file without its trailer", bytes[..n - 4].to_vec()),
         ("a file cut mid-entry", bytes[..n - 9].to_vec()),
-        ("a file short of an entry, with the old trailer", stale_trailer),
+        (
+            "a file short of an entry, with the old trailer",
+            stale_trailer,
+        ),
         ("a version-1 file", v1),
         ("the other segment's file (valid checksum)", other.to_vec()),
     ]

@@ -354,7 +354,11 @@ fn unusual_index_intervals_read_and_verify_clean() {
         let log = Log::open(dir.path(), quiet()).unwrap();
         each_offset_reads_its_record(&log, &what);
         log.close().unwrap();
-        assert_eq!(listing(dir.path()), closed, "{what}: reads changed index files");
+        assert_eq!(
+            listing(dir.path()),
+            closed,
+            "{what}: reads changed index files"
+        );
         let (_, problems) = fissionlog::verify(dir.path()).unwrap();
         assert!(problems.is_empty(), "{what}, after reads: {problems:#?}");
         let log = Log::open(
@@ -371,9 +375,16 @@ fn unusual_index_intervals_read_and_verify_clean() {
         // derivable (a cache: harmless), and changes no other.
         let scanned = listing(dir.path());
         for f in &closed {
-            assert!(scanned.contains(f), "{what}: a full scan changed {}", f.0.display());
+            assert!(
+                scanned.contains(f),
+                "{what}: a full scan changed {}",
+                f.0.display()
+            );
         }
         let (_, problems) = fissionlog::verify(dir.path()).unwrap();
-        assert!(problems.is_empty(), "{what}, after a full scan: {problems:#?}");
+        assert!(
+            problems.is_empty(),
+            "{what}, after a full scan: {problems:#?}"
+        );
     }
 }

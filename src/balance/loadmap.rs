@@ -671,6 +671,45 @@ mod tests {
         assert!(share > 0.95, "{share}");
     }
 
+    /// Every question to a map that never saw load, over ranges of one
+    /// value, a few and the whole space, answers "nothing known" without
+    /// a panic; absorbing a map with nothing on this range allocates
+    /// nothing; load that decays away leaves a map answering the same.
+    #[test]
+    fn a_map_that_never_saw_load_answers_nothing_known_everywhere() {
+        for (start, end) in [(5, 5), (10, 12), (0, u64::MAX), (u64::MAX - 3, u64::MAX)] {
+            let what = format!("[{start}, {end}]");
+            let mut m = LoadMap::with_config(start, end, &unsampled(), 0);
+            let ask = |m: &LoadMap, what: &str| {
+                assert_eq!(m.split_point(), None, "{what}");
+                assert!(m.quantile_points(4).is_empty(), "{what}");
+                assert!(m.profile().is_empty(), "{what}");
+                assert!(m.hot_key(0.0).is_none(), "{what}");
+                assert_eq!(m.load_share(start, end), 0.0, "{what}");
+                assert_eq!(m.child_share(start, end), None, "{what}");
+                assert_eq!(m.load_in(start, end), 0.0, "{what}");
+                assert!(m.is_empty(), "{what}");
+            };
+            ask(&m, &what);
+            let mut elsewhere = LoadMap::with_config(0, 4, &unsampled(), 0);
+            elsewhere.record(0, 2, 100);
+            m.absorb(&elsewhere);
+            if start > 4 {
+                assert_eq!(m.buckets.capacity(), 0, "{what}");
+                ask(&m, &format!("{what}, after absorbing another range"));
+            }
+            m.record(0, start, 100);
+            assert!(!m.is_empty(), "{what}");
+            assert!(
+                m.child_share(start, end).is_some_and(|s| s > 0.99),
+                "{what}"
+            );
+            // Long past every half-life: all of it decays away.
+            m.decay_to(u64::MAX / 2);
+            ask(&m, &format!("{what}, decayed"));
+        }
+    }
+
     fn rel_err(actual: u64, expected: u64) -> f64 {
         (actual as f64 - expected as f64).abs() / expected as f64
     }

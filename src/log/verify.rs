@@ -1,7 +1,6 @@
 //! The offline check of a log directory: reads every file, changes none.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -15,6 +14,7 @@ use crate::recovery::partition::{recover_chain, ChainParams, PartitionIds, Probl
 use crate::recovery::{FileAction, RecoveryReport};
 use crate::storage::fault::NoFaults;
 use crate::storage::file::{open_optional, Access};
+use crate::storage::lock::SharedLock;
 use crate::topic::partition_dir;
 use crate::topology::manifest::Manifest;
 
@@ -84,18 +84,10 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<(RecoveryReport, Vec<Problem>)> {
 
 /// A shared lock on the lock file, when it exists: refused while a writer
 /// holds the log.
-fn lock_shared(dir: &Path, problems: &mut Vec<Problem>) -> Result<Option<File>> {
+fn lock_shared(dir: &Path, problems: &mut Vec<Problem>) -> Result<Option<SharedLock>> {
     let lock_path = dir.join(LOCK_FILE);
     Ok(match open_optional(&lock_path, Access::Read) {
-        Ok(Some(f)) => match f.try_lock_shared() {
-            Ok(()) => Some(f),
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::Locked {
-                    path: dir.to_path_buf(),
-                })
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&lock_path, e)),
-        },
+        Ok(Some(f)) => Some(SharedLock::acquire(f, &lock_path, dir)?),
         // No writer can hold the log either: `Log::open` refuses the lock
         // file too. The check goes on without the lock.
         Err(e @ Error::NotARegularFile { .. }) => {

@@ -142,6 +142,56 @@ impl DirLock {
     }
 }
 
+/// A shared `flock` on a log directory's lock file (what `verify` takes:
+/// it reads, so it only has to keep writers out), released on drop.
+pub(crate) struct SharedLock {
+    _file: File,
+    id: FileId,
+}
+
+impl Drop for SharedLock {
+    fn drop(&mut self) {
+        // A child forked while this was held shares it until its `exec`,
+        // as it would an exclusive lock: an open right after waits for it.
+        let mut h = held();
+        let now = Instant::now();
+        h.released
+            .retain(|_, at| now.duration_since(*at) < RELEASE_MEMORY);
+        h.released.insert(self.id, now);
+    }
+}
+
+impl SharedLock {
+    /// Takes a shared lock on `f`, the lock file at `path` of `dir`. A
+    /// writer's lock is refused with `Error::Locked` after the patience of
+    /// [`DirLock::acquire`]: a lock this process let go of lately is most
+    /// likely still shared by a child between its `fork` and its `exec`,
+    /// so `verify` right after a close waits for it as a reopen does.
+    pub(crate) fn acquire(f: File, path: &Path, dir: &Path) -> Result<SharedLock> {
+        let meta = f.metadata().map_err(|e| Error::io(path, e))?;
+        let id = (meta.dev(), meta.ino());
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match f.try_lock_shared() {
+                Ok(()) => return Ok(SharedLock { _file: f, id }),
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    let now = Instant::now();
+                    let end = deadline(id, start);
+                    if now >= end {
+                        return Err(Error::Locked {
+                            path: dir.to_path_buf(),
+                        });
+                    }
+                    std::thread::sleep(pause.min(end - now));
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(path, e)),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +240,105 @@ mod tests {
         let second = DirLock::acquire(dir.path(), "lock");
         assert!(child.join().unwrap().success());
         assert!(second.is_ok(), "{second:?}");
+    }
+
+    /// A child forked (and not yet exec'd) while `dir`'s log was open: it
+    /// shares the log's lock until its `exec`, 600 ms after the fork.
+    fn slow_child() -> std::thread::JoinHandle<std::process::ExitStatus> {
+        use std::os::unix::process::CommandExt;
+        let child = std::thread::spawn(|| {
+            let mut cmd = std::process::Command::new("true");
+            // SAFETY: the closure runs in the forked child before `exec`
+            // and only calls nanosleep, which is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    let pause = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 600_000_000,
+                    };
+                    libc::nanosleep(&pause, std::ptr::null_mut());
+                    Ok(())
+                });
+            }
+            cmd.status().unwrap()
+        });
+        // Let the fork happen while the lock is held.
+        std::thread::sleep(Duration::from_millis(150));
+        child
+    }
+
+    fn quiet() -> crate::LogOptions {
+        crate::LogOptions {
+            balancer: false,
+            background_retention: false,
+            ..crate::LogOptions::default()
+        }
+    }
+
+    /// A `verify` right after a close, while a child forked during the
+    /// open still shares the released lock, waits for the child as a
+    /// reopen does rather than report the log held by a writer.
+    #[test]
+    fn a_verify_right_after_a_close_waits_for_a_forked_child() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = crate::Log::open(dir.path(), quiet()).unwrap();
+        let child = slow_child();
+        log.close().unwrap();
+        let verified = crate::verify(dir.path());
+        assert!(child.join().unwrap().success());
+        let (_, problems) = verified.unwrap();
+        assert!(problems.is_empty(), "{problems:#?}");
+    }
+
+    /// A reopen that waits out a child holding the lock it released is
+    /// still the only holder: a third open while the reopened log lives
+    /// is refused, and one after its close succeeds.
+    #[test]
+    fn a_reopen_that_waited_for_a_child_still_refuses_a_second_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = crate::Log::open(dir.path(), quiet()).unwrap();
+        let child = slow_child();
+        log.close().unwrap();
+        let reopened = crate::Log::open(dir.path(), quiet()).unwrap();
+        assert!(child.join().unwrap().success());
+        let third = crate::Log::open(dir.path(), quiet());
+        assert!(
+            matches!(third, Err(Error::Locked { .. })),
+            "{:?}",
+            third.err()
+        );
+        reopened.close().unwrap();
+        crate::Log::open(dir.path(), quiet())
+            .unwrap()
+            .close()
+            .unwrap();
+    }
+
+    /// A child forked while two logs were open shares both locks: both
+    /// reopen after their close, and each refuses a second open.
+    #[test]
+    fn a_child_forked_under_two_logs_delays_neither_reopen_into_locked() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let la = crate::Log::open(a.path(), quiet()).unwrap();
+        let lb = crate::Log::open(b.path(), quiet()).unwrap();
+        let child = slow_child();
+        la.close().unwrap();
+        lb.close().unwrap();
+        let ra = crate::Log::open(a.path(), quiet());
+        let rb = crate::Log::open(b.path(), quiet());
+        assert!(child.join().unwrap().success());
+        let (ra, rb) = (ra.unwrap(), rb.unwrap());
+        for d in [a.path(), b.path()] {
+            let again = crate::Log::open(d, quiet());
+            assert!(
+                matches!(again, Err(Error::Locked { .. })),
+                "{:?}",
+                again.err()
+            );
+        }
+        ra.close().unwrap();
+        rb.close().unwrap();
     }
 
     #[test]

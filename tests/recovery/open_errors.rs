@@ -611,3 +611,48 @@ fn a_sparse_index_of_gigabytes_is_not_read_whole() {
     let len = std::fs::metadata(&idx).map(|m| m.len()).unwrap_or(0);
     assert!(len < 1 << 20, "the index was not rebuilt: {len} bytes");
 }
+
+/// A log opened without topics, whose `topics` directory is then made a
+/// symlink (to another log's): a topic created then does not write its
+/// files through the link, or the next open refuses the link. Either way
+/// the other log's files are not shared.
+#[test]
+fn a_symlinked_topics_directory_of_a_log_without_topics_is_not_written_through() {
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let a = root.path().join("a");
+    let b = root.path().join("b");
+    Log::open(&a, no_balancer_in(RecoveryMode::Strict))
+        .unwrap()
+        .close()
+        .unwrap();
+    Log::open(&b, no_balancer_in(RecoveryMode::Strict))
+        .unwrap()
+        .close()
+        .unwrap();
+    let topics = a.join("topics");
+    if topics.exists() {
+        std::fs::remove_dir_all(&topics).unwrap();
+    }
+    std::fs::create_dir_all(b.join("topics")).unwrap();
+    std::os::unix::fs::symlink(b.join("topics"), &topics).unwrap();
+    let created = Log::open(&a, no_balancer_in(RecoveryMode::Strict)).and_then(|log| {
+        let made = log
+            .create_topic("t", fissionlog::TopicConfig::default())
+            .map(drop);
+        log.close().and(made)
+    });
+    let through = std::fs::read_dir(b.join("topics")).unwrap().count();
+    match created {
+        Err(Error::NotARegularFile { path, .. }) => assert_eq!(path, topics),
+        Err(e) => panic!("{e}"),
+        Ok(()) => {
+            let reopened = Log::open(&a, no_balancer_in(RecoveryMode::Strict));
+            assert!(
+                through == 0 || matches!(reopened, Err(Error::NotARegularFile { .. })),
+                "a topic's files went through the link and the log reopens: {:?}",
+                reopened.map(drop)
+            );
+        }
+    }
+}

@@ -165,6 +165,23 @@ mod tests {
         encode_index_file(100, entries)
     }
 
+    /// Entries at positions 64 and 4200 (offsets 0 and 40 past the base),
+    /// the second with the bound `ts`.
+    fn two_entries(ts: i64) -> [IndexEntry; 2] {
+        [
+            IndexEntry {
+                rel_offset: 0,
+                position: 64,
+                max_ts_before: i64::MIN,
+            },
+            IndexEntry {
+                rel_offset: 40,
+                position: 4200,
+                max_ts_before: ts,
+            },
+        ]
+    }
+
     /// `bytes` with a checksum trailer that matches them.
     fn sealed(mut bytes: Vec<u8>) -> Vec<u8> {
         let crc = crc32fast::hash(&bytes);
@@ -177,18 +194,7 @@ mod tests {
     /// and so does a file of the first version, without a trailer.
     #[test]
     fn a_damaged_or_first_version_file_gives_no_entries() {
-        let es = [
-            IndexEntry {
-                rel_offset: 0,
-                position: 64,
-                max_ts_before: i64::MIN,
-            },
-            IndexEntry {
-                rel_offset: 40,
-                position: 4200,
-                max_ts_before: 5_000,
-            },
-        ];
+        let es = two_entries(5_000);
         let good = file(&es);
         assert_eq!(decode_index(&good, 100, 5000, 200), (es.to_vec(), true));
         for at in 0..good.len() {
@@ -213,18 +219,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let es = [
-            IndexEntry {
-                rel_offset: 0,
-                position: 64,
-                max_ts_before: i64::MIN,
-            },
-            IndexEntry {
-                rel_offset: 40,
-                position: 4200,
-                max_ts_before: 5,
-            },
-        ];
+        let es = two_entries(5);
         assert_eq!(
             decode_index(&file(&es), 100, 5000, 200),
             (es.to_vec(), true)

@@ -215,27 +215,9 @@ mod tests {
     /// it, not report the log locked.
     #[test]
     fn a_lock_a_forked_child_still_shares_is_taken_once_the_child_execs() {
-        use std::os::unix::process::CommandExt;
         let dir = tempfile::tempdir().unwrap();
         let first = DirLock::acquire(dir.path(), "lock").unwrap();
-        let child = std::thread::spawn(|| {
-            let mut cmd = std::process::Command::new("true");
-            // SAFETY: the closure runs in the forked child before `exec`
-            // and only calls nanosleep, which is async-signal-safe.
-            unsafe {
-                cmd.pre_exec(|| {
-                    let pause = libc::timespec {
-                        tv_sec: 0,
-                        tv_nsec: 600_000_000,
-                    };
-                    libc::nanosleep(&pause, std::ptr::null_mut());
-                    Ok(())
-                });
-            }
-            cmd.status().unwrap()
-        });
-        // Let the fork happen while the lock is held.
-        std::thread::sleep(Duration::from_millis(150));
+        let child = slow_child();
         drop(first);
         let second = DirLock::acquire(dir.path(), "lock");
         assert!(child.join().unwrap().success());

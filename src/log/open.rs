@@ -224,10 +224,10 @@ fn recover(
     // `topics` and each topic's directory may not be symlinks (see
     // `storage::file::refuse_symlinked_dir`): checked once here, not
     // once per partition.
-    if !state.topics.is_empty() {
-        crate::storage::file::refuse_symlinked_dir(&dir.join(crate::layout::TOPICS_DIR))
-            .map_err(crate::recovery::partition::open_failed)?;
-    }
+    // `topics` is checked even without a topic: the next topic created
+    // would otherwise go through the link, outside this log's lock.
+    crate::storage::file::refuse_symlinked_dir(&dir.join(crate::layout::TOPICS_DIR))
+        .map_err(crate::recovery::partition::open_failed)?;
     for rec in &state.topics {
         crate::storage::file::refuse_symlinked_dir(&topic_dir(dir, rec.id))
             .map_err(crate::recovery::partition::open_failed)?;

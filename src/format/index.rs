@@ -32,6 +32,8 @@ use super::segment::SEGMENT_HEADER_LEN;
 
 /// Index magic.
 pub const INDEX_MAGIC: [u8; 8] = *b"FSNLIDX\x02";
+/// The magic of the first version of the format, which had no trailer.
+pub const INDEX_MAGIC_V1: [u8; 8] = *b"FSNLIDX\0";
 /// Header length.
 pub const INDEX_HEADER_LEN: usize = 16;
 /// Trailer length: the CRC-32 of the header and the entries.
@@ -102,6 +104,14 @@ pub fn encode_index_file(base_offset: u64, entries: &[IndexEntry]) -> Vec<u8> {
     let crc = crc32fast::hash(&buf);
     buf.extend_from_slice(&crc.to_le_bytes());
     buf
+}
+
+/// Whether `buf` is a first-version index file of the segment at
+/// `base_offset`: a file of the earlier format, which an open rebuilds, not
+/// a damaged one.
+pub fn is_first_version(buf: &[u8], base_offset: u64) -> bool {
+    RawHeader::read_from_prefix(buf)
+        .is_ok_and(|(h, _)| h.magic == INDEX_MAGIC_V1 && h.base_offset.get() == base_offset)
 }
 
 /// Decodes an index file for the segment at `base_offset` whose data ends at

@@ -111,21 +111,15 @@ fn create_topic_files(
 /// together. An index is a cache, validated on load: the order only keeps
 /// a power loss from leaving a half-written one in place.
 ///
-/// An index of at most one entry (records that fit in one index interval)
-/// gets no file when it has none: the clean open derives it from at most
-/// one interval of batch headers, the walk that checks an index file's
-/// last entry anyway (`Segment::load_clean_index_file`). A topic of many
-/// small partitions then closes without creating a file per partition.
+/// An index the open derives as cheaply as it reads the file gets no file
+/// when it has none ([`Segment::index_file_derivable`](crate::storage::segment::Segment::index_file_derivable)):
+/// a topic of many small partitions then closes without creating a file
+/// per partition.
 fn flush_indexes(core: &Core, parts: &[Arc<Partition>]) -> Result<()> {
-    let derivable = |seg: &crate::storage::segment::Segment, buf: &[u8]| {
-        use crate::format::index::{INDEX_ENTRY_LEN, INDEX_HEADER_LEN, INDEX_TRAILER_LEN};
-        buf.len() <= INDEX_HEADER_LEN + INDEX_ENTRY_LEN + INDEX_TRAILER_LEN
-            && !seg.index_path().exists()
-    };
     let changed: Vec<_> = parts
         .iter()
         .filter_map(|p| p.index_to_flush())
-        .filter(|(seg, buf)| !derivable(seg, buf))
+        .filter(|(seg, buf)| !seg.index_file_derivable(buf))
         .collect();
     for batch in changed.chunks(BATCH_OPEN_MAX) {
         let files = batch

@@ -240,7 +240,7 @@ fn check_partition(
         }
     }
     for seg in &chain.segments {
-        check_index(seg, problems);
+        check_index(seg, report, problems);
     }
     Ok(())
 }
@@ -259,7 +259,14 @@ fn odd_file_problem(e: Error) -> Option<Problem> {
     })
 }
 
-fn check_index(seg: &crate::storage::segment::Segment, problems: &mut Vec<Problem>) {
+/// An index file that does not match its segment is a problem, unless it
+/// is of the format's first version: every open rebuilds those, so the
+/// report names it as an index to rebuild and the log is not damaged.
+fn check_index(
+    seg: &crate::storage::segment::Segment,
+    report: &mut RecoveryReport,
+    problems: &mut Vec<Problem>,
+) {
     let buf = match seg.read_index_file() {
         Ok(Some(buf)) => buf,
         Err(e @ Error::NotARegularFile { .. }) => {
@@ -276,7 +283,9 @@ fn check_index(seg: &crate::storage::segment::Segment, problems: &mut Vec<Proble
         seg.committed_pos(),
         seg.end_offset(),
     );
-    if !whole {
+    if !whole && crate::format::index::is_first_version(&buf, seg.base_offset) {
+        report.add(seg.index_path(), FileAction::RebuiltIndex);
+    } else if !whole {
         problems.push(Problem {
             file: seg.index_path().to_path_buf(),
             position: 0,

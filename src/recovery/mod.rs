@@ -115,7 +115,8 @@ pub enum FileAction {
         /// Why.
         reason: String,
     },
-    /// An index was rebuilt from its segment.
+    /// An index was rebuilt from its segment; in `verify`'s report, an
+    /// index of the format's first version that an open will rebuild.
     RebuiltIndex,
     /// A file from an uncommitted topology change was removed.
     RemovedOrphan,

@@ -260,8 +260,6 @@ fn a_read_rebuilds_an_index_at_the_topics_interval() {
 /// gives no entries, and the data answers instead.
 fn damaged_files(bytes: &[u8], other: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
     let n = bytes.len();
-    let mut v1 = b"FSNLIDX\0".to_vec();
-    v1.extend_from_slice(&bytes[8..n - 4]);
     let mut stale_trailer = bytes[..n - 4 - 16].to_vec();
     stale_trailer.extend_from_slice(&bytes[n - 4..]);
     vec![
@@ -272,7 +270,6 @@ fn damaged_files(bytes: &[u8], other: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
             "a file short of an entry, with the old trailer",
             stale_trailer,
         ),
-        ("a version-1 file", v1),
         ("the other segment's file (valid checksum)", other.to_vec()),
     ]
 }
@@ -311,6 +308,49 @@ fn a_damaged_index_file_is_rebuilt_and_verify_is_clean_after_the_close() {
             );
         }
     }
+}
+
+/// An index file of the format's first version (its magic, no trailer)
+/// is no damage: `verify` lists no problem and reports the file as one an
+/// open rebuilds; the open reads every offset and the close leaves the
+/// current format. The same file with its base offset changed is damage.
+#[test]
+fn verify_tells_a_first_version_index_file_from_a_damaged_one() {
+    let probe = tempfile::tempdir().unwrap();
+    closed_log(probe.path());
+    let bytes = std::fs::read(probe.path().join(idx(0))).unwrap();
+    let mut v1 = b"FSNLIDX\0".to_vec();
+    v1.extend_from_slice(&bytes[8..bytes.len() - 4]);
+
+    let dir = tempfile::tempdir().unwrap();
+    closed_log(dir.path());
+    std::fs::write(dir.path().join(idx(0)), &v1).unwrap();
+    let (report, problems) = fissionlog::verify(dir.path()).unwrap();
+    assert!(problems.is_empty(), "verify: {problems:#?}");
+    let rebuilt: Vec<_> = report
+        .files
+        .iter()
+        .filter(|f| matches!(f.action, fissionlog::FileAction::RebuiltIndex))
+        .map(|f| f.file.clone())
+        .collect();
+    assert_eq!(rebuilt, vec![dir.path().join(idx(0))], "{report:#?}");
+    let log = Log::open(dir.path(), quiet()).unwrap();
+    each_offset_reads_its_record(&log, "a first-version index");
+    log.close().unwrap();
+    let (report, problems) = fissionlog::verify(dir.path()).unwrap();
+    assert!(problems.is_empty(), "verify after: {problems:#?}");
+    assert!(report.files.is_empty(), "verify after: {report:#?}");
+    assert_eq!(std::fs::read(dir.path().join(idx(0))).unwrap(), bytes);
+
+    let mut other_base = v1.clone();
+    other_base[8..16].copy_from_slice(&PER_SEG.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    closed_log(dir.path());
+    std::fs::write(dir.path().join(idx(0)), &other_base).unwrap();
+    let (report, problems) = fissionlog::verify(dir.path()).unwrap();
+    assert_eq!(problems.len(), 1, "verify: {problems:#?}");
+    assert!(problems[0].what.contains("does not match"), "{problems:#?}");
+    assert!(report.files.is_empty(), "{report:#?}");
 }
 
 /// Topics indexed at every batch (interval 1) and at no batch but the

@@ -130,6 +130,21 @@ impl Segment {
         Some(entries)
     }
 
+    /// Whether the index `buf` needs no file: it has at most one entry
+    /// (records that fit in one index interval) and there is no file to
+    /// replace. An open derives such an index from at most one interval of
+    /// batch headers, the walk that checks an index file's last entry
+    /// anyway (`Segment::load_clean_index_file`). A clean close and a
+    /// scanning open (`recover`) follow this one rule, so neither writes a
+    /// file the other would not.
+    pub(crate) fn index_file_derivable(&self, buf: &[u8]) -> bool {
+        buf.len()
+            <= format_index::INDEX_HEADER_LEN
+                + format_index::INDEX_ENTRY_LEN
+                + format_index::INDEX_TRAILER_LEN
+            && !self.index_path.exists()
+    }
+
     /// Makes the index file match the in-memory index (rebuilt by a
     /// recovery scan), writing it durably when it does not. Returns whether
     /// it was rewritten. `recover` uses this so that `verify` is clean again
@@ -141,7 +156,7 @@ impl Segment {
         };
         let want = encode_index_file(self.base_offset, entries);
         drop(guard);
-        if !self.writable {
+        if !self.writable || self.index_file_derivable(&want) {
             return Ok(false);
         }
         match self.read_index_file() {

@@ -1146,23 +1146,45 @@ async fn fetch_until(f: &mut Fetcher, got: &mut Vec<FetchedRecord>, n: usize) {
     }
 }
 
-/// A fetcher given one broker that does not lead the partition follows
-/// `not_leader` to the leader; once the leader is SIGKILLed it goes on
-/// from its offset through the new one: every acknowledged record once,
-/// in order.
+/// Partition 0's replicas and leader as broker `addr` describes them.
+async fn placement(addr: &str, topic: &str) -> (Vec<u64>, u64) {
+    let leader = leaders(addr, topic).await[&0];
+    let c = Connection::connect(addr, None).await.expect("connect");
+    let v = Admin::new(c).describe(topic).await.expect("a description");
+    let replicas = v["partitions"][0]["replicas"]
+        .as_array()
+        .expect("replicas")
+        .iter()
+        .filter_map(|r| r.as_u64())
+        .collect();
+    (replicas, leader)
+}
+
+/// In a cluster of four, a fetcher given first the broker that hosts no
+/// replica of the partition follows its `not_leader` to the leader; once
+/// the leader is SIGKILLed it goes on from its offset through another
+/// replica it was given (the broker without a replica still names the
+/// dead one): every acknowledged record once, in order.
 #[test]
-fn a_fetcher_given_a_follower_reads_every_acknowledged_record_once_through_the_leaders_kill() {
-    let mut cluster = start_cluster();
+fn a_fetcher_follows_not_leader_and_reads_every_acknowledged_record_once_through_the_leaders_kill()
+{
+    let mut cluster = start_cluster_of(4);
     let addrs: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (tx, rx) = std::sync::mpsc::channel::<usize>();
     let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
     let run = std::thread::spawn(move || {
         run_within(async move {
             let topic = "reads";
             create_topic(&addrs[0], topic, 1).await;
-            // Partition 0's first leader is its preferred leader, broker 1.
-            assert_eq!(leaders(&addrs[0], topic).await[&0], 1);
-            leaders(&addrs[1], topic).await;
+            let (replicas, leader) = placement(&addrs[0], topic).await;
+            let addr_of = |id: u64| addrs[id as usize - 1].clone();
+            let outsider = (1..=4u64)
+                .find(|id| !replicas.contains(id))
+                .expect("a broker without a replica");
+            let other = *replicas
+                .iter()
+                .find(|&&r| r != leader)
+                .expect("a replica that does not lead");
             let config = ProducerConfig {
                 acks: Acks::Quorum,
                 idempotent: true,
@@ -1179,15 +1201,22 @@ fn a_fetcher_given_a_follower_reads_every_acknowledged_record_once_through_the_l
                 max_wait: Duration::from_millis(200),
                 ..FetcherConfig::new(topic, 0)
             };
-            let mut f = Fetcher::new(Endpoint::new(addrs[1].clone()), fetch_config);
+            let endpoint = Endpoint::with_bootstrap([addr_of(outsider), addr_of(other)]);
+            let mut f = Fetcher::new(endpoint, fetch_config);
             let mut got = Vec::new();
             fetch_until(&mut f, &mut got, 60).await;
             assert_eq!(f.offset(), 60);
+            assert_eq!(
+                f.broker(),
+                Some(addr_of(leader).as_str()),
+                "the fetcher followed not_leader to broker {leader}"
+            );
 
-            tx.send(()).expect("the killer listens");
-            go_rx.await.expect("broker 1 was killed");
+            tx.send(leader as usize - 1).expect("the killer listens");
+            go_rx.await.expect("the leader was killed");
             await_acks(send_range(&producer, 60, 120).await, &mut acked).await;
             fetch_until(&mut f, &mut got, 120).await;
+            assert_ne!(f.broker(), Some(addr_of(leader).as_str()));
 
             assert_eq!(got.len(), 120, "no record is fetched twice");
             for (i, r) in got.iter().enumerate() {
@@ -1203,8 +1232,8 @@ fn a_fetcher_given_a_follower_reads_every_acknowledged_record_once_through_the_l
             }
         });
     });
-    if rx.recv_timeout(DEADLINE).is_ok() {
-        cluster.brokers[0].kill();
+    if let Ok(v) = rx.recv_timeout(DEADLINE) {
+        cluster.brokers[v].kill();
     }
     let _ = go_tx.send(());
     if let Err(e) = run.join() {

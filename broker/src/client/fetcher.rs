@@ -69,6 +69,8 @@ pub struct Fetcher {
     leader: Option<String>,
     /// The connection in use, and its broker's address.
     conn: Option<(String, Connection)>,
+    /// The broker that answered the last fetch.
+    answered_by: Option<String>,
     /// The next offset to return.
     offset: u64,
     high_watermark: u64,
@@ -103,6 +105,7 @@ impl Fetcher {
             next_broker: 0,
             leader: None,
             conn: None,
+            answered_by: None,
             high_watermark: 0,
         }
     }
@@ -111,6 +114,12 @@ impl Fetcher {
     /// record returned.
     pub fn offset(&self) -> u64 {
         self.offset
+    }
+
+    /// The broker (its address) that answered the last fetch: the
+    /// partition's leader or another replica.
+    pub fn broker(&self) -> Option<&str> {
+        self.answered_by.as_deref()
     }
 
     /// The partition's high watermark in the last answer.
@@ -129,6 +138,10 @@ impl Fetcher {
         let mut backoff = policy.backoff_min.max(Duration::from_millis(1));
         let mut attempts = 0u32;
         let mut redirects = 0u32;
+        // Brokers lost during this call: a broker that names one of them
+        // (its hint is stale, or it names a replica it can't know is
+        // down) is taken as naming no leader.
+        let mut lost: Vec<String> = Vec::new();
         loop {
             attempts += 1;
             let target = self.target();
@@ -136,7 +149,7 @@ impl Fetcher {
                 Ok(records) => return Ok(records),
                 Err(ClientError::NotLeader {
                     leader: Some(l), ..
-                }) if l != target && redirects < MAX_REDIRECTS => {
+                }) if l != target && !lost.contains(&l) && redirects < MAX_REDIRECTS => {
                     // Straight to the named leader: no backoff.
                     redirects += 1;
                     self.follow(l);
@@ -145,6 +158,7 @@ impl Fetcher {
                 Err(e @ ClientError::NotLeader { .. }) => e,
                 Err(e) if is_lost(&e) || matches!(e, ClientError::Timeout { .. }) => {
                     self.conn = None;
+                    lost.push(target.clone());
                     e
                 }
                 Err(e) => return Err(e),
@@ -222,6 +236,7 @@ impl Fetcher {
             return Err(ClientError::Unexpected(format!("{answer:?}")));
         };
         self.high_watermark = high_watermark;
+        self.answered_by = Some(addr.to_string());
         let records: Vec<FetchedRecord> = records
             .into_iter()
             .filter(|r| r.offset >= self.offset)

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fissionlog_broker::client::{
-    Admin, ClientError, Connection, Endpoint, Producer, ProducerConfig,
+    Admin, ClientError, Connection, Endpoint, Fetcher, FetcherConfig, Producer, ProducerConfig,
 };
 use fissionlog_broker::protocol::{
     Acks, ErrorCode, FetchedRecord, Isolation, ProduceRecord, RangeOwner, Request, Response, Stamp,
@@ -667,7 +667,9 @@ fn run_cli(args: &[&str], stdin: &str) -> std::process::Output {
 
 /// The README's three-node run: `produce --idempotent --ack-level quorum`
 /// through one broker reaches every partition's leader, `describe` names
-/// replicas and leaders, and what cluster mode does not take is refused.
+/// replicas and leaders, `describe` and `fetch` given a dead broker first
+/// go on through the next (and `fetch` reads every record once from each
+/// partition's leader), and what cluster mode does not take is refused.
 #[test]
 fn the_command_line_produces_to_and_describes_a_three_broker_cluster() {
     let cluster = start_cluster();
@@ -735,6 +737,83 @@ fn the_command_line_produces_to_and_describes_a_three_broker_cluster() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+
+    // Several brokers, the first one down: describe and fetch go on
+    // through the next, and fetch reaches each partition's leader.
+    let dead = free_addrs(1).remove(0);
+    let out = run_cli(
+        &[
+            "describe", "--server", &dead, "--server", b3, "--topic", "t", "--json",
+        ],
+        "",
+    );
+    assert!(
+        out.status.success(),
+        "describe through the second --server: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut fetched = Vec::new();
+    for p in 0..3u32 {
+        let out = run_cli(
+            &[
+                "fetch",
+                "--server",
+                &dead,
+                "--server",
+                b3,
+                "--topic",
+                "t",
+                "--partition",
+                &p.to_string(),
+                "--idle-ms",
+                "500",
+                "--json",
+            ],
+            "",
+        );
+        assert!(
+            out.status.success(),
+            "fetch of partition {p}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for l in String::from_utf8_lossy(&out.stdout).lines() {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+            assert_eq!(v["partition"].as_u64(), Some(u64::from(p)), "{v}");
+            fetched.push((
+                v["key"].clone(),
+                v["value"].clone(),
+                v["partition"].clone(),
+                v["offset"].clone(),
+            ));
+        }
+    }
+    let mut want: Vec<_> = acks
+        .iter()
+        .map(|a| {
+            (
+                a["key"].clone(),
+                a["partition"].clone(),
+                a["offset"].clone(),
+            )
+        })
+        .collect();
+    let mut have: Vec<_> = fetched
+        .iter()
+        .map(|(k, v, p, o)| {
+            assert_eq!(
+                v.as_str().map(|v| v.trim_start_matches('v')),
+                k.as_str().map(|k| k.trim_start_matches('k')),
+                "each key's value"
+            );
+            (k.clone(), p.clone(), o.clone())
+        })
+        .collect();
+    want.sort_by_key(|x| x.0.to_string());
+    have.sort_by_key(|x| x.0.to_string());
+    assert_eq!(
+        have, want,
+        "every produced record is fetched once, where it was acknowledged"
+    );
 
     let out = run_cli(&["produce", "--server", b3, "--topic", "t"], "k\tv\n");
     assert_eq!(out.status.code(), Some(1), "an unrouted produce is refused");
@@ -1055,6 +1134,118 @@ fn a_producer_given_several_brokers_goes_on_through_another_when_its_only_broker
     });
     if rx.recv_timeout(DEADLINE).is_ok() {
         cluster.brokers[0].kill();
+    }
+    let _ = go_tx.send(());
+    if let Err(e) = run.join() {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// Fetches with `f` until it holds `n` records (more is a failure of
+/// the caller's count), within the wait limit.
+async fn fetch_until(f: &mut Fetcher, got: &mut Vec<FetchedRecord>, n: usize) {
+    let started = Instant::now();
+    while got.len() < n {
+        match f.fetch().await {
+            Ok(recs) => got.extend(recs),
+            Err(e) => panic!("the fetcher reads on at offset {}: {e}", f.offset()),
+        }
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "the fetcher reaches {n} records (it has {})",
+            got.len()
+        );
+    }
+}
+
+/// Partition 0's replicas and leader as broker `addr` describes them.
+async fn placement(addr: &str, topic: &str) -> (Vec<u64>, u64) {
+    let leader = leaders(addr, topic).await[&0];
+    let c = Connection::connect(addr, None).await.expect("connect");
+    let v = Admin::new(c).describe(topic).await.expect("a description");
+    let replicas = v["partitions"][0]["replicas"]
+        .as_array()
+        .expect("replicas")
+        .iter()
+        .filter_map(|r| r.as_u64())
+        .collect();
+    (replicas, leader)
+}
+
+/// In a cluster of four, a fetcher given first the broker that hosts no
+/// replica of the partition follows its `not_leader` to the leader; once
+/// the leader is SIGKILLed it goes on from its offset through another
+/// replica it was given (the broker without a replica still names the
+/// dead one): every acknowledged record once, in order.
+#[test]
+fn a_fetcher_follows_not_leader_and_reads_every_acknowledged_record_once_through_the_leaders_kill()
+{
+    let mut cluster = start_cluster_of(4);
+    let addrs: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
+    let (tx, rx) = std::sync::mpsc::channel::<usize>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = std::thread::spawn(move || {
+        run_within(async move {
+            let topic = "reads";
+            create_topic(&addrs[0], topic, 1).await;
+            let (replicas, leader) = placement(&addrs[0], topic).await;
+            let addr_of = |id: u64| addrs[id as usize - 1].clone();
+            let outsider = (1..=4u64)
+                .find(|id| !replicas.contains(id))
+                .expect("a broker without a replica");
+            let other = *replicas
+                .iter()
+                .find(|&&r| r != leader)
+                .expect("a replica that does not lead");
+            let config = ProducerConfig {
+                acks: Acks::Quorum,
+                idempotent: true,
+                max_in_flight: 4,
+                ..ProducerConfig::new(topic)
+            };
+            let producer = Producer::connect(Endpoint::with_bootstrap(addrs.clone()), config)
+                .await
+                .expect("the producer connects");
+            let mut acked: Acked = Vec::new();
+            await_acks(send_range(&producer, 0, 60).await, &mut acked).await;
+
+            let fetch_config = FetcherConfig {
+                max_wait: Duration::from_millis(200),
+                ..FetcherConfig::new(topic, 0)
+            };
+            let endpoint = Endpoint::with_bootstrap([addr_of(outsider), addr_of(other)]);
+            let mut f = Fetcher::new(endpoint, fetch_config);
+            let mut got = Vec::new();
+            fetch_until(&mut f, &mut got, 60).await;
+            assert_eq!(f.offset(), 60);
+            assert_eq!(
+                f.broker(),
+                Some(addr_of(leader).as_str()),
+                "the fetcher followed not_leader to broker {leader}"
+            );
+
+            tx.send(leader as usize - 1).expect("the killer listens");
+            go_rx.await.expect("the leader was killed");
+            await_acks(send_range(&producer, 60, 120).await, &mut acked).await;
+            fetch_until(&mut f, &mut got, 120).await;
+            assert_ne!(f.broker(), Some(addr_of(leader).as_str()));
+
+            assert_eq!(got.len(), 120, "no record is fetched twice");
+            for (i, r) in got.iter().enumerate() {
+                assert_eq!(r.offset, i as u64, "offsets in order, none skipped");
+            }
+            for (rec, (p, o)) in &acked {
+                let at = got.get(*o as usize).map(|r| parse(&r.value));
+                assert_eq!(
+                    (*p, at.as_ref()),
+                    (0, Some(rec)),
+                    "acknowledged {rec:?} is fetched at offset {o}"
+                );
+            }
+        });
+    });
+    if let Ok(v) = rx.recv_timeout(DEADLINE) {
+        cluster.brokers[v].kill();
     }
     let _ = go_tx.send(());
     if let Err(e) = run.join() {

@@ -1,5 +1,5 @@
-//! The command line: `serve`, `produce`, `consume`, `describe`, `groups`,
-//! `split`, `demo` (and the demo's worker processes).
+//! The command line: `serve`, `produce`, `consume`, `fetch`, `describe`,
+//! `groups`, `split`, `demo` (and the demo's worker processes).
 //!
 //! Exit codes as the `fissionlog` tool's (docs/CLI.md): 0 ok, 1 refused or
 //! problems found, 2 usage error or the server unreachable.
@@ -46,7 +46,9 @@ impl From<ClientError> for Failure {
                     | ErrorCode::UnsupportedVersion,
                 ..
             } => 2,
-            ClientError::Connect(_) | ClientError::Disconnected(_) => 2,
+            ClientError::Connect(_)
+            | ClientError::Disconnected(_)
+            | ClientError::Unavailable { .. } => 2,
             _ => 1,
         };
         Failure {
@@ -77,6 +79,8 @@ enum Command {
     Produce(tools::ProduceArgs),
     /// Consume a topic as a group member and print its records.
     Consume(tools::ConsumeArgs),
+    /// Read one partition from an offset through its leader and print its records.
+    Fetch(tools::FetchArgs),
     /// Describe a topic's partitions.
     Describe(tools::DescribeArgs),
     /// List consumer groups with their members, positions and lag.
@@ -104,6 +108,7 @@ pub(crate) fn main() -> i32 {
         Command::Serve(_) => "serve",
         Command::Produce(_) => "produce",
         Command::Consume(_) => "consume",
+        Command::Fetch(_) => "fetch",
         Command::Describe(_) => "describe",
         Command::Groups(_) => "groups",
         Command::Split(_) => "split",
@@ -126,6 +131,7 @@ pub(crate) fn main() -> i32 {
             Command::Serve(a) => serve::run(a).await,
             Command::Produce(a) => tools::produce(a).await,
             Command::Consume(a) => tools::consume(a).await,
+            Command::Fetch(a) => tools::fetch(a).await,
             Command::Describe(a) => tools::describe(a).await,
             Command::Groups(a) => tools::groups(a).await,
             Command::Split(a) => tools::split(a).await,

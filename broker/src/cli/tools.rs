@@ -1,11 +1,13 @@
-//! The client commands: `produce`, `consume`, `describe`, `groups`, `split`.
+//! The client commands: `produce`, `consume`, `fetch`, `describe`, `groups`,
+//! `split`.
 
 use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fissionlog_broker::client::{
-    Admin, ClientError, Connection, Consumer, ConsumerConfig, Endpoint, Producer, ProducerConfig,
+    Admin, ClientError, Connection, Consumer, ConsumerConfig, Endpoint, Fetcher, FetcherConfig,
+    Producer, ProducerConfig,
 };
 use fissionlog_broker::protocol::{Acks, ErrorCode, SplitSpec, SyncSpec, TailFromSpec};
 use serde_json::{json, Value};
@@ -14,25 +16,24 @@ use super::{CmdResult, Failure};
 
 #[derive(clap::Args)]
 pub(crate) struct Server {
-    /// Broker address.
-    #[arg(long, default_value = "127.0.0.1:9092")]
-    server: String,
+    /// Broker address; give it several times for a cluster: each command
+    /// tries them in order until one answers.
+    #[arg(long = "server", default_value = "127.0.0.1:9092")]
+    servers: Vec<String>,
     /// Connect over TLS, trusting the CA certificates of this PEM file.
     #[arg(long)]
     tls_ca: Option<std::path::PathBuf>,
     /// The name the server's certificate must carry (default: the host
-    /// part of `--server`).
+    /// part of the first `--server`).
     #[arg(long, requires = "tls_ca")]
     tls_server_name: Option<String>,
 }
 
 impl Server {
-    /// `host` of `host:port` (brackets of an IPv6 address removed).
+    /// `host` of the first `host:port` (brackets of an IPv6 address removed).
     fn host(&self) -> &str {
-        let h = self
-            .server
-            .rsplit_once(':')
-            .map_or(self.server.as_str(), |(h, _)| h);
+        let first = self.servers.first().map_or("", String::as_str);
+        let h = first.rsplit_once(':').map_or(first, |(h, _)| h);
         h.trim_start_matches('[').trim_end_matches(']')
     }
 }
@@ -45,10 +46,11 @@ pub(crate) fn token() -> Option<Bytes> {
         .map(Bytes::from)
 }
 
-/// The broker as an [`Endpoint`]: TLS and the token included, so a
-/// producer connects again (and to other brokers) the same way.
+/// The brokers as an [`Endpoint`]: the first `--server`, the others as
+/// bootstrap brokers, TLS and the token included, so a producer connects
+/// again (and to other brokers) the same way.
 fn endpoint(s: &Server) -> Result<Endpoint, Failure> {
-    let mut ep = Endpoint::new(s.server.clone());
+    let mut ep = Endpoint::with_bootstrap(s.servers.iter().cloned());
     if let Some(ca) = &s.tls_ca {
         let name = s.tls_server_name.as_deref().unwrap_or_else(|| s.host());
         let tls = fissionlog_broker::tls::ClientTls::from_ca_file(ca, name)
@@ -61,21 +63,15 @@ fn endpoint(s: &Server) -> Result<Endpoint, Failure> {
     Ok(ep)
 }
 
+/// A connection to the first `--server` that answers (the endpoint's
+/// order); a refusal (a bad token) is not tried elsewhere.
 async fn connect(s: &Server) -> Result<Connection, Failure> {
-    let connected = match &s.tls_ca {
-        Some(ca) => {
-            let name = s.tls_server_name.as_deref().unwrap_or_else(|| s.host());
-            let tls = fissionlog_broker::tls::ClientTls::from_ca_file(ca, name)
-                .map_err(|e| Failure::usage(e.to_string()))?;
-            Connection::connect_tls(s.server.as_str(), &tls, token()).await
-        }
-        None => Connection::connect(s.server.as_str(), token()).await,
-    };
-    connected.map_err(|e| match e {
+    let tried = s.servers.join(", ");
+    endpoint(s)?.connect().await.map_err(|e| match e {
         ClientError::Server { .. } => {
-            Failure::refused(format!("the broker at {} refused: {e}", s.server))
+            Failure::refused(format!("the broker at {tried} refused: {e}"))
         }
-        e => Failure::usage(format!("cannot reach the broker at {}: {e}", s.server)),
+        e => Failure::usage(format!("cannot reach the broker at {tried}: {e}")),
     })
 }
 
@@ -335,23 +331,14 @@ pub(crate) async fn consume(a: ConsumeArgs) -> CmdResult {
         }
         last = Instant::now();
         for r in &recs {
-            let line = if a.json {
-                let mut v = serde_json::Map::new();
-                v.insert("partition".into(), json!(r.partition));
-                v.insert("offset".into(), json!(r.offset));
-                v.insert("timestamp".into(), json!(r.timestamp));
-                put_bytes(&mut v, "key", r.key.as_deref());
-                put_bytes(&mut v, "value", Some(&r.value));
-                Value::Object(v).to_string()
-            } else {
-                format!(
-                    "{}\t{}\t{}\t{}",
-                    r.partition,
-                    r.offset,
-                    r.key.as_deref().map_or(String::new(), escape),
-                    escape(&r.value)
-                )
-            };
+            let line = record_line(
+                a.json,
+                r.partition,
+                r.offset,
+                r.timestamp,
+                r.key.as_deref(),
+                &r.value,
+            );
             if writeln!(out, "{line}").is_err() {
                 return Ok(()); // a closed pipe ends quietly
             }
@@ -361,6 +348,102 @@ pub(crate) async fn consume(a: ConsumeArgs) -> CmdResult {
         c.commit().await?;
     }
     c.leave().await?;
+    Ok(())
+}
+
+/// One record as `consume` and `fetch` print it: a JSON object, or
+/// `partition TAB offset TAB key TAB value` with tabs, newlines and
+/// control bytes escaped.
+fn record_line(
+    json: bool,
+    partition: u32,
+    offset: u64,
+    timestamp: i64,
+    key: Option<&[u8]>,
+    value: &[u8],
+) -> String {
+    if json {
+        let mut v = serde_json::Map::new();
+        v.insert("partition".into(), json!(partition));
+        v.insert("offset".into(), json!(offset));
+        v.insert("timestamp".into(), json!(timestamp));
+        put_bytes(&mut v, "key", key);
+        put_bytes(&mut v, "value", Some(value));
+        Value::Object(v).to_string()
+    } else {
+        format!(
+            "{partition}\t{offset}\t{}\t{}",
+            key.map_or(String::new(), escape),
+            escape(value)
+        )
+    }
+}
+
+#[derive(clap::Args)]
+pub(crate) struct FetchArgs {
+    #[command(flatten)]
+    server: Server,
+    /// Topic.
+    #[arg(long)]
+    topic: String,
+    /// Partition.
+    #[arg(long)]
+    partition: u32,
+    /// The first offset to read.
+    #[arg(long, default_value_t = 0)]
+    offset: u64,
+    /// Stop after this many records.
+    #[arg(long)]
+    max_records: Option<u64>,
+    /// Stop once no record came for this many milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    idle_ms: u64,
+    /// One JSON object per record.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Reads a partition through a [`Fetcher`], which sends each fetch to
+/// the partition's leader and goes on through another `--server` when
+/// one is down; no group, no commit.
+pub(crate) async fn fetch(a: FetchArgs) -> CmdResult {
+    let idle = Duration::from_millis(a.idle_ms);
+    let config = FetcherConfig {
+        offset: a.offset,
+        // The long poll ends in time to notice the idle limit.
+        max_wait: idle.clamp(Duration::from_millis(1), Duration::from_millis(500)),
+        ..FetcherConfig::new(&a.topic, a.partition)
+    };
+    let mut f = Fetcher::new(endpoint(&a.server)?, config);
+    let mut out = std::io::stdout().lock();
+    let mut seen = 0u64;
+    let mut last = Instant::now();
+    let limit = a.max_records.unwrap_or(u64::MAX);
+    while seen < limit && last.elapsed() < idle {
+        let recs = f.fetch().await?;
+        if recs.is_empty() {
+            continue;
+        }
+        last = Instant::now();
+        for r in recs
+            .iter()
+            .take((limit - seen).min(usize::MAX as u64) as usize)
+        {
+            let line = record_line(
+                a.json,
+                a.partition,
+                r.offset,
+                r.timestamp,
+                r.key.as_deref(),
+                &r.value,
+            );
+            if writeln!(out, "{line}").is_err() {
+                return Ok(()); // a closed pipe ends quietly
+            }
+            seen += 1;
+        }
+        let _ = out.flush();
+    }
     Ok(())
 }
 

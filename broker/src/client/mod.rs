@@ -1,15 +1,18 @@
 //! The async client: a multiplexed [`Connection`] (responses matched to
 //! requests by id, so they may come back in any order), a batching
-//! [`Producer`], a group [`Consumer`] and an [`Admin`].
+//! [`Producer`], a group [`Consumer`], a partition [`Fetcher`] that follows
+//! a cluster's leaders, and an [`Admin`].
 
 mod admin;
 mod consumer;
+mod fetcher;
 mod idempotent;
 mod producer;
 mod reconnect;
 
 pub use admin::Admin;
 pub use consumer::{Consumer, ConsumerConfig};
+pub use fetcher::{Fetcher, FetcherConfig};
 pub use producer::{Producer, ProducerConfig, SendFuture};
 pub use reconnect::{Endpoint, Reconnect};
 

@@ -106,12 +106,28 @@ pub fn encode_index_file(base_offset: u64, entries: &[IndexEntry]) -> Vec<u8> {
     buf
 }
 
-/// Whether `buf` is a first-version index file of the segment at
-/// `base_offset`: a file of the earlier format, which an open rebuilds, not
-/// a damaged one.
-pub fn is_first_version(buf: &[u8], base_offset: u64) -> bool {
-    RawHeader::read_from_prefix(buf)
-        .is_ok_and(|(h, _)| h.magic == INDEX_MAGIC_V1 && h.base_offset.get() == base_offset)
+/// Whether `buf` is a whole first-version index file of the segment at
+/// `base_offset` whose data ends at `data_end` (bytes) and `end_offset`: a
+/// file of the earlier format, which an open rebuilds, not a damaged one.
+/// The first version had no checksum, so its shape is all that tells it
+/// from damage: header and whole entries with no trailer (a current file
+/// whose magic lost its version byte keeps its trailer), entries in bounds
+/// and increasing.
+pub fn is_first_version(buf: &[u8], base_offset: u64, data_end: u64, end_offset: u64) -> bool {
+    let Ok((h, rest)) = RawHeader::read_from_prefix(buf) else {
+        return false;
+    };
+    if h.magic != INDEX_MAGIC_V1
+        || h.base_offset.get() != base_offset
+        || rest.len() % INDEX_ENTRY_LEN != 0
+    {
+        return false;
+    }
+    let mut current = buf.to_vec();
+    current[..INDEX_MAGIC.len()].copy_from_slice(&INDEX_MAGIC);
+    let crc = crc32fast::hash(&current);
+    current.extend_from_slice(&crc.to_le_bytes());
+    decode_index(&current, base_offset, data_end, end_offset).1
 }
 
 /// Decodes an index file for the segment at `base_offset` whose data ends at

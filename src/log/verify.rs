@@ -283,7 +283,14 @@ fn check_index(
         seg.committed_pos(),
         seg.end_offset(),
     );
-    if !whole && crate::format::index::is_first_version(&buf, seg.base_offset) {
+    if !whole
+        && crate::format::index::is_first_version(
+            &buf,
+            seg.base_offset,
+            seg.committed_pos(),
+            seg.end_offset(),
+        )
+    {
         report.add(seg.index_path(), FileAction::RebuiltIndex);
     } else if !whole {
         problems.push(Problem {

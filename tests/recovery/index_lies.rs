@@ -428,3 +428,67 @@ fn unusual_index_intervals_read_and_verify_clean() {
         );
     }
 }
+
+/// The first version had no checksum, so `verify` calls an index file of
+/// that version harmless only when its shape is whole: a current file that
+/// lost its version byte (it keeps its trailer), a first-version header on
+/// garbage and a first-version file with an entry past the segment's data
+/// are damage, in the rolled segment as in the active one. An open rebuilds
+/// each of them, reads every record, and leaves `verify` clean.
+#[test]
+fn verify_calls_no_damaged_index_file_a_first_version_one() {
+    let probe = tempfile::tempdir().unwrap();
+    closed_log(probe.path());
+    for base in [0, PER_SEG] {
+        let bytes = std::fs::read(probe.path().join(idx(base))).unwrap();
+        let mut v1 = b"FSNLIDX\0".to_vec();
+        v1.extend_from_slice(&bytes[8..bytes.len() - 4]);
+
+        let mut lost_version = bytes.clone();
+        lost_version[7] = 0;
+        let mut on_garbage = v1[..16].to_vec();
+        on_garbage.extend((0..37u8).map(|i| i.wrapping_mul(151) ^ 0x5a));
+        let mut past_data = v1.clone();
+        let last = past_data.len() - 16;
+        let mut entry = past_data[last..].to_vec();
+        let rel_offset = u32::from_le_bytes(entry[0..4].try_into().unwrap()) + 1;
+        entry[0..4].copy_from_slice(&rel_offset.to_le_bytes());
+        entry[4..8].copy_from_slice(&(16 * 1024u32 * 4).to_le_bytes());
+        past_data.extend_from_slice(&entry);
+
+        for (what, file) in [
+            ("a current file without its version byte", lost_version),
+            ("a first-version header on garbage", on_garbage),
+            ("a first-version entry past the data", past_data),
+        ] {
+            let what = format!("{what} (segment {base})");
+            let dir = tempfile::tempdir().unwrap();
+            closed_log(dir.path());
+            std::fs::write(dir.path().join(idx(base)), &file).unwrap();
+            let (report, problems) = fissionlog::verify(dir.path()).unwrap();
+            assert_eq!(problems.len(), 1, "{what}: {problems:#?}");
+            assert_eq!(problems[0].file, dir.path().join(idx(base)), "{what}");
+            assert!(report.files.is_empty(), "{what}: {report:#?}");
+            let log = Log::open(dir.path(), quiet()).unwrap();
+            each_offset_reads_its_record(&log, &what);
+            log.close().unwrap();
+            let (report, problems) = fissionlog::verify(dir.path()).unwrap();
+            assert!(problems.is_empty(), "{what}, after: {problems:#?}");
+            assert!(report.files.is_empty(), "{what}, after: {report:#?}");
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        closed_log(dir.path());
+        std::fs::write(dir.path().join(idx(base)), &v1).unwrap();
+        let (report, problems) = fissionlog::verify(dir.path()).unwrap();
+        assert!(
+            problems.is_empty(),
+            "first version (segment {base}): {problems:#?}"
+        );
+        assert_eq!(
+            report.files.len(),
+            1,
+            "first version (segment {base}): {report:#?}"
+        );
+    }
+}

@@ -1172,11 +1172,21 @@ async fn placement(addr: &str, topic: &str) -> (Vec<u64>, u64) {
     (replicas, leader)
 }
 
+/// Partition 0 of `topic` from its start, in long polls of 200 ms.
+fn fetch_config_of(topic: &str) -> FetcherConfig {
+    FetcherConfig {
+        max_wait: Duration::from_millis(200),
+        ..FetcherConfig::new(topic, 0)
+    }
+}
+
 /// In a cluster of four, a fetcher given first the broker that hosts no
 /// replica of the partition follows its `not_leader` to the leader; once
 /// the leader is SIGKILLed it goes on from its offset through another
-/// replica it was given (the broker without a replica still names the
-/// dead one): every acknowledged record once, in order.
+/// replica it was given: every acknowledged record once, in order. A
+/// fetcher given only the broker without a replica is then sent to a
+/// replica that is alive (the broker asks the replicas who leads), and
+/// reads the same records.
 #[test]
 fn a_fetcher_follows_not_leader_and_reads_every_acknowledged_record_once_through_the_leaders_kill()
 {
@@ -1209,12 +1219,8 @@ fn a_fetcher_follows_not_leader_and_reads_every_acknowledged_record_once_through
             let mut acked: Acked = Vec::new();
             await_acks(send_range(&producer, 0, 60).await, &mut acked).await;
 
-            let fetch_config = FetcherConfig {
-                max_wait: Duration::from_millis(200),
-                ..FetcherConfig::new(topic, 0)
-            };
             let endpoint = Endpoint::with_bootstrap([addr_of(outsider), addr_of(other)]);
-            let mut f = Fetcher::new(endpoint, fetch_config);
+            let mut f = Fetcher::new(endpoint, fetch_config_of(topic));
             let mut got = Vec::new();
             fetch_until(&mut f, &mut got, 60).await;
             assert_eq!(f.offset(), 60);
@@ -1242,6 +1248,17 @@ fn a_fetcher_follows_not_leader_and_reads_every_acknowledged_record_once_through
                     "acknowledged {rec:?} is fetched at offset {o}"
                 );
             }
+
+            // Given only the broker without a replica, a new fetcher is
+            // sent to a replica that answers, not to the dead one.
+            let endpoint = Endpoint::with_bootstrap([addr_of(outsider)]);
+            let mut alone = Fetcher::new(endpoint, fetch_config_of(topic));
+            let mut again = Vec::new();
+            fetch_until(&mut alone, &mut again, 120).await;
+            assert_ne!(alone.broker(), Some(addr_of(leader).as_str()));
+            let values =
+                |v: &[FetchedRecord]| v.iter().map(|r| r.value.clone()).collect::<Vec<_>>();
+            assert_eq!(values(&again), values(&got), "the same records, once each");
         });
     });
     if let Ok(v) = rx.recv_timeout(DEADLINE) {

@@ -33,6 +33,7 @@
 //! controller's `TopicMeta`: every broker routes with it, and a client
 //! without it (without write access) cannot aim keys at one partition.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -62,6 +63,9 @@ const LEADER_WAIT: Duration = Duration::from_secs(3);
 const CREATE_WAIT: Duration = Duration::from_secs(10);
 /// How long one node-to-node call may take.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a broker without a replica of a partition waits for a
+/// replica's answer to who leads it.
+const ASK_TIMEOUT: Duration = Duration::from_millis(500);
 /// How often a wait looks again.
 const STEP: Duration = Duration::from_millis(20);
 /// Largest number of records one fetch asks the replica for.
@@ -496,18 +500,62 @@ fn partition_route(meta: &TopicMeta, partition: u32) -> Result<PartitionRoute, R
     })
 }
 
-fn not_hosted(c: &Cluster, route: &PartitionRoute) -> Refusal {
+/// The refusal of a request for a partition this broker holds no replica
+/// of, naming where to send it: see [`replica_to_ask`].
+async fn not_hosted(c: &Cluster, route: &PartitionRoute) -> Refusal {
     Refusal::NotLeader(
         format!(
-            "partition {} has no replica on node {}",
+            "partition {} has no replica on node {} (its replicas are nodes {:?})",
             route.partition,
-            c.node_id()
+            c.node_id(),
+            route.replicas
         ),
-        route
-            .replicas
-            .first()
-            .and_then(|r| c.peers().get(r).cloned()),
+        replica_to_ask(c, route).await,
     )
+}
+
+/// Where a broker without a replica of `route` sends a client: it asks
+/// every replica at once who leads the partition's group, and names the
+/// leader when the leader itself answered, else the first replica in
+/// placement order that answered (a replica serves fetches itself and
+/// names the leader to a produce); `None` when no replica answered within
+/// [`ASK_TIMEOUT`] (the client retries). Naming the preferred leader
+/// without asking would send every client to a dead broker for as long as
+/// the preferred leader is down.
+async fn replica_to_ask(c: &Cluster, route: &PartitionRoute) -> Option<String> {
+    let mut asks = tokio::task::JoinSet::new();
+    for &r in &route.replicas {
+        let Some(addr) = c.peers().get(&r).cloned() else {
+            continue;
+        };
+        let group = route.group;
+        asks.spawn(async move {
+            let mut nc = NodeClient::connect(&addr, ASK_TIMEOUT).await.ok()?;
+            match nc.call(ClientCall::Status { group }, ASK_TIMEOUT).await {
+                Ok(ClientReply::Status { leader, .. }) => Some((r, leader)),
+                _ => None,
+            }
+        });
+    }
+    let mut answered: BTreeMap<NodeId, Option<NodeId>> = BTreeMap::new();
+    while let Some(done) = asks.join_next().await {
+        if let Ok(Some((r, leader))) = done {
+            answered.insert(r, leader);
+        }
+    }
+    let leader = answered
+        .values()
+        .flatten()
+        .find(|l| answered.contains_key(l))
+        .copied();
+    let first_alive = route
+        .replicas
+        .iter()
+        .find(|r| answered.contains_key(r))
+        .copied();
+    leader
+        .or(first_alive)
+        .and_then(|n| c.peers().get(&n).cloned())
 }
 
 async fn produce(conn: &Conn, c: &Cluster, req: Request) -> Answer {
@@ -548,7 +596,7 @@ async fn produce(conn: &Conn, c: &Cluster, req: Request) -> Answer {
     }
     check_keys(&meta, partition, &records)?;
     if !route.replicas.contains(&c.node_id()) {
-        return Err(not_hosted(c, &route));
+        return Err(not_hosted(c, &route).await);
     }
     if let Some(s) = &stamp {
         check_producer(c, s).await?;
@@ -702,7 +750,7 @@ async fn fetch(
     let meta = topic_meta(c, topic)?;
     let route = partition_route(&meta, partition)?;
     if !route.replicas.contains(&c.node_id()) {
-        return Err(not_hosted(c, &route));
+        return Err(not_hosted(c, &route).await);
     }
     let started = Instant::now();
     let mut shutdown = conn.shared.shutdown.clone();

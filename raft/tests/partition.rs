@@ -247,6 +247,40 @@ fn a_follower_cut_off_by_a_symmetric_partition_catches_up_to_the_same_committed_
     });
 }
 
+/// The leader's calls to one follower are dropped while the follower's
+/// calls to the leader still pass: the follower hears no heartbeat and
+/// campaigns through links that work. Acknowledgements go on (the leader
+/// and the other follower, or whichever pair wins, are a quorum), and
+/// once the link heals all three converge on one committed log with
+/// every acknowledged append in it once.
+#[test]
+fn a_link_dropped_one_way_from_the_leader_to_a_follower_loses_nothing_and_acknowledgements_go_on() {
+    run_within(DEADLINE, async {
+        let mut c = Cluster::start_with_proxies().await;
+        c.wait_acks(0, ACKS_PER_PHASE / 2, None).await;
+        let leader = c.leader().await;
+        let deaf = (1..=3).find(|&n| n != leader).unwrap_or(1);
+        c.mesh().set_one_way(leader, deaf, Mode::Drop);
+        eprintln!("dropped node {leader}'s calls to node {deaf}; node {deaf}'s calls still pass");
+        let before = c.acked();
+        c.wait_acks(before, ACKS_PER_PHASE, None).await;
+        let mut named = Vec::new();
+        for n in 1..=3 {
+            named.push((n, status(&mut c, n).await.and_then(|(l, _)| l)));
+        }
+        eprintln!(
+            "{} appends acknowledged over the one-way drop; leaders named: {named:?}",
+            c.acked() - before
+        );
+        c.mesh().heal();
+        eprintln!("healed");
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, None).await;
+        let agreed = wait_leader_among(&mut c, &[1, 2, 3]).await;
+        eprintln!("all three name node {agreed}");
+        c.finish_and_check().await;
+    });
+}
+
 /// Times the leader's links flip between dropping and passing.
 const FLAPS: usize = 16;
 /// How long each state of a flapping link lasts.

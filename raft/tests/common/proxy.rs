@@ -191,6 +191,14 @@ impl Mesh {
         }
     }
 
+    /// Switches the link `from → to` alone: `from`'s calls to `to` (and
+    /// their answers), while `to`'s calls to `from` go on as they were.
+    pub fn set_one_way(&self, from: NodeId, to: NodeId, mode: Mode) {
+        if let Some(p) = self.links.get(&(from, to)) {
+            p.set(mode);
+        }
+    }
+
     /// Switches every link into and out of `node`: `Drop` cuts it off
     /// from all its peers (clients still reach it; they are not proxied).
     pub fn set_node(&self, node: NodeId, mode: Mode) {

@@ -42,7 +42,7 @@ use openraft::{
 
 use crate::meta::{Meta, MetaFile};
 use crate::types::{Command, Entry, NodeId, RecordIn, TypeConfig};
-use crate::vote::VoteFile;
+use crate::vote::{StdVoteIo, VoteFile, VoteIo};
 
 pub mod stamps;
 
@@ -234,13 +234,24 @@ impl LogStore {
     /// The log storage of partition `partition` of the replicated topic
     /// `topic`; its vote and meta files live in the partition's directory.
     pub fn open(topic: Topic, partition: u32) -> crate::Result<LogStore> {
+        LogStore::open_with_io(topic, partition, Arc::new(StdVoteIo))
+    }
+
+    /// [`LogStore::open`], with the group's own files (vote, `raft-meta`,
+    /// `raft-stamps`) written through `io`: a test's power-loss model sees
+    /// their fsyncs as the log's hook sees the segments'.
+    pub fn open_with_io(
+        topic: Topic,
+        partition: u32,
+        io: Arc<dyn VoteIo>,
+    ) -> crate::Result<LogStore> {
         let part = topic.partition(partition).map_err(|e| crate::Error::Io {
             op: "open",
             path: std::path::PathBuf::from(topic.name()),
             source: std::io::Error::other(e.to_string()),
         })?;
         let dir = part.dir().to_path_buf();
-        let meta_file = MetaFile::new(&dir);
+        let meta_file = MetaFile::with_io(&dir, io.clone());
         let meta = meta_file.read()?;
         if let Some(purged) = meta.purged {
             // A purge at or past the log's end (a snapshot installed past
@@ -257,12 +268,12 @@ impl LogStore {
             }
         }
         let readable_from = Arc::new(AtomicU64::new(meta.purged.map_or(0, |p| p.index + 1)));
-        let stamps = Arc::new(Mutex::new(Stamps::open(&dir)?));
+        let stamps = Arc::new(Mutex::new(Stamps::open(&dir, io.clone())?));
         Ok(LogStore {
             stamps,
             readable_from,
             topic,
-            vote: VoteFile::new(&dir),
+            vote: VoteFile::with_io(&dir, io),
             meta_file,
             meta,
             part,

@@ -60,6 +60,7 @@ use crate::log_store::LogStore;
 use crate::network::{BoxFuture, ClientDispatch, Network, RaftRegistry};
 use crate::state_machine::{CommittedEndSink, PartitionState, PartitionStateMachine, StampVerdict};
 use crate::types::{Command, CommandResponse, GroupId, NodeId, ProducerStamp, RecordIn};
+use crate::vote::{StdVoteIo, VoteIo};
 
 /// Most records one read call returns.
 pub const MAX_READ_RECORDS: u32 = 10_000;
@@ -108,6 +109,39 @@ pub struct NodeOptions {
     pub controller: bool,
 }
 
+/// What a node stores its groups on: its log, and the file operations of
+/// each group's own files.
+pub struct NodeStorage {
+    /// The node's log (segments, checkpoint, manifest).
+    pub log: Log,
+    /// The vote, `raft-meta` and `raft-stamps` files' operations.
+    pub file_io: Arc<dyn VoteIo>,
+    /// The segment size of a group's topic, taken when the group is first
+    /// hosted on this node (a restart keeps what the topic was created
+    /// with).
+    pub segment_bytes: u64,
+}
+
+impl NodeStorage {
+    /// `log`, the real file operations and the library's segment size.
+    pub fn new(log: Log) -> NodeStorage {
+        NodeStorage {
+            log,
+            file_io: Arc::new(StdVoteIo),
+            segment_bytes: TopicConfig::default().segment_bytes,
+        }
+    }
+}
+
+impl std::fmt::Debug for NodeStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeStorage")
+            .field("file_io", &self.file_io)
+            .field("segment_bytes", &self.segment_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What every hosted group shares: the node's log, its Raft settings,
 /// the transport and the registry peers' RPCs are dispatched through.
 struct Host {
@@ -118,6 +152,11 @@ struct Host {
     groups: std::sync::RwLock<HashMap<GroupId, Arc<Group>>>,
     /// Held open while the node runs (its directory lock too).
     log: Arc<Log>,
+    /// The groups' own files (vote, `raft-meta`, `raft-stamps`) go
+    /// through it.
+    file_io: Arc<dyn VoteIo>,
+    /// The configuration of a group's topic, when it is created.
+    group_config: TopicConfig,
 }
 
 impl Host {
@@ -148,7 +187,8 @@ impl Host {
             return Ok(g);
         }
         let name = group_topic(group);
-        let store = open_store(&self.log, &name).map_err(storage_error(&name))?;
+        let store = open_store(&self.log, &self.file_io, &self.group_config, &name)
+            .map_err(storage_error(&name))?;
         let part = store.partition().clone();
         // The state machine starts empty: openraft applies the log
         // again up to the saved committed id, which rebuilds the
@@ -187,15 +227,20 @@ impl Host {
 
 /// `LogStore` over partition 0 of the replicated topic `name` of `log`,
 /// created if absent; what failed as [`NodeError::Storage`]'s reason.
-fn open_store(log: &Log, name: &str) -> Result<LogStore, String> {
+fn open_store(
+    log: &Log,
+    io: &Arc<dyn VoteIo>,
+    config: &TopicConfig,
+    name: &str,
+) -> Result<LogStore, String> {
     let topic = match log.topic(name) {
         Ok(t) => t,
         Err(fissionlog::Error::UnknownTopic(_)) => log
-            .create_topic(name, group_topic_config())
+            .create_topic(name, config.clone())
             .map_err(|e| e.to_string())?,
         Err(e) => return Err(e.to_string()),
     };
-    LogStore::open(topic, 0).map_err(|e| e.to_string())
+    LogStore::open_with_io(topic, 0, io.clone()).map_err(|e| e.to_string())
 }
 
 fn storage_error(what: &str) -> impl FnOnce(String) -> NodeError + '_ {
@@ -310,18 +355,48 @@ impl Node {
         network: &Network,
         options: NodeOptions,
     ) -> Result<Node, NodeError> {
-        let config = Arc::new(raft_config().validate()?);
         let log = Log::open(dir, LogOptions::default()).map_err(|e| NodeError::Storage {
             what: dir.display().to_string(),
             reason: e.to_string(),
         })?;
+        Node::start_on(
+            id,
+            dir,
+            NodeStorage::new(log),
+            groups,
+            peers,
+            network,
+            options,
+        )
+        .await
+    }
+
+    /// [`Node::start_with`] on storage the caller opened: `storage.log`
+    /// must be the log in `dir`. A test opens it with an I/O hook and
+    /// gives a [`VoteIo`] of its own, so a power-loss model sees every
+    /// fsync the node issues for its groups.
+    pub async fn start_on(
+        id: NodeId,
+        dir: &Path,
+        storage: NodeStorage,
+        groups: &[GroupId],
+        peers: BTreeMap<NodeId, String>,
+        network: &Network,
+        options: NodeOptions,
+    ) -> Result<Node, NodeError> {
+        let config = Arc::new(raft_config().validate()?);
         let host = Arc::new(Host {
             id,
             config,
             network: network.clone(),
             registry: RaftRegistry::default(),
             groups: std::sync::RwLock::new(HashMap::new()),
-            log: Arc::new(log),
+            log: Arc::new(storage.log),
+            file_io: storage.file_io,
+            group_config: TopicConfig {
+                segment_bytes: storage.segment_bytes,
+                ..group_topic_config()
+            },
         });
         for &group in groups {
             host.host(group).await?;
@@ -343,8 +418,13 @@ impl Node {
                 what: "the controller's state".to_string(),
                 reason: e.to_string(),
             })?;
-            let store =
-                open_store(&host.log, CONTROLLER_TOPIC).map_err(storage_error(CONTROLLER_TOPIC))?;
+            let store = open_store(
+                &host.log,
+                &host.file_io,
+                &host.group_config,
+                CONTROLLER_TOPIC,
+            )
+            .map_err(storage_error(CONTROLLER_TOPIC))?;
             let raft = Raft::new(
                 id,
                 host.config.clone(),

@@ -125,7 +125,8 @@ pub fn decode_vote(path: &Path, bytes: &[u8]) -> Result<Vote<NodeId>> {
     })
 }
 
-/// The file operations a vote save and read consist of, one call per step,
+/// The file operations a group's own files consist of (the vote, the
+/// `raft-meta` file and the `raft-stamps` side file), one call per step,
 /// so a test can record their order, fail one, or model what survives a
 /// power loss. [`StdVoteIo`] is the real one.
 pub trait VoteIo: Send + Sync + fmt::Debug {
@@ -139,6 +140,12 @@ pub trait VoteIo: Send + Sync + fmt::Debug {
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// Reads the whole of `path`; `Ok(None)` when it does not exist.
     fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
+    /// Makes the content of `file`, open at `path`, durable (fdatasync):
+    /// for a file its owner keeps open and appends to.
+    fn sync_held(&self, file: &fs::File, path: &Path) -> io::Result<()> {
+        let _ = path;
+        file.sync_data()
+    }
     /// Takes the exclusive hold on directory `dir` that a vote file keeps
     /// from its first save until it is dropped, so a second writer (another
     /// handle, another process) cannot interleave its saves with ours; a

@@ -15,10 +15,12 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use fissionlog::RaftLogId;
 
 use crate::types::ProducerStamp;
+use crate::vote::VoteIo;
 
 /// The side file's name in the partition's directory.
 pub const STAMPS_FILE: &str = "raft-stamps";
@@ -69,16 +71,23 @@ fn decode(b: &[u8]) -> Option<(RaftLogId, ProducerStamp)> {
 /// The stamps of one group's log.
 #[derive(Debug)]
 pub struct Stamps {
+    dir: PathBuf,
     path: PathBuf,
     file: File,
+    io: Arc<dyn VoteIo>,
+    /// Whether the file's name is known durable: it held a stamp at open,
+    /// and a file gets its first stamp only after its directory was
+    /// fsynced ([`Stamps::save`]).
+    name_durable: bool,
     /// Raft index → (the entry's full id, its stamp); the latest record
     /// for an index wins (a rewrite after a truncation).
     by_index: HashMap<u64, (RaftLogId, ProducerStamp)>,
 }
 
 impl Stamps {
-    /// Opens (or creates) the side file in `dir`, cutting a torn tail.
-    pub fn open(dir: &Path) -> crate::Result<Stamps> {
+    /// Opens (or creates) the side file in `dir`, cutting a torn tail;
+    /// its fsyncs go through `fio`.
+    pub fn open(dir: &Path, fio: Arc<dyn VoteIo>) -> crate::Result<Stamps> {
         let path = dir.join(STAMPS_FILE);
         let io = |op: &'static str, path: &Path| {
             let path = path.to_path_buf();
@@ -105,11 +114,15 @@ impl Stamps {
             // A torn record: its append never returned (its stamps are
             // synced before any of its entries is written).
             file.set_len(good as u64).map_err(io("truncate", &path))?;
-            file.sync_data().map_err(io("fdatasync", &path))?;
+            fio.sync_held(&file, &path)
+                .map_err(io("fdatasync", &path))?;
         }
         Ok(Stamps {
+            name_durable: good > 0,
+            dir: dir.to_path_buf(),
             path,
             file,
+            io: fio,
             by_index,
         })
     }
@@ -123,8 +136,17 @@ impl Stamps {
         for (id, s) in stamps {
             buf.extend_from_slice(&encode(*id, s));
         }
+        if !self.name_durable {
+            // An fdatasync does not make a new file's name durable: without
+            // this, a power loss could take the whole file while the
+            // entries it stamps, written after it, survive in a segment
+            // whose directory a later roll synced. Once per open, and only
+            // until the file holds its first stamp.
+            self.io.sync_dir(&self.dir)?;
+            self.name_durable = true;
+        }
         self.file.write_all(&buf)?;
-        self.file.sync_data()?;
+        self.io.sync_held(&self.file, &self.path)?;
         for (id, s) in stamps {
             self.by_index.insert(id.index, (*id, *s));
         }
@@ -148,6 +170,7 @@ impl Stamps {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vote::StdVoteIo;
 
     fn id(term: u64, index: u64) -> RaftLogId {
         RaftLogId {
@@ -172,7 +195,7 @@ mod tests {
             path: PathBuf::new(),
             source,
         })?;
-        let mut s = Stamps::open(dir.path())?;
+        let mut s = Stamps::open(dir.path(), Arc::new(StdVoteIo))?;
         s.save(&[(id(1, 3), stamp(0)), (id(1, 4), stamp(5))])
             .map_err(|source| crate::Error::Io {
                 op: "save",
@@ -180,7 +203,7 @@ mod tests {
                 source,
             })?;
         drop(s);
-        let s = Stamps::open(dir.path())?;
+        let s = Stamps::open(dir.path(), Arc::new(StdVoteIo))?;
         assert_eq!(s.get(id(1, 3)), Some(stamp(0)));
         assert_eq!(s.get(id(1, 4)), Some(stamp(5)));
         // Same index, another term: a different entry, no stamp.
@@ -195,7 +218,7 @@ mod tests {
             path: PathBuf::new(),
             source,
         })?;
-        let mut s = Stamps::open(dir.path())?;
+        let mut s = Stamps::open(dir.path(), Arc::new(StdVoteIo))?;
         s.save(&[(id(1, 3), stamp(0)), (id(1, 4), stamp(5))])
             .map_err(|source| crate::Error::Io {
                 op: "save",
@@ -220,12 +243,83 @@ mod tests {
             source,
         })?;
         drop(f);
-        let s = Stamps::open(dir.path())?;
+        let s = Stamps::open(dir.path(), Arc::new(StdVoteIo))?;
         assert_eq!(s.get(id(1, 3)), Some(stamp(0)));
         assert_eq!(s.get(id(1, 4)), None);
         assert_eq!(
             std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0),
             RECORD_LEN as u64
+        );
+        Ok(())
+    }
+
+    /// Records the order of the directory and file syncs; the real calls
+    /// run underneath.
+    #[derive(Debug, Default)]
+    struct Recording(std::sync::Mutex<Vec<String>>);
+
+    impl VoteIo for Recording {
+        fn write_file(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+            StdVoteIo.write_file(path, bytes)
+        }
+        fn sync_file(&self, path: &Path) -> std::io::Result<()> {
+            StdVoteIo.sync_file(path)
+        }
+        fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+            StdVoteIo.rename(from, to)
+        }
+        fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+            self.0.lock().unwrap().push("sync-dir".into());
+            StdVoteIo.sync_dir(dir)
+        }
+        fn read_file(&self, path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+            StdVoteIo.read_file(path)
+        }
+        fn sync_held(&self, file: &File, path: &Path) -> std::io::Result<()> {
+            let len = file.metadata()?.len();
+            self.0.lock().unwrap().push(format!("sync-file {len}"));
+            StdVoteIo.sync_held(file, path)
+        }
+    }
+
+    #[test]
+    fn a_new_files_name_is_made_durable_before_its_first_stamp_and_only_then() -> crate::Result<()>
+    {
+        let dir = tempfile::tempdir().map_err(|source| crate::Error::Io {
+            op: "tempdir",
+            path: PathBuf::new(),
+            source,
+        })?;
+        let rec = Arc::new(Recording::default());
+        let save = |s: &mut Stamps, at: u64| {
+            s.save(&[(id(1, at), stamp(at))])
+                .map_err(|source| crate::Error::Io {
+                    op: "save",
+                    path: PathBuf::new(),
+                    source,
+                })
+        };
+        let mut s = Stamps::open(dir.path(), rec.clone())?;
+        save(&mut s, 1)?;
+        save(&mut s, 2)?;
+        drop(s);
+        let one = RECORD_LEN;
+        assert_eq!(
+            *rec.0.lock().unwrap(),
+            vec![
+                "sync-dir".to_string(),
+                format!("sync-file {one}"),
+                format!("sync-file {}", 2 * one)
+            ],
+            "the directory is fsynced before the first stamp is written, once"
+        );
+        // Reopened with stamps in it: the name is durable already.
+        rec.0.lock().unwrap().clear();
+        let mut s = Stamps::open(dir.path(), rec.clone())?;
+        save(&mut s, 3)?;
+        assert_eq!(
+            *rec.0.lock().unwrap(),
+            vec![format!("sync-file {}", 3 * one)]
         );
         Ok(())
     }

@@ -206,6 +206,24 @@ impl ModelHook {
         self.now(IoOp::SyncSegment).image(seed, opts)
     }
 
+    /// An fsync of a file or directory under the root that the engine's
+    /// hook does not see (a file the embedding crate writes itself):
+    /// `path`'s state is read before `sync` runs and becomes durable if it
+    /// succeeds, unless `ignore` (the mutation of that call site).
+    pub fn sync_outside(
+        &self,
+        path: &Path,
+        ignore: bool,
+        sync: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
+        let synced = Synced::take(path)?;
+        sync()?;
+        if !ignore {
+            self.lock().durable.apply(synced);
+        }
+        Ok(())
+    }
+
     /// Successful fsyncs counted for `op`.
     pub fn synced_count(&self, op: IoOp) -> u64 {
         self.lock()

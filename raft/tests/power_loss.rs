@@ -1,0 +1,535 @@
+//! Power loss on one node of a running three-node cluster.
+//!
+//! The three nodes run in this process, each with its own log, transport
+//! and server on 127.0.0.1, so each can run on the per-file crash model of
+//! the library's crash tests (`tests/common/durable.rs`): its log through a
+//! `ModelHook`, its group's own files (vote, `raft-meta`, `raft-stamps`)
+//! through a [`VoteIo`] that reports their fsyncs to the same model.
+//! Idempotent producers append with `acks=quorum` while a follower loses
+//! power: from that instant every one of its I/O calls fails, and the
+//! power-loss images of its directory are what the model says a disk could
+//! hold.
+//!
+//! Every image must hold what the node had promised:
+//! - every entry up to the log id the leader counted as matched on it (a
+//!   follower answers an append only once its entries are durable), with
+//!   its producer stamp;
+//! - a vote at least as new as the one it held.
+//!
+//! The node is then restarted on one image at its old address. It rejoins,
+//! and the history check runs over the log all three converge on.
+//!
+//! The same run with the model ignoring the follower's segment fdatasyncs,
+//! or its vote file's fsync, must fail the image check. That is the proof
+//! the check sees a missing fsync.
+//!
+//! Bounded: each case has a 90 s deadline; every node stops when its case
+//! ends.
+
+mod common;
+
+// The library's crash model, shared with its own crash tests.
+#[allow(dead_code)]
+#[path = "../../tests/common/crash.rs"]
+mod crash;
+#[allow(dead_code)]
+#[path = "../../tests/common/durable.rs"]
+mod durable;
+#[allow(dead_code)]
+#[path = "../../tests/common/model_hook.rs"]
+mod model_hook;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fissionlog::{IoOp, Log, LogOptions};
+use fissionlog_raft::client::{ClientCall, ClientReply, ReadRecord};
+use fissionlog_raft::log_store::LogStore;
+use fissionlog_raft::network::{Network, NetworkConfig, Server};
+use fissionlog_raft::node::{Node, NodeOptions, NodeStorage};
+use fissionlog_raft::types::{Command, NodeId};
+use fissionlog_raft::vote::{DirLock, StdVoteIo, VoteIo, VOTE_TMP_FILE};
+use openraft::storage::RaftLogStorage;
+use openraft::{EntryPayload, LogId, RaftLogReader, ServerState, Vote};
+use tokio::net::TcpListener;
+
+use common::cluster::{
+    call, check_history, converge, lock, produce, read_all, run_within, Ack, Routing, GROUP,
+    PRODUCERS,
+};
+use crash::CrashOptions;
+use model_hook::{CrashPoint, ModelHook};
+
+const DEADLINE: Duration = Duration::from_secs(90);
+/// How long a wait inside a case may take before it fails saying what did
+/// not happen.
+const WAIT_LIMIT: Duration = Duration::from_secs(30);
+/// Power-loss images checked per case.
+const SEEDS: u64 = 6;
+/// A group's segment size here: the model reads a whole file at each of
+/// its fsyncs.
+const SEGMENT_BYTES: u64 = 1 << 20;
+/// Acknowledgements before the power goes, and after the node is back.
+const ACKS_BEFORE: usize = 150;
+const ACKS_AFTER: usize = 60;
+
+/// Which fsync the model ignores on the node that loses power.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mutation {
+    None,
+    /// Its segments' fdatasyncs in sync rounds.
+    SegmentSync,
+    /// The fsync of `vote.tmp` before it is renamed over `vote`.
+    VoteSync,
+}
+
+/// The group's own files of one node, on the real file system, with their
+/// fsyncs reported to the node's model; every call fails once its power
+/// is off.
+#[derive(Debug)]
+struct ModelFiles {
+    hook: Arc<ModelHook>,
+    /// Syncs of a file of this name are not made durable in the model.
+    ignore: Option<&'static str>,
+    off: AtomicBool,
+}
+
+impl ModelFiles {
+    fn powered(&self) -> io::Result<()> {
+        if self.off.load(Ordering::SeqCst) {
+            Err(io::Error::other("power lost"))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn ignored(&self, path: &Path) -> bool {
+        self.ignore
+            .is_some_and(|n| path.file_name().is_some_and(|f| f == n))
+    }
+}
+
+impl VoteIo for ModelFiles {
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.powered()?;
+        StdVoteIo.write_file(path, bytes)
+    }
+
+    fn sync_file(&self, path: &Path) -> io::Result<()> {
+        self.powered()?;
+        self.hook
+            .sync_outside(path, self.ignored(path), || StdVoteIo.sync_file(path))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.powered()?;
+        StdVoteIo.rename(from, to)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.powered()?;
+        self.hook
+            .sync_outside(dir, false, || StdVoteIo.sync_dir(dir))
+    }
+
+    fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        StdVoteIo.read_file(path)
+    }
+
+    fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {
+        StdVoteIo.lock_dir(dir)
+    }
+
+    fn sync_held(&self, file: &File, path: &Path) -> io::Result<()> {
+        self.powered()?;
+        self.hook
+            .sync_outside(path, self.ignored(path), || StdVoteIo.sync_held(file, path))
+    }
+}
+
+/// One node of the cluster, in this process.
+struct Member {
+    id: NodeId,
+    addr: String,
+    node: Node,
+    server: Server,
+    /// The model its storage runs on (none once restarted on an image).
+    model: Option<(Arc<ModelHook>, Arc<ModelFiles>)>,
+}
+
+impl Member {
+    async fn start(
+        id: NodeId,
+        dir: &Path,
+        listener: TcpListener,
+        peers: BTreeMap<NodeId, String>,
+        model: Option<(Option<IoOp>, Option<&'static str>)>,
+    ) -> Member {
+        std::fs::create_dir_all(dir).unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (storage, model) = if let Some((drop_op, ignore)) = model {
+            let hook = ModelHook::new(dir, drop_op);
+            let log = Log::open_with_hook(dir, LogOptions::default(), hook.clone()).unwrap();
+            let files = Arc::new(ModelFiles {
+                hook: hook.clone(),
+                ignore,
+                off: AtomicBool::new(false),
+            });
+            let storage = NodeStorage {
+                file_io: files.clone(),
+                ..NodeStorage::new(log)
+            };
+            (storage, Some((hook, files)))
+        } else {
+            let log = Log::open(dir, LogOptions::default()).unwrap();
+            (NodeStorage::new(log), None)
+        };
+        let storage = NodeStorage {
+            segment_bytes: SEGMENT_BYTES,
+            ..storage
+        };
+        let cfg = NetworkConfig::default();
+        let network = Network::new(id, cfg.clone());
+        let node = Node::start_on(
+            id,
+            dir,
+            storage,
+            &[GROUP],
+            peers,
+            &network,
+            NodeOptions::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("node {id} starts on {}: {e}", dir.display()));
+        let server = Server::start(
+            listener,
+            cfg,
+            Arc::new(node.registry()),
+            Some(Arc::new(node.clone())),
+        )
+        .unwrap();
+        Member {
+            id,
+            addr,
+            node,
+            server,
+            model,
+        }
+    }
+
+    fn raft(&self) -> openraft::Raft<fissionlog_raft::types::TypeConfig> {
+        self.node
+            .registry()
+            .get(GROUP)
+            .expect("the group is hosted")
+    }
+
+    async fn stop(self) {
+        self.server.shutdown();
+        self.node.shutdown().await;
+    }
+}
+
+/// What the node that lost power had promised, read from the cluster just
+/// before the power went: the last log id the leader counted as durable
+/// on it, and its vote.
+#[derive(Debug, Clone, Copy)]
+struct Promised {
+    matched: Option<LogId<NodeId>>,
+    vote: Vote<NodeId>,
+}
+
+/// Checks one power-loss image of the node's directory against what it
+/// promised: opens the log there as a restart would, and reads the vote
+/// and the entry at the matched log id through the group's `LogStore`.
+async fn check_image(dir: &Path, promised: Promised) -> Result<(), String> {
+    let log = Log::open(dir, LogOptions::default()).map_err(|e| format!("the log opens: {e}"))?;
+    let topic = log
+        .topic(&format!("group-{}", GROUP.0))
+        .map_err(|e| format!("the group's topic is there: {e}"))?;
+    let mut store = LogStore::open(topic, 0).map_err(|e| format!("the store opens: {e}"))?;
+    let vote = store
+        .read_vote()
+        .await
+        .map_err(|e| format!("the vote reads: {e}"))?;
+    if vote.is_none_or(|v| v < promised.vote) {
+        return Err(format!(
+            "the vote went back: {vote:?}, it held {:?}",
+            promised.vote
+        ));
+    }
+    if let Some(m) = promised.matched {
+        let entries = store
+            .try_get_log_entries(0..=m.index)
+            .await
+            .map_err(|e| format!("the entries read: {e}"))?;
+        match entries.last() {
+            Some(last) if last.log_id == m && entries.len() as u64 == m.index + 1 => {}
+            last => {
+                return Err(format!(
+                    "the log lost what the leader counted as durable: it reaches {:?} \
+                     ({} entries), the leader had {m:?}",
+                    last.map(|e| e.log_id),
+                    entries.len()
+                ))
+            }
+        }
+        for e in &entries {
+            if let EntryPayload::Normal(Command::Append { producer: None, .. }) = &e.payload {
+                return Err(format!("entry {:?} lost its producer stamp", e.log_id));
+            }
+        }
+    }
+    drop(store);
+    log.close().map_err(|e| format!("the log closes: {e}"))?;
+    Ok(())
+}
+
+/// The outcome of each image's check, by seed.
+fn check_images(point: &CrashPoint, promised: Promised, root: &Path) -> Vec<Result<(), String>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    (0..SEEDS)
+        .map(|seed| {
+            let (image, _) = point.image(seed, &CrashOptions::default());
+            let dir = root.join(format!("image-{seed}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            image.write_to(&dir).unwrap();
+            runtime.block_on(check_image(&dir, promised))
+        })
+        .collect()
+}
+
+async fn wait_acks(acks: &Mutex<Vec<Ack>>, count: usize) {
+    let started = Instant::now();
+    while lock(acks).len() < count {
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "{count} appends were acknowledged (only {})",
+            lock(acks).len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The leader and a follower that both see it as leader and the follower
+/// as matched past `min_index`.
+async fn leader_and_follower(members: &[Member], min_index: u64) -> (usize, usize) {
+    let started = Instant::now();
+    loop {
+        for (l, m) in members.iter().enumerate() {
+            let metrics = m.raft().metrics().borrow().clone();
+            if metrics.state != ServerState::Leader {
+                continue;
+            }
+            let Some(replication) = metrics.replication.as_ref() else {
+                continue;
+            };
+            if let Some(f) = members.iter().position(|f| {
+                f.id != m.id
+                    && replication
+                        .get(&f.id)
+                        .copied()
+                        .flatten()
+                        .is_some_and(|id| id.index >= min_index)
+            }) {
+                return (l, f);
+            }
+        }
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "a leader with a follower matched past index {min_index}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs one case; returns the outcome of each image's check. With no
+/// mutation it also restarts the node on the first image and checks the
+/// history over what the cluster converges on.
+async fn power_loss_on_a_follower(mutation: Mutation) -> Vec<Result<(), String>> {
+    let root = tempfile::tempdir().unwrap();
+    // Every node runs with the mutation: which one loses power is known
+    // only later.
+    let ignore = match mutation {
+        Mutation::VoteSync => Some(VOTE_TMP_FILE),
+        _ => None,
+    };
+    let drop_op = match mutation {
+        Mutation::SegmentSync => Some(IoOp::SyncSegment),
+        _ => None,
+    };
+    let mut listeners = Vec::new();
+    for _ in 0..3 {
+        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let peers: BTreeMap<NodeId, String> = listeners
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (i as NodeId + 1, l.local_addr().unwrap().to_string()))
+        .collect();
+    let mut members = Vec::new();
+    for (i, l) in listeners.into_iter().enumerate() {
+        let id = i as NodeId + 1;
+        let dir = root.path().join(format!("node-{id}"));
+        members.push(Member::start(id, &dir, l, peers.clone(), Some((drop_op, ignore))).await);
+    }
+    let init = call(
+        &members[0].addr,
+        ClientCall::Initialize {
+            group: GROUP,
+            members: peers.clone().into_iter().collect(),
+        },
+    )
+    .await;
+    assert_eq!(init, Some(ClientReply::Initialized));
+
+    let routing = Arc::new(Mutex::new(Routing {
+        alive: peers.clone(),
+        leader: None,
+    }));
+    let acks = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (1..=PRODUCERS)
+        .map(|id| tokio::spawn(produce(id, routing.clone(), acks.clone(), stop.clone())))
+        .collect();
+    let observed = Arc::new(Mutex::new(Vec::<ReadRecord>::new()));
+    let reader = {
+        let (routing, observed) = (routing.clone(), observed.clone());
+        tokio::spawn(async move {
+            loop {
+                let addrs: Vec<String> = lock(&routing).alive.values().cloned().collect();
+                for a in addrs {
+                    if let Some((records, _)) = read_all(&a).await {
+                        lock(&observed).extend(records);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    wait_acks(&acks, ACKS_BEFORE).await;
+
+    // What the victim promised, then the power goes at once: no I/O of
+    // its succeeds from here, and the model's state is taken.
+    let (l, v) = leader_and_follower(&members, ACKS_BEFORE as u64 / 2).await;
+    let promised = {
+        let leader = members[l].raft().metrics().borrow().clone();
+        let victim = members[v].raft().metrics().borrow().clone();
+        Promised {
+            matched: leader
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(&members[v].id).copied().flatten()),
+            vote: victim.vote,
+        }
+    };
+    let leader_id = members[l].id;
+    let victim = members.remove(v);
+    let point = {
+        let (hook, files) = victim.model.as_ref().unwrap();
+        files.off.store(true, Ordering::SeqCst);
+        hook.set_fault(Some(Box::new(|_, _| Err(io::Error::other("power lost")))));
+        hook.now(IoOp::SyncSegment)
+    };
+    let (victim_id, victim_addr) = (victim.id, victim.addr.clone());
+    lock(&routing).alive.remove(&victim_id);
+    victim.stop().await;
+    eprintln!(
+        "node {victim_id} lost power; the leader, node {leader_id}, had it matched at {:?}",
+        promised.matched
+    );
+
+    let images = root.path().join("images");
+    let outcomes = {
+        let images = images.clone();
+        tokio::task::spawn_blocking(move || check_images(&point, promised, &images))
+            .await
+            .unwrap()
+    };
+    if mutation == Mutation::None {
+        for (seed, o) in outcomes.iter().enumerate() {
+            if let Err(e) = o {
+                panic!("power-loss image {seed} of node {victim_id}: {e}");
+            }
+        }
+        // Back on image 0, at its old address: it rejoins and catches up.
+        let before = lock(&acks).len();
+        let listener = TcpListener::bind(&victim_addr).await.unwrap();
+        let back = Member::start(
+            victim_id,
+            &images.join("image-0"),
+            listener,
+            peers.clone(),
+            None,
+        )
+        .await;
+        lock(&routing).alive.insert(victim_id, victim_addr.clone());
+        members.push(back);
+        wait_acks(&acks, before + ACKS_AFTER).await;
+        stop.store(true, Ordering::SeqCst);
+        for p in producers {
+            p.await.expect("a producer panicked");
+        }
+        reader.abort();
+        let acked = lock(&acks).clone();
+        let addrs: Vec<String> = members.iter().map(|m| m.addr.clone()).collect();
+        let final_log = converge(&addrs, &acked).await;
+        check_history(&acked, &lock(&observed), &final_log);
+        eprintln!(
+            "{} appends acknowledged; the three nodes hold the same {} committed records",
+            acked.len(),
+            final_log.len()
+        );
+    } else {
+        stop.store(true, Ordering::SeqCst);
+        for p in producers {
+            p.abort();
+        }
+        reader.abort();
+    }
+    for m in members {
+        m.stop().await;
+    }
+    outcomes
+}
+
+#[test]
+fn a_follower_that_loses_power_keeps_what_it_acknowledged_rejoins_and_loses_nothing() {
+    run_within(DEADLINE, async {
+        let outcomes = power_loss_on_a_follower(Mutation::None).await;
+        assert_eq!(outcomes.len() as u64, SEEDS);
+    });
+}
+
+#[test]
+fn the_image_check_catches_a_follower_whose_segment_fdatasyncs_are_missing() {
+    run_within(DEADLINE, async {
+        let outcomes = power_loss_on_a_follower(Mutation::SegmentSync).await;
+        let failed: Vec<&String> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+        eprintln!("{} of {SEEDS} images failed: {failed:?}", failed.len());
+        assert!(
+            failed.iter().any(|e| e.contains("lost what the leader counted")),
+            "without the segment fdatasync some image loses an entry the leader counted as durable: {outcomes:?}"
+        );
+    });
+}
+
+#[test]
+fn the_image_check_catches_a_follower_whose_vote_fsync_is_missing() {
+    run_within(DEADLINE, async {
+        let outcomes = power_loss_on_a_follower(Mutation::VoteSync).await;
+        let failed: Vec<&String> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+        eprintln!("{} of {SEEDS} images failed: {failed:?}", failed.len());
+        assert!(
+            failed.iter().any(|e| e.contains("vote")),
+            "without the vote file's fsync some image loses the vote: {outcomes:?}"
+        );
+    });
+}

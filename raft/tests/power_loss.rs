@@ -20,8 +20,8 @@
 //! and the history check runs over the log all three converge on.
 //!
 //! The same run with the model ignoring the follower's segment fdatasyncs,
-//! or its vote file's fsync, must fail the image check. That is the proof
-//! the check sees a missing fsync.
+//! its vote file's fsync or its stamps file's fdatasync must fail the
+//! image check. That is the proof the check sees a missing fsync.
 //!
 //! Bounded: each case has a 90 s deadline; every node stops when its case
 //! ends.
@@ -49,6 +49,7 @@ use std::time::{Duration, Instant};
 
 use fissionlog::{IoOp, Log, LogOptions};
 use fissionlog_raft::client::{ClientCall, ClientReply, ReadRecord};
+use fissionlog_raft::log_store::stamps::STAMPS_FILE;
 use fissionlog_raft::log_store::LogStore;
 use fissionlog_raft::network::{Network, NetworkConfig, Server};
 use fissionlog_raft::node::{Node, NodeOptions, NodeStorage};
@@ -86,6 +87,8 @@ enum Mutation {
     SegmentSync,
     /// The fsync of `vote.tmp` before it is renamed over `vote`.
     VoteSync,
+    /// The fdatasync of `raft-stamps` before a stamped entry is written.
+    StampsSync,
 }
 
 /// The group's own files of one node, on the real file system, with their
@@ -359,6 +362,7 @@ async fn power_loss_on_a_follower(mutation: Mutation) -> Vec<Result<(), String>>
     // only later.
     let ignore = match mutation {
         Mutation::VoteSync => Some(VOTE_TMP_FILE),
+        Mutation::StampsSync => Some(STAMPS_FILE),
         _ => None,
     };
     let drop_op = match mutation {
@@ -530,6 +534,19 @@ fn the_image_check_catches_a_follower_whose_vote_fsync_is_missing() {
         assert!(
             failed.iter().any(|e| e.contains("vote")),
             "without the vote file's fsync some image loses the vote: {outcomes:?}"
+        );
+    });
+}
+
+#[test]
+fn the_image_check_catches_a_follower_whose_stamps_fdatasync_is_missing() {
+    run_within(DEADLINE, async {
+        let outcomes = power_loss_on_a_follower(Mutation::StampsSync).await;
+        let failed: Vec<&String> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+        eprintln!("{} of {SEEDS} images failed: {failed:?}", failed.len());
+        assert!(
+            failed.iter().any(|e| e.contains("lost its producer stamp")),
+            "without the stamps file's fdatasync some image holds a stamped entry without its stamp: {outcomes:?}"
         );
     });
 }

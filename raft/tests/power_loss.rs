@@ -16,7 +16,8 @@
 //!   its producer stamp;
 //! - a vote at least as new as the one it held.
 //!
-//! The node is then restarted on one image at its old address. It rejoins,
+//! The node is then restarted on one image at its old address (once the
+//! survivors elected a new leader, when it was the leader). It rejoins,
 //! and the history check runs over the log all three converge on.
 //!
 //! The same run with the model ignoring the follower's segment fdatasyncs,
@@ -78,6 +79,21 @@ const SEGMENT_BYTES: u64 = 1 << 20;
 /// Acknowledgements before the power goes, and after the node is back.
 const ACKS_BEFORE: usize = 150;
 const ACKS_AFTER: usize = 60;
+
+/// Which node loses power.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A follower the leader counts as matched: what it promised is what
+    /// the leader counted.
+    Follower,
+    /// The leader: the leader's own entry in its replication metrics is
+    /// what its flushed log reached.
+    Leader,
+    /// The leader, its segment fdatasyncs slowed to 100 ms each before
+    /// the power goes: the case where followers could hold committed
+    /// entries its own disk does not, were it to replicate them first.
+    SlowLeader,
+}
 
 /// Which fsync the model ignores on the node that loses power.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -353,10 +369,48 @@ async fn leader_and_follower(members: &[Member], min_index: u64) -> (usize, usiz
     }
 }
 
+/// How long the stalled leader is watched before its power goes.
+const STALL_WATCH: Duration = Duration::from_millis(1500);
+
+/// Watches the stalled `leader` for [`STALL_WATCH`]: no follower is ever
+/// counted matched past the leader's own flushed log (openraft 0.9 awaits
+/// the leader's append callback before it replicates the entries), while
+/// the leader's log still moves on. This is what makes openraft 0.9's
+/// restore of a restarted leader in its old term safe after a power loss:
+/// nothing committed is beyond what the leader had made durable. A
+/// version that replicates ahead of the leader's own fsync fails here.
+async fn watch_followers_never_ahead(leader: &Member) {
+    let started = Instant::now();
+    let mut first_own = None;
+    let mut last_own = None;
+    while started.elapsed() < STALL_WATCH {
+        let metrics = leader.raft().metrics().borrow().clone();
+        if let Some(r) = metrics.replication.as_ref() {
+            let own = r.get(&leader.id).copied().flatten();
+            let others = r
+                .iter()
+                .filter(|(id, _)| **id != leader.id)
+                .filter_map(|(_, m)| *m)
+                .max();
+            assert!(
+                others <= own,
+                "a follower is matched at {others:?}, past the leader's own flushed log {own:?}"
+            );
+            first_own = first_own.or(Some(own));
+            last_own = Some(own);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        last_own > first_own,
+        "the stalled leader's log moved on while it was watched ({first_own:?} to {last_own:?})"
+    );
+}
+
 /// Runs one case; returns the outcome of each image's check. With no
 /// mutation it also restarts the node on the first image and checks the
 /// history over what the cluster converges on.
-async fn power_loss_on_a_follower(mutation: Mutation) -> Vec<Result<(), String>> {
+async fn power_loss(victim_role: Role, mutation: Mutation) -> Vec<Result<(), String>> {
     let root = tempfile::tempdir().unwrap();
     // Every node runs with the mutation: which one loses power is known
     // only later.
@@ -422,7 +476,21 @@ async fn power_loss_on_a_follower(mutation: Mutation) -> Vec<Result<(), String>>
 
     // What the victim promised, then the power goes at once: no I/O of
     // its succeeds from here, and the model's state is taken.
-    let (l, v) = leader_and_follower(&members, ACKS_BEFORE as u64 / 2).await;
+    let (l, f) = leader_and_follower(&members, ACKS_BEFORE as u64 / 2).await;
+    let v = match victim_role {
+        Role::Follower => f,
+        Role::Leader | Role::SlowLeader => l,
+    };
+    if victim_role == Role::SlowLeader {
+        let (hook, _) = members[l].model.as_ref().unwrap();
+        hook.set_fault(Some(Box::new(|op, _| {
+            if op == IoOp::SyncSegment {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Ok(())
+        })));
+        watch_followers_never_ahead(&members[l]).await;
+    }
     let promised = {
         let leader = members[l].raft().metrics().borrow().clone();
         let victim = members[v].raft().metrics().borrow().clone();
@@ -435,6 +503,11 @@ async fn power_loss_on_a_follower(mutation: Mutation) -> Vec<Result<(), String>>
         }
     };
     let leader_id = members[l].id;
+    assert!(
+        promised.matched.is_some(),
+        "the leader counts node {} as matched",
+        members[v].id
+    );
     let victim = members.remove(v);
     let point = {
         let (hook, files) = victim.model.as_ref().unwrap();
@@ -462,6 +535,23 @@ async fn power_loss_on_a_follower(mutation: Mutation) -> Vec<Result<(), String>>
             if let Err(e) = o {
                 panic!("power-loss image {seed} of node {victim_id}: {e}");
             }
+        }
+        if victim_role != Role::Follower {
+            // The survivors elect a leader of a newer term and acknowledge
+            // appends without the old one.
+            let started = Instant::now();
+            while !members
+                .iter()
+                .any(|m| m.raft().metrics().borrow().state == ServerState::Leader)
+            {
+                assert!(
+                    started.elapsed() < WAIT_LIMIT,
+                    "a survivor became the leader"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let acked = lock(&acks).len();
+            wait_acks(&acks, acked + ACKS_AFTER / 2).await;
         }
         // Back on image 0, at its old address: it rejoins and catches up.
         let before = lock(&acks).len();
@@ -507,7 +597,23 @@ async fn power_loss_on_a_follower(mutation: Mutation) -> Vec<Result<(), String>>
 #[test]
 fn a_follower_that_loses_power_keeps_what_it_acknowledged_rejoins_and_loses_nothing() {
     run_within(DEADLINE, async {
-        let outcomes = power_loss_on_a_follower(Mutation::None).await;
+        let outcomes = power_loss(Role::Follower, Mutation::None).await;
+        assert_eq!(outcomes.len() as u64, SEEDS);
+    });
+}
+
+#[test]
+fn a_leader_that_loses_power_keeps_what_it_flushed_a_new_leader_takes_over_and_nothing_is_lost() {
+    run_within(DEADLINE, async {
+        let outcomes = power_loss(Role::Leader, Mutation::None).await;
+        assert_eq!(outcomes.len() as u64, SEEDS);
+    });
+}
+
+#[test]
+fn a_leader_with_a_slow_disk_replicates_only_what_it_flushed_loses_power_and_nothing_is_lost() {
+    run_within(DEADLINE, async {
+        let outcomes = power_loss(Role::SlowLeader, Mutation::None).await;
         assert_eq!(outcomes.len() as u64, SEEDS);
     });
 }
@@ -515,7 +621,7 @@ fn a_follower_that_loses_power_keeps_what_it_acknowledged_rejoins_and_loses_noth
 #[test]
 fn the_image_check_catches_a_follower_whose_segment_fdatasyncs_are_missing() {
     run_within(DEADLINE, async {
-        let outcomes = power_loss_on_a_follower(Mutation::SegmentSync).await;
+        let outcomes = power_loss(Role::Follower, Mutation::SegmentSync).await;
         let failed: Vec<&String> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
         eprintln!("{} of {SEEDS} images failed: {failed:?}", failed.len());
         assert!(
@@ -528,7 +634,7 @@ fn the_image_check_catches_a_follower_whose_segment_fdatasyncs_are_missing() {
 #[test]
 fn the_image_check_catches_a_follower_whose_vote_fsync_is_missing() {
     run_within(DEADLINE, async {
-        let outcomes = power_loss_on_a_follower(Mutation::VoteSync).await;
+        let outcomes = power_loss(Role::Follower, Mutation::VoteSync).await;
         let failed: Vec<&String> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
         eprintln!("{} of {SEEDS} images failed: {failed:?}", failed.len());
         assert!(
@@ -541,7 +647,7 @@ fn the_image_check_catches_a_follower_whose_vote_fsync_is_missing() {
 #[test]
 fn the_image_check_catches_a_follower_whose_stamps_fdatasync_is_missing() {
     run_within(DEADLINE, async {
-        let outcomes = power_loss_on_a_follower(Mutation::StampsSync).await;
+        let outcomes = power_loss(Role::Follower, Mutation::StampsSync).await;
         let failed: Vec<&String> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
         eprintln!("{} of {SEEDS} images failed: {failed:?}", failed.len());
         assert!(

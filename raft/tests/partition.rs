@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use fissionlog_raft::client::{ClientCall, ClientReply};
 use fissionlog_raft::types::{CommandResponse, NodeId, ProducerStamp, RecordIn};
 
-use common::cluster::{call, lock, run_within, Ack, Cluster, ACKS_PER_PHASE, GROUP};
+use common::cluster::{call, lock, run_within, Ack, Cluster, ACKS_PER_PHASE, GROUP, PRODUCERS};
 use common::proxy::Mode;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -315,6 +315,122 @@ fn the_leaders_links_flapping_every_300_ms_lose_and_duplicate_no_acknowledged_ap
         c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, None).await;
         // Every acknowledged append once, at its offset; every producer's
         // key holds each acknowledged sequence once, in order.
+        c.finish_and_check().await;
+    });
+}
+
+/// The one-way delay of a slow link in the tests below: a round trip
+/// past the 60 ms heartbeat interval groups once had, which openraft 0.9
+/// makes every append's timeout, and inside today's 100 ms.
+const SLOW: Duration = Duration::from_millis(35);
+
+#[test]
+fn a_follower_behind_a_slow_link_lags_while_the_leader_acknowledges_at_the_other_followers_pace() {
+    run_within(DEADLINE, async {
+        let mut c = Cluster::start_with_proxies().await;
+        c.wait_acks(0, ACKS_PER_PHASE / 2, None).await;
+        let leader = c.leader().await;
+        let slow = (1..=3).find(|&n| n != leader).unwrap_or(2);
+        c.mesh().set_between(leader, slow, Mode::Delay(SLOW));
+        eprintln!("node {leader}, the leader, and node {slow}: {SLOW:?} each way");
+        let before = c.acked();
+        let started = Instant::now();
+        c.wait_acks(before, ACKS_PER_PHASE, None).await;
+        eprintln!(
+            "{ACKS_PER_PHASE} appends acknowledged in {:?} over the slow link",
+            started.elapsed()
+        );
+        // No election: a late heartbeat is still a heartbeat.
+        assert_eq!(
+            wait_leader_among(&mut c, &[1, 2, 3]).await,
+            leader,
+            "the leader stays"
+        );
+        // The slow follower's committed end trails what was acknowledged:
+        // the link's delay is real, and the leader did not wait for it.
+        let mut trailed = Vec::new();
+        for _ in 0..20 {
+            let acked = acked_end(&c);
+            let (_, slow_end) = status(&mut c, slow)
+                .await
+                .expect("the slow follower answers");
+            trailed.push((slow_end, acked));
+            if slow_end < acked {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        eprintln!("node {slow}'s committed end and the acknowledged end: {trailed:?}");
+        assert!(
+            trailed.iter().any(|(end, acked)| end < acked),
+            "node {slow} behind a {SLOW:?} link trails the acknowledgements: {trailed:?}"
+        );
+        // And it keeps up over the slow link: its committed end reaches
+        // what was acknowledged, before the link heals.
+        let target = acked_end(&c);
+        let started = Instant::now();
+        loop {
+            let (_, end) = status(&mut c, slow)
+                .await
+                .expect("the slow follower answers");
+            if end >= target {
+                eprintln!(
+                    "node {slow} reached {target} over the slow link in {:?}",
+                    started.elapsed()
+                );
+                break;
+            }
+            assert!(
+                started.elapsed() < WAIT_LIMIT,
+                "node {slow} behind a {SLOW:?} link reached committed end {target} (it is at {end})"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        c.mesh().heal();
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, None).await;
+        c.finish_and_check().await;
+    });
+}
+
+#[test]
+fn every_link_slow_lengthens_each_acknowledgement_by_a_round_trip_and_elects_nobody_new() {
+    run_within(DEADLINE, async {
+        let mut c = Cluster::start_with_proxies().await;
+        c.wait_acks(0, ACKS_PER_PHASE / 2, None).await;
+        let leader = c.leader().await;
+        for a in 1..=3 {
+            for b in (a + 1)..=3 {
+                c.mesh().set_between(a, b, Mode::Delay(SLOW));
+            }
+        }
+        // Connections opened before the switch are closed by it; wait
+        // for the first acknowledgement over the slow links before timing.
+        c.wait_acks(c.acked(), 1, None).await;
+        let before = c.acked();
+        let started = Instant::now();
+        c.wait_acks(before, ACKS_PER_PHASE / 2, None).await;
+        let took = started.elapsed();
+        // Each producer waits for its append's acknowledgement before the
+        // next, and each needs the leader's round trip to a follower, at
+        // least 2 × SLOW: the acknowledgements counted came in at least
+        // (count / producers - 1) round trips.
+        let per_producer = (ACKS_PER_PHASE / 2) as u32 / PRODUCERS as u32;
+        let floor = 2 * SLOW * per_producer.saturating_sub(1);
+        eprintln!(
+            "{} appends acknowledged in {took:?} with every link {SLOW:?} each way (floor {floor:?})",
+            ACKS_PER_PHASE / 2
+        );
+        assert!(
+            took >= floor,
+            "acknowledgements over {SLOW:?} links took a round trip each ({took:?} < {floor:?})"
+        );
+        assert_eq!(
+            wait_leader_among(&mut c, &[1, 2, 3]).await,
+            leader,
+            "no election over slow links"
+        );
+        c.mesh().heal();
+        c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, None).await;
         c.finish_and_check().await;
     });
 }

@@ -15,16 +15,22 @@
 //!   behind a partition that drops packets). Switching back to `Pass`
 //!   closes the blackholed connections, so the node reconnects and its
 //!   frames start on a fresh stream.
+//! - [`Mode::Delay`]: forwarded like `Pass`, each chunk of bytes held for
+//!   the delay before it is written on, in order, both ways (a slow or
+//!   distant link: the round trip grows by twice the delay).
 //!
 //! Every connection task ends when the mode changes or the proxy drops.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use fissionlog_raft::types::NodeId;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 /// What a link does with traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +39,8 @@ pub enum Mode {
     Pass,
     /// Close what is open, blackhole what comes.
     Drop,
+    /// Forward it, each byte this much later, both ways.
+    Delay(Duration),
 }
 
 /// One proxied link. Dropping it ends its listener and connections.
@@ -115,7 +123,7 @@ async fn serve(
 ) {
     let current = *mode.borrow_and_update();
     match current {
-        Mode::Pass => {
+        Mode::Pass | Mode::Delay(_) => {
             let Some(target) = target else {
                 return;
             };
@@ -128,8 +136,23 @@ async fn serve(
             };
             let _ = inbound.set_nodelay(true);
             let _ = outbound.set_nodelay(true);
+            let forward = async {
+                match current {
+                    Mode::Delay(by) => {
+                        let (in_read, in_write) = inbound.split();
+                        let (out_read, out_write) = outbound.split();
+                        tokio::select! {
+                            _ = delayed(in_read, out_write, by) => {}
+                            _ = delayed(out_read, in_write, by) => {}
+                        }
+                    }
+                    _ => {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                }
+            };
             tokio::select! {
-                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                _ = forward => {}
                 _ = mode.changed() => {
                     cut.fetch_add(1, Ordering::SeqCst);
                 }
@@ -144,6 +167,34 @@ async fn serve(
         }
     }
     // Both streams drop here: the node sees its connection closed.
+}
+
+/// Copies `from` to `to`, each chunk written `by` after it was read, in
+/// order; ends when either side closes or fails.
+async fn delayed(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    mut to: impl tokio::io::AsyncWrite + Unpin,
+    by: Duration,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let read = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = from.read(&mut buf).await {
+            if n == 0 || tx.send((Instant::now() + by, buf[..n].to_vec())).is_err() {
+                break;
+            }
+        }
+    };
+    let write = async move {
+        while let Some((due, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+    };
+    // The writer drains what was read before the reader ended.
+    let _ = tokio::join!(read, write);
 }
 
 /// A proxy on every ordered pair of a cluster's nodes.

@@ -68,16 +68,26 @@ pub const MAX_READ_RECORDS: u32 = 10_000;
 /// half the default frame maximum, so an answer always fits a frame.
 pub const MAX_READ_BYTES: usize = (crate::frame::DEFAULT_MAX_FRAME_BYTES / 2) as usize;
 
-/// openraft's timing for fissionlog groups: heartbeats every 60 ms, an
-/// election after 300–600 ms of silence. openraft 0.9 also refuses votes
-/// while the old leader's lease runs, so a killed leader is replaced (a
-/// new one acknowledging appends) in about 1–2 s on loopback; shorter
-/// timeouts buy little on a loaded machine and cost spurious elections.
+/// openraft's timing for fissionlog groups: heartbeats every 100 ms, an
+/// election after 400–800 ms of silence.
+///
+/// openraft 0.9 gives every `AppendEntries` the heartbeat interval as its
+/// timeout, heartbeats and appends of entries alike, and a follower
+/// answers an append only once its entries are durable. So the interval
+/// bounds a link's round trip plus a follower's write and fsync of one
+/// batch: past it every append to that follower times out and is sent
+/// again, for ever, and a group with no such follower in its quorum
+/// acknowledges nothing. At 60 ms, 40 ms of delay each way stopped a
+/// loopback cluster dead; 100 ms leaves a slow fsync about 30 ms beside
+/// such a link. openraft 0.9 also refuses votes while the old leader's
+/// lease runs, so a killed leader is replaced (a new one acknowledging
+/// appends) in about 1.3–1.7 s on loopback, with a tail to a few seconds
+/// when a vote splits.
 pub fn raft_config() -> Config {
     Config {
-        heartbeat_interval: 60,
-        election_timeout_min: 300,
-        election_timeout_max: 600,
+        heartbeat_interval: 100,
+        election_timeout_min: 400,
+        election_timeout_max: 800,
         // Raft never purges: retention decides what the log drops.
         max_in_snapshot_log_to_keep: u64::MAX,
         ..Config::default()

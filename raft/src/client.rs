@@ -138,6 +138,10 @@ pub enum ClientReply {
         /// The high watermark on this node (for the controller group:
         /// the Raft index of the last entry applied here).
         committed_end: u64,
+        /// What this node is in the group now.
+        role: Role,
+        /// The term this node is in.
+        term: u64,
     },
     /// A topic's id and partitions ([`ClientCall::Topic`]).
     Topic {
@@ -228,5 +232,33 @@ impl NodeClient {
                 path: "<node connection>".into(),
                 source: std::io::ErrorKind::TimedOut.into(),
             })?
+    }
+}
+
+/// What a node is in a group, as [`ClientReply::Status`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// It leads the group.
+    Leader,
+    /// It follows a leader, or waits for one.
+    Follower,
+    /// It campaigns for leadership.
+    Candidate,
+    /// It replicates without a vote.
+    Learner,
+    /// Its group stopped on this node (shut down, or a storage error).
+    Stopped,
+}
+
+impl Role {
+    /// The role of an openraft server state.
+    pub fn of(state: openraft::ServerState) -> Role {
+        match state {
+            openraft::ServerState::Leader => Role::Leader,
+            openraft::ServerState::Follower => Role::Follower,
+            openraft::ServerState::Candidate => Role::Candidate,
+            openraft::ServerState::Learner => Role::Learner,
+            openraft::ServerState::Shutdown => Role::Stopped,
+        }
     }
 }

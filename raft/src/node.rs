@@ -53,7 +53,7 @@ use openraft::{BasicNode, Config, Raft, ServerState};
 use tokio::sync::watch;
 
 use crate::client::{
-    ClientCall, ClientReply, ClientRequest, ClientResponse, PartitionRoute, ReadRecord,
+    ClientCall, ClientReply, ClientRequest, ClientResponse, PartitionRoute, ReadRecord, Role,
 };
 use crate::controller::{ControllerCommand, ControllerStateMachine, OutputSink, CONTROLLER_TOPIC};
 use crate::log_store::LogStore;
@@ -529,22 +529,26 @@ impl Node {
             },
             ClientCall::Status { group } => {
                 if let (GroupId::CONTROLLER, Some(c)) = (group, &self.controller) {
-                    let leader = c.raft.metrics().borrow().current_leader;
+                    let (leader, role, term) = status_of(&c.raft);
                     let applied =
                         c.sm.with_state(|s| s.last_applied.map_or(0, |l| l.index))
                             .unwrap_or(0);
                     return ClientReply::Status {
                         leader,
                         committed_end: applied,
+                        role,
+                        term,
                     };
                 }
                 match group_of(group) {
                     Some(g) => {
-                        let leader = g.raft.metrics().borrow().current_leader;
+                        let (leader, role, term) = status_of(&g.raft);
                         let committed_end = g.sm.with_state(|s| s.committed_end).unwrap_or(0);
                         ClientReply::Status {
                             leader,
                             committed_end,
+                            role,
+                            term,
                         }
                     }
                     None => not_hosted(group),
@@ -741,6 +745,17 @@ impl ClientDispatch for Node {
 }
 
 /// The replicated topic holding `group`'s log.
+/// The leader a group's replica knows, its role and its term.
+fn status_of(raft: &Raft<crate::types::TypeConfig>) -> (Option<NodeId>, Role, u64) {
+    let m = raft.metrics().borrow().clone();
+    let role = if m.running_state.is_err() {
+        Role::Stopped
+    } else {
+        Role::of(m.state)
+    };
+    (m.current_leader, role, m.current_term)
+}
+
 fn group_topic(group: GroupId) -> String {
     format!("group-{}", group.0)
 }

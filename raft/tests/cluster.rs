@@ -14,7 +14,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fissionlog_raft::client::{ClientCall, ClientReply};
+use fissionlog_raft::client::{ClientCall, ClientReply, Role};
 use fissionlog_raft::types::NodeId;
 
 use common::cluster::{call, run, run_within, Cluster, NodeProc, ACKS_PER_PHASE, GROUP};
@@ -54,6 +54,7 @@ async fn wait_rejoined(c: &mut Cluster, id: NodeId) {
         if let Some(ClientReply::Status {
             leader: Some(l),
             committed_end,
+            ..
         }) = call(&addr, ClientCall::Status { group: GROUP }).await
         {
             if l == leader && l != id {
@@ -64,9 +65,12 @@ async fn wait_rejoined(c: &mut Cluster, id: NodeId) {
     };
     let addr = c.node(id).addr.clone();
     loop {
+        // It rejoins as a follower of the new leader and catches up.
         if let Some(ClientReply::Status {
             leader: Some(l),
             committed_end,
+            role: Role::Follower,
+            ..
         }) = call(&addr, ClientCall::Status { group: GROUP }).await
         {
             if l != id && committed_end >= target {

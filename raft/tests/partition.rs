@@ -14,7 +14,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use fissionlog_raft::client::{ClientCall, ClientReply};
+use fissionlog_raft::client::{ClientCall, ClientReply, Role};
 use fissionlog_raft::types::{CommandResponse, NodeId, ProducerStamp, RecordIn};
 
 use common::cluster::{call, lock, run_within, Ack, Cluster, ACKS_PER_PHASE, GROUP, PRODUCERS};
@@ -33,7 +33,17 @@ async fn status(c: &mut Cluster, id: NodeId) -> Option<(Option<NodeId>, u64)> {
         Some(ClientReply::Status {
             leader,
             committed_end,
+            ..
         }) => Some((leader, committed_end)),
+        _ => None,
+    }
+}
+
+/// `(role, term)` by node `id`'s status, if it answers.
+async fn role(c: &mut Cluster, id: NodeId) -> Option<(Role, u64)> {
+    let addr = c.node(id).addr.clone();
+    match call(&addr, ClientCall::Status { group: GROUP }).await {
+        Some(ClientReply::Status { role, term, .. }) => Some((role, term)),
         _ => None,
     }
 }
@@ -260,6 +270,7 @@ fn a_link_dropped_one_way_from_the_leader_to_a_follower_loses_nothing_and_acknow
         c.wait_acks(0, ACKS_PER_PHASE / 2, None).await;
         let leader = c.leader().await;
         let deaf = (1..=3).find(|&n| n != leader).unwrap_or(1);
+        let (_, term) = role(&mut c, leader).await.expect("the leader answers");
         c.mesh().set_one_way(leader, deaf, Mode::Drop);
         eprintln!("dropped node {leader}'s calls to node {deaf}; node {deaf}'s calls still pass");
         let before = c.acked();
@@ -276,7 +287,17 @@ fn a_link_dropped_one_way_from_the_leader_to_a_follower_loses_nothing_and_acknow
         eprintln!("healed");
         c.wait_acks(c.acked(), ACKS_PER_PHASE / 2, None).await;
         let agreed = wait_leader_among(&mut c, &[1, 2, 3]).await;
-        eprintln!("all three name node {agreed}");
+        let after = role(&mut c, agreed).await;
+        eprintln!("all three name node {agreed}: {after:?}, the leader was in term {term}");
+        assert_eq!(
+            agreed, leader,
+            "the deaf follower's campaigns did not unseat the leader"
+        );
+        assert_eq!(
+            after,
+            Some((Role::Leader, term)),
+            "node {leader} is still the leader, in the term it led before the drop"
+        );
         c.finish_and_check().await;
     });
 }

@@ -85,6 +85,29 @@ fn duplicate(base_offset: u64) -> ClientReply {
 }
 
 #[tokio::test]
+async fn status_reports_the_role_and_term_and_a_stopped_group_as_stopped() {
+    let (node, _dir) = single_node().await;
+    let ClientReply::Status { role, term, .. } = node.handle(ClientCall::Status { group: G }).await
+    else {
+        panic!("a status answer");
+    };
+    assert_eq!(role, Role::Leader);
+    assert!(term >= 1, "a leader is in a term of at least 1, not {term}");
+    node.shutdown().await;
+    let after = node.handle(ClientCall::Status { group: G }).await;
+    assert!(
+        matches!(
+            after,
+            ClientReply::Status {
+                role: Role::Stopped,
+                ..
+            }
+        ),
+        "a group shut down reports itself stopped: {after:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_retried_stamped_append_gets_the_first_copys_offset_and_is_not_appended_again() {
     let (node, _dir) = single_node().await;
     assert_eq!(node.handle(stamped(0)).await, applied(0));

@@ -442,6 +442,7 @@ async fn leader_of(c: &Cluster, group: GroupId) -> (Option<NodeId>, Option<u64>)
         ClientReply::Status {
             leader,
             committed_end,
+            ..
         } => (leader, Some(committed_end)),
         _ => (None, None),
     }

@@ -255,10 +255,10 @@ async fn power_loss(victim_role: Role, mutation: Mutation) -> Vec<Result<(), Str
     let outcomes = {
         let images = images.clone();
         tokio::task::spawn_blocking(move || {
-                check_images(&point, promised, &images, SEEDS, &CrashOptions::default())
-            })
-            .await
-            .unwrap()
+            check_images(&point, promised, &images, SEEDS, &CrashOptions::default())
+        })
+        .await
+        .unwrap()
     };
     if mutation == Mutation::None {
         for (seed, o) in outcomes.iter().enumerate() {

@@ -300,4 +300,3 @@ pub async fn leader_and_follower(members: &[Member], min_index: u64) -> (usize, 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
-

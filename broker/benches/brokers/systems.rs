@@ -5,11 +5,14 @@
 //!
 //! - fissionlog-broker: [`Producer`] over a [`Connection`], [`Consumer`]
 //!   (poll, then commit: durable when it returns);
-//! - fissionlog-broker in cluster mode: the idempotent [`Producer`] given
-//!   all three brokers ([`Endpoint::with_bootstrap`]), which routes each
-//!   record to its partition and follows `not_leader` to the partition's
-//!   leader, one connection per leader (cluster mode takes only routed
-//!   produces); no consumer groups (cluster mode does not serve them);
+//! - fissionlog-broker in cluster mode (which takes only routed
+//!   produces, `ProduceTo`): one record a request as on one node, routed
+//!   here with the topic's routing key and sent unstamped to the leader
+//!   of its partition, one connection per leading broker ([`Routed`]);
+//!   the batching shape through the idempotent [`Producer`] given all
+//!   three brokers ([`Endpoint::with_bootstrap`]), which follows
+//!   `not_leader` to each partition's leader. No consumer groups
+//!   (cluster mode does not serve them);
 //! - Redis Streams: `XADD` on a multiplexed connection (concurrent calls
 //!   are pipelined), `XREADGROUP` then one `XACK` of the batch;
 //! - NATS JetStream: publish and await the `PubAck`, a durable pull
@@ -17,6 +20,7 @@
 //!   the 3-node cluster the client is given every server and connects to
 //!   one, which forwards to the stream's leader, as any NATS client does.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -26,7 +30,7 @@ use bytes::Bytes;
 use fissionlog_broker::client::{
     Admin, Connection, Consumer, ConsumerConfig, Endpoint, Producer, ProducerConfig,
 };
-use fissionlog_broker::protocol::{Acks, SyncSpec};
+use fissionlog_broker::protocol::{Acks, ProduceRecord, RangeOwner, Request, Response, SyncSpec};
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
@@ -86,6 +90,7 @@ pub type AckFuture = Pin<Box<dyn Future<Output = R<()>> + Send>>;
 /// One connection that produces.
 pub enum Sender {
     Fissionlog(Producer),
+    Routed(Box<Routed>),
     Redis(MultiplexedConnection, &'static str),
     Nats(jetstream::Context, &'static str),
 }
@@ -287,6 +292,9 @@ impl Target {
                 let cfg = shaped(base, shape);
                 Sender::Fissionlog(Producer::new(self.fl_conn().await?, cfg))
             }
+            Kind::FissionlogCluster if shape != Shape::Batching => {
+                Sender::Routed(Box::new(Routed::connect(self, topic).await?))
+            }
             Kind::FissionlogCluster => {
                 let base = ProducerConfig {
                     acks: Acks::Quorum,
@@ -362,6 +370,97 @@ impl Target {
     }
 }
 
+/// A cluster-mode sender of one record per request: each record's
+/// partition from the topic's routing key and ranges, the request sent
+/// to that partition's leader (no stamp: one attempt, as the plain
+/// producer makes on one node).
+pub struct Routed {
+    topic: &'static str,
+    routing_key: [u64; 2],
+    /// Active partitions, by range start.
+    owners: Vec<RangeOwner>,
+    /// The connection to each partition's leader.
+    leaders: HashMap<u32, Connection>,
+}
+
+impl Routed {
+    async fn connect(target: &Target, topic: &'static str) -> R<Routed> {
+        let conn = target.fl_conn().await?;
+        let Response::Topology {
+            routing_key,
+            partitions: mut owners,
+            ..
+        } = conn
+            .call(Request::Topology {
+                topic: topic.into(),
+            })
+            .await?
+        else {
+            return Err(format!("no topology for {topic}").into());
+        };
+        owners.sort_unstable_by_key(|o| o.start);
+        let described = Admin::new(conn).describe(topic).await?;
+        let mut by_broker: HashMap<u64, Connection> = HashMap::new();
+        let mut leaders = HashMap::new();
+        for p in described["partitions"].as_array().into_iter().flatten() {
+            let (Some(id), Some(node)) = (p["id"].as_u64(), p["leader"].as_u64()) else {
+                return Err(format!("{topic} has a partition without a leader: {p}").into());
+            };
+            let port = usize::try_from(node)
+                .ok()
+                .and_then(|n| target.ports.get(n.wrapping_sub(1)))
+                .ok_or_else(|| format!("partition {id} is led by unknown node {node}"))?;
+            let c = match by_broker.get(&node) {
+                Some(c) => c.clone(),
+                None => {
+                    let c = Connection::connect(addr(*port), None).await?;
+                    by_broker.insert(node, c.clone());
+                    c
+                }
+            };
+            leaders.insert(id as u32, c);
+        }
+        Ok(Routed {
+            topic,
+            routing_key,
+            owners,
+            leaders,
+        })
+    }
+
+    async fn start(&self, key: Bytes, value: Bytes) -> R<AckFuture> {
+        let h = fissionlog::key_hash(self.routing_key, &key);
+        let partition = self
+            .owners
+            .get(self.owners.partition_point(|o| o.end < h))
+            .map(|o| o.partition)
+            .ok_or("the topic has no active partition")?;
+        let conn = self
+            .leaders
+            .get(&partition)
+            .ok_or_else(|| format!("no leader known for partition {partition}"))?;
+        let pending = conn
+            .start(Request::ProduceTo {
+                topic: self.topic.into(),
+                partition,
+                acks: Acks::Quorum,
+                stamp: None,
+                records: vec![ProduceRecord {
+                    key: Some(key),
+                    value,
+                    timestamp: None,
+                }],
+            })
+            .await?;
+        Ok(Box::pin(async move {
+            match pending.wait().await? {
+                Response::Produced { .. } => Ok(()),
+                other => Err(format!("partition {partition} answered {other:?}").into()),
+            }
+        }))
+    }
+}
+
 const NO_CLUSTER_GROUPS: &str = "cluster mode serves no consumer groups";
 
 /// `base` with the request shape of `shape`.
@@ -393,6 +492,7 @@ impl Sender {
                     Ok(())
                 }))
             }
+            Sender::Routed(r) => r.start(key, value).await,
             Sender::Redis(conn, stream) => {
                 let mut conn = conn.clone();
                 let mut cmd = redis::cmd("XADD");

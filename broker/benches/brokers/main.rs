@@ -2,7 +2,9 @@
 //! at equal durability: the same client workloads (see `workloads.rs`)
 //! through each system, 1 KiB records under 16-byte keys, next to raw
 //! `write` + `fdatasync` baselines measured in the same run on the same
-//! disk.
+//! disk. Replicated too: three fissionlog-broker processes in cluster
+//! mode beside three clustered nats-servers with R3 streams, each member
+//! with its own data directory on that disk.
 //!
 //! ```text
 //! broker/benches/setup.sh        # nats-server and redis-server from Debian
@@ -12,7 +14,8 @@
 //! Environment: `BENCH_RUNS` (3) runs, medians reported; `BENCH_MESSAGES`
 //! (200000) records consumed by C1 and C4; `BENCH_SECS` (5) seconds per
 //! produce workload; `BENCH_ONLY` runs only the systems whose label
-//! contains it; `BENCH_DIR` is where data goes (the target directory's
+//! contains it, or one of its `|`-separated parts (labels have commas,
+//! never bars); `BENCH_DIR` is where data goes (the target directory's
 //! scratch space). A system whose server binary is missing is skipped
 //! with a message. Prints a table and writes `target/brokers.json`.
 
@@ -43,6 +46,10 @@ pub const KEY_BYTES: usize = 16;
 
 const FSYNC: &str = "fsync before the ack";
 const PAGE_CACHE: &str = "page cache before the ack";
+/// The leader and one follower of three fsynced the record.
+const QUORUM_FSYNC: &str = "fsync on 2 of 3 nodes";
+/// The leader and one follower of three hold the record, unsynced.
+const QUORUM_PAGE_CACHE: &str = "page cache on 2 of 3 nodes";
 
 /// The workloads, in the order they run and print.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +150,37 @@ struct Spec {
     binary: Option<&'static str>,
 }
 
+impl Spec {
+    /// Starts its server (servers, for a cluster) and says how to reach
+    /// them; `None` (and a note) when the binary is missing. Spawned on
+    /// the caller's thread, which must be the main one (see `procs::command`).
+    fn start(&self, out: &mut Results) -> R<Option<(Vec<procs::Server>, Target)>> {
+        let servers = match (self.kind, self.binary) {
+            (Kind::FissionlogCluster, _) => procs::start_fissionlog_cluster()?,
+            (_, None) => vec![procs::start_fissionlog()?],
+            (kind, Some(name)) => {
+                let Some(bin) = procs::find_on_path(name) else {
+                    out.note(format!(
+                        "skipped {}: {name} not found (broker/benches/setup.sh installs it)",
+                        self.label
+                    ));
+                    return Ok(None);
+                };
+                match kind {
+                    Kind::Redis => vec![procs::start_redis(&bin)?],
+                    Kind::Nats { replicas: 1 } => vec![procs::start_nats(&bin)?],
+                    _ => procs::start_nats_cluster(&bin)?,
+                }
+            }
+        };
+        let target = Target {
+            kind: self.kind,
+            ports: servers.iter().map(|s| s.port).collect(),
+        };
+        Ok(Some((servers, target)))
+    }
+}
+
 fn specs() -> Vec<Spec> {
     vec![
         Spec {
@@ -172,7 +210,7 @@ fn specs() -> Vec<Spec> {
         Spec {
             class: PAGE_CACHE,
             label: "NATS JetStream, file storage",
-            kind: Kind::Nats,
+            kind: Kind::Nats { replicas: 1 },
             binary: Some("nats-server"),
         },
         Spec {
@@ -184,16 +222,35 @@ fn specs() -> Vec<Spec> {
             },
             binary: None,
         },
+        Spec {
+            class: QUORUM_FSYNC,
+            label: "fissionlog-broker cluster, 3 nodes, acks quorum",
+            kind: Kind::FissionlogCluster,
+            binary: None,
+        },
+        Spec {
+            class: QUORUM_PAGE_CACHE,
+            label: "NATS JetStream cluster, 3 nodes, R3 file",
+            kind: Kind::Nats { replicas: 3 },
+            binary: Some("nats-server"),
+        },
     ]
 }
 
 fn workloads_of(kind: Kind) -> Vec<Workload> {
     let mut w = vec![Workload::P1, Workload::P16, Workload::PB];
-    if matches!(kind, Kind::Fissionlog { .. }) {
+    if matches!(kind, Kind::Fissionlog { .. } | Kind::FissionlogCluster) {
         w.push(Workload::PBBatched);
     }
     w.extend([Workload::C1, Workload::C4]);
     w
+}
+
+/// Why `kind` has no figure for `w` (the row prints "—").
+fn unmeasured(kind: Kind, w: Workload) -> Option<&'static str> {
+    let consume = matches!(w, Workload::C1 | Workload::C4);
+    (consume && matches!(kind, Kind::FissionlogCluster))
+        .then_some("cluster mode serves no consumer groups")
 }
 
 /// Every run's figure of one (system, workload).
@@ -202,6 +259,7 @@ struct Series {
     system: &'static str,
     workload: Option<Workload>,
     baseline: Option<Baseline>,
+    /// Empty: not measured (see the notes).
     runs: Vec<Figure>,
 }
 
@@ -233,6 +291,23 @@ impl Results {
                 baseline,
                 runs: vec![f],
             }),
+        }
+    }
+
+    /// A row for a workload the system does not serve.
+    fn unmeasured(&mut self, class: &'static str, system: &'static str, workload: Workload) {
+        let known = self
+            .series
+            .iter()
+            .any(|s| s.system == system && s.workload == Some(workload));
+        if !known {
+            self.series.push(Series {
+                class,
+                system,
+                workload: Some(workload),
+                baseline: None,
+                runs: Vec::new(),
+            });
         }
     }
 
@@ -269,53 +344,41 @@ fn run_raw(cfg: &Config, out: &mut Results) -> R<()> {
     Ok(())
 }
 
-async fn run_system(spec: &Spec, cfg: &Config, recs: &Arc<Records>, out: &mut Results) -> R<()> {
-    // Spawned here, on the main thread (see `procs::command`).
-    let _server;
-    let port = match spec.binary {
-        None => {
-            _server = procs::start_fissionlog()?;
-            _server.port
-        }
-        Some(name) => {
-            let Some(bin) = procs::find_on_path(name) else {
-                out.note(format!(
-                    "skipped {}: {name} not found (broker/benches/setup.sh installs it)",
-                    spec.label
-                ));
-                return Ok(());
-            };
-            _server = match spec.kind {
-                Kind::Redis => procs::start_redis(&bin)?,
-                _ => procs::start_nats(&bin)?,
-            };
-            _server.port
-        }
-    };
-    let target = Target {
-        kind: spec.kind,
-        port,
-    };
-    target.setup().await?;
+async fn run_system(
+    spec: &Spec,
+    target: &Target,
+    cfg: &Config,
+    recs: &Arc<Records>,
+    out: &mut Results,
+) -> R<()> {
+    // Elections included: nothing is timed before the leaders are known.
+    tokio::time::timeout(Duration::from_secs(120), target.setup())
+        .await
+        .map_err(|_| "setting up took longer than 120 s")??;
     let preload_shape = match spec.kind {
         Kind::Fissionlog { .. } => Shape::Batching,
         _ => Shape::Window,
     };
     for w in workloads_of(spec.kind) {
+        if let Some(why) = unmeasured(spec.kind, w) {
+            out.note(format!("{} {}: not measured, {why}", spec.label, w.name()));
+            out.unmeasured(spec.class, spec.label, w);
+            continue;
+        }
         let limit = cfg.secs + Duration::from_secs(360);
         let fut = async {
             match w {
-                Workload::P1 => workloads::serial(&target, recs, 1, cfg.secs).await,
-                Workload::P16 => workloads::serial(&target, recs, 16, cfg.secs).await,
-                Workload::PB => workloads::pipelined(&target, recs, Shape::Window, cfg.secs).await,
+                Workload::P1 => workloads::serial(target, recs, 1, cfg.secs).await,
+                Workload::P16 => workloads::serial(target, recs, 16, cfg.secs).await,
+                Workload::PB => workloads::pipelined(target, recs, Shape::Window, cfg.secs).await,
                 Workload::PBBatched => {
-                    workloads::pipelined(&target, recs, Shape::Batching, cfg.secs).await
+                    workloads::pipelined(target, recs, Shape::Batching, cfg.secs).await
                 }
                 Workload::C1 => {
-                    workloads::preload(&target, recs, preload_shape, cfg.messages).await?;
-                    workloads::consume(&target, "g1", 1, cfg.messages).await
+                    workloads::preload(target, recs, preload_shape, cfg.messages).await?;
+                    workloads::consume(target, "g1", 1, cfg.messages).await
                 }
-                Workload::C4 => workloads::consume(&target, "g4", 4, cfg.messages).await,
+                Workload::C4 => workloads::consume(target, "g4", 4, cfg.messages).await,
             }
         };
         let f = tokio::time::timeout(limit, fut)
@@ -345,7 +408,8 @@ struct JsonRow<'a> {
     workload: Option<&'static str>,
     baseline: Option<&'static str>,
     ratio_to_baseline: Option<f64>,
-    median: Figure,
+    /// `None`: not measured.
+    median: Option<Figure>,
     runs: &'a [Figure],
 }
 
@@ -360,7 +424,7 @@ fn report(cfg: &Config, out: &Results) -> R<()> {
     );
     println!(
         "ratio: msg/s divided by the raw baseline named (P1: raw-1; P16, PB: raw-16; C1, C4: raw-C1, raw-C4); \
-         C latencies are per batch of up to {} records, poll to acknowledgement",
+         C latencies are per batch of up to {} records, poll to acknowledgement; — not measured",
         systems::POLL_RECORDS
     );
     println!();
@@ -371,10 +435,29 @@ fn report(cfg: &Config, out: &Results) -> R<()> {
     let mut rows = Vec::new();
     let mut class = "";
     for s in &out.series {
-        let Some(m) = median(&s.runs) else { continue };
         let (workload, base) = match s.workload {
             Some(w) => (w.name(), Some(w.baseline())),
             None => (s.baseline.map_or("", Baseline::label), None),
+        };
+        let Some(m) = median(&s.runs) else {
+            if s.class != class {
+                println!();
+                class = s.class;
+            }
+            println!(
+                "{:<26} {:<48} {:<10} {:>10} {:>15} {:>9} {:>9}",
+                s.class, s.system, workload, "—", "", "—", "—"
+            );
+            rows.push(JsonRow {
+                class: s.class,
+                system: s.system,
+                workload: s.workload.map(Workload::name),
+                baseline: base.map(Baseline::label),
+                ratio_to_baseline: None,
+                median: None,
+                runs: &s.runs,
+            });
+            continue;
         };
         let r = base.and_then(|b| ratio(&m, out.baseline(b)));
         let ratio_text = match (r, base) {
@@ -395,7 +478,7 @@ fn report(cfg: &Config, out: &Results) -> R<()> {
             workload: s.workload.map(Workload::name),
             baseline: base.map(Baseline::label),
             ratio_to_baseline: r,
-            median: m,
+            median: Some(m),
             runs: &s.runs,
         });
     }
@@ -427,6 +510,13 @@ fn json_path() -> PathBuf {
 }
 
 fn main() {
+    // `cargo test --benches` runs this binary too, without `--bench`:
+    // starting servers (three per cluster) and minutes of load is for
+    // `cargo bench` only.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("brokers: runs under `cargo bench` only (it starts servers); nothing to do");
+        return;
+    }
     if let Err(e) = bench() {
         eprintln!("brokers: {e}");
         std::process::exit(1);
@@ -442,18 +532,31 @@ fn bench() -> R<()> {
     let mut out = Results::default();
     let specs: Vec<Spec> = specs()
         .into_iter()
-        .filter(|s| cfg.only.as_deref().is_none_or(|o| s.label.contains(o)))
+        .filter(|s| {
+            cfg.only
+                .as_deref()
+                .is_none_or(|o| o.split('|').any(|part| s.label.contains(part)))
+        })
         .collect();
     for run in 1..=cfg.runs {
         eprintln!("run {run}/{}: raw baselines", cfg.runs);
         run_raw(&cfg, &mut out)?;
         for spec in &specs {
             eprintln!("run {run}/{}: {}", cfg.runs, spec.label);
-            // block_on runs on this (the main) thread, so the servers are
-            // spawned from it.
-            if let Err(e) = rt.block_on(run_system(spec, &cfg, &recs, &mut out)) {
+            // Spawned here, on the main thread; killed when `servers`
+            // drops at the end of this iteration, whatever happened.
+            let (servers, target) = match spec.start(&mut out) {
+                Ok(Some(started)) => started,
+                Ok(None) => continue,
+                Err(e) => {
+                    out.note(format!("{} failed to start in run {run}: {e}", spec.label));
+                    continue;
+                }
+            };
+            if let Err(e) = rt.block_on(run_system(spec, &target, &cfg, &recs, &mut out)) {
                 out.note(format!("{} failed in run {run}: {e}", spec.label));
             }
+            drop(servers);
         }
     }
     report(&cfg, &out)

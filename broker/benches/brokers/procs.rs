@@ -1,7 +1,9 @@
 //! The servers under test as child processes: found on `PATH` (or not,
 //! and then skipped), started on a free loopback port with a temporary
 //! data directory, and killed, reaped and cleaned up by [`Server`]'s
-//! `Drop` on every path out of the benchmark.
+//! `Drop` on every path out of the benchmark. A cluster is a `Vec` of
+//! them, one directory each: dropping it (also half started) kills every
+//! member.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -65,6 +67,18 @@ fn is_executable(p: &Path) -> bool {
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> R<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// `n` distinct free loopback ports, all bound before any is let go
+/// (cluster members must know each other's ports before they start).
+fn free_ports(n: usize) -> R<Vec<u16>> {
+    let ls = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ls
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<Result<_, _>>()?)
 }
 
 /// A command whose process is killed when this benchmark dies, even by a
@@ -170,16 +184,98 @@ pub fn start_nats(bin: &Path) -> R<Server> {
     })
 }
 
+/// Three `nats-server -js` processes clustered on loopback (one
+/// cluster name, each soliciting routes to the other two), each with
+/// its own store directory. The caller waits for the stream's leader
+/// and replicas (`Target::setup`).
+pub fn start_nats_cluster(bin: &Path) -> R<Vec<Server>> {
+    let client_ports = free_ports(3)?;
+    let route_ports = free_ports(3)?;
+    let route = |p: &u16| format!("nats://127.0.0.1:{p}");
+    let mut members = Vec::with_capacity(3);
+    for (i, (port, own)) in client_ports.iter().zip(&route_ports).enumerate() {
+        let dir = scratch_dir(&format!("nats-node{}", i + 1))?;
+        let routes = route_ports
+            .iter()
+            .filter(|p| *p != own)
+            .map(route)
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut child = command(bin)
+            .args(["-js", "-a", "127.0.0.1", "-p"])
+            .arg(port.to_string())
+            .arg("-sd")
+            .arg(dir.path())
+            .arg("--server_name")
+            .arg(format!("n{}", i + 1))
+            .args(["--cluster_name", "brokers-bench", "--cluster"])
+            .arg(route(own))
+            .arg("--routes")
+            .arg(routes)
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        let what = format!("nats-server n{}", i + 1);
+        wait_listening(&mut child, *port, &what).inspect_err(|_| {
+            let _ = child.kill();
+            let _ = child.wait();
+        })?;
+        members.push(Server {
+            child,
+            port: *port,
+            _dir: dir,
+        });
+    }
+    Ok(members)
+}
+
 /// This package's `fissionlog-broker serve` on port 0; the port is read
 /// from the `listening on ADDR` line it prints first.
 pub fn start_fissionlog() -> R<Server> {
-    let dir = scratch_dir("fissionlog")?;
+    spawn_fissionlog(&[], "fissionlog")
+}
+
+/// Three `fissionlog-broker serve --node-id --peers` processes on
+/// 127.0.0.1, one data directory each; Raft peers reach a broker on its
+/// client port. The caller waits for leaders (`Target::setup`).
+pub fn start_fissionlog_cluster() -> R<Vec<Server>> {
+    let ports = free_ports(3)?;
+    let peers = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut members = Vec::with_capacity(ports.len());
+    for (i, port) in ports.iter().enumerate() {
+        let listen = format!("127.0.0.1:{port}");
+        let id = (i + 1).to_string();
+        let args = ["--listen", &listen, "--node-id", &id, "--peers", &peers];
+        let server = spawn_fissionlog(&args, &format!("fissionlog-node{id}"))?;
+        if server.port != *port {
+            return Err(format!(
+                "broker {id} listens on port {} instead of {port}, where its peers look for it",
+                server.port
+            )
+            .into());
+        }
+        members.push(server);
+    }
+    Ok(members)
+}
+
+/// `fissionlog-broker serve` with `args` (`--listen 127.0.0.1:0` when
+/// they name no address).
+fn spawn_fissionlog(args: &[&str], what: &str) -> R<Server> {
+    let dir = scratch_dir(what)?;
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_fissionlog-broker"));
-    let mut child = command(&bin)
-        .arg("serve")
-        .arg("--dir")
-        .arg(dir.path())
-        .args(["--listen", "127.0.0.1:0"])
+    let mut cmd = command(&bin);
+    cmd.arg("serve").arg("--dir").arg(dir.path());
+    if !args.contains(&"--listen") {
+        cmd.args(["--listen", "127.0.0.1:0"]);
+    }
+    let mut child = cmd
+        .args(args)
         // PB keeps 256 requests outstanding, the server's default limit.
         // The server counts a produce as in flight until a moment after
         // its answer is queued, so a client that sends its next request as

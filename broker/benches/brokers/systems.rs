@@ -5,11 +5,22 @@
 //!
 //! - fissionlog-broker: [`Producer`] over a [`Connection`], [`Consumer`]
 //!   (poll, then commit: durable when it returns);
+//! - fissionlog-broker in cluster mode (which takes only routed
+//!   produces, `ProduceTo`): one record a request as on one node, routed
+//!   here with the topic's routing key and sent unstamped to the leader
+//!   of its partition, one connection per leading broker ([`Routed`]);
+//!   the batching shape through the idempotent [`Producer`] given all
+//!   three brokers ([`Endpoint::with_bootstrap`]), which follows
+//!   `not_leader` to each partition's leader. No consumer groups
+//!   (cluster mode does not serve them);
 //! - Redis Streams: `XADD` on a multiplexed connection (concurrent calls
 //!   are pipelined), `XREADGROUP` then one `XACK` of the batch;
 //! - NATS JetStream: publish and await the `PubAck`, a durable pull
-//!   consumer with explicit acks (`fetch`, then `ack` each message).
+//!   consumer with explicit acks (`fetch`, then `ack` each message); in
+//!   the 3-node cluster the client is given every server and connects to
+//!   one, which forwards to the stream's leader, as any NATS client does.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -17,11 +28,12 @@ use std::time::Duration;
 use async_nats::jetstream;
 use bytes::Bytes;
 use fissionlog_broker::client::{
-    Admin, Connection, Consumer, ConsumerConfig, Producer, ProducerConfig,
+    Admin, Connection, Consumer, ConsumerConfig, Endpoint, Producer, ProducerConfig,
 };
-use fissionlog_broker::protocol::{Acks, SyncSpec};
+use fissionlog_broker::protocol::{Acks, ProduceRecord, RangeOwner, Request, Response, SyncSpec};
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
+use tokio::time::Instant;
 
 use crate::R;
 
@@ -33,19 +45,31 @@ const CONSUME: &str = "c";
 const PARTITIONS: u32 = 4;
 /// Records one consume call asks for at most.
 pub const POLL_RECORDS: usize = 500;
+/// Longest a cluster may take to elect the leaders a workload needs.
+const ELECTION_LIMIT: Duration = Duration::from_secs(60);
 
 /// Which system, and for fissionlog how durable an acknowledgement is.
 #[derive(Debug, Clone, Copy)]
 pub enum Kind {
-    Fissionlog { sync: SyncSpec, acks: Acks },
+    Fissionlog {
+        sync: SyncSpec,
+        acks: Acks,
+    },
+    /// Three brokers in cluster mode: every partition a Raft group of
+    /// three, a produce acknowledged once two replicas fsynced it.
+    FissionlogCluster,
     Redis,
-    Nats,
+    /// `replicas` servers, the streams with as many replicas.
+    Nats {
+        replicas: usize,
+    },
 }
 
 /// A running system's client side.
 pub struct Target {
     pub kind: Kind,
-    pub port: u16,
+    /// Every server's client port (one unless a cluster).
+    pub ports: Vec<u16>,
 }
 
 /// How a sender pipelines.
@@ -66,6 +90,7 @@ pub type AckFuture = Pin<Box<dyn Future<Output = R<()>> + Send>>;
 /// One connection that produces.
 pub enum Sender {
     Fissionlog(Producer),
+    Routed(Box<Routed>),
     Redis(MultiplexedConnection, &'static str),
     Nats(jetstream::Context, &'static str),
 }
@@ -97,14 +122,23 @@ async fn redis_conn(port: u16) -> R<MultiplexedConnection> {
         .await?)
 }
 
-async fn nats_context(port: u16) -> R<jetstream::Context> {
-    let client = async_nats::connect(format!("127.0.0.1:{port}")).await?;
+async fn nats_context(ports: &[u16]) -> R<jetstream::Context> {
+    let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let client = async_nats::connect(addrs).await?;
     Ok(jetstream::new(client))
 }
 
+fn addr(port: u16) -> String {
+    format!("127.0.0.1:{port}")
+}
+
 impl Target {
+    fn port(&self) -> u16 {
+        self.ports[0]
+    }
+
     async fn fl_conn(&self) -> R<Connection> {
-        Ok(Connection::connect(("127.0.0.1", self.port), None).await?)
+        Ok(Connection::connect(addr(self.port()), None).await?)
     }
 
     /// Creates the produce and consume topics (streams).
@@ -116,21 +150,131 @@ impl Target {
                     admin.create_topic(t, PARTITIONS, sync, 0, false).await?;
                 }
             }
+            Kind::FissionlogCluster => self.setup_fissionlog_cluster().await?,
             Kind::Redis => {
-                let mut c = redis_conn(self.port).await?;
+                let mut c = redis_conn(self.port()).await?;
                 let _: () = redis::cmd("PING").query_async(&mut c).await?;
             }
-            Kind::Nats => {
-                let js = nats_context(self.port).await?;
-                for (name, subjects) in [("P", "p.>"), ("C", "c.>")] {
-                    js.create_stream(jetstream::stream::Config {
-                        name: name.into(),
-                        subjects: vec![subjects.into()],
-                        storage: jetstream::stream::StorageType::File,
-                        ..Default::default()
-                    })
+            Kind::Nats { replicas } => self.setup_nats(replicas).await?,
+        }
+        Ok(())
+    }
+
+    /// Creates the produce topic through the first broker (retried while
+    /// the controller elects its first leader), then waits until every
+    /// broker names a leader for each of its partitions.
+    async fn setup_fissionlog_cluster(&self) -> R<()> {
+        let started = Instant::now();
+        loop {
+            // The Raft log store syncs every entry whatever the topic's
+            // policy; Always is what the topic would say on one node.
+            let made = async {
+                Admin::new(self.fl_conn().await?)
+                    .create_topic(PRODUCE, PARTITIONS, SyncSpec::Always, 0, false)
                     .await?;
+                R::Ok(())
+            }
+            .await;
+            match made {
+                Ok(()) => break,
+                Err(e) if started.elapsed() > ELECTION_LIMIT => {
+                    return Err(format!(
+                        "the cluster did not create topic {PRODUCE} within {ELECTION_LIMIT:?}: {e}"
+                    )
+                    .into())
                 }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        for &port in &self.ports {
+            self.wait_fissionlog_leaders(port, started).await?;
+        }
+        Ok(())
+    }
+
+    async fn wait_fissionlog_leaders(&self, port: u16, started: Instant) -> R<()> {
+        loop {
+            let last = match Connection::connect(addr(port), None).await {
+                Ok(c) => match Admin::new(c).describe(PRODUCE).await {
+                    Ok(v) => {
+                        let parts = v["partitions"].as_array().cloned().unwrap_or_default();
+                        let led = parts.iter().filter(|p| p["leader"].is_u64()).count();
+                        if parts.len() == PARTITIONS as usize && led == parts.len() {
+                            return Ok(());
+                        }
+                        v.to_string()
+                    }
+                    Err(e) => e.to_string(),
+                },
+                Err(e) => e.to_string(),
+            };
+            if started.elapsed() > ELECTION_LIMIT {
+                return Err(format!(
+                    "broker on port {port} named no leader for every partition of {PRODUCE} \
+                     within {ELECTION_LIMIT:?} (it says {last})"
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Creates streams P and C with `replicas` replicas on file storage;
+    /// with more than one, retried while JetStream elects its meta leader,
+    /// then waits until each stream has a leader and every replica is
+    /// current.
+    async fn setup_nats(&self, replicas: usize) -> R<()> {
+        let js = nats_context(&self.ports).await?;
+        let started = Instant::now();
+        for (name, subjects) in [("P", "p.>"), ("C", "c.>")] {
+            let config = jetstream::stream::Config {
+                name: name.into(),
+                subjects: vec![subjects.into()],
+                storage: jetstream::stream::StorageType::File,
+                num_replicas: replicas,
+                ..Default::default()
+            };
+            loop {
+                match js.create_stream(config.clone()).await {
+                    Ok(_) => break,
+                    Err(e) if replicas == 1 || started.elapsed() > ELECTION_LIMIT => {
+                        return Err(format!("cannot create stream {name}: {e}").into())
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            }
+        }
+        if replicas == 1 {
+            return Ok(());
+        }
+        for name in ["P", "C"] {
+            loop {
+                let last = match js.get_stream(name).await {
+                    Ok(s) => match s.get_info().await {
+                        Ok(info) => {
+                            let ready = info.cluster.as_ref().is_some_and(|c| {
+                                c.leader.is_some()
+                                    && c.replicas.len() + 1 == replicas
+                                    && c.replicas.iter().all(|r| r.current && !r.offline)
+                            });
+                            if ready {
+                                break;
+                            }
+                            format!("{:?}", info.cluster)
+                        }
+                        Err(e) => e.to_string(),
+                    },
+                    Err(e) => e.to_string(),
+                };
+                if started.elapsed() > ELECTION_LIMIT {
+                    return Err(format!(
+                        "stream {name} has no leader with {} current replicas within \
+                         {ELECTION_LIMIT:?} (cluster: {last})",
+                        replicas - 1
+                    )
+                    .into());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
         Ok(())
@@ -145,24 +289,23 @@ impl Target {
                     acks,
                     ..ProducerConfig::new(topic)
                 };
-                let cfg = match shape {
-                    Shape::One | Shape::Window => ProducerConfig {
-                        linger: Duration::ZERO,
-                        batch_records: 1,
-                        max_in_flight: if shape == Shape::One { 1 } else { 256 },
-                        ..base
-                    },
-                    Shape::Batching => ProducerConfig {
-                        linger: Duration::from_millis(1),
-                        batch_records: 256,
-                        max_in_flight: 8,
-                        ..base
-                    },
-                };
+                let cfg = shaped(base, shape);
                 Sender::Fissionlog(Producer::new(self.fl_conn().await?, cfg))
             }
-            Kind::Redis => Sender::Redis(redis_conn(self.port).await?, topic),
-            Kind::Nats => Sender::Nats(nats_context(self.port).await?, topic),
+            Kind::FissionlogCluster if shape != Shape::Batching => {
+                Sender::Routed(Box::new(Routed::connect(self, topic).await?))
+            }
+            Kind::FissionlogCluster => {
+                let base = ProducerConfig {
+                    acks: Acks::Quorum,
+                    idempotent: true,
+                    ..ProducerConfig::new(topic)
+                };
+                let endpoint = Endpoint::with_bootstrap(self.ports.iter().map(|&p| addr(p)));
+                Sender::Fissionlog(Producer::connect(endpoint, shaped(base, shape)).await?)
+            }
+            Kind::Redis => Sender::Redis(redis_conn(self.port()).await?, topic),
+            Kind::Nats { .. } => Sender::Nats(nats_context(&self.ports).await?, topic),
         })
     }
 
@@ -171,8 +314,9 @@ impl Target {
         match self.kind {
             // A fissionlog group starts at the earliest record on first join.
             Kind::Fissionlog { .. } => {}
+            Kind::FissionlogCluster => return Err(NO_CLUSTER_GROUPS.into()),
             Kind::Redis => {
-                let mut c = redis_conn(self.port).await?;
+                let mut c = redis_conn(self.port()).await?;
                 let _: () = redis::cmd("XGROUP")
                     .arg("CREATE")
                     .arg(CONSUME)
@@ -182,8 +326,8 @@ impl Target {
                     .query_async(&mut c)
                     .await?;
             }
-            Kind::Nats => {
-                let js = nats_context(self.port).await?;
+            Kind::Nats { .. } => {
+                let js = nats_context(&self.ports).await?;
                 let stream = js.get_stream("C").await?;
                 stream
                     .create_consumer(jetstream::consumer::pull::Config {
@@ -211,17 +355,129 @@ impl Target {
                 };
                 Receiver::Fissionlog(Consumer::join(self.fl_conn().await?, cfg).await?)
             }
+            Kind::FissionlogCluster => return Err(NO_CLUSTER_GROUPS.into()),
             Kind::Redis => Receiver::Redis {
-                conn: redis_conn(self.port).await?,
+                conn: redis_conn(self.port()).await?,
                 group: group.into(),
                 name: format!("c{idx}"),
             },
-            Kind::Nats => {
-                let js = nats_context(self.port).await?;
+            Kind::Nats { .. } => {
+                let js = nats_context(&self.ports).await?;
                 let stream = js.get_stream("C").await?;
                 Receiver::Nats(Box::new(stream.get_consumer(group).await?))
             }
         })
+    }
+}
+
+/// A cluster-mode sender of one record per request: each record's
+/// partition from the topic's routing key and ranges, the request sent
+/// to that partition's leader (no stamp: one attempt, as the plain
+/// producer makes on one node).
+pub struct Routed {
+    topic: &'static str,
+    routing_key: [u64; 2],
+    /// Active partitions, by range start.
+    owners: Vec<RangeOwner>,
+    /// The connection to each partition's leader.
+    leaders: HashMap<u32, Connection>,
+}
+
+impl Routed {
+    async fn connect(target: &Target, topic: &'static str) -> R<Routed> {
+        let conn = target.fl_conn().await?;
+        let Response::Topology {
+            routing_key,
+            partitions: mut owners,
+            ..
+        } = conn
+            .call(Request::Topology {
+                topic: topic.into(),
+            })
+            .await?
+        else {
+            return Err(format!("no topology for {topic}").into());
+        };
+        owners.sort_unstable_by_key(|o| o.start);
+        let described = Admin::new(conn).describe(topic).await?;
+        let mut by_broker: HashMap<u64, Connection> = HashMap::new();
+        let mut leaders = HashMap::new();
+        for p in described["partitions"].as_array().into_iter().flatten() {
+            let (Some(id), Some(node)) = (p["id"].as_u64(), p["leader"].as_u64()) else {
+                return Err(format!("{topic} has a partition without a leader: {p}").into());
+            };
+            let port = usize::try_from(node)
+                .ok()
+                .and_then(|n| target.ports.get(n.wrapping_sub(1)))
+                .ok_or_else(|| format!("partition {id} is led by unknown node {node}"))?;
+            let c = match by_broker.get(&node) {
+                Some(c) => c.clone(),
+                None => {
+                    let c = Connection::connect(addr(*port), None).await?;
+                    by_broker.insert(node, c.clone());
+                    c
+                }
+            };
+            leaders.insert(id as u32, c);
+        }
+        Ok(Routed {
+            topic,
+            routing_key,
+            owners,
+            leaders,
+        })
+    }
+
+    async fn start(&self, key: Bytes, value: Bytes) -> R<AckFuture> {
+        let h = fissionlog::key_hash(self.routing_key, &key);
+        let partition = self
+            .owners
+            .get(self.owners.partition_point(|o| o.end < h))
+            .map(|o| o.partition)
+            .ok_or("the topic has no active partition")?;
+        let conn = self
+            .leaders
+            .get(&partition)
+            .ok_or_else(|| format!("no leader known for partition {partition}"))?;
+        let pending = conn
+            .start(Request::ProduceTo {
+                topic: self.topic.into(),
+                partition,
+                acks: Acks::Quorum,
+                stamp: None,
+                records: vec![ProduceRecord {
+                    key: Some(key),
+                    value,
+                    timestamp: None,
+                }],
+            })
+            .await?;
+        Ok(Box::pin(async move {
+            match pending.wait().await? {
+                Response::Produced { .. } => Ok(()),
+                other => Err(format!("partition {partition} answered {other:?}").into()),
+            }
+        }))
+    }
+}
+
+const NO_CLUSTER_GROUPS: &str = "cluster mode serves no consumer groups";
+
+/// `base` with the request shape of `shape`.
+fn shaped(base: ProducerConfig, shape: Shape) -> ProducerConfig {
+    match shape {
+        Shape::One | Shape::Window => ProducerConfig {
+            linger: Duration::ZERO,
+            batch_records: 1,
+            max_in_flight: if shape == Shape::One { 1 } else { 256 },
+            ..base
+        },
+        Shape::Batching => ProducerConfig {
+            linger: Duration::from_millis(1),
+            batch_records: 256,
+            max_in_flight: 8,
+            ..base
+        },
     }
 }
 
@@ -236,6 +492,7 @@ impl Sender {
                     Ok(())
                 }))
             }
+            Sender::Routed(r) => r.start(key, value).await,
             Sender::Redis(conn, stream) => {
                 let mut conn = conn.clone();
                 let mut cmd = redis::cmd("XADD");

@@ -21,23 +21,20 @@ mod model_hook;
 #[path = "common/power.rs"]
 mod power;
 
-use std::collections::BTreeMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use fissionlog::IoOp;
-use fissionlog_raft::client::{ClientCall, ClientReply, ReadRecord};
 use fissionlog_raft::types::NodeId;
 use openraft::ServerState;
 use tokio::net::TcpListener;
 
-use common::cluster::{
-    call, check_history, converge, lock, produce, read_all, run_within, Routing, GROUP, PRODUCERS,
-};
+use common::cluster::{check_history, converge, lock, run_within, Load};
 use crash::CrashOptions;
-use power::{check_images, leader_and_follower, wait_acks, Member, Promised, WAIT_LIMIT};
+use power::{
+    check_images, leader_and_follower, start_three, wait_acks, Member, Promised, WAIT_LIMIT,
+};
 
 const DEADLINE: Duration = Duration::from_secs(90);
 /// Images checked per power loss, under each of the two crash options.
@@ -71,54 +68,15 @@ async fn the_leader(members: &[Member]) -> usize {
 
 async fn power_losses(losses: &[Loss]) {
     let root = tempfile::tempdir().unwrap();
-    let mut listeners = Vec::new();
-    for _ in 0..3 {
-        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
-    }
-    let peers: BTreeMap<NodeId, String> = listeners
-        .iter()
-        .enumerate()
-        .map(|(i, l)| (i as NodeId + 1, l.local_addr().unwrap().to_string()))
-        .collect();
-    let mut members = Vec::new();
-    for (i, l) in listeners.into_iter().enumerate() {
-        let id = i as NodeId + 1;
-        let dir = root.path().join(format!("node-{id}"));
-        members.push(Member::start(id, &dir, l, peers.clone(), Some((None, None))).await);
-    }
-    let init = call(
-        &members[0].addr,
-        ClientCall::Initialize {
-            group: GROUP,
-            members: peers.clone().into_iter().collect(),
-        },
-    )
-    .await;
-    assert_eq!(init, Some(ClientReply::Initialized));
-    let routing = Arc::new(Mutex::new(Routing {
-        alive: peers.clone(),
-        leader: None,
-    }));
-    let acks = Arc::new(Mutex::new(Vec::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let producers: Vec<_> = (1..=PRODUCERS)
-        .map(|id| tokio::spawn(produce(id, routing.clone(), acks.clone(), stop.clone())))
-        .collect();
-    let observed = Arc::new(Mutex::new(Vec::<ReadRecord>::new()));
-    let reader = {
-        let (routing, observed) = (routing.clone(), observed.clone());
-        tokio::spawn(async move {
-            loop {
-                let addrs: Vec<String> = lock(&routing).alive.values().cloned().collect();
-                for a in addrs {
-                    if let Some((records, _)) = read_all(&a).await {
-                        lock(&observed).extend(records);
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-    };
+    let (mut members, peers) = start_three(root.path(), (None, None)).await;
+    let Load {
+        routing,
+        acks,
+        observed,
+        stop,
+        tasks: producers,
+        reader,
+    } = Load::start(&peers.clone().into_iter().collect::<Vec<_>>()).await;
     let mut last_victim: Option<NodeId> = None;
     for (step, loss) in losses.iter().enumerate() {
         let (l, v) = match *loss {

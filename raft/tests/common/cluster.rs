@@ -329,6 +329,66 @@ pub async fn read_all_of(addr: &str, group: GroupId) -> Option<(Vec<ReadRecord>,
     }
 }
 
+/// What a cluster test runs on its nodes: the idempotent producers,
+/// where they send, what they were acknowledged, and a consumer reading
+/// committed records meanwhile.
+pub struct Load {
+    pub routing: Arc<Mutex<Routing>>,
+    pub acks: Arc<Mutex<Vec<Ack>>>,
+    pub observed: Arc<Mutex<Vec<ReadRecord>>>,
+    pub stop: Arc<AtomicBool>,
+    pub tasks: Vec<tokio::task::JoinHandle<()>>,
+    pub reader: tokio::task::JoinHandle<()>,
+}
+
+impl Load {
+    /// Initialises the group over `members` (asked of the first), then
+    /// starts the producers and the committed reader.
+    pub async fn start(members: &[(NodeId, String)]) -> Load {
+        let init = call(
+            &members[0].1,
+            ClientCall::Initialize {
+                group: GROUP,
+                members: members.to_vec(),
+            },
+        )
+        .await;
+        assert_eq!(init, Some(ClientReply::Initialized));
+        let routing = Arc::new(Mutex::new(Routing {
+            alive: members.iter().cloned().collect(),
+            leader: None,
+        }));
+        let acks = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (1..=PRODUCERS)
+            .map(|id| tokio::spawn(produce(id, routing.clone(), acks.clone(), stop.clone())))
+            .collect();
+        let observed = Arc::new(Mutex::new(Vec::<ReadRecord>::new()));
+        let reader = {
+            let (routing, observed) = (routing.clone(), observed.clone());
+            tokio::spawn(async move {
+                loop {
+                    let addrs: Vec<String> = lock(&routing).alive.values().cloned().collect();
+                    for a in addrs {
+                        if let Some((records, _)) = read_all(&a).await {
+                            lock(&observed).extend(records);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+        };
+        Load {
+            routing,
+            acks,
+            observed,
+            stop,
+            tasks,
+            reader,
+        }
+    }
+}
+
 /// A running cluster under load: its node processes, where producers
 /// send, what they were acknowledged and what a concurrent reader saw.
 pub struct Cluster {
@@ -374,40 +434,14 @@ impl Cluster {
 
     async fn start_on(nodes: Vec<NodeProc>, mesh: Option<Mesh>) -> Cluster {
         let members: Vec<(NodeId, String)> = nodes.iter().map(|n| (n.id, n.addr.clone())).collect();
-        let init = call(
-            &nodes[0].addr,
-            ClientCall::Initialize {
-                group: GROUP,
-                members: members.clone(),
-            },
-        )
-        .await;
-        assert_eq!(init, Some(ClientReply::Initialized));
-        let routing = Arc::new(Mutex::new(Routing {
-            alive: members.iter().cloned().collect(),
-            leader: None,
-        }));
-        let acks = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let tasks = (1..=PRODUCERS)
-            .map(|id| tokio::spawn(produce(id, routing.clone(), acks.clone(), stop.clone())))
-            .collect();
-        // A consumer reading committed records while all this goes on.
-        let observed = Arc::new(Mutex::new(Vec::<ReadRecord>::new()));
-        let reader = {
-            let (routing, observed) = (routing.clone(), observed.clone());
-            tokio::spawn(async move {
-                loop {
-                    let addrs: Vec<String> = lock(&routing).alive.values().cloned().collect();
-                    for a in addrs {
-                        if let Some((records, _)) = read_all(&a).await {
-                            lock(&observed).extend(records);
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            })
-        };
+        let Load {
+            routing,
+            acks,
+            observed,
+            stop,
+            tasks,
+            reader,
+        } = Load::start(&members).await;
         Cluster {
             nodes,
             routing,

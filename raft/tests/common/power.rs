@@ -257,6 +257,31 @@ pub fn check_images(
         .collect()
 }
 
+/// Starts nodes 1–3 on 127.0.0.1, each in `root/node-<id>` on the crash
+/// model (`model` as in [`Member::start`]); returns them and their
+/// addresses.
+pub async fn start_three(
+    root: &Path,
+    model: (Option<IoOp>, Option<&'static str>),
+) -> (Vec<Member>, BTreeMap<NodeId, String>) {
+    let mut listeners = Vec::new();
+    for _ in 0..3 {
+        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let peers: BTreeMap<NodeId, String> = listeners
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (i as NodeId + 1, l.local_addr().unwrap().to_string()))
+        .collect();
+    let mut members = Vec::new();
+    for (i, l) in listeners.into_iter().enumerate() {
+        let id = i as NodeId + 1;
+        let dir = root.join(format!("node-{id}"));
+        members.push(Member::start(id, &dir, l, peers.clone(), Some(model)).await);
+    }
+    (members, peers)
+}
+
 pub async fn wait_acks(acks: &Mutex<Vec<Ack>>, count: usize) {
     let started = Instant::now();
     while lock(acks).len() < count {
